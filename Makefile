@@ -1,0 +1,33 @@
+# Set-up is part of every target: a fresh machine needs only python3, cargo and make.
+VENV ?= .venv
+BIN := $(VENV)/bin
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: demo test build lint bench clean
+
+$(BIN)/maturin:
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip 'maturin>=1.7,<2'
+
+# Builds the Rust extension (release, incremental) and installs the package with its dev extras.
+build: $(BIN)/maturin
+	$(BIN)/maturin develop --release --extras dev --quiet
+
+demo: build
+	$(BIN)/birdjepa loader-demo
+
+test: build
+	cargo test -p birdjepa-core --quiet
+	$(BIN)/python -m pytest -q
+
+lint: build
+	cargo clippy --all-targets -- -D warnings
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+
+bench: build
+	$(BIN)/python scripts/bench_loader.py
+
+clean:
+	rm -rf $(VENV) target

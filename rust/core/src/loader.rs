@@ -1,0 +1,575 @@
+//! The loader: plan -> parallel decode -> reorder by position -> batches, with exact state.
+//!
+//! Workers take plan items (position, index, epoch) from a shared planner, decode them and send
+//! the result tagged with its position. The consumer puts results back in position order, so
+//! which worker finished first never matters: batch `k` holds the first `batch_size` decodable
+//! positions after those of batch `k-1`, for any number of workers.
+//!
+//! State is taken from a *shadow* planner that the consumer advances one position per consumed
+//! result; it therefore describes exactly "after the last batch handed out", however far the
+//! workers have run ahead.
+use std::collections::{BTreeMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::audio::{AudioError, ClipConfig, ClipExtractor, CropMode, SampleKey};
+use crate::dataset::{ColumnConfig, Dataset, RecordError};
+use crate::error::{Error, ErrorKind, Result};
+use crate::plan::{PlanConfig, PlanItem, PlanState, Planner};
+
+const STATE_VERSION: u32 = 1;
+/// How many skipped records `diagnostics()` lists (the count is exact regardless).
+const SKIP_LOG_LIMIT: usize = 1000;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoaderConfig {
+    pub batch_size: usize,
+    pub n_workers: usize,
+    pub n_views: usize,
+    /// Train: infinite, shuffled, random crops (and masks if configured). Eval: one pass, in
+    /// order, centre crops, no augmentation.
+    pub train: bool,
+    /// Train only: false turns crops into centre crops and masks off (debugging determinism).
+    pub augment: bool,
+    /// Eval only: drop the last batch if it is short.
+    pub drop_last: bool,
+    pub seed: u64,
+    pub shuffle_buffer: usize,
+    pub interleave: usize,
+    /// Decoded batches that may be in flight ahead of the consumer.
+    pub prefetch_batches: usize,
+    pub columns: ColumnConfig,
+    pub clip: ClipConfig,
+    /// Test hook: a worker panics when it reaches this sample index.
+    pub debug_panic_index: Option<u64>,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 32,
+            n_workers: 2,
+            n_views: 1,
+            train: true,
+            augment: true,
+            drop_last: false,
+            seed: 0,
+            shuffle_buffer: 2048,
+            interleave: 4,
+            prefetch_batches: 2,
+            columns: ColumnConfig::default(),
+            clip: ClipConfig::default(),
+            debug_panic_index: None,
+        }
+    }
+}
+
+impl LoaderConfig {
+    /// The buffer never holds more than one epoch: a larger one would put repeats in one batch.
+    fn plan_config(&self, n_samples: u64) -> PlanConfig {
+        PlanConfig {
+            seed: self.seed,
+            shuffle: self.train,
+            repeat: self.train,
+            interleave: if self.train { self.interleave } else { 1 },
+            buffer_size: if self.train { self.shuffle_buffer.min(n_samples as usize) } else { 0 },
+        }
+    }
+
+    fn crop_mode(&self) -> CropMode {
+        if self.train && self.augment {
+            CropMode::Random
+        } else {
+            CropMode::Center
+        }
+    }
+
+    /// Every option that shapes the batch stream, as printable values; `n_workers` and
+    /// `prefetch_batches` are absent on purpose: they may change across a resume.
+    pub fn stream_signature(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert("batch_size".into(), self.batch_size.to_string());
+        m.insert("n_views".into(), self.n_views.to_string());
+        m.insert("train".into(), self.train.to_string());
+        m.insert("augment".into(), self.augment.to_string());
+        m.insert("drop_last".into(), self.drop_last.to_string());
+        m.insert("seed".into(), self.seed.to_string());
+        m.insert("shuffle_buffer".into(), self.shuffle_buffer.to_string());
+        m.insert("interleave".into(), self.interleave.to_string());
+        m.insert("audio_column".into(), self.columns.audio_column.clone());
+        m.insert("label_column".into(), self.columns.label_column.clone());
+        m.insert("clip".into(), format!("{:?}", self.clip));
+        m
+    }
+
+    fn validate(&self) -> Result<()> {
+        let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(Error::config(msg)) };
+        check(self.batch_size >= 1, "batch_size must be >= 1")?;
+        check(self.n_workers >= 1, "n_workers must be >= 1")?;
+        check(self.n_views >= 1, "n_views must be >= 1")?;
+        check(self.interleave >= 1, "interleave must be >= 1")?;
+        check(self.prefetch_batches >= 1, "prefetch_batches must be >= 1")?;
+        check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")
+    }
+}
+
+/// Counters that continue across a resume.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub batches: u64,
+    pub samples: u64,
+    pub skipped: u64,
+}
+
+/// Everything needed to continue the stream: JSON-able, small (counters + buffered indices).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    pub version: u32,
+    pub fingerprint: String,
+    pub n_samples: u64,
+    pub stream: BTreeMap<String, String>,
+    pub plan: PlanState,
+    pub counters: Counters,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SkippedRecord {
+    pub index: u64,
+    pub shard: usize,
+    pub row: u64,
+    pub file: String,
+    pub epoch: u64,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Diagnostics {
+    pub fingerprint: String,
+    pub n_samples: u64,
+    pub n_shards: usize,
+    pub counters: Counters,
+    pub epoch: u64,
+    pub position: u64,
+    /// The most recent skipped records (at most SKIP_LOG_LIMIT), oldest first.
+    pub skipped: Vec<SkippedRecord>,
+}
+
+/// A batch in row-major layout: spectrogram is [n, n_views, n_frames, n_mels] flattened.
+#[derive(Debug)]
+pub struct Batch {
+    pub n: usize,
+    pub spectrogram: Vec<f32>,
+    pub label: Vec<i64>,
+    pub index: Vec<i64>,
+    pub shard_id: Vec<i64>,
+    pub epoch: Vec<i64>,
+}
+
+impl Batch {
+    fn with_capacity(b: usize, floats_per_sample: usize) -> Self {
+        Self {
+            n: 0,
+            spectrogram: Vec::with_capacity(b * floats_per_sample),
+            label: Vec::with_capacity(b),
+            index: Vec::with_capacity(b),
+            shard_id: Vec::with_capacity(b),
+            epoch: Vec::with_capacity(b),
+        }
+    }
+}
+
+/// What `next_batch` returns when it does not error.
+pub enum Poll {
+    Batch(Batch),
+    /// Eval mode: the pass is over.
+    End,
+    /// Nothing complete before the timeout; call again (lets the caller check for Ctrl-C).
+    Pending,
+}
+
+struct Decoded {
+    features: Vec<f32>,
+    label: i64,
+    shard: usize,
+}
+
+enum Outcome {
+    Sample(Decoded),
+    Skip { shard: usize, row: u64, reason: String },
+    Fatal(Error),
+}
+
+enum Message {
+    Done { item: PlanItem, outcome: Outcome },
+    /// The planner ran dry (eval): no position at or after this one exists.
+    End { position: u64 },
+}
+
+struct Gate {
+    planner: Planner,
+    /// Workers may take positions below this (consumer position + window).
+    limit: u64,
+    exhausted: bool,
+}
+
+struct Shared {
+    dataset: Arc<Dataset>,
+    extractor: Arc<ClipExtractor>,
+    cfg: LoaderConfig,
+    gate: Mutex<Gate>,
+    wake: Condvar,
+    stop: AtomicBool,
+}
+
+/// Worker threads and their channel; dropping it stops and joins the threads.
+struct Pipeline {
+    shared: Arc<Shared>,
+    rx: Receiver<Message>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+pub struct Loader {
+    cfg: LoaderConfig,
+    dataset: Arc<Dataset>,
+    extractor: Arc<ClipExtractor>,
+    /// State the current pass started from (eval re-iteration restarts here).
+    start: (PlanState, Counters),
+    pipeline: Pipeline,
+    shadow: Planner,
+    pending: BTreeMap<u64, Message>,
+    end_at: Option<u64>,
+    building: Batch,
+    counters: Counters,
+    committed: (PlanState, Counters),
+    skipped: VecDeque<SkippedRecord>,
+    failed: Option<Error>,
+    finished: bool,
+}
+
+impl Loader {
+    pub fn new(files: &[PathBuf], cfg: LoaderConfig, state: Option<LoaderState>) -> Result<Self> {
+        cfg.validate()?;
+        let dataset = Arc::new(Dataset::open(files, cfg.columns.clone())?);
+        if dataset.is_empty() {
+            return Err(Error::data(format!("the {} shard(s) hold no rows", dataset.n_shards())));
+        }
+        let extractor = Arc::new(ClipExtractor::new(cfg.clip.clone()).map_err(Error::config)?);
+        let (plan, counters) = match state {
+            None => (PlanState::start(), Counters::default()),
+            Some(st) => {
+                check_state(&st, &dataset, &cfg)?;
+                (st.plan, st.counters)
+            }
+        };
+        let shadow = Planner::new(cfg.plan_config(dataset.len()), &dataset.shard_rows(), Some(plan.clone()))?;
+        let pipeline = spawn(&cfg, &dataset, &extractor, &shadow);
+        Ok(Self {
+            building: Batch::with_capacity(cfg.batch_size, cfg.n_views * extractor.frame_len()),
+            cfg,
+            dataset,
+            extractor,
+            start: (plan.clone(), counters.clone()),
+            pipeline,
+            shadow,
+            pending: BTreeMap::new(),
+            end_at: None,
+            counters: counters.clone(),
+            committed: (plan, counters),
+            skipped: VecDeque::new(),
+            failed: None,
+            finished: false,
+        })
+    }
+
+    pub fn config(&self) -> &LoaderConfig {
+        &self.cfg
+    }
+
+    pub fn dataset(&self) -> &Dataset {
+        &self.dataset
+    }
+
+    pub fn frame_shape(&self) -> (usize, usize) {
+        (self.cfg.clip.n_frames, self.cfg.clip.fbank.n_mels)
+    }
+
+    /// State after the last batch handed out.
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            version: STATE_VERSION,
+            fingerprint: self.dataset.fingerprint().to_string(),
+            n_samples: self.dataset.len(),
+            stream: self.cfg.stream_signature(),
+            plan: self.committed.0.clone(),
+            counters: self.committed.1.clone(),
+        }
+    }
+
+    pub fn diagnostics(&self) -> Diagnostics {
+        Diagnostics {
+            fingerprint: self.dataset.fingerprint().to_string(),
+            n_samples: self.dataset.len(),
+            n_shards: self.dataset.n_shards(),
+            counters: self.committed.1.clone(),
+            epoch: self.committed.0.epoch,
+            position: self.committed.0.position,
+            skipped: self.skipped.iter().cloned().collect(),
+        }
+    }
+
+    /// Start the pass again from the state this loader was created with (eval re-iteration).
+    pub fn restart(&mut self) -> Result<()> {
+        let (plan, counters) = self.start.clone();
+        self.shadow = Planner::new(self.cfg.plan_config(self.dataset.len()), &self.dataset.shard_rows(), Some(plan.clone()))?;
+        // Stop the old workers before starting new ones so the two never overlap.
+        self.pipeline = spawn(&self.cfg, &self.dataset, &self.extractor, &self.shadow);
+        self.pending.clear();
+        self.end_at = None;
+        self.building = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views * self.extractor.frame_len());
+        self.counters = counters.clone();
+        self.committed = (plan, counters);
+        self.failed = None;
+        self.finished = false;
+        Ok(())
+    }
+
+    /// The next batch, `End` after the last eval batch, or `Pending` if `timeout` passed first.
+    pub fn next_batch(&mut self, timeout: Duration) -> Result<Poll> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.finished {
+            return Ok(Poll::End);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let position = self.shadow.position();
+            if let Some(msg) = self.pending.remove(&position) {
+                if let Err(e) = self.consume(msg) {
+                    self.failed = Some(e.clone());
+                    return Err(e);
+                }
+                if self.building.n == self.cfg.batch_size {
+                    return Ok(Poll::Batch(self.finish_batch()));
+                }
+                continue;
+            }
+            if self.end_at.is_some_and(|end| end <= position) {
+                self.finished = true;
+                if self.building.n > 0 && !self.cfg.drop_last {
+                    return Ok(Poll::Batch(self.finish_batch()));
+                }
+                return Ok(Poll::End);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Poll::Pending);
+            }
+            match self.pipeline.rx.recv_timeout(deadline - now) {
+                Ok(Message::End { position }) => self.end_at = Some(position),
+                Ok(msg @ Message::Done { .. }) => {
+                    let Message::Done { item, .. } = &msg else { unreachable!() };
+                    self.pending.insert(item.position, msg);
+                }
+                Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let e = Error::worker("all loader workers exited without finishing the stream");
+                    self.failed = Some(e.clone());
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn consume(&mut self, msg: Message) -> Result<()> {
+        let Message::Done { item, outcome } = msg else { unreachable!("End is never stored") };
+        let expected = self.shadow.next();
+        if expected != Some(item) {
+            return Err(Error::worker(format!("internal: result {item:?} arrived where the plan says {expected:?}")));
+        }
+        match outcome {
+            Outcome::Sample(d) => {
+                let b = &mut self.building;
+                b.spectrogram.extend_from_slice(&d.features);
+                b.label.push(d.label);
+                b.index.push(item.index as i64);
+                b.shard_id.push(d.shard as i64);
+                b.epoch.push(item.epoch as i64);
+                b.n += 1;
+                self.counters.samples += 1;
+            }
+            Outcome::Skip { shard, row, reason } => {
+                self.counters.skipped += 1;
+                if self.skipped.len() == SKIP_LOG_LIMIT {
+                    self.skipped.pop_front();
+                }
+                self.skipped.push_back(SkippedRecord {
+                    index: item.index,
+                    shard,
+                    row,
+                    file: self.dataset.shard_path(shard).display().to_string(),
+                    epoch: item.epoch,
+                    reason,
+                });
+            }
+            Outcome::Fatal(e) => return Err(e),
+        }
+        // Let workers run `window` positions past the consumer.
+        let window = (self.cfg.prefetch_batches * self.cfg.batch_size).max(2 * self.cfg.n_workers) as u64;
+        let mut gate = self.pipeline.shared.gate.lock().unwrap();
+        gate.limit = self.shadow.position() + window;
+        drop(gate);
+        self.pipeline.shared.wake.notify_all();
+        Ok(())
+    }
+
+    fn finish_batch(&mut self) -> Batch {
+        let fresh = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views * self.extractor.frame_len());
+        let batch = std::mem::replace(&mut self.building, fresh);
+        self.counters.batches += 1;
+        self.committed = (self.shadow.state().clone(), self.counters.clone());
+        batch
+    }
+}
+
+fn check_state(st: &LoaderState, dataset: &Dataset, cfg: &LoaderConfig) -> Result<()> {
+    if st.version != STATE_VERSION {
+        return Err(Error::state(format!("loader state version {} is not {STATE_VERSION}", st.version)));
+    }
+    if st.fingerprint != dataset.fingerprint() || st.n_samples != dataset.len() {
+        return Err(Error::state(format!(
+            "loader state was saved for other data: fingerprint {} with {} samples, but these {} shard(s) give fingerprint {} with {} samples",
+            st.fingerprint,
+            st.n_samples,
+            dataset.n_shards(),
+            dataset.fingerprint(),
+            dataset.len()
+        )));
+    }
+    let now = cfg.stream_signature();
+    let keys: std::collections::BTreeSet<&String> = now.keys().chain(st.stream.keys()).collect();
+    let diffs: Vec<String> = keys
+        .into_iter()
+        .filter(|k| now.get(*k) != st.stream.get(*k))
+        .map(|k| {
+            format!(
+                "{k}: saved {} now {}",
+                st.stream.get(k).map_or("(absent)", |v| v.as_str()),
+                now.get(k).map_or("(absent)", |v| v.as_str())
+            )
+        })
+        .collect();
+    if !diffs.is_empty() {
+        return Err(Error::state(format!(
+            "loader state was saved with a different stream config: {}",
+            diffs.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtractor>, shadow: &Planner) -> Pipeline {
+    let window = (cfg.prefetch_batches * cfg.batch_size).max(2 * cfg.n_workers) as u64;
+    let shared = Arc::new(Shared {
+        dataset: dataset.clone(),
+        extractor: extractor.clone(),
+        cfg: cfg.clone(),
+        gate: Mutex::new(Gate { planner: shadow.clone(), limit: shadow.position() + window, exhausted: false }),
+        wake: Condvar::new(),
+        stop: AtomicBool::new(false),
+    });
+    let (tx, rx) = channel();
+    let workers = (0..cfg.n_workers)
+        .map(|w| {
+            let shared = shared.clone();
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name(format!("birdjepa-loader-{w}"))
+                .spawn(move || worker(&shared, &tx))
+                .expect("spawn loader worker")
+        })
+        .collect();
+    Pipeline { shared, rx, workers }
+}
+
+fn worker(shared: &Shared, tx: &Sender<Message>) {
+    loop {
+        let item = {
+            let mut gate = shared.gate.lock().unwrap();
+            loop {
+                if shared.stop.load(Ordering::SeqCst) || gate.exhausted {
+                    return;
+                }
+                if gate.planner.position() < gate.limit {
+                    break;
+                }
+                gate = shared.wake.wait(gate).unwrap();
+            }
+            match gate.planner.next() {
+                Some(item) => item,
+                None => {
+                    gate.exhausted = true;
+                    let position = gate.planner.position();
+                    drop(gate);
+                    shared.wake.notify_all();
+                    let _ = tx.send(Message::End { position });
+                    return;
+                }
+            }
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| process(shared, item))).unwrap_or_else(|panic| {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            let (shard, row) = shared.dataset.locate(item.index);
+            Outcome::Fatal(Error {
+                kind: ErrorKind::Worker,
+                message: format!(
+                    "loader worker panicked on sample {} ({} row {row}): {text}",
+                    item.index,
+                    shared.dataset.shard_path(shard).display()
+                ),
+            })
+        });
+        if tx.send(Message::Done { item, outcome }).is_err() {
+            return;
+        }
+    }
+}
+
+fn process(shared: &Shared, item: PlanItem) -> Outcome {
+    if shared.cfg.debug_panic_index == Some(item.index) {
+        panic!("debug_panic_index reached");
+    }
+    let (shard, row) = shared.dataset.locate(item.index);
+    let record = match shared.dataset.record(item.index) {
+        Ok(r) => r,
+        Err(RecordError::Skip(reason)) => return Outcome::Skip { shard, row, reason },
+        Err(RecordError::Fatal(e)) => return Outcome::Fatal(e),
+    };
+    let mut features = vec![0f32; shared.cfg.n_views * shared.extractor.frame_len()];
+    let key = SampleKey { seed: shared.cfg.seed, epoch: item.epoch, index: item.index };
+    match shared.extractor.extract(record.audio, shared.cfg.crop_mode(), key, shared.cfg.n_views, &mut features) {
+        Ok(()) => Outcome::Sample(Decoded { features, label: record.label, shard }),
+        Err(AudioError(reason)) => Outcome::Skip { shard, row, reason },
+    }
+}

@@ -1,0 +1,382 @@
+//! One Arrow IPC shard (file or stream format), memory-mapped, with random access to rows.
+//!
+//! Opening a shard reads only metadata: the schema, and the list of record-batch messages with
+//! their row counts. That list is cached in a small JSON index beside the shard (or in the user
+//! cache folder when the data folder is read-only), so start-up never scans data it already knows.
+//! Rows are read zero-copy: a record batch is decoded straight from the mapped pages and the audio
+//! bytes handed out are a slice of the mapping.
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::FileDecoder;
+use arrow_ipc::{Block, MessageHeader, MetadataVersion};
+use arrow_schema::SchemaRef;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+const ARROW_MAGIC: &[u8; 6] = b"ARROW1";
+const CONTINUATION: [u8; 4] = [0xff; 4];
+const INDEX_VERSION: u32 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IpcFormat {
+    File,
+    Stream,
+}
+
+/// One encapsulated IPC message: where it is and, for record batches, how many rows it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageBlock {
+    pub offset: u64,
+    pub meta_len: u32,
+    pub body_len: u64,
+    pub rows: u64,
+}
+
+impl MessageBlock {
+    fn ipc_block(&self) -> Block {
+        Block::new(self.offset as i64, self.meta_len as i32, self.body_len as i64)
+    }
+    fn end(&self) -> u64 {
+        self.offset + self.meta_len as u64 + self.body_len
+    }
+}
+
+/// The cached metadata of a shard; valid while the file's size and mtime are unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardIndex {
+    pub version: u32,
+    pub file_size: u64,
+    pub mtime_ns: u128,
+    pub format: IpcFormat,
+    pub dictionaries: Vec<MessageBlock>,
+    pub batches: Vec<MessageBlock>,
+}
+
+impl ShardIndex {
+    pub fn rows(&self) -> u64 {
+        self.batches.iter().map(|b| b.rows).sum()
+    }
+}
+
+pub struct Shard {
+    pub path: PathBuf,
+    pub index: ShardIndex,
+    pub schema: SchemaRef,
+    data: Buffer,
+    decoder: FileDecoder,
+    /// Cumulative row count at the start of each record batch (for binary search).
+    batch_starts: Vec<u64>,
+}
+
+struct MmapOwner(#[allow(dead_code)] memmap2::Mmap);
+
+fn mmap_buffer(path: &Path) -> Result<Buffer> {
+    let file = File::open(path).map_err(|e| Error::data(format!("{}: cannot open: {e}", path.display())))?;
+    let len = file.metadata().map_err(|e| Error::data(format!("{}: {e}", path.display())))?.len();
+    if len == 0 {
+        return Err(Error::data(format!("{}: file is empty (truncated shard?)", path.display())));
+    }
+    // SAFETY: shards are treated as immutable while the loader runs; the index records size and
+    // mtime so a shard rewritten between runs is detected and re-indexed.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| Error::data(format!("{}: cannot mmap: {e}", path.display())))?;
+    let ptr = std::ptr::NonNull::new(mmap.as_ptr() as *mut u8).expect("mmap returned null");
+    let len = mmap.len();
+    // SAFETY: the pointer and length come from the mapping, which the Arc keeps alive.
+    Ok(unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(MmapOwner(mmap))) })
+}
+
+fn file_stamp(path: &Path) -> Result<(u64, u128)> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::data(format!("{}: {e}", path.display())))?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    Ok((meta.len(), mtime))
+}
+
+/// Parse the encapsulated message starting at `offset`: (block, header type, rows).
+/// Returns None at an end-of-stream marker.
+fn read_message_at(path: &Path, data: &[u8], offset: u64) -> Result<Option<(MessageBlock, MessageHeader)>> {
+    let truncated = || {
+        Error::data(format!(
+            "{}: truncated shard: an IPC message at byte {offset} runs past the end of the file ({} bytes)",
+            path.display(),
+            data.len()
+        ))
+    };
+    let at = offset as usize;
+    let head = data.get(at..at + 4).ok_or_else(truncated)?;
+    // Current format: 0xFFFFFFFF then a little-endian i32 length; pre-1.0 writers omit the marker.
+    let (prefix, meta_size) = if head == CONTINUATION {
+        let len = data.get(at + 4..at + 8).ok_or_else(truncated)?;
+        (8usize, i32::from_le_bytes(len.try_into().unwrap()))
+    } else {
+        (4usize, i32::from_le_bytes(head.try_into().unwrap()))
+    };
+    if meta_size == 0 {
+        return Ok(None);
+    }
+    if meta_size < 0 {
+        return Err(Error::data(format!(
+            "{}: corrupt shard: negative message length {meta_size} at byte {offset}",
+            path.display()
+        )));
+    }
+    let meta_start = at + prefix;
+    let meta_end = meta_start + meta_size as usize;
+    let meta = data.get(meta_start..meta_end).ok_or_else(truncated)?;
+    let message = arrow_ipc::root_as_message(meta).map_err(|e| {
+        Error::data(format!("{}: corrupt IPC message at byte {offset}: {e}", path.display()))
+    })?;
+    let body_len = u64::try_from(message.bodyLength()).map_err(|_| truncated())?;
+    let rows = match message.header_type() {
+        MessageHeader::RecordBatch => message.header_as_record_batch().map(|b| b.length() as u64).unwrap_or(0),
+        _ => 0,
+    };
+    let block = MessageBlock { offset, meta_len: (prefix + meta_size as usize) as u32, body_len, rows };
+    if block.end() > data.len() as u64 {
+        return Err(truncated());
+    }
+    Ok(Some((block, message.header_type())))
+}
+
+fn schema_from_message(path: &Path, data: &[u8], block: &MessageBlock) -> Result<arrow_schema::Schema> {
+    let at = block.offset as usize;
+    let prefix = if data[at..at + 4] == CONTINUATION { 8 } else { 4 };
+    let meta = &data[at + prefix..at + block.meta_len as usize];
+    let message = arrow_ipc::root_as_message(meta)
+        .map_err(|e| Error::data(format!("{}: corrupt schema message: {e}", path.display())))?;
+    let fb = message
+        .header_as_schema()
+        .ok_or_else(|| Error::data(format!("{}: stream does not start with a schema message", path.display())))?;
+    arrow_ipc::convert::try_fb_to_schema(fb).map_err(|e| Error::data(format!("{}: bad schema: {e}", path.display())))
+}
+
+fn detect_format(path: &Path, data: &[u8]) -> Result<IpcFormat> {
+    if data.len() >= 8 && &data[..6] == ARROW_MAGIC {
+        if data.len() < 16 || &data[data.len() - 6..] != ARROW_MAGIC {
+            return Err(Error::data(format!(
+                "{}: truncated shard: Arrow IPC file without its footer (expected 'ARROW1' at the end)",
+                path.display()
+            )));
+        }
+        return Ok(IpcFormat::File);
+    }
+    if data.len() >= 8 && (data[..4] == CONTINUATION || i32::from_le_bytes(data[..4].try_into().unwrap()) > 0) {
+        return Ok(IpcFormat::Stream);
+    }
+    Err(Error::data(format!("{}: not an Arrow IPC file or stream", path.display())))
+}
+
+/// Footer of the file format: schema, version and the blocks (row counts still need each header).
+fn read_file_footer(path: &Path, data: &[u8]) -> Result<(arrow_schema::Schema, MetadataVersion, Vec<Block>, Vec<Block>)> {
+    let trailer = data.len() - 10;
+    let footer_len = arrow_ipc::reader::read_footer_length(data[trailer..].try_into().unwrap())
+        .map_err(|e| Error::data(format!("{}: {e}", path.display())))?;
+    let start = trailer
+        .checked_sub(footer_len)
+        .ok_or_else(|| Error::data(format!("{}: corrupt footer length {footer_len}", path.display())))?;
+    let footer = arrow_ipc::root_as_footer(&data[start..trailer])
+        .map_err(|e| Error::data(format!("{}: corrupt footer: {e}", path.display())))?;
+    let schema = footer
+        .schema()
+        .ok_or_else(|| Error::data(format!("{}: footer has no schema", path.display())))
+        .and_then(|s| {
+            arrow_ipc::convert::try_fb_to_schema(s).map_err(|e| Error::data(format!("{}: bad schema: {e}", path.display())))
+        })?;
+    let dicts = footer.dictionaries().map(|v| v.iter().copied().collect()).unwrap_or_default();
+    let batches = footer.recordBatches().map(|v| v.iter().copied().collect()).unwrap_or_default();
+    Ok((schema, footer.version(), dicts, batches))
+}
+
+fn build_index(path: &Path, data: &[u8], format: IpcFormat, stamp: (u64, u128)) -> Result<ShardIndex> {
+    let mut dictionaries = Vec::new();
+    let mut batches = Vec::new();
+    match format {
+        IpcFormat::File => {
+            let (_, _, dicts, blocks) = read_file_footer(path, data)?;
+            for b in &dicts {
+                let (block, _) = read_message_at(path, data, b.offset() as u64)?
+                    .ok_or_else(|| Error::data(format!("{}: empty dictionary block", path.display())))?;
+                dictionaries.push(block);
+            }
+            for b in &blocks {
+                let (block, kind) = read_message_at(path, data, b.offset() as u64)?
+                    .ok_or_else(|| Error::data(format!("{}: empty record-batch block", path.display())))?;
+                if kind != MessageHeader::RecordBatch {
+                    return Err(Error::data(format!("{}: footer block at byte {} is not a record batch", path.display(), b.offset())));
+                }
+                batches.push(block);
+            }
+        }
+        IpcFormat::Stream => {
+            let mut offset = 0u64;
+            let mut first = true;
+            loop {
+                if offset as usize >= data.len() {
+                    return Err(Error::data(format!(
+                        "{}: truncated shard: the stream ends at byte {offset} without its end-of-stream marker",
+                        path.display()
+                    )));
+                }
+                let Some((block, kind)) = read_message_at(path, data, offset)? else { break };
+                match kind {
+                    MessageHeader::Schema if first => {}
+                    MessageHeader::DictionaryBatch => dictionaries.push(block),
+                    MessageHeader::RecordBatch => batches.push(block),
+                    other => {
+                        return Err(Error::data(format!(
+                            "{}: unexpected IPC message {other:?} at byte {offset}",
+                            path.display()
+                        )))
+                    }
+                }
+                first = false;
+                offset = block.end();
+            }
+        }
+    }
+    Ok(ShardIndex { version: INDEX_VERSION, file_size: stamp.0, mtime_ns: stamp.1, format, dictionaries, batches })
+}
+
+/// Where the index of `path` is cached: beside it if that folder is writable, else the user cache.
+fn index_paths(path: &Path) -> Vec<PathBuf> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut out = vec![path.with_file_name(format!(".{name}.bjindex.json"))];
+    let cache = std::env::var_os("BIRDJEPA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("birdjepa")))
+        .or_else(|| std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache").join("birdjepa")));
+    if let Some(dir) = cache {
+        let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let key = crate::rng::hash_words(&abs.to_string_lossy().bytes().map(u64::from).collect::<Vec<_>>());
+        out.push(dir.join("index").join(format!("{key:016x}-{name}.json")));
+    }
+    out
+}
+
+fn load_cached_index(path: &Path, stamp: (u64, u128)) -> Option<ShardIndex> {
+    index_paths(path).into_iter().find_map(|p| {
+        let text = std::fs::read_to_string(p).ok()?;
+        let idx: ShardIndex = serde_json::from_str(&text).ok()?;
+        (idx.version == INDEX_VERSION && idx.file_size == stamp.0 && idx.mtime_ns == stamp.1).then_some(idx)
+    })
+}
+
+fn store_index(path: &Path, index: &ShardIndex) {
+    let text = serde_json::to_string(index).expect("index serialises");
+    for p in index_paths(path) {
+        if let Some(dir) = p.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        // Write-then-rename so a concurrent reader never sees half an index.
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &text).is_ok() && std::fs::rename(&tmp, &p).is_ok() {
+            return;
+        }
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+impl Shard {
+    pub fn open(path: &Path) -> Result<Self> {
+        let data = mmap_buffer(path)?;
+        let stamp = file_stamp(path)?;
+        let format = detect_format(path, &data)?;
+        let index = match load_cached_index(path, stamp) {
+            Some(idx) if idx.format == format => idx,
+            _ => {
+                let idx = build_index(path, &data, format, stamp)?;
+                store_index(path, &idx);
+                idx
+            }
+        };
+        if let Some(bad) = index.batches.iter().chain(&index.dictionaries).find(|b| b.end() > data.len() as u64) {
+            return Err(Error::data(format!(
+                "{}: truncated shard: record batch at byte {} ends past the end of the file",
+                path.display(),
+                bad.offset
+            )));
+        }
+        let (schema, version) = match format {
+            IpcFormat::File => {
+                let (schema, version, _, _) = read_file_footer(path, &data)?;
+                (schema, version)
+            }
+            IpcFormat::Stream => {
+                let (first, _) = read_message_at(path, &data, 0)?
+                    .ok_or_else(|| Error::data(format!("{}: empty stream", path.display())))?;
+                let at = first.offset as usize;
+                let prefix = if data[at..at + 4] == CONTINUATION { 8 } else { 4 };
+                let version = arrow_ipc::root_as_message(&data[at + prefix..at + first.meta_len as usize])
+                    .map(|m| m.version())
+                    .map_err(|e| Error::data(format!("{}: {e}", path.display())))?;
+                (schema_from_message(path, &data, &first)?, version)
+            }
+        };
+        let schema = Arc::new(schema);
+        let mut decoder = FileDecoder::new(schema.clone(), version);
+        for d in &index.dictionaries {
+            let buf = data.slice_with_length(d.offset as usize, (d.meta_len as u64 + d.body_len) as usize);
+            decoder
+                .read_dictionary(&d.ipc_block(), &buf)
+                .map_err(|e| Error::data(format!("{}: bad dictionary at byte {}: {e}", path.display(), d.offset)))?;
+        }
+        let mut batch_starts = Vec::with_capacity(index.batches.len());
+        let mut total = 0;
+        for b in &index.batches {
+            batch_starts.push(total);
+            total += b.rows;
+        }
+        Ok(Self { path: path.to_path_buf(), index, schema, data, decoder, batch_starts })
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.index.rows()
+    }
+
+    /// Bytes at both ends of the file: cheap evidence for a data-set fingerprint.
+    pub fn edge_bytes(&self, n: usize) -> (&[u8], &[u8]) {
+        let len = self.data.len();
+        (&self.data[..n.min(len)], &self.data[len.saturating_sub(n)..])
+    }
+
+    pub fn file_size(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// The record batch holding `row`, and the row's offset inside it.
+    pub fn batch_for_row(&self, row: u64) -> Result<(RecordBatch, usize)> {
+        let i = self.batch_starts.partition_point(|&s| s <= row).saturating_sub(1);
+        let block = self.index.batches.get(i).filter(|_| row < self.rows()).ok_or_else(|| {
+            Error::data(format!("{}: row {row} out of range ({} rows)", self.path.display(), self.rows()))
+        })?;
+        let buf = self.data.slice_with_length(block.offset as usize, (block.meta_len as u64 + block.body_len) as usize);
+        let batch = self
+            .decoder
+            .read_record_batch(&block.ipc_block(), &buf)
+            .map_err(|e| Error::data(format!("{}: cannot read record batch at byte {}: {e}", self.path.display(), block.offset)))?
+            .ok_or_else(|| Error::data(format!("{}: empty record batch at byte {}", self.path.display(), block.offset)))?;
+        Ok((batch, (row - self.batch_starts[i]) as usize))
+    }
+
+    /// The named column of a decoded batch, or an error naming the file and column.
+    pub fn column(&self, batch: &RecordBatch, name: &str) -> Result<ArrayRef> {
+        batch.column_by_name(name).cloned().ok_or_else(|| {
+            Error::data(format!(
+                "{}: missing column '{name}' (columns: {})",
+                self.path.display(),
+                batch.schema().fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+}

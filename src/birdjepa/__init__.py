@@ -1,0 +1,1 @@
+"""birdjepa: exactly resumable self-supervised pretraining for bird-song encoders."""
