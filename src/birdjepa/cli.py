@@ -1,0 +1,73 @@
+"""The `birdjepa` command: subcommands dispatched from a small table.
+
+Add a subcommand by adding an entry to `COMMANDS` (or calling `register` before `main`): the value is
+a function, or a `"module:function"` string imported only when that subcommand runs (so `birdjepa
+demo-data` does not import JAX). tyro builds each subcommand's flags from the function's signature and
+its help text from the docstring; `birdjepa --help` imports them all to list them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tyro
+
+CommandTarget = str | Callable[..., Any]
+
+COMMANDS: dict[str, CommandTarget] = {
+    "demo-data": "birdjepa.demo_data:cli",
+    "prepare": "birdjepa.prepare:cli",
+    "loader-demo": "birdjepa.loader_demo:cli",
+}
+
+
+def register(name: str, target: CommandTarget) -> None:
+    """Adds (or replaces) subcommand `name`."""
+    if not name or name.startswith("-") or " " in name:
+        raise ValueError(f"bad subcommand name {name!r}")
+    COMMANDS[name] = target
+
+
+def resolve(target: CommandTarget) -> Callable[..., Any]:
+    """The function a table entry names."""
+    if callable(target):
+        return target
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"subcommand target {target!r} must be 'module:function'")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _unavailable(name: str, error: Exception) -> Callable[[], None]:
+    def unavailable() -> None:
+        raise SystemExit(f"birdjepa {name}: unavailable: {error}")
+
+    unavailable.__doc__ = f"(unavailable: {type(error).__name__}: {error})"
+    return unavailable
+
+
+def main(argv: Sequence[str] | None = None) -> Any:
+    """Entry point of the `birdjepa` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in COMMANDS:  # import only the subcommand asked for
+        functions = {args[0]: resolve(COMMANDS[args[0]])}
+    else:  # --help, no or unknown subcommand: list them all, even those that fail to import
+        functions = {}
+        for name, target in COMMANDS.items():
+            try:
+                functions[name] = resolve(target)
+            except ImportError as e:
+                functions[name] = _unavailable(name, e)
+    return tyro.extras.subcommand_cli_from_dict(
+        functions,
+        prog="birdjepa",
+        description="birdjepa: exactly resumable self-supervised pretraining for bird-song encoders.",
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

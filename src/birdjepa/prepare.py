@@ -1,0 +1,269 @@
+"""Pack a folder of audio files into Arrow shards (`birdjepa prepare SRC OUT`).
+
+Every file under SRC with an extension in `AUDIO_EXTENSIONS` becomes one row, in sorted order of its
+path relative to SRC (posix form), with its encoded bytes stored unchanged. Labels come from the first
+folder under SRC (`SRC/<label>/.../file.ogg`; files directly in SRC get none) or, with `labels_csv`,
+from a CSV with columns `path,label` (paths relative to SRC; files it does not name, or names with an
+empty label, get none). The vocabulary is the sorted set of labels; `vocab.json` maps the int labels
+back to names.
+
+Every file is checked before it is written (`check`): "header" opens it with libsndfile and decodes the
+first frames, "full" decodes it all, "none" trusts it. A file that fails stops the run with an error
+naming it (and the shards written so far are removed), unless `skip_bad`, which skips it, counts it
+and lists it at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Literal
+
+import soundfile as sf
+import tyro
+
+from birdjepa.shards import DEFAULT_LABEL_COLUMN, ShardFormat, ShardWriter, write_vocab
+
+AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
+"""Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3)."""
+CHECK_FRAMES = 4096
+READ_CHUNK = 64  # files read (and checked, in parallel) at a time
+
+Check = Literal["header", "full", "none"]
+
+
+class PrepareError(ValueError):
+    """Bad input to `prepare`; the message names the file or CSV row."""
+
+
+@dataclass
+class PrepareResult:
+    shards: list[Path]
+    vocab: list[str]
+    n_files: int
+    """Rows written."""
+    n_unlabelled: int
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(path relative to SRC, reason) of files skipped with `skip_bad`."""
+
+
+def find_audio_files(src: Path) -> list[str]:
+    """Audio files under `src` as sorted posix paths relative to it (hidden files and folders skipped)."""
+    found = []
+    for root, dirs, files in os.walk(src):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel_root = Path(root).relative_to(src)
+        for name in files:
+            if not name.startswith(".") and name.lower().endswith(AUDIO_EXTENSIONS):
+                found.append((rel_root / name).as_posix())
+    return sorted(found)
+
+
+def folder_labels(files: Sequence[str]) -> dict[str, str | None]:
+    """Label = first folder of the relative path; None for files directly in SRC."""
+    return {f: (PurePosixPath(f).parts[0] if len(PurePosixPath(f).parts) > 1 else None) for f in files}
+
+
+def _normalise_csv_path(raw: str) -> str | None:
+    p = PurePosixPath(raw.strip().replace("\\", "/"))
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        return None
+    return p.as_posix()
+
+
+def csv_labels(csv_path: Path, src: Path, files: Sequence[str]) -> dict[str, str | None]:
+    """Labels from a CSV with columns `path,label` (paths relative to `src`). Errors name the CSV row."""
+    known = set(files)
+    labels: dict[str, str | None] = dict.fromkeys(files)
+    first_row: dict[str, int] = {}
+    try:
+        fh = open(csv_path, newline="", encoding="utf-8-sig")
+    except OSError as e:
+        raise PrepareError(f"cannot read labels CSV {csv_path}: {e}") from e
+    with fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        if "path" not in header or "label" not in header:
+            raise PrepareError(f"{csv_path}: needs a header with columns 'path' and 'label', got {header}")
+        reader.fieldnames = header
+        for row in reader:
+            line = reader.line_num
+            raw_path, raw_label = row.get("path"), row.get("label")
+            if raw_path is None or raw_label is None:
+                raise PrepareError(f"{csv_path} row {line}: missing 'path' or 'label' value: {row}")
+            rel = _normalise_csv_path(raw_path)
+            if rel is None:
+                raise PrepareError(f"{csv_path} row {line}: path {raw_path!r} must be relative to {src}")
+            if rel in first_row:
+                raise PrepareError(
+                    f"{csv_path} row {line}: path {rel!r} already labelled in row {first_row[rel]}"
+                )
+            if rel not in known:
+                if not (src / rel).exists():
+                    raise PrepareError(f"{csv_path} row {line}: file {rel!r} not found in {src}")
+                raise PrepareError(
+                    f"{csv_path} row {line}: {rel!r} is not an audio file prepare reads "
+                    f"(extensions {', '.join(AUDIO_EXTENSIONS)}; hidden files and folders are skipped)"
+                )
+            first_row[rel] = line
+            label = raw_label.strip()
+            labels[rel] = label or None
+    return labels
+
+
+def check_audio(data: bytes, check: Check) -> str | None:
+    """None if `data` decodes (as far as `check` looks), else the reason it does not."""
+    if check == "none":
+        return None
+    if not data:
+        return "empty file"
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            if f.format == "OGG" and f.subtype != "VORBIS":
+                return f"Ogg with {f.subtype} audio: the loader decodes only Vorbis in Ogg"
+            if f.format == "MP3" and f.subtype != "MPEG_LAYER_III":
+                return f"{f.subtype} audio: the loader decodes only MPEG layer III"
+            if f.samplerate <= 0 or f.channels <= 0:
+                return f"bad header: {f.samplerate} Hz, {f.channels} channels"
+            if check == "full":
+                n = 0
+                for block in f.blocks(blocksize=1 << 16, dtype="float32"):
+                    n += len(block)
+                if n == 0:
+                    return "no audio frames"
+            elif len(f.read(CHECK_FRAMES, dtype="float32")) == 0:
+                return "no audio frames"
+    except (sf.SoundFileError, RuntimeError, ValueError) as e:
+        return f"cannot decode: {getattr(e, 'error_string', None) or e}"
+    return None
+
+
+def _load(args: tuple[Path, str, Check]) -> tuple[bytes, str | None]:
+    src, rel, check = args
+    try:
+        data = (src / rel).read_bytes()
+    except OSError as e:
+        return b"", f"cannot read: {e.strerror or e}"
+    return data, check_audio(data, check)
+
+
+def _loaded(
+    src: Path, files: Sequence[str], check: Check, workers: int
+) -> Iterator[tuple[bytes, str | None]]:
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for i in range(0, len(files), READ_CHUNK):
+            chunk = [(src, rel, check) for rel in files[i : i + READ_CHUNK]]
+            yield from pool.map(_load, chunk)
+
+
+def prepare(
+    src: Path,
+    out: Path,
+    *,
+    labels_csv: Path | None = None,
+    shard_mb: float = 256.0,
+    fmt: ShardFormat = "file",
+    label_column: str = DEFAULT_LABEL_COLUMN,
+    prefix: str = "data",
+    check: Check = "header",
+    skip_bad: bool = False,
+    workers: int = 4,
+    verbose: bool = False,
+) -> PrepareResult:
+    """Packs the audio files under `src` into shards `out/<prefix>-NNNNN.arrow` plus `out/vocab.json`."""
+    src, out = Path(src), Path(out)
+    if not src.is_dir():
+        raise PrepareError(f"source folder {src} does not exist or is not a folder")
+    if shard_mb <= 0:
+        raise PrepareError(f"shard_mb must be positive, got {shard_mb}")
+    files = find_audio_files(src)
+    if not files:
+        raise PrepareError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {src}")
+    labels = csv_labels(Path(labels_csv), src, files) if labels_csv is not None else folder_labels(files)
+    vocab = sorted({lab for lab in labels.values() if lab is not None})
+    index = {name: i for i, name in enumerate(vocab)}
+    if verbose:
+        print(f"{len(files)} audio files under {src}, {len(vocab)} labels", flush=True)
+
+    skipped: list[tuple[str, str]] = []
+    n_unlabelled = 0
+    # on any error the writer deletes what it wrote: no half data set is left behind
+    with ShardWriter(out, prefix, int(shard_mb * 2**20), fmt, label_column=label_column) as writer:
+        for rel, (data, problem) in zip(files, _loaded(src, files, check, workers), strict=True):
+            if problem is not None:
+                if not skip_bad:
+                    raise PrepareError(f"{src / rel}: {problem} (use --skip-bad to skip such files)")
+                skipped.append((rel, problem))
+                continue
+            label = labels[rel]
+            n_unlabelled += label is None
+            rid = str(PurePosixPath(rel).with_suffix(""))
+            writer.add(data, rel, None if label is None else index[label], rid)
+        if writer.n_rows == 0:
+            raise PrepareError(f"none of the {len(files)} audio files under {src} could be read")
+    shards = list(writer.paths)
+    write_vocab(out, vocab, label_column)
+    result = PrepareResult(shards, vocab, writer.n_rows, n_unlabelled, skipped)
+    if verbose:
+        print(
+            f"wrote {result.n_files} rows ({result.n_unlabelled} without label) in {len(shards)} shard(s) "
+            f"and vocab.json ({len(vocab)} labels) to {out}"
+        )
+        if skipped:
+            print(f"skipped {len(skipped)} bad file(s):")
+            for rel, why in skipped:
+                print(f"  {rel}: {why}")
+    return result
+
+
+def cli(
+    src: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="SRC")],
+    out: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="OUT")],
+    labels_csv: Path | None = None,
+    shard_mb: float = 256.0,
+    format: ShardFormat = "file",
+    label_column: str = DEFAULT_LABEL_COLUMN,
+    prefix: str = "data",
+    check: Check = "header",
+    skip_bad: bool = False,
+    workers: int = 4,
+) -> None:
+    """Pack a folder of audio files (.ogg .flac .wav .mp3) into Arrow shards + vocab.json, bytes unchanged.
+
+    Labels come from the sub-folder (SRC/<label>/...) or from --labels-csv (columns path,label).
+
+    Args:
+        src: Folder of audio files.
+        out: Output folder for the shards and vocab.json.
+        labels_csv: CSV with columns path,label (paths relative to SRC); unnamed files get no label.
+        shard_mb: Target shard size in MiB.
+        format: Arrow IPC file or stream format.
+        label_column: Name of the int64 label column (and of vocab.json's label_column).
+        prefix: Shard file names are PREFIX-NNNNN.arrow.
+        check: How far to decode each file before packing it: header (first frames), full, none.
+        skip_bad: Skip files that fail the check (and list them) instead of stopping.
+        workers: Threads reading and checking files.
+    """
+    try:
+        prepare(
+            src,
+            out,
+            labels_csv=labels_csv,
+            shard_mb=shard_mb,
+            fmt=format,
+            label_column=label_column,
+            prefix=prefix,
+            check=check,
+            skip_bad=skip_bad,
+            workers=workers,
+            verbose=True,
+        )
+    except (PrepareError, FileExistsError) as e:
+        print(f"birdjepa prepare: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None

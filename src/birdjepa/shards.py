@@ -1,0 +1,279 @@
+"""Arrow IPC shard writer shared by `demo-data` and `prepare`.
+
+Shard layout (read by the Rust loader; keep it exactly):
+
+- files `<prefix>-<index:05d>.arrow` in one folder, Arrow IPC *file* format by default
+  (`pyarrow.ipc.new_file`) or *stream* format (`pyarrow.ipc.new_stream`, the layout of HF `datasets`
+  cache files);
+- schema `audio: struct<bytes: binary, path: string>` (the HF `datasets` Audio layout),
+  `<label_column>: int64` (nullable; null = no label; default column name `ebird_code`),
+  `recording_id: string`;
+- record batches of at most `batch_rows` (64) rows (fewer when they would pass 512 MiB), so a reader
+  can reach a row without reading a whole shard;
+- a shard is closed once the audio bytes in it reach `target_bytes` (each shard but the last is at
+  least that big and exceeds it by less than one recording), or once it holds `max_rows` rows;
+- `vocab.json` beside the shards: `{"label_column": "ebird_code", "names": [...sorted...]}`; an int
+  label is an index into `names`.
+
+Shards are written to a hidden `.partial` file and renamed when complete, so a crashed run never leaves
+a truncated `*.arrow` behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+
+DEFAULT_LABEL_COLUMN = "ebird_code"
+BATCH_ROWS = 64
+BATCH_BYTES = 512 << 20  # a record batch is also cut here: `binary` offsets are int32 (< 2 GiB per batch)
+MAX_ROW_BYTES = BATCH_BYTES
+SHARD_SUFFIX = ".arrow"
+VOCAB_FILE = "vocab.json"
+
+ShardFormat = Literal["file", "stream"]
+
+AUDIO_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+
+
+def shard_schema(label_column: str = DEFAULT_LABEL_COLUMN) -> pa.Schema:
+    """The shard schema with the label stored in `label_column`."""
+    if label_column in ("audio", "recording_id") or not label_column:
+        raise ValueError(f"label column name {label_column!r} is empty or clashes with another column")
+    return pa.schema(
+        [
+            pa.field("audio", AUDIO_TYPE),
+            pa.field(label_column, pa.int64(), nullable=True),
+            pa.field("recording_id", pa.string()),
+        ]
+    )
+
+
+def shard_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:05d}{SHARD_SUFFIX}"
+
+
+class ShardWriter:
+    """Writes rows into size-bounded Arrow IPC shards in `out_dir`.
+
+    Usage::
+
+        w = ShardWriter(out_dir, "train", target_bytes=256 << 20)
+        w.add(audio_bytes, "XC1234.ogg", label=3, recording_id="XC1234")
+        paths = w.close()
+
+    Refuses to start when `out_dir` already holds shards with the same prefix (stale shards from an
+    earlier run would otherwise be read as part of this data set).
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        prefix: str,
+        target_bytes: int,
+        fmt: ShardFormat = "file",
+        *,
+        label_column: str = DEFAULT_LABEL_COLUMN,
+        batch_rows: int = BATCH_ROWS,
+        max_rows: int | None = None,
+    ) -> None:
+        if fmt not in ("file", "stream"):
+            raise ValueError(f"shard format must be 'file' or 'stream', got {fmt!r}")
+        if target_bytes <= 0:
+            raise ValueError(f"target_bytes must be positive, got {target_bytes}")
+        if not 1 <= batch_rows <= BATCH_ROWS:
+            raise ValueError(f"batch_rows must be in [1, {BATCH_ROWS}], got {batch_rows}")
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be positive, got {max_rows}")
+        if not prefix or "/" in prefix:
+            raise ValueError(f"bad shard prefix {prefix!r}")
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        stale = sorted(self.out_dir.glob(f"{prefix}-*{SHARD_SUFFIX}"))
+        if stale:
+            raise FileExistsError(
+                f"{self.out_dir} already holds shards with prefix {prefix!r} (e.g. {stale[0].name}); "
+                "remove them or write to an empty folder"
+            )
+        self.prefix = prefix
+        self.target_bytes = int(target_bytes)
+        self.fmt: ShardFormat = fmt
+        self.label_column = label_column
+        self.batch_rows = batch_rows
+        self.max_rows = max_rows
+        self.schema = shard_schema(label_column)
+        self.paths: list[Path] = []
+        self.rows_per_shard: list[int] = []
+        self.n_rows = 0
+        self._closed = False
+        self._writer: pa.ipc.RecordBatchFileWriter | pa.ipc.RecordBatchStreamWriter | None = None
+        self._partial: Path | None = None
+        self._sink: pa.NativeFile | None = None
+        self._shard_bytes = 0
+        self._shard_rows = 0
+        self._pending_bytes = 0
+        self._pending: dict[str, list] = {"bytes": [], "path": [], "label": [], "rid": []}
+
+    def add(self, audio_bytes: bytes, path: str, label: int | None, recording_id: str) -> None:
+        """Append one recording. `label` is an index into the vocab, or None for no label."""
+        if self._closed:
+            raise RuntimeError("ShardWriter.add() after close()")
+        if not isinstance(audio_bytes, bytes | bytearray | memoryview):
+            raise TypeError(f"audio bytes of {recording_id!r} must be bytes, got {type(audio_bytes)}")
+        if len(audio_bytes) > MAX_ROW_BYTES:
+            raise ValueError(
+                f"{path}: {len(audio_bytes)} bytes is over the {MAX_ROW_BYTES} bytes a row may hold"
+            )
+        if not isinstance(path, str) or not isinstance(recording_id, str):
+            raise TypeError(f"path and recording_id must be str, got {path!r}, {recording_id!r}")
+        if label is not None and (isinstance(label, bool) or int(label) != label or label < 0):
+            raise ValueError(f"label of {recording_id!r} must be a non-negative int or None, got {label!r}")
+        p = self._pending
+        p["bytes"].append(bytes(audio_bytes))
+        p["path"].append(path)
+        p["label"].append(None if label is None else int(label))
+        p["rid"].append(recording_id)
+        self._shard_bytes += len(audio_bytes)
+        self._pending_bytes += len(audio_bytes)
+        self._shard_rows += 1
+        self.n_rows += 1
+        shard_full = self._shard_bytes >= self.target_bytes or (
+            self.max_rows is not None and self._shard_rows >= self.max_rows
+        )
+        if shard_full or len(p["rid"]) >= self.batch_rows or self._pending_bytes >= BATCH_BYTES:
+            self._flush_batch()
+        if shard_full:
+            self._close_shard()
+
+    def close(self) -> list[Path]:
+        """Finish the last shard; returns the paths of all shards written, in order."""
+        if not self._closed:
+            if self._shard_rows:
+                self._flush_batch()
+                self._close_shard()
+            self._closed = True
+        return list(self.paths)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def abort(self) -> None:
+        """Stops writing and deletes every file this writer made (finished shards too): a failed run
+        leaves no partial data set that a loader could mistake for a whole one."""
+        self._closed = True
+        with contextlib.suppress(Exception):
+            if self._writer is not None:
+                self._writer.close()
+        with contextlib.suppress(Exception):
+            if self._sink is not None:
+                self._sink.close()
+        self._writer = self._sink = None
+        if self._partial is not None:
+            self._partial.unlink(missing_ok=True)
+            self._partial = None
+        for p in self.paths:
+            p.unlink(missing_ok=True)
+        self.paths.clear()
+        self.rows_per_shard.clear()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _flush_batch(self) -> None:
+        p = self._pending
+        if not p["rid"]:
+            return
+        audio = pa.StructArray.from_arrays(
+            [pa.array(p["bytes"], pa.binary()), pa.array(p["path"], pa.string())],
+            fields=list(AUDIO_TYPE),
+        )
+        batch = pa.RecordBatch.from_arrays(
+            [audio, pa.array(p["label"], pa.int64()), pa.array(p["rid"], pa.string())],
+            schema=self.schema,
+        )
+        if self._writer is None:
+            index = len(self.paths)
+            self._partial = self.out_dir / f".{shard_name(self.prefix, index)}.partial"
+            sink = pa.OSFile(str(self._partial), "wb")
+            if self.fmt == "file":
+                self._writer = pa.ipc.new_file(sink, self.schema)
+            else:
+                self._writer = pa.ipc.new_stream(sink, self.schema)
+            self._sink = sink
+        self._writer.write_batch(batch)
+        for v in p.values():
+            v.clear()
+        self._pending_bytes = 0
+
+    def _close_shard(self) -> None:
+        assert self._writer is not None and self._partial is not None and self._sink is not None
+        self._writer.close()
+        self._sink.close()
+        final = self.out_dir / shard_name(self.prefix, len(self.paths))
+        self._partial.rename(final)
+        self.paths.append(final)
+        self.rows_per_shard.append(self._shard_rows)
+        self._writer = None
+        self._partial = None
+        self._shard_bytes = 0
+        self._shard_rows = 0
+
+
+def write_vocab(out_dir: Path, names: Sequence[str], label_column: str = DEFAULT_LABEL_COLUMN) -> Path:
+    """Write `vocab.json`; `names` must already be sorted and unique (an int label indexes it)."""
+    names = list(names)
+    if names != sorted(set(names)):
+        raise ValueError(f"vocab names must be sorted and unique, got {names[:10]}...")
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise ValueError(f"vocab name {n!r} must be a non-empty string")
+    path = Path(out_dir) / VOCAB_FILE
+    text = json.dumps({"label_column": label_column, "names": names}, indent=1) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def read_vocab(folder: Path) -> tuple[str, list[str]]:
+    """Returns (label_column, names) from `folder/vocab.json`."""
+    path = Path(folder) / VOCAB_FILE
+    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return str(data["label_column"]), [str(n) for n in data["names"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: expected keys 'label_column' and 'names', got {data!r:.200}") from e
+
+
+def list_shards(folder: Path) -> list[Path]:
+    """The `*.arrow` shards of a folder, sorted by name."""
+    return sorted(p for p in Path(folder).glob(f"*{SHARD_SUFFIX}") if not p.name.startswith("."))
+
+
+def read_shard(path: Path) -> pa.Table:
+    """Reads a whole shard, file or stream format (detected from the magic bytes)."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    with pa.memory_map(str(path), "r") as source:
+        if magic == b"ARROW1":
+            return pa.ipc.open_file(source).read_all()
+        return pa.ipc.open_stream(source).read_all()
+
+
+def remove_shards(folder: Path) -> list[Path]:
+    """Deletes the `*.arrow` shards, leftover `.partial` files and `vocab.json` of a folder (for
+    `--overwrite`); touches nothing else. Returns what was removed."""
+    folder = Path(folder)
+    removed = list_shards(folder) + sorted(folder.glob(f".*{SHARD_SUFFIX}.partial"))
+    vocab = folder / VOCAB_FILE
+    if vocab.exists():
+        removed.append(vocab)
+    for p in removed:
+        p.unlink()
+    return removed

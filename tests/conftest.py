@@ -1,0 +1,121 @@
+"""Shared fixtures: synthetic shard sets for the data, loader and training tests.
+
+- `demo_dir`: the SMALL demo preset (12 species x 4 train + 2 eval, 8-12 s, all codecs and rates),
+  generated once per session: `demo_dir / "train"`, `demo_dir / "eval"`, `demo_dir / "manifest.json"`.
+- `tiny_shards` / `tiny_shards_stream`: 12 short pure tones (frequency known per label) in 3 shards of
+  4 rows, record batches of 2 rows, every codec; Arrow file / stream format.
+- `corrupt_shards`: the same 12 rows, where rows 2, 6 and 9 cannot be decoded (see `TinyShards.corrupt`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+try:
+    import birdjepa  # noqa: F401  (installed, e.g. by `maturin develop`)
+except ImportError:  # running from a plain checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from birdjepa.demo_data import CODECS, SMALL, encode_audio, generate_demo_data  # noqa: E402
+from birdjepa.shards import ShardFormat, ShardWriter, write_vocab  # noqa: E402
+
+TINY_LABELS = ("aaalow", "bbbmid", "ccchig")
+TINY_FREQS_HZ = (750.0, 1500.0, 3000.0)
+TINY_RATES = (44100, 48000, 32000, 22050)
+
+
+@dataclass(frozen=True)
+class TinyRow:
+    recording_id: str
+    label: int
+    freq_hz: float
+    codec: str
+    sample_rate: int
+    channels: int
+    seconds: float
+    shard: str
+    row: int
+    """Row index inside the shard."""
+    corrupt: bool
+
+
+@dataclass(frozen=True)
+class TinyShards:
+    path: Path
+    rows: tuple[TinyRow, ...]
+    """In shard order: rows[i] is global row i."""
+
+    @property
+    def corrupt(self) -> list[TinyRow]:
+        return [r for r in self.rows if r.corrupt]
+
+
+def tone(freq_hz: float, sample_rate: int, seconds: float, channels: int = 1) -> np.ndarray:
+    """A 0.5-amplitude sine with 10 ms fades, float32 (frames, channels)."""
+    n = int(round(seconds * sample_rate))
+    t = np.arange(n) / sample_rate
+    x = 0.5 * np.sin(2 * np.pi * freq_hz * t) * np.minimum(1.0, np.minimum(t, t[::-1]) / 0.01)
+    return np.repeat(x[:, None], channels, axis=1).astype(np.float32)
+
+
+def write_tiny_shards(
+    out: Path, fmt: ShardFormat = "file", corrupt_rows: dict[int, str] | None = None
+) -> TinyShards:
+    """12 rows of tones; `corrupt_rows` maps a global row to "garbage" (text, not audio), "truncated"
+    (the first 30 bytes: a cut header) or "empty" (zero bytes)."""
+    corrupt_rows = corrupt_rows or {}
+    codecs = list(CODECS)
+    rows = []
+    with ShardWriter(out, "tiny", target_bytes=1 << 40, fmt=fmt, batch_rows=2, max_rows=4) as w:
+        for i in range(12):
+            label = i % 3
+            codec = codecs[i % len(codecs)]
+            sr = TINY_RATES[i % len(TINY_RATES)]
+            channels = 2 if i % 5 == 4 else 1
+            seconds = 2.0 + 0.25 * (i % 5)
+            rid = f"tiny{i:03d}"
+            data = encode_audio(tone(TINY_FREQS_HZ[label], sr, seconds, channels), sr, codec, ogg_serial=i)
+            kind = corrupt_rows.get(i)
+            if kind == "garbage":
+                data = (b"not audio " * (len(data) // 10 + 1))[: len(data)]
+            elif kind == "truncated":
+                data = data[:30]
+            elif kind == "empty":
+                data = b""
+            elif kind is not None:
+                raise ValueError(f"unknown corruption {kind!r} for row {i}")
+            w.add(data, f"{rid}.{CODECS[codec][2]}", label, rid)
+            shard, row = f"tiny-{i // 4:05d}.arrow", i % 4
+            freq = TINY_FREQS_HZ[label]
+            rows.append(TinyRow(rid, label, freq, codec, sr, channels, seconds, shard, row, kind is not None))
+    write_vocab(out, list(TINY_LABELS))
+    return TinyShards(out, tuple(rows))
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SMALL demo preset, generated once per session (read-only: do not modify it)."""
+    return generate_demo_data(tmp_path_factory.mktemp("demo") / "demo", SMALL)
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory: pytest.TempPathFactory) -> TinyShards:
+    return write_tiny_shards(tmp_path_factory.mktemp("tiny") / "shards", "file")
+
+
+@pytest.fixture(scope="session")
+def tiny_shards_stream(tmp_path_factory: pytest.TempPathFactory) -> TinyShards:
+    return write_tiny_shards(tmp_path_factory.mktemp("tiny_stream") / "shards", "stream")
+
+
+@pytest.fixture(scope="session")
+def corrupt_shards(tmp_path_factory: pytest.TempPathFactory) -> TinyShards:
+    """Rows 2 (garbage), 6 (truncated) and 9 (empty) cannot be decoded."""
+    return write_tiny_shards(
+        tmp_path_factory.mktemp("corrupt") / "shards", "file", {2: "garbage", 6: "truncated", 9: "empty"}
+    )

@@ -1,0 +1,259 @@
+"""`prepare` (folder of audio files -> shards) and the shard writer it shares with demo-data."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import soundfile as sf
+from conftest import TINY_FREQS_HZ, TinyShards, tone
+
+from birdjepa.cli import main
+from birdjepa.demo_data import CODECS, encode_audio
+from birdjepa.prepare import PrepareError, prepare
+from birdjepa.shards import ShardWriter, list_shards, read_shard, read_vocab, remove_shards, shard_schema
+
+# relative path -> (codec, sample rate); labels are the first folder, root files have none
+SRC_FILES = {
+    "amecro/XC001.ogg": ("ogg_vorbis", 44100),
+    "amecro/XC002.mp3": ("mp3", 48000),
+    "amecro/sub/XC003.flac": ("flac_pcm16", 32000),
+    "zzzfin/XC010.wav": ("wav_pcm24", 22050),
+    "zzzfin/XC011.WAV": ("wav_float", 44100),
+    "bbbwar/XC020.ogg": ("ogg_vorbis", 32000),
+    "XC099.wav": ("wav_pcm16", 16000),
+}
+
+
+def make_src(root: Path, files: dict[str, tuple[str, int]] = SRC_FILES) -> Path:
+    for i, (rel, (codec, sr)) in enumerate(sorted(files.items())):
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(encode_audio(tone(500.0 + 100 * i, sr, 0.5), sr, codec, ogg_serial=i))
+    (root / "notes.txt").write_text("not audio")
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "x.ogg").write_bytes(b"ignored")
+    return root
+
+
+def table(out: Path) -> pa.Table:
+    return pa.concat_tables([read_shard(p) for p in list_shards(out)])
+
+
+def test_folder_labels_bytes_and_order(tmp_path: Path) -> None:
+    src = make_src(tmp_path / "src")
+    result = prepare(src, tmp_path / "out")
+    t = table(tmp_path / "out")
+    assert t.schema.equals(shard_schema())
+    paths = [a["path"] for a in t["audio"].to_pylist()]
+    assert paths == sorted(SRC_FILES)  # sorted relative posix paths; notes.txt and .hidden skipped
+    for a in t["audio"].to_pylist():
+        assert a["bytes"] == (src / a["path"]).read_bytes()  # stored as-is
+    label_column, vocab = read_vocab(tmp_path / "out")
+    assert label_column == "ebird_code"
+    assert vocab == result.vocab == ["amecro", "bbbwar", "zzzfin"]
+    labels = {
+        p: (None if lab is None else vocab[lab])
+        for p, lab in zip(paths, t["ebird_code"].to_pylist(), strict=True)
+    }
+    assert labels == {p: (p.split("/")[0] if "/" in p else None) for p in SRC_FILES}
+    assert t["recording_id"].to_pylist() == [p.rsplit(".", 1)[0] for p in paths]
+    assert (result.n_files, result.n_unlabelled, result.skipped) == (len(SRC_FILES), 1, [])
+
+
+def test_shards_split_by_size_and_batches_capped(tmp_path: Path) -> None:
+    src = make_src(tmp_path / "src")
+    result = prepare(src, tmp_path / "out", shard_mb=0.02)
+    assert len(result.shards) >= 3 and result.shards == list_shards(tmp_path / "out")
+    sizes = [sum(len(a["bytes"]) for a in read_shard(p)["audio"].to_pylist()) for p in result.shards]
+    assert all(s >= 0.02 * 2**20 for s in sizes[:-1])
+    assert table(tmp_path / "out")["audio"].to_pylist() == table_of(src)
+
+    w = ShardWriter(tmp_path / "many", "x", target_bytes=1 << 30)
+    for i in range(150):
+        w.add(b"abc", f"{i}.wav", i % 3 if i % 7 else None, str(i))
+    [path] = w.close()
+    with pa.memory_map(str(path)) as f:
+        reader = pa.ipc.open_file(f)
+        assert [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)] == [64, 64, 22]
+        assert reader.read_all()["ebird_code"].null_count == len([i for i in range(150) if i % 7 == 0])
+
+
+def table_of(src: Path) -> list[dict]:
+    return [{"bytes": (src / p).read_bytes(), "path": p} for p in sorted(SRC_FILES)]
+
+
+def test_csv_labels(tmp_path: Path) -> None:
+    src = make_src(tmp_path / "src")
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label,extra\nXC099.wav,sonspa,1\n./amecro/XC002.mp3,amecro,2\nzzzfin/XC010.wav,,3\n")
+    prepare(src, tmp_path / "out", labels_csv=csv)
+    t = table(tmp_path / "out")
+    _, vocab = read_vocab(tmp_path / "out")
+    assert vocab == ["amecro", "sonspa"]
+    got = dict(zip([a["path"] for a in t["audio"].to_pylist()], t["ebird_code"].to_pylist(), strict=True))
+    assert got == {p: {"XC099.wav": 1, "amecro/XC002.mp3": 0}.get(p) for p in SRC_FILES}
+
+
+CSV_ERRORS = [
+    ("amecro/XC001.ogg,a\namecro/nothere.ogg,b", r"labels\.csv row 3: file 'amecro/nothere.ogg' not found"),
+    ("amecro/XC001.ogg,a\n./amecro/XC001.ogg,b", r"row 3: path 'amecro/XC001.ogg' already labelled in row 2"),
+    ("notes.txt,a", r"row 2: 'notes.txt' is not an audio file"),
+    ("../x.ogg,a", r"row 2: path '../x.ogg' must be relative"),
+]
+
+
+@pytest.mark.parametrize(("rows", "message"), CSV_ERRORS)
+def test_csv_errors_name_the_row(tmp_path: Path, rows: str, message: str) -> None:
+    src = make_src(tmp_path / "src")
+    (tmp_path / "labels.csv").write_text(f"path,label\n{rows}\n")
+    with pytest.raises(PrepareError, match=message):
+        prepare(src, tmp_path / "out", labels_csv=tmp_path / "labels.csv")
+    assert not (tmp_path / "out").exists()  # the CSV is checked before anything is written
+
+
+def test_csv_needs_path_and_label_columns(tmp_path: Path) -> None:
+    src = make_src(tmp_path / "src")
+    (tmp_path / "labels.csv").write_text("file,species\nXC099.wav,a\n")
+    with pytest.raises(PrepareError, match=r"labels\.csv: needs a header with columns 'path' and 'label'"):
+        prepare(src, tmp_path / "out", labels_csv=tmp_path / "labels.csv")
+
+
+def test_stream_format_and_label_column(tmp_path: Path) -> None:
+    src = make_src(tmp_path / "src")
+    prepare(src, tmp_path / "file")
+    result = prepare(src, tmp_path / "stream", fmt="stream", label_column="species", prefix="train")
+    [path] = result.shards
+    assert path.name == "train-00000.arrow"
+    assert path.read_bytes()[:6] != b"ARROW1"  # stream format: no file magic
+    with pa.memory_map(str(path)) as f:
+        t = pa.ipc.open_stream(f).read_all()
+    assert t.schema.equals(shard_schema("species"))
+    assert read_vocab(tmp_path / "stream") == ("species", ["amecro", "bbbwar", "zzzfin"])
+    ref = table(tmp_path / "file")
+    assert t["audio"].equals(ref["audio"]) and t["species"].equals(ref["ebird_code"])
+
+
+def test_stream_shard_loads_in_hf_datasets(tmp_path: Path) -> None:
+    import datasets
+
+    src = make_src(tmp_path / "src")
+    [path] = prepare(src, tmp_path / "out", fmt="stream").shards
+    ds = datasets.Dataset.from_file(str(path))
+    assert ds.num_rows == len(SRC_FILES)
+    assert ds.features["audio"] == {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
+    ds = ds.cast_column("audio", datasets.Audio(decode=False))
+    assert ds[0]["audio"]["bytes"] == (src / ds[0]["audio"]["path"]).read_bytes()
+
+
+def test_bad_file_error_names_the_file(tmp_path: Path) -> None:
+    src = make_src(tmp_path / "src")
+    (src / "bbbwar" / "broken.ogg").write_bytes(b"OggS" + b"\0" * 100)
+    (src / "bbbwar" / "empty.flac").write_bytes(b"")
+    with pytest.raises(PrepareError, match=r"bbbwar/broken\.ogg: cannot decode"):
+        prepare(src, tmp_path / "out", shard_mb=0.01)
+    assert not list(Path(tmp_path / "out").glob("*")), "no half-written data set may be left"
+
+    result = prepare(src, tmp_path / "out", skip_bad=True)
+    assert [p for p, _ in result.skipped] == ["bbbwar/broken.ogg", "bbbwar/empty.flac"]
+    assert "empty file" in result.skipped[1][1]
+    assert result.n_files == len(SRC_FILES)
+    assert len(table(tmp_path / "out")) == len(SRC_FILES)
+
+
+def test_opus_in_ogg_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    buf = io.BytesIO()
+    sf.write(buf, tone(440.0, 48000, 0.2), 48000, format="OGG", subtype="OPUS")
+    (src / "a" / "x.ogg").write_bytes(buf.getvalue())
+    with pytest.raises(PrepareError, match="only Vorbis"):
+        prepare(src, tmp_path / "out")
+
+
+def test_full_check_and_existing_shards(tmp_path: Path) -> None:
+    src = make_src(tmp_path / "src")
+    prepare(src, tmp_path / "out", check="full", workers=1)
+    with pytest.raises(FileExistsError, match="data-00000.arrow"):
+        prepare(src, tmp_path / "out")
+    removed = remove_shards(tmp_path / "out")
+    assert {p.name for p in removed} == {"data-00000.arrow", "vocab.json"}
+    with pytest.raises(PrepareError, match="no audio files"):
+        prepare(tmp_path / "out", tmp_path / "out2")
+    with pytest.raises(PrepareError, match="does not exist"):
+        prepare(tmp_path / "missing", tmp_path / "out2")
+
+
+def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = make_src(tmp_path / "src")
+    main(["prepare", str(src), str(tmp_path / "out"), "--format", "stream", "--shard-mb", "0.02"])
+    assert len(list_shards(tmp_path / "out")) >= 3
+    assert "wrote 7 rows (1 without label)" in capsys.readouterr().out
+    (src / "amecro" / "bad.mp3").write_bytes(b"nonsense" * 10)
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(src), str(tmp_path / "out2")])
+    assert e.value.code == 1
+    assert "amecro/bad.mp3" in capsys.readouterr().err
+    main(["prepare", str(src), str(tmp_path / "out3"), "--skip-bad"])
+    assert "skipped 1 bad file(s):\n  amecro/bad.mp3: cannot decode" in capsys.readouterr().out
+
+
+def test_tiny_fixtures(
+    tiny_shards: TinyShards, tiny_shards_stream: TinyShards, corrupt_shards: TinyShards
+) -> None:
+    """The shared fixtures hold what they claim (other test files rely on them)."""
+    for fx in (tiny_shards, tiny_shards_stream):
+        shards = list_shards(fx.path)
+        assert [p.name for p in shards] == ["tiny-00000.arrow", "tiny-00001.arrow", "tiny-00002.arrow"]
+        got = [(p.name, i, r) for p in shards for i, r in enumerate(read_shard(p).to_pylist())]
+        assert len(got) == len(fx.rows) == 12
+        for row, (shard, i, r) in zip(fx.rows, got, strict=True):
+            assert (row.shard, row.row) == (shard, i)
+            assert (row.recording_id, row.label) == (r["recording_id"], r["ebird_code"])
+            x, sr = sf.read(io.BytesIO(r["audio"]["bytes"]), dtype="float32", always_2d=True)
+            assert (sr, x.shape[1]) == (row.sample_rate, row.channels)
+            spectrum = np.abs(np.fft.rfft(x[:, 0]))
+            assert np.fft.rfftfreq(len(x), 1 / sr)[spectrum.argmax()] == pytest.approx(row.freq_hz, abs=2)
+            assert row.freq_hz == TINY_FREQS_HZ[row.label]
+        assert {r.codec for r in fx.rows} == set(CODECS)
+    vocab = json.loads((tiny_shards.path / "vocab.json").read_text())
+    assert vocab == {"label_column": "ebird_code", "names": ["aaalow", "bbbmid", "ccchig"]}
+    bad = {(r.shard, r.row) for r in corrupt_shards.corrupt}
+    assert bad == {("tiny-00000.arrow", 2), ("tiny-00001.arrow", 2), ("tiny-00002.arrow", 1)}
+    for p in list_shards(corrupt_shards.path):
+        for i, r in enumerate(read_shard(p).to_pylist()):
+            if (p.name, i) in bad:
+                with pytest.raises(sf.LibsndfileError):
+                    sf.read(io.BytesIO(r["audio"]["bytes"]))
+            else:
+                assert len(sf.read(io.BytesIO(r["audio"]["bytes"]))[0]) > 0
+
+
+def test_cli_lists_and_dispatches_registered_subcommands(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from birdjepa import cli
+
+    calls = []
+
+    def hello(name: str = "world", times: int = 1) -> None:
+        """Say hello."""
+        calls.append((name, times))
+
+    monkeypatch.setitem(cli.COMMANDS, "hello", hello)
+    monkeypatch.setitem(cli.COMMANDS, "broken", "birdjepa.no_such_module:main")
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    listing = capsys.readouterr().out
+    for name in ("demo-data", "prepare", "hello", "broken"):
+        assert f"{name} " in listing
+    assert "unavailable" in listing
+    main(["hello", "--name", "kiwi", "--times", "2"])
+    assert calls == [("kiwi", 2)]
+    with pytest.raises(ModuleNotFoundError):
+        main(["broken"])
