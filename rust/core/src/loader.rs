@@ -376,6 +376,8 @@ impl Loader {
                 if self.building.n > 0 && !self.cfg.drop_last {
                     return Ok(Poll::Batch(self.finish_batch()));
                 }
+                // Skips after the last full batch still count.
+                self.committed = (self.shadow.state().clone(), self.counters.clone());
                 return Ok(Poll::End);
             }
             let now = Instant::now();
