@@ -184,4 +184,3 @@ def take(loader: Loader, n: int) -> list[Batch]:
 
 
 __all__ = ["Batch", "DataError", "Features", "Loader", "StateError", "WorkerError", "resolve_files", "take"]
-

@@ -91,36 +91,6 @@ impl Planner {
         self.state.position
     }
 
-    pub fn next(&mut self) -> Option<PlanItem> {
-        let (index, epoch) = if self.cfg.shuffle && self.cfg.buffer_size > 0 {
-            while self.state.buffer.len() < self.cfg.buffer_size {
-                match self.next_source() {
-                    Some(item) => self.state.buffer.push(item),
-                    None => break,
-                }
-            }
-            if self.state.buffer.is_empty() {
-                return None;
-            }
-            let len = self.state.buffer.len() as u64;
-            let slot = Stream::new(&[self.cfg.seed, Purpose::BufferPick as u64, self.state.position]).below(len) as usize;
-            let [index, epoch] = self.state.buffer[slot];
-            match self.next_source() {
-                Some(refill) => self.state.buffer[slot] = refill,
-                None => {
-                    self.state.buffer.swap_remove(slot);
-                }
-            }
-            (index, epoch)
-        } else {
-            let [index, epoch] = self.next_source()?;
-            (index, epoch)
-        };
-        let item = PlanItem { position: self.state.position, index, epoch };
-        self.state.position += 1;
-        Some(item)
-    }
-
     /// Next (index, epoch) from the interleaved shard readers, moving to the next epoch if allowed.
     fn next_source(&mut self) -> Option<[u64; 2]> {
         loop {
@@ -170,6 +140,40 @@ impl Planner {
             }
         }
         None
+    }
+}
+
+impl Iterator for Planner {
+    type Item = PlanItem;
+
+    fn next(&mut self) -> Option<PlanItem> {
+        let (index, epoch) = if self.cfg.shuffle && self.cfg.buffer_size > 0 {
+            while self.state.buffer.len() < self.cfg.buffer_size {
+                match self.next_source() {
+                    Some(item) => self.state.buffer.push(item),
+                    None => break,
+                }
+            }
+            if self.state.buffer.is_empty() {
+                return None;
+            }
+            let len = self.state.buffer.len() as u64;
+            let slot = Stream::new(&[self.cfg.seed, Purpose::BufferPick as u64, self.state.position]).below(len) as usize;
+            let [index, epoch] = self.state.buffer[slot];
+            match self.next_source() {
+                Some(refill) => self.state.buffer[slot] = refill,
+                None => {
+                    self.state.buffer.swap_remove(slot);
+                }
+            }
+            (index, epoch)
+        } else {
+            let [index, epoch] = self.next_source()?;
+            (index, epoch)
+        };
+        let item = PlanItem { position: self.state.position, index, epoch };
+        self.state.position += 1;
+        Some(item)
     }
 }
 

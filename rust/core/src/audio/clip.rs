@@ -1,0 +1,689 @@
+//! One recording -> `n_views` normalised log-mel crops of shape `[n_frames, n_mels]`.
+//!
+//! [`ClipExtractor::extract`] runs, for each view `v` of sample `key = (seed, epoch, index)`:
+//!
+//! 1. **Decode** to mono ([`super::decode`]). Seekable codecs with a known length (FLAC, WAV, OGG
+//!    Vorbis) decode only the source window the crop needs (views whose windows are close are decoded
+//!    in one pass); MP3 and unknown-length streams are decoded whole. `N_src` is the container's frame
+//!    count in the first case, the decoded length in the second.
+//! 2. **Crop at the output rate**: `N_out = ceil(N_src * target_rate / src_rate)`
+//!    ([`Resampler::output_len`]). If `N_out >= clip_samples` the offset is
+//!    * `Random`: uniform in `[0, N_out - clip_samples]`, drawn from
+//!      `rng::Stream::new(&[seed, Purpose::Crop, epoch, index, v])`;
+//!    * `Center`: `(N_out - clip_samples) / 2`.
+//!
+//!    Otherwise the offset is 0 and the clip is the whole recording followed by zeros.
+//! 3. **Resample** only the crop's output samples `[offset, offset + clip)` (polyphase Kaiser-sinc,
+//!    [`super::resample`]; one cached filter bank per source rate, built on first use). Output samples
+//!    at or past `N_out` are 0.0 (zero padding, not filter ringing).
+//! 4. **Log-mel** ([`super::fbank`], Kaldi-style): `n_fbank = 1 + (clip - win) / hop` frames (498 for
+//!    the defaults).
+//! 5. **Frames + normalisation**: the first `min(n_fbank, n_frames)` frames become `(x - mean) / std`;
+//!    rows `n_fbank..n_frames` (if `n_frames > n_fbank`) are 0.0, which is the normalised mean.
+//! 6. **Masks** (`Random` only; `Center` never masks): `time_mask.count` time masks, each with width
+//!    `w` uniform in `[0, max_width]` and start uniform in `[0, n_frames - w]`, drawn in that order from
+//!    `Stream::new(&[seed, Purpose::TimeMask, epoch, index, v])`, set whole frames (rows) to 0.0; then
+//!    `freq_mask.count` frequency masks likewise over `n_mels` from the `FreqMask` stream set mel bins
+//!    (columns) to 0.0. Masks may overlap; the time axis includes pad rows.
+//!
+//! The output is a pure function of `(data, config, mode, key, n_views)`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use super::decode::AudioReader;
+use super::fbank::{Fbank, FbankConfig};
+use super::resample::Resampler;
+use super::AudioError;
+use crate::rng::{Purpose, Stream};
+
+/// SpecAugment-style masks on one axis; `count = 0` disables them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaskConfig {
+    pub count: usize,
+    pub max_width: usize,
+}
+
+impl MaskConfig {
+    pub const OFF: MaskConfig = MaskConfig { count: 0, max_width: 0 };
+}
+
+/// Clip extraction settings; see the module docs for what each step does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClipConfig {
+    /// Output sample rate; must equal `fbank.sample_rate`. Default 32000.
+    pub target_rate: u32,
+    /// Crop length in samples at `target_rate`. Default 160_000 (5 s).
+    pub clip_samples: usize,
+    pub fbank: FbankConfig,
+    /// Rows per feature map (fbank frames are cropped or zero-padded to this). Default 512.
+    pub n_frames: usize,
+    /// Normalisation `(x - mean) / std`; defaults are AudioMAE's Kaldi-fbank statistics.
+    pub mean: f32,
+    pub std: f32,
+    pub time_mask: MaskConfig,
+    pub freq_mask: MaskConfig,
+}
+
+impl Default for ClipConfig {
+    fn default() -> Self {
+        ClipConfig {
+            target_rate: 32_000,
+            clip_samples: 160_000,
+            fbank: FbankConfig::default(),
+            n_frames: 512,
+            mean: -4.267_739_3,
+            std: 4.568_997_4,
+            time_mask: MaskConfig::OFF,
+            freq_mask: MaskConfig::OFF,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CropMode {
+    /// Random offset per view and random masks (training).
+    Random,
+    /// Centred crop, no masks (evaluation); identical for every view and key.
+    Center,
+}
+
+/// Identifies one draw of one sample: all its randomness derives from these words and the view index.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleKey {
+    pub seed: u64,
+    pub epoch: u64,
+    pub index: u64,
+}
+
+/// Source sample rates accepted (guards filter sizes against corrupt headers).
+const MIN_RATE: u32 = 1_000;
+const MAX_RATE: u32 = 768_000;
+
+/// Decodes, resamples and featurises clips; immutable apart from the resampler cache, share via `Arc`.
+pub struct ClipExtractor {
+    cfg: ClipConfig,
+    fbank: Fbank,
+    /// Fbank frames of one clip (`n_frames_for(clip_samples)`).
+    n_fbank: usize,
+    resamplers: RwLock<HashMap<u32, Arc<Resampler>>>,
+}
+
+impl std::fmt::Debug for ClipExtractor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClipExtractor").field("cfg", &self.cfg).finish_non_exhaustive()
+    }
+}
+
+/// One view's crop: output samples `[offset, offset + len)` (the rest of the clip is zero) read from
+/// source samples `[src_lo, src_hi)`.
+#[derive(Clone, Copy, Debug)]
+struct ViewPlan {
+    view: usize,
+    offset: u64,
+    len: usize,
+    src_lo: u64,
+    src_hi: u64,
+}
+
+impl ClipExtractor {
+    pub fn new(cfg: ClipConfig) -> Result<Self, String> {
+        if cfg.target_rate == 0 {
+            return Err("clip: target_rate must be > 0".into());
+        }
+        if cfg.fbank.sample_rate != cfg.target_rate {
+            return Err(format!(
+                "clip: fbank.sample_rate ({}) must equal target_rate ({})",
+                cfg.fbank.sample_rate, cfg.target_rate
+            ));
+        }
+        let fbank = Fbank::new(cfg.fbank.clone())?;
+        if cfg.clip_samples < cfg.fbank.win_length {
+            return Err(format!(
+                "clip: clip_samples ({}) must be >= fbank.win_length ({}) to give at least one frame",
+                cfg.clip_samples, cfg.fbank.win_length
+            ));
+        }
+        if cfg.n_frames == 0 {
+            return Err("clip: n_frames must be > 0".into());
+        }
+        if !(cfg.mean.is_finite() && cfg.std.is_finite() && cfg.std > 0.0) {
+            return Err(format!("clip: need finite mean and std > 0 (got mean={}, std={})", cfg.mean, cfg.std));
+        }
+        if cfg.time_mask.count > 0 && cfg.time_mask.max_width > cfg.n_frames {
+            return Err(format!(
+                "clip: time_mask.max_width ({}) exceeds n_frames ({})",
+                cfg.time_mask.max_width, cfg.n_frames
+            ));
+        }
+        if cfg.freq_mask.count > 0 && cfg.freq_mask.max_width > cfg.fbank.n_mels {
+            return Err(format!(
+                "clip: freq_mask.max_width ({}) exceeds n_mels ({})",
+                cfg.freq_mask.max_width, cfg.fbank.n_mels
+            ));
+        }
+        let n_fbank = fbank.n_frames_for(cfg.clip_samples);
+        Ok(ClipExtractor { cfg, fbank, n_fbank, resamplers: RwLock::new(HashMap::new()) })
+    }
+
+    pub fn config(&self) -> &ClipConfig {
+        &self.cfg
+    }
+
+    /// Floats per view: `n_frames * n_mels`.
+    pub fn frame_len(&self) -> usize {
+        self.cfg.n_frames * self.cfg.fbank.n_mels
+    }
+
+    /// The cached resampler `rate -> target_rate` (built once per source rate).
+    pub fn resampler(&self, rate: u32) -> Arc<Resampler> {
+        if let Some(r) = self.resamplers.read().unwrap_or_else(|e| e.into_inner()).get(&rate) {
+            return r.clone();
+        }
+        let built = Arc::new(Resampler::new(rate, self.cfg.target_rate));
+        self.resamplers.write().unwrap_or_else(|e| e.into_inner()).entry(rate).or_insert(built).clone()
+    }
+
+    /// Crop offset (in output samples) of view `view` for a recording of `n_out` output samples.
+    pub fn crop_offset(&self, n_out: u64, mode: CropMode, key: SampleKey, view: usize) -> u64 {
+        let clip = self.cfg.clip_samples as u64;
+        if n_out <= clip {
+            return 0;
+        }
+        match mode {
+            CropMode::Center => (n_out - clip) / 2,
+            CropMode::Random => Stream::new(&[key.seed, Purpose::Crop as u64, key.epoch, key.index, view as u64])
+                .range_inclusive(0, n_out - clip),
+        }
+    }
+
+    /// Decode one encoded recording and write `n_views` feature maps `[n_frames, n_mels]` into `out`
+    /// (`n_views * frame_len()` floats). On error `out` is unspecified.
+    pub fn extract<B: AsRef<[u8]> + Send + Sync + 'static>(
+        &self,
+        data: B,
+        mode: CropMode,
+        key: SampleKey,
+        n_views: usize,
+        out: &mut [f32],
+    ) -> Result<(), AudioError> {
+        let fl = self.frame_len();
+        if out.len() != n_views * fl {
+            return Err(AudioError(format!("extract: out has {} floats, expected {n_views} views x {fl}", out.len())));
+        }
+        let mut reader = AudioReader::open(data)?;
+        let (rate, _, n_frames) = reader.info();
+        if !(MIN_RATE..=MAX_RATE).contains(&rate) {
+            return Err(AudioError(format!(
+                "extract: unsupported sample rate {rate} Hz (accepted {MIN_RATE}..={MAX_RATE})"
+            )));
+        }
+        if n_views == 0 {
+            return Ok(());
+        }
+        let rs = self.resampler(rate);
+
+        // Whole decode when the reader cannot seek; otherwise trust the container's length.
+        let (full, n_src) = if reader.can_seek() {
+            (None, n_frames.unwrap_or(0))
+        } else {
+            let v = reader.read_all_mono()?;
+            let n = v.len() as u64;
+            (Some(v), n)
+        };
+        let n_out = rs.output_len(n_src);
+        let clip = self.cfg.clip_samples;
+
+        let mut plans: Vec<ViewPlan> = (0..n_views)
+            .map(|view| {
+                let offset = self.crop_offset(n_out, mode, key, view);
+                let len = (n_out.saturating_sub(offset)).min(clip as u64) as usize;
+                let (lo, hi) = rs.support(offset, len);
+                ViewPlan { view, offset, len, src_lo: lo.min(n_src), src_hi: hi.min(n_src) }
+            })
+            .collect();
+
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let scratch = &mut *guard;
+            scratch.samples.resize(clip, 0.0);
+            scratch.feats.resize(self.n_fbank * self.cfg.fbank.n_mels, 0.0);
+            let result = self.render_all(&mut reader, full.as_deref(), &rs, rate, &mut plans, mode, key, scratch, out);
+            scratch.shrink();
+            result
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn render_all(
+        &self,
+        reader: &mut AudioReader,
+        full: Option<&[f32]>,
+        rs: &Resampler,
+        rate: u32,
+        plans: &mut [ViewPlan],
+        mode: CropMode,
+        key: SampleKey,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) -> Result<(), AudioError> {
+        let Scratch { samples, feats, src: src_buf } = scratch;
+        if let Some(full) = full {
+            for p in plans.iter() {
+                let src = &full[p.src_lo as usize..p.src_hi as usize];
+                self.render_view(rs, src, p, mode, key, samples, feats, out);
+            }
+            return Ok(());
+        }
+
+        // Seek path: decode groups of nearby windows once each, in source order.
+        plans.sort_by_key(|p| (p.src_lo, p.view));
+        let gap = rate as u64 / 2;
+        let mut i = 0;
+        while i < plans.len() {
+            let (lo, mut hi) = (plans[i].src_lo, plans[i].src_hi);
+            let mut j = i + 1;
+            while j < plans.len() && plans[j].src_lo <= hi + gap {
+                hi = hi.max(plans[j].src_hi);
+                j += 1;
+            }
+            src_buf.clear();
+            src_buf.resize((hi - lo) as usize, 0.0);
+            if hi > lo {
+                reader.read_window_mono(lo, src_buf)?;
+            }
+            for p in &plans[i..j] {
+                let src = &src_buf[(p.src_lo - lo) as usize..(p.src_hi - lo) as usize];
+                self.render_view(rs, src, p, mode, key, samples, feats, out);
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Resample, featurise, normalise and mask one view into its slot of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn render_view(
+        &self,
+        rs: &Resampler,
+        src: &[f32],
+        p: &ViewPlan,
+        mode: CropMode,
+        key: SampleKey,
+        samples: &mut [f32],
+        feats: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let n_mels = self.cfg.fbank.n_mels;
+        rs.process_window(src, p.src_lo, p.offset, &mut samples[..p.len]);
+        samples[p.len..].fill(0.0);
+        self.fbank.compute(samples, feats);
+
+        let fl = self.frame_len();
+        let view = &mut out[p.view * fl..(p.view + 1) * fl];
+        let keep = self.n_fbank.min(self.cfg.n_frames) * n_mels;
+        let (mean, std) = (self.cfg.mean, self.cfg.std);
+        for (o, &x) in view[..keep].iter_mut().zip(&feats[..keep]) {
+            *o = (x - mean) / std;
+        }
+        view[keep..].fill(0.0);
+
+        if mode == CropMode::Random {
+            let v = p.view as u64;
+            let tm = &self.cfg.time_mask;
+            if tm.count > 0 {
+                let mut s = Stream::new(&[key.seed, Purpose::TimeMask as u64, key.epoch, key.index, v]);
+                for _ in 0..tm.count {
+                    let (start, w) = draw_mask(&mut s, tm.max_width, self.cfg.n_frames);
+                    view[start * n_mels..(start + w) * n_mels].fill(0.0);
+                }
+            }
+            let fm = &self.cfg.freq_mask;
+            if fm.count > 0 {
+                let mut s = Stream::new(&[key.seed, Purpose::FreqMask as u64, key.epoch, key.index, v]);
+                for _ in 0..fm.count {
+                    let (start, w) = draw_mask(&mut s, fm.max_width, n_mels);
+                    for row in view.chunks_exact_mut(n_mels) {
+                        row[start..start + w].fill(0.0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Per-thread buffers reused across samples (contents never carry over: each is overwritten).
+#[derive(Default)]
+struct Scratch {
+    samples: Vec<f32>,
+    feats: Vec<f32>,
+    src: Vec<f32>,
+}
+
+impl Scratch {
+    /// Keep at most ~32 MB of source buffer alive per thread after a very long multi-view window.
+    fn shrink(&mut self) {
+        const KEEP: usize = 8 << 20;
+        if self.src.capacity() > KEEP {
+            self.src = Vec::new();
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// Width uniform in `[0, max_width]`, then start uniform in `[0, size - width]`.
+fn draw_mask(s: &mut Stream, max_width: usize, size: usize) -> (usize, usize) {
+    let w = s.range_inclusive(0, max_width.min(size) as u64) as usize;
+    let start = s.range_inclusive(0, (size - w) as u64) as usize;
+    (start, w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audio::decode::decode_mono;
+    use crate::audio::decode::tests::{fixture, wav_i16};
+    use crate::audio::resample::resample;
+
+    fn key(index: u64) -> SampleKey {
+        SampleKey { seed: 17, epoch: 3, index }
+    }
+
+    /// Mono 16-bit WAV with a slow frequency sweep plus a little noise (every offset looks different).
+    fn sweep_wav(seconds: f64, rate: u32) -> Vec<u8> {
+        let n = (seconds * rate as f64) as usize;
+        let mut s = Stream::new(&[rate as u64]);
+        let mut phase = 0.0f64;
+        let pcm: Vec<i16> = (0..n)
+            .map(|i| {
+                let f = 500.0 + 6000.0 * i as f64 / n as f64;
+                phase += 2.0 * std::f64::consts::PI * f / rate as f64;
+                let x = 0.5 * phase.sin() + 0.01 * (s.unit_f64() - 0.5);
+                (x * 32767.0) as i16
+            })
+            .collect();
+        wav_i16(&pcm, 1, rate)
+    }
+
+    /// The pipeline spelled out on the full decode: resample everything, slice, fbank, normalise.
+    fn reference(ex: &ClipExtractor, full: &[f32], rate: u32, offset: u64) -> Vec<f32> {
+        let cfg = ex.config();
+        let y = resample(full, rate, cfg.target_rate);
+        let mut clip = vec![0f32; cfg.clip_samples];
+        let o = offset as usize;
+        let take = y.len().saturating_sub(o).min(cfg.clip_samples);
+        clip[..take].copy_from_slice(&y[o..o + take]);
+        let fb = Fbank::new(cfg.fbank.clone()).unwrap();
+        let f = fb.compute_vec(&clip);
+        let mut out = vec![0f32; ex.frame_len()];
+        let keep = fb.n_frames_for(clip.len()).min(cfg.n_frames) * cfg.fbank.n_mels;
+        for (o, x) in out[..keep].iter_mut().zip(&f) {
+            *o = (x - cfg.mean) / cfg.std;
+        }
+        out
+    }
+
+    fn run(ex: &ClipExtractor, data: Vec<u8>, mode: CropMode, k: SampleKey, n_views: usize) -> Vec<f32> {
+        let mut out = vec![f32::NAN; n_views * ex.frame_len()];
+        ex.extract(data, mode, k, n_views, &mut out).unwrap();
+        out
+    }
+
+    fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        let bad = a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits());
+        assert!(
+            bad.is_none(),
+            "{what}: first difference at {}: {} vs {}",
+            bad.unwrap(),
+            a[bad.unwrap()],
+            b[bad.unwrap()]
+        );
+    }
+
+    #[test]
+    fn extractor_is_send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<ClipExtractor>();
+        check::<Fbank>();
+        check::<Resampler>();
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        assert_eq!(ex.frame_len(), 512 * 128);
+        assert_eq!(ex.n_fbank, 498);
+        let bad = [
+            ClipConfig { target_rate: 16_000, ..Default::default() },
+            ClipConfig { clip_samples: 10, ..Default::default() },
+            ClipConfig { n_frames: 0, ..Default::default() },
+            ClipConfig { std: 0.0, ..Default::default() },
+            ClipConfig { time_mask: MaskConfig { count: 1, max_width: 600 }, ..Default::default() },
+            ClipConfig { freq_mask: MaskConfig { count: 2, max_width: 129 }, ..Default::default() },
+        ];
+        for cfg in bad {
+            let e = ClipExtractor::new(cfg.clone()).unwrap_err();
+            assert!(e.starts_with("clip:") || e.starts_with("fbank:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn random_and_center_crops_match_the_spelled_out_pipeline() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        for &rate in &[32_000u32, 44_100, 48_000, 22_050] {
+            let wav = sweep_wav(8.3, rate);
+            let (full, r) = decode_mono(wav.clone()).unwrap();
+            assert_eq!(r, rate);
+            let n_out = ex.resampler(rate).output_len(full.len() as u64);
+            for v in 0..3u64 {
+                let k = key(v * 11 + rate as u64);
+                let got = run(&ex, wav.clone(), CropMode::Random, k, 1);
+                let off = Stream::new(&[17, Purpose::Crop as u64, 3, k.index, 0]).range_inclusive(0, n_out - 160_000);
+                assert_bits_eq(&got, &reference(&ex, &full, rate, off), &format!("random {rate} {v}"));
+            }
+            let got = run(&ex, wav.clone(), CropMode::Center, key(0), 1);
+            assert_bits_eq(&got, &reference(&ex, &full, rate, (n_out - 160_000) / 2), &format!("center {rate}"));
+            // Pad rows 498..512 are exactly zero.
+            assert!(got[498 * 128..].iter().all(|&x| x == 0.0));
+            assert!(got[..498 * 128].iter().all(|&x| x != 0.0 && x.is_finite()));
+        }
+    }
+
+    #[test]
+    fn seekable_codecs_match_the_full_decode_pipeline() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        for (name, rate) in [("birds_48k_stereo.ogg", 48_000u32), ("birds_44k_stereo_30s.ogg", 44_100)] {
+            let bytes = fixture(name);
+            let (full, _) = decode_mono(bytes.clone()).unwrap();
+            let n_src = crate::audio::decode::AudioReader::open(bytes.clone()).unwrap().info().2.unwrap();
+            let n_out = ex.resampler(rate).output_len(n_src);
+            let views = 3;
+            let got = run(&ex, bytes.clone(), CropMode::Random, key(5), views);
+            for v in 0..views {
+                let off = ex.crop_offset(n_out, CropMode::Random, key(5), v);
+                let want = reference(&ex, &full[..(n_src as usize).min(full.len())], rate, off);
+                assert_bits_eq(&got[v * ex.frame_len()..(v + 1) * ex.frame_len()], &want, &format!("{name} view {v}"));
+            }
+            let got = run(&ex, bytes, CropMode::Center, key(5), 1);
+            let want = reference(&ex, &full[..(n_src as usize).min(full.len())], rate, (n_out - 160_000) / 2);
+            assert_bits_eq(&got, &want, &format!("{name} center"));
+        }
+    }
+
+    #[test]
+    fn short_recordings_start_at_zero_and_are_zero_padded() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        let bytes = fixture("birds_22k_mono_short.flac");
+        let (full, rate) = decode_mono(bytes.clone()).unwrap();
+        assert_eq!(rate, 22_050);
+        let a = run(&ex, bytes.clone(), CropMode::Random, key(1), 2);
+        let b = run(&ex, bytes.clone(), CropMode::Center, key(2), 1);
+        let want = reference(&ex, &full, rate, 0);
+        assert_bits_eq(&a[..ex.frame_len()], &want, "view 0");
+        assert_bits_eq(&a[ex.frame_len()..], &want, "view 1");
+        assert_bits_eq(&b, &want, "center");
+        // 1.5 s of audio = 150 frames; later frames see only zero padding -> the log floor, normalised.
+        let floor = (f32::EPSILON.ln() - ex.config().mean) / ex.config().std;
+        assert!(want[160 * 128..498 * 128].iter().all(|&x| x == floor));
+        // MP3 (whole decode path) also matches.
+        let mp3 = fixture("birds_32k_mono.mp3");
+        let (full, rate) = decode_mono(mp3.clone()).unwrap();
+        let got = run(&ex, mp3, CropMode::Center, key(0), 1);
+        let n_out = full.len() as u64;
+        assert_bits_eq(&got, &reference(&ex, &full, rate, n_out.saturating_sub(160_000) / 2), "mp3");
+    }
+
+    #[test]
+    fn deterministic_across_threads_history_and_view_batching() {
+        let ex = Arc::new(
+            ClipExtractor::new(ClipConfig {
+                time_mask: MaskConfig { count: 2, max_width: 60 },
+                freq_mask: MaskConfig { count: 2, max_width: 20 },
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let ogg = fixture("birds_44k_stereo_30s.ogg");
+        let first = run(&ex, ogg.clone(), CropMode::Random, key(9), 4);
+        // Other work in between (different rate, codec, path) changes nothing.
+        run(&ex, fixture("birds_48k_stereo.ogg"), CropMode::Random, key(1), 2);
+        run(&ex, fixture("birds_32k_mono.mp3"), CropMode::Random, key(1), 1);
+        assert_bits_eq(&first, &run(&ex, ogg.clone(), CropMode::Random, key(9), 4), "repeat");
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let (ex, ogg) = (ex.clone(), ogg.clone());
+                std::thread::spawn(move || run(&ex, ogg, CropMode::Random, key(9), 4))
+            })
+            .collect();
+        for h in handles {
+            assert_bits_eq(&first, &h.join().unwrap(), "thread");
+        }
+        // Views are independent of how many views were asked for.
+        assert_bits_eq(&first[..2 * ex.frame_len()], &run(&ex, ogg.clone(), CropMode::Random, key(9), 2), "prefix");
+        // Views, epochs and indices differ; Center ignores the key.
+        let fl = ex.frame_len();
+        assert_ne!(first[..fl], first[fl..2 * fl]);
+        assert_ne!(first, run(&ex, ogg.clone(), CropMode::Random, SampleKey { epoch: 4, ..key(9) }, 4));
+        let c1 = run(&ex, ogg.clone(), CropMode::Center, key(9), 2);
+        assert_bits_eq(&c1[..fl], &c1[fl..], "center views");
+        assert_bits_eq(&c1[..fl], &run(&ex, ogg, CropMode::Center, key(123), 1), "center key");
+    }
+
+    #[test]
+    fn masks_zero_whole_frames_and_whole_mel_bins() {
+        let base = ClipConfig::default();
+        let plain = ClipExtractor::new(base.clone()).unwrap();
+        let masked = ClipExtractor::new(ClipConfig {
+            time_mask: MaskConfig { count: 2, max_width: 40 },
+            freq_mask: MaskConfig { count: 2, max_width: 15 },
+            ..base
+        })
+        .unwrap();
+        let wav = sweep_wav(9.0, 44_100);
+        let (t_len, m_len) = (512, 128);
+        let mut saw_time = false;
+        let mut saw_freq = false;
+        for i in 0..8 {
+            let a = run(&plain, wav.clone(), CropMode::Random, key(i), 1);
+            let b = run(&masked, wav.clone(), CropMode::Random, key(i), 1);
+            // Same crop: unmasked entries are identical, masked ones are 0.0.
+            let changed = |t: usize, m: usize| b[t * m_len + m] != a[t * m_len + m];
+            assert!(a.iter().zip(&b).all(|(x, y)| y == x || *y == 0.0));
+            let zero_row = |t: usize| (0..m_len).all(|m| b[t * m_len + m] == 0.0);
+            let zero_col = |m: usize| (0..t_len).all(|t| b[t * m_len + m] == 0.0);
+            let mut rows = 0;
+            let mut cols = 0;
+            for t in 0..498 {
+                if zero_row(t) {
+                    rows += 1;
+                }
+            }
+            for m in 0..m_len {
+                if zero_col(m) {
+                    cols += 1;
+                }
+            }
+            for t in 0..498 {
+                for m in 0..m_len {
+                    if changed(t, m) {
+                        assert!(zero_row(t) || zero_col(m), "key {i}: ({t},{m}) zeroed outside a mask");
+                    }
+                }
+            }
+            assert!(rows <= 80 && cols <= 30, "key {i}: {rows} rows {cols} cols");
+            saw_time |= rows > 0;
+            saw_freq |= cols > 0;
+            // Center mode never masks.
+            assert_bits_eq(
+                &run(&plain, wav.clone(), CropMode::Center, key(i), 1),
+                &run(&masked, wav.clone(), CropMode::Center, key(i), 1),
+                "center unmasked",
+            );
+        }
+        assert!(saw_time && saw_freq);
+    }
+
+    #[test]
+    fn errors_are_reported() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        let mut out = vec![0f32; ex.frame_len()];
+        let e = ex.extract(vec![1u8, 2, 3], CropMode::Random, key(0), 1, &mut out).unwrap_err();
+        assert!(e.0.contains("decode"), "{e}");
+        let e = ex.extract(sweep_wav(1.0, 16_000), CropMode::Random, key(0), 2, &mut out).unwrap_err();
+        assert!(e.0.contains("expected 2 views"), "{e}");
+        let e = ex.extract(sweep_wav(0.1, 500), CropMode::Random, key(0), 1, &mut out).unwrap_err();
+        assert!(e.0.contains("sample rate"), "{e}");
+    }
+
+    /// `cargo test --release -p birdjepa-core clip_throughput -- --ignored --nocapture`
+    /// Extra inputs: BIRDJEPA_BENCH_DIR=/tmp/birdjepa-bench (scripts/make_codec_fixtures.py --bench-dir).
+    #[test]
+    #[ignore]
+    fn clip_throughput() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        let mut inputs: Vec<(String, Vec<u8>)> =
+            vec![("birds_44k_stereo_30s.ogg (fixture)".into(), fixture("birds_44k_stereo_30s.ogg"))];
+        if let Ok(dir) = std::env::var("BIRDJEPA_BENCH_DIR") {
+            let mut paths: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+            paths.sort();
+            for p in paths {
+                inputs.push((p.display().to_string(), std::fs::read(&p).unwrap()));
+            }
+        }
+        // On-CPU time of this thread (Linux schedstat, ns): robust to other processes on the machine.
+        fn cpu_ns() -> Option<u64> {
+            std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+        }
+        let mut out = vec![0f32; ex.frame_len()];
+        for (name, bytes) in inputs {
+            let bytes: Arc<[u8]> = bytes.into();
+            ex.extract(bytes.clone(), CropMode::Random, key(0), 1, &mut out).unwrap();
+            let n = 300;
+            let mut best_wall = f64::MAX;
+            let mut best_cpu = f64::MAX;
+            for rep in 0..3u64 {
+                let (t0, c0) = (std::time::Instant::now(), cpu_ns());
+                for i in 0..n {
+                    ex.extract(bytes.clone(), CropMode::Random, key(rep * n + i), 1, &mut out).unwrap();
+                }
+                best_wall = best_wall.min(t0.elapsed().as_secs_f64());
+                if let (Some(a), Some(b)) = (c0, cpu_ns()) {
+                    best_cpu = best_cpu.min((b - a) as f64 * 1e-9);
+                }
+            }
+            let t = std::time::Instant::now();
+            decode_mono(bytes.clone()).unwrap();
+            let full_ms = 1e3 * t.elapsed().as_secs_f64();
+            println!(
+                "{name}: {:.1} clips/s wall, {:.1} clips/s per CPU-second ({:.2} ms CPU/clip); full decode {full_ms:.1} ms",
+                n as f64 / best_wall,
+                n as f64 / best_cpu,
+                1e3 * best_cpu / n as f64,
+            );
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! Decoding encoded audio bytes to mono f32 PCM with symphonia 0.5.
+//!
+//! * Supported: OGG/Vorbis, FLAC, WAV (integer/float PCM), MP3 (whatever the crate features enable).
+//! * Mono mix: per frame `(c0 + c1 + ... ) / n_channels`, summed in channel order, in f32. Integer
+//!   samples are converted by symphonia's `IntoSample<f32>` (e.g. `i16 / 32768`), so 16-bit PCM and
+//!   FLAC decode to exactly the values `soundfile.read(dtype="float32")` gives.
+//! * No gapless trimming (symphonia's default): a Vorbis stream yields what the decoder renders, which is
+//!   sample-aligned with libsndfile's decode but keeps the final block's padding (< 1 block, e.g. 704
+//!   extra frames on an 8 s file); MP3 keeps the encoder/decoder delay at its start.
+//!
+//! ## Windowed decoding
+//! [`AudioReader::read_window_mono`] returns frames `[start, start + len)` of the stream (frames outside
+//! the stream are 0.0). When the container can seek *and* reports its length (FLAC, WAV, OGG Vorbis;
+//! see [`AudioReader::can_seek`]) it seeks to `start - margin` and decodes forward, placing each decoded
+//! packet at its timestamp and discarding what falls outside the window. The margin covers the codec's
+//! pre-roll (Vorbis renders nothing for the first packet after a seek, so the margin is one long block;
+//! FLAC and PCM frames decode independently, margin 0). If the first rendered frame lies after `start`
+//! (a seek overshoot) the margin is doubled and the seek retried; after a few tries, or on a seek
+//! error, the stream is reopened and decoded from its beginning. Every decoded frame is therefore the
+//! same as in a full decode, bit for bit (the unit tests check this per codec). For MP3 (its seeks are
+//! approximate and its decoder needs a bit reservoir) and streams of unknown length the whole stream is
+//! decoded once and the window copied out of it.
+//!
+//! Packets that fail to decode (`DecodeError`) are skipped, as players do; they are counted in
+//! [`AudioReader::packet_errors`]. A stream that yields no audio frame at all is an error.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use symphonia::core::audio::{AudioBuffer, AudioBufferRef, Signal};
+use symphonia::core::codecs::{Decoder, DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::conv::IntoSample;
+use symphonia::core::errors::Error as SymError;
+use symphonia::core::formats::{FormatOptions, FormatReader, SeekMode, SeekTo};
+use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
+use symphonia::core::meta::MetadataOptions;
+use symphonia::core::probe::Hint;
+use symphonia::core::sample::Sample;
+
+use super::AudioError;
+
+/// Seek retries (each doubling the pre-roll margin) before falling back to decoding from the start.
+const SEEK_TRIES: usize = 3;
+/// Pre-roll for codecs whose frame structure we do not parse (none of the seekable ones today).
+const DEFAULT_MARGIN: u64 = 8192;
+
+/// Shared, cheaply clonable view of the encoded bytes, so a stream can be reopened from the start.
+#[derive(Clone)]
+struct SharedBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+fn sym_err(what: &str, e: SymError) -> AudioError {
+    AudioError(format!("{what}: {e}"))
+}
+
+fn is_end_of_stream(e: &SymError) -> bool {
+    matches!(e, SymError::IoError(io) if io.kind() == std::io::ErrorKind::UnexpectedEof)
+        // A chained OGG stream (a new logical stream starts): we only read the first one.
+        || matches!(e, SymError::ResetRequired)
+}
+
+/// Stream properties: `(sample_rate, channels, n_frames)`; `channels` is 0 when the container does not
+/// say (the mix then uses each decoded buffer's own channel count).
+pub type StreamInfo = (u32, usize, Option<u64>);
+
+/// A demuxer + decoder over in-memory encoded bytes, reading mono windows or the whole stream.
+pub struct AudioReader {
+    bytes: SharedBytes,
+    format: Box<dyn FormatReader>,
+    decoder: Box<dyn Decoder>,
+    track_id: u32,
+    sample_rate: u32,
+    channels: usize,
+    n_frames: Option<u64>,
+    start_ts: u64,
+    can_seek: bool,
+    seek_margin: u64,
+    codec_name: &'static str,
+    packet_errors: usize,
+    /// Seek retries with a wider margin, and fallbacks to decoding from the start (diagnostics).
+    seek_retries: usize,
+    fallbacks: usize,
+    /// Nothing has been read since the stream was (re)opened.
+    fresh: bool,
+}
+
+struct Opened {
+    format: Box<dyn FormatReader>,
+    decoder: Box<dyn Decoder>,
+    track_id: u32,
+    sample_rate: u32,
+    channels: usize,
+    n_frames: Option<u64>,
+    start_ts: u64,
+    codec_name: &'static str,
+    vorbis_long_block: Option<u64>,
+}
+
+fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
+    if bytes.as_ref().is_empty() {
+        return Err(AudioError::new("decode: empty input (0 bytes)"));
+    }
+    let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes.clone())), MediaSourceStreamOptions::default());
+    let fmt_opts = FormatOptions { enable_gapless: false, ..Default::default() };
+    let probed = symphonia::default::get_probe()
+        .format(&Hint::new(), mss, &fmt_opts, &MetadataOptions::default())
+        .map_err(|e| sym_err("decode: unrecognised container", e))?;
+    let format = probed.format;
+    let track = format
+        .tracks()
+        .iter()
+        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL && t.codec_params.sample_rate.is_some())
+        .ok_or_else(|| AudioError::new("decode: no audio track with a known sample rate"))?;
+    let params = &track.codec_params;
+    let sample_rate = params.sample_rate.unwrap_or(0);
+    if sample_rate == 0 {
+        return Err(AudioError::new("decode: sample rate 0"));
+    }
+    let codecs = symphonia::default::get_codecs();
+    let codec_name = codecs.get_codec(params.codec).map(|d| d.short_name).unwrap_or("unknown");
+    let decoder = codecs
+        .make(params, &DecoderOptions { verify: false })
+        .map_err(|e| sym_err(&format!("decode: cannot open codec {codec_name}"), e))?;
+    // Vorbis identification header: byte 28 holds blocksize_0 (low nibble) and blocksize_1 (high
+    // nibble) exponents. One long block of pre-roll covers the packet a seek lands in.
+    let vorbis_long_block = if codec_name == "vorbis" {
+        params
+            .extra_data
+            .as_deref()
+            .filter(|x| x.len() > 28 && x[0] == 1 && &x[1..7] == b"vorbis")
+            .map(|x| 1u64 << (x[28] >> 4).clamp(6, 13))
+    } else {
+        None
+    };
+    Ok(Opened {
+        track_id: track.id,
+        sample_rate,
+        channels: params.channels.map(|c| c.count()).unwrap_or(0),
+        n_frames: params.n_frames,
+        start_ts: params.start_ts,
+        codec_name,
+        vorbis_long_block,
+        decoder,
+        format,
+    })
+}
+
+impl AudioReader {
+    /// Probe the container and open the first audio track's decoder.
+    pub fn open(data: impl AsRef<[u8]> + Send + Sync + 'static) -> Result<Self, AudioError> {
+        let bytes = SharedBytes(Arc::new(data));
+        let o = open_stream(&bytes)?;
+        let seekable_codec = o.codec_name == "flac" || o.codec_name == "vorbis" || o.codec_name.starts_with("pcm");
+        let can_seek = seekable_codec && o.n_frames.is_some_and(|n| n > 0);
+        let seek_margin = match o.codec_name {
+            "flac" => 0,
+            n if n.starts_with("pcm") => 0,
+            "vorbis" => o.vorbis_long_block.unwrap_or(DEFAULT_MARGIN),
+            _ => DEFAULT_MARGIN,
+        };
+        Ok(AudioReader {
+            bytes,
+            format: o.format,
+            decoder: o.decoder,
+            track_id: o.track_id,
+            sample_rate: o.sample_rate,
+            channels: o.channels,
+            n_frames: o.n_frames,
+            start_ts: o.start_ts,
+            can_seek,
+            seek_margin,
+            codec_name: o.codec_name,
+            packet_errors: 0,
+            seek_retries: 0,
+            fallbacks: 0,
+            fresh: true,
+        })
+    }
+
+    /// `(sample_rate, channels, n_frames)` as the container reports them.
+    pub fn info(&self) -> StreamInfo {
+        (self.sample_rate, self.channels, self.n_frames)
+    }
+
+    /// Symphonia's short codec name ("vorbis", "flac", "mp3", "pcm_s16le", ...).
+    pub fn codec_name(&self) -> &'static str {
+        self.codec_name
+    }
+
+    /// Whether [`read_window_mono`](Self::read_window_mono) seeks (length known, codec seeks exactly).
+    pub fn can_seek(&self) -> bool {
+        self.can_seek
+    }
+
+    /// Packets skipped because they failed to decode, so far.
+    pub fn packet_errors(&self) -> usize {
+        self.packet_errors
+    }
+
+    /// `(seek retries, fallbacks to a decode from the start)` so far.
+    pub fn seek_stats(&self) -> (usize, usize) {
+        (self.seek_retries, self.fallbacks)
+    }
+
+    fn reopen(&mut self) -> Result<(), AudioError> {
+        if self.fresh {
+            return Ok(());
+        }
+        let o = open_stream(&self.bytes)?;
+        self.format = o.format;
+        self.decoder = o.decoder;
+        self.track_id = o.track_id;
+        self.fresh = true;
+        Ok(())
+    }
+
+    /// Decode the whole stream from its start into mono (reopening the stream if it was read before).
+    /// Decoded buffers are concatenated in packet order. Errors if no frame was decoded.
+    pub fn read_all_mono(&mut self) -> Result<Vec<f32>, AudioError> {
+        self.reopen()?;
+        self.fresh = false;
+        // Reserve from the container length, capped so a corrupt header cannot reserve gigabytes.
+        let mut out: Vec<f32> = Vec::with_capacity(self.n_frames.unwrap_or(0).min(1 << 22) as usize);
+        loop {
+            let packet = match self.format.next_packet() {
+                Ok(p) => p,
+                Err(e) if is_end_of_stream(&e) => break,
+                Err(e) => return Err(sym_err(&format!("decode ({}): reading packet", self.codec_name), e)),
+            };
+            if packet.track_id() != self.track_id {
+                continue;
+            }
+            let decoded = match self.decoder.decode(&packet) {
+                Ok(d) => d,
+                Err(SymError::DecodeError(_)) => {
+                    self.packet_errors += 1;
+                    continue;
+                }
+                Err(e) => return Err(sym_err(&format!("decode ({}): packet", self.codec_name), e)),
+            };
+            let n = decoded.frames();
+            if n == 0 {
+                continue;
+            }
+            let at = out.len();
+            out.resize(at + n, 0.0);
+            mix_to_mono(&decoded, 0, &mut out[at..]);
+        }
+        if out.is_empty() {
+            return Err(AudioError(format!(
+                "decode ({}): no audio frames ({} packets failed to decode)",
+                self.codec_name, self.packet_errors
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Mono frames `[start, start + out.len())` of the stream into `out`; frames past the end are 0.0.
+    /// Seeks when [`can_seek`](Self::can_seek); otherwise decodes the stream from its start.
+    pub fn read_window_mono(&mut self, start: u64, out: &mut [f32]) -> Result<(), AudioError> {
+        out.fill(0.0);
+        if out.is_empty() {
+            return Ok(());
+        }
+        let errors_before = self.packet_errors;
+        if !self.can_seek {
+            // Decode from the beginning; stop once past the window.
+            self.reopen()?;
+            let w = self.decode_into(None, start, out)?;
+            return self.check_window(&w, start, errors_before);
+        }
+        if self.n_frames.is_some_and(|n| start >= n) {
+            return Ok(());
+        }
+        let mut margin = self.seek_margin;
+        for _ in 0..SEEK_TRIES {
+            let from = start.saturating_sub(margin);
+            match self.decode_into(Some(from), start, out) {
+                Ok(w) if w.covered && w.rendered > 0 => return self.check_window(&w, start, errors_before),
+                // Overshoot, nothing decodable after the seek point, or a seek failure: widen the
+                // margin and retry.
+                _ => {
+                    out.fill(0.0);
+                    self.seek_retries += 1;
+                    if from == 0 {
+                        break;
+                    }
+                    margin = (margin * 2).max(DEFAULT_MARGIN);
+                }
+            }
+        }
+        // Fallback: decode from the very start of a freshly opened stream.
+        out.fill(0.0);
+        self.fallbacks += 1;
+        self.reopen()?;
+        let w = self.decode_into(None, start, out)?;
+        self.check_window(&w, start, errors_before)
+    }
+
+    fn check_window(&self, w: &Window, start: u64, errors_before: usize) -> Result<(), AudioError> {
+        let errors = self.packet_errors - errors_before;
+        if w.rendered == 0 && errors > 0 {
+            return Err(AudioError(format!(
+                "decode ({}): no audio frames in window ({errors} packets failed to decode)",
+                self.codec_name
+            )));
+        }
+        if let Some(n) = self.n_frames {
+            // The container promised frames here but the stream ended before the window.
+            if w.stream_end <= start && start < n && !w.stopped_early {
+                return Err(AudioError(format!(
+                    "decode ({}): stream ends at frame {} but the container reports {n} frames",
+                    self.codec_name, w.stream_end
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decode packets (after seeking to `seek_from` frames, if given) and place them by timestamp into
+    /// `out` = frames `[start, start + len)`; see [`Window`] for what is returned.
+    fn decode_into(&mut self, seek_from: Option<u64>, start: u64, out: &mut [f32]) -> Result<Window, AudioError> {
+        self.fresh = false;
+        if let Some(from) = seek_from {
+            let to = SeekTo::TimeStamp { ts: self.start_ts + from, track_id: self.track_id };
+            self.format
+                .seek(SeekMode::Accurate, to)
+                .map_err(|e| sym_err(&format!("decode ({}): seek to frame {from}", self.codec_name), e))?;
+            self.decoder.reset();
+        }
+        let end = start + out.len() as u64;
+        let mut w = Window { covered: true, rendered: 0, stream_end: 0, stopped_early: false };
+        let mut first = true;
+        loop {
+            let packet = match self.format.next_packet() {
+                Ok(p) => p,
+                Err(e) if is_end_of_stream(&e) => break,
+                Err(e) => return Err(sym_err(&format!("decode ({}): reading packet", self.codec_name), e)),
+            };
+            if packet.track_id() != self.track_id {
+                continue;
+            }
+            // Position of the packet's first rendered frame relative to the stream start.
+            let pos = packet.ts as i128 - self.start_ts as i128;
+            if pos >= end as i128 && !first {
+                w.stopped_early = true;
+                break;
+            }
+            let decoded = match self.decoder.decode(&packet) {
+                Ok(d) => d,
+                Err(SymError::DecodeError(_)) => {
+                    self.packet_errors += 1;
+                    continue;
+                }
+                Err(e) => return Err(sym_err(&format!("decode ({}): packet", self.codec_name), e)),
+            };
+            let n = decoded.frames();
+            if n == 0 {
+                continue;
+            }
+            if first {
+                first = false;
+                if seek_from.is_some() && pos > start as i128 {
+                    w.covered = false;
+                    return Ok(w);
+                }
+                if pos >= end as i128 {
+                    w.stopped_early = true;
+                    break;
+                }
+            }
+            w.rendered += n as u64;
+            w.stream_end = w.stream_end.max((pos + n as i128).max(0) as u64);
+            let lo = pos.max(start as i128);
+            let hi = (pos + n as i128).min(end as i128);
+            if lo < hi {
+                let skip = (lo - pos) as usize;
+                let dst = &mut out[(lo - start as i128) as usize..(hi - start as i128) as usize];
+                mix_to_mono(&decoded, skip, dst);
+            }
+        }
+        Ok(w)
+    }
+}
+
+/// What one windowed decode pass saw.
+struct Window {
+    /// False when the first rendered frame lies after the window start (seek overshoot).
+    covered: bool,
+    /// Frames rendered by the decoder in this pass.
+    rendered: u64,
+    /// One past the last rendered frame position.
+    stream_end: u64,
+    /// Stopped at a packet past the window (rather than at the end of the stream).
+    stopped_early: bool,
+}
+
+/// Full decode of one recording: channels averaged to mono, at the native rate.
+pub fn decode_mono(data: impl AsRef<[u8]> + Send + Sync + 'static) -> Result<(Vec<f32>, u32), AudioError> {
+    let mut r = AudioReader::open(data)?;
+    let rate = r.sample_rate;
+    let samples = r.read_all_mono()?;
+    Ok((samples, rate))
+}
+
+fn mix_generic<S: Sample + IntoSample<f32>>(buf: &AudioBuffer<S>, skip: usize, dst: &mut [f32]) {
+    let n = dst.len();
+    let nch = buf.spec().channels.count();
+    for (d, &s) in dst.iter_mut().zip(&buf.chan(0)[skip..skip + n]) {
+        *d = s.into_sample();
+    }
+    if nch > 1 {
+        for c in 1..nch {
+            for (d, &s) in dst.iter_mut().zip(&buf.chan(c)[skip..skip + n]) {
+                let v: f32 = s.into_sample();
+                *d += v;
+            }
+        }
+        let div = nch as f32;
+        for d in dst.iter_mut() {
+            *d /= div;
+        }
+    }
+}
+
+/// Average frames `[skip, skip + dst.len())` of a decoded buffer over its channels into `dst`.
+fn mix_to_mono(buf: &AudioBufferRef<'_>, skip: usize, dst: &mut [f32]) {
+    match buf {
+        AudioBufferRef::U8(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::U16(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::U24(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::U32(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::S8(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::S16(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::S24(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::S32(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::F32(b) => mix_generic(b.as_ref(), skip, dst),
+        AudioBufferRef::F64(b) => mix_generic(b.as_ref(), skip, dst),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Little-endian RIFF/WAVE bytes for interleaved 16-bit PCM.
+    pub(crate) fn wav_i16(samples: &[i16], channels: u16, rate: u32) -> Vec<u8> {
+        let data_len = (samples.len() * 2) as u32;
+        let mut v = Vec::with_capacity(44 + data_len as usize);
+        v.extend_from_slice(b"RIFF");
+        v.extend_from_slice(&(36 + data_len).to_le_bytes());
+        v.extend_from_slice(b"WAVEfmt ");
+        v.extend_from_slice(&16u32.to_le_bytes());
+        v.extend_from_slice(&1u16.to_le_bytes()); // PCM
+        v.extend_from_slice(&channels.to_le_bytes());
+        v.extend_from_slice(&rate.to_le_bytes());
+        v.extend_from_slice(&(rate * channels as u32 * 2).to_le_bytes());
+        v.extend_from_slice(&(channels * 2).to_le_bytes());
+        v.extend_from_slice(&16u16.to_le_bytes());
+        v.extend_from_slice(b"data");
+        v.extend_from_slice(&data_len.to_le_bytes());
+        for s in samples {
+            v.extend_from_slice(&s.to_le_bytes());
+        }
+        v
+    }
+
+    pub(crate) fn fixture(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run scripts/make_codec_fixtures.py)", path.display()))
+    }
+
+    fn fnv1a64(bytes: impl Iterator<Item = u8>) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    }
+
+    /// Deterministic pseudo-random 16-bit stereo PCM.
+    fn pcm_stereo(frames: usize) -> Vec<i16> {
+        let mut s = crate::rng::Stream::new(&[99]);
+        (0..frames * 2).map(|_| s.next_u64() as i16).collect()
+    }
+
+    #[test]
+    fn wav_decodes_to_exact_pcm_mono_mix() {
+        let pcm = pcm_stereo(10_000);
+        let (mono, rate) = decode_mono(wav_i16(&pcm, 2, 22_050)).unwrap();
+        assert_eq!(rate, 22_050);
+        assert_eq!(mono.len(), 10_000);
+        for (i, m) in mono.iter().enumerate() {
+            let want = (pcm[2 * i] as f32 / 32768.0 + pcm[2 * i + 1] as f32 / 32768.0) / 2.0;
+            assert_eq!(m.to_bits(), want.to_bits(), "frame {i}");
+        }
+        let mono_pcm: Vec<i16> = pcm.iter().step_by(2).copied().collect();
+        let (m1, _) = decode_mono(wav_i16(&mono_pcm, 1, 8000)).unwrap();
+        assert!(m1.iter().zip(&mono_pcm).all(|(a, &b)| *a == b as f32 / 32768.0));
+    }
+
+    #[test]
+    fn wav_windows_equal_full_decode_and_pad_with_zeros() {
+        let pcm = pcm_stereo(50_000);
+        let bytes = wav_i16(&pcm, 2, 44_100);
+        let (full, _) = decode_mono(bytes.clone()).unwrap();
+        let mut r = AudioReader::open(bytes).unwrap();
+        assert!(r.can_seek());
+        assert_eq!(r.info(), (44_100, 2, Some(50_000)));
+        for &(start, len) in &[(0u64, 1000usize), (12_345, 7_000), (49_000, 3_000), (60_000, 10), (1, 49_999)] {
+            let mut w = vec![1.0f32; len];
+            r.read_window_mono(start, &mut w).unwrap();
+            for (j, v) in w.iter().enumerate() {
+                let i = start as usize + j;
+                let want = if i < full.len() { full[i] } else { 0.0 };
+                assert_eq!(v.to_bits(), want.to_bits(), "start {start} j {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn flac_decodes_to_the_pcm_written_by_soundfile() {
+        let meta = String::from_utf8(fixture("birds_44k_stereo.flac.mono_f32.txt")).unwrap();
+        let (mono, rate) = decode_mono(fixture("birds_44k_stereo.flac")).unwrap();
+        assert_eq!(rate, 44_100);
+        let hash = fnv1a64(mono.iter().flat_map(|x| x.to_le_bytes()));
+        assert_eq!(meta.trim(), format!("frames={} fnv1a64={hash:016x}", mono.len()));
+    }
+
+    fn check_windows_equal_full(name: &str, windows: &[(u64, usize)]) {
+        let bytes = fixture(name);
+        let (full, _) = decode_mono(bytes.clone()).unwrap();
+        let mut r = AudioReader::open(bytes.clone()).unwrap();
+        assert!(r.can_seek(), "{name} ({}) should seek", r.codec_name());
+        let n = r.info().2.unwrap();
+        eprintln!("{name}: container frames {n}, full decode {}", full.len());
+        assert!((n as i64 - full.len() as i64).abs() <= 4096, "{name}: container length {n} vs decoded {}", full.len());
+        for &(start, len) in windows {
+            // Fresh reader and reused reader must agree with the full decode.
+            let mut fresh = AudioReader::open(bytes.clone()).unwrap();
+            let mut a = vec![0.0f32; len];
+            let mut b = vec![0.0f32; len];
+            fresh.read_window_mono(start, &mut a).unwrap();
+            r.read_window_mono(start, &mut b).unwrap();
+            for j in 0..len {
+                let i = start as usize + j;
+                let want = if i < full.len() { full[i] } else { 0.0 };
+                assert_eq!(a[j].to_bits(), want.to_bits(), "{name}: fresh window at {start}, frame {i}");
+                assert_eq!(b[j].to_bits(), want.to_bits(), "{name}: reused window at {start}, frame {i}");
+            }
+            // The window came from a seek (or, at the start, a plain forward decode): no fallback.
+            assert_eq!(fresh.seek_stats(), (0, 0), "{name}: window at {start} needed retries/fallback");
+        }
+        assert_eq!(r.seek_stats(), (0, 0), "{name}: reused reader needed retries/fallback");
+    }
+
+    #[test]
+    fn flac_seek_windows_equal_full_decode() {
+        check_windows_equal_full(
+            "birds_44k_stereo.flac",
+            &[(0, 5000), (4095, 3), (4096, 10_000), (30_001, 20_000), (60_000, 10_000), (1, 66_149)],
+        );
+        check_windows_equal_full("birds_22k_mono_short.flac", &[(0, 33_075), (10_000, 50_000)]);
+    }
+
+    #[test]
+    fn ogg_vorbis_seek_windows_equal_full_decode() {
+        check_windows_equal_full(
+            "birds_48k_stereo.ogg",
+            &[(0, 4000), (100, 1000), (2047, 3000), (70_001, 100_000), (240_000, 200_000), (383_000, 2000)],
+        );
+        let mut s = crate::rng::Stream::new(&[5]);
+        let windows: Vec<(u64, usize)> =
+            (0..12).map(|_| (s.below(30 * 44_100), 1000 + s.below(250_000) as usize)).collect();
+        check_windows_equal_full("birds_44k_stereo_30s.ogg", &windows);
+    }
+
+    #[test]
+    fn vorbis_seek_overshoot_is_retried_with_a_wider_margin() {
+        let bytes = fixture("birds_48k_stereo.ogg");
+        let (full, _) = decode_mono(bytes.clone()).unwrap();
+        let mut r = AudioReader::open(bytes).unwrap();
+        // Without pre-roll the first packet after a seek renders nothing, so the seek overshoots.
+        r.seek_margin = 0;
+        let mut w = vec![0f32; 10_000];
+        r.read_window_mono(200_000, &mut w).unwrap();
+        assert_eq!(w, &full[200_000..210_000]);
+        let (retries, fallbacks) = r.seek_stats();
+        assert!(retries >= 1 && fallbacks == 0, "retries {retries} fallbacks {fallbacks}");
+    }
+
+    #[test]
+    fn truncated_stream_is_an_error_only_past_its_real_end() {
+        let pcm = pcm_stereo(50_000);
+        let mut bytes = wav_i16(&pcm, 2, 16_000);
+        bytes.truncate(44 + 20_000 * 4); // the header still claims 50_000 frames
+        let mut r = AudioReader::open(bytes.clone()).unwrap();
+        assert_eq!(r.info().2, Some(50_000));
+        let mut w = vec![0f32; 1000];
+        r.read_window_mono(5000, &mut w).unwrap();
+        let want: Vec<f32> =
+            (5000..6000).map(|i| (pcm[2 * i] as f32 / 32768.0 + pcm[2 * i + 1] as f32 / 32768.0) / 2.0).collect();
+        assert_eq!(w, want);
+        let e = r.read_window_mono(30_000, &mut w).unwrap_err();
+        assert!(e.0.contains("stream ends at frame 20000 but the container reports 50000 frames"), "{e}");
+    }
+
+    #[test]
+    fn mp3_is_decoded_whole_and_windows_match() {
+        let bytes = fixture("birds_32k_mono.mp3");
+        let (full, rate) = decode_mono(bytes.clone()).unwrap();
+        assert_eq!(rate, 32_000);
+        assert!(full.len() >= 4 * 32_000, "{}", full.len());
+        let mut r = AudioReader::open(bytes).unwrap();
+        assert!(!r.can_seek());
+        let mut w = vec![0.0f32; 5000];
+        r.read_window_mono(70_000, &mut w).unwrap();
+        assert_eq!(w, &full[70_000..75_000]);
+    }
+
+    #[test]
+    fn garbage_and_empty_inputs_are_errors() {
+        let e = decode_mono(Vec::<u8>::new()).unwrap_err();
+        assert!(e.0.contains("empty"), "{e}");
+        let e = decode_mono(vec![7u8; 5000]).unwrap_err();
+        assert!(e.0.contains("decode"), "{e}");
+        // A WAV header with no data frames.
+        let e = decode_mono(wav_i16(&[], 1, 16_000)).unwrap_err();
+        assert!(e.0.contains("decode"), "{e}");
+    }
+}

@@ -1,0 +1,87 @@
+//! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
+//! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
+use birdjepa_core::audio::decode::decode_mono;
+use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
+use birdjepa_core::audio::resample::resample as resample_core;
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+/// Borrow a 1-D float32 array as a slice, copying only when it is not contiguous.
+fn with_slice<R>(a: &PyReadonlyArray1<'_, f32>, f: impl FnOnce(&[f32]) -> R) -> R {
+    match a.as_slice() {
+        Ok(s) => f(s),
+        Err(_) => f(&a.as_array().to_vec()),
+    }
+}
+
+/// Kaldi-style log-mel filter bank of a mono float32 signal -> float32 `[frames, n_mels]`.
+#[pyfunction]
+#[pyo3(signature = (
+    samples, n_fft=1024, win_length=800, hop_length=320, n_mels=128, sample_rate=32000, f_min=20.0,
+    f_max=None, preemphasis=0.97, remove_dc=true, log_floor=None
+))]
+#[allow(clippy::too_many_arguments)]
+fn log_mel<'py>(
+    py: Python<'py>,
+    samples: PyReadonlyArray1<'py, f32>,
+    n_fft: usize,
+    win_length: usize,
+    hop_length: usize,
+    n_mels: usize,
+    sample_rate: u32,
+    f_min: f32,
+    f_max: Option<f32>,
+    preemphasis: f32,
+    remove_dc: bool,
+    log_floor: Option<f32>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let cfg = FbankConfig {
+        sample_rate,
+        n_fft,
+        win_length,
+        hop_length,
+        n_mels,
+        f_min,
+        f_max,
+        preemphasis,
+        remove_dc,
+        log_floor: log_floor.unwrap_or(f32::EPSILON),
+    };
+    let fb = Fbank::new(cfg).map_err(PyValueError::new_err)?;
+    let n = samples.len();
+    let (out, frames) = with_slice(&samples, |x| py.detach(|| (fb.compute_vec(x), fb.n_frames_for(n))));
+    PyArray1::from_vec(py, out).reshape([frames, n_mels])
+}
+
+/// Decode encoded audio bytes (OGG/Vorbis, FLAC, WAV, MP3) -> (float32 mono samples, native rate).
+#[pyfunction]
+fn decode_audio<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<(Bound<'py, PyArray1<f32>>, u32)> {
+    let bytes = data.as_bytes().to_vec();
+    let (samples, rate) = py.detach(|| decode_mono(bytes)).map_err(|e| PyValueError::new_err(e.0))?;
+    Ok((PyArray1::from_vec(py, samples), rate))
+}
+
+/// Polyphase Kaiser-sinc resampling of a mono float32 signal from `src` Hz to `dst` Hz.
+#[pyfunction]
+fn resample<'py>(
+    py: Python<'py>,
+    samples: PyReadonlyArray1<'py, f32>,
+    src: u32,
+    dst: u32,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    if src == 0 || dst == 0 {
+        return Err(PyValueError::new_err(format!("resample: rates must be > 0 (got {src} -> {dst})")));
+    }
+    let out = with_slice(&samples, |x| py.detach(|| resample_core(x, src, dst)));
+    Ok(PyArray1::from_vec(py, out))
+}
+
+/// Add `log_mel`, `decode_audio` and `resample` to the extension module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(log_mel, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_audio, m)?)?;
+    m.add_function(wrap_pyfunction!(resample, m)?)?;
+    Ok(())
+}

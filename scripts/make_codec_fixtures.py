@@ -1,0 +1,148 @@
+"""Write the small encoded audio fixtures used by the Rust audio unit tests.
+
+Deterministic: every signal comes from ``numpy.random.default_rng(SEED)`` (no global RNG), so rerunning
+this script rewrites the same PCM. Lossy files are not byte-identical between runs (libsndfile picks a
+random OGG stream serial; encoders change between versions), so the Rust tests never compare lossy
+decodes against hard-coded values: they compare windowed decodes with full decodes of the same file, and
+lossless (FLAC/WAV) decodes with the PCM written here.
+
+Usage::
+
+    python scripts/make_codec_fixtures.py            # writes rust/core/tests/data/*
+    python scripts/make_codec_fixtures.py --check    # only prints sizes (each must be < 200 KB)
+    python scripts/make_codec_fixtures.py --bench-dir /tmp/birdjepa-bench   # + realistic timing inputs
+
+Fixtures (all < 200 KB):
+
+- ``birds_44k_stereo.flac``   1.5 s, 44.1 kHz, stereo, PCM_16 (lossless; the FNV-1a hash of its exact
+  float32 mono mix is written to ``birds_44k_stereo.flac.mono_f32.txt``)
+- ``birds_22k_mono_short.flac`` 1.5 s, 22.05 kHz, mono, PCM_16 (shorter than a 5 s clip)
+- ``birds_48k_stereo.ogg``    8.0 s, 48 kHz, stereo, Vorbis
+- ``birds_44k_stereo_30s.ogg``  30 s, 44.1 kHz, stereo, Vorbis (the timing fixture)
+- ``birds_32k_mono.mp3``      4.0 s, 32 kHz, mono, MPEG layer III
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+SEED = 20240611
+OUT = Path(__file__).resolve().parent.parent / "rust" / "core" / "tests" / "data"
+MAX_BYTES = 200 * 1024
+
+
+def birdsong(
+    rng: np.random.Generator,
+    seconds: float,
+    rate: int,
+    channels: int,
+    noise: float = 0.0003,
+    calls_per_s: float = 2.5,
+) -> np.ndarray:
+    """Frequency-modulated whistles with smooth envelopes over faint noise, in [-0.9, 0.9]."""
+    n = int(round(seconds * rate))
+    t = np.arange(n) / rate
+    out = np.zeros((n, channels))
+    n_calls = max(2, int(seconds * calls_per_s))
+    for _ in range(n_calls):
+        start = rng.uniform(0.0, seconds - 0.3)
+        dur = rng.uniform(0.08, 0.45)
+        f0 = rng.uniform(1500.0, 7000.0)
+        sweep = rng.uniform(-2500.0, 2500.0)
+        vib_rate = rng.uniform(5.0, 40.0)
+        vib_depth = rng.uniform(0.0, 400.0)
+        amp = rng.uniform(0.1, 0.35)
+        pan = rng.uniform(0.3, 1.0, size=channels)
+        mask = (t >= start) & (t < start + dur)
+        tt = t[mask] - start
+        freq = f0 + sweep * tt / dur + vib_depth * np.sin(2 * np.pi * vib_rate * tt)
+        phase = 2 * np.pi * np.cumsum(freq) / rate
+        env = np.sin(np.pi * tt / dur) ** 2
+        call = amp * env * (np.sin(phase) + 0.3 * np.sin(2 * phase))
+        out[mask] += call[:, None] * pan[None, :]
+    out += noise * rng.standard_normal((n, channels))
+    peak = np.max(np.abs(out))
+    return (out * (0.9 / peak)).astype(np.float64)
+
+
+def fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def write_bench(folder: Path) -> None:
+    """Timing inputs closer to field recordings: louder noise, libsndfile's default Vorbis quality."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(SEED + 1)
+    for rate in (44100, 48000):
+        x = birdsong(rng, 30.0, rate, 2, noise=0.01, calls_per_s=2.5)
+        path = folder / f"bench_{rate // 1000}k_stereo_30s.ogg"
+        sf.write(path, x, rate, format="OGG", subtype="VORBIS")
+        print(f"{path} {path.stat().st_size / 1024:.1f} KB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only print the sizes of existing fixtures")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--bench-dir",
+        type=Path,
+        default=None,
+        help="also write realistic-bitrate timing inputs (not committed) into this folder",
+    )
+    args = ap.parse_args()
+    if args.bench_dir is not None:
+        write_bench(args.bench_dir)
+    out: Path = args.out
+    if not args.check:
+        out.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(SEED)
+
+        x = birdsong(rng, 1.5, 44100, 2)
+        pcm16 = np.round(x * 32767).astype("<i2")
+        sf.write(out / "birds_44k_stereo.flac", pcm16, 44100, format="FLAC", subtype="PCM_16")
+        # Exact reference for the Rust test: FNV-1a 64 of the little-endian f32 bytes of the mono mix
+        # (a/32768 + b/32768) / 2, which is exact in float32 for 16-bit input.
+        mono = (
+            (pcm16[:, 0].astype(np.float32) / np.float32(32768))
+            + (pcm16[:, 1].astype(np.float32) / np.float32(32768))
+        ) / np.float32(2)
+        (out / "birds_44k_stereo.flac.mono_f32.txt").write_text(
+            f"frames={len(mono)} fnv1a64={fnv1a64(mono.astype('<f4').tobytes()):016x}\n"
+        )
+
+        x = birdsong(rng, 1.5, 22050, 1)
+        sf.write(out / "birds_22k_mono_short.flac", x[:, 0], 22050, format="FLAC", subtype="PCM_16")
+
+        x = birdsong(rng, 8.0, 48000, 2)
+        sf.write(
+            out / "birds_48k_stereo.ogg", x, 48000, format="OGG", subtype="VORBIS", compression_level=0.9
+        )
+
+        x = birdsong(rng, 30.0, 44100, 2, noise=0.00005, calls_per_s=1.5)
+        sf.write(
+            out / "birds_44k_stereo_30s.ogg", x, 44100, format="OGG", subtype="VORBIS", compression_level=1.0
+        )
+
+        x = birdsong(rng, 4.0, 32000, 1)
+        sf.write(out / "birds_32k_mono.mp3", x[:, 0], 32000, format="MP3", subtype="MPEG_LAYER_III")
+
+    too_big = []
+    for p in sorted(out.iterdir()):
+        size = p.stat().st_size
+        print(f"{p.name:32s} {size / 1024:8.1f} KB")
+        if size >= MAX_BYTES:
+            too_big.append(p.name)
+    if too_big:
+        raise SystemExit(f"fixtures over {MAX_BYTES} bytes: {too_big}")
+
+
+if __name__ == "__main__":
+    main()
