@@ -190,15 +190,36 @@ impl Resampler {
         if out.is_empty() {
             return;
         }
-        let win_lo = src_offset as i128;
-        let win_hi = win_lo + src.len() as i128;
         if let Kind::Identity = self.kind {
+            let win_lo = src_offset as i128;
+            let win_hi = win_lo + src.len() as i128;
             for (i, o) in out.iter_mut().enumerate() {
                 let k = out_start as i128 + i as i128;
                 *o = if k >= win_lo && k < win_hi { src[(k - win_lo) as usize] } else { 0.0 };
             }
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: AVX is available (checked just above).
+            unsafe { self.polyphase_avx(src, src_offset, out_start, out) };
+            return;
+        }
+        self.polyphase(src, src_offset, out_start, out, dot);
+    }
+
+    /// The polyphase loop compiled with AVX enabled, so `dot_avx` inlines into it.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx")]
+    unsafe fn polyphase_avx(&self, src: &[f32], src_offset: u64, out_start: u64, out: &mut [f32]) {
+        // SAFETY: this function only runs where AVX is available.
+        self.polyphase(src, src_offset, out_start, out, |a, b| unsafe { dot_avx(a, b) });
+    }
+
+    #[inline(always)]
+    fn polyphase(&self, src: &[f32], src_offset: u64, out_start: u64, out: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) {
+        let win_lo = src_offset as i128;
+        let win_hi = win_lo + src.len() as i128;
         let taps = self.taps;
         let mut scratch = [0f32; 512];
         let mut heap_scratch: Vec<f32> = Vec::new();
@@ -238,10 +259,11 @@ impl Resampler {
     }
 }
 
-/// Fixed-order dot product (length a multiple of 8): lanes `l = 0..8` accumulate `a[8c + l] * b[8c + l]`,
-/// then `((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))`. On x86_64 this is written with SSE
-/// intrinsics (two 4-lane accumulators, the natural horizontal reduction); elsewhere the scalar version
-/// performs the same operations in the same order, so both give the same bits.
+/// Fixed-order dot product (length a multiple of 8). Two 8-lane accumulators take alternate 8-chunks
+/// (`acc[c % 2][l] += a[8c + l] * b[8c + l]`, a multiply then an add, never fused), so two dependency
+/// chains run side by side; then `s = acc[0] + acc[1]` lane-wise and
+/// `((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))`. The SSE, AVX and scalar versions perform the
+/// same operations in the same order and so return the same bits (tested).
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert!(a.len() == b.len() && a.len().is_multiple_of(8), "dot: lengths {} and {}", a.len(), b.len());
@@ -251,14 +273,18 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: SSE is part of the x86_64 baseline; every load reads `i..i + 8 <= len` of both slices.
         unsafe {
             let (pa, pb) = (a.as_ptr(), b.as_ptr());
-            let mut lo = _mm_setzero_ps();
-            let mut hi = _mm_setzero_ps();
+            let mut acc = [_mm_setzero_ps(); 4]; // [chunk parity 0 lanes 0-3, 4-7, parity 1 lanes 0-3, 4-7]
             let mut i = 0;
+            let mut parity = 0;
             while i < a.len() {
-                lo = _mm_add_ps(lo, _mm_mul_ps(_mm_loadu_ps(pa.add(i)), _mm_loadu_ps(pb.add(i))));
-                hi = _mm_add_ps(hi, _mm_mul_ps(_mm_loadu_ps(pa.add(i + 4)), _mm_loadu_ps(pb.add(i + 4))));
+                let (lo, hi) = (2 * parity, 2 * parity + 1);
+                acc[lo] = _mm_add_ps(acc[lo], _mm_mul_ps(_mm_loadu_ps(pa.add(i)), _mm_loadu_ps(pb.add(i))));
+                acc[hi] = _mm_add_ps(acc[hi], _mm_mul_ps(_mm_loadu_ps(pa.add(i + 4)), _mm_loadu_ps(pb.add(i + 4))));
+                parity ^= 1;
                 i += 8;
             }
+            let lo = _mm_add_ps(acc[0], acc[2]); // s0..s3
+            let hi = _mm_add_ps(acc[1], acc[3]); // s4..s7
             let v = _mm_add_ps(lo, hi); // [s0+s4, s1+s5, s2+s6, s3+s7]
             let w = _mm_add_ps(v, _mm_movehl_ps(v, v)); // [v0+v2, v1+v3, ..]
             _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps::<1>(w, w)))
@@ -270,16 +296,43 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// [`dot`] with 8-lane AVX registers: the same operations in the same order (no FMA).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn dot_avx(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    assert!(a.len() == b.len() && a.len().is_multiple_of(8), "dot: lengths {} and {}", a.len(), b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    // SAFETY (loads): every load reads `i..i + 8 <= len` of both slices.
+    while i + 16 <= a.len() {
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(unsafe { _mm256_loadu_ps(pa.add(i)) }, unsafe { _mm256_loadu_ps(pb.add(i)) }));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(unsafe { _mm256_loadu_ps(pa.add(i + 8)) }, unsafe { _mm256_loadu_ps(pb.add(i + 8)) }));
+        i += 16;
+    }
+    if i < a.len() {
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(unsafe { _mm256_loadu_ps(pa.add(i)) }, unsafe { _mm256_loadu_ps(pb.add(i)) }));
+    }
+    let s = _mm256_add_ps(acc0, acc1);
+    let v = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s)); // [s0+s4, ..]
+    let w = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps::<1>(w, w)))
+}
+
 /// The portable definition of [`dot`].
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+    let mut acc = [[0f32; 8]; 2];
+    for (c, (ca, cb)) in a.chunks_exact(8).zip(b.chunks_exact(8)).enumerate() {
         for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
+            acc[c % 2][l] += ca[l] * cb[l];
         }
     }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+    let s: [f32; 8] = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
+    ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
 }
 
 /// Resample a whole signal (`output_len(samples.len())` samples out).
@@ -292,6 +345,22 @@ pub fn resample(samples: &[f32], src: u32, dst: u32) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx_sse_and_scalar_dot_products_give_the_same_bits() {
+        let mut rng = crate::rng::Stream::new(&[99]);
+        for len in [8usize, 16, 48, 64, 200] {
+            let a: Vec<f32> = (0..len).map(|_| rng.unit_f64() as f32 * 2.0 - 1.0).collect();
+            let b: Vec<f32> = (0..len).map(|_| (rng.unit_f64() as f32 - 0.5) * 1e-3).collect();
+            let want = dot_scalar(&a, &b).to_bits();
+            assert_eq!(dot(&a, &b).to_bits(), want, "sse, len {len}");
+            if std::arch::is_x86_feature_detected!("avx") {
+                // SAFETY: AVX detected.
+                assert_eq!(unsafe { dot_avx(&a, &b) }.to_bits(), want, "avx, len {len}");
+            }
+        }
+    }
+
     use super::*;
 
     fn sine(freq: f64, rate: u32, n: usize) -> Vec<f32> {
