@@ -8,7 +8,14 @@ decode alone and fbank alone in both, and time to the first batch cold vs after 
 whose shuffle buffer holds 10 000 indices.
 """
 
+# ruff: noqa: E402  (the BLAS thread count must be set before numpy is imported)
 from __future__ import annotations
+
+import os
+
+# numpy's BLAS threads spin after each call and would steal the loader's cores; the plain
+# pipeline is measured on one core anyway.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import io
@@ -31,7 +38,7 @@ from birdjepa.demo_data import encode_audio, ensure_demo_data
 
 # The numpy reference fbank of the parity tests is the plain pipeline's fbank (one implementation).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from reference_fbank import reference_log_mel  # noqa: E402
+from reference_fbank import log_mel as reference_log_mel
 
 FEATURES = Features()
 CLIP = round(FEATURES.clip_seconds * FEATURES.target_rate)
@@ -111,7 +118,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=None, help="train shards (default: the demo set)")
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--plain-clips", type=int, default=48)
+    parser.add_argument("--plain-clips", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     files = resolve_files(args.data if args.data else ensure_demo_data() / "train")
@@ -127,12 +135,23 @@ def main() -> None:
     )
 
     rows: list[tuple[str, str, str]] = []
-    one = loader_rate(files, 1, args.batches, args.batch_size)
-    two = loader_rate(files, 2, args.batches, args.batch_size)
-
     rng = np.random.default_rng(0)
     picks = rng.choice(len(audio), size=args.plain_clips, replace=True)
-    plain, _ = rate(len(picks), lambda: [plain_pipeline(audio[i], rng) for i in picks])
+    ones, twos, plains = [], [], []
+    # Interleaved repeats, medians reported: drift on a shared machine hits every figure alike.
+    for _ in range(args.repeats):
+        ones.append(loader_rate(files, 1, args.batches, args.batch_size))
+        twos.append(loader_rate(files, 2, args.batches, args.batch_size))
+        plains.append(rate(len(picks), lambda: [plain_pipeline(audio[i], rng) for i in picks])[0])
+    one, two, plain = (float(np.median(x)) for x in (ones, twos, plains))
+    print(
+        "repeats (clips/s): 1 worker",
+        [round(x) for x in ones],
+        "2 workers",
+        [round(x) for x in twos],
+        "plain",
+        [round(x, 1) for x in plains],
+    )
     rows.append(("loader, 1 worker", f"{one:8.1f} clips/s", f"{one / plain:5.1f}x plain"))
     rows.append(("loader, 2 workers", f"{two:8.1f} clips/s", f"{two / one:5.2f}x 1 worker"))
     rows.append(("plain numpy+soundfile+scipy, 1 core", f"{plain:8.1f} clips/s", "1.0x"))
