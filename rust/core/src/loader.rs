@@ -238,13 +238,20 @@ struct Pipeline {
     workers: Vec<JoinHandle<()>>,
 }
 
-impl Drop for Pipeline {
-    fn drop(&mut self) {
+impl Pipeline {
+    /// Tell the workers to stop and join them (idempotent).
+    fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -341,7 +348,8 @@ impl Loader {
     pub fn restart(&mut self) -> Result<()> {
         let (plan, counters) = self.start.clone();
         self.shadow = Planner::new(self.cfg.plan_config(self.dataset.len()), &self.dataset.shard_rows(), Some(plan.clone()))?;
-        // Stop the old workers before starting new ones so the two never overlap.
+        // Stop the old workers before starting new ones so the two never compete for cores.
+        self.pipeline.stop();
         self.pipeline = spawn(&self.cfg, &self.dataset, &self.extractor, &self.shadow);
         self.pending.clear();
         self.end_at = None;
