@@ -34,7 +34,7 @@ use symphonia::core::audio::{AudioBuffer, AudioBufferRef, Signal};
 use symphonia::core::codecs::{Decoder, DecoderOptions, CODEC_TYPE_NULL};
 use symphonia::core::conv::IntoSample;
 use symphonia::core::errors::Error as SymError;
-use symphonia::core::formats::{FormatOptions, FormatReader, SeekMode, SeekTo};
+use symphonia::core::formats::{FormatOptions, FormatReader, Packet, SeekMode, SeekTo};
 use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
@@ -292,6 +292,32 @@ impl AudioReader {
         Ok(())
     }
 
+    /// The next packet of our track, or None at the end of the stream.
+    fn next_packet(&mut self) -> Result<Option<Packet>, AudioError> {
+        loop {
+            match self.format.next_packet() {
+                Ok(p) if p.track_id() == self.track_id => return Ok(Some(p)),
+                Ok(_) => continue,
+                Err(e) if is_end_of_stream(&e) => return Ok(None),
+                Err(e) => return Err(sym_err(&format!("decode ({}): reading packet", self.codec_name), e)),
+            }
+        }
+    }
+
+    /// Decode one packet; None for a packet that renders nothing or fails to decode (counted in
+    /// `packet_errors` and skipped, as players do).
+    fn decode_packet(&mut self, packet: &Packet) -> Result<Option<AudioBufferRef<'_>>, AudioError> {
+        match self.decoder.decode(packet) {
+            Ok(d) if d.frames() > 0 => Ok(Some(d)),
+            Ok(_) => Ok(None),
+            Err(SymError::DecodeError(_)) => {
+                self.packet_errors += 1;
+                Ok(None)
+            }
+            Err(e) => Err(sym_err(&format!("decode ({}): packet", self.codec_name), e)),
+        }
+    }
+
     /// Decode the whole stream from its start into mono (reopening the stream if it was read before).
     /// Decoded buffers are concatenated in packet order. Errors if no frame was decoded.
     pub fn read_all_mono(&mut self) -> Result<Vec<f32>, AudioError> {
@@ -299,29 +325,10 @@ impl AudioReader {
         self.fresh = false;
         // Reserve from the container length, capped so a corrupt header cannot reserve gigabytes.
         let mut out: Vec<f32> = Vec::with_capacity(self.n_frames.unwrap_or(0).min(1 << 22) as usize);
-        loop {
-            let packet = match self.format.next_packet() {
-                Ok(p) => p,
-                Err(e) if is_end_of_stream(&e) => break,
-                Err(e) => return Err(sym_err(&format!("decode ({}): reading packet", self.codec_name), e)),
-            };
-            if packet.track_id() != self.track_id {
-                continue;
-            }
-            let decoded = match self.decoder.decode(&packet) {
-                Ok(d) => d,
-                Err(SymError::DecodeError(_)) => {
-                    self.packet_errors += 1;
-                    continue;
-                }
-                Err(e) => return Err(sym_err(&format!("decode ({}): packet", self.codec_name), e)),
-            };
-            let n = decoded.frames();
-            if n == 0 {
-                continue;
-            }
+        while let Some(packet) = self.next_packet()? {
+            let Some(decoded) = self.decode_packet(&packet)? else { continue };
             let at = out.len();
-            out.resize(at + n, 0.0);
+            out.resize(at + decoded.frames(), 0.0);
             mix_to_mono(&decoded, 0, &mut out[at..]);
         }
         if out.is_empty() {
@@ -409,33 +416,15 @@ impl AudioReader {
         let end = start + out.len() as u64;
         let mut w = Window { covered: true, rendered: 0, stream_end: 0, stopped_early: false };
         let mut first = true;
-        loop {
-            let packet = match self.format.next_packet() {
-                Ok(p) => p,
-                Err(e) if is_end_of_stream(&e) => break,
-                Err(e) => return Err(sym_err(&format!("decode ({}): reading packet", self.codec_name), e)),
-            };
-            if packet.track_id() != self.track_id {
-                continue;
-            }
+        while let Some(packet) = self.next_packet()? {
             // Position of the packet's first rendered frame relative to the stream start.
             let pos = packet.ts as i128 - self.start_ts as i128;
             if pos >= end as i128 && !first {
                 w.stopped_early = true;
                 break;
             }
-            let decoded = match self.decoder.decode(&packet) {
-                Ok(d) => d,
-                Err(SymError::DecodeError(_)) => {
-                    self.packet_errors += 1;
-                    continue;
-                }
-                Err(e) => return Err(sym_err(&format!("decode ({}): packet", self.codec_name), e)),
-            };
+            let Some(decoded) = self.decode_packet(&packet)? else { continue };
             let n = decoded.frames();
-            if n == 0 {
-                continue;
-            }
             if first {
                 first = false;
                 if seek_from.is_some() && pos > start as i128 {
