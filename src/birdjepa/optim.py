@@ -1,0 +1,127 @@
+"""Optimizer and learning-rate schedule.
+
+Invariant 5 of DESIGN.md: the LR applied by optimizer update ``s`` is ``schedule(s)``, the first update
+uses ``schedule(0)``, and the logged LR is the applied one. The schedule is wrapped with
+``optax.inject_hyperparams``, whose state stores the learning rate each update actually used; the
+trainer logs that value (``applied_lr``), never a recomputation.
+
+With gradient accumulation (``grad_accum = k``) the loop's unit is the micro-step (one loader
+batch); ``optax.MultiSteps`` sums k micro-gradients and applies one update, so update ``s`` happens
+at micro-step ``(s + 1) * k - 1`` and the accumulation progress lives in the optimizer state (and
+therefore in every checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    name: Literal["adamw", "muon"] = "adamw"
+    """adamw, or muon (optax.contrib.muon; AdamW for non-matrix parameters)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.05
+    b1: float = 0.9
+    b2: float = 0.999
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    """cosine: linear warmup then cosine decay; wsd: warmup, stable, then linear decay."""
+    warmup_steps: int = 10
+    decay_fraction: float = 0.2
+    """wsd only: the fraction of updates spent decaying at the end."""
+    min_lr_ratio: float = 0.0
+    """Final LR as a fraction of the peak."""
+    clip_norm: float = 1.0
+    """Global-norm gradient clipping (0 = off)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer update."""
+
+
+def lr_table(cfg: OptimConfig, total_updates: int) -> np.ndarray:
+    """LR of every optimizer update ``s`` in ``[0, total)``, computed on the host in float64.
+
+    Warmup is ``peak * (s + 1) / warmup`` so update 0 already learns (optax's warmup starts at 0);
+    then cosine decay to ``peak * min_lr_ratio`` (``cosine``) or stable then linear decay (``wsd``).
+    """
+    peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
+    warmup = max(cfg.warmup_steps, 0)
+    total = max(total_updates, warmup + 1)
+    decay_start = total - max(int(round(cfg.decay_fraction * total)), 1)
+    out = np.empty(total, np.float64)
+    for s in range(total):
+        if s < warmup:
+            out[s] = peak * (s + 1) / warmup
+        elif cfg.schedule == "cosine":
+            t = min(max((s - warmup) / max(total - warmup - 1, 1), 0.0), 1.0)
+            out[s] = floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * t))
+        else:
+            t = min(max((s - decay_start + 1) / max(total - decay_start, 1), 0.0), 1.0)
+            out[s] = peak + (floor - peak) * t
+    return out.astype(np.float32)
+
+
+def make_schedule(cfg: OptimConfig, total_updates: int) -> optax.Schedule:
+    """``schedule(s)`` looks the LR up in `lr_table` (the last value after the end).
+
+    A table rather than arithmetic in the graph: XLA may fuse or contract float ops differently under
+    ``jit`` than eagerly, and the resume checks compare the applied LR with ``schedule(s)`` using
+    ``==``. A lookup returns the same bits in every context.
+    """
+    table = lr_table(cfg, total_updates)
+
+    def schedule(step: jax.Array | int) -> jax.Array:
+        return jnp.asarray(table)[jnp.clip(jnp.asarray(step), 0, len(table) - 1)]
+
+    return schedule
+
+
+def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransformation:
+    schedule = make_schedule(cfg, total_updates)
+
+    def scheduled(learning_rate: jax.Array) -> optax.GradientTransformation:
+        if cfg.name == "adamw":
+            base = optax.adamw(learning_rate, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+        else:
+            base = optax.contrib.muon(
+                learning_rate,
+                weight_decay=cfg.weight_decay,
+                adam_b1=cfg.b1,
+                adam_b2=cfg.b2,
+                adam_weight_decay=cfg.weight_decay,
+            )
+        clip = optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else optax.identity()
+        return optax.chain(clip, base)
+
+    tx = optax.inject_hyperparams(scheduled)(learning_rate=schedule)
+    if cfg.grad_accum > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=cfg.grad_accum)
+    return tx
+
+
+def _injected(opt_state: optax.OptState) -> optax.OptState:
+    return opt_state.inner_opt_state if isinstance(opt_state, optax.MultiStepsState) else opt_state
+
+
+def applied_lr(opt_state: optax.OptState) -> jax.Array:
+    """The LR the most recent optimizer update used, read from the optimizer's own state."""
+    return _injected(opt_state).hyperparams["learning_rate"]
+
+
+def update_count(opt_state: optax.OptState) -> jax.Array:
+    """Optimizer updates applied so far (not micro-steps)."""
+    return _injected(opt_state).count
+
+
+def accumulation_progress(opt_state: optax.OptState) -> jax.Array:
+    """Micro-batches accumulated towards the next update (0 without accumulation)."""
+    if isinstance(opt_state, optax.MultiStepsState):
+        return opt_state.mini_step
+    return jnp.zeros([], jnp.int32)
