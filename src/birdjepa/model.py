@@ -1,0 +1,344 @@
+"""ViT encoder over log-mel spectrograms, the LeJEPA projector and the online linear probe (flax.linen).
+
+Input: log-mel spectrograms float32 ``[B, T, M]`` (time-major; the default input is T=512 frames x M=128 mel
+bins), or ``[B, V, T, M]`` for V views per sample. The spectrogram is cut into non-overlapping
+``patch x patch`` patches (16 x 16 -> a 32 x 8 grid = 256 patches, ordered time-major: patch index
+``i_t * (M // patch) + i_m``), each flattened patch is embedded by one linear layer, a **learned** position
+embedding (one vector per patch, shape ``[1, n_patches, dim]``, init N(0, 0.02²)) is added, and ``depth``
+pre-LN transformer blocks follow::
+
+    x = x + drop_path(dropout(attn(LN(x))))        # multi-head self-attention, no attention dropout
+    x = x + drop_path(dropout(mlp(LN(x))))         # Dense(mlp_ratio*dim) -> GELU -> Dense(dim)
+
+then a final LayerNorm; ``embedding`` is the mean over patch tokens (after that LayerNorm). Learned position
+embeddings were chosen over fixed 2-D sin-cos because the input grid is fixed (T and M never change within a
+run) and they are what the AudioMAE/BirdMAE line of spectrogram ViTs use; the input size is checked at call
+time, so a wrong T or M fails loudly instead of silently misaligning positions.
+
+Multi-view input: ``BirdJepa.__call__`` accepts ``[B, V, T, M]`` and flattens the views into the batch
+(``[B*V, T, M]``, view index fastest) before the encoder, then reshapes every output back to ``[B, V, ...]``.
+So views are encoded independently (own dropout masks, no cross-view attention); the objectives receive
+``projection`` as ``[B, V, P]``. ``encode_views`` is the same thing as a function of (params, apply_fn).
+
+Randomness: only dropout and drop-path are random, and only when ``deterministic=False``; they draw from the
+flax RNG stream ``"dropout"`` (``apply(..., rngs={"dropout": key})``). With ``deterministic=True`` no RNG is
+needed and a passed key is ignored. Drop-path rates grow linearly over depth, from 0 at block 0 to
+``drop_path`` at the last block (the DeiT/BEiT rule).
+
+Parameter names (stable; the monitor reports stats by these '/'-joined paths)::
+
+    encoder/patch_embed/{kernel,bias}        encoder/pos_embed
+    encoder/block_{i}/norm1/{scale,bias}     encoder/block_{i}/attn/qkv/{kernel,bias}
+    encoder/block_{i}/attn/proj/{kernel,bias}
+    encoder/block_{i}/norm2/{scale,bias}     encoder/block_{i}/mlp/fc1/...  encoder/block_{i}/mlp/fc2/...
+    encoder/norm/{scale,bias}
+    projector/dense_{j}/...  projector/norm_{j}/...  projector/out/...
+    probe/head/{kernel,bias}
+
+``param_groups`` splits a params tree into the "encoder", "projector" and "probe" groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+PyTree = Any
+
+PRESETS: dict[str, dict[str, int]] = {
+    # tiny: for tests and CPU smoke runs.
+    "tiny": {"dim": 64, "depth": 2, "heads": 2, "mlp_ratio": 4, "proj_hidden": 128, "proj_dim": 32},
+    "small": {"dim": 384, "depth": 12, "heads": 6, "mlp_ratio": 4, "proj_hidden": 2048, "proj_dim": 128},
+    "base": {"dim": 768, "depth": 12, "heads": 12, "mlp_ratio": 4, "proj_hidden": 2048, "proj_dim": 128},
+}
+GROUPS: tuple[str, ...] = ("encoder", "projector", "probe")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Model hyper-parameters. Fields left at ``None`` are filled from the named ``preset``
+    (see ``PRESETS``); any field given explicitly overrides the preset.
+
+    ``ModelConfig()`` is the tiny preset; ``ModelConfig(preset="small", depth=6)`` is small with 6 blocks.
+    """
+
+    preset: str = "tiny"
+    dim: int | None = None
+    """Token width D."""
+    depth: int | None = None
+    """Number of transformer blocks."""
+    heads: int | None = None
+    """Attention heads; must divide ``dim``."""
+    mlp_ratio: int | None = None
+    """MLP hidden width = mlp_ratio * dim."""
+    patch: int = 16
+    """Square patch side (time frames = mel bins); must divide T and M."""
+    n_frames: int = 512
+    """T, the number of spectrogram frames the position embedding is built for."""
+    n_mels: int = 128
+    """M, the number of mel bins."""
+    dropout: float = 0.0
+    """Dropout rate after the attention output projection and after the MLP."""
+    drop_path: float = 0.0
+    """Stochastic-depth rate of the last block (linear from 0 at block 0)."""
+    proj_hidden: int | None = None
+    """Hidden width of the projector MLP."""
+    proj_dim: int | None = None
+    """Output width P of the projector (the space LeJEPA's losses act on)."""
+    proj_layers: int = 2
+    """Number of hidden (Dense -> LayerNorm -> GELU) layers of the projector before its output Dense."""
+    n_classes: int = 10
+    """Classes of the online linear probe (the trainer sets it from the dataset vocabulary)."""
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown model preset {self.preset!r}; expected one of {sorted(PRESETS)}")
+        for name, value in PRESETS[self.preset].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.dim % self.heads:
+            raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}")
+        if self.n_frames % self.patch or self.n_mels % self.patch:
+            raise ValueError(
+                f"patch={self.patch} must divide n_frames={self.n_frames} and n_mels={self.n_mels}"
+            )
+        for name in ("dropout", "drop_path"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.n_classes < 1 or self.proj_layers < 0:
+            raise ValueError(
+                f"n_classes={self.n_classes} must be >= 1 and proj_layers={self.proj_layers} >= 0"
+            )
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patch grid (time, mel)."""
+        return self.n_frames // self.patch, self.n_mels // self.patch
+
+    @property
+    def n_patches(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """The named preset ("tiny", "small", "base"), with optional field overrides."""
+    return ModelConfig(preset=name, **overrides)
+
+
+def patchify(x: Array, patch: int) -> Array:
+    """``[B, T, M]`` -> ``[B, (T/p)*(M/p), p*p]``: non-overlapping patches, time-major patch order;
+    inside a patch the values are ordered (frame, mel)."""
+    b, t, m = x.shape
+    x = x.reshape(b, t // patch, patch, m // patch, patch)
+    x = x.transpose(0, 1, 3, 2, 4)
+    return x.reshape(b, (t // patch) * (m // patch), patch * patch)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: zero a residual branch per sample with probability ``rate``, scale by 1/(1-rate)."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        mask = jax.random.bernoulli(self.make_rng("dropout"), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+        return jnp.where(mask, x / keep, jnp.zeros_like(x))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: one fused ``qkv`` Dense, scaled dot-product attention, ``proj`` Dense."""
+
+    dim: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        b, n, _ = x.shape
+        head_dim = self.dim // self.heads
+        dense = dict(kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros)
+        qkv = nn.Dense(3 * self.dim, name="qkv", **dense)(x).reshape(b, n, 3, self.heads, head_dim)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        out = jax.nn.dot_product_attention(q, k, v)  # [B, N, H, Dh], scale 1/sqrt(Dh)
+        return nn.Dense(self.dim, name="proj", **dense)(out.reshape(b, n, self.dim))
+
+
+class Mlp(nn.Module):
+    hidden: int
+    dim: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        dense = dict(kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros)
+        x = nn.gelu(nn.Dense(self.hidden, name="fc1", **dense)(x))
+        return nn.Dense(self.dim, name="fc2", **dense)(x)
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block."""
+
+    cfg: ModelConfig
+    drop_path: float
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        cfg = self.cfg
+        drop = DropPath(self.drop_path)
+        h = Attention(cfg.dim, cfg.heads, name="attn")(nn.LayerNorm(name="norm1")(x))
+        x = x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
+        h = Mlp(cfg.mlp_ratio * cfg.dim, cfg.dim, name="mlp")(nn.LayerNorm(name="norm2")(x))
+        return x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
+
+
+class Encoder(nn.Module):
+    """ViT over ``[B, T, M]`` spectrograms -> ``(embedding [B, D], tokens [B, N, D])``."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: Array, *, deterministic: bool) -> tuple[Array, Array]:
+        cfg = self.cfg
+        if x.ndim != 3 or x.shape[1:] != (cfg.n_frames, cfg.n_mels):
+            raise ValueError(
+                f"encoder expects [B, T={cfg.n_frames}, M={cfg.n_mels}] spectrograms, got shape {x.shape}"
+            )
+        tokens = nn.Dense(
+            cfg.dim,
+            name="patch_embed",
+            kernel_init=nn.initializers.xavier_uniform(),
+            bias_init=nn.initializers.zeros,
+        )(patchify(x.astype(jnp.float32), cfg.patch))
+        pos = self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, cfg.dim))
+        tokens = tokens + pos
+        for i in range(cfg.depth):
+            rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
+            tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic)
+        tokens = nn.LayerNorm(name="norm")(tokens)
+        return tokens.mean(axis=1), tokens
+
+
+class Projector(nn.Module):
+    """MLP ``dim -> hidden -> ... -> out_dim``: ``layers`` x (Dense -> LayerNorm -> GELU), then Dense."""
+
+    hidden: int
+    out_dim: int
+    layers: int = 2
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        for j in range(self.layers):
+            x = nn.Dense(self.hidden, name=f"dense_{j}")(x)
+            x = nn.gelu(nn.LayerNorm(name=f"norm_{j}")(x))
+        return nn.Dense(self.out_dim, name="out")(x)
+
+
+class Probe(nn.Module):
+    """Linear classification head ``embedding -> n_classes`` (zero-initialised: uniform logits at start)."""
+
+    n_classes: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        return nn.Dense(self.n_classes, name="head", kernel_init=nn.initializers.zeros)(x)
+
+
+class BirdJepa(nn.Module):
+    """Encoder + projector + online probe.
+
+    ``__call__(spectrogram, *, deterministic)`` with ``spectrogram`` ``[B, T, M]`` or ``[B, V, T, M]``
+    returns ``{"embedding": [.., D], "tokens": [.., N, D], "projection": [.., P], "probe_logits": [.., C]}``
+    where ``..`` is ``B`` or ``B, V``. The probe sees ``stop_gradient(embedding)``: its loss trains the probe
+    only, never the encoder.
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, spectrogram: Array, *, deterministic: bool) -> dict[str, Array]:
+        lead = spectrogram.shape[:-2]
+        if len(lead) not in (1, 2):
+            raise ValueError(
+                f"expected [B, T, M] or [B, V, T, M] spectrograms, got shape {spectrogram.shape}"
+            )
+        x = spectrogram.reshape((-1,) + spectrogram.shape[-2:])
+        cfg = self.cfg
+        embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic)
+        projection = Projector(cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, name="projector")(embedding)
+        probe_logits = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(embedding))
+        out = {
+            "embedding": embedding,
+            "tokens": tokens,
+            "projection": projection,
+            "probe_logits": probe_logits,
+        }
+        return {k: v.reshape(lead + v.shape[1:]) for k, v in out.items()}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_params(cfg: ModelConfig, key: Array) -> PyTree:
+    """Initial params ``{"params": {"encoder": ..., "projector": ..., "probe": ...}}`` from ``key``
+    (traced with a batch of one zero spectrogram; no dropout key needed; jitted: one compile instead of
+    dispatching every init op eagerly)."""
+    x = jnp.zeros((1, cfg.n_frames, cfg.n_mels), jnp.float32)
+    return BirdJepa(cfg).init({"params": key}, x, deterministic=True)
+
+
+def encode_views(
+    params: PyTree,
+    apply_fn: Callable[..., dict[str, Array]],
+    x: Array,
+    *,
+    deterministic: bool,
+    dropout_key: Array | None = None,
+) -> dict[str, Array]:
+    """Encode ``[B, V, T, M]`` views: flatten to ``[B*V, T, M]``, apply, reshape outputs to ``[B, V, ...]``.
+
+    ``apply_fn`` is ``BirdJepa(cfg).apply``; ``dropout_key`` is required when ``deterministic=False`` and the
+    model has dropout or drop-path.
+    """
+    if x.ndim != 4:
+        raise ValueError(f"encode_views expects [B, V, T, M], got shape {x.shape}")
+    b, v = x.shape[:2]
+    rngs = {} if dropout_key is None else {"dropout": dropout_key}
+    out = apply_fn(params, x.reshape((b * v,) + x.shape[2:]), deterministic=deterministic, rngs=rngs)
+    return {k: a.reshape((b, v) + a.shape[1:]) for k, a in out.items()}
+
+
+def _unwrap(params: PyTree) -> Mapping[str, PyTree]:
+    """Accept ``{"params": {...}}`` (what ``init`` returns) or the inner dict."""
+    if isinstance(params, Mapping) and set(params) == {"params"}:
+        return params["params"]
+    return params
+
+
+def param_groups(params: PyTree) -> dict[str, PyTree]:
+    """Split params into ``{"encoder": ..., "projector": ..., "probe": ...}`` (each a sub-tree).
+    Raises if the tree has any other top-level entry, so every parameter belongs to exactly one group."""
+    inner = _unwrap(params)
+    extra = set(inner) - set(GROUPS)
+    missing = set(GROUPS) - set(inner)
+    if extra or missing:
+        raise ValueError(
+            f"param tree top level {sorted(inner)}: unexpected {sorted(extra)}, missing {sorted(missing)}"
+        )
+    return {g: inner[g] for g in GROUPS}
+
+
+def named_params(params: PyTree) -> dict[str, Array]:
+    """Flat ``{"encoder/block_0/attn/qkv/kernel": array, ...}`` in a stable (sorted-key) order."""
+    flat = jax.tree_util.tree_flatten_with_path(_unwrap(params))[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in flat}
+
+
+def param_count(params: PyTree) -> int:
+    return int(sum(math.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))

@@ -1,0 +1,173 @@
+"""Objectives: SIGReg / Epps–Pulley, invariance, LeJEPA total, supervised and probe metrics."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from birdjepa.objectives import (
+    epps_pulley,
+    epps_pulley_integrand,
+    epps_pulley_knots,
+    invariance_loss,
+    lejepa_loss,
+    probe_metrics,
+    sigreg,
+    sigreg_directions,
+    supervised_loss,
+)
+
+
+def np_trapezoid_doubled(f: np.ndarray, t: np.ndarray) -> float:
+    """2 * trapezoid rule of f on knots t, written out."""
+    return float(2.0 * np.sum((f[1:] + f[:-1]) * np.diff(t) / 2.0))
+
+
+def test_sigreg_separates_gaussian_from_non_gaussian():
+    kz, kd = jax.random.split(jax.random.key(0))
+    sigreg_jit = jax.jit(sigreg)
+    n, p = 2048, 16
+    gauss = jax.random.normal(kz, (n, p))
+    g = float(sigreg_jit(gauss, kd))
+    # E[EP] for an i.i.d. N(0, 1) sample is ∫(1 - e^{-t²})e^{-t²/2} dt ≈ 1.06, independent of N.
+    assert 0.5 < g < 2.0
+    collapsed = float(sigreg_jit(jnp.full((n, p), 0.3), kd))
+    scaled = float(sigreg_jit(10.0 * gauss, kd))
+    uniform = float(sigreg_jit(jax.random.uniform(kz, (n, p)), kd))  # U[0, 1): wrong mean and variance
+    for bad in (collapsed, scaled, uniform):
+        assert bad > 100 * g
+    # A standardised uniform (mean 0, var 1) is only caught in low dimension (random projections of many
+    # independent coordinates are close to Gaussian); in 1-D it is still far from N(0, 1).
+    u1 = jax.random.uniform(kz, (4096, 1), minval=-(3**0.5), maxval=3**0.5)
+    assert float(sigreg_jit(u1, kd)) > 20 * float(sigreg_jit(jax.random.normal(kz, (4096, 1)), kd))
+
+
+def test_epps_pulley_closed_form_single_point_at_zero():
+    # N = 1, x = 0: φ_emp(t) = 1, integrand (1 - e^{-t²/2})² e^{-t²/2}.
+    t_np = np.linspace(0.0, 3.0, 17)
+    f_np = (1.0 - np.exp(-(t_np**2) / 2)) ** 2 * np.exp(-(t_np**2) / 2)
+    t, _ = epps_pulley_knots(17, 3.0)
+    np.testing.assert_allclose(np.asarray(t), t_np, rtol=0, atol=1e-7)
+    integrand = np.asarray(epps_pulley_integrand(jnp.zeros((1, 1)), t))[0]
+    np.testing.assert_allclose(integrand, f_np, rtol=1e-6, atol=1e-7)
+    expected = 1 * np_trapezoid_doubled(f_np, t_np)
+    np.testing.assert_allclose(float(epps_pulley(jnp.zeros((1, 1)))[0]), expected, rtol=1e-6)
+    # ... and the quadrature is close to the exact full-line integral √(2π)(1 - 2/√2 + 1/√3).
+    exact = np.sqrt(2 * np.pi) * (1 - 2 / np.sqrt(2) + 1 / np.sqrt(3))
+    assert abs(expected - exact) / exact < 0.03
+
+
+def test_epps_pulley_closed_form_symmetric_pair():
+    # N = 2, x = ±a: φ_emp(t) = cos(a t) (the sines cancel); EP = 2 * ∫ (cos(at) - e^{-t²/2})² e^{-t²/2}.
+    a = 1.3
+    t_np = np.linspace(0.0, 3.0, 17)
+    f_np = (np.cos(a * t_np) - np.exp(-(t_np**2) / 2)) ** 2 * np.exp(-(t_np**2) / 2)
+    x = jnp.array([[a], [-a]], jnp.float32)
+    np.testing.assert_allclose(float(epps_pulley(x)[0]), 2 * np_trapezoid_doubled(f_np, t_np), rtol=1e-5)
+
+
+def test_invariance_zero_for_equal_views_and_positive_otherwise():
+    z = jax.random.normal(jax.random.key(0), (4, 1, 8))
+    same = jnp.repeat(z, 3, axis=1)
+    assert float(invariance_loss(same)) == 0.0
+    assert float(lejepa_loss(same, jax.random.key(1))["invariance"]) == 0.0
+    noisy = same + 0.1 * jax.random.normal(jax.random.key(2), same.shape)
+    assert float(invariance_loss(noisy)) > 0.0
+    # Hand value: views [0, 0] and [2, 2] -> centre [1, 1], every squared deviation is 1.
+    hand = jnp.array([[[0.0, 0.0], [2.0, 2.0]]])
+    assert float(invariance_loss(hand)) == 1.0
+
+
+def test_sigreg_directions_follow_the_key():
+    k1, k2 = jax.random.key(3), jax.random.key(4)
+    a1, a1_again, a2 = (
+        sigreg_directions(k1, 32, 256),
+        sigreg_directions(k1, 32, 256),
+        sigreg_directions(k2, 32, 256),
+    )
+    assert a1.shape == (32, 256)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(a1), axis=0), 1.0, rtol=1e-5)
+    assert np.array_equal(np.asarray(a1), np.asarray(a1_again))
+    assert not np.allclose(np.asarray(a1), np.asarray(a2))
+    z = jax.random.normal(jax.random.key(5), (8, 2, 32))
+    assert np.array_equal(np.asarray(sigreg(z, k1)), np.asarray(sigreg(z, k1)))
+    assert float(sigreg(z, k1)) != float(sigreg(z, k2))
+
+
+def test_lejepa_total_and_determinism():
+    z = jax.random.normal(jax.random.key(6), (8, 2, 16))
+    key = jax.random.key(7)
+    out = lejepa_loss(z, key, lam=0.05)
+    assert set(out) == {"loss", "invariance", "sigreg"}
+    np.testing.assert_allclose(
+        float(out["loss"]), 0.95 * float(out["invariance"]) + 0.05 * float(out["sigreg"]), rtol=1e-6
+    )
+    # SIGReg pools the views: the same as on the [B*V, P] flattening.
+    assert np.array_equal(np.asarray(out["sigreg"]), np.asarray(sigreg(z.reshape(16, 16), key)))
+    again = lejepa_loss(z, key, lam=0.05)
+    for k in out:
+        assert np.array_equal(np.asarray(out[k]), np.asarray(again[k]))
+
+
+def np_ce(logits: np.ndarray, label: int) -> float:
+    logits = logits.astype(np.float64)
+    return float(np.log(np.sum(np.exp(logits))) - logits[label])
+
+
+def test_supervised_and_probe_ignore_missing_labels():
+    logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0], [5.0, 0.0, 0.0]])
+    labels = jnp.array([0, 2, -1, -1])
+    l_np = np.asarray(logits)
+    ce = (np_ce(l_np[0], 0) + np_ce(l_np[1], 2)) / 2  # only the two labelled samples
+    sup = supervised_loss(logits, labels)
+    np.testing.assert_allclose(float(sup["ce"]), ce, rtol=1e-6)
+    np.testing.assert_allclose(float(sup["loss"]), ce, rtol=1e-6)
+    assert float(sup["acc"]) == 0.5  # sample 0 right, sample 1 wrong (argmax 1, label 2)
+    assert float(sup["n_labelled"]) == 2
+    probe = probe_metrics(logits, labels)
+    np.testing.assert_allclose(float(probe["probe_ce"]), ce, rtol=1e-6)
+    assert float(probe["probe_acc"]) == 0.5
+    assert float(probe["probe_n_labelled"]) == 2
+    # Changing the logits of unlabelled rows changes nothing.
+    moved = logits.at[2:].set(jnp.array([[9.0, -9.0, 0.0], [0.0, 0.0, 9.0]]))
+    assert float(probe_metrics(moved, labels)["probe_ce"]) == float(probe["probe_ce"])
+    # Multi-view logits [B, V, C] with per-sample labels [B]: labels broadcast over views.
+    mv = jnp.stack([logits, logits], axis=1)
+    np.testing.assert_allclose(float(probe_metrics(mv, labels)["probe_ce"]), ce, rtol=1e-6)
+    assert float(probe_metrics(mv, labels)["probe_n_labelled"]) == 4
+
+
+def test_no_labels_gives_zero_loss_and_zero_grad():
+    logits = jnp.ones((3, 4))
+    labels = jnp.full((3,), -1)
+    sup = supervised_loss(logits, labels)
+    assert float(sup["loss"]) == 0.0 and float(sup["acc"]) == 0.0 and float(sup["n_labelled"]) == 0.0
+    g = jax.grad(lambda x: supervised_loss(x, labels)["loss"])(logits)
+    assert np.all(np.asarray(g) == 0.0)
+
+
+def test_label_shape_mismatch_is_loud():
+    with pytest.raises(ValueError, match="do not match"):
+        probe_metrics(jnp.zeros((3, 4)), jnp.zeros((2,), jnp.int32))
+
+
+def test_jit_and_grad_are_finite():
+    z = jax.random.normal(jax.random.key(8), (8, 2, 16))
+    key = jax.random.key(9)
+    eager = lejepa_loss(z, key)
+    jitted = jax.jit(lejepa_loss)(z, key)
+    for k in eager:
+        np.testing.assert_allclose(float(jitted[k]), float(eager[k]), rtol=1e-5)
+    grad_fn = jax.jit(jax.grad(lambda z, key: lejepa_loss(z, key)["loss"]))
+    g = np.asarray(grad_fn(z, key))
+    assert np.all(np.isfinite(g)) and np.any(g != 0.0)
+    # Also finite at a collapsed point (all embeddings equal, zero invariance).
+    g_collapsed = np.asarray(grad_fn(jnp.zeros((8, 2, 16)), key))
+    assert np.all(np.isfinite(g_collapsed))
+    labels = jnp.array([0, -1, 2, 1, -1, 0, 1, 2])
+    logits = jax.random.normal(jax.random.key(10), (8, 3))
+    g_sup = jax.jit(jax.grad(lambda x: supervised_loss(x, labels)["loss"]))(logits)
+    assert np.all(np.isfinite(np.asarray(g_sup)))
+    assert np.all(np.asarray(g_sup)[np.asarray(labels) < 0] == 0.0)
