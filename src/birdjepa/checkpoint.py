@@ -1,0 +1,396 @@
+"""Checkpoints that hold everything the next step depends on, verified on restore (DESIGN.md invariant 3).
+
+Layout: ``<run_dir>/checkpoints/<step>/`` written by an Orbax ``CheckpointManager`` with two items:
+
+* ``state``: the array pytree (params, opt_state, ...) as a FLAT dict ``{"leaf_000000": np.ndarray, ...}``
+  in ``jax.tree_util`` flatten order. Every leaf is copied to host numpy before Orbax sees it: restoring
+  replicated device arrays through Orbax once scaled them by sqrt(n_devices); numpy arrays carry no
+  sharding, so that cannot happen. Flattening also keeps Orbax away from optax namedtuples, empty nodes
+  and odd dict keys: the structure comes back from the caller's target tree, not from Orbax.
+* ``meta``: JSON. The caller's dict (config, git commit, loader state, PRNG key data, monitor state, ...)
+  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see ``norms.py``) and
+  ``state_leaves`` (path, shape, dtype of every leaf, so a target with another structure fails loudly).
+
+A restore recomputes the norms of what it returns and compares them with the recorded ones with ``==``.
+
+Completeness: on a local filesystem Orbax 0.12.8 writes a step into ``<step>.orbax-checkpoint-tmp`` and
+renames it to ``<step>`` when every item is committed (it also drops ``commit_success.txt`` files, which
+is the marker it uses instead on GCS). A crash leaves at most a ``*.orbax-checkpoint-tmp`` folder, which
+Orbax never lists as a step; ``latest_step`` additionally requires both item folders.
+
+Limitations: single process (multi-host sharded arrays would need a gather first; they raise).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from birdjepa import norms as norms_lib
+
+FORMAT_VERSION = 1
+RESERVED_META_KEYS = ("step", "norms", "state_leaves", "checkpoint_format")
+NORM_GROUPS = (("params", "param_norm"), ("opt_state", "opt_state_norm"))
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be saved or restored faithfully."""
+
+
+class NormMismatchError(CheckpointError):
+    """The norms recomputed after a restore differ from the ones recorded at save time."""
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _path_str(path: tuple) -> str:
+    return jax.tree_util.keystr(path) or "<root>"
+
+
+def _leaf_to_host(path: tuple, x: Any) -> np.ndarray:
+    """A private host copy of one leaf (a copy, so later donation/mutation of the source cannot race)."""
+    if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            raise CheckpointError(
+                f"leaf {_path_str(path)} is a typed PRNG key array; store jax.random.key_data(key) "
+                "(e.g. as a list of ints in meta) instead"
+            )
+        if x.is_fully_replicated:
+            # Every device holds the whole value: take it once, from one device.
+            return np.array(x.addressable_data(0), copy=True)
+        if x.is_fully_addressable:
+            return np.array(jax.device_get(x), copy=True)
+        raise CheckpointError(
+            f"leaf {_path_str(path)} is sharded across processes (sharding={x.sharding}); multi-host "
+            "checkpoints need a gather first, which this module does not do"
+        )
+    a = np.array(x, copy=True)
+    if a.dtype == object or a.dtype.kind in "OUSV":
+        raise CheckpointError(f"leaf {_path_str(path)} has unsupported dtype {a.dtype} (type {type(x)})")
+    return a
+
+
+def to_host(tree: Any) -> Any:
+    """Same pytree, every leaf replaced by a host numpy copy (replicated arrays read once)."""
+    return jax.tree_util.tree_map_with_path(_leaf_to_host, tree)
+
+
+def _leaf_spec(path: tuple, a: np.ndarray) -> list:
+    return [_path_str(path), list(a.shape), a.dtype.name]
+
+
+def state_norms(state: Any) -> dict[str, float]:
+    """Norms recorded in a checkpoint: params, opt_state and every other top-level entry.
+
+    For a Mapping state, ``state["params"]`` -> ``param_norm[/group]``, ``state["opt_state"]`` ->
+    ``opt_state_norm[/group]``, the remaining entries -> ``other_norm[/key]``. Any other state ->
+    ``state_norm[/group]``.
+    """
+    if not isinstance(state, Mapping):
+        return norms_lib.tree_norms(state, "state_norm")
+    out: dict[str, float] = {}
+    for key, prefix in NORM_GROUPS:
+        if key in state:
+            out.update(norms_lib.tree_norms(state[key], prefix))
+    rest = {k: v for k, v in state.items() if k not in dict(NORM_GROUPS)}
+    if jax.tree_util.tree_leaves(rest):
+        out.update(norms_lib.tree_norms(rest, "other_norm"))
+    return out
+
+
+def _same_float(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _main_norm_name(norms: Mapping[str, float]) -> str:
+    for name in ("param_norm", "state_norm", "opt_state_norm", "other_norm"):
+        if name in norms:
+            return name
+    return next(iter(norms))
+
+
+def assert_trees_identical(a: Any, b: Any, what: str = "tree") -> None:
+    """Raise AssertionError naming the first leaf where `a` and `b` differ (structure, type, shape, dtype,
+    or value; NaNs in the same places count as equal). Passes only for bit-identical trees."""
+    la, ta = jax.tree_util.tree_flatten_with_path(a)
+    lb, tb = jax.tree_util.tree_flatten_with_path(b)
+    if ta != tb:
+        raise AssertionError(f"{what}: tree structures differ:\n  {ta}\n  {tb}")
+    for (path, x), (_, y) in zip(la, lb, strict=True):
+        name = f"{what}{_path_str(path)}"
+        xs, ys = (isinstance(v, (int, float, bool)) and not isinstance(v, np.generic) for v in (x, y))
+        if xs != ys or (xs and type(x) is not type(y)):
+            raise AssertionError(f"{name}: leaf types differ: {type(x).__name__} vs {type(y).__name__}")
+        xa, ya = np.asarray(jax.device_get(x)), np.asarray(jax.device_get(y))
+        if xa.dtype != ya.dtype:
+            raise AssertionError(f"{name}: dtypes differ: {xa.dtype} vs {ya.dtype}")
+        if xa.shape != ya.shape:
+            raise AssertionError(f"{name}: shapes differ: {xa.shape} vs {ya.shape}")
+        # Compare bits, not values: distinguishes -0.0 from 0.0 and treats identical NaNs as equal.
+        if xa.tobytes() != ya.tobytes():
+            bx = np.ascontiguousarray(xa).reshape(-1).view(np.uint8).reshape(xa.size, -1)
+            by = np.ascontiguousarray(ya).reshape(-1).view(np.uint8).reshape(ya.size, -1)
+            i = int(np.flatnonzero((bx != by).any(axis=1))[0])
+            fx, fy = xa.reshape(-1)[i], ya.reshape(-1)[i]
+            raise AssertionError(f"{name}: values differ (first at flat index {i}: {fx!r} vs {fy!r})")
+
+
+# ----------------------------------------------------------------------------------------- checkpointer
+class Checkpointer:
+    """Orbax-backed checkpoints of ``(state pytree, JSON meta)`` under ``run_dir/subdir``.
+
+    ``save`` is asynchronous by default: it copies the state to host numpy, computes the norms and returns
+    while Orbax writes in a background thread. Calling ``save`` again while a save is in flight is safe
+    (Orbax waits for the previous one first). ``wait`` blocks until everything is on disk.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        keep: int | None = 3,
+        async_save: bool = True,
+        subdir: str = "checkpoints",
+    ):
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")
+        self.directory = Path(run_dir) / subdir if subdir else Path(run_dir)
+        self.keep = keep
+        self.async_save = async_save
+        self._mngr = ocp.CheckpointManager(
+            self.directory.absolute(),
+            item_names=("state", "meta"),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                enable_async_checkpointing=async_save,
+                create=True,
+            ),
+        )
+        #: ``ckpt/...`` metrics of the last successful restore (saved/restored main norm and their ratio).
+        self.last_restore: dict[str, float] = {}
+
+    # -- save
+    def save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> None:
+        """Save `state` (any pytree of arrays/scalars) and `meta` (JSON-able dict) as checkpoint `step`."""
+        step = int(step)
+        meta = dict(meta or {})
+        clash = [k for k in RESERVED_META_KEYS if k in meta]
+        if clash:
+            raise ValueError(f"meta keys {clash} are reserved by the checkpoint module")
+        host = to_host(state)
+        leaves = jax.tree_util.tree_flatten_with_path(host)[0]
+        if not leaves:
+            raise CheckpointError("refusing to save a state without array leaves")
+        norms = state_norms(host)
+        full_meta = {
+            **meta,
+            "step": step,
+            "norms": norms,
+            "state_leaves": [_leaf_spec(p, a) for p, a in leaves],
+            "checkpoint_format": FORMAT_VERSION,
+        }
+        try:
+            # Snapshot (the caller may mutate its dicts while the async write runs) and fail here, not in
+            # a background thread, if something is not JSON-able.
+            full_meta = json.loads(json.dumps(full_meta))
+        except TypeError as e:
+            raise CheckpointError(f"checkpoint meta for step {step} is not JSON-serialisable: {e}") from e
+        flat = {f"leaf_{i:06d}": a for i, (_, a) in enumerate(leaves)}
+        saved = self._mngr.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(full_meta)),
+            force=True,
+        )
+        if not saved:
+            raise CheckpointError(f"orbax declined to save step {step} in {self.directory}")
+        main = _main_norm_name(norms)
+        print(f"CKPT_SAVE step={step} {main}={norms[main]!r}", flush=True)
+
+    def wait(self) -> None:
+        """Block until every pending save is committed (renamed to its final folder)."""
+        self._mngr.wait_until_finished()
+
+    # -- listing
+    def _complete(self, step: int) -> bool:
+        d = self.directory / str(step)
+        return d.is_dir() and (d / "state").is_dir() and (d / "meta").is_dir()
+
+    def all_steps(self) -> list[int]:
+        """Complete checkpoints on disk, oldest first (waits for in-flight saves)."""
+        self.wait()
+        self._mngr.reload()
+        return [s for s in sorted(self._mngr.all_steps()) if self._complete(s)]
+
+    def latest_step(self) -> int | None:
+        """Newest complete checkpoint, or None. ``*.orbax-checkpoint-tmp`` folders are never picked."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    # -- restore
+    def read_meta(self, step: int) -> dict[str, Any]:
+        self.wait()
+        out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
+    def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
+        """Restore checkpoint `step` into the structure of `target` and verify it.
+
+        `target` is a pytree with the saved structure (e.g. freshly initialised params / opt_state).
+        Leaves come back by the target leaf's type: ``jax.Array`` -> placed with the target's sharding,
+        ``jax.ShapeDtypeStruct`` -> its sharding if it has one, else numpy; numpy -> numpy; Python
+        scalar -> same Python type. Namedtuples etc. come from the target's treedef.
+        Raises CheckpointError on a structure/shape/dtype mismatch and NormMismatchError if any
+        recomputed norm differs (bit-wise) from the recorded one. Returns ``(state, meta)``.
+        """
+        step = int(step)
+        if step not in self.all_steps():
+            raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}")
+        meta = self.read_meta(step)
+        if meta.get("checkpoint_format") != FORMAT_VERSION or meta.get("step") != step:
+            raise CheckpointError(
+                f"{self.directory / str(step)}: unexpected meta (format={meta.get('checkpoint_format')}, "
+                f"step={meta.get('step')})"
+            )
+        tleaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+        specs = meta["state_leaves"]
+        want = [[_path_str(p), list(np.shape(x)), _dtype_name(x)] for p, x in tleaves]
+        if [s[0] for s in specs] != [w[0] for w in want]:
+            missing = sorted(set(s[0] for s in specs) - set(w[0] for w in want))
+            extra = sorted(set(w[0] for w in want) - set(s[0] for s in specs))
+            raise CheckpointError(
+                f"checkpoint {step}: target structure differs from the saved one "
+                f"(in checkpoint only: {missing[:10]}, in target only: {extra[:10]}, "
+                f"{len(specs)} saved leaves vs {len(want)} target leaves)"
+            )
+        for s, w in zip(specs, want, strict=True):
+            if s != w:
+                raise CheckpointError(
+                    f"checkpoint {step}: leaf {s[0]} saved as shape={s[1]} dtype={s[2]}, "
+                    f"target has shape={w[1]} dtype={w[2]}"
+                )
+        abstract = {
+            f"leaf_{i:06d}": np.zeros(shape, dtype=_np_dtype(dt)) for i, (_, shape, dt) in enumerate(specs)
+        }
+        out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        flat = out["state"]
+        leaves = []
+        for i, ((_, tgt), (name, shape, dt)) in enumerate(zip(tleaves, specs, strict=True)):
+            a = np.asarray(flat[f"leaf_{i:06d}"])
+            if list(a.shape) != shape or a.dtype.name != dt:
+                raise CheckpointError(
+                    f"checkpoint {step}: leaf {name} restored as shape={list(a.shape)} dtype={a.dtype}, "
+                    f"recorded shape={shape} dtype={dt}"
+                )
+            leaves.append(_like_target(a, tgt))
+        state = jax.tree_util.tree_unflatten(treedef, leaves)
+
+        saved_norms = meta["norms"]
+        restored_norms = state_norms(state)  # from what is returned (device arrays read back)
+        if set(saved_norms) != set(restored_norms):
+            raise NormMismatchError(
+                f"checkpoint {step}: norm names differ: saved {sorted(saved_norms)}, "
+                f"restored {sorted(restored_norms)}"
+            )
+        main = _main_norm_name(saved_norms)
+        saved, restored = float(saved_norms[main]), restored_norms[main]
+        ratio = restored / saved if saved != 0 else (1.0 if restored == 0 else math.inf)
+        print(f"CKPT_RESTORE step={step} saved={saved!r} restored={restored!r} ratio={ratio!r}", flush=True)
+        for name, value in saved_norms.items():
+            if not _same_float(float(value), restored_norms[name]):
+                raise NormMismatchError(
+                    f"checkpoint {self.directory / str(step)}: {name} saved={float(value)!r} "
+                    f"restored={restored_norms[name]!r} (ratio {restored_norms[name] / float(value)!r}); "
+                    "the restored state is not the saved state"
+                )
+        if not (ratio == 1.0 or (math.isnan(saved) and math.isnan(restored))):
+            raise NormMismatchError(f"checkpoint {step}: restore ratio {ratio!r} != 1.0")
+        self.last_restore = {
+            "ckpt/restore_step": step,
+            "ckpt/restore_norm_saved": saved,
+            "ckpt/restore_norm_restored": restored,
+            "ckpt/restore_ratio": ratio,
+        }
+        return state, meta
+
+    def restore_latest(self, target: Any) -> tuple[int, Any, dict[str, Any]] | None:
+        """``(step, state, meta)`` of the newest complete checkpoint, or None if there is none."""
+        step = self.latest_step()
+        if step is None:
+            return None
+        state, meta = self.restore(step, target)
+        return step, state, meta
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        return np.dtype(jax.numpy.bfloat16)
+    return np.dtype(name)
+
+
+def _dtype_name(x: Any) -> str:
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
+        return np.dtype(x.dtype).name
+    return np.asarray(x).dtype.name  # Python scalars: as np.asarray converts them at save time
+
+
+def _like_target(a: np.ndarray, tgt: Any) -> Any:
+    """Give a restored host array the container type of the target leaf."""
+    if isinstance(tgt, (bool, int, float)) and not isinstance(tgt, np.generic):
+        return type(tgt)(a.item())
+    if isinstance(tgt, np.generic):
+        return a[()]
+    sharding = getattr(tgt, "sharding", None)
+    if isinstance(tgt, jax.Array) or (isinstance(tgt, jax.ShapeDtypeStruct) and sharding is not None):
+        return jax.device_put(a, sharding)
+    return a
+
+
+# ------------------------------------------------------------------------------------ one-off (debug)
+def save_sync(directory: str | Path, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> float:
+    """Synchronously write one checkpoint into `directory` (replacing it). Returns seconds taken."""
+    directory = Path(directory)
+    if directory.exists():
+        shutil.rmtree(directory)
+    t0 = time.perf_counter()
+    with Checkpointer(directory, keep=None, async_save=False, subdir="") as ck:
+        ck.save(step, state, meta)
+    return time.perf_counter() - t0
+
+
+def load(directory: str | Path, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """Restore (and verify) the newest (or given) checkpoint in `directory` into `target`'s structure."""
+    with Checkpointer(directory, keep=None, async_save=False, subdir="") as ck:
+        step = ck.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no complete checkpoint in {directory}")
+        return ck.restore(step, target)
+
+
+def roundtrip(directory: str | Path, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> None:
+    """Debug check: save `state` to `directory`, restore into its structure, assert bit-identical."""
+    save_sync(directory, step, state, meta)
+    restored, rmeta = load(directory, state, step)
+    assert_trees_identical(state, restored, "roundtrip")
+    if meta is not None:
+        for k, v in meta.items():
+            if json.loads(json.dumps(v)) != rmeta.get(k):
+                raise AssertionError(f"roundtrip: meta[{k!r}] differs after restore")

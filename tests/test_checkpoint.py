@@ -1,0 +1,368 @@
+"""Checkpoints hold the whole training state, restore it bit-exactly and verify it (DESIGN.md invariant 3)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+from birdjepa import checkpoint as ck
+from birdjepa.norms import tree_norms
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+# The realistic state, as source so the multi-device subprocesses build exactly the same one.
+STATE_SRC = '''
+import jax, jax.numpy as jnp, numpy as np, optax
+
+
+def make_params(seed):
+    rng = np.random.default_rng(seed)
+
+    def w(*shape, dtype=np.float32):
+        return jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype=dtype)
+
+    return {
+        "encoder": {
+            "patch_embed": {"kernel": w(16, 32), "bias": w(32)},
+            "block_0": {"attn": {"qkv": {"kernel": w(32, 96)}}, "norm": {"scale": w(32, dtype=jnp.bfloat16)}},
+        },
+        "projector": {"dense": {"kernel": w(32, 8)}},
+        "probe": {"kernel": w(32, 5), "bias": w(5)},
+    }
+
+
+def make_opt():
+    return optax.MultiSteps(optax.adamw(1e-3, weight_decay=0.05), every_k_schedule=2)
+
+
+def make_state(seed=0, n_updates=3):
+    """Params + MultiSteps(adamw) state after `n_updates` micro-steps + scalars."""
+    params = make_params(seed)
+    opt = make_opt()
+    opt_state = opt.init(params)
+    rng = np.random.default_rng(seed + 1)
+
+    @jax.jit
+    def micro_step(params, opt_state, grads):
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    for _ in range(n_updates):
+        grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+        params, opt_state = micro_step(params, opt_state, grads)
+    key_data = np.asarray(jax.random.key_data(jax.random.key(seed)))
+    return {"params": params, "opt_state": opt_state, "step": n_updates, "rng_key": key_data}
+
+
+def make_target():
+    """Freshly initialised objects of the same structure (what a resuming run has before restore)."""
+    params = jax.tree.map(jnp.zeros_like, make_params(123))
+    return {"params": params, "opt_state": make_opt().init(params), "step": 0,
+            "rng_key": np.zeros(2, np.uint32)}
+'''
+_ns: dict = {}
+exec(compile(STATE_SRC, "<state>", "exec"), _ns)
+make_state = functools.cache(_ns["make_state"])  # jax arrays are immutable: sharing them is safe
+make_target = _ns["make_target"]
+
+
+def _run(script: str, env_extra: dict[str, str], *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", STATE_SRC + textwrap.dedent(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+# ------------------------------------------------------------------------------------------------ norms
+def test_tree_norms_fixed_bits_and_groups():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 33)).astype(np.float32)
+    tree = {"encoder": {"w": a, "b": np.arange(5, dtype=np.int32)}, "probe": {"w": a[:3]}}
+    n = tree_norms(tree, "param_norm")
+    assert list(n) == ["param_norm", "param_norm/encoder", "param_norm/probe"]
+    expect_enc = np.sqrt(np.sum(a.astype(np.float64) ** 2) + 30.0)
+    assert n["param_norm/encoder"] == pytest.approx(expect_enc, rel=1e-15)
+    assert n["param_norm"] ** 2 == pytest.approx(n["param_norm/encoder"] ** 2 + n["param_norm/probe"] ** 2)
+    # Same values in another memory layout / on a device -> the same bits.
+    other = {"encoder": {"w": np.asfortranarray(a), "b": jnp.arange(5)}, "probe": {"w": jnp.asarray(a)[:3]}}
+    assert tree_norms(other, "param_norm") == n
+    # One flipped low bit in one float32 weight changes the float64 norm.
+    b = a.copy()
+    b.view(np.uint32)[10, 7] ^= 1
+    assert (
+        tree_norms({"encoder": {"w": b, "b": tree["encoder"]["b"]}, "probe": {"w": a[:3]}})["param_norm"]
+        != n["param_norm"]
+    )
+
+
+# ----------------------------------------------------------------------------------- bit-exact roundtrip
+def test_roundtrip_bit_exact_realistic_state(tmp_path, capsys):
+    state = make_state()
+    assert int(state["opt_state"].mini_step) == 1  # 3 micro-steps with k=2: accumulation in progress
+    with ck.Checkpointer(tmp_path, async_save=False) as c:
+        c.save(3, state, {"config": {"lr": 1e-3}})
+        assert c.latest_step() == 3
+        restored, meta = c.restore(3, make_target())
+    ck.assert_trees_identical(state, restored, "state")  # raises on any structure/dtype/shape/bit diff
+    os_ = restored["opt_state"]
+    assert type(os_) is optax.MultiStepsState
+    assert type(os_.inner_opt_state[0]) is optax.ScaleByAdamState
+    assert os_.mini_step.dtype == jnp.int32 and os_.mini_step.shape == () and int(os_.mini_step) == 1
+    assert int(os_.gradient_step) == 1
+    assert os_.inner_opt_state[0].count.dtype == jnp.int32 and int(os_.inner_opt_state[0].count) == 1
+    assert restored["params"]["encoder"]["block_0"]["norm"]["scale"].dtype == jnp.bfloat16
+    assert type(restored["step"]) is int and restored["step"] == 3
+    assert restored["rng_key"].dtype == np.uint32
+    np.testing.assert_array_equal(
+        np.asarray(os_.acc_grads["probe"]["kernel"]),
+        np.asarray(state["opt_state"].acc_grads["probe"]["kernel"]),
+    )
+    assert meta["norms"] == ck.state_norms(ck.to_host(state))
+    assert meta["norms"]["param_norm"] == tree_norms(state["params"])["param_norm"]
+    assert {"param_norm/encoder", "param_norm/projector", "param_norm/probe"} <= set(meta["norms"])
+    out = capsys.readouterr().out
+    pn = meta["norms"]["param_norm"]
+    assert f"CKPT_SAVE step=3 param_norm={pn!r}" in out
+    assert f"CKPT_RESTORE step=3 saved={pn!r} restored={pn!r} ratio=1.0" in out
+    assert c.last_restore["ckpt/restore_ratio"] == 1.0
+    # The restored opt_state keeps working: one more micro-step gives identical results on both.
+    opt = _ns["make_opt"]()
+    g = jax.tree.map(jnp.ones_like, state["params"])
+    u1, s1 = opt.update(g, state["opt_state"], state["params"])
+    u2, s2 = opt.update(g, restored["opt_state"], restored["params"])
+    ck.assert_trees_identical((u1, s1), (u2, s2), "next_update")
+
+
+def test_debug_roundtrip_helpers(tmp_path):
+    state = make_state(seed=5)
+    ck.roundtrip(tmp_path / "debug", 7, state, {"note": "x"})
+    restored, meta = ck.load(tmp_path / "debug", make_target())
+    ck.assert_trees_identical(state, restored)
+    assert meta["step"] == 7
+    bad = jax.tree.map(lambda x: x, restored)
+    bad["params"]["probe"]["bias"] = bad["params"]["probe"]["bias"].at[2].add(1e-6)
+    with pytest.raises(AssertionError, match=r"\['params'\]\['probe'\]\['bias'\].*flat index 2"):
+        ck.assert_trees_identical(restored, bad)
+    with pytest.raises(AssertionError, match="dtypes differ"):
+        ck.assert_trees_identical({"a": np.zeros(2, np.float32)}, {"a": np.zeros(2, np.float64)})
+
+
+# --------------------------------------------------------------------------- replicated over 4 devices
+SAVE_REPLICATED = """
+import sys, pathlib
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from birdjepa import checkpoint as ck
+assert jax.device_count() == 4, jax.devices()
+mesh = Mesh(np.array(jax.devices()), ("data",))
+repl = NamedSharding(mesh, P())
+state = make_state()
+dev_state = {**state, "params": jax.device_put(state["params"], repl),
+             "opt_state": jax.device_put(state["opt_state"], repl)}
+leaf = dev_state["params"]["encoder"]["patch_embed"]["kernel"]
+assert len(leaf.sharding.device_set) == 4 and leaf.is_fully_replicated
+c = ck.Checkpointer(pathlib.Path(sys.argv[1]), async_save=True)
+c.save(3, dev_state, {"n_devices": 4})
+c.wait()
+# restore into a replicated 4-device target in this process as well
+target = make_target()
+target = {**target, "params": jax.device_put(target["params"], repl),
+          "opt_state": jax.device_put(target["opt_state"], repl)}
+restored, meta = c.restore(3, target)
+assert restored["params"]["probe"]["kernel"].sharding == repl
+ck.assert_trees_identical(state, restored)
+c.close()
+print("SAVED_OK", repr(meta["norms"]["param_norm"]))
+"""
+
+RESTORE_ONE_DEVICE = """
+import sys, pathlib
+from birdjepa import checkpoint as ck
+from birdjepa.norms import tree_norms
+assert jax.device_count() == 1, jax.devices()
+state = make_state()
+c = ck.Checkpointer(pathlib.Path(sys.argv[1]))
+restored, meta = c.restore(c.latest_step(), make_target())
+ck.assert_trees_identical(state, restored)
+assert meta["norms"]["param_norm"] == tree_norms(state["params"])["param_norm"]
+assert meta["norms"] == ck.state_norms(restored)
+print("RESTORED_OK", repr(meta["norms"]["param_norm"]), meta["n_devices"])
+"""
+
+
+def test_replicated_four_devices_save_then_one_device_restore(tmp_path):
+    """Regression test for the sqrt(n_devices) scaling of restored replicated arrays."""
+    out1 = _run(SAVE_REPLICATED, {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}, str(tmp_path))
+    out2 = _run(RESTORE_ONE_DEVICE, {"XLA_FLAGS": ""}, str(tmp_path))
+    norm = repr(tree_norms(make_state()["params"])["param_norm"])
+    assert f"SAVED_OK {norm}" in out1
+    assert f"RESTORED_OK {norm} 4" in out2
+    assert "ratio=1.0" in out2
+
+
+# ------------------------------------------------------------------------------- verification catches
+def test_tampered_array_on_disk_is_caught(tmp_path):
+    state = make_state()
+    c = ck.Checkpointer(tmp_path, async_save=False)
+    c.save(3, state, {})
+    # Rewrite the state item with one leaf scaled by sqrt(4), as the old Orbax bug did.
+    step_dir = c.directory / "3" / "state"
+    leaves = jax.tree_util.tree_flatten_with_path(ck.to_host(state))[0]
+    flat = {f"leaf_{i:06d}": a for i, (_, a) in enumerate(leaves)}
+    (i,) = [i for i, (p, _) in enumerate(leaves) if jax.tree_util.keystr(p).startswith("['params']['proj")]
+    flat[f"leaf_{i:06d}"] = (leaves[i][1] * np.float32(2.0)).astype(np.float32)
+    shutil.rmtree(step_dir)
+    with ocp.StandardCheckpointer() as raw:
+        raw.save(step_dir.absolute(), flat)
+    with pytest.raises(ck.NormMismatchError, match=r"param_norm saved=.* restored=.*ratio"):
+        ck.Checkpointer(tmp_path, async_save=False).restore(3, make_target())
+
+
+def test_tampered_recorded_norm_is_caught(tmp_path):
+    state = make_state()
+    c = ck.Checkpointer(tmp_path, async_save=False)
+    c.save(3, state, {})
+    meta_file = c.directory / "3" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    good = meta["norms"]["opt_state_norm/acc_grads"]
+    meta["norms"]["opt_state_norm/acc_grads"] = float(np.nextafter(good, np.inf))  # one ulp
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ck.NormMismatchError, match=r"opt_state_norm/acc_grads saved="):
+        ck.Checkpointer(tmp_path, async_save=False).restore(3, make_target())
+
+
+def test_structure_mismatch_is_caught(tmp_path):
+    c = ck.Checkpointer(tmp_path, async_save=False)
+    c.save(1, make_state(), {})
+    target = make_target()
+    target["params"]["probe"]["bias"] = jnp.zeros(6)
+    with pytest.raises(ck.CheckpointError, match=r"\['probe'\]\['bias'\] saved as shape=\[5\]"):
+        c.restore(1, target)
+    target = make_target()
+    del target["params"]["probe"]
+    with pytest.raises(ck.CheckpointError, match="target structure differs"):
+        c.restore(1, target)
+
+
+# ------------------------------------------------------------------------------ manager behaviour
+def test_keep_last_n_and_async_save_while_in_flight(tmp_path):
+    state = make_state()
+    c = ck.Checkpointer(tmp_path, keep=2, async_save=True)
+    for step in range(1, 6):
+        s = {**state, "step": step}
+        c.save(step, s, {"i": step})  # the next save starts while the previous one may be in flight
+    c.wait()
+    assert c.all_steps() == [4, 5]
+    assert sorted(p.name for p in c.directory.iterdir()) == ["4", "5"]
+    for step in (4, 5):
+        restored, meta = c.restore(step, make_target())
+        assert restored["step"] == step and meta["i"] == step
+        ck.assert_trees_identical(state["params"], restored["params"])
+    c.close()
+    # a new process (new Checkpointer) sees the same steps
+    assert ck.Checkpointer(tmp_path).all_steps() == [4, 5]
+
+
+def test_latest_step_ignores_incomplete_checkpoints(tmp_path):
+    state = make_state()
+    c = ck.Checkpointer(tmp_path, async_save=False)
+    c.save(1, state, {})
+    c.save(2, {**state, "step": 2}, {})
+    c.close()
+    d = c.directory
+    # What Orbax 0.12.8 leaves when a process dies mid-save: the step lives in a tmp folder that is only
+    # renamed to "<step>" once every item is committed.
+    shutil.copytree(d / "2", d / "3.orbax-checkpoint-tmp")
+    shutil.rmtree(d / "3.orbax-checkpoint-tmp" / "meta")
+    # A final-looking folder with an item missing (e.g. a truncated copy) is not complete either.
+    shutil.copytree(d / "2", d / "4")
+    shutil.rmtree(d / "4" / "state")
+    c2 = ck.Checkpointer(tmp_path)
+    assert c2.latest_step() == 2
+    assert c2.all_steps() == [1, 2]
+    restored, _ = c2.restore(2, make_target())
+    assert restored["step"] == 2
+    with pytest.raises(ck.CheckpointError, match="no complete checkpoint for step 3"):
+        c2.restore(3, make_target())
+
+
+CRASH_MID_SAVE = """
+import os, sys, pathlib
+from birdjepa import checkpoint as ck
+c = ck.Checkpointer(pathlib.Path(sys.argv[1]), async_save=True)
+state = make_state()
+c.save(1, state, {})
+c.wait()
+big = {**state, "extra": np.random.default_rng(0).standard_normal((4096, 2048)).astype(np.float32)}
+c.save(2, big, {})
+os._exit(0)  # killed while step 2 is being written in the background
+"""
+
+
+def test_crash_mid_async_save_leaves_previous_checkpoint_usable(tmp_path):
+    _run(CRASH_MID_SAVE, {}, str(tmp_path))
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    c = ck.Checkpointer(tmp_path)
+    if "2" in names:  # the background write happened to finish before the process died
+        assert c.latest_step() == 2
+    else:
+        assert c.latest_step() == 1, names
+        restored, _ = c.restore(1, make_target())
+        ck.assert_trees_identical(make_state(), restored)
+        # The resumed run writes step 2 again over the stale tmp folder.
+        c.save(2, {**make_state(), "step": 2}, {})
+        assert c.latest_step() == 2
+        assert sorted(p.name for p in c.directory.iterdir()) == ["1", "2"]
+        assert c.restore(2, make_target())[0]["step"] == 2
+
+
+def test_metadata_json_roundtrip(tmp_path):
+    key = jax.random.key(42)
+    meta = {
+        "config": {
+            "model": {"depth": 12, "dims": [64, 128]},
+            "lr": 0.1 + 0.2,
+            "name": "vit-s/16",
+            "ok": True,
+        },
+        "git_commit": "0123abcd" * 5,
+        "loader": {"epoch": 2, "position": 12345, "buffer": list(range(50)), "shards": {"a.arrow": 7}},
+        "prng_key_data": [int(v) for v in np.asarray(jax.random.key_data(key))],
+        "monitor": {"ema_loss": 1.2345678901234567, "history": [[1, 2.5], [2, None]]},
+        "dataset_fingerprint": "sha256:ff",
+    }
+    c = ck.Checkpointer(tmp_path, async_save=True)
+    c.save(10, make_state(), meta)
+    meta["config"]["lr"] = -1.0  # mutating the caller's dict after save must not change the checkpoint
+    c.wait()
+    _, got = c.restore(10, make_target())
+    meta["config"]["lr"] = 0.1 + 0.2
+    for k, v in meta.items():
+        assert got[k] == v, k
+    assert got["step"] == 10
+    k2 = jax.random.wrap_key_data(jnp.asarray(got["prng_key_data"], dtype=jnp.uint32))
+    assert np.array_equal(jax.random.key_data(k2), jax.random.key_data(key))
+    with pytest.raises(ck.CheckpointError, match="not JSON-serialisable"):
+        c.save(11, make_state(), {"bad": np.float32(1.0)})
+    with pytest.raises(ValueError, match="reserved"):
+        c.save(11, make_state(), {"norms": {}})
+    c.close()
