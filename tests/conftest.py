@@ -22,7 +22,11 @@ except ImportError:  # running from a plain checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from birdjepa.demo_data import CODECS, SMALL, encode_audio, generate_demo_data  # noqa: E402
+from birdjepa.determinism import deterministic_xla  # noqa: E402
 from birdjepa.shards import ShardFormat, ShardWriter, write_vocab  # noqa: E402
+
+# Before any test runs a JAX computation: thread-timing-independent XLA kernels.
+deterministic_xla()
 
 TINY_LABELS = ("aaalow", "bbbmid", "ccchig")
 TINY_FREQS_HZ = (750.0, 1500.0, 3000.0)

@@ -21,6 +21,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "demo-data": "birdjepa.demo_data:cli",
     "prepare": "birdjepa.prepare:cli",
     "loader-demo": "birdjepa.loader_demo:cli",
+    "pretrain": "birdjepa.train:cli",
 }
 
 

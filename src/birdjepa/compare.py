@@ -1,0 +1,59 @@
+"""Compare the logged metrics of two runs step by step (each may span several resumed segments)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+
+from birdjepa.metrics_log import read_metrics
+
+#: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
+NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/data_wait"})
+
+
+def metrics_by_step(run_dir: Path) -> dict[int, dict[str, float]]:
+    """step -> {metric: value} over every segment of a run (event lines skipped)."""
+    out: dict[int, dict[str, float]] = {}
+    for line in read_metrics(run_dir):
+        if "event" in line:
+            continue
+        out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if k not in NOT_COMPARED})
+    return out
+
+
+@dataclasses.dataclass
+class MetricDiff:
+    name: str
+    max_abs: float
+    max_rel: float
+    first_step: int | None
+    first_values: tuple[float | None, float | None] | None
+    steps: int
+
+
+def compare_runs(a: Path, b: Path, metrics: Iterable[str] | None = None) -> list[MetricDiff]:
+    """Per metric: max abs/rel difference over the steps both runs logged, and the first differing
+    step with both values. A step or metric logged by only one run counts as a difference."""
+    ma, mb = metrics_by_step(a), metrics_by_step(b)
+    names = sorted(
+        set(metrics) if metrics is not None else {k for d in (*ma.values(), *mb.values()) for k in d}
+    )
+    out = []
+    for name in names:
+        steps = sorted(s for s in set(ma) | set(mb) if name in ma.get(s, {}) or name in mb.get(s, {}))
+        diff = MetricDiff(name, 0.0, 0.0, None, None, len(steps))
+        for s in steps:
+            va, vb = ma.get(s, {}).get(name), mb.get(s, {}).get(name)
+            if va == vb:
+                continue
+            if va is None or vb is None or isinstance(va, str) or isinstance(vb, str):
+                d, r = float("inf"), float("inf")
+            else:
+                d = abs(va - vb)
+                r = d / max(abs(va), abs(vb), 1e-30)
+            diff.max_abs, diff.max_rel = max(diff.max_abs, d), max(diff.max_rel, r)
+            if diff.first_step is None:
+                diff.first_step, diff.first_values = s, (va, vb)
+        out.append(diff)
+    return out

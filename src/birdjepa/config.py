@@ -1,0 +1,100 @@
+"""The pretrain configuration: frozen dataclasses, one group per concern, composed here.
+
+`birdjepa pretrain --help` is generated from these fields and their docstrings (tyro). The options
+people type most (`--steps`, `--stop-at-step`, `--resume`, `--debug-roundtrip-steps`, ...) sit at the
+top level; the rest are grouped (`--data.batch-size`, `--optim.lr`, `--model.preset`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from birdjepa.data import Features
+from birdjepa.model import ModelConfig
+from birdjepa.objectives import LeJepaConfig
+from birdjepa.optim import OptimConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    train: str | None = None
+    """Train shards: a folder, glob or file. Default: the embedded demo set (generated on first use)."""
+    eval: str | None = None
+    """Held-out shards for the probe evaluation. Default: the demo set's eval split."""
+    batch_size: int = 16
+    """Global batch size (split over devices; one micro-batch when accumulating)."""
+    n_workers: int = 2
+    """Decode threads; changing it never changes the batches."""
+    shuffle_buffer: int = 1024
+    interleave: int = 4
+    n_views: int = 2
+    """Views per recording (LeJEPA needs >= 2)."""
+    features: Features = Features()
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+    kind: Literal["lejepa", "supervised"] = "lejepa"
+    """lejepa: invariance + SIGReg on projections; supervised: cross-entropy on labels."""
+    lejepa: LeJepaConfig = LeJepaConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    runs_dir: Path = Path("runs")
+    """Parent folder of run directories."""
+    wandb: Literal["disabled", "offline", "online"] = "disabled"
+    """Mirror metrics to wandb; the JSON lines in the run directory are the source of truth."""
+    wandb_project: str = "birdjepa"
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    run: str = "demo"
+    """Run id: the run directory is <log.runs-dir>/<run>."""
+    steps: int = 300
+    """Micro-steps to train (one loader batch each)."""
+    seed: int = 0
+    resume: Literal["auto", "never"] = "auto"
+    """auto: continue from the newest complete checkpoint of the run directory, if any."""
+    stop_at_step: int | None = None
+    """Save at this step and exit 0 (a forced preemption: the next start resumes)."""
+    prng: Literal["stateless", "checkpointed", "legacy"] = "stateless"
+    """stateless: key = fold_in(seed, step); checkpointed: a split chain whose key is saved; legacy: the
+    chain restarts from the seed on resume (reproduces the known bug, for experiments)."""
+    log_every: int = 1
+    eval_every: int = 100
+    """Probe evaluation on the held-out split every N steps (and at the end)."""
+    ckpt_every: int = 100
+    ckpt_keep: int = 3
+    ckpt_async: bool = True
+    debug_roundtrip_steps: tuple[int, ...] = ()
+    """After each listed step: save, restore into fresh objects, assert every leaf bit-identical."""
+    debug_disable_stochastic: bool = False
+    """Centre crops, no masks, no dropout: only the data order remains random."""
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    optim: OptimConfig = OptimConfig()
+    log: LogConfig = LogConfig()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.log.runs_dir / self.run
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """JSON-able dict of a (nested) config, for checkpoints and comparisons."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(cfg)

@@ -1,0 +1,307 @@
+"""`birdjepa pretrain`: the training loop, one function read top to bottom.
+
+Step numbering: step ``s`` (0-based) consumes one loader batch and applies update ``s`` (or one
+micro-step of it when accumulating). Metrics logged for step ``s`` and the checkpoint labelled ``s``
+both describe the state *after* step ``s``; a resume from checkpoint ``s`` continues with step
+``s + 1``. The LR applied at update ``u`` is ``schedule(u)`` and the logged LR is read back from the
+optimizer state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tyro
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from birdjepa import checkpoint
+from birdjepa.config import PretrainConfig, to_dict
+from birdjepa.data import Batch, Loader, resolve_files
+from birdjepa.demo_data import ensure_demo_data
+from birdjepa.determinism import deterministic_xla
+from birdjepa.metrics_log import MetricsLog
+from birdjepa.model import BirdJepa, init_params
+from birdjepa.norms import tree_norms
+from birdjepa.objectives import lejepa_loss, probe_metrics, supervised_loss
+from birdjepa.optim import accumulation_progress, applied_lr, make_optimizer, update_count
+
+#: Exit code after a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
+REQUEUE_EXIT_CODE = 75
+# Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
+_INIT_KEY, _STEP_KEY = 0, 1
+
+
+def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
+    demo = None if cfg.data.train and cfg.data.eval else ensure_demo_data()
+    train = cfg.data.train or str(demo / "train")
+    evaluation = cfg.data.eval or str(demo / "eval")
+    return resolve_files(train), resolve_files(evaluation)
+
+
+def label_count(files: list[str]) -> int:
+    """Classes for the probe: the vocabulary beside the shards, else the largest label + 1."""
+    vocab = Path(files[0]).with_name("vocab.json")
+    if vocab.exists():
+        data = json.loads(vocab.read_text())
+        return len(data["names"] if isinstance(data, dict) else data)
+    raise FileNotFoundError(f"{vocab}: the probe needs the label vocabulary beside the train shards")
+
+
+def git_commit() -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+class StopRequest:
+    """SIGTERM / SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+
+def make_train_step(model: BirdJepa, tx: optax.GradientTransformation, cfg: PretrainConfig) -> Callable:
+    """The pure step ``(params, opt_state, batch, key) -> (params, opt_state, metrics)``."""
+    deterministic = cfg.debug_disable_stochastic or (cfg.model.dropout == 0 and cfg.model.drop_path == 0)
+    lej = cfg.objective.lejepa
+
+    def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
+        dropout_key, sigreg_key = jax.random.split(key)
+        out = model.apply(
+            params, batch["spectrogram"], deterministic=deterministic, rngs={"dropout": dropout_key}
+        )
+        if cfg.objective.kind == "lejepa":
+            obj = lejepa_loss(
+                out["projection"],
+                sigreg_key,
+                lam=lej.lam,
+                num_directions=lej.num_directions,
+                num_knots=lej.num_knots,
+                t_max=lej.t_max,
+            )
+        else:
+            obj = supervised_loss(out["projection"], batch["label"])
+        probe = probe_metrics(out["probe_logits"], batch["label"])
+        # The probe sees stop_gradient(embedding): adding its loss trains the probe head only.
+        return obj["loss"] + probe["probe_ce"], {**obj, **probe}
+
+    def step(
+        params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array
+    ) -> tuple[Any, Any, dict]:
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        metrics = {f"train/{k}": v for k, v in aux.items() if not k.endswith("n_labelled")}
+        metrics["train/lr"] = applied_lr(new_opt_state)
+        metrics["train/grad_norm"] = optax.global_norm(grads)
+        metrics["train/update_norm"] = optax.global_norm(jax.tree.map(jnp.subtract, new_params, params))
+        metrics["train/update_count"] = update_count(new_opt_state)
+        metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
+        return new_params, new_opt_state, metrics
+
+    return step
+
+
+def make_eval_step(model: BirdJepa) -> Callable:
+    def eval_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        logits = model.apply(params, batch["spectrogram"], deterministic=True)["probe_logits"]
+        m = probe_metrics(logits, batch["label"])
+        n = m["probe_n_labelled"]
+        return {"ce_sum": m["probe_ce"] * n, "correct": m["probe_acc"] * n, "n": n}
+
+    return eval_step
+
+
+def pad_batch(batch: Batch, size: int) -> Batch:
+    """Pad a short (last eval) batch to `size` with unlabelled zeros, so no new shape is compiled."""
+    n = len(batch["label"])
+    if n == size:
+        return batch
+    out = {}
+    for k, v in batch.items():
+        pad = np.zeros((size - n, *v.shape[1:]), v.dtype)
+        if k == "label":
+            pad[:] = -1
+        out[k] = np.concatenate([v, pad])
+    return out
+
+
+def step_key(cfg: PretrainConfig, chain: jax.Array, step: int) -> tuple[jax.Array, jax.Array]:
+    """(key for this step, chain key after it)."""
+    if cfg.prng == "stateless":
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY), step), chain
+    chain, key = jax.random.split(chain)
+    return key, chain
+
+
+def pretrain(cfg: PretrainConfig) -> int:
+    """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code."""
+    if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
+        raise ValueError("the lejepa objective needs --data.n-views >= 2")
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train_files, eval_files = data_files(cfg)
+    n_classes = label_count(train_files)
+    model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes)
+    if cfg.objective.kind == "supervised":  # the projector becomes the classifier
+        model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
+    model = BirdJepa(model_cfg)
+    tx = make_optimizer(cfg.optim, max(cfg.steps // cfg.optim.grad_accum, 1))
+
+    devices = np.array(jax.devices())
+    if cfg.data.batch_size % len(devices):
+        raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
+    mesh = Mesh(devices, ("data",))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    sharded = NamedSharding(mesh, PartitionSpec("data"))
+
+    # Fresh state, then the newest complete checkpoint on top of it (if any and allowed).
+    params = init_params(model_cfg, jax.random.fold_in(jax.random.key(cfg.seed), _INIT_KEY))
+    opt_state = tx.init(params)
+    chain = jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY)
+    ckpt = checkpoint.Checkpointer(run_dir, keep=cfg.ckpt_keep, async_save=cfg.ckpt_async)
+    start, restart, loader_state, resumed_from = 0, 0, None, None
+    if cfg.resume == "auto" and (found := ckpt.restore_latest({"params": params, "opt_state": opt_state})):
+        resumed_from, state, meta = found
+        params, opt_state = state["params"], state["opt_state"]
+        start, restart = resumed_from + 1, meta["restart"] + 1
+        if cfg.prng == "checkpointed":
+            chain = jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32))
+        # legacy reproduces a loader without state and a restarted key chain (the bug users hit).
+        loader_state = None if cfg.prng == "legacy" else meta["loader_state"]
+    params, opt_state = jax.device_put((params, opt_state), replicated)
+
+    log = MetricsLog(run_dir, restart=restart)
+    if resumed_from is not None:
+        log.event("resume", start, checkpoint=resumed_from, **ckpt.last_restore)
+        print(
+            f"resumed from checkpoint {resumed_from}: continuing at step {start} (restart {restart})",
+            flush=True,
+        )
+
+    loader = Loader(
+        train_files,
+        seed=cfg.seed,
+        batch_size=cfg.data.batch_size,
+        n_workers=cfg.data.n_workers,
+        n_views=cfg.data.n_views,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+        interleave=cfg.data.interleave,
+        augment=not cfg.debug_disable_stochastic,
+        features=cfg.data.features,
+        state=loader_state,
+    )
+    eval_loader = Loader(
+        eval_files,
+        seed=cfg.seed,
+        batch_size=cfg.data.batch_size,
+        n_workers=cfg.data.n_workers,
+        train=False,
+        features=cfg.data.features,
+    )
+    batch_shardings = {k: sharded for k in ("spectrogram", "label")}
+    train_step = jax.jit(
+        make_train_step(model, tx, cfg),
+        in_shardings=(replicated, replicated, batch_shardings, replicated),
+        out_shardings=(replicated, replicated, replicated),
+        donate_argnums=(0, 1),
+    )
+    eval_step = jax.jit(make_eval_step(model), in_shardings=(replicated, batch_shardings))
+    stop = StopRequest()
+    meta_base = {"config": to_dict(cfg), "git": git_commit(), "dataset_fingerprint": loader.fingerprint}
+    exit_code = 0
+    last = cfg.steps - 1
+    tty = sys.stdout.isatty()
+
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        batch = next(loader)
+        t_data = time.perf_counter() - t0
+        key, chain = step_key(cfg, chain, step)
+        device_batch = {k: batch[k] for k in batch_shardings}
+        params, opt_state, metrics = train_step(params, opt_state, device_batch, key)
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        host_params = jax.device_get(params)
+        metrics.update({f"train/{k}": v for k, v in tree_norms(host_params["params"], "param_norm").items()})
+        metrics["train/step_time"] = time.perf_counter() - t0
+        metrics["train/data_wait"] = t_data
+
+        if step % cfg.log_every == 0 or step == last:
+            log.log(step, metrics)
+            loss, acc, dt = metrics["train/loss"], metrics["train/probe_acc"], metrics["train/step_time"]
+            line = f"step {step}/{cfg.steps} loss {loss:.4f} probe_acc {acc:.3f} ({dt:.2f} s)"
+            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+
+        if (step + 1) % cfg.eval_every == 0 or step == last:
+            totals = {"ce_sum": 0.0, "correct": 0.0, "n": 0.0}
+            for eb in eval_loader:
+                out = jax.device_get(
+                    eval_step(params, {k: pad_batch(eb, cfg.data.batch_size)[k] for k in batch_shardings})
+                )
+                for k in totals:
+                    totals[k] += float(out[k])
+            n = max(totals["n"], 1.0)
+            evals = {"eval/probe_ce": totals["ce_sum"] / n, "eval/probe_acc": totals["correct"] / n}
+            log.log(step, evals)
+            print(
+                f"{chr(10) if tty else ''}eval step {step}: probe_acc {evals['eval/probe_acc']:.3f}",
+                flush=True,
+            )
+
+        stopping = step == cfg.stop_at_step or stop.signal is not None
+        if (step + 1) % cfg.ckpt_every == 0 or step == last or stopping or step in cfg.debug_roundtrip_steps:
+            meta = {
+                **meta_base,
+                "restart": restart,
+                "loader_state": loader.state(),
+                "prng_chain": np.asarray(jax.random.key_data(chain)).tolist(),
+                "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
+            }
+            state = {"params": params, "opt_state": opt_state}
+            ckpt.save(step, state, meta)
+            if step in cfg.debug_roundtrip_steps:
+                checkpoint.roundtrip(run_dir / "debug_roundtrip", step, state, meta)
+                jax.clear_caches()
+        if stopping:
+            exit_code = REQUEUE_EXIT_CODE if stop.signal is not None else 0
+            reason = f"signal {stop.signal}" if stop.signal is not None else "stop_at_step"
+            log.event("stop", step, reason=reason, exit_code=exit_code)
+            print(
+                f"{chr(10) if tty else ''}stopping after step {step} ({reason}); exit {exit_code}", flush=True
+            )
+            break
+
+    ckpt.close()
+    log.close()
+    return exit_code
+
+
+def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
+    """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
+    deterministic_xla()
+    code = pretrain(cfg)
+    if code:
+        raise SystemExit(code)
