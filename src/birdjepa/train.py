@@ -202,26 +202,13 @@ def pretrain(cfg: PretrainConfig) -> int:
             flush=True,
         )
 
+    common = {"seed": cfg.seed, "batch_size": cfg.data.batch_size, "n_workers": cfg.data.n_workers}
     loader = Loader(
-        train_files,
-        seed=cfg.seed,
-        batch_size=cfg.data.batch_size,
-        n_workers=cfg.data.n_workers,
-        n_views=cfg.data.n_views,
-        shuffle_buffer=cfg.data.shuffle_buffer,
-        interleave=cfg.data.interleave,
-        augment=not cfg.debug_disable_stochastic,
-        features=cfg.data.features,
+        train_files, **common, n_views=cfg.data.n_views, shuffle_buffer=cfg.data.shuffle_buffer,
+        interleave=cfg.data.interleave, augment=not cfg.debug_disable_stochastic, features=cfg.data.features,
         state=loader_state,
-    )
-    eval_loader = Loader(
-        eval_files,
-        seed=cfg.seed,
-        batch_size=cfg.data.batch_size,
-        n_workers=cfg.data.n_workers,
-        train=False,
-        features=cfg.data.features,
-    )
+    )  # fmt: skip
+    eval_loader = Loader(eval_files, **common, train=False, features=cfg.data.features)
     batch_shardings = {k: sharded for k in ("spectrogram", "label")}
     train_step = jax.jit(
         make_train_step(model, tx, cfg),
