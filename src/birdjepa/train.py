@@ -231,12 +231,14 @@ def pretrain(cfg: PretrainConfig) -> int:
         device_batch = {k: batch[k] for k in batch_shardings}
         params, opt_state, metrics = train_step(params, opt_state, device_batch, key)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        host_params = jax.device_get(params)
-        metrics.update({f"train/{k}": v for k, v in tree_norms(host_params["params"], "param_norm").items()})
         metrics["train/step_time"] = time.perf_counter() - t0
         metrics["train/data_wait"] = t_data
 
         if step % cfg.log_every == 0 or step == last:
+            # Post-update norms on host float64, as the checkpoint computes them; only when logged,
+            # since it copies every parameter off the device.
+            norms = tree_norms(jax.device_get(params)["params"], "param_norm")
+            metrics.update({f"train/{k}": v for k, v in norms.items()})
             log.log(step, metrics)
             loss, acc, dt = metrics["train/loss"], metrics["train/probe_acc"], metrics["train/step_time"]
             line = f"step {step}/{cfg.steps} loss {loss:.4f} probe_acc {acc:.3f} ({dt:.2f} s)"
