@@ -594,6 +594,12 @@ pub(crate) mod tests {
         assert_eq!(meta.trim(), format!("frames={} fnv1a64={hash:016x}", mono.len()));
     }
 
+    /// `n` windows `(start < max_start, 1000 <= len < 1000 + max_len)` drawn from `seed`.
+    fn random_windows(seed: u64, n: usize, max_start: u64, max_len: u64) -> Vec<(u64, usize)> {
+        let mut s = crate::rng::Stream::new(&[seed]);
+        (0..n).map(|_| (s.below(max_start), 1000 + s.below(max_len) as usize)).collect()
+    }
+
     fn check_windows_equal_full(name: &str, windows: &[(u64, usize)]) {
         let bytes = fixture(name);
         let (full, _) = decode_mono(bytes.clone()).unwrap();
@@ -636,10 +642,7 @@ pub(crate) mod tests {
             "birds_48k_stereo.ogg",
             &[(0, 4000), (100, 1000), (2047, 3000), (70_001, 100_000), (240_000, 200_000), (383_000, 2000)],
         );
-        let mut s = crate::rng::Stream::new(&[5]);
-        let windows: Vec<(u64, usize)> =
-            (0..12).map(|_| (s.below(30 * 44_100), 1000 + s.below(250_000) as usize)).collect();
-        check_windows_equal_full("birds_44k_stereo_30s.ogg", &windows);
+        check_windows_equal_full("birds_44k_stereo_30s.ogg", &random_windows(5, 12, 30 * 44_100, 250_000));
     }
 
     #[test]
@@ -674,10 +677,7 @@ pub(crate) mod tests {
 
     #[test]
     fn mp3_seek_windows_equal_full_decode() {
-        let mut s = crate::rng::Stream::new(&[6]);
-        let windows: Vec<(u64, usize)> =
-            (0..40).map(|_| (s.below(4 * 32_000), 1000 + s.below(60_000) as usize)).collect();
-        check_windows_equal_full("birds_32k_mono.mp3", &windows);
+        check_windows_equal_full("birds_32k_mono.mp3", &random_windows(6, 40, 4 * 32_000, 60_000));
     }
 
     #[test]
