@@ -43,6 +43,9 @@ class OptimConfig:
     """Global-norm gradient clipping (0 = off)."""
     grad_accum: int = 1
     """Micro-batches per optimizer update."""
+    probe_lr_scale: float = 10.0
+    """LR multiplier of the online probe head: a linear probe on a moving encoder needs a faster LR
+    than the encoder to keep up within a short run."""
 
 
 def lr_table(cfg: OptimConfig, total_updates: int) -> np.ndarray:
@@ -98,12 +101,25 @@ def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransf
                 adam_weight_decay=cfg.weight_decay,
             )
         clip = optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else optax.identity()
-        return optax.chain(clip, base)
+        probe_scale = optax.multi_transform(
+            {"probe": optax.scale(cfg.probe_lr_scale), "rest": optax.identity()}, _probe_labels
+        )
+        return optax.chain(clip, base, probe_scale)
 
     tx = optax.inject_hyperparams(scheduled)(learning_rate=schedule)
     if cfg.grad_accum > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=cfg.grad_accum)
     return tx
+
+
+def _probe_labels(params: optax.Params) -> optax.Params:
+    """ "probe" for every leaf under a top-level ``probe`` group (see model.py), "rest" elsewhere."""
+
+    def label(path: tuple, _leaf: object) -> str:
+        keys = [getattr(k, "key", None) for k in path]
+        return "probe" if "probe" in keys[:2] else "rest"
+
+    return jax.tree_util.tree_map_with_path(label, params)
 
 
 def _injected(opt_state: optax.OptState) -> optax.OptState:
