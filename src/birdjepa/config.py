@@ -48,6 +48,8 @@ class LogConfig:
     wandb: Literal["disabled", "offline", "online"] = "disabled"
     """Mirror metrics to wandb; the JSON lines in the run directory are the source of truth."""
     wandb_project: str = "birdjepa"
+    print_every: int = 10
+    """Console line every N steps when stdout is not a terminal (a progress bar when it is)."""
 
 
 @dataclasses.dataclass(frozen=True)

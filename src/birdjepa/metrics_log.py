@@ -40,7 +40,7 @@ class MetricsLog:
         line.update({k: _plain(v) for k, v in metrics.items()})
         self._file.write(json.dumps(line) + "\n")
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in line.items() if k != "step"}, step=step)
+            self.wandb_run.log({k: v for k, v in line.items() if k not in ("step", "time")}, step=step)
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         line = {"event": kind, "step": step, "restart": self.restart, "time": time.time()}

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,8 @@ from birdjepa.model import BirdJepa, init_params
 from birdjepa.norms import tree_norms
 from birdjepa.objectives import lejepa_loss, probe_metrics, supervised_loss
 from birdjepa.optim import accumulation_progress, applied_lr, make_optimizer, update_count
+from birdjepa.progress import Progress
+from birdjepa.wandb_mirror import open_run
 
 #: Exit code after a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE_EXIT_CODE = 75
@@ -163,6 +164,8 @@ def pretrain(cfg: PretrainConfig) -> int:
         raise ValueError("the lejepa objective needs --data.n-views >= 2")
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    # This segment's configuration (each checkpoint also holds the one it was written with).
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
     train_files, eval_files = data_files(cfg)
     n_classes = label_count(train_files)
     model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes)
@@ -175,6 +178,7 @@ def pretrain(cfg: PretrainConfig) -> int:
     if cfg.data.batch_size % len(devices):
         raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
     mesh = Mesh(devices, ("data",))
+    print(f"devices={len(devices)} ({devices[0].platform})", flush=True)
     replicated = NamedSharding(mesh, PartitionSpec())
     sharded = NamedSharding(mesh, PartitionSpec("data"))
 
@@ -194,7 +198,8 @@ def pretrain(cfg: PretrainConfig) -> int:
         loader_state = None if cfg.prng == "legacy" else meta["loader_state"]
     params, opt_state = jax.device_put((params, opt_state), replicated)
 
-    log = MetricsLog(run_dir, restart=restart)
+    wandb_run = open_run(cfg.log.wandb, run_dir, cfg.run, cfg.log.wandb_project, to_dict(cfg), restart)
+    log = MetricsLog(run_dir, restart=restart, wandb_run=wandb_run)
     if resumed_from is not None:
         log.event("resume", start, checkpoint=resumed_from, **ckpt.last_restore)
         print(
@@ -221,7 +226,9 @@ def pretrain(cfg: PretrainConfig) -> int:
     meta_base = {"config": to_dict(cfg), "git": git_commit(), "dataset_fingerprint": loader.fingerprint}
     exit_code = 0
     last = cfg.steps - 1
-    tty = sys.stdout.isatty()
+    progress = Progress(
+        total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
+    )
 
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -240,9 +247,7 @@ def pretrain(cfg: PretrainConfig) -> int:
             norms = tree_norms(jax.device_get(params)["params"], "param_norm")
             metrics.update({f"train/{k}": v for k, v in norms.items()})
             log.log(step, metrics)
-            loss, acc, dt = metrics["train/loss"], metrics["train/probe_acc"], metrics["train/step_time"]
-            line = f"step {step}/{cfg.steps} loss {loss:.4f} probe_acc {acc:.3f} ({dt:.2f} s)"
-            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+        progress.step(step, metrics)
 
         if (step + 1) % cfg.eval_every == 0 or step == last:
             totals = {"ce_sum": 0.0, "correct": 0.0, "n": 0.0}
@@ -255,10 +260,7 @@ def pretrain(cfg: PretrainConfig) -> int:
             n = max(totals["n"], 1.0)
             evals = {"eval/probe_ce": totals["ce_sum"] / n, "eval/probe_acc": totals["correct"] / n}
             log.log(step, evals)
-            print(
-                f"{chr(10) if tty else ''}eval step {step}: probe_acc {evals['eval/probe_acc']:.3f}",
-                flush=True,
-            )
+            progress.message(f"eval step {step}: probe_acc {evals['eval/probe_acc']:.3f}")
 
         stopping = step == cfg.stop_at_step or stop.signal is not None
         if (step + 1) % cfg.ckpt_every == 0 or step == last or stopping or step in cfg.debug_roundtrip_steps:
@@ -272,19 +274,23 @@ def pretrain(cfg: PretrainConfig) -> int:
             state = {"params": params, "opt_state": opt_state}
             ckpt.save(step, state, meta)
             if step in cfg.debug_roundtrip_steps:
-                checkpoint.roundtrip(run_dir / "debug_roundtrip", step, state, meta)
+                # Go on from the restored copy with compile caches cleared: the rest of the run must
+                # not notice (the test compares it with an uninterrupted run).
+                restored = checkpoint.roundtrip(run_dir / "debug_roundtrip", step, state, meta)
                 jax.clear_caches()
+                params, opt_state = jax.device_put((restored["params"], restored["opt_state"]), replicated)
         if stopping:
             exit_code = REQUEUE_EXIT_CODE if stop.signal is not None else 0
             reason = f"signal {stop.signal}" if stop.signal is not None else "stop_at_step"
             log.event("stop", step, reason=reason, exit_code=exit_code)
-            print(
-                f"{chr(10) if tty else ''}stopping after step {step} ({reason}); exit {exit_code}", flush=True
-            )
+            progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
             break
 
+    progress.close()
     ckpt.close()
     log.close()
+    if wandb_run is not None:
+        wandb_run.finish(exit_code=exit_code)
     return exit_code
 
 

@@ -1,0 +1,33 @@
+"""Console progress: a bar on a terminal, a plain line every `every` steps (and the last) otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from birdjepa.progress import Progress
+
+METRICS = {"train/loss": 0.25, "train/probe_acc": 0.5, "train/data_wait": 0.001}
+
+
+def test_plain_lines_every_n_steps_and_at_the_end(capsys: pytest.CaptureFixture[str]) -> None:
+    p = Progress(total=25, start=3, batch_size=8, every=10, tty=False)
+    for step in range(3, 25):
+        p.step(step, METRICS)
+    p.message("eval step 24: probe_acc 0.500")
+    p.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert [x.split()[1] for x in lines[:-1]] == ["10/25", "20/25", "24/25"]
+    assert all("loss 0.2500 probe_acc 0.500" in x and "clips/s" in x for x in lines[:-1])
+    assert lines[-1] == "eval step 24: probe_acc 0.500"
+
+
+def test_terminal_bar_counts_from_the_resumed_step(capsys: pytest.CaptureFixture[str]) -> None:
+    p = Progress(total=25, start=20, batch_size=8, every=2, tty=True)
+    assert p.bar is not None and p.bar.n == 20
+    for step in range(20, 25):
+        p.step(step, METRICS)
+    assert p.bar.n == 25
+    p.message("stopping")
+    p.close()
+    out = capsys.readouterr().out
+    assert "25/25" in out and "loss 0.2500 probe_acc 0.500" in out and "stopping" in out
