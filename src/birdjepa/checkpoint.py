@@ -385,8 +385,9 @@ def load(directory: str | Path, target: Any, step: int | None = None) -> tuple[A
         return ck.restore(step, target)
 
 
-def roundtrip(directory: str | Path, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> None:
-    """Debug check: save `state` to `directory`, restore into its structure, assert bit-identical."""
+def roundtrip(directory: str | Path, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> Any:
+    """Debug check: save `state` to `directory`, restore into its structure, assert bit-identical;
+    returns the restored copy (so the caller can go on training from it)."""
     save_sync(directory, step, state, meta)
     restored, rmeta = load(directory, state, step)
     assert_trees_identical(state, restored, "roundtrip")
@@ -394,3 +395,6 @@ def roundtrip(directory: str | Path, step: int, state: Any, meta: Mapping[str, A
         for k, v in meta.items():
             if json.loads(json.dumps(v)) != rmeta.get(k):
                 raise AssertionError(f"roundtrip: meta[{k!r}] differs after restore")
+    leaves = len(jax.tree_util.tree_leaves(state))
+    print(f"DEBUG_ROUNDTRIP step={step} leaves={leaves} identical=True", flush=True)
+    return restored

@@ -22,6 +22,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "prepare": "birdjepa.prepare:cli",
     "loader-demo": "birdjepa.loader_demo:cli",
     "pretrain": "birdjepa.train:cli",
+    "verify-resume": "birdjepa.verify_resume:cli",
 }
 
 

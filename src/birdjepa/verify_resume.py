@@ -1,0 +1,200 @@
+"""`birdjepa verify-resume`: the headline proof that a resume is a non-event.
+
+It trains the same configuration twice, each time through the real ``birdjepa pretrain`` command in
+new processes:
+
+* ``<runs-dir>/verify-<run>/straight``: one uninterrupted process;
+* ``<runs-dir>/verify-<run>/resumed``: one process per segment, stopped after every ``--resume-at``
+  step by ``--stop-at-step`` and (with ``--signal-at S``) once by a real SIGTERM sent when step ``S``
+  has been logged; with ``--workers-after-resume N`` every segment after the first uses N loader
+  workers.
+
+Then it compares every logged metric step by step (`birdjepa.compare`, the code behind
+``birdjepa compare``), prints a table of the max abs difference per metric and, last, the line
+``max_abs_diff=<value>``; the exit status is 0 only if that value is exactly 0.0 and every
+interruption happened where it was asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from birdjepa.compare import MetricDiff, compare_runs
+from birdjepa.config import PretrainConfig
+from birdjepa.metrics_log import METRICS_FILE
+from birdjepa.train import REQUEUE_EXIT_CODE
+
+# The options of this command; everything else on the command line is passed to `pretrain` as given.
+_OWN_FLAGS = ("--resume-at", "--signal-at", "--workers-after-resume")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+    resume_at: tuple[int, ...] = ()
+    """Steps after which the resumed run stops (--stop-at-step) and a new process resumes it."""
+    signal_at: int | None = None
+    """Send SIGTERM to the segment running once it has logged this step (it saves and exits 75)."""
+    workers_after_resume: int | None = None
+    """Loader workers of every segment after the first (the batches must not change)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Interruption:
+    step: int
+    by_signal: bool
+
+
+def plan(opts: VerifyOptions, steps: int) -> list[Interruption]:
+    """The interruptions in step order; each must leave at least one step to run after it."""
+    stops = [Interruption(s, False) for s in opts.resume_at]
+    if opts.signal_at is not None:
+        stops.append(Interruption(opts.signal_at, True))
+    stops.sort(key=lambda i: i.step)
+    steps_seen = [i.step for i in stops]
+    if len(set(steps_seen)) != len(steps_seen):
+        raise SystemExit(f"verify-resume: interruption steps must differ, got {steps_seen}")
+    for i in stops:
+        if not 0 <= i.step < steps - 1:
+            raise SystemExit(f"verify-resume: interruption at step {i.step} is outside [0, {steps - 2}]")
+    return stops
+
+
+def pretrain_args(argv: Sequence[str]) -> list[str]:
+    """The command line minus this command's own options and their values."""
+    out: list[str] = []
+    dropping = False  # inside an own option's values
+    for arg in argv:
+        if arg.startswith("--"):
+            name, has_value = arg.split("=", 1)[0], "=" in arg
+            dropping = name in _OWN_FLAGS and not has_value
+            if name in _OWN_FLAGS:
+                continue
+        if not dropping:
+            out.append(arg)
+    return out
+
+
+def _pump(stream: object, prefix: str, log_file: Path) -> None:
+    with log_file.open("a") as log:
+        for line in stream:  # type: ignore[attr-defined]
+            log.write(line)
+            print(f"{prefix}{line}", end="", flush=True)
+
+
+def _last_logged_step(run_dir: Path) -> int:
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return -1
+    steps = [json.loads(x).get("step", -1) for x in path.read_text().splitlines() if x.strip()]
+    return max(steps, default=-1)
+
+
+def run_segment(args: list[str], run_dir: Path, label: str, signal_at: int | None = None) -> int:
+    """Runs ``birdjepa pretrain ARGS`` in a new process, streaming its output with a label prefix;
+    with ``signal_at`` sends SIGTERM once that step is in the run's metrics file. Returns the exit code."""
+    cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", *args]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, f"[{label}] ", run_dir / "console.log"))
+    pump.start()
+    signalled = signal_at is None
+    while proc.poll() is None:
+        if not signalled and _last_logged_step(run_dir) >= signal_at:
+            proc.send_signal(signal.SIGTERM)
+            signalled = True
+        time.sleep(0.05)
+    pump.join()
+    return proc.returncode
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / METRICS_FILE).read_text().splitlines() if x.strip()]
+    return [x for x in lines if x.get("event") == kind]
+
+
+def print_table(diffs: list[MetricDiff]) -> float:
+    """Prints one row per metric; returns the largest abs difference."""
+    width = max([len(d.name) for d in diffs] + [6])
+    print(f"{'metric':<{width}}  {'steps':>5}  {'max_abs_diff':>12}  {'max_rel_diff':>12}  first difference")
+    for d in diffs:
+        first = "-" if d.first_step is None else f"step {d.first_step}: {d.first_values}"
+        print(f"{d.name:<{width}}  {d.steps:>5}  {d.max_abs:>12.6g}  {d.max_rel:>12.6g}  {first}")
+    return max((d.max_abs for d in diffs), default=float("inf"))
+
+
+def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int:
+    if cfg.resume != "auto" or cfg.stop_at_step is not None:
+        raise SystemExit("verify-resume: leave --resume and --stop-at-step to it")
+    stops = plan(opts, cfg.steps)
+    if not stops:
+        raise SystemExit("verify-resume: give at least one --resume-at step or --signal-at")
+    root = cfg.log.runs_dir / f"verify-{cfg.run}"
+    if root.exists():  # our own output from an earlier verification: start both runs afresh
+        shutil.rmtree(root)
+    base = [*pretrain_args(argv), "--log.runs-dir", str(root)]
+    straight, resumed = root / "straight", root / "resumed"
+
+    problems = []
+    if (code := run_segment([*base, "--run", "straight"], straight, "straight")) != 0:
+        problems.append(f"the straight run exited {code}")
+    for n, stop in enumerate([*stops, None]):
+        args = [*base, "--run", "resumed"]
+        if n > 0 and opts.workers_after_resume is not None:
+            args += ["--data.n-workers", str(opts.workers_after_resume)]
+        if stop is not None and not stop.by_signal:
+            args += ["--stop-at-step", str(stop.step)]
+        signal_at = stop.step if stop is not None and stop.by_signal else None
+        code = run_segment(args, resumed, f"segment {n}", signal_at)
+        if stop is None:
+            if code != 0:
+                problems.append(f"the last segment exited {code}")
+            break
+        expected = REQUEUE_EXIT_CODE if stop.by_signal else 0
+        events = _events(resumed, "stop")
+        at = events[-1]["step"] if len(events) == n + 1 else None
+        if code != expected or at is None:
+            problems.append(f"segment {n} exited {code} (expected {expected}) with stop events {events}")
+            break
+        later = [s.step for s in stops[n + 1 :]]
+        if at < stop.step or (later and at >= later[0]):
+            problems.append(f"segment {n} stopped at step {at}, not between {stop.step} and {later[:1]}")
+            break
+        print(f"verify-resume: segment {n} stopped after step {at}", flush=True)
+
+    resumes = _events(resumed, "resume") if (resumed / METRICS_FILE).exists() else []
+    if not problems and len(resumes) != len(stops):
+        problems.append(f"{len(resumes)} resume events for {len(stops)} interruptions")
+    both_logged = all((r / METRICS_FILE).exists() for r in (straight, resumed))
+    diffs = compare_runs(straight, resumed) if both_logged else []
+    worst = print_table(diffs)
+    (root / "verify.json").write_text(
+        json.dumps({"problems": problems, "diffs": [dataclasses.asdict(d) for d in diffs]}, indent=1)
+    )
+    for p in problems:
+        print(f"verify-resume: {p}")
+    print(f"max_abs_diff={worst}", flush=True)
+    return 0 if worst == 0.0 and not problems else 1
+
+
+def cli(
+    opts: Annotated[VerifyOptions, tyro.conf.arg(name="")],
+    cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")],
+) -> None:
+    """Train uninterrupted and with resumes (new processes), compare every logged metric, exit 0 only if
+    they are bit-identical. Takes every `pretrain` option."""
+    argv = sys.argv[sys.argv.index("verify-resume") + 1 :] if "verify-resume" in sys.argv else []
+    code = verify(opts, cfg, argv)
+    if code:
+        raise SystemExit(code)
