@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from birdjepa.checkpoint import Checkpointer
 from birdjepa.compare import compare_runs, metrics_by_step
 from birdjepa.config import PretrainConfig
 from birdjepa.metrics_log import read_metrics
@@ -62,6 +63,13 @@ def test_straight_run_logs_every_step(straight: Path) -> None:
         for k in ("train/loss", "train/lr", "train/grad_norm", "train/update_norm", "train/param_norm"):
             assert isinstance(m[k], float), (s, k)
     assert "eval/probe_acc" in steps[2] and "eval/probe_acc" in steps[5]
+    # Each checkpoint records the norms the log shows for its step (post-update), per component too.
+    for step in (2, 5):
+        meta = Checkpointer(straight, keep=None, async_save=False).read_meta(step)
+        assert meta["norms"]["param_norm"] == steps[step]["train/param_norm"]
+        for part in ("encoder", "projector", "probe"):
+            assert meta["norms"][f"param_norm/{part}"] == steps[step][f"train/param_norm/{part}"]
+        assert meta["step"] == step and meta["loader_state"] and meta["git"]["commit"]
 
 
 def test_logged_lr_is_the_schedule_of_each_update(straight: Path) -> None:

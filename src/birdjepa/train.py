@@ -92,7 +92,10 @@ def make_train_step(model: BirdJepa, tx: optax.GradientTransformation, cfg: Pret
     def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
         dropout_key, sigreg_key = jax.random.split(key)
         out = model.apply(
-            params, batch["spectrogram"], deterministic=deterministic, rngs={"dropout": dropout_key}
+            {"params": params},
+            batch["spectrogram"],
+            deterministic=deterministic,
+            rngs={"dropout": dropout_key},
         )
         if cfg.objective.kind == "lejepa":
             obj = lejepa_loss(
@@ -128,7 +131,7 @@ def make_train_step(model: BirdJepa, tx: optax.GradientTransformation, cfg: Pret
 
 def make_eval_step(model: BirdJepa) -> Callable:
     def eval_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        logits = model.apply(params, batch["spectrogram"], deterministic=True)["probe_logits"]
+        logits = model.apply({"params": params}, batch["spectrogram"], deterministic=True)["probe_logits"]
         m = probe_metrics(logits, batch["label"])
         n = m["probe_n_labelled"]
         return {"ce_sum": m["probe_ce"] * n, "correct": m["probe_acc"] * n, "n": n}
@@ -183,7 +186,9 @@ def pretrain(cfg: PretrainConfig) -> int:
     sharded = NamedSharding(mesh, PartitionSpec("data"))
 
     # Fresh state, then the newest complete checkpoint on top of it (if any and allowed).
-    params = init_params(model_cfg, jax.random.fold_in(jax.random.key(cfg.seed), _INIT_KEY))
+    # The trainer carries the module tree {encoder, projector, probe} (not flax's {"params": ...}
+    # wrapper), so checkpoint norms come per component.
+    params = init_params(model_cfg, jax.random.fold_in(jax.random.key(cfg.seed), _INIT_KEY))["params"]
     opt_state = tx.init(params)
     chain = jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY)
     ckpt = checkpoint.Checkpointer(run_dir, keep=cfg.ckpt_keep, async_save=cfg.ckpt_async)
@@ -230,6 +235,10 @@ def pretrain(cfg: PretrainConfig) -> int:
         total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
     )
 
+    if start >= cfg.steps:
+        print(f"run {cfg.run} already finished at step {start - 1} ({run_dir}); nothing to do", flush=True)
+    t_start = time.perf_counter()
+    evals: dict[str, float] = {}
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         batch = next(loader)
@@ -244,7 +253,7 @@ def pretrain(cfg: PretrainConfig) -> int:
         if step % cfg.log_every == 0 or step == last:
             # Post-update norms on host float64, as the checkpoint computes them; only when logged,
             # since it copies every parameter off the device.
-            norms = tree_norms(jax.device_get(params)["params"], "param_norm")
+            norms = tree_norms(jax.device_get(params), "param_norm")
             metrics.update({f"train/{k}": v for k, v in norms.items()})
             log.log(step, metrics)
         progress.step(step, metrics)
@@ -287,6 +296,12 @@ def pretrain(cfg: PretrainConfig) -> int:
             break
 
     progress.close()
+    if exit_code == 0 and evals and start < cfg.steps:
+        print(
+            f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s; held-out probe "
+            f"accuracy {evals['eval/probe_acc']:.3f} (chance {1 / n_classes:.3f}); run directory {run_dir}",
+            flush=True,
+        )
     ckpt.close()
     log.close()
     if wandb_run is not None:
