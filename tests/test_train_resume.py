@@ -5,6 +5,7 @@ metrics: the LR schedule, device-count portability, the debug roundtrip, the wan
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -72,6 +73,19 @@ def test_straight_run_logs_every_step(straight: Path) -> None:
         assert meta["step"] == step and meta["loader_state"] and meta["git"]["commit"]
 
 
+def test_checkpoint_norms_recomputed_from_disk_equal_the_logged_ones(straight: Path, tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compare_ckpt_param_norms.py"
+    out = tmp_path / "norms.csv"
+    done = subprocess.run(
+        [sys.executable, str(script), str(straight), "--out", str(out)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert {r["step"] for r in rows} == {"2", "5"}
+    assert {r["norm"] for r in rows} >= {"param_norm", "param_norm/encoder", "param_norm/probe"}
+    assert all(float(r["delta"]) == 0.0 and float(r["checkpoint"]) > 0 for r in rows)
+
+
 def test_logged_lr_is_the_schedule_of_each_update(straight: Path) -> None:
     # The logged LR is read from the optimizer state (optim.applied_lr); test_optim shows that state is
     # what the optimizer applied. Here: the trainer's step s is update s, from schedule(0) on.
@@ -128,6 +142,11 @@ def test_verify_resume_catches_the_legacy_resume_bug(demo_dir: Path, tmp_path: P
     v = tmp_path / "verify-v"
     (loss,) = compare_runs(v / "straight", v / "resumed", ["train/loss"])
     assert loss.max_abs > 0 and loss.first_step == 2
+    # `birdjepa compare` (the same code) names the first differing step and fails; a run equals itself.
+    cmp = birdjepa("compare", str(v / "straight"), str(v / "resumed"), "--metrics", "train/loss")
+    assert cmp.returncode == 1 and "step 2: (" in cmp.stdout, cmp.stdout + cmp.stderr
+    same = birdjepa("compare", str(v / "straight"), str(v / "straight"))
+    assert same.returncode == 0 and same.stdout.strip().endswith("max_abs_diff=0.0"), same.stdout
 
 
 def test_debug_roundtrip_does_not_change_the_run(demo_dir: Path, straight: Path, tmp_path: Path) -> None:

@@ -241,6 +241,17 @@ class Checkpointer:
         out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(out["meta"])
 
+    def read_arrays(self, step: int) -> dict[str, np.ndarray]:
+        """Every saved leaf of checkpoint `step` as numpy, keyed by its recorded path (e.g.
+        ``"['params']['encoder']['norm']['scale']"``), without a target tree and without verification:
+        for tools that inspect checkpoints (`scripts/compare_ckpt_param_norms.py`)."""
+        specs = self.read_meta(step)["state_leaves"]
+        abstract = {
+            f"leaf_{i:06d}": np.zeros(shape, dtype=_np_dtype(dt)) for i, (_, shape, dt) in enumerate(specs)
+        }
+        out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        return {name: np.asarray(out["state"][f"leaf_{i:06d}"]) for i, (name, _, _) in enumerate(specs)}
+
     def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
         """Restore checkpoint `step` into the structure of `target` and verify it.
 
@@ -277,14 +288,10 @@ class Checkpointer:
                     f"checkpoint {step}: leaf {s[0]} saved as shape={s[1]} dtype={s[2]}, "
                     f"target has shape={w[1]} dtype={w[2]}"
                 )
-        abstract = {
-            f"leaf_{i:06d}": np.zeros(shape, dtype=_np_dtype(dt)) for i, (_, shape, dt) in enumerate(specs)
-        }
-        out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-        flat = out["state"]
+        flat = self.read_arrays(step)
         leaves = []
-        for i, ((_, tgt), (name, shape, dt)) in enumerate(zip(tleaves, specs, strict=True)):
-            a = np.asarray(flat[f"leaf_{i:06d}"])
+        for (_, tgt), (name, shape, dt) in zip(tleaves, specs, strict=True):
+            a = flat[name]
             if list(a.shape) != shape or a.dtype.name != dt:
                 raise CheckpointError(
                     f"checkpoint {step}: leaf {name} restored as shape={list(a.shape)} dtype={a.dtype}, "

@@ -23,6 +23,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "loader-demo": "birdjepa.loader_demo:cli",
     "pretrain": "birdjepa.train:cli",
     "verify-resume": "birdjepa.verify_resume:cli",
+    "compare": "birdjepa.compare:cli",
 }
 
 

@@ -1,10 +1,16 @@
-"""Compare the logged metrics of two runs step by step (each may span several resumed segments)."""
+"""Compare the logged metrics of two runs step by step (each may span several resumed segments).
+
+`birdjepa compare RUN_A RUN_B [--metrics ...]` and `birdjepa verify-resume` both use `compare_runs` and
+`print_table`: one definition of "the same run".
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
+
+import tyro
 
 from birdjepa.metrics_log import read_metrics
 
@@ -57,3 +63,27 @@ def compare_runs(a: Path, b: Path, metrics: Iterable[str] | None = None) -> list
                 diff.first_step, diff.first_values = s, (va, vb)
         out.append(diff)
     return out
+
+
+def print_table(diffs: list[MetricDiff]) -> float:
+    """Prints one row per metric (max abs and rel difference, first differing step with both values);
+    returns the largest abs difference (inf when there is nothing to compare)."""
+    width = max([len(d.name) for d in diffs] + [6])
+    print(f"{'metric':<{width}}  {'steps':>5}  {'max_abs_diff':>12}  {'max_rel_diff':>12}  first difference")
+    for d in diffs:
+        first = "-" if d.first_step is None else f"step {d.first_step}: {d.first_values}"
+        print(f"{d.name:<{width}}  {d.steps:>5}  {d.max_abs:>12.6g}  {d.max_rel:>12.6g}  {first}")
+    return max((d.max_abs for d in diffs), default=float("inf"))
+
+
+def cli(
+    run_a: tyro.conf.Positional[Path],
+    run_b: tyro.conf.Positional[Path],
+    metrics: tuple[str, ...] | None = None,
+) -> None:
+    """Align two runs' logged metrics by step (all segments) and print per metric the max abs and rel
+    difference and the first differing step; exit 1 if any selected metric differs."""
+    worst = print_table(compare_runs(run_a, run_b, metrics))
+    print(f"max_abs_diff={worst}")
+    if worst != 0.0:
+        raise SystemExit(1)

@@ -31,7 +31,7 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa.compare import MetricDiff, compare_runs
+from birdjepa.compare import compare_runs, print_table
 from birdjepa.config import PretrainConfig
 from birdjepa.metrics_log import METRICS_FILE
 from birdjepa.train import REQUEUE_EXIT_CODE
@@ -122,16 +122,6 @@ def run_segment(args: list[str], run_dir: Path, label: str, signal_at: int | Non
 def _events(run_dir: Path, kind: str) -> list[dict]:
     lines = [json.loads(x) for x in (run_dir / METRICS_FILE).read_text().splitlines() if x.strip()]
     return [x for x in lines if x.get("event") == kind]
-
-
-def print_table(diffs: list[MetricDiff]) -> float:
-    """Prints one row per metric; returns the largest abs difference."""
-    width = max([len(d.name) for d in diffs] + [6])
-    print(f"{'metric':<{width}}  {'steps':>5}  {'max_abs_diff':>12}  {'max_rel_diff':>12}  first difference")
-    for d in diffs:
-        first = "-" if d.first_step is None else f"step {d.first_step}: {d.first_values}"
-        print(f"{d.name:<{width}}  {d.steps:>5}  {d.max_abs:>12.6g}  {d.max_rel:>12.6g}  {first}")
-    return max((d.max_abs for d in diffs), default=float("inf"))
 
 
 def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int:
