@@ -1,0 +1,1 @@
+"""Pure diagnostics over what the loader yields (arrays in, metric dicts out); see `iid`."""

@@ -1,0 +1,1 @@
+"""Training-health monitors (pure modules, wired into the trainer separately); see ``updates``."""
