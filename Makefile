@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test build lint bench clean
+.PHONY: demo loader-demo test build lint bench clean
 
 $(BIN)/maturin:
 	python3 -m venv $(VENV)
@@ -14,7 +14,11 @@ $(BIN)/maturin:
 build: $(BIN)/maturin
 	$(BIN)/maturin develop --release --extras dev --quiet
 
+# The main job: a short LeJEPA pretrain of the tiny ViT on the demo set, in a new run directory each time.
 demo: build
+	$(BIN)/birdjepa pretrain --run demo-$$(date +%Y%m%d-%H%M%S)
+
+loader-demo: build
 	$(BIN)/birdjepa loader-demo
 
 test: build

@@ -43,9 +43,10 @@ class OptimConfig:
     """Global-norm gradient clipping (0 = off)."""
     grad_accum: int = 1
     """Micro-batches per optimizer update."""
-    probe_lr_scale: float = 10.0
-    """LR multiplier of the online probe head: a linear probe on a moving encoder needs a faster LR
-    than the encoder to keep up within a short run."""
+    probe_lr_scale: float = 100.0
+    """LR multiplier of the online probe head: a linear probe on a moving encoder needs a much faster
+    LR than the encoder to converge within a short run (demo defaults, 600 steps: held-out accuracy
+    0.33 at x100, 0.27 at x30)."""
 
 
 def lr_table(cfg: OptimConfig, total_updates: int) -> np.ndarray:
