@@ -241,11 +241,12 @@ class Checkpointer:
         out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(out["meta"])
 
-    def read_arrays(self, step: int) -> dict[str, np.ndarray]:
+    def read_arrays(self, step: int, specs: list | None = None) -> dict[str, np.ndarray]:
         """Every saved leaf of checkpoint `step` as numpy, keyed by its recorded path (e.g.
         ``"['params']['encoder']['norm']['scale']"``), without a target tree and without verification:
-        for tools that inspect checkpoints (`scripts/compare_ckpt_param_norms.py`)."""
-        specs = self.read_meta(step)["state_leaves"]
+        for tools that inspect checkpoints (`scripts/compare_ckpt_param_norms.py`). `specs` is the meta's
+        ``state_leaves`` when the caller has already read it."""
+        specs = self.read_meta(step)["state_leaves"] if specs is None else specs
         abstract = {
             f"leaf_{i:06d}": np.zeros(shape, dtype=_np_dtype(dt)) for i, (_, shape, dt) in enumerate(specs)
         }
@@ -288,7 +289,7 @@ class Checkpointer:
                     f"checkpoint {step}: leaf {s[0]} saved as shape={s[1]} dtype={s[2]}, "
                     f"target has shape={w[1]} dtype={w[2]}"
                 )
-        flat = self.read_arrays(step)
+        flat = self.read_arrays(step, specs)
         leaves = []
         for (_, tgt), (name, shape, dt) in zip(tleaves, specs, strict=True):
             a = flat[name]

@@ -33,7 +33,7 @@ import tyro
 
 from birdjepa.compare import compare_runs, print_table
 from birdjepa.config import PretrainConfig
-from birdjepa.metrics_log import METRICS_FILE
+from birdjepa.metrics_log import METRICS_FILE, read_metrics
 from birdjepa.train import REQUEUE_EXIT_CODE
 
 # The options of this command; everything else on the command line is passed to `pretrain` as given.
@@ -94,11 +94,9 @@ def _pump(stream: object, prefix: str, log_file: Path) -> None:
 
 
 def _last_logged_step(run_dir: Path) -> int:
-    path = run_dir / METRICS_FILE
-    if not path.exists():
+    if not (run_dir / METRICS_FILE).exists():
         return -1
-    steps = [json.loads(x).get("step", -1) for x in path.read_text().splitlines() if x.strip()]
-    return max(steps, default=-1)
+    return max((line["step"] for line in read_metrics(run_dir)), default=-1)
 
 
 def run_segment(args: list[str], run_dir: Path, label: str, signal_at: int | None = None) -> int:
@@ -120,8 +118,7 @@ def run_segment(args: list[str], run_dir: Path, label: str, signal_at: int | Non
 
 
 def _events(run_dir: Path, kind: str) -> list[dict]:
-    lines = [json.loads(x) for x in (run_dir / METRICS_FILE).read_text().splitlines() if x.strip()]
-    return [x for x in lines if x.get("event") == kind]
+    return [x for x in read_metrics(run_dir) if x.get("event") == kind]
 
 
 def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int:
