@@ -123,6 +123,13 @@ def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: P
     assert logged[8]["train/accum_progress"] == 1.0 and logged[9]["train/accum_progress"] == 0.0
     console = (resumed / "console.log").read_text()
     assert console.count("CKPT_RESTORE") == 3 and "ratio=1.0" in console
+    # Every resume check passed at every resume, and the diagnostics were part of the comparison.
+    assert console.count("RESUME_CHECK") == 3 * 11 and "ok=False" not in console
+    assert not events(resumed, "resume_check_failed")
+    for s in (9, 15, 23):  # first steps after the resumes (the signal stop lands on 14 or later)
+        if s in logged:
+            assert "dataloader/bucket_lag1/hash" in logged[s] and logged[s]["dataloader/window_batches"] > 1
+    assert "monitor/update_ratio/median" in logged[9] and "monitor/update_ratio/median" in logged[19]
     config = json.loads((resumed / "config.json").read_text())
     assert config["data"]["n_workers"] == 1
 
@@ -135,8 +142,14 @@ def test_verify_resume_checkpointed_prng_is_exact(demo_dir: Path, tmp_path: Path
 
 def test_verify_resume_catches_the_legacy_resume_bug(demo_dir: Path, tmp_path: Path) -> None:
     # Cold loader and restarted key chain: identical up to the resume, different from it on.
-    done = verify_resume(demo_dir, tmp_path, "--steps", "6", "--prng", "legacy", "--resume-at", "1")
+    # The resume checks see it first (they would stop the run; `warn` lets it go on to be compared).
+    done = verify_resume(
+        demo_dir, tmp_path, "--steps", "6", "--prng", "legacy", "--resume-at", "1", "--resume-checks", "warn"
+    )
     assert done.returncode == 1, done.stdout[-5000:] + done.stderr[-3000:]
+    console = (tmp_path / "verify-v" / "resumed" / "console.log").read_text()
+    for name in ("loader_state", "next_batch", "prng", "next_loss"):
+        assert f"RESUME_CHECK name={name} ok=False" in console, name
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("max_abs_diff=") and float(last.split("=")[1]) > 0
     v = tmp_path / "verify-v"

@@ -16,6 +16,8 @@ from birdjepa.metrics_log import read_metrics
 
 #: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
 NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/data_wait"})
+#: The resume checks' results exist only in resumed segments: they describe the resume, not the run.
+NOT_COMPARED_PREFIXES = ("resume/",)
 
 
 def metrics_by_step(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -24,7 +26,13 @@ def metrics_by_step(run_dir: Path) -> dict[int, dict[str, float]]:
     for line in read_metrics(run_dir):
         if "event" in line:
             continue
-        out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if k not in NOT_COMPARED})
+        out.setdefault(line["step"], {}).update(
+            {
+                k: v
+                for k, v in line.items()
+                if k not in NOT_COMPARED and not k.startswith(NOT_COMPARED_PREFIXES)
+            }
+        )
     return out
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from birdjepa.data import Features
+from birdjepa.faults import Fault
 from birdjepa.model import ModelConfig
 from birdjepa.objectives import LeJepaConfig
 from birdjepa.optim import OptimConfig
@@ -74,10 +75,24 @@ class PretrainConfig:
     ckpt_every: int = 100
     ckpt_keep: int = 3
     ckpt_async: bool = True
+    monitor_interval: int = 10
+    """Weight-update monitor (``monitor/...``): in-graph per-parameter statistics every N steps, a
+    multiple of --optim.grad-accum (0 = off)."""
+    iid_window: int = 100
+    """Batches in the IID loader diagnostics' sliding window (``dataloader/window_unique``)."""
+    resume_checks: Literal["error", "warn"] = "error"
+    """After a restore, before the first update: error stops the run when a resume check fails; warn
+    reports it (RESUME_CHECK lines, resume/... metrics) and goes on."""
+    allow_config_change: bool = False
+    """Resume even though breaking options (batch size, seed, data, model, optimizer, schedule, steps)
+    changed; the run is then no longer exact, so failing checks only warn."""
     debug_roundtrip_steps: tuple[int, ...] = ()
     """After each listed step: save, restore into fresh objects, assert every leaf bit-identical."""
     debug_disable_stochastic: bool = False
     """Centre crops, no masks, no dropout: only the data order remains random."""
+    debug_inject_fault: Fault | None = None
+    """Break the resume on purpose (applied after the restore, before the checks), to see the checks
+    catch it; see birdjepa.faults."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     objective: ObjectiveConfig = ObjectiveConfig()

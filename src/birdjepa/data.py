@@ -153,6 +153,11 @@ class Loader:
     def fingerprint(self) -> str:
         return self._rs.fingerprint()
 
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, indexed by the batches' ``shard_id``."""
+        return list(self._rs.shard_rows())
+
     def state(self) -> dict[str, Any]:
         """JSON-able state after the last batch returned: counters and buffered sample indices."""
         return json.loads(self._rs.state_json())

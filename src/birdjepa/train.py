@@ -25,21 +25,25 @@ import optax
 import tyro
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from birdjepa import checkpoint
+from birdjepa import checkpoint, faults, resume_check
+from birdjepa.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.config import PretrainConfig, to_dict
-from birdjepa.data import Batch, Loader, resolve_files
+from birdjepa.data import Batch, Loader, StateError, resolve_files
 from birdjepa.demo_data import ensure_demo_data
 from birdjepa.determinism import deterministic_xla
 from birdjepa.metrics_log import MetricsLog
 from birdjepa.model import BirdJepa, init_params
+from birdjepa.monitor.updates import check_due, maybe_update_stats, param_names
 from birdjepa.norms import tree_norms
 from birdjepa.objectives import lejepa_loss, probe_metrics, supervised_loss
-from birdjepa.optim import accumulation_progress, applied_lr, make_optimizer, update_count
+from birdjepa.optim import accumulation_progress, applied_lr, make_optimizer, make_schedule, update_count
 from birdjepa.progress import Progress
 from birdjepa.wandb_mirror import open_run
 
 #: Exit code after a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE_EXIT_CODE = 75
+#: Exit code when a resume check fails: requeueing would fail the same way (EX_DATAERR).
+RESUME_CHECK_EXIT_CODE = 65
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
 _INIT_KEY, _STEP_KEY = 0, 1
 
@@ -84,8 +88,8 @@ class StopRequest:
         self.signal = signum
 
 
-def make_train_step(model: BirdJepa, tx: optax.GradientTransformation, cfg: PretrainConfig) -> Callable:
-    """The pure step ``(params, opt_state, batch, key) -> (params, opt_state, metrics)``."""
+def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
+    """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy."""
     deterministic = cfg.debug_disable_stochastic or (cfg.model.dropout == 0 and cfg.model.drop_path == 0)
     lej = cfg.objective.lejepa
 
@@ -112,9 +116,17 @@ def make_train_step(model: BirdJepa, tx: optax.GradientTransformation, cfg: Pret
         # The probe sees stop_gradient(embedding): adding its loss trains the probe head only.
         return obj["loss"] + probe["probe_ce"], {**obj, **probe}
 
+    return loss_fn
+
+
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
+    """The pure step ``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats)``;
+    ``stats`` are the weight-update monitor's per-parameter statistics when ``check`` (raw gradients,
+    before clipping, and the change actually applied), else its placeholder."""
+
     def step(
-        params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array
-    ) -> tuple[Any, Any, dict]:
+        params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: jax.Array
+    ) -> tuple[Any, Any, dict, dict]:
         (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
@@ -124,7 +136,8 @@ def make_train_step(model: BirdJepa, tx: optax.GradientTransformation, cfg: Pret
         metrics["train/update_norm"] = optax.global_norm(jax.tree.map(jnp.subtract, new_params, params))
         metrics["train/update_count"] = update_count(new_opt_state)
         metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
-        return new_params, new_opt_state, metrics
+        stats = maybe_update_stats(check, grads, params, new_params)
+        return new_params, new_opt_state, metrics, stats
 
     return step
 
@@ -161,6 +174,33 @@ def step_key(cfg: PretrainConfig, chain: jax.Array, step: int) -> tuple[jax.Arra
     return key, chain
 
 
+def open_train_loader(
+    files: list[str], cfg: PretrainConfig, state: dict[str, Any] | None, resumed: bool
+) -> tuple[Loader, str | None]:
+    """The train loader at ``state``, and why it could not take that state (None when it did): a
+    loader that refuses its state starts from the beginning, and the ``loader_state`` check says why."""
+    kw: dict[str, Any] = {
+        "seed": cfg.seed, "batch_size": cfg.data.batch_size, "n_workers": cfg.data.n_workers,
+        "n_views": cfg.data.n_views, "shuffle_buffer": cfg.data.shuffle_buffer,
+        "interleave": cfg.data.interleave, "augment": not cfg.debug_disable_stochastic,
+        "features": cfg.data.features,
+    }  # fmt: skip
+    if state is None:
+        return Loader(files, **kw), ("not_restored" if resumed else None)
+    try:
+        return Loader(files, **kw, state=state), None
+    except StateError as e:
+        return Loader(files, **kw), f"refused: {e}"
+
+
+def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callbacks:
+    items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window)]
+    if cfg.monitor_interval > 0:
+        check_due(0, cfg.monitor_interval, cfg.optim.grad_accum)  # validates the interval
+        items.append(UpdateMonitorCallback(param_names(params)))
+    return Callbacks(items)
+
+
 def pretrain(cfg: PretrainConfig) -> int:
     """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code."""
     if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
@@ -175,7 +215,9 @@ def pretrain(cfg: PretrainConfig) -> int:
     if cfg.objective.kind == "supervised":  # the projector becomes the classifier
         model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
     model = BirdJepa(model_cfg)
-    tx = make_optimizer(cfg.optim, max(cfg.steps // cfg.optim.grad_accum, 1))
+    total_updates = max(cfg.steps // cfg.optim.grad_accum, 1)
+    tx = make_optimizer(cfg.optim, total_updates)
+    schedule = make_schedule(cfg.optim, total_updates)
 
     devices = np.array(jax.devices())
     if cfg.data.batch_size % len(devices):
@@ -190,9 +232,9 @@ def pretrain(cfg: PretrainConfig) -> int:
     # wrapper), so checkpoint norms come per component.
     params = init_params(model_cfg, jax.random.fold_in(jax.random.key(cfg.seed), _INIT_KEY))["params"]
     opt_state = tx.init(params)
-    chain = jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY)
+    fresh_chain = chain = jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY)
     ckpt = checkpoint.Checkpointer(run_dir, keep=cfg.ckpt_keep, async_save=cfg.ckpt_async)
-    start, restart, loader_state, resumed_from = 0, 0, None, None
+    start, restart, loader_state, resumed_from, meta = 0, 0, None, None, None
     if cfg.resume == "auto" and (found := ckpt.restore_latest({"params": params, "opt_state": opt_state})):
         resumed_from, state, meta = found
         params, opt_state = state["params"], state["opt_state"]
@@ -201,6 +243,15 @@ def pretrain(cfg: PretrainConfig) -> int:
             chain = jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32))
         # legacy reproduces a loader without state and a restarted key chain (the bug users hit).
         loader_state = None if cfg.prng == "legacy" else meta["loader_state"]
+        if cfg.debug_inject_fault:
+            r = faults.inject(
+                cfg.debug_inject_fault,
+                faults.Restored(cfg, params, opt_state, chain, loader_state, train_files),
+                tx,
+                fresh_chain,
+            )
+            cfg, params, opt_state, chain = r.cfg, r.params, r.opt_state, r.chain
+            loader_state, train_files = r.loader_state, r.train_files
     params, opt_state = jax.device_put((params, opt_state), replicated)
 
     wandb_run = open_run(cfg.log.wandb, run_dir, cfg.run, cfg.log.wandb_project, to_dict(cfg), restart)
@@ -212,45 +263,99 @@ def pretrain(cfg: PretrainConfig) -> int:
             flush=True,
         )
 
-    common = {"seed": cfg.seed, "batch_size": cfg.data.batch_size, "n_workers": cfg.data.n_workers}
-    loader = Loader(
-        train_files, **common, n_views=cfg.data.n_views, shuffle_buffer=cfg.data.shuffle_buffer,
-        interleave=cfg.data.interleave, augment=not cfg.debug_disable_stochastic, features=cfg.data.features,
-        state=loader_state,
+    loader, loader_error = open_train_loader(train_files, cfg, loader_state, resumed=meta is not None)
+    eval_loader = Loader(
+        eval_files, seed=cfg.seed, batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers,
+        train=False, features=cfg.data.features,
     )  # fmt: skip
-    eval_loader = Loader(eval_files, **common, train=False, features=cfg.data.features)
+    callbacks = make_callbacks(cfg, loader, params)
     batch_shardings = {k: sharded for k in ("spectrogram", "label")}
+    loss_fn = make_loss_fn(model, cfg)
     train_step = jax.jit(
-        make_train_step(model, tx, cfg),
-        in_shardings=(replicated, replicated, batch_shardings, replicated),
-        out_shardings=(replicated, replicated, replicated),
+        make_train_step(loss_fn, tx),
+        in_shardings=(replicated, replicated, batch_shardings, replicated, None),
+        out_shardings=(replicated, replicated, replicated, replicated),
         donate_argnums=(0, 1),
     )
     eval_step = jax.jit(make_eval_step(model), in_shardings=(replicated, batch_shardings))
+    loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch_shardings, None))
+
+    def on_device(batch: Batch) -> dict[str, np.ndarray]:
+        return {k: batch[k] for k in batch_shardings}
+
+    def next_step(step: int, batch: Batch) -> resume_check.NextStep:
+        """What step `step` will do from the current state (recorded at save, re-derived on resume)."""
+        key, _ = step_key(cfg, chain, step)
+        update = int(update_count(opt_state))
+        return resume_check.NextStep.of(
+            step, batch, key, update, float(schedule(update)), int(accumulation_progress(opt_state)),
+            float(loss_only(params, on_device(batch), key)), len(devices),
+        )  # fmt: skip
+
+    exit_code = 0
+    # The batch of the coming step is fetched ahead whenever a save or a resume needs to fingerprint it.
+    pending: Batch | None = None
+    if meta is not None and start < cfg.steps:
+        for note in callbacks.restore(resumed_from, meta.get("callbacks", {})):
+            print(f"WARNING {note}", flush=True)
+        pending = next(loader)
+        results = resume_check.check_resume(
+            meta,
+            next_step(start, pending),
+            config=to_dict(cfg),
+            dataset=loader.fingerprint,
+            loader_error=loader_error,
+            norms=checkpoint.state_norms(checkpoint.to_host({"params": params, "opt_state": opt_state})),
+            opt_state_spec=resume_check.tree_spec(opt_state),
+            expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(tx.init, params)),
+            grad_accum=cfg.optim.grad_accum,
+            allow_config_change=cfg.allow_config_change,
+        )
+        for r in results:
+            print(r.line(), flush=True)
+        log.log(start, resume_check.metrics(results))
+        if failed := [r.name for r in results if not r.ok]:
+            log.event("resume_check_failed", start, failed=failed, action=cfg.resume_checks)
+            if cfg.resume_checks == "error":
+                exit_code = RESUME_CHECK_EXIT_CODE
+                print(
+                    f"ERROR: resume checks failed before step {start}: {', '.join(failed)} (see the "
+                    "RESUME_CHECK lines). Nothing was trained. Fix the cause, or pass --resume-checks "
+                    f"warn to continue anyway; exit {exit_code}",
+                    flush=True,
+                )
+            else:
+                print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
+
     stop = StopRequest()
     meta_base = {"config": to_dict(cfg), "git": git_commit(), "dataset_fingerprint": loader.fingerprint}
-    exit_code = 0
     last = cfg.steps - 1
+    end = start if exit_code else cfg.steps
     progress = Progress(
         total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
     )
-
     if start >= cfg.steps:
         print(f"run {cfg.run} already finished at step {start - 1} ({run_dir}); nothing to do", flush=True)
     t_start = time.perf_counter()
     evals: dict[str, float] = {}
-    for step in range(start, cfg.steps):
+    for step in range(start, end):
         t0 = time.perf_counter()
-        batch = next(loader)
+        batch, pending = (pending if pending is not None else next(loader)), None
         t_data = time.perf_counter() - t0
         key, chain = step_key(cfg, chain, step)
-        device_batch = {k: batch[k] for k in batch_shardings}
-        params, opt_state, metrics = train_step(params, opt_state, device_batch, key)
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        check = check_due(step, cfg.monitor_interval, cfg.optim.grad_accum)
+        params, opt_state, metrics, stats = train_step(params, opt_state, on_device(batch), key, check)
+        metrics, stats = jax.device_get((metrics, stats))
+        metrics = {k: float(v) for k, v in metrics.items()}
         metrics["train/step_time"] = time.perf_counter() - t0
         metrics["train/data_wait"] = t_data
+        report = callbacks.step_end(StepEnd(step, batch, stats))
+        metrics.update(report.metrics)
+        for warning in report.warnings:
+            progress.message(f"WARNING {warning}")
+            log.event("warning", step, message=warning)
 
-        if step % cfg.log_every == 0 or step == last:
+        if step % cfg.log_every == 0 or step == last or report.must_log:
             # Post-update norms on host float64, as the checkpoint computes them; only when logged,
             # since it copies every parameter off the device.
             norms = tree_norms(jax.device_get(params), "param_norm")
@@ -261,9 +366,7 @@ def pretrain(cfg: PretrainConfig) -> int:
         if (step + 1) % cfg.eval_every == 0 or step == last:
             totals = {"ce_sum": 0.0, "correct": 0.0, "n": 0.0}
             for eb in eval_loader:
-                out = jax.device_get(
-                    eval_step(params, {k: pad_batch(eb, cfg.data.batch_size)[k] for k in batch_shardings})
-                )
+                out = jax.device_get(eval_step(params, on_device(pad_batch(eb, cfg.data.batch_size))))
                 for k in totals:
                     totals[k] += float(out[k])
             n = max(totals["n"], 1.0)
@@ -273,11 +376,15 @@ def pretrain(cfg: PretrainConfig) -> int:
 
         stopping = step == cfg.stop_at_step or stop.signal is not None
         if (step + 1) % cfg.ckpt_every == 0 or step == last or stopping or step in cfg.debug_roundtrip_steps:
+            loader_state = loader.state()
+            pending = next(loader)
             meta = {
                 **meta_base,
                 "restart": restart,
-                "loader_state": loader.state(),
+                "loader_state": loader_state,
                 "prng_chain": np.asarray(jax.random.key_data(chain)).tolist(),
+                "callbacks": callbacks.save(step),
+                "next_step": next_step(step + 1, pending).to_json(),
                 "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
             }
             state = {"params": params, "opt_state": opt_state}

@@ -180,6 +180,11 @@ impl PyLoader {
     fn fingerprint(&self) -> String {
         self.inner.lock().unwrap().dataset().fingerprint().to_string()
     }
+
+    /// Rows per shard, in shard-id order (for the IID diagnostics' shard statistics).
+    fn shard_rows(&self) -> Vec<u64> {
+        self.inner.lock().unwrap().dataset().shard_rows()
+    }
 }
 
 #[pymodule]

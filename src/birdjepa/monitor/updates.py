@@ -179,6 +179,19 @@ def maybe_update_stats(
     )
 
 
+def check_due(step: int, interval: int, grad_accum: int = 1) -> bool:
+    """Whether micro-step ``step`` (0-based) is a check: every ``interval`` micro-steps, which must be a
+    multiple of ``grad_accum`` so checks land on the micro-steps that apply an update (0 = never)."""
+    if interval <= 0:
+        return False
+    if interval % grad_accum:
+        raise ValueError(
+            f"monitor interval {interval} is not a multiple of grad_accum {grad_accum}: checks must fall "
+            "on the micro-steps that apply an update"
+        )
+    return (step + 1) % interval == 0
+
+
 def _summary(prefix: str, values: np.ndarray) -> dict[str, float]:
     v = values.astype(np.float64)
     return {

@@ -1,0 +1,112 @@
+"""Resume faults injected on purpose (``--debug-inject-fault F``), to prove the resume checks catch each.
+
+Each fault imitates one way a real resume goes wrong, applied to what the loop restored, before the
+checks run. `EXPECTED_CHECK` names the check that must fail on the first resumed step; others may fail
+too (a changed batch size also changes the next batch). `scripts/fault_matrix.py` prints them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal
+
+import jax
+import jax.numpy as jnp
+import optax
+
+if TYPE_CHECKING:
+    from birdjepa.config import PretrainConfig
+
+Fault = Literal[
+    "drop_loader_state",
+    "reset_prng",
+    "lr_off_by_one",
+    "stale_opt_state",
+    "batch_size_change",
+    "drop_accumulation",
+    "perturb_params",
+    "dataset_changed",
+]
+FAULTS: tuple[str, ...] = Fault.__args__  # type: ignore[attr-defined]
+
+#: The check each fault must trip.
+EXPECTED_CHECK = {
+    "drop_loader_state": "next_batch",  # the loader restarts from position 0
+    "reset_prng": "prng",  # the key chain restarts from the seed
+    "lr_off_by_one": "lr",  # the optimizer's step count is one ahead
+    "stale_opt_state": "opt_state_norms",  # moments re-initialised, step count kept
+    "batch_size_change": "config",  # --data.batch-size doubled on resume
+    "drop_accumulation": "accumulation",  # the accumulated micro-gradients are lost
+    "perturb_params": "param_norms",  # parameters off by 1e-6 relative
+    "dataset_changed": "dataset",  # one train shard fewer
+}
+
+#: Relative size of the `perturb_params` fault.
+PERTURBATION = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What the loop restored from a checkpoint and is about to train on."""
+
+    cfg: PretrainConfig
+    params: Any
+    opt_state: Any
+    chain: jax.Array
+    """The split-chain key (used by ``--prng checkpointed`` and ``legacy``)."""
+    loader_state: dict[str, Any] | None
+    train_files: list[str]
+
+
+def _with_count(opt_state: Any, delta: int) -> Any:
+    """``opt_state`` with the schedule's step count (`optim.update_count`) moved by ``delta``."""
+    if isinstance(opt_state, optax.MultiStepsState):
+        return opt_state._replace(inner_opt_state=_with_count(opt_state.inner_opt_state, delta))
+    return opt_state._replace(count=opt_state.count + delta)
+
+
+def inject(fault: str, r: Restored, tx: optax.GradientTransformation, fresh_chain: jax.Array) -> Restored:
+    """``r`` with ``fault`` applied; prints what it did (or why it cannot apply to this run)."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
+    note = ""
+    if fault == "drop_loader_state":
+        r = dataclasses.replace(r, loader_state=None)
+    elif fault == "reset_prng":
+        if r.cfg.prng == "stateless":
+            note = " (no effect: stateless keys are derived from (seed, step) and hold no state to lose)"
+        r = dataclasses.replace(r, chain=fresh_chain)
+    elif fault == "lr_off_by_one":
+        r = dataclasses.replace(r, opt_state=_with_count(r.opt_state, 1))
+    elif fault == "stale_opt_state":
+        r = dataclasses.replace(r, opt_state=_fresh_moments(r.opt_state, tx.init(r.params)))
+    elif fault == "batch_size_change":
+        data = dataclasses.replace(r.cfg.data, batch_size=2 * r.cfg.data.batch_size)
+        r = dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, data=data))
+    elif fault == "drop_accumulation":
+        if not isinstance(r.opt_state, optax.MultiStepsState):
+            note = " (no effect: this run does not accumulate gradients)"
+        else:
+            s = r.opt_state
+            lost = s._replace(
+                mini_step=jnp.zeros_like(s.mini_step), acc_grads=jax.tree.map(jnp.zeros_like, s.acc_grads)
+            )
+            r = dataclasses.replace(r, opt_state=lost)
+    elif fault == "perturb_params":
+        r = dataclasses.replace(r, params=jax.tree.map(lambda p: p * (1 + PERTURBATION), r.params))
+    elif fault == "dataset_changed":
+        if len(r.train_files) < 2:
+            raise ValueError("dataset_changed drops a train shard; this run has only one")
+        r = dataclasses.replace(r, train_files=r.train_files[:-1])
+    print(f"DEBUG_INJECT_FAULT {fault}{note}", flush=True)
+    return r
+
+
+def _fresh_moments(opt_state: Any, fresh: Any) -> Any:
+    """``opt_state`` with the inner optimizer's state (Adam moments, ...) taken from ``fresh``; counts,
+    applied hyperparameters and accumulation kept."""
+    if isinstance(opt_state, optax.MultiStepsState):
+        return opt_state._replace(
+            inner_opt_state=_fresh_moments(opt_state.inner_opt_state, fresh.inner_opt_state)
+        )
+    return opt_state._replace(inner_state=fresh.inner_state)

@@ -1,0 +1,265 @@
+"""Resume validation, exact: what the next step will do is recorded at save and re-derived on restore.
+
+At every save the loop records `NextStep` for the step that comes next: the fingerprint of its batch,
+its PRNG key, the optimizer update it belongs to and that update's LR, the accumulation progress, and the
+loss of its batch under the saved parameters (one extra forward pass). After a restore, before the first
+update, the loop derives the same `NextStep` from what it restored, and `check_resume` compares the two
+field by field (``==``), together with the restored norms, the optimizer-state structure, the dataset
+fingerprint and the configuration. Each check gives one ``RESUME_CHECK name=… ok=… expected=… got=…``
+line and a ``resume/<name>`` metric (1 ok, 0 failed).
+
+The one tolerance: the loss is compared exactly when the device count is the same as at save; on another
+device count the data-parallel reductions run in another order, so it is compared to a relative
+``LOSS_RTOL_OTHER_DEVICES`` and the line says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from birdjepa.data import Batch
+
+LOSS_RTOL_OTHER_DEVICES = 1e-5
+
+#: Every check, in the order they are reported.
+CHECKS = (
+    "config",
+    "dataset",
+    "loader_state",
+    "next_batch",
+    "prng",
+    "lr",
+    "accumulation",
+    "opt_state_structure",
+    "param_norms",
+    "opt_state_norms",
+    "next_loss",
+)
+
+#: Config keys that may change across a resume without changing the run: cadences, logging, worker
+#: count, run control and the diagnostics. Everything else (batch size, seed, data options, model,
+#: objective, optimizer, schedule, steps, PRNG mode) is breaking. The data paths are harmless here
+#: because the `dataset` check compares the shards' content fingerprint (data moved to node-local disk
+#: is the same data).
+HARMLESS_CONFIG = (
+    "run",
+    "resume",
+    "stop_at_step",
+    "log_every",
+    "eval_every",
+    "ckpt_every",
+    "ckpt_keep",
+    "ckpt_async",
+    "monitor_interval",
+    "iid_window",
+    "resume_checks",
+    "allow_config_change",
+    "debug_roundtrip_steps",
+    "debug_inject_fault",
+    "data.train",
+    "data.eval",
+    "data.n_workers",
+    "log.",
+)
+
+
+def batch_fingerprint(batch: Batch) -> str:
+    """blake2b of every array of a batch (name, dtype, shape and bytes), in name order."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(batch):
+        a = np.ascontiguousarray(batch[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class NextStep:
+    """What step ``step`` will do, derived from the state that precedes it."""
+
+    step: int
+    batch: str
+    """`batch_fingerprint` of the batch the loader yields for it."""
+    key: list[int]
+    """``jax.random.key_data`` of its PRNG key."""
+    update: int
+    """Optimizer updates applied before it (the optimizer's step count)."""
+    lr: float
+    """``schedule(update)``: the LR its update will apply."""
+    accumulation: int
+    """Micro-batches accumulated towards that update."""
+    loss: float
+    """Its batch's loss under the parameters before it, with its key."""
+    n_devices: int
+
+    @classmethod
+    def of(
+        cls,
+        step: int,
+        batch: Batch,
+        key: jax.Array,
+        update: int,
+        lr: float,
+        accumulation: int,
+        loss: float,
+        n_devices: int,
+    ) -> NextStep:
+        key_data = np.asarray(jax.random.key_data(key)).ravel().tolist()
+        return cls(step, batch_fingerprint(batch), key_data, update, lr, accumulation, loss, n_devices)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NextStep:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    expected: str
+    got: str
+
+    def line(self) -> str:
+        return f"RESUME_CHECK name={self.name} ok={self.ok} expected={self.expected} got={self.got}"
+
+
+def _text(v: Any) -> str:
+    """A value for a RESUME_CHECK line: floats in round-trip form, anything with spaces quoted."""
+    if isinstance(v, (list, tuple)):
+        s = ",".join(_text(x) for x in v)
+    else:
+        s = repr(v) if isinstance(v, float) else str(v)
+    return json.dumps(s) if (not s or any(c.isspace() for c in s)) else s
+
+
+def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def is_harmless(key: str) -> bool:
+    return any(key == h or (h.endswith(".") and key.startswith(h)) for h in HARMLESS_CONFIG)
+
+
+def config_diff(saved: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """``(harmless, breaking)`` changes between two `config.to_dict` trees, as ``key:saved->now``."""
+    a, b = flatten(saved), flatten(now)
+    harmless, breaking = [], []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            change = f"{key}:{a.get(key, '<absent>')}->{b.get(key, '<absent>')}".replace(" ", "")
+            (harmless if is_harmless(key) else breaking).append(change)
+    return harmless, breaking
+
+
+def tree_spec(tree: Any) -> list[tuple[str, tuple[int, ...], str]]:
+    """(path, shape, dtype) of every leaf: the structure a restored tree must have."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [(jax.tree_util.keystr(p), tuple(np.shape(x)), str(np.dtype(x.dtype))) for p, x in leaves]
+
+
+def _norm_check(name: str, prefix: str, saved: Mapping[str, float], now: Mapping[str, float]) -> CheckResult:
+    keys = sorted(k for k in set(saved) | set(now) if k.split("/")[0] == prefix)
+    bad = [k for k in keys if saved.get(k) != now.get(k)]
+    if not bad:
+        return CheckResult(name, True, _text(saved.get(prefix)), _text(now.get(prefix)))
+    k = bad[0]
+    more = f"(+{len(bad) - 1}_more)" if len(bad) > 1 else ""
+    return CheckResult(name, False, f"{k}={_text(saved.get(k))}", f"{k}={_text(now.get(k))}{more}")
+
+
+def check_resume(
+    meta: Mapping[str, Any],
+    now: NextStep,
+    *,
+    config: Mapping[str, Any],
+    dataset: str,
+    loader_error: str | None,
+    norms: Mapping[str, float],
+    opt_state_spec: list,
+    expected_opt_state_spec: list,
+    grad_accum: int,
+    allow_config_change: bool,
+) -> list[CheckResult]:
+    """Compare the restored run (``now`` and the keyword arguments) with checkpoint ``meta``.
+
+    ``meta["next_step"]`` is the `NextStep` recorded at save; ``norms`` are `checkpoint.state_norms` of
+    the state the loop will train on; ``loader_error`` is why the loader refused the saved state (None if
+    it took it). Breaking config changes fail the ``config`` check unless ``allow_config_change``.
+    """
+    rec = NextStep.from_json(meta["next_step"])
+    out = []
+
+    harmless, breaking = config_diff(meta["config"], config)
+    if breaking and allow_config_change:
+        out.append(CheckResult("config", True, "breaking_changes_allowed", ",".join(breaking)))
+    else:
+        got = ",".join(breaking) or ("harmless:" + ",".join(harmless) if harmless else "unchanged")
+        out.append(CheckResult("config", not breaking, "no_breaking_change", got))
+
+    saved_ds = meta["dataset_fingerprint"]
+    out.append(CheckResult("dataset", dataset == saved_ds, saved_ds, dataset))
+    out.append(CheckResult("loader_state", loader_error is None, "restored", loader_error or "restored"))
+    out.append(CheckResult("next_batch", now.batch == rec.batch, rec.batch, now.batch))
+    out.append(CheckResult("prng", now.key == rec.key, _text(rec.key), _text(now.key)))
+
+    # The update step `now.step` belongs to, and the LR the schedule gives it.
+    want_update = now.step // grad_accum
+    lr_ok = now.update == want_update == rec.update and now.lr == rec.lr
+    out.append(
+        CheckResult(
+            "lr", lr_ok, f"update={want_update},lr={_text(rec.lr)}", f"update={now.update},lr={_text(now.lr)}"
+        )
+    )
+    want_acc = now.step % grad_accum
+    acc_ok = now.accumulation == want_acc == rec.accumulation
+    out.append(
+        CheckResult("accumulation", acc_ok, f"{want_acc}/{grad_accum}", f"{now.accumulation}/{grad_accum}")
+    )
+
+    if opt_state_spec == expected_opt_state_spec:
+        out.append(CheckResult("opt_state_structure", True, f"{len(opt_state_spec)}_leaves", "same"))
+    else:
+        diff = [f"{a}!={b}" for a, b in zip(expected_opt_state_spec, opt_state_spec, strict=False) if a != b][
+            :1
+        ]
+        got = f"{len(opt_state_spec)}_leaves:" + ",".join(diff).replace(" ", "")
+        out.append(CheckResult("opt_state_structure", False, f"{len(expected_opt_state_spec)}_leaves", got))
+
+    out.append(_norm_check("param_norms", "param_norm", meta["norms"], norms))
+    out.append(_norm_check("opt_state_norms", "opt_state_norm", meta["norms"], norms))
+
+    if now.n_devices == rec.n_devices:
+        loss_ok = now.loss == rec.loss or (math.isnan(now.loss) and math.isnan(rec.loss))
+        expected = _text(rec.loss)
+    else:
+        loss_ok = abs(now.loss - rec.loss) <= LOSS_RTOL_OTHER_DEVICES * abs(rec.loss)
+        expected = (
+            f"{_text(rec.loss)}(rtol={LOSS_RTOL_OTHER_DEVICES:g},devices:{rec.n_devices}->{now.n_devices})"
+        )
+    out.append(CheckResult("next_loss", loss_ok, expected, _text(now.loss)))
+    assert [c.name for c in out] == list(CHECKS)
+    return out
+
+
+def metrics(results: list[CheckResult]) -> dict[str, float]:
+    """``resume/<check>`` = 1.0 (ok) or 0.0, and ``resume/failed`` = the number of failed checks."""
+    out = {f"resume/{c.name}": float(c.ok) for c in results}
+    out["resume/failed"] = float(sum(not c.ok for c in results))
+    return out
