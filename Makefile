@@ -32,6 +32,8 @@ lint: build
 
 bench: build
 	$(BIN)/python scripts/bench_loader.py
+	$(BIN)/python scripts/bench_iid.py
+	$(BIN)/python scripts/bench_monitor.py
 
 clean:
 	rm -rf $(VENV) target

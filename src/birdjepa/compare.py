@@ -20,19 +20,18 @@ NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/d
 NOT_COMPARED_PREFIXES = ("resume/",)
 
 
-def metrics_by_step(run_dir: Path) -> dict[int, dict[str, float]]:
-    """step -> {metric: value} over every segment of a run (event lines skipped)."""
+def _compared(key: str) -> bool:
+    return key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIXES)
+
+
+def metrics_by_step(run_dir: Path, *, everything: bool = False) -> dict[int, dict[str, float]]:
+    """step -> {metric: value} over every segment of a run (event lines skipped); only the compared
+    metrics unless ``everything``."""
     out: dict[int, dict[str, float]] = {}
     for line in read_metrics(run_dir):
         if "event" in line:
             continue
-        out.setdefault(line["step"], {}).update(
-            {
-                k: v
-                for k, v in line.items()
-                if k not in NOT_COMPARED and not k.startswith(NOT_COMPARED_PREFIXES)
-            }
-        )
+        out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if everything or _compared(k)})
     return out
 
 

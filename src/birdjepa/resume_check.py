@@ -131,7 +131,8 @@ class CheckResult:
     got: str
 
     def line(self) -> str:
-        return f"RESUME_CHECK name={self.name} ok={self.ok} expected={self.expected} got={self.got}"
+        expected, got = _text(self.expected), _text(self.got)
+        return f"RESUME_CHECK name={self.name} ok={self.ok} expected={expected} got={got}"
 
 
 def _text(v: Any) -> str:

@@ -132,8 +132,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Call
         new_params = optax.apply_updates(params, updates)
         metrics = {f"train/{k}": v for k, v in aux.items() if not k.endswith("n_labelled")}
         metrics["train/lr"] = applied_lr(new_opt_state)
-        metrics["train/grad_norm"] = optax.global_norm(grads)
-        metrics["train/update_norm"] = optax.global_norm(jax.tree.map(jnp.subtract, new_params, params))
+        metrics["train/grad_norm"] = optax.tree.norm(grads)
+        metrics["train/update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_params, params))
         metrics["train/update_count"] = update_count(new_opt_state)
         metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
         stats = maybe_update_stats(check, grads, params, new_params)

@@ -1,0 +1,223 @@
+"""Resume validation: every injected fault is named by its check on the first resumed step, clean resumes
+(at many steps, with harmless option changes) raise no flag, and the policy options do what they say."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from birdjepa import resume_check
+from birdjepa.compare import compare_runs, metrics_by_step
+from birdjepa.config import DataConfig, LogConfig, PretrainConfig
+from birdjepa.fault_matrix import CLEAN, Row, resume_with, run_matrix
+from birdjepa.faults import EXPECTED_CHECK, FAULTS
+from birdjepa.metrics_log import read_metrics
+from birdjepa.optim import OptimConfig
+from birdjepa.resume_check import CHECKS, NextStep, check_resume, config_diff
+from birdjepa.train import RESUME_CHECK_EXIT_CODE, pretrain
+
+RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into update 2
+
+
+def config(demo_dir: Path, runs: Path, run: str, **kw: object) -> PretrainConfig:
+    data = DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8)
+    return PretrainConfig(
+        run=run, steps=10, eval_every=1000, ckpt_every=4, monitor_interval=2, prng="checkpointed",
+        data=data, optim=OptimConfig(grad_accum=2), log=LogConfig(runs_dir=runs), **kw,
+    )  # fmt: skip
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    return [x for x in read_metrics(run_dir) if x.get("event") == kind]
+
+
+# ------------------------------------------------------------------------------------------- unit level
+def test_config_diff_splits_harmless_from_breaking() -> None:
+    a = {
+        "seed": 0,
+        "log_every": 1,
+        "data": {"batch_size": 8, "n_workers": 2, "train": "/a"},
+        "log": {"wandb": "x"},
+    }
+    b = {
+        "seed": 0,
+        "log_every": 5,
+        "data": {"batch_size": 16, "n_workers": 1, "train": "/b"},
+        "log": {"wandb": "y"},
+    }
+    harmless, breaking = config_diff(a, b)
+    assert breaking == ["data.batch_size:8->16"]
+    assert harmless == ["data.n_workers:2->1", "data.train:/a->/b", "log.wandb:x->y", "log_every:1->5"]
+    assert config_diff(a, a) == ([], [])
+    assert config_diff(a, {**a, "optim": {"lr": 1.0}})[1] == ["optim.lr:<absent>->1.0"]
+
+
+def test_batch_fingerprint_sees_every_array_bit() -> None:
+    batch = {"index": np.arange(4), "spectrogram": np.zeros((4, 3), np.float32)}
+    fp = resume_check.batch_fingerprint(batch)
+    assert fp == resume_check.batch_fingerprint({k: v.copy() for k, v in batch.items()})
+    flipped = batch["spectrogram"].copy()
+    flipped.view(np.uint32)[2, 1] ^= 1  # one ulp in one value
+    assert resume_check.batch_fingerprint({**batch, "spectrogram": flipped}) != fp
+    assert resume_check.batch_fingerprint({**batch, "index": batch["index"][::-1].copy()}) != fp
+
+
+def _meta(rec: NextStep) -> dict:
+    cfg = {"seed": 0, "data": {"batch_size": 8}}
+    return {
+        "next_step": rec.to_json(),
+        "config": cfg,
+        "dataset_fingerprint": "d",
+        "norms": {"param_norm": 2.0, "param_norm/encoder": 1.5, "opt_state_norm": 3.0},
+    }
+
+
+def _check(meta: dict, now: NextStep, **kw: object) -> dict[str, resume_check.CheckResult]:
+    args: dict = {
+        "config": meta["config"], "dataset": "d", "loader_error": None, "norms": meta["norms"],
+        "opt_state_spec": [("a", (2,), "float32")], "expected_opt_state_spec": [("a", (2,), "float32")],
+        "grad_accum": 2, "allow_config_change": False,
+    }  # fmt: skip
+    args.update(kw)
+    return {r.name: r for r in check_resume(meta, now, **args)}
+
+
+def test_check_resume_is_exact_and_names_each_difference() -> None:
+    rec = NextStep(step=5, batch="b", key=[1, 2], update=2, lr=0.5, accumulation=1, loss=1.25, n_devices=1)
+    meta = _meta(rec)
+    assert all(r.ok for r in _check(meta, rec).values())
+    assert list(_check(meta, rec)) == list(CHECKS)
+    # One ulp of loss, a norm of one component, a leaf dtype: each fails exactly its own check.
+    nudged = dataclasses.replace(rec, loss=float(np.nextafter(1.25, 2.0)))
+    assert [n for n, r in _check(meta, nudged).items() if not r.ok] == ["next_loss"]
+    norms = {**meta["norms"], "param_norm/encoder": 1.5000000000000002}
+    res = _check(meta, rec, norms=norms)
+    assert [n for n, r in res.items() if not r.ok] == ["param_norms"]
+    assert res["param_norms"].line() == (
+        "RESUME_CHECK name=param_norms ok=False expected=param_norm/encoder=1.5 "
+        "got=param_norm/encoder=1.5000000000000002"
+    )
+    res = _check(meta, rec, opt_state_spec=[("a", (2,), "float16")])
+    assert [n for n, r in res.items() if not r.ok] == ["opt_state_structure"]
+    # The LR check wants the update the step belongs to, not only an LR that happens to match.
+    res = _check(meta, dataclasses.replace(rec, update=3))
+    assert not res["lr"].ok and res["lr"].expected == "update=2,lr=0.5" and res["lr"].got == "update=3,lr=0.5"
+    res = _check(meta, dataclasses.replace(rec, accumulation=0))
+    assert not res["accumulation"].ok and res["accumulation"].expected == "1/2"
+    # A refused loader state is quoted (it has spaces) so the line stays parseable.
+    res = _check(meta, rec, loader_error="refused: other data")
+    assert res["loader_state"].line().endswith('got="refused: other data"')
+
+
+def test_check_resume_loss_tolerance_only_across_device_counts() -> None:
+    rec = NextStep(step=5, batch="b", key=[1], update=2, lr=0.5, accumulation=1, loss=1.0, n_devices=4)
+    close = dataclasses.replace(rec, loss=1.0 + 1e-7, n_devices=1)
+    res = _check(_meta(rec), close)
+    assert res["next_loss"].ok and "rtol=1e-05,devices:4->1" in res["next_loss"].expected
+    assert not _check(_meta(rec), dataclasses.replace(close, loss=1.001))["next_loss"].ok
+    assert not _check(_meta(rec), dataclasses.replace(close, n_devices=4))["next_loss"].ok
+
+
+def test_breaking_config_change_fails_unless_allowed() -> None:
+    rec = NextStep(step=5, batch="b", key=[1], update=2, lr=0.5, accumulation=1, loss=1.0, n_devices=1)
+    meta = _meta(rec)
+    changed = {"seed": 1, "data": {"batch_size": 8}, "log_every": 3}
+    res = _check(meta, rec, config=changed)["config"]
+    assert not res.ok and res.got == "seed:0->1"
+    allowed = _check(meta, rec, config=changed, allow_config_change=True)["config"]
+    assert allowed.ok and allowed.expected == "breaking_changes_allowed" and allowed.got == "seed:0->1"
+    harmless = _check(meta, rec, config={**meta["config"], "log_every": 3})["config"]
+    assert harmless.ok and harmless.got == "harmless:log_every:<absent>->3"
+
+
+# ------------------------------------------------------------------------------------ in the real loop
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    base: PretrainConfig
+    """The run stopped after RESUME_AT; each resume is a copy named ``<run>-<fault>`` beside it."""
+    rows: list[Row]
+
+    def row(self, fault: str) -> Row:
+        return next(r for r in self.rows if r.fault == fault)
+
+    def run_dir(self, fault: str) -> Path:
+        return self.base.log.runs_dir / f"{self.base.run}-{fault}"
+
+
+@pytest.fixture(scope="module")
+def matrix(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Matrix:
+    cfg = config(demo_dir, tmp_path_factory.mktemp("faults"), "fm")
+    rows = run_matrix(cfg, RESUME_AT)
+    return Matrix(dataclasses.replace(cfg, stop_at_step=RESUME_AT), rows)
+
+
+def test_clean_resume_raises_no_flag(matrix: Matrix) -> None:
+    clean = matrix.rows[0]
+    assert clean.fault == CLEAN and clean.exit_code == 0 and clean.failed == []
+    assert not events(matrix.run_dir(CLEAN), "warning")  # a healthy run: no monitor warnings either
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_is_named_on_the_first_resumed_step(matrix: Matrix, fault: str) -> None:
+    row = matrix.row(fault)
+    assert not row.checks[EXPECTED_CHECK[fault]], (fault, row.failed)
+    assert row.exit_code == RESUME_CHECK_EXIT_CODE
+    # The run stopped before training anything past the checkpoint.
+    run_dir = matrix.run_dir(fault)
+    trained = [s for s, m in metrics_by_step(run_dir).items() if "train/loss" in m]
+    assert max(trained) == RESUME_AT
+    (failed,) = events(run_dir, "resume_check_failed")
+    assert failed["step"] == RESUME_AT + 1 and EXPECTED_CHECK[fault] in failed["failed"]
+
+
+def test_warn_mode_reports_and_goes_on(matrix: Matrix) -> None:
+    row = resume_with(dataclasses.replace(matrix.base, resume_checks="warn"), "perturb_params", RESUME_AT)
+    assert row.exit_code == 0 and not row.checks["param_norms"]
+    run_dir = matrix.run_dir("perturb_params")
+    trained = sorted(s for s, m in metrics_by_step(run_dir).items() if "train/loss" in m)
+    assert trained == list(range(matrix.base.steps))
+    (failed,) = events(run_dir, "resume_check_failed")
+    assert failed["action"] == "warn" and "param_norms" in failed["failed"]
+
+
+def test_allowed_config_change_passes_the_config_check_loudly(
+    matrix: Matrix, capsys: pytest.CaptureFixture
+) -> None:
+    capsys.readouterr()
+    allowed = dataclasses.replace(matrix.base, allow_config_change=True)
+    row = resume_with(allowed, "batch_size_change", RESUME_AT)
+    out = capsys.readouterr().out
+    assert row.checks["config"]
+    assert (
+        "RESUME_CHECK name=config ok=True expected=breaking_changes_allowed got=data.batch_size:8->16" in out
+    )
+    # The batch stream itself cannot continue at another batch size: that still stops the run.
+    assert not row.checks["loader_state"] and row.exit_code == RESUME_CHECK_EXIT_CODE
+
+
+def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, tmp_path: Path) -> None:
+    straight = config(demo_dir, tmp_path, "straight")
+    assert pretrain(straight) == 0
+    run = config(demo_dir, tmp_path, "seg")
+    # Resumes after steps 1, 3, 4, 6 and 8 (mid-update and on update boundaries), changing only options
+    # that may change: worker count, checkpoint cadence, monitor interval.
+    segments = [
+        dict(stop_at_step=1),
+        dict(stop_at_step=3, data=dataclasses.replace(run.data, n_workers=1)),
+        dict(stop_at_step=4, ckpt_every=3),
+        dict(stop_at_step=6, monitor_interval=4),
+        dict(stop_at_step=8),
+        dict(),
+    ]
+    for seg in segments:
+        assert pretrain(dataclasses.replace(run, **seg)) == 0
+    assert [e["step"] for e in events(run.run_dir, "resume")] == [2, 4, 5, 7, 9]
+    checks = [m for m in metrics_by_step(run.run_dir, everything=True).values() if "resume/failed" in m]
+    assert len(checks) == 5 and all(m["resume/failed"] == 0.0 for m in checks)
+    assert not events(run.run_dir, "resume_check_failed") and not events(run.run_dir, "warning")
+    # ... and the run is the uninterrupted one, bit for bit (monitor metrics only where both checked).
+    diffs = [d for d in compare_runs(straight.run_dir, run.run_dir) if d.max_abs and "monitor/" not in d.name]
+    assert diffs == []
