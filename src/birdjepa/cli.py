@@ -24,6 +24,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "pretrain": "birdjepa.train:cli",
     "verify-resume": "birdjepa.verify_resume:cli",
     "compare": "birdjepa.compare:cli",
+    "sweep": "birdjepa.sweep:cli",
 }
 
 

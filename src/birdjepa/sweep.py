@@ -1,0 +1,312 @@
+"""`birdjepa sweep sweeps/NAME.py`: one pretrain run per config of a sweep file, on Slurm or locally.
+
+A sweep file is Python and defines ``make_cfgs() -> list[dict]``: overrides of the pretrain config,
+as dotted keys (``{"optim.lr": 1e-3}``) or nested dicts (``{"optim": {"lr": 1e-3}}``). Every override
+is checked against the config's fields and types before anything is submitted; an error names the file,
+the config number and the key. Each config becomes a run ``<sweep>-<i>`` (or the ``run`` it sets) in
+its own run directory, and a job whose script is written there (``job.sbatch``).
+
+A job is a good Slurm citizen: it asks for ``--signal=B:USR1@GRACE`` and ``--requeue``. The batch
+script forwards USR1/TERM to the trainer, which saves at the step boundary and exits 75; the script
+then requeues the job (``scontrol requeue``), and the next start resumes the same run directory
+automatically. A preempting partition requeues the job itself after the same save. A job that finishes
+exits 0 and is not requeued. ``--force-resume-at STEP`` makes each job's first start stop after STEP
+and requeue itself: the whole preemption path, on demand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shlex
+import subprocess
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import tyro
+
+from birdjepa.config import PretrainConfig
+
+
+class SweepError(ValueError):
+    """A sweep file or one of its configs is invalid (the message names file, config and key)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    hours: float = 4.0
+    """Time limit per job start (a requeued job gets it again)."""
+    cpus: int = 2
+    """CPUs per task."""
+    mem: str | None = None
+    """Memory per node, e.g. 16G (default: the partition's)."""
+    gpus: int = 0
+    """GPUs per node."""
+    ntasks: int = 1
+    """Tasks (processes) per job."""
+    grace: int = 120
+    """Seconds before the time limit at which Slurm sends USR1 (the trainer saves and requeues)."""
+    extra: tuple[str, ...] = ()
+    """Extra sbatch lines, e.g. '--constraint=a100' (written as '#SBATCH <line>')."""
+
+
+# ----------------------------------------------------------------------------------------- sweep files
+def load_sweep(path: Path) -> list[dict[str, Any]]:
+    """``make_cfgs()`` of a sweep file, checked to be a non-empty list of dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"{path}: no such sweep file")
+    spec = importlib.util.spec_from_file_location(f"birdjepa_sweep_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    make = getattr(module, "make_cfgs", None)
+    if not callable(make):
+        raise SweepError(f"{path}: defines no make_cfgs() function")
+    cfgs = make()
+    if not isinstance(cfgs, list) or not cfgs:
+        raise SweepError(
+            f"{path}: make_cfgs() must return a non-empty list of dicts, got {type(cfgs).__name__}"
+        )
+    for i, c in enumerate(cfgs):
+        if not isinstance(c, Mapping):
+            raise SweepError(f"{path}: config {i} is a {type(c).__name__}, not a dict")
+    return [dict(c) for c in cfgs]
+
+
+def flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``)."""
+    out: dict[str, Any] = {}
+    for k, v in overrides.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False
+        item = args[0] if args else Any
+        return all(_type_ok(v, item) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is Path:
+        return isinstance(value, (str, Path))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return False
+
+
+def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any:
+    """``obj`` (a frozen dataclass) with the field at ``path`` set to ``value``, type-checked."""
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    name = path[0]
+    if name not in fields:
+        options = ", ".join(sorted(fields))
+        raise SweepError(f"{where}: unknown key {key!r} ({name!r} is not one of: {options})")
+    hint = typing.get_type_hints(type(obj))[name]
+    current = getattr(obj, name)
+    if len(path) > 1:
+        if not dataclasses.is_dataclass(current):
+            raise SweepError(f"{where}: unknown key {key!r} ({name!r} has no sub-options)")
+        return dataclasses.replace(obj, **{name: _replace(current, path[1:], value, where, key)})
+    if dataclasses.is_dataclass(current):
+        raise SweepError(f"{where}: key {key!r} is a group; set its fields ({key}.<field>)")
+    if not _type_ok(value, hint):
+        raise SweepError(f"{where}: key {key!r} = {value!r} has the wrong type (expected {hint})")
+    if isinstance(value, list):
+        value = tuple(value)
+    if hint is Path:
+        value = Path(value)
+    return dataclasses.replace(obj, **{name: value})
+
+
+def resolve(base: PretrainConfig, overrides: Mapping[str, Any], where: str) -> PretrainConfig:
+    cfg = base
+    for key, value in flatten(overrides).items():
+        cfg = _replace(cfg, key.split("."), value, where, key)
+    return cfg
+
+
+def to_flags(overrides: Mapping[str, Any]) -> list[str]:
+    """`birdjepa pretrain` flags that set ``overrides`` (tyro's spelling: dashes, --flag/--no-flag)."""
+    out: list[str] = []
+    for key, value in flatten(overrides).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            head, _, last = flag.rpartition(".")
+            out.append(flag if value else (f"{head}.no-{last}" if head else f"--no-{flag[2:]}"))
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    index: int
+    cfg: PretrainConfig
+    flags: list[str]
+    """The `birdjepa pretrain` flags of this run (parsed back to ``cfg`` exactly, see `plan`)."""
+
+
+def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None = None) -> list[Job]:
+    """Every config of a sweep file, validated and resolved; raises SweepError before any submission."""
+    jobs = []
+    for i, overrides in enumerate(load_sweep(path)):
+        where = f"{path}: config {i}"
+        overrides = flatten(overrides)
+        overrides.setdefault("run", f"{Path(path).stem}-{i}")
+        if runs_dir is not None:
+            overrides.setdefault("log.runs_dir", str(Path(runs_dir).absolute()))
+        cfg = resolve(PretrainConfig(), overrides, where)
+        flags = to_flags(overrides)
+        parsed = tyro.cli(PretrainConfig, args=flags)
+        if parsed != cfg:  # the job's command line must mean exactly this config
+            raise SweepError(f"{where}: flags {shlex.join(flags)} do not parse back to the config")
+        if force_resume_at is not None and not 0 <= force_resume_at < cfg.steps - 1:
+            raise SweepError(
+                f"{where}: --force-resume-at {force_resume_at} is not inside its {cfg.steps} steps"
+            )
+        jobs.append(Job(i, cfg, flags))
+    runs = [j.cfg.run_dir.absolute() for j in jobs]
+    if len(set(runs)) != len(runs):
+        raise SweepError(f"{path}: two configs share a run directory: {sorted(map(str, runs))}")
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------- job scripts
+def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workdir: Path) -> str:
+    """The sbatch script of one run (see the module docstring for what it does on signals)."""
+    run_dir = job.cfg.run_dir.absolute()
+    minutes = max(int(round(slurm.hours * 60)), 1)
+    sbatch = [
+        f"--job-name=birdjepa-{job.cfg.run}",
+        f"--output={run_dir}/slurm-%j.out",
+        "--open-mode=append",
+        f"--time={minutes // 60}:{minutes % 60:02d}:00",
+        f"--ntasks={slurm.ntasks}",
+        f"--cpus-per-task={slurm.cpus}",
+        "--requeue",
+        f"--signal=B:USR1@{slurm.grace}",
+    ]
+    for opt, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos),
+                       ("mem", slurm.mem)):  # fmt: skip
+        if value:
+            sbatch.append(f"--{opt}={value}")
+    if slurm.gpus:
+        sbatch.append(f"--gpus-per-node={slurm.gpus}")
+    sbatch += list(slurm.extra)
+    command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
+    force = "" if force_resume_at is None else str(force_resume_at)
+    lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in sbatch), ""]
+    lines += [
+        f"# birdjepa sweep: config {job.index}, run {job.cfg.run}",
+        "set -u",
+        f"cd {shlex.quote(str(workdir))}",
+        "export PYTHONUNBUFFERED=1",
+        "restart=${SLURM_RESTART_COUNT:-0}",
+        f"force={force}",
+        f"cmd=({shlex.join(command)})",
+        "forced=0",
+        'if [ -n "$force" ] && [ "$restart" -eq 0 ]; then cmd+=(--stop-at-step "$force"); forced=1; fi',
+        'echo "birdjepa job ${SLURM_JOB_ID:-local} start ${restart} on $(hostname) at $(date +%s)"',
+        '"${cmd[@]}" &',
+        "child=$!",
+        "# Slurm's warning signal (and a preemption's) goes to this shell: pass it on, the trainer saves.",
+        "trap 'echo \"got USR1\"; kill -USR1 $child 2>/dev/null' USR1",
+        "trap 'echo \"got TERM\"; kill -TERM $child 2>/dev/null' TERM",
+        'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done',
+        'echo "trainer exited $code"',
+        'if [ "$code" -eq 75 ] || { [ "$code" -eq 0 ] && [ "$forced" -eq 1 ]; }; then',
+        '  echo "requeueing ${SLURM_JOB_ID:-local} (restart $((restart + 1)) will resume)"',
+        '  scontrol requeue "${SLURM_JOB_ID}" || echo "requeue failed (a preemption may be requeueing it)"',
+        "  exit 0",
+        "fi",
+        'exit "$code"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def submit(script: Path) -> str:
+    """sbatch a script; returns the job id."""
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"sbatch {script} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def run_local(job: Job, force_resume_at: int | None) -> int:
+    """Run a job's pretrain here, in a subprocess (twice with --force-resume-at: stop, then resume)."""
+    command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
+    if force_resume_at is not None:
+        first = subprocess.run([*command, "--stop-at-step", str(force_resume_at)])
+        if first.returncode != 0:
+            return first.returncode
+    return subprocess.run(command).returncode
+
+
+def cli(
+    sweep_file: tyro.conf.Positional[Path],
+    dry_run: bool = False,
+    local: bool = False,
+    force_resume_at: int | None = None,
+    runs_dir: Path | None = None,
+    slurm: Annotated[SlurmOptions, tyro.conf.arg(name="slurm")] = SlurmOptions(),
+) -> None:
+    """Submit one pretrain job per config of a sweep file (Slurm), or run them here (--local).
+
+    --dry-run prints each resolved config and its job script; --force-resume-at STEP makes every job
+    stop after STEP and requeue itself once; --runs-dir sets log.runs_dir where a config does not."""
+    try:
+        jobs = plan(sweep_file, runs_dir, force_resume_at)
+    except SweepError as e:
+        raise SystemExit(f"error: {e}") from None
+    workdir = Path.cwd()
+    rows = []
+    for job in jobs:
+        run_dir = job.cfg.run_dir.absolute()
+        script = job_script(job, slurm, force_resume_at, workdir)
+        if dry_run:
+            print(f"# config {job.index}: {shlex.join(job.flags)}")
+            print(script)
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "job.sbatch").write_text(script)
+        if local:
+            rows.append((job.index, f"local exit {run_local(job, force_resume_at)}", run_dir))
+        else:
+            rows.append((job.index, submit(run_dir / "job.sbatch"), run_dir))
+    if rows:
+        print(f"{'config':>6}  {'job':<14}  run directory")
+        for i, job_id, run_dir in rows:
+            print(f"{i:>6}  {job_id:<14}  {run_dir}")
+    if local and any(not str(r[1]).endswith(" 0") for r in rows):
+        raise SystemExit(1)
+
+
+__all__: Sequence[str] = ("Job", "SlurmOptions", "SweepError", "cli", "job_script", "load_sweep", "plan")

@@ -1,0 +1,89 @@
+"""Sweep files: every override is validated before anything is submitted, each config's command line
+parses back to exactly its config, and the job script does what a preemptible job must."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from birdjepa.sweep import SlurmOptions, SweepError, job_script, plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sweep_file(tmp_path: Path, body: str, name: str = "s") -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(f"def make_cfgs():\n    return {body}\n")
+    return path
+
+
+def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
+    jobs = plan(REPO / "sweeps" / "tiny.py", tmp_path)
+    assert [j.cfg.run for j in jobs] == ["tiny-0", "tiny-1"]
+    assert [j.cfg.optim.lr for j in jobs] == [1e-3, 3e-3]
+    assert all(j.cfg.log.runs_dir == tmp_path.absolute() and j.cfg.data.batch_size == 8 for j in jobs)
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ('[{"steps": 10}, {"optim": {"lrr": 1.0}}]', "config 1: unknown key 'optim.lrr'"),
+        ('[{"steps": "10"}]', "config 0: key 'steps' = '10' has the wrong type"),
+        ('[{"data.batch_size": 8.5}]', "config 0: key 'data.batch_size' = 8.5 has the wrong type"),
+        ('[{"prng": "random"}]', "config 0: key 'prng' = 'random' has the wrong type"),
+        ('[{"optim": 3}]', "config 0: key 'optim' is a group"),
+        ('[{"steps.x": 3}]', "config 0: unknown key 'steps.x'"),
+        ('[{"run": "a"}, {"run": "a"}]', "two configs share a run directory"),
+        ("[]", "non-empty list"),
+        ("[3]", "config 0 is a int"),
+    ],
+)
+def test_bad_overrides_name_file_config_and_key(tmp_path: Path, body: str, message: str) -> None:
+    path = sweep_file(tmp_path, body)
+    with pytest.raises(SweepError) as e:
+        plan(path, tmp_path)
+    assert str(e.value).startswith(str(path)) and message in str(e.value)
+
+
+def test_every_type_round_trips_through_the_command_line(tmp_path: Path) -> None:
+    body = (
+        '[{"ckpt_async": False, "debug_roundtrip_steps": [3, 5], "stop_at_step": None, "optim.lr": 2e-3,'
+        ' "objective": {"kind": "supervised"}, "data.features.f_max": 8000.0, "model.preset": "small",'
+        ' "log.wandb": "offline", "debug_disable_stochastic": True}]'
+    )
+    (job,) = plan(sweep_file(tmp_path, body), tmp_path)
+    cfg = job.cfg
+    assert cfg.ckpt_async is False and cfg.debug_roundtrip_steps == (3, 5) and cfg.optim.lr == 2e-3
+    assert cfg.objective.kind == "supervised" and cfg.data.features.f_max == 8000.0
+    assert "--no-ckpt-async" in job.flags and "--debug-disable-stochastic" in job.flags
+
+
+def test_force_resume_must_fall_inside_the_run(tmp_path: Path) -> None:
+    with pytest.raises(SweepError, match="--force-resume-at 40 is not inside its 40 steps"):
+        plan(REPO / "sweeps" / "tiny.py", tmp_path, force_resume_at=40)
+
+
+def test_job_script_is_requeueable_and_forwards_the_warning_signal(tmp_path: Path) -> None:
+    (job, _) = plan(REPO / "sweeps" / "tiny.py", tmp_path)
+    slurm = SlurmOptions(partition="low", hours=1.5, grace=90, ntasks=1, extra=("--constraint=x",))
+    script = job_script(job, slurm, 15, REPO)
+    for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@90", "#SBATCH --time=1:30:00",
+                 "#SBATCH --partition=low", "#SBATCH --constraint=x", "force=15"):  # fmt: skip
+        assert line in script.splitlines(), line
+    assert f"#SBATCH --output={tmp_path.absolute()}/tiny-0/slurm-%j.out" in script
+    assert 'scontrol requeue "${SLURM_JOB_ID}"' in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)  # valid bash
+
+
+def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "birdjepa.cli", "sweep", str(REPO / "sweeps" / "tiny.py"), "--dry-run",
+         "--runs-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("#!/bin/bash") == 2 and "--optim.lr 0.003" in done.stdout
+    assert not list(tmp_path.iterdir())
