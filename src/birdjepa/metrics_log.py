@@ -51,6 +51,23 @@ class MetricsLog:
         self._file.close()
 
 
+class NullLog(MetricsLog):
+    """The log of a process that does not write one (every process but 0 of a multi-process run)."""
+
+    def __init__(self) -> None:
+        self.restart = 0
+        self.wandb_run = None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def event(self, kind: str, step: int, **fields: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def read_metrics(run_dir: Path) -> Iterator[dict[str, Any]]:
     """Every line of a run's metrics file, in order (events included)."""
     with (Path(run_dir) / METRICS_FILE).open() as f:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import shlex
+import socket
 import subprocess
 import sys
 import types
@@ -222,6 +224,8 @@ def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workd
         sbatch.append(f"--gpus-per-node={slurm.gpus}")
     sbatch += list(slurm.extra)
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
+    if slurm.ntasks > 1:  # one process per task; they find each other through Slurm's environment
+        command = ["srun", "--kill-on-bad-exit=1", *command]
     force = "" if force_resume_at is None else str(force_resume_at)
     lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in sbatch), ""]
     lines += [
@@ -260,14 +264,31 @@ def submit(script: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def run_local(job: Job, force_resume_at: int | None) -> int:
-    """Run a job's pretrain here, in a subprocess (twice with --force-resume-at: stop, then resume)."""
+def run_local(job: Job, force_resume_at: int | None, ntasks: int = 1) -> int:
+    """Run a job's pretrain here (twice with --force-resume-at: stop, then resume), as ``ntasks``
+    processes that form one group through ``BIRDJEPA_*`` variables (see `birdjepa.distributed`)."""
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
-    if force_resume_at is not None:
-        first = subprocess.run([*command, "--stop-at-step", str(force_resume_at)])
-        if first.returncode != 0:
-            return first.returncode
-    return subprocess.run(command).returncode
+    starts = [[*command, "--stop-at-step", str(force_resume_at)]] if force_resume_at is not None else []
+    for argv in [*starts, command]:
+        code = launch_local(argv, ntasks)
+        if code != 0:
+            return code
+    return 0
+
+
+def launch_local(argv: list[str], ntasks: int) -> int:
+    """Start ``argv`` as ``ntasks`` processes of one group on this machine; the worst exit code."""
+    if ntasks == 1:
+        return subprocess.run(argv).returncode
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    group = {"BIRDJEPA_NUM_PROCESSES": str(ntasks), "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
+    procs = [
+        subprocess.Popen(argv, env={**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)})
+        for i in range(ntasks)
+    ]
+    return max(p.wait() for p in procs)
 
 
 def cli(
@@ -298,7 +319,7 @@ def cli(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "job.sbatch").write_text(script)
         if local:
-            rows.append((job.index, f"local exit {run_local(job, force_resume_at)}", run_dir))
+            rows.append((job.index, f"local exit {run_local(job, force_resume_at, slurm.ntasks)}", run_dir))
         else:
             rows.append((job.index, submit(run_dir / "job.sbatch"), run_dir))
     if rows:

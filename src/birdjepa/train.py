@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,13 +27,13 @@ import optax
 import tyro
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from birdjepa import checkpoint, faults, resume_check
+from birdjepa import checkpoint, distributed, faults, resume_check
 from birdjepa.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader, StateError, resolve_files
 from birdjepa.demo_data import ensure_demo_data
 from birdjepa.determinism import deterministic_xla
-from birdjepa.metrics_log import MetricsLog
+from birdjepa.metrics_log import MetricsLog, NullLog
 from birdjepa.model import BirdJepa, init_params
 from birdjepa.monitor.updates import check_due, maybe_update_stats, param_names
 from birdjepa.norms import tree_norms
@@ -207,8 +209,9 @@ def pretrain(cfg: PretrainConfig) -> int:
         raise ValueError("the lejepa objective needs --data.n-views >= 2")
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    # This segment's configuration (each checkpoint also holds the one it was written with).
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
+    main = distributed.is_main()
+    if main:  # this segment's configuration (each checkpoint also holds the one it was written with)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
     train_files, eval_files = data_files(cfg)
     n_classes = label_count(train_files)
     model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes)
@@ -223,7 +226,7 @@ def pretrain(cfg: PretrainConfig) -> int:
     if cfg.data.batch_size % len(devices):
         raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
     mesh = Mesh(devices, ("data",))
-    print(f"devices={len(devices)} ({devices[0].platform})", flush=True)
+    print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
     replicated = NamedSharding(mesh, PartitionSpec())
     sharded = NamedSharding(mesh, PartitionSpec("data"))
 
@@ -254,8 +257,9 @@ def pretrain(cfg: PretrainConfig) -> int:
             loader_state, train_files = r.loader_state, r.train_files
     params, opt_state = jax.device_put((params, opt_state), replicated)
 
-    wandb_run = open_run(cfg.log.wandb, run_dir, cfg.run, cfg.log.wandb_project, to_dict(cfg), restart)
-    log = MetricsLog(run_dir, restart=restart, wandb_run=wandb_run)
+    wandb_run = open_run(cfg.log.wandb if main else "disabled", run_dir, cfg.run, cfg.log.wandb_project,
+                         to_dict(cfg), restart)  # fmt: skip
+    log = MetricsLog(run_dir, restart=restart, wandb_run=wandb_run) if main else NullLog()
     if resumed_from is not None:
         log.event("resume", start, checkpoint=resumed_from, **ckpt.last_restore)
         print(
@@ -280,16 +284,19 @@ def pretrain(cfg: PretrainConfig) -> int:
     eval_step = jax.jit(make_eval_step(model), in_shardings=(replicated, batch_shardings))
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch_shardings, None))
 
-    def on_device(batch: Batch) -> dict[str, np.ndarray]:
-        return {k: batch[k] for k in batch_shardings}
+    def on_device(batch: Batch) -> dict[str, jax.Array]:
+        """The global batch as arrays sharded over every process's devices (each gives its rows)."""
+        return distributed.global_batch({k: batch[k] for k in batch_shardings}, sharded)
+
+    rows = distributed.local_rows(sharded, cfg.data.batch_size)
 
     def next_step(step: int, batch: Batch) -> resume_check.NextStep:
         """What step `step` will do from the current state (recorded at save, re-derived on resume)."""
         key, _ = step_key(cfg, chain, step)
-        update = int(update_count(opt_state))
+        update = int(distributed.host(update_count(opt_state)))
         return resume_check.NextStep.of(
             step, batch, key, update, float(schedule(update)), int(accumulation_progress(opt_state)),
-            float(loss_only(params, on_device(batch), key)), len(devices),
+            float(distributed.host(loss_only(params, on_device(batch), key))), len(devices),
         )  # fmt: skip
 
     exit_code = 0
@@ -345,10 +352,11 @@ def pretrain(cfg: PretrainConfig) -> int:
         key, chain = step_key(cfg, chain, step)
         check = check_due(step, cfg.monitor_interval, cfg.optim.grad_accum)
         params, opt_state, metrics, stats = train_step(params, opt_state, on_device(batch), key, check)
-        metrics, stats = jax.device_get((metrics, stats))
+        metrics, stats = distributed.host((metrics, stats))
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["train/step_time"] = time.perf_counter() - t0
         metrics["train/data_wait"] = t_data
+        metrics["dataloader/index_crc32"] = distributed.index_crc32(batch["index"][rows])
         report = callbacks.step_end(StepEnd(step, batch, stats))
         metrics.update(report.metrics)
         for warning in report.warnings:
@@ -358,7 +366,7 @@ def pretrain(cfg: PretrainConfig) -> int:
         if step % cfg.log_every == 0 or step == last or report.must_log:
             # Post-update norms on host float64, as the checkpoint computes them; only when logged,
             # since it copies every parameter off the device.
-            norms = tree_norms(jax.device_get(params), "param_norm")
+            norms = tree_norms(distributed.host(params), "param_norm")
             metrics.update({f"train/{k}": v for k, v in norms.items()})
             log.log(step, metrics)
         progress.step(step, metrics)
@@ -366,7 +374,7 @@ def pretrain(cfg: PretrainConfig) -> int:
         if (step + 1) % cfg.eval_every == 0 or step == last:
             totals = {"ce_sum": 0.0, "correct": 0.0, "n": 0.0}
             for eb in eval_loader:
-                out = jax.device_get(eval_step(params, on_device(pad_batch(eb, cfg.data.batch_size))))
+                out = distributed.host(eval_step(params, on_device(pad_batch(eb, cfg.data.batch_size))))
                 for k in totals:
                     totals[k] += float(out[k])
             n = max(totals["n"], 1.0)
@@ -374,7 +382,8 @@ def pretrain(cfg: PretrainConfig) -> int:
             log.log(step, evals)
             progress.message(f"eval step {step}: probe_acc {evals['eval/probe_acc']:.3f}")
 
-        stopping = step == cfg.stop_at_step or stop.signal is not None
+        # Every process must stop at the same step: a signal seen by one is acted on by all.
+        stopping = step == cfg.stop_at_step or distributed.any_process(stop.signal is not None)
         if (step + 1) % cfg.ckpt_every == 0 or step == last or stopping or step in cfg.debug_roundtrip_steps:
             loader_state = loader.state()
             pending = next(loader)
@@ -396,8 +405,9 @@ def pretrain(cfg: PretrainConfig) -> int:
                 jax.clear_caches()
                 params, opt_state = jax.device_put((restored["params"], restored["opt_state"]), replicated)
         if stopping:
-            exit_code = REQUEUE_EXIT_CODE if stop.signal is not None else 0
-            reason = f"signal {stop.signal}" if stop.signal is not None else "stop_at_step"
+            signalled = step != cfg.stop_at_step
+            exit_code = REQUEUE_EXIT_CODE if signalled else 0
+            reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
             log.event("stop", step, reason=reason, exit_code=exit_code)
             progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
             break
@@ -419,6 +429,9 @@ def pretrain(cfg: PretrainConfig) -> int:
 def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
     deterministic_xla()
+    distributed.initialize()
+    if not distributed.is_main():  # one console: process 0 speaks for the group
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     code = pretrain(cfg)
     if code:
         raise SystemExit(code)

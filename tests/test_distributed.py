@@ -1,0 +1,50 @@
+"""Multi-process data parallel on this machine (2 processes over gloo, the group formed through
+BIRDJEPA_* variables as `birdjepa sweep --local --slurm.ntasks 2` does): the same global batches and,
+against one process with as many devices, the same run bit for bit; a checkpoint written by 2 processes
+restores in 1 and the run goes on exactly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from birdjepa.compare import compare_runs, metrics_by_step
+from birdjepa.sweep import launch_local
+
+STEPS = 6
+
+
+def flags(demo_dir: Path, runs: Path, run: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run, "--log.runs-dir", str(runs),
+        "--steps", str(STEPS), "--eval-every", "3", "--ckpt-every", "3", "--data.batch-size", "8",
+        "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval"), *extra,
+    ]  # fmt: skip
+
+
+def one_process_two_devices(argv: list[str]) -> None:
+    env = {
+        **os.environ,
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+    }
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def differing(a: Path, b: Path) -> list[str]:
+    return [f"{d.name} at step {d.first_step}: {d.first_values}" for d in compare_runs(a, b) if d.max_abs]
+
+
+def test_two_processes_train_the_one_process_run_and_resume_in_one(demo_dir: Path, tmp_path: Path) -> None:
+    one_process_two_devices(flags(demo_dir, tmp_path, "one"))
+    assert launch_local(flags(demo_dir, tmp_path, "two"), ntasks=2) == 0
+    # The global batches (their indices, put together from both processes' rows) and everything else.
+    crc = [m["dataloader/index_crc32"] for _, m in sorted(metrics_by_step(tmp_path / "two").items())]
+    assert len(crc) == STEPS and len(set(crc)) == STEPS
+    assert differing(tmp_path / "one", tmp_path / "two") == []
+    # Stopped by 2 processes after step 1, resumed by 1 process: still the same run.
+    assert launch_local(flags(demo_dir, tmp_path, "mixed", "--stop-at-step", "1"), ntasks=2) == 0
+    one_process_two_devices(flags(demo_dir, tmp_path, "mixed"))
+    assert differing(tmp_path / "one", tmp_path / "mixed") == []
