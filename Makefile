@@ -23,7 +23,7 @@ loader-demo: build
 
 test: build
 	cargo test -p birdjepa-core --quiet
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=10
 
 lint: build
 	cargo clippy --all-targets -- -D warnings
