@@ -8,6 +8,7 @@ top level; the rest are grouped (`--data.batch-size`, `--optim.lr`, `--model.pre
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,3 +118,15 @@ def to_dict(cfg: Any) -> dict[str, Any]:
         return v
 
     return plain(cfg)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``): how config
+    differences and sweep overrides name an option."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out

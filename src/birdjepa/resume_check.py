@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from birdjepa.config import flatten
 from birdjepa.data import Batch
 
 LOSS_RTOL_OTHER_DEVICES = 1e-5
@@ -142,16 +143,6 @@ def _text(v: Any) -> str:
     else:
         s = repr(v) if isinstance(v, float) else str(v)
     return json.dumps(s) if (not s or any(c.isspace() for c in s)) else s
-
-
-def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in cfg.items():
-        if isinstance(v, Mapping):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def is_harmless(key: str) -> bool:

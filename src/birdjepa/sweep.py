@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from birdjepa.config import PretrainConfig
+from birdjepa.config import PretrainConfig, flatten
 
 
 class SweepError(ValueError):
@@ -81,17 +81,6 @@ def load_sweep(path: Path) -> list[dict[str, Any]]:
         if not isinstance(c, Mapping):
             raise SweepError(f"{path}: config {i} is a {type(c).__name__}, not a dict")
     return [dict(c) for c in cfgs]
-
-
-def flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts to dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``)."""
-    out: dict[str, Any] = {}
-    for k, v in overrides.items():
-        if isinstance(v, Mapping):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
