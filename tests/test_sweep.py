@@ -3,6 +3,7 @@ parses back to exactly its config, and the job script does what a preemptible jo
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,4 +87,23 @@ def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("#!/bin/bash") == 2 and "--optim.lr 0.003" in done.stdout
+    assert '"lr": 0.003' in done.stdout and '"batch_size": 8' in done.stdout  # the resolved configs
     assert not list(tmp_path.iterdir())
+
+
+def test_local_sweep_runs_each_config_here_with_a_forced_resume(demo_dir: Path, tmp_path: Path) -> None:
+    data = {"data.train": str(demo_dir / "train"), "data.eval": str(demo_dir / "eval"), "data.batch_size": 8}
+    cfg = {"steps": 3, "eval_every": 3, "ckpt_every": 3, **data}
+    path = sweep_file(tmp_path, repr([cfg]), name="local")
+    done = subprocess.run(
+        [sys.executable, "-m", "birdjepa.cli", "sweep", str(path), "--local",
+         "--runs-dir", str(tmp_path / "runs"), "--force-resume-at", "0"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "local exit 0" in done.stdout
+    run_dir = tmp_path / "runs" / "local-0"
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x.get("event") == "stop"] == [0]
+    assert [x["restart"] for x in lines if x.get("event") == "resume"] == [1]
+    assert max(x["step"] for x in lines if "train/loss" in x) == 2

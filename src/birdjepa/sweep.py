@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import shlex
 import socket
@@ -31,7 +32,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from birdjepa.config import PretrainConfig, flatten
+from birdjepa.config import PretrainConfig, flatten, to_dict
 
 
 class SweepError(ValueError):
@@ -302,7 +303,9 @@ def cli(
         run_dir = job.cfg.run_dir.absolute()
         script = job_script(job, slurm, force_resume_at, workdir)
         if dry_run:
-            print(f"# config {job.index}: {shlex.join(job.flags)}")
+            print(f"# config {job.index} ({run_dir}), resolved:")
+            print(json.dumps(to_dict(job.cfg), indent=1))
+            print(f"# config {job.index}: birdjepa pretrain {shlex.join(job.flags)}")
             print(script)
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
