@@ -8,6 +8,7 @@ too (a changed batch size also changes the next batch). `scripts/fault_matrix.py
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import TYPE_CHECKING, Any, Literal
 
 import jax
@@ -27,7 +28,7 @@ Fault = Literal[
     "perturb_params",
     "dataset_changed",
 ]
-FAULTS: tuple[str, ...] = Fault.__args__  # type: ignore[attr-defined]
+FAULTS: tuple[str, ...] = typing.get_args(Fault)
 
 #: The check each fault must trip.
 EXPECTED_CHECK = {

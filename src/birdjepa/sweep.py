@@ -26,7 +26,7 @@ import subprocess
 import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -320,6 +320,3 @@ def cli(
             print(f"{i:>6}  {job_id:<14}  {run_dir}")
     if local and any(not str(r[1]).endswith(" 0") for r in rows):
         raise SystemExit(1)
-
-
-__all__: Sequence[str] = ("Job", "SlurmOptions", "SweepError", "cli", "job_script", "load_sweep", "plan")

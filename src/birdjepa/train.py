@@ -294,8 +294,9 @@ def pretrain(cfg: PretrainConfig) -> int:
         """What step `step` will do from the current state (recorded at save, re-derived on resume)."""
         key, _ = step_key(cfg, chain, step)
         update = int(distributed.host(update_count(opt_state)))
+        accumulated = int(distributed.host(accumulation_progress(opt_state)))
         return resume_check.NextStep.of(
-            step, batch, key, update, float(schedule(update)), int(accumulation_progress(opt_state)),
+            step, batch, key, update, float(schedule(update)), accumulated,
             float(distributed.host(loss_only(params, on_device(batch), key))), len(devices),
         )  # fmt: skip
 
