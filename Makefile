@@ -27,8 +27,8 @@ test: build
 
 lint: build
 	cargo clippy --all-targets -- -D warnings
-	$(BIN)/ruff check src tests scripts
-	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/ruff check src tests scripts notebooks docs
+	$(BIN)/ruff format --check src tests scripts notebooks docs
 
 bench: build
 	$(BIN)/python scripts/bench_loader.py

@@ -25,6 +25,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "verify-resume": "birdjepa.verify_resume:cli",
     "compare": "birdjepa.compare:cli",
     "sweep": "birdjepa.sweep:cli",
+    "analyze": "birdjepa.analysis.report:cli",
 }
 
 

@@ -20,7 +20,7 @@ NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/d
 NOT_COMPARED_PREFIXES = ("resume/",)
 
 
-def _compared(key: str) -> bool:
+def compared(key: str) -> bool:
     return key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIXES)
 
 
@@ -31,7 +31,7 @@ def metrics_by_step(run_dir: Path, *, everything: bool = False) -> dict[int, dic
     for line in read_metrics(run_dir):
         if "event" in line:
             continue
-        out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if everything or _compared(k)})
+        out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if everything or compared(k)})
     return out
 
 

@@ -1,0 +1,216 @@
+"""Load a run's metrics as one timeline, and find where it was resumed.
+
+Sources:
+
+* our run directory (or its ``metrics.jsonl``): every segment appends to one file and each resume writes
+  an explicit ``resume`` event, so the boundaries are exact;
+* a CSV, e.g. a wandb export, with a step column (``step`` or ``_step``) and optionally a timestamp
+  column (``_timestamp``, ``timestamp`` or ``time``, seconds): logs of other tools carry no resume
+  events, so a resume is inferred where the step goes back or where consecutive rows are more than
+  ``gap_s`` seconds apart (600 s by default: a requeued job waits minutes, a healthy step never does).
+
+A segment that restarts at an earlier step than the previous one reached (the previous one trained past
+its last checkpoint before it was killed) replaces those steps: the timeline is the run as it went on.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from birdjepa.metrics_log import METRICS_FILE
+
+#: Rows further apart than this (seconds) in a log without resume events start a new segment.
+DEFAULT_GAP_S = 600.0
+STEP_COLUMNS = ("step", "_step")
+TIME_COLUMNS = ("_timestamp", "timestamp", "time")
+#: Bookkeeping columns, never treated as metrics.
+NOT_METRICS = frozenset({"step", "_step", "restart", "time", "_timestamp", "timestamp", "_runtime", "event"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    step: int
+    """First step of the resumed segment."""
+    segment: int
+    """Its segment number (the first start is segment 0)."""
+    reason: str
+    """How it was found: ``resume event (checkpoint 149)``, ``step went back from 160``,
+    ``time gap 3600 s``."""
+    gap_s: float
+    """Wall-clock seconds between the last row before it and its first row (nan without timestamps)."""
+
+
+@dataclasses.dataclass
+class RunLog:
+    """One run as a timeline: ``steps`` strictly increasing, each metric a float64 array aligned with it
+    (nan where the metric was not logged at that step)."""
+
+    name: str
+    steps: np.ndarray
+    time: np.ndarray
+    metrics: dict[str, np.ndarray]
+    resumes: list[Resume]
+
+    def series(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) where ``metric`` was logged."""
+        if metric not in self.metrics:
+            raise KeyError(f"{self.name}: no metric {metric!r} (it has {len(self.metrics)}: "
+                           f"{', '.join(sorted(self.metrics)[:12])}, ...)")  # fmt: skip
+        values = self.metrics[metric]
+        keep = ~np.isnan(values)
+        return self.steps[keep], values[keep]
+
+
+@dataclasses.dataclass
+class _Row:
+    step: int
+    time: float
+    values: dict[str, float]
+
+
+def _number(value: Any) -> float | None:
+    """A metric value as float; None for what is not a number (text columns, empty CSV cells)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)  # also 'nan' / 'inf', as our log writes them
+        except ValueError:
+            return None
+    return None
+
+
+def _row(step: int, time: float, items: Iterable[tuple[str, Any]]) -> _Row:
+    values = {}
+    for k, v in items:
+        if k not in NOT_METRICS and (x := _number(v)) is not None:
+            values[k] = x
+    return _Row(step, time, values)
+
+
+def _timeline(name: str, segments: list[list[_Row]], resumes: list[Resume]) -> RunLog:
+    """Merges the segments' rows: rows of one step within a segment are merged, and a segment drops the
+    rows of earlier segments at or after its first step."""
+    by_step: dict[int, _Row] = {}
+    for rows in segments:
+        if rows:
+            first = rows[0].step
+            by_step = {s: r for s, r in by_step.items() if s < first}
+        for r in rows:
+            if r.step in by_step:
+                by_step[r.step].values.update(r.values)
+                by_step[r.step].time = r.time
+            else:
+                by_step[r.step] = _Row(r.step, r.time, dict(r.values))
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    names = sorted({k for r in by_step.values() for k in r.values})
+    metrics = {k: np.full(len(steps), np.nan) for k in names}
+    for i, s in enumerate(steps):
+        for k, v in by_step[int(s)].values.items():
+            metrics[k][i] = v
+    time = np.array([by_step[int(s)].time for s in steps], dtype=np.float64)
+    return RunLog(name, steps, time, metrics, resumes)
+
+
+def _ours(path: Path, name: str) -> RunLog:
+    """Our JSON lines: segments split at the explicit ``resume`` events."""
+    segments: list[list[_Row]] = [[]]
+    resumes: list[Resume] = []
+    last_time = math.nan
+    with path.open() as f:
+        for lineno, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError as e:
+                # A kill can cut the last line short; anywhere else it is a damaged file.
+                if not f.readline():
+                    break
+                raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from e
+            time = float(line.get("time", math.nan))
+            if line.get("event") == "resume":
+                resumes.append(
+                    Resume(int(line["step"]), len(segments), f"resume event (checkpoint "
+                           f"{line.get('checkpoint')})", time - last_time)
+                )  # fmt: skip
+                segments.append([])
+            elif "event" not in line:
+                segments[-1].append(_row(int(line["step"]), time, line.items()))
+                last_time = time
+    return _timeline(name, segments, resumes)
+
+
+def _split_foreign(rows: list[_Row], gap_s: float) -> tuple[list[list[_Row]], list[Resume]]:
+    """Segments of a log without resume events: a new one where the step goes back or the clock jumps."""
+    segments: list[list[_Row]] = [[]]
+    resumes: list[Resume] = []
+    for r in rows:
+        prev = segments[-1][-1] if segments[-1] else None
+        if prev is not None and r.step != prev.step:
+            gap = r.time - prev.time
+            reason = None
+            if r.step < prev.step:
+                reason = f"step went back from {prev.step}"
+            elif gap > gap_s:
+                reason = f"time gap {gap:.0f} s"
+            if reason:
+                resumes.append(Resume(r.step, len(segments), reason, gap))
+                segments.append([])
+        segments[-1].append(r)
+    return segments, resumes
+
+
+def _first_column(row: Mapping[str, Any], names: Iterable[str], where: str, *, required: bool) -> str | None:
+    """The first of ``names`` the row has a value for (CSV rows give "" for an empty cell)."""
+    for n in names:
+        if row.get(n) not in (None, ""):
+            return n
+    if required:
+        raise ValueError(f"{where}: no step column (one of {', '.join(names)}) in {sorted(row)[:12]}")
+    return None
+
+
+def _foreign(name: str, records: Iterable[Mapping[str, Any]], where: str, gap_s: float) -> RunLog:
+    """Rows of another tool's log (dicts with a step and maybe a timestamp column); resumes inferred."""
+    rows = []
+    for i, rec in enumerate(records):
+        step_col = _first_column(rec, STEP_COLUMNS, f"{where} row {i + 1}", required=True)
+        time_col = _first_column(rec, TIME_COLUMNS, where, required=False)
+        step = _number(rec[step_col])
+        if step is None or not float(step).is_integer():
+            raise ValueError(f"{where} row {i + 1}: step {rec[step_col]!r} is not an integer")
+        t = _number(rec[time_col]) if time_col else None
+        rows.append(_row(int(step), math.nan if t is None else t, rec.items()))
+    segments, resumes = _split_foreign(rows, gap_s)
+    return _timeline(name, segments, resumes)
+
+
+def load_run(path: str | Path, *, gap_s: float = DEFAULT_GAP_S, name: str | None = None) -> RunLog:
+    """A run directory, its ``metrics.jsonl``, or a CSV export (see the module docstring)."""
+    path = Path(path)
+    if path.is_dir():
+        name = name or path.name
+        path = path / METRICS_FILE
+    name = name or path.stem
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no metrics log")
+    if path.suffix == ".csv":
+        with path.open(newline="") as f:
+            return _foreign(name, csv.DictReader(f), str(path), gap_s)
+    return _ours(path, name)
+
+
+def from_rows(name: str, rows: Iterable[Mapping[str, Any]], *, gap_s: float = DEFAULT_GAP_S) -> RunLog:
+    """A timeline from in-memory rows (e.g. wandb's ``scan_history()``), read like a CSV export."""
+    return _foreign(name, rows, name, gap_s)

@@ -1,0 +1,148 @@
+"""`birdjepa analyze`: figures and a markdown table of what each resume did to each metric."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import tyro
+
+from birdjepa.analysis import figures
+from birdjepa.analysis.load import DEFAULT_GAP_S, RunLog, load_run
+from birdjepa.analysis.windows import Jump, jumps, max_abs_diff
+
+#: Plotted when --metrics is not given (those the run logged).
+DEFAULT_METRICS = (
+    "train/loss",
+    "train/sigreg",
+    "train/invariance",
+    "train/probe_ce",
+    "train/grad_norm",
+    "train/param_norm",
+    "dataloader/bucket_lag1/div",
+    "dataloader/window_unique",
+)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def summary_markdown(log: RunLog, found: list[Jump], width: int, other: RunLog | None,
+                     whole_run: dict[str, float] | None) -> str:  # fmt: skip
+    """The report: the resumes and how they were found, then one row per resume and metric."""
+    lines = [f"# Resume analysis: {log.name}", ""]
+    lines.append(f"{len(log.steps)} logged steps ({log.steps[0]}..{log.steps[-1]}), {len(log.resumes)} "
+                 f"resume(s); windows of {width} steps.")  # fmt: skip
+    for r in log.resumes:
+        gap = "" if math.isnan(r.gap_s) else f", {r.gap_s:.1f} s after the previous line"
+        lines.append(f"- step {r.step}: {r.reason}{gap}")
+    lines += [
+        "",
+        f"jump = mean over [r, r+{width}) − mean over [r−{width}, r); z = (jump − mean drift) / sd drift, "
+        f"where drift is the same statistic at every step whose ±{width} windows hold no resume.",
+        "",
+    ]
+    head = "| resume step | metric | pre | post | jump | z | drift sd | n drift |"
+    rule = "|---:|---|---:|---:|---:|---:|---:|---:|"
+    if other is not None:
+        head += f" max abs diff vs {other.name} (window) |"
+        rule += "---:|"
+    lines += [head, rule]
+    for j in found:
+        row = (f"| {j.resume_step} | {j.metric} | {_fmt(j.pre)} | {_fmt(j.post)} | {_fmt(j.jump)} | "
+               f"{_fmt(j.z)} | {_fmt(j.drift_sd)} | {j.n_drift} |")  # fmt: skip
+        if other is not None:
+            row += f" {_fmt(j.other_max_abs)} |"
+        lines.append(row)
+    if other is not None and whole_run is not None:
+        worst = max(whole_run.values(), default=math.inf)
+        differing = sorted(k for k, v in whole_run.items() if v != 0.0)
+        lines += [
+            "",
+            f"Whole run against {other.name}, every compared metric ({len(whole_run)}): "
+            f"max_abs_diff={worst!r}" + (f"; differing: {', '.join(differing[:20])}" if differing else ""),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _slug(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    summary: Path
+    figures: list[Path]
+    jumps: list[Jump]
+    max_abs_diff: float | None
+    """Over every compared metric against the other run (None without one)."""
+
+
+def analyze(
+    run: Path,
+    *,
+    other: Path | None = None,
+    metrics: tuple[str, ...] | None = None,
+    window: int = 20,
+    out: Path | None = None,
+    gap_s: float = DEFAULT_GAP_S,
+) -> Analysis:
+    """Writes ``summary.md``, ``overview.png``, ``window-<metric>.png`` per metric and, when the run has
+    loader diagnostics, ``iid_grid.png`` into ``out`` (default ``RUN/analysis``)."""
+    if window < 1:
+        raise ValueError(f"--window must be >= 1, got {window}")
+    log = load_run(run, gap_s=gap_s)
+    ref = load_run(other, gap_s=gap_s) if other is not None else None
+    if metrics is None:
+        chosen = [m for m in DEFAULT_METRICS if m in log.metrics] or sorted(log.metrics)[:8]
+    else:
+        missing = [m for m in metrics if m not in log.metrics]
+        if missing:
+            raise SystemExit(f"{run}: no metric(s) {missing}; it logged: {', '.join(sorted(log.metrics))}")
+        chosen = list(metrics)
+    out = Path(out) if out is not None else (run if run.is_dir() else run.parent) / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+
+    found = jumps(log, chosen, window, ref)
+    whole = max_abs_diff(log, ref) if ref is not None else None
+    written = []
+    fig = figures.overview(log, chosen, other=ref)
+    fig.savefig(path := out / "overview.png", dpi=100)
+    written.append(path)
+    for metric in chosen:
+        fig = figures.resume_windows(log, metric, window, other=ref, found=found)
+        fig.savefig(path := out / f"window-{_slug(metric)}.png", dpi=100)
+        written.append(path)
+    if any(m in log.metrics for m in figures.IID_GRID):
+        figures.iid_grid(log).savefig(path := out / "iid_grid.png", dpi=100)
+        written.append(path)
+    summary = out / "summary.md"
+    summary.write_text(summary_markdown(log, found, window, ref, whole))
+    worst = max(whole.values(), default=math.inf) if whole is not None else None
+    return Analysis(summary, written, found, worst)
+
+
+def cli(
+    run: tyro.conf.Positional[Path],
+    other: Path | None = None,
+    metrics: tuple[str, ...] | None = None,
+    window: int = 20,
+    out: Path | None = None,
+    gap_s: float = DEFAULT_GAP_S,
+) -> None:
+    """Find a run's resumes (RUN: a run directory, its metrics.jsonl, or a CSV/wandb export with a step
+    column) and write PNG figures of each metric around them plus a markdown table of every jump and
+    its z-score against normal drift; --other overlays a reference run (e.g. the uninterrupted one)
+    and adds the max abs difference to it. --gap-s: in logs without resume events, a pause longer than
+    this many seconds counts as a resume."""
+    result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
+    print(result.summary.read_text())
+    for path in [*result.figures, result.summary]:
+        print(f"wrote {path}")

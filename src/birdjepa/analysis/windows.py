@@ -1,0 +1,155 @@
+"""What happens to a metric across a resume, measured against how much it moves anyway.
+
+For a resume at step ``r`` and a width ``W``: ``pre`` is the mean over steps ``[r - W, r)``, ``post`` the
+mean over ``[r, r + W)``, and the jump is ``post - pre``. The same statistic taken at every other step
+``t`` whose windows ``[t - W, t + W)`` hold no resume is the metric's normal drift (training moves every
+metric; a loss falling by 0.1 per 20 steps is not a jump). The z-score is the jump against that drift:
+``(jump - mean(drift)) / std(drift)``; a resume that is a non-event scores like any other step.
+
+Bands for the pictures: an EMA (``halflife`` steps) and trailing rolling quantiles (the last ``width``
+logged values; trailing so a band never knows about the step after it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from birdjepa.analysis.load import RunLog
+from birdjepa.compare import compared
+
+
+def ema(values: np.ndarray, halflife: float) -> np.ndarray:
+    """Exponential moving average over the logged values (nan entries are skipped: they keep the
+    previous average, and stay nan before the first value)."""
+    alpha = 1.0 - 0.5 ** (1.0 / halflife)
+    out = np.full(len(values), np.nan)
+    avg = math.nan
+    for i, v in enumerate(values):
+        if not math.isnan(v):
+            avg = v if math.isnan(avg) else avg + alpha * (v - avg)
+        out[i] = avg
+    return out
+
+
+def rolling_quantiles(values: np.ndarray, width: int, qs: tuple[float, ...] = (0.1, 0.9)) -> np.ndarray:
+    """[len(qs), n]: quantiles of the last ``width`` entries up to and including each one (nan ignored;
+    shorter windows at the start)."""
+    n = len(values)
+    padded = np.concatenate([np.full(width - 1, np.nan), values])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, width)
+    out = np.full((len(qs), n), np.nan)
+    has = ~np.all(np.isnan(windows), axis=1)
+    if has.any():
+        out[:, has] = np.nanquantile(windows[has], qs, axis=1)
+    return out
+
+
+def _window_means(
+    steps: np.ndarray, values: np.ndarray, at: np.ndarray, width: int
+) -> tuple[np.ndarray, ...]:
+    """Means over ``[at - width, at)`` and ``[at, at + width)`` of the logged (non-nan) values, and the
+    number of values in each (prefix sums: one pass for every ``at``)."""
+    ok = ~np.isnan(values)
+    cs = np.concatenate([[0.0], np.cumsum(np.where(ok, values, 0.0))])
+    cn = np.concatenate([[0], np.cumsum(ok)])
+    lo, mid, hi = (np.searchsorted(steps, x) for x in (at - width, at, at + width))
+    n_pre, n_post = cn[mid] - cn[lo], cn[hi] - cn[mid]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pre = (cs[mid] - cs[lo]) / n_pre
+        post = (cs[hi] - cs[mid]) / n_post
+    return pre, post, n_pre, n_post
+
+
+def normal_drift(log: RunLog, metric: str, width: int) -> np.ndarray:
+    """``post - pre`` at every logged step whose two windows lie inside the run, hold no resume, and have
+    at least one value each."""
+    steps, values = log.steps, log.metrics[metric]
+    t = steps[(steps - width >= steps[0]) & (steps + width - 1 <= steps[-1])]
+    for r in log.resumes:
+        t = t[~((t - width < r.step) & (r.step < t + width))]
+    pre, post, n_pre, n_post = _window_means(steps, values, t, width)
+    keep = (n_pre > 0) & (n_post > 0)
+    return (post - pre)[keep]
+
+
+@dataclasses.dataclass(frozen=True)
+class Jump:
+    metric: str
+    resume_step: int
+    pre: float
+    post: float
+    jump: float
+    z: float
+    """Against the normal drift; nan when there is none to compare with."""
+    drift_sd: float
+    n_drift: int
+    other_max_abs: float | None
+    """Largest |this run - other run| over the window's steps (None without another run)."""
+
+
+def _z(jump: float, drift: np.ndarray) -> tuple[float, float]:
+    if len(drift) < 2 or math.isnan(jump):
+        return math.nan, math.nan
+    mean, sd = float(np.mean(drift)), float(np.std(drift, ddof=1))
+    if sd == 0.0:  # a metric that never moves (e.g. the batch size): any change is infinitely unusual
+        return (0.0 if jump == mean else math.copysign(math.inf, jump - mean)), sd
+    return (jump - mean) / sd, sd
+
+
+def window_diff(log: RunLog, other: RunLog, metric: str, lo: int, hi: int) -> float:
+    """max |log - other| over the steps in ``[lo, hi)`` that either run logged the metric at; inf where
+    only one of them did (a missing value is a difference)."""
+    a = dict(zip(*log.series(metric), strict=True)) if metric in log.metrics else {}
+    b = dict(zip(*other.series(metric), strict=True)) if metric in other.metrics else {}
+    worst = 0.0
+    for s in {int(s) for s in (*a, *b) if lo <= s < hi}:
+        if s not in a or s not in b:
+            return math.inf
+        if a[s] != b[s]:
+            worst = max(worst, abs(a[s] - b[s]) if not (math.isnan(a[s]) or math.isnan(b[s])) else math.inf)
+    return worst
+
+
+def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = None) -> list[Jump]:
+    """One ``Jump`` per resume and metric, in resume then metric order."""
+    out = []
+    for metric in metrics:
+        drift = normal_drift(log, metric, width)
+        for r in log.resumes:
+            pre, post, _, _ = _window_means(log.steps, log.metrics[metric], np.array([r.step]), width)
+            jump = float(post[0] - pre[0])
+            z, sd = _z(jump, drift)
+            diff = None if other is None else window_diff(log, other, metric, r.step - width, r.step + width)
+            out.append(Jump(metric, r.step, float(pre[0]), float(post[0]), jump, z, sd, len(drift), diff))
+    out.sort(key=lambda j: (j.resume_step, metrics.index(j.metric)))
+    return out
+
+
+def max_abs_diff(log: RunLog, other: RunLog, metrics: list[str] | None = None) -> dict[str, float]:
+    """Per compared metric (``birdjepa.compare``'s rule: no wall-clock or resume-check keys), the largest
+    |log - other| over the whole run."""
+    names = metrics or sorted(k for k in set(log.metrics) | set(other.metrics) if compared(k))
+    lo = int(min(log.steps[0], other.steps[0]))
+    hi = int(max(log.steps[-1], other.steps[-1])) + 1
+    return {m: window_diff(log, other, m, lo, hi) for m in names}
+
+
+def iid_reference(log: RunLog, metric: str) -> tuple[str, float | np.ndarray] | None:
+    """The value an IID sample stream would give for a ``dataloader/...`` metric (see
+    ``birdjepa.diagnostics.iid``): 1 for the ``/vs_iid95`` ratios (IID's 95th percentile), the logged
+    expectation where there is one, 0 for lag-1 correlations, 255 (the degrees of freedom) for the
+    256-bucket chi-squared. None where there is no simple reference."""
+    if not metric.startswith("dataloader/"):
+        return None
+    if metric.endswith("/vs_iid95"):
+        return "IID p95", 1.0
+    if (expected := f"{metric}_iid_expected") in log.metrics:
+        return "IID expectation", log.metrics[expected]
+    if "lag1" in metric:
+        return "IID mean", 0.0
+    if metric.startswith("dataloader/bucket_chi2/"):
+        return "IID mean (255 dof)", 255.0
+    return None

@@ -1,0 +1,249 @@
+"""birdjepa.analysis on logs whose answer is known by construction: our JSON lines written by the real
+MetricsLog (resume events, a segment that redoes steps), CSV/wandb exports (resumes inferred from a step
+going back or a clock gap), jump and z-score arithmetic on series built by hand, the `birdjepa analyze`
+command's files, and both marimo notebooks run headless."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from birdjepa import analysis
+from birdjepa.analysis import figures
+from birdjepa.cli import main as birdjepa_main
+from birdjepa.metrics_log import MetricsLog
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_segments(run_dir: Path, segments: list[tuple[int, range, dict]]) -> None:
+    """Each segment: (restart, steps, {metric: f(step)}); a segment after the first starts with the resume
+    event our trainer writes (checkpoint = its first step - 1)."""
+    for restart, steps, fns in segments:
+        log = MetricsLog(run_dir, restart=restart)
+        if restart:
+            log.event("resume", steps[0], checkpoint=steps[0] - 1)
+        for s in steps:
+            log.log(s, {k: f(s) for k, f in fns.items()})
+        log.close()
+
+
+def test_our_log_splits_at_resume_events_and_a_redo_replaces_steps(tmp_path: Path) -> None:
+    # Segment 0 trains to step 9 but its last checkpoint was step 5: segment 1 redoes 6..9 (other values).
+    write_segments(tmp_path / "r", [
+        (0, range(0, 10), {"train/loss": lambda s: float(s)}),
+        (1, range(6, 13), {"train/loss": lambda s: 100.0 + s, "resume/failed": lambda s: 0.0}),
+    ])  # fmt: skip
+    log = analysis.load_run(tmp_path / "r")
+    assert log.name == "r" and log.steps.tolist() == list(range(13))
+    assert log.metrics["train/loss"].tolist() == [*map(float, range(6)), *(100.0 + s for s in range(6, 13))]
+    (r,) = log.resumes
+    assert (r.step, r.segment, r.reason) == (6, 1, "resume event (checkpoint 5)")
+    assert r.gap_s >= 0
+
+
+def test_a_log_cut_mid_line_by_a_kill_loads_and_damage_elsewhere_names_the_line(tmp_path: Path) -> None:
+    write_segments(tmp_path / "r", [(0, range(3), {"train/loss": float})])
+    path = tmp_path / "r" / "metrics.jsonl"
+    path.write_text(path.read_text() + '{"step": 3, "train/lo')
+    assert analysis.load_run(path).steps.tolist() == [0, 1, 2]
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "garbage", *lines[1:3]]) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+        analysis.load_run(path)
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_wandb_export_resumes_are_found_by_step_going_back_and_by_clock_gaps(tmp_path: Path) -> None:
+    rows = [{"_step": s, "_timestamp": 1000.0 + 10 * s, "loss": s, "note": "x"} for s in range(20)]
+    # A requeued job: 2 h of waiting, then steps go on (no step regression).
+    rows += [
+        {"_step": s, "_timestamp": 1000.0 + 10 * s + 7200, "loss": s, "note": "x"} for s in range(20, 30)
+    ]
+    # A resume from an older checkpoint: steps 25.. again, with other values.
+    rows += [
+        {"_step": s, "_timestamp": 1000.0 + 10 * s + 9000, "loss": -s, "note": ""} for s in range(25, 40)
+    ]
+    rows[3]["loss"] = ""  # an empty cell: not logged at that step
+    log = analysis.load_run(write_csv(tmp_path / "export.csv", rows))
+    assert [(r.step, r.reason) for r in log.resumes] == [
+        (20, "time gap 7210 s"),
+        (25, "step went back from 29"),
+    ]
+    assert log.resumes[0].gap_s == 7210.0
+    assert "note" not in log.metrics  # text columns are not metrics
+    steps, loss = log.series("loss")
+    assert steps.tolist() == [s for s in range(40) if s != 3]
+    assert loss.tolist() == [float(s) for s in range(25) if s != 3] + [-float(s) for s in range(25, 40)]
+    # The threshold is a parameter; a larger one leaves only the step regression.
+    assert [r.step for r in analysis.load_run(tmp_path / "export.csv", gap_s=8000).resumes] == [25]
+    # In-memory rows (wandb's scan_history) read the same way.
+    assert [r.step for r in analysis.from_rows("api", rows).resumes] == [20, 25]
+
+
+def test_a_csv_without_a_step_column_is_named(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "bad.csv", [{"epoch": 1, "loss": 2.0}])
+    with pytest.raises(ValueError, match=r"bad.csv row 1: no step column"):
+        analysis.load_run(path)
+
+
+def test_jump_is_post_mean_minus_pre_mean_and_drift_comes_from_steps_away_from_resumes() -> None:
+    # x = step, plus 100 from the resume at 50 on; W = 10: pre = mean(40..49) = 44.5, post = mean(50..59)
+    # + 100 = 154.5; every window away from the resume drifts by exactly W = 10.
+    steps = np.arange(100)
+    x = steps + np.where(steps >= 50, 100.0, 0.0)
+    log = analysis.RunLog("t", steps, steps * 1.0, {"x": x}, [analysis.Resume(50, 1, "test", 0.0)])
+    (j,) = analysis.jumps(log, ["x"], 10)
+    assert (j.pre, j.post, j.jump) == (44.5, 154.5, 110.0)
+    drift = analysis.normal_drift(log, "x", 10)
+    # t in [10, 90] minus the 19 steps t in (40, 60) whose windows straddle the resume at 50.
+    assert len(drift) == 81 - 19 and np.all(drift == 10.0)
+    assert j.z == math.inf and j.drift_sd == 0.0 and j.n_drift == 62  # constant drift: the jump is off it
+
+
+def test_z_scores_a_real_jump_high_and_a_non_event_low() -> None:
+    rng = np.random.default_rng(0)
+    steps = np.arange(2000)
+    noise = rng.normal(0, 1.0, len(steps))
+    trend = 5.0 * np.exp(-steps / 500)
+    resumes = [analysis.Resume(700, 1, "test", 0.0), analysis.Resume(1400, 2, "test", 0.0)]
+    jumped = trend + noise + np.where(steps >= 700, 2.0, 0.0)  # +2 at the first resume, nothing at the second
+    log = analysis.RunLog("t", steps, steps * 1.0, {"loss": jumped}, resumes)
+    j1, j2 = analysis.jumps(log, ["loss"], 20)
+    # The sd of a difference of two 20-step means of unit noise is sqrt(2/20) = 0.316: +2 is ~6 sd.
+    assert abs(j1.drift_sd - math.sqrt(2 / 20)) < 0.03
+    assert j1.z > 4 and abs(j2.z) < 3
+
+
+def test_ema_and_rolling_quantiles_against_plain_loops() -> None:
+    values = np.array([1.0, np.nan, 3.0, 2.0, 8.0, np.nan, 4.0])
+    alpha = 1 - 0.5 ** (1 / 2.0)
+    expected, avg = [], None
+    for v in values:
+        if not np.isnan(v):
+            avg = v if avg is None else avg + alpha * (v - avg)
+        expected.append(avg)
+    assert analysis.ema(values, 2.0).tolist() == expected
+    q = analysis.rolling_quantiles(values, 3, (0.0, 0.5, 1.0))
+    for i in range(len(values)):
+        seen = [v for v in values[max(0, i - 2) : i + 1] if not np.isnan(v)]
+        assert q[:, i].tolist() == [min(seen), float(np.median(seen)), max(seen)]
+
+
+def test_iid_references() -> None:
+    n = 4
+    log = analysis.RunLog(
+        "t", np.arange(n), np.zeros(n), {"dataloader/window_unique_iid_expected": np.ones(n)}, []
+    )
+    assert analysis.iid_reference(log, "dataloader/shard_chi2/vs_iid95") == ("IID p95", 1.0)
+    label, series = analysis.iid_reference(log, "dataloader/window_unique")
+    assert label == "IID expectation" and series.tolist() == [1.0] * n
+    assert analysis.iid_reference(log, "dataloader/bucket_lag1/div") == ("IID mean", 0.0)
+    assert analysis.iid_reference(log, "dataloader/bucket_chi2/hash") == ("IID mean (255 dof)", 255.0)
+    assert analysis.iid_reference(log, "train/loss") is None
+
+
+@pytest.fixture
+def resumed_run(tmp_path: Path) -> Path:
+    """300 steps, resumed at 100 (no change) and at 200 (the loss jumps by 1, the IID lag-1 ratio too)."""
+    rng = np.random.default_rng(1)
+    noise = rng.normal(0, 0.05, 300)
+
+    def loss(s: int) -> float:
+        return 3.0 - s / 300 + float(noise[s]) + (1.0 if s >= 200 else 0.0)
+
+    def lag1(s: int) -> float:
+        return 0.5 + float(noise[s]) + (3.0 if 200 <= s < 205 else 0.0)
+
+    metrics = {
+        "train/loss": loss,
+        "dataloader/bucket_lag1/div/vs_iid95": lag1,
+        "train/step_time": lambda s: 0.1,
+    }
+    write_segments(tmp_path / "run", [(0, range(0, 100), metrics), (1, range(100, 200), metrics),
+                                      (2, range(200, 300), metrics)])  # fmt: skip
+    return tmp_path / "run"
+
+
+def is_png(path: Path) -> bool:
+    data = path.read_bytes()
+    return data[:8] == PNG_MAGIC and len(data) > 5000
+
+
+def test_analyze_writes_figures_and_a_jump_table(resumed_run: Path, tmp_path: Path, capsys) -> None:
+    other = tmp_path / "copy"
+    shutil.copytree(resumed_run, other)
+    out = tmp_path / "out"
+    birdjepa_main(["analyze", str(resumed_run), "--other", str(other), "--window", "20", "--out", str(out)])
+    printed = capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir())
+    # Of the default metrics this run logged only the loss; it has one IID metric for the grid.
+    assert names == ["iid_grid.png", "overview.png", "summary.md", "window-train_loss.png"]
+    assert all(is_png(out / n) for n in names if n.endswith(".png"))
+    summary = (out / "summary.md").read_text()
+    assert summary in printed and "- step 100: resume event (checkpoint 99)" in summary
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in summary.splitlines()
+            if line.startswith("| 1") or line.startswith("| 2")}  # fmt: skip
+    assert set(rows) == {("100", "train/loss"), ("200", "train/loss")}
+    # An identical run differs by 0.0 everywhere (step_time is a wall-clock metric, never compared).
+    assert "max_abs_diff=0.0" in summary
+    result = analysis.analyze(resumed_run, window=20, out=tmp_path / "o2",
+                              metrics=("train/loss", "dataloader/bucket_lag1/div/vs_iid95"))  # fmt: skip
+    quiet, jumped, lag_quiet, lag_jumped = (
+        next(j for j in result.jumps if (j.resume_step, j.metric) == key)
+        for key in [(100, "train/loss"), (200, "train/loss"), (100, "dataloader/bucket_lag1/div/vs_iid95"),
+                    (200, "dataloader/bucket_lag1/div/vs_iid95")]
+    )  # fmt: skip
+    assert abs(jumped.jump - 1.0) < 0.1 and jumped.z > 10 and abs(quiet.z) < 4
+    assert lag_jumped.z > 4 and abs(lag_quiet.z) < 4
+    assert result.max_abs_diff is None and quiet.other_max_abs is None
+
+
+def test_analyze_names_an_unknown_metric(resumed_run: Path) -> None:
+    with pytest.raises(SystemExit, match=r"no metric\(s\) \['train/lsos'\]; it logged: .*train/loss"):
+        analysis.analyze(resumed_run, metrics=("train/lsos",))
+
+
+def run_notebook(name: str, **defs: object) -> dict:
+    spec = importlib.util.spec_from_file_location(f"notebook_{name}", NOTEBOOKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _, out = module.app.run(defs=defs)
+    return dict(out)
+
+
+def assert_figure(fig: object, tmp_path: Path, panels: int) -> None:
+    assert isinstance(fig, Figure)
+    assert sum(ax.get_visible() for ax in fig.axes) == panels
+    fig.savefig(path := tmp_path / "fig.png")
+    assert is_png(path)
+
+
+def test_resume_window_notebook_runs_headless(resumed_run: Path, tmp_path: Path) -> None:
+    out = run_notebook("resume_window", run_path=str(resumed_run), other_path=str(resumed_run))
+    assert [j.resume_step for j in out["found"]] == [100, 200]
+    assert all(j.other_max_abs == 0.0 for j in out["found"])
+    assert_figure(out["window_fig"], tmp_path, panels=2)  # one panel per resume
+    assert_figure(out["overview_fig"], tmp_path, panels=1)
+
+
+def test_iid_grid_notebook_runs_headless(resumed_run: Path, tmp_path: Path) -> None:
+    out = run_notebook("iid_grid", run_path=str(resumed_run))
+    assert_figure(out["grid_fig"], tmp_path, panels=1)  # the one IID metric this run logged
+    assert out["grid_fig"].axes[0].get_title() == "bucket_lag1/div/vs_iid95"
+    assert out["panels"].value == [m for m in figures.IID_GRID if m in out["log"].metrics]
