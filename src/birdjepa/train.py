@@ -414,7 +414,7 @@ def pretrain(cfg: PretrainConfig) -> int:
             break
 
     progress.close()
-    if exit_code == 0 and evals and start < cfg.steps:
+    if exit_code == 0 and evals and start < cfg.steps and step == last:
         print(
             f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s; held-out probe "
             f"accuracy {evals['eval/probe_acc']:.3f} (chance {1 / n_classes:.3f}); run directory {run_dir}",
