@@ -130,6 +130,19 @@ def test_z_scores_a_real_jump_high_and_a_non_event_low() -> None:
     assert j1.z > 4 and abs(j2.z) < 3
 
 
+def test_with_a_reference_run_the_drift_is_measured_on_it() -> None:
+    # Resumed every 10 steps with W = 10: no quiet window of its own. The straight run (slope 1, no
+    # resumes) drifts by exactly 10 per window, so a resumed run that drops by 5 at each resume scores -inf.
+    steps = np.arange(60)
+    straight = analysis.RunLog("straight", steps, steps * 1.0, {"x": steps * 1.0}, [])
+    resumes = [analysis.Resume(s, i + 1, "test", 0.0) for i, s in enumerate(range(10, 60, 10))]
+    resumed = analysis.RunLog("resumed", steps, steps * 1.0, {"x": steps - 5.0 * (steps // 10)}, resumes)
+    assert len(analysis.normal_drift(resumed, "x", 10)) == 0
+    found = analysis.jumps(resumed, ["x"], 10, straight)
+    assert [(j.jump, j.n_drift, j.drift_run) for j in found[:4]] == [(5.0, 41, "straight")] * 4
+    assert all(j.z == -math.inf for j in found[:4])
+
+
 def test_ema_and_rolling_quantiles_against_plain_loops() -> None:
     values = np.array([1.0, np.nan, 3.0, 2.0, 8.0, np.nan, 4.0])
     alpha = 1 - 0.5 ** (1 / 2.0)

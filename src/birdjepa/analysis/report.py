@@ -46,7 +46,8 @@ def summary_markdown(log: RunLog, found: list[Jump], width: int, other: RunLog |
     lines += [
         "",
         f"jump = mean over [r, r+{width}) − mean over [r−{width}, r); z = (jump − mean drift) / sd drift, "
-        f"where drift is the same statistic at every step whose ±{width} windows hold no resume.",
+        f"where drift is the same statistic at every step of {(other or log).name} whose ±{width} windows "
+        "hold no resume.",
         "",
     ]
     head = "| resume step | metric | pre | post | jump | z | drift sd | n drift |"

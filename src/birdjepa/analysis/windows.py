@@ -4,7 +4,10 @@ For a resume at step ``r`` and a width ``W``: ``pre`` is the mean over steps ``[
 mean over ``[r, r + W)``, and the jump is ``post - pre``. The same statistic taken at every other step
 ``t`` whose windows ``[t - W, t + W)`` hold no resume is the metric's normal drift (training moves every
 metric; a loss falling by 0.1 per 20 steps is not a jump). The z-score is the jump against that drift:
-``(jump - mean(drift)) / std(drift)``; a resume that is a non-event scores like any other step.
+``(jump - mean(drift)) / std(drift)``; a resume that is a non-event scores like any other step. Given a
+reference run (``other``, e.g. the uninterrupted one), the drift is measured on it instead: it shows the
+metric's normal movement untouched by resumes, and a run resumed every few steps has no quiet windows
+of its own.
 
 Bands for the pictures: an EMA (``halflife`` steps) and trailing rolling quantiles (the last ``width``
 logged values; trailing so a band never knows about the step after it).
@@ -86,6 +89,8 @@ class Jump:
     """Against the normal drift; nan when there is none to compare with."""
     drift_sd: float
     n_drift: int
+    drift_run: str
+    """The run the drift was measured on."""
     other_max_abs: float | None
     """Largest |this run - other run| over the window's steps (None without another run)."""
 
@@ -116,14 +121,28 @@ def window_diff(log: RunLog, other: RunLog, metric: str, lo: int, hi: int) -> fl
 def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = None) -> list[Jump]:
     """One ``Jump`` per resume and metric, in resume then metric order."""
     out = []
+    reference = other if other is not None else log
     for metric in metrics:
-        drift = normal_drift(log, metric, width)
+        drift = normal_drift(reference, metric, width) if metric in reference.metrics else np.array([])
         for r in log.resumes:
             pre, post, _, _ = _window_means(log.steps, log.metrics[metric], np.array([r.step]), width)
             jump = float(post[0] - pre[0])
             z, sd = _z(jump, drift)
             diff = None if other is None else window_diff(log, other, metric, r.step - width, r.step + width)
-            out.append(Jump(metric, r.step, float(pre[0]), float(post[0]), jump, z, sd, len(drift), diff))
+            out.append(
+                Jump(
+                    metric,
+                    r.step,
+                    float(pre[0]),
+                    float(post[0]),
+                    jump,
+                    z,
+                    sd,
+                    len(drift),
+                    reference.name,
+                    diff,
+                )
+            )
     out.sort(key=lambda j: (j.resume_step, metrics.index(j.metric)))
     return out
 
