@@ -64,12 +64,15 @@ def summary_markdown(log: RunLog, found: list[Jump], width: int, other: RunLog |
         lines.append(row)
     if other is not None and whole_run is not None:
         worst = max(whole_run.values(), default=math.inf)
-        differing = sorted(k for k, v in whole_run.items() if v != 0.0)
-        lines += [
-            "",
-            f"Whole run against {other.name}, every compared metric ({len(whole_run)}): "
-            f"max_abs_diff={worst!r}" + (f"; differing: {', '.join(differing[:20])}" if differing else ""),
-        ]
+        differing = sorted(((v, k) for k, v in whole_run.items() if v != 0.0), reverse=True)
+        lines += ["", f"Whole run against {other.name}, every compared metric ({len(whole_run)}): "
+                  f"max_abs_diff={worst!r}"]  # fmt: skip
+        if differing:  # inf: logged at a step by one run only (e.g. a monitor metric logged when it flags)
+            shown = ", ".join(f"{k} {_fmt(v)}" for v, k in differing[:12])
+            lines.append(f"{len(differing)} differ; the largest: {shown}")
+        train = [v for k, v in whole_run.items() if k.startswith("train/")]
+        if train:
+            lines.append(f"train/ metrics only ({len(train)}): max_abs_diff={max(train)!r}")
     return "\n".join(lines) + "\n"
 
 

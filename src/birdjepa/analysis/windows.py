@@ -115,7 +115,7 @@ def window_diff(log: RunLog, other: RunLog, metric: str, lo: int, hi: int) -> fl
             return math.inf
         if a[s] != b[s]:
             worst = max(worst, abs(a[s] - b[s]) if not (math.isnan(a[s]) or math.isnan(b[s])) else math.inf)
-    return worst
+    return float(worst)
 
 
 def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = None) -> list[Jump]:
