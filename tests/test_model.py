@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tyro
 
+from birdjepa.config import PretrainConfig
 from birdjepa.model import (
     BirdJepa,
     ModelConfig,
@@ -76,7 +78,10 @@ def test_presets():
     assert (preset("small").dim, preset("small").depth, preset("small").heads) == (384, 12, 6)
     assert (preset("base").dim, preset("base").depth, preset("base").heads) == (768, 12, 12)
     assert ModelConfig(preset="small", depth=6).depth == 6  # explicit fields override the preset
-    assert ModelConfig() == preset("tiny")
+    assert ModelConfig().resolved() == preset("tiny")
+    # On the command line the preset decides every field not given (the default instance holds None).
+    small = tyro.cli(PretrainConfig, args=["--model.preset", "small", "--model.depth", "6"]).model.resolved()
+    assert (small.dim, small.depth, small.heads, small.proj_hidden) == (384, 6, 6, 2048)
     with pytest.raises(ValueError, match="unknown model preset"):
         ModelConfig(preset="huge")
     with pytest.raises(ValueError, match="divisible"):

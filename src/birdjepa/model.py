@@ -64,8 +64,8 @@ GROUPS: tuple[str, ...] = ("encoder", "projector", "probe")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Model hyper-parameters. Fields left at ``None`` are filled from the named ``preset``
-    (see ``PRESETS``); any field given explicitly overrides the preset.
+    """Model hyper-parameters. Fields left at ``None`` take the named ``preset``'s value (see ``PRESETS``
+    and ``resolved``); any field given explicitly overrides the preset.
 
     ``ModelConfig()`` is the tiny preset; ``ModelConfig(preset="small", depth=6)`` is small with 6 blocks.
     """
@@ -99,13 +99,14 @@ class ModelConfig:
     """Classes of the online linear probe (the trainer sets it from the dataset vocabulary)."""
 
     def __post_init__(self) -> None:
+        # The preset's values are not written into the fields: a config given on the command line keeps
+        # None for "from the preset", so `--model.preset small` means small (tyro passes the default
+        # instance's field values explicitly; filled-in tiny values would override the new preset).
         if self.preset not in PRESETS:
             raise ValueError(f"unknown model preset {self.preset!r}; expected one of {sorted(PRESETS)}")
-        for name, value in PRESETS[self.preset].items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
-        if self.dim % self.heads:
-            raise ValueError(f"dim={self.dim} is not divisible by heads={self.heads}")
+        dim, heads = (self.dim or PRESETS[self.preset]["dim"]), (self.heads or PRESETS[self.preset]["heads"])
+        if dim % heads:
+            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
         if self.n_frames % self.patch or self.n_mels % self.patch:
             raise ValueError(
                 f"patch={self.patch} must divide n_frames={self.n_frames} and n_mels={self.n_mels}"
@@ -118,6 +119,11 @@ class ModelConfig:
                 f"n_classes={self.n_classes} must be >= 1 and proj_layers={self.proj_layers} >= 0"
             )
 
+    def resolved(self) -> ModelConfig:
+        """This config with the preset's value in every field left at None (what the model is built from)."""
+        filled = {k: v for k, v in PRESETS[self.preset].items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **filled) if filled else self
+
     @property
     def grid(self) -> tuple[int, int]:
         """Patch grid (time, mel)."""
@@ -129,8 +135,8 @@ class ModelConfig:
 
 
 def preset(name: str, **overrides: Any) -> ModelConfig:
-    """The named preset ("tiny", "small", "base"), with optional field overrides."""
-    return ModelConfig(preset=name, **overrides)
+    """The named preset ("tiny", "small", "base"), with optional field overrides, resolved."""
+    return ModelConfig(preset=name, **overrides).resolved()
 
 
 def patchify(x: Array, patch: int) -> Array:
@@ -192,7 +198,7 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
-        cfg = self.cfg
+        cfg = self.cfg.resolved()
         drop = DropPath(self.drop_path)
         h = Attention(cfg.dim, cfg.heads, name="attn")(nn.LayerNorm(name="norm1")(x))
         x = x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
@@ -207,7 +213,7 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, *, deterministic: bool) -> tuple[Array, Array]:
-        cfg = self.cfg
+        cfg = self.cfg.resolved()
         if x.ndim != 3 or x.shape[1:] != (cfg.n_frames, cfg.n_mels):
             raise ValueError(
                 f"encoder expects [B, T={cfg.n_frames}, M={cfg.n_mels}] spectrograms, got shape {x.shape}"
@@ -271,7 +277,7 @@ class BirdJepa(nn.Module):
                 f"expected [B, T, M] or [B, V, T, M] spectrograms, got shape {spectrogram.shape}"
             )
         x = spectrogram.reshape((-1,) + spectrogram.shape[-2:])
-        cfg = self.cfg
+        cfg = self.cfg.resolved()
         embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic)
         projection = Projector(cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, name="projector")(embedding)
         probe_logits = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(embedding))

@@ -214,7 +214,7 @@ def pretrain(cfg: PretrainConfig) -> int:
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
     train_files, eval_files = data_files(cfg)
     n_classes = label_count(train_files)
-    model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes)
+    model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes).resolved()
     if cfg.objective.kind == "supervised":  # the projector becomes the classifier
         model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
     model = BirdJepa(model_cfg)
