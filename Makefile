@@ -34,6 +34,7 @@ bench: build
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_iid.py
 	$(BIN)/python scripts/bench_monitor.py
+	$(BIN)/python scripts/bench_train.py
 
 clean:
 	rm -rf $(VENV) target

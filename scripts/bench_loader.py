@@ -76,8 +76,10 @@ def rate(n: int, fn: Callable[[], object]) -> tuple[float, float]:
     return n / elapsed, elapsed
 
 
-def loader_rate(files: list[str], workers: int, batches: int, batch_size: int) -> float:
-    loader = Loader(files, seed=0, batch_size=batch_size, n_workers=workers, shuffle_buffer=1024)
+def loader_rate(files: list[str], workers: int, batches: int, batch_size: int, n_views: int = 1) -> float:
+    loader = Loader(
+        files, seed=0, batch_size=batch_size, n_workers=workers, shuffle_buffer=1024, n_views=n_views
+    )
     take(loader, 2)  # warm: threads started, resamplers built, pages mapped
     return rate(batches * batch_size, lambda: take(loader, batches))[0]
 
