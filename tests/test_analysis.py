@@ -139,7 +139,9 @@ def test_with_a_reference_run_the_drift_is_measured_on_it() -> None:
     resumed = analysis.RunLog("resumed", steps, steps * 1.0, {"x": steps - 5.0 * (steps // 10)}, resumes)
     assert len(analysis.normal_drift(resumed, "x", 10)) == 0
     found = analysis.jumps(resumed, ["x"], 10, straight)
-    assert [(j.jump, j.n_drift, j.drift_run) for j in found[:4]] == [(5.0, 41, "straight")] * 4
+    assert [(j.jump, j.n_drift, j.drift_run, j.other_jump) for j in found[:4]] == [
+        (5.0, 41, "straight", 10.0)
+    ] * 4
     assert all(j.z == -math.inf for j in found[:4])
 
 

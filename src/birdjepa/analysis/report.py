@@ -53,14 +53,14 @@ def summary_markdown(log: RunLog, found: list[Jump], width: int, other: RunLog |
     head = "| resume step | metric | pre | post | jump | z | drift sd | n drift |"
     rule = "|---:|---|---:|---:|---:|---:|---:|---:|"
     if other is not None:
-        head += f" max abs diff vs {other.name} (window) |"
-        rule += "---:|"
+        head += f" jump of {other.name} at r | max abs diff vs {other.name} (window) |"
+        rule += "---:|---:|"
     lines += [head, rule]
     for j in found:
         row = (f"| {j.resume_step} | {j.metric} | {_fmt(j.pre)} | {_fmt(j.post)} | {_fmt(j.jump)} | "
                f"{_fmt(j.z)} | {_fmt(j.drift_sd)} | {j.n_drift} |")  # fmt: skip
         if other is not None:
-            row += f" {_fmt(j.other_max_abs)} |"
+            row += f" {_fmt(j.other_jump)} | {_fmt(j.other_max_abs)} |"
         lines.append(row)
     if other is not None and whole_run is not None:
         worst = max(whole_run.values(), default=math.inf)

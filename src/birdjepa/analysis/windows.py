@@ -91,6 +91,8 @@ class Jump:
     n_drift: int
     drift_run: str
     """The run the drift was measured on."""
+    other_jump: float | None
+    """The same statistic on the other run at the same step (what the step would have shown there)."""
     other_max_abs: float | None
     """Largest |this run - other run| over the window's steps (None without another run)."""
 
@@ -128,21 +130,26 @@ def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = No
             pre, post, _, _ = _window_means(log.steps, log.metrics[metric], np.array([r.step]), width)
             jump = float(post[0] - pre[0])
             z, sd = _z(jump, drift)
-            diff = None if other is None else window_diff(log, other, metric, r.step - width, r.step + width)
-            out.append(
-                Jump(
-                    metric,
-                    r.step,
-                    float(pre[0]),
-                    float(post[0]),
-                    jump,
-                    z,
-                    sd,
-                    len(drift),
-                    reference.name,
-                    diff,
-                )
+            diff, other_jump = None, None
+            if other is not None:
+                diff = window_diff(log, other, metric, r.step - width, r.step + width)
+                if metric in other.metrics:
+                    o_pre, o_post, _, _ = _window_means(
+                        other.steps, other.metrics[metric], np.array([r.step]), width
+                    )
+                    other_jump = float(o_post[0] - o_pre[0])
+            values = (
+                float(pre[0]),
+                float(post[0]),
+                jump,
+                z,
+                sd,
+                len(drift),
+                reference.name,
+                other_jump,
+                diff,
             )
+            out.append(Jump(metric, r.step, *values))
     out.sort(key=lambda j: (j.resume_step, metrics.index(j.metric)))
     return out
 
