@@ -100,6 +100,12 @@ def straight_run(demo_dir: Path, runs: Path, seed: int = 0, devices: int = 1) ->
     return runs / "straight"
 
 
+@pytest.fixture(scope="module")
+def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run every single-process job must equal (trained once for the module)."""
+    return straight_run(demo_dir, tmp_path_factory.mktemp("ref"))
+
+
 def identical(a: Path, b: Path) -> list[str]:
     return [f"{d.name} at step {d.first_step}: {d.first_values}" for d in compare_runs(a, b) if d.max_abs]
 
@@ -118,9 +124,8 @@ def test_two_config_sweep_completes(cluster: None, demo_dir: Path, tmp_path: Pat
 
 
 def test_preempted_job_requeues_resumes_and_matches_the_straight_run(
-    cluster: None, demo_dir: Path, tmp_path: Path
+    cluster: None, demo_dir: Path, straight: Path, tmp_path: Path
 ) -> None:
-    straight = straight_run(demo_dir, tmp_path / "ref")
     path = write_sweep(tmp_path, demo_dir, 1, "pre")
     # The job takes the whole node, so the high-priority job can only run by preempting it.
     ((job, run_dir),) = sweep(
@@ -138,8 +143,9 @@ def test_preempted_job_requeues_resumes_and_matches_the_straight_run(
     assert identical(straight, run_dir) == []
 
 
-def test_force_resume_at_requeues_once_and_matches(cluster: None, demo_dir: Path, tmp_path: Path) -> None:
-    straight = straight_run(demo_dir, tmp_path / "ref")
+def test_force_resume_at_requeues_once_and_matches(
+    cluster: None, demo_dir: Path, straight: Path, tmp_path: Path
+) -> None:
     ((job, run_dir),) = sweep(write_sweep(tmp_path, demo_dir, 1, "force"), tmp_path / "runs",
                               "--slurm.partition", "low", "--force-resume-at", "9").values()  # fmt: skip
     wait_done(job, run_dir)

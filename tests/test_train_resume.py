@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from birdjepa.analysis import analyze
 from birdjepa.checkpoint import Checkpointer
 from birdjepa.compare import compare_runs, metrics_by_step
 from birdjepa.config import PretrainConfig
@@ -132,6 +133,10 @@ def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: P
     assert "monitor/update_ratio/median" in logged[9] and "monitor/update_ratio/median" in logged[19]
     config = json.loads((resumed / "config.json").read_text())
     assert config["data"]["n_workers"] == 1
+    # The analysis finds the three resumes from the log's events and sees nothing at any of them.
+    result = analyze(resumed, other=tmp_path / "verify-v" / "straight", window=4)
+    assert [j.resume_step for j in result.jumps if j.metric == "train/loss"] == [9, stops[1]["step"] + 1, 23]
+    assert result.max_abs_diff == 0.0 and all(j.other_max_abs == 0.0 for j in result.jumps)
 
 
 def test_verify_resume_checkpointed_prng_is_exact(demo_dir: Path, tmp_path: Path) -> None:
@@ -160,6 +165,13 @@ def test_verify_resume_catches_the_legacy_resume_bug(demo_dir: Path, tmp_path: P
     assert cmp.returncode == 1 and "step 2: (" in cmp.stdout, cmp.stdout + cmp.stderr
     same = birdjepa("compare", str(v / "straight"), str(v / "straight"))
     assert same.returncode == 0 and same.stdout.strip().endswith("max_abs_diff=0.0"), same.stdout
+    # `birdjepa analyze` puts the difference at the resume: nothing before it, the loss after it.
+    # (A window of 4 covers steps 0..5: the table's largest difference is the loss's over the run.)
+    out = birdjepa("analyze", str(v / "resumed"), "--other", str(v / "straight"), "--window", "4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("| 2 | train/loss |")]
+    assert row.split("|")[-2].strip() == f"{loss.max_abs:.4g}"
+    assert (v / "resumed" / "analysis" / "window-train_loss.png").stat().st_size > 5000
 
 
 def test_debug_roundtrip_does_not_change_the_run(demo_dir: Path, straight: Path, tmp_path: Path) -> None:
