@@ -47,7 +47,8 @@ from bench_loader import loader_rate  # noqa: E402  (the loader benchmark's own 
 
 #: (steps, batch size) per preset: enough steady steps to take a median in a few minutes on 2 cores.
 PLANS = {"tiny": (30, 16), "small": (8, 4)}
-#: Steps left out of the step-time median: the first compiles, the one after a save waits on it.
+#: Steps of each process left out of the step-time median: they compile (train step, then the first
+#: logged-norm and monitor paths).
 WARMUP = 2
 
 
@@ -85,7 +86,7 @@ def train_figures(runs: Path, name: str, steps: int, batch: int) -> TrainFigures
     lines = list(read_metrics(runs / name))
     rows = {x["step"]: x for x in lines if "event" not in x and "train/step_time" in x}
     (resume,) = [x for x in lines if x.get("event") == "resume"]
-    # Steady steps: past the compile steps of each segment, not the step after the stop's save.
+    # Steady steps: past the first WARMUP steps of each of the two processes.
     steady = [rows[s] for s in rows if WARMUP <= s <= stop or s >= stop + 1 + WARMUP]
     step_time = [x["train/step_time"] for x in steady]
     wait = sum(x["train/data_wait"] for x in steady) / sum(step_time)

@@ -46,16 +46,23 @@ def _reference(ax: Axes, log: RunLog, metric: str, keep: np.ndarray | None = Non
         ax.axhline(value, color="tab:green", linewidth=1.0, label=label)
 
 
-def _series(ax: Axes, log: RunLog, metric: str, keep: np.ndarray, halflife: float, band: int) -> None:
-    """The logged values, their EMA and trailing 10-90 % band, over the timeline entries in ``keep``."""
-    values = log.metrics[metric]
-    q = rolling_quantiles(values, band)
-    ax.fill_between(log.steps[keep], q[0][keep], q[1][keep], color="tab:blue", alpha=0.15,
-                    linewidth=0, label=f"10-90 % of last {band}")  # fmt: skip
-    logged = keep & ~np.isnan(values)
-    ax.plot(log.steps[logged], values[logged], ".", color="tab:blue", markersize=3, label=log.name)
-    ax.plot(log.steps[keep], ema(values, halflife)[keep], color="tab:orange", linewidth=1.2,
-            label=f"EMA (half-life {halflife:g})")  # fmt: skip
+class _Bands:
+    """A metric's EMA and trailing 10-90 % band over the whole timeline, computed once per figure."""
+
+    def __init__(self, log: RunLog, metric: str, halflife: float, band: int) -> None:
+        self.log, self.values, self.halflife, self.band = log, log.metrics[metric], halflife, band
+        self.q = rolling_quantiles(self.values, band)
+        self.ema = ema(self.values, halflife)
+
+    def draw(self, ax: Axes, keep: np.ndarray) -> None:
+        """The logged values with their EMA and band, over the timeline entries in ``keep``."""
+        steps = self.log.steps
+        ax.fill_between(steps[keep], self.q[0][keep], self.q[1][keep], color="tab:blue", alpha=0.15,
+                        linewidth=0, label=f"10-90 % of last {self.band}")  # fmt: skip
+        logged = keep & ~np.isnan(self.values)
+        ax.plot(steps[logged], self.values[logged], ".", color="tab:blue", markersize=3, label=self.log.name)
+        ax.plot(steps[keep], self.ema[keep], color="tab:orange", linewidth=1.2,
+                label=f"EMA (half-life {self.halflife:g})")  # fmt: skip
 
 
 def _other(ax: Axes, other: RunLog | None, metric: str, lo: float, hi: float) -> None:
@@ -87,10 +94,11 @@ def resume_windows(
     by_step = {j.resume_step: j for j in found or [] if j.metric == metric}
     if not log.resumes:
         axes[0].text(0.5, 0.5, f"{log.name}: no resumes", ha="center", va="center")
+    bands = _Bands(log, metric, halflife, band)
     for ax, r in zip(axes, log.resumes, strict=False):
         lo, hi = r.step - width, r.step + width - 1
         keep = (log.steps >= lo) & (log.steps <= hi)
-        _series(ax, log, metric, keep, halflife, band)
+        bands.draw(ax, keep)
         _other(ax, other, metric, lo, hi)
         _reference(ax, log, metric, keep)
         _mark_resumes(ax, log, lo, hi)
@@ -102,8 +110,8 @@ def resume_windows(
                 title += f", max |Δ| {j.other_max_abs:.3g}"
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
-    for ax in axes[len(log.resumes) :]:
-        ax.set_visible(bool(not log.resumes and ax is axes[0]))
+    for ax in axes[n:]:  # the grid's unused cells (n is 1 with no resumes: the note's panel)
+        ax.set_visible(False)
     axes[0].set_ylabel(metric)
     axes[0].legend(fontsize=7, loc="best")
     fig.suptitle(f"{log.name}: {metric} around each resume (±{width} steps)", fontsize=10)
@@ -117,7 +125,7 @@ def overview(log: RunLog, metrics: list[str], *, other: RunLog | None = None, ha
     axes = fig.subplots(len(metrics), 1, squeeze=False, sharex=True).ravel()
     everything = np.ones(len(log.steps), bool)
     for ax, metric in zip(axes, metrics, strict=True):
-        _series(ax, log, metric, everything, halflife, band)
+        _Bands(log, metric, halflife, band).draw(ax, everything)
         _other(ax, other, metric, -math.inf, math.inf)
         _reference(ax, log, metric)
         _mark_resumes(ax, log)
@@ -139,7 +147,7 @@ def iid_grid(log: RunLog, metrics: tuple[str, ...] = IID_GRID, *, halflife: floa
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     everything = np.ones(len(log.steps), bool)
     for ax, metric in zip(axes, present, strict=False):
-        _series(ax, log, metric, everything, halflife, band)
+        _Bands(log, metric, halflife, band).draw(ax, everything)
         _reference(ax, log, metric)
         _mark_resumes(ax, log)
         ax.set_title(metric.removeprefix("dataloader/"), fontsize=9)

@@ -109,44 +109,41 @@ def _z(jump: float, drift: np.ndarray) -> tuple[float, float]:
 def window_diff(log: RunLog, other: RunLog, metric: str, lo: int, hi: int) -> float:
     """max |log - other| over the steps in ``[lo, hi)`` that either run logged the metric at; inf where
     only one of them did (a missing value is a difference)."""
-    a = dict(zip(*log.series(metric), strict=True)) if metric in log.metrics else {}
-    b = dict(zip(*other.series(metric), strict=True)) if metric in other.metrics else {}
-    worst = 0.0
-    for s in {int(s) for s in (*a, *b) if lo <= s < hi}:
-        if s not in a or s not in b:
-            return math.inf
-        if a[s] != b[s]:
-            worst = max(worst, abs(a[s] - b[s]) if not (math.isnan(a[s]) or math.isnan(b[s])) else math.inf)
-    return float(worst)
+    empty = (np.array([], np.int64), np.array([]))
+    (sa, va), (sb, vb) = (r.series(metric) if metric in r.metrics else empty for r in (log, other))
+    ka, kb = (sa >= lo) & (sa < hi), (sb >= lo) & (sb < hi)
+    if not np.array_equal(sa[ka], sb[kb]):
+        return math.inf
+    va, vb = va[ka], vb[kb]
+    diff = np.where(va == vb, 0.0, np.abs(va - vb))  # equal infinities differ by 0, not nan
+    return float(diff.max(initial=0.0))
 
 
 def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = None) -> list[Jump]:
     """One ``Jump`` per resume and metric, in resume then metric order."""
-    out = []
     reference = other if other is not None else log
+    at = np.array([r.step for r in log.resumes], np.int64)
+    out = []
     for metric in metrics:
         drift = normal_drift(reference, metric, width) if metric in reference.metrics else np.array([])
-        for r in log.resumes:
-            pre, post, _, _ = _window_means(log.steps, log.metrics[metric], np.array([r.step]), width)
-            jump = float(post[0] - pre[0])
+        pre, post, _, _ = _window_means(log.steps, log.metrics[metric], at, width)
+        other_jumps: list[float | None] = [None] * len(at)
+        if other is not None and metric in other.metrics:
+            o_pre, o_post, _, _ = _window_means(other.steps, other.metrics[metric], at, width)
+            other_jumps = [float(x) for x in o_post - o_pre]
+        for i, r in enumerate(log.resumes):
+            jump = float(post[i] - pre[i])
             z, sd = _z(jump, drift)
-            diff, other_jump = None, None
-            if other is not None:
-                diff = window_diff(log, other, metric, r.step - width, r.step + width)
-                if metric in other.metrics:
-                    o_pre, o_post, _, _ = _window_means(
-                        other.steps, other.metrics[metric], np.array([r.step]), width
-                    )
-                    other_jump = float(o_post[0] - o_pre[0])
+            diff = None if other is None else window_diff(log, other, metric, r.step - width, r.step + width)
             values = (
-                float(pre[0]),
-                float(post[0]),
+                float(pre[i]),
+                float(post[i]),
                 jump,
                 z,
                 sd,
                 len(drift),
                 reference.name,
-                other_jump,
+                other_jumps[i],
                 diff,
             )
             out.append(Jump(metric, r.step, *values))
