@@ -170,6 +170,21 @@ def test_deterministic_whatever_the_worker_count(tmp_path: Path) -> None:
     assert read_vocab(tmp_path / "c" / "train")[1] != read_vocab(tmp_path / "a" / "train")[1]
 
 
+def test_species_order_groups_the_same_recordings(tmp_path: Path) -> None:
+    shuffled = rows(generate_demo_data(tmp_path / "a", TINY, workers=1) / "train")
+    grouped = rows(generate_demo_data(tmp_path / "b", dataclasses.replace(TINY, order="species"), workers=1)
+                   / "train")  # fmt: skip
+
+    def runs(rs: list[dict]) -> int:  # contiguous runs of one label
+        labels = [r["ebird_code"] for r in rs]
+        return 1 + sum(a != b for a, b in zip(labels, labels[1:], strict=False))
+
+    assert runs(grouped) == TINY.n_species
+    assert runs(shuffled) > TINY.n_species  # the default order is not grouped (seed 0)
+    by_id = {r["recording_id"]: r["audio"]["bytes"] for r in shuffled}
+    assert {r["recording_id"]: r["audio"]["bytes"] for r in grouped} == by_id
+
+
 def test_refuses_to_mix_with_an_existing_set(tmp_path: Path) -> None:
     cfg = DemoConfig(n_species=2, per_species_train=1, per_species_eval=0, min_seconds=1.0, max_seconds=1.0)
     out = generate_demo_data(tmp_path / "d", cfg, workers=1)
@@ -221,6 +236,7 @@ def test_species_and_config_validation() -> None:
         {"min_seconds": 0.5},
         {"min_seconds": 9.0, "max_seconds": 8.0},
         {"shard_mb": 0},
+        {"order": "alphabetical"},
     ):
         with pytest.raises(ValueError):
             DemoConfig(**bad)

@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import soundfile as sf
@@ -97,6 +97,9 @@ class DemoConfig:
     """Seed of everything: species, songs, noise, codec/rate assignment, order."""
     shard_mb: float = 36.0
     """Target shard size in MiB (a shard is closed once its audio bytes reach it)."""
+    order: Literal["shuffled", "species"] = "shuffled"
+    """Row order of each split. shuffled: random; species: grouped by species as a per-species download
+    (e.g. Xeno-Canto queried species by species) writes them. The recordings are the same in both."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_species <= 1000:
@@ -114,6 +117,8 @@ class DemoConfig:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.shard_mb <= 0:
             raise ValueError(f"shard_mb must be positive, got {self.shard_mb}")
+        if self.order not in ("shuffled", "species"):
+            raise ValueError(f"order must be 'shuffled' or 'species', got {self.order!r}")
 
 
 DEFAULT = DemoConfig()
@@ -500,7 +505,7 @@ def _make_recording(task: tuple[RecordingPlan, Species]) -> bytes:
 
 
 def plan_recordings(config: DemoConfig) -> dict[str, list[RecordingPlan]]:
-    """Every recording of every split, in the order written to the shards (shuffled)."""
+    """Every recording of every split, in the order written to the shards (`config.order`)."""
     counts = {"train": config.per_species_train, "eval": config.per_species_eval}
     total = config.n_species * sum(counts.values())
     id_numbers = 100000 + _rng(config.seed, _SPLIT_KEY["order"]).permutation(total)
@@ -515,7 +520,8 @@ def plan_recordings(config: DemoConfig) -> dict[str, list[RecordingPlan]]:
         channels = _stratified(n, CHANNEL_MIX, rng)
         lo, hi = math.log(config.min_seconds), math.log(config.max_seconds)
         seconds = np.round(np.exp(rng.uniform(lo, hi, size=n)), 3)
-        order = rng.permutation(n)
+        shuffled = rng.permutation(n)  # drawn in both orders, so the recordings do not depend on it
+        order = shuffled if config.order == "shuffled" else range(n)
         plans[split] = [
             RecordingPlan(
                 split=split,
