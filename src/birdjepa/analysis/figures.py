@@ -114,7 +114,7 @@ def resume_windows(
         ax.set_visible(False)
     axes[0].set_ylabel(metric)
     axes[0].legend(fontsize=7, loc="best")
-    fig.suptitle(f"{log.name}: {metric} around each resume (±{width} steps)", fontsize=10)
+    fig.suptitle(f"{log.name}\n{metric} around each resume (±{width} steps)", fontsize=10)
     return fig
 
 
