@@ -121,6 +121,25 @@ def test_restore_in_a_new_process(demo_dir: Path, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "after.json").read_text()) == loader.state()
 
 
+def test_a_warming_buffer_grows_and_resumes_exactly(demo_dir: Path) -> None:
+    """shuffle_initial (webdataset's `initial`): draws start at 2 buffered samples and the buffer grows
+    by one per draw up to 16; a state taken while it grows resumes exactly, and it is part of the
+    stream's signature."""
+    loader = train_loader(demo_dir, interleave=1, shuffle_initial=2)
+    states, straight = [loader.state()], []
+    for _ in range(6):
+        straight.extend(take(loader, 1))
+        states.append(loader.state())
+    assert [len(st["plan"]["buffer"]) for st in states] == [0, 6, 10, 14, 16, 16, 16]
+    for k in (1, 2, 3):
+        resumed = train_loader(demo_dir, interleave=1, shuffle_initial=2, state=states[k])
+        assert_same_batches(take(resumed, 3), straight[k : k + 3])
+    filled = take(train_loader(demo_dir, interleave=1), 6)  # the default fills the buffer first
+    assert not all(np.array_equal(a["index"], b["index"]) for a, b in zip(filled, straight, strict=True))
+    with pytest.raises(StateError, match="shuffle_initial: saved 2 now"):
+        train_loader(demo_dir, interleave=1, state=states[2])
+
+
 def test_state_is_small_and_json(demo_dir: Path) -> None:
     loader = train_loader(demo_dir, shuffle_buffer=16)
     take(loader, 5)

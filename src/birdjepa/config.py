@@ -30,6 +30,9 @@ class DataConfig:
     n_workers: int = 2
     """Decode threads; changing it never changes the batches."""
     shuffle_buffer: int = 1024
+    shuffle_initial: int | None = None
+    """Start drawing once the buffer holds this many samples, growing it by one per draw
+    (webdataset's `initial`); None: fill the whole buffer first. Either way the stream resumes exactly."""
     interleave: int = 4
     n_views: int = 2
     """Views per recording (LeJEPA needs >= 2)."""

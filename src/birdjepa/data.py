@@ -86,7 +86,8 @@ class Loader:
     ``shard_id`` int64 and ``epoch`` int64.
 
     Train mode is infinite, shuffled (per-epoch shard permutation, ``interleave`` shards read
-    round-robin, a ``shuffle_buffer`` of sample indices) with random crops. Eval mode makes one
+    round-robin, a ``shuffle_buffer`` of sample indices, filled before the first draw unless
+    ``shuffle_initial`` is set) with random crops. Eval mode makes one
     ordered pass with centre crops; iterating it again starts a new pass.
     """
 
@@ -100,6 +101,7 @@ class Loader:
         train: bool = True,
         n_views: int = 1,
         shuffle_buffer: int = 2048,
+        shuffle_initial: int | None = None,
         interleave: int = 4,
         prefetch_batches: int = 2,
         drop_last: bool = False,
@@ -119,6 +121,7 @@ class Loader:
             "train": train,
             "n_views": n_views,
             "shuffle_buffer": shuffle_buffer,
+            "shuffle_initial": shuffle_initial,
             "interleave": interleave,
             "prefetch_batches": prefetch_batches,
             "drop_last": drop_last,

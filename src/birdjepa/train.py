@@ -184,8 +184,8 @@ def open_train_loader(
     kw: dict[str, Any] = {
         "seed": cfg.seed, "batch_size": cfg.data.batch_size, "n_workers": cfg.data.n_workers,
         "n_views": cfg.data.n_views, "shuffle_buffer": cfg.data.shuffle_buffer,
-        "interleave": cfg.data.interleave, "augment": not cfg.debug_disable_stochastic,
-        "features": cfg.data.features,
+        "shuffle_initial": cfg.data.shuffle_initial, "interleave": cfg.data.interleave,
+        "augment": not cfg.debug_disable_stochastic, "features": cfg.data.features,
     }  # fmt: skip
     if state is None:
         return Loader(files, **kw), ("not_restored" if resumed else None)

@@ -42,6 +42,10 @@ pub struct LoaderConfig {
     pub drop_last: bool,
     pub seed: u64,
     pub shuffle_buffer: usize,
+    /// Train: start drawing once the buffer holds this many samples and grow it to `shuffle_buffer`
+    /// by one per draw (webdataset's `initial`): an earlier first batch, but the first batches of a
+    /// cold start come from few shards. None: fill the whole buffer first.
+    pub shuffle_initial: Option<usize>,
     pub interleave: usize,
     /// Decoded batches that may be in flight ahead of the consumer.
     pub prefetch_batches: usize,
@@ -62,6 +66,7 @@ impl Default for LoaderConfig {
             drop_last: false,
             seed: 0,
             shuffle_buffer: 2048,
+            shuffle_initial: None,
             interleave: 4,
             prefetch_batches: 2,
             columns: ColumnConfig::default(),
@@ -74,12 +79,14 @@ impl Default for LoaderConfig {
 impl LoaderConfig {
     /// The buffer never holds more than one epoch: a larger one would put repeats in one batch.
     fn plan_config(&self, n_samples: u64) -> PlanConfig {
+        let buffer_size = if self.train { self.shuffle_buffer.min(n_samples as usize) } else { 0 };
         PlanConfig {
             seed: self.seed,
             shuffle: self.train,
             repeat: self.train,
             interleave: if self.train { self.interleave } else { 1 },
-            buffer_size: if self.train { self.shuffle_buffer.min(n_samples as usize) } else { 0 },
+            buffer_size,
+            buffer_initial: self.shuffle_initial.map_or(buffer_size, |i| i.min(buffer_size)),
         }
     }
 
@@ -103,6 +110,10 @@ impl LoaderConfig {
         m.insert("seed".into(), self.seed.to_string());
         m.insert("shuffle_buffer".into(), self.shuffle_buffer.to_string());
         m.insert("interleave".into(), self.interleave.to_string());
+        if let Some(initial) = self.shuffle_initial {
+            // Only when set, so the signatures of states saved before the option existed still match.
+            m.insert("shuffle_initial".into(), initial.to_string());
+        }
         m.insert("audio_column".into(), self.columns.audio_column.clone());
         m.insert("label_column".into(), self.columns.label_column.clone());
         m.insert("clip".into(), format!("{:?}", self.clip));
@@ -116,7 +127,9 @@ impl LoaderConfig {
         check(self.n_views >= 1, "n_views must be >= 1")?;
         check(self.interleave >= 1, "interleave must be >= 1")?;
         check(self.prefetch_batches >= 1, "prefetch_batches must be >= 1")?;
-        check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")
+        check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")?;
+        let initial_ok = self.shuffle_initial.is_none_or(|i| (1..=self.shuffle_buffer).contains(&i));
+        check(initial_ok, "shuffle_initial must be in 1..=shuffle_buffer")
     }
 }
 

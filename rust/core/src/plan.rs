@@ -6,7 +6,9 @@
 //! - `interleave` shards are open at once and read round-robin, rows in order inside a shard
 //!   (sequential I/O); an exhausted shard is replaced in place by the next one in the order;
 //! - a shuffle buffer of `buffer_size` slots holds sample *indices*; output position `p` takes
-//!   slot `hash(seed, p) mod len` and refills it from the source.
+//!   slot `hash(seed, p) mod len` and refills it from the source. Drawing starts once the buffer
+//!   holds `buffer_initial` items; until it is full each draw reads two items (one refills the
+//!   slot, one grows the buffer), as webdataset's `shuffle(bufsize, initial)` does.
 //!
 //! The whole state is a few counters plus the buffer's indices, so it serialises to a small JSON
 //! object and a planner rebuilt from it continues exactly where the old one was.
@@ -26,6 +28,8 @@ pub struct PlanConfig {
     pub repeat: bool,
     pub interleave: usize,
     pub buffer_size: usize,
+    /// Items in the buffer before the first draw, in 1..=buffer_size (buffer_size: fill first).
+    pub buffer_initial: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +74,10 @@ impl Planner {
     pub fn new(cfg: PlanConfig, shard_rows: &[u64], state: Option<PlanState>) -> Result<Self> {
         if cfg.interleave == 0 {
             return Err(Error::config("interleave must be >= 1"));
+        }
+        if cfg.buffer_size > 0 && !(1..=cfg.buffer_size).contains(&cfg.buffer_initial) {
+            let msg = format!("shuffle_initial {} must be in 1..={}", cfg.buffer_initial, cfg.buffer_size);
+            return Err(Error::config(msg));
         }
         let mut offsets = Vec::with_capacity(shard_rows.len());
         let mut total = 0u64;
@@ -148,7 +156,7 @@ impl Iterator for Planner {
 
     fn next(&mut self) -> Option<PlanItem> {
         let (index, epoch) = if self.cfg.shuffle && self.cfg.buffer_size > 0 {
-            while self.state.buffer.len() < self.cfg.buffer_size {
+            while self.state.buffer.len() < self.cfg.buffer_initial {
                 match self.next_source() {
                     Some(item) => self.state.buffer.push(item),
                     None => break,
@@ -164,6 +172,11 @@ impl Iterator for Planner {
                 Some(refill) => self.state.buffer[slot] = refill,
                 None => {
                     self.state.buffer.swap_remove(slot);
+                }
+            }
+            if self.state.buffer.len() < self.cfg.buffer_size {
+                if let Some(grow) = self.next_source() {
+                    self.state.buffer.push(grow);
                 }
             }
             (index, epoch)
@@ -212,7 +225,7 @@ mod tests {
     use super::*;
 
     fn cfg(shuffle: bool, repeat: bool, interleave: usize, buffer_size: usize) -> PlanConfig {
-        PlanConfig { seed: 7, shuffle, repeat, interleave, buffer_size }
+        PlanConfig { seed: 7, shuffle, repeat, interleave, buffer_size, buffer_initial: buffer_size }
     }
 
     fn take(p: &mut Planner, n: usize) -> Vec<PlanItem> {
@@ -262,6 +275,37 @@ mod tests {
             assert_eq!(take(&mut resumed, 40), reference[k..k + 40].to_vec(), "resume at {k}");
             p.next();
         }
+    }
+
+    #[test]
+    fn a_warming_buffer_draws_early_grows_by_one_per_draw_and_resumes_exactly() {
+        let rows = [5, 9, 1, 7, 4, 6];
+        let total: u64 = rows.iter().sum();
+        let c = PlanConfig { buffer_initial: 3, ..cfg(true, true, 1, 10) };
+        let mut p = Planner::new(c.clone(), &rows, None).unwrap();
+        // With one shard open, the source's first three items are rows 0..3 of the first shard.
+        let first_shard = shard_order(&c, rows.len(), 0)[0];
+        let offset: u64 = rows[..first_shard].iter().sum();
+        let first = p.next().unwrap();
+        assert!((offset..offset + 3).contains(&first.index), "{first:?} not among the first 3 read");
+        for drawn in 1..=7 {
+            assert_eq!(p.state().buffer.len(), (3 + drawn).min(10), "after {drawn} draws");
+            p.next();
+        }
+        let reference = take(&mut Planner::new(c.clone(), &rows, None).unwrap(), 150);
+        for epoch in 0..2 {
+            let mut seen: Vec<u64> = reference.iter().filter(|i| i.epoch == epoch).map(|i| i.index).collect();
+            seen.sort();
+            assert_eq!(seen, (0..total).collect::<Vec<_>>(), "epoch {epoch}");
+        }
+        let mut p = Planner::new(c.clone(), &rows, None).unwrap();
+        for k in 0..20 {
+            let st = p.state().clone();
+            assert_eq!(take(&mut Planner::new(c.clone(), &rows, Some(st)).unwrap(), 40), reference[k..k + 40]);
+            p.next();
+        }
+        let bad = PlanConfig { buffer_initial: 11, ..c };
+        assert!(Planner::new(bad, &rows, None).err().unwrap().message.contains("shuffle_initial 11"));
     }
 
     #[test]

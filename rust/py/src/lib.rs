@@ -43,7 +43,7 @@ fn opt<T: serde::de::DeserializeOwned>(obj: &serde_json::Map<String, Value>, key
 
 const KNOWN: &[&str] = &[
     "batch_size", "n_workers", "n_views", "train", "augment", "drop_last", "seed", "shuffle_buffer",
-    "interleave", "prefetch_batches", "audio_column", "label_column", "debug_panic_index", "target_rate",
+    "shuffle_initial", "interleave", "prefetch_batches", "audio_column", "label_column", "debug_panic_index", "target_rate",
     "clip_samples", "n_frames", "mean", "std", "time_mask_count", "time_mask_width", "freq_mask_count",
     "freq_mask_width", "n_fft", "win_length", "hop_length", "n_mels", "f_min", "f_max", "preemphasis",
     "remove_dc", "log_floor",
@@ -94,6 +94,7 @@ fn config_from_json(text: &str) -> PyResult<LoaderConfig> {
         drop_last: opt(o, "drop_last", d.drop_last)?,
         seed: opt(o, "seed", d.seed)?,
         shuffle_buffer: opt(o, "shuffle_buffer", d.shuffle_buffer)?,
+        shuffle_initial: opt(o, "shuffle_initial", d.shuffle_initial)?,
         interleave: opt(o, "interleave", d.interleave)?,
         prefetch_batches: opt(o, "prefetch_batches", d.prefetch_batches)?,
         columns: ColumnConfig {
