@@ -139,10 +139,19 @@ def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: P
     assert result.max_abs_diff == 0.0 and all(j.other_max_abs == 0.0 for j in result.jumps)
 
 
-def test_verify_resume_checkpointed_prng_is_exact(demo_dir: Path, tmp_path: Path) -> None:
-    done = verify_resume(demo_dir, tmp_path, "--steps", "6", "--prng", "checkpointed", "--resume-at", "2")
+def test_verify_resume_checkpointed_prng_and_a_growing_shuffle_buffer_are_exact(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # --data.shuffle-initial 4: the 48-clip buffer starts drawing at 4 and grows by one per draw, so
+    # the checkpoint after step 2 (3 batches of 8) holds a buffer of 4 + 24 = 28, still growing.
+    done = verify_resume(
+        demo_dir, tmp_path, "--steps", "6", "--prng", "checkpointed", "--resume-at", "2",
+        "--data.shuffle-initial", "4",
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "max_abs_diff=0.0"
+    meta = Checkpointer(tmp_path / "verify-v" / "resumed", keep=None, async_save=False).read_meta(2)
+    assert len(meta["loader_state"]["plan"]["buffer"]) == 28
 
 
 def test_verify_resume_catches_the_legacy_resume_bug(demo_dir: Path, tmp_path: Path) -> None:
