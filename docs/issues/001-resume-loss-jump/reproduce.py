@@ -1,6 +1,7 @@
-"""Regenerate docs/issues/001-resume-loss-jump: eleven runs over three data set-ups, and their analyses.
+"""Regenerate docs/issues/001-resume-loss-jump: fourteen runs over four set-ups, and their analyses.
 
-    .venv/bin/python docs/issues/001-resume-loss-jump/reproduce.py          # ~30 min on 2 CPU cores
+    .venv/bin/python docs/issues/001-resume-loss-jump/reproduce.py                    # ~32 min on 2 cores
+    .venv/bin/python docs/issues/001-resume-loss-jump/reproduce.py --setups warming   # one set-up
 
 Set-ups (each trains the demo defaults: LeJEPA, tiny ViT, batch 16, 300 steps, seed 0):
 
@@ -9,7 +10,9 @@ Set-ups (each trains the demo defaults: LeJEPA, tiny ViT, batch 16, 300 steps, s
 * ``sorted``: the same recordings written grouped by species (``birdjepa demo-data --order species``,
   as a per-species download writes them) and a shuffle buffer of 64, smaller than the data;
 * ``epoch0``: a larger demo set (3200 clips, 200 steps per epoch), so a resume at step 150 falls
-  inside the first epoch and a cold loader replays clips the model saw only once.
+  inside the first epoch and a cold loader replays clips the model saw only once;
+* ``warming``: the species-grouped shards read as webdataset reads them with its shuffle defaults:
+  one shard at a time, a buffer of 1000 that starts drawing at 100 samples and grows by one per draw.
 
 Runs: ``straight`` (one uninterrupted process, the reference); ``exact-<stops>`` (stopped after each
 listed step with ``--stop-at-step``, a forced preemption, and resumed in a new process as birdjepa
@@ -20,6 +23,7 @@ steps 29, 59, ..., 269 (``demo`` only). Set-ups other than ``demo`` suffix their
 ``-<setup>``. All runs use ``--prng checkpointed`` (legacy behaves like it until it resumes), so every
 difference starts at a resume. Then ``birdjepa analyze RUN --other <its straight run>`` writes the
 figures and tables into ``figures/<run>/`` next to this file; console output goes to ``logs/``.
+Last, ``species_per_batch.py`` counts the species in the first batches of each set-up's cold loader.
 """
 
 from __future__ import annotations
@@ -38,18 +42,27 @@ BIRDJEPA = [sys.executable, "-m", "birdjepa.cli"]
 STOPS = {"one": [149], "every30": list(range(29, 299, 30))}
 
 
+DATA = {  # `birdjepa demo-data` options of the data sets other than the embedded demo set
+    "sorted": ("--order", "species"),
+    "epoch0": ("--per-species-train", "200", "--min-seconds", "8", "--max-seconds", "12"),
+}
+
+
 @dataclass(frozen=True)
 class Setup:
-    demo_data: tuple[str, ...] | None  # `birdjepa demo-data` options; None: the embedded demo set
+    data: str | None  # a key of DATA; None: the embedded demo set
     train: tuple[str, ...]  # extra pretrain options
     stops: tuple[str, ...]  # keys of STOPS
 
 
 SETUPS = {
     "demo": Setup(None, (), ("one", "every30")),
-    "sorted": Setup(("--order", "species"), ("--data.shuffle-buffer", "64"), ("one",)),
-    "epoch0": Setup(
-        ("--per-species-train", "200", "--min-seconds", "8", "--max-seconds", "12"), (), ("one",)
+    "sorted": Setup("sorted", ("--data.shuffle-buffer", "64"), ("one",)),
+    "epoch0": Setup("epoch0", (), ("one",)),
+    "warming": Setup(
+        "sorted",
+        ("--data.interleave", "1", "--data.shuffle-buffer", "1000", "--data.shuffle-initial", "100"),
+        ("one",),
     ),
 }
 
@@ -89,28 +102,35 @@ def main() -> None:
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--runs-dir", type=Path, default=Path("runs/issue-001"))
     p.add_argument("--out", type=Path, default=HERE)
+    p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS),
+                   help="redo only these set-ups (their data, runs, logs and figures)")  # fmt: skip
     args = p.parse_args()
-    runs, steps = args.runs_dir, args.steps
-    shutil.rmtree(runs, ignore_errors=True)
-    logs = args.out / "logs"
-    shutil.rmtree(logs, ignore_errors=True)
-    logs.mkdir(parents=True)
+    runs, steps, logs = args.runs_dir, args.steps, args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    setups = {name: SETUPS[name] for name in args.setups}
+    for data in sorted({s.data for s in setups.values() if s.data is not None}):
+        out, log = runs / f"data-{data}", logs / f"data-{data}.log"
+        shutil.rmtree(out, ignore_errors=True)
+        log.unlink(missing_ok=True)
+        call([*BIRDJEPA, "demo-data", str(out), *DATA[data]], log)
 
     jobs: list[Callable[[], None]] = []
     analyses: list[tuple[str, str]] = []  # (run, its straight run)
-    for name, setup in SETUPS.items():
+    for name, setup in setups.items():
         options = list(setup.train)
-        if setup.demo_data is not None:
-            data = runs / f"data-{name}"
-            call([*BIRDJEPA, "demo-data", str(data), *setup.demo_data], logs / f"data-{name}.log")
+        if setup.data is not None:
+            data = runs / f"data-{setup.data}"
             options += ["--data.train", str(data / "train"), "--data.eval", str(data / "eval")]
         straight = run_name("straight", name)
-        jobs.append(trainer(runs, straight, "checkpointed", steps, options, [], logs / f"{straight}.log"))
+        planned = [(straight, "checkpointed", [])]
         for stops in setup.stops:
             for mode, prng in (("exact", "checkpointed"), ("legacy", "legacy")):
-                run = run_name(f"{mode}-{stops}", name)
-                jobs.append(trainer(runs, run, prng, steps, options, STOPS[stops], logs / f"{run}.log"))
-                analyses.append((run, straight))
+                planned.append((run_name(f"{mode}-{stops}", name), prng, STOPS[stops]))
+                analyses.append((planned[-1][0], straight))
+        for run, prng, stop_steps in planned:
+            shutil.rmtree(runs / run, ignore_errors=True)
+            (logs / f"{run}.log").unlink(missing_ok=True)
+            jobs.append(trainer(runs, run, prng, steps, options, stop_steps, logs / f"{run}.log"))
     # Three at a time: each process trains on one core (deterministic XLA) and decodes on the others.
     with ThreadPoolExecutor(3) as pool:
         for future in [pool.submit(job) for job in jobs]:
@@ -122,6 +142,9 @@ def main() -> None:
                str(args.window), "--out", str(out)]  # fmt: skip
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         print(f"## {run}\n\n{(out / 'summary.md').read_text()}")
+    if "sorted" in setups or "warming" in setups:  # they write the data set it reads
+        print("## distinct species per batch of a cold loader\n", flush=True)
+        subprocess.run([sys.executable, str(HERE / "species_per_batch.py"), str(runs)], check=True)
 
 
 if __name__ == "__main__":
