@@ -170,8 +170,11 @@ def test_gil_is_released_while_waiting(demo_dir: Path) -> None:
 
 
 CTRL_C_SCRIPT = """
-import sys, time
+import signal, sys, time
 from birdjepa.data import Loader
+# A background job of a non-interactive shell (e.g. `make test &`) starts with SIGINT ignored, and
+# Python then leaves it ignored; put back the handler an interactive Ctrl-C meets.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 ld = Loader(sys.argv[1], seed=0, batch_size=2048, n_workers=1, shuffle_buffer=8)
 print("ready", flush=True)
 try:
