@@ -51,19 +51,18 @@ DATA = {  # `birdjepa demo-data` options of the data sets other than the embedde
 @dataclass(frozen=True)
 class Setup:
     data: str | None  # a key of DATA; None: the embedded demo set
-    train: tuple[str, ...]  # extra pretrain options
+    loader: dict[str, int]  # DataConfig fields that differ from the defaults
     stops: tuple[str, ...]  # keys of STOPS
+
+    def data_flags(self) -> list[str]:
+        return [a for k, v in self.loader.items() for a in (f"--data.{k.replace('_', '-')}", str(v))]
 
 
 SETUPS = {
-    "demo": Setup(None, (), ("one", "every30")),
-    "sorted": Setup("sorted", ("--data.shuffle-buffer", "64"), ("one",)),
-    "epoch0": Setup("epoch0", (), ("one",)),
-    "warming": Setup(
-        "sorted",
-        ("--data.interleave", "1", "--data.shuffle-buffer", "1000", "--data.shuffle-initial", "100"),
-        ("one",),
-    ),
+    "demo": Setup(None, {}, ("one", "every30")),
+    "sorted": Setup("sorted", {"shuffle_buffer": 64}, ("one",)),
+    "epoch0": Setup("epoch0", {}, ("one",)),
+    "warming": Setup("sorted", {"interleave": 1, "shuffle_buffer": 1000, "shuffle_initial": 100}, ("one",)),
 }
 
 
@@ -117,7 +116,7 @@ def main() -> None:
     jobs: list[Callable[[], None]] = []
     analyses: list[tuple[str, str]] = []  # (run, its straight run)
     for name, setup in setups.items():
-        options = list(setup.train)
+        options = setup.data_flags()
         if setup.data is not None:
             data = runs / f"data-{setup.data}"
             options += ["--data.train", str(data / "train"), "--data.eval", str(data / "eval")]

@@ -1,41 +1,43 @@
-"""Distinct species per batch at a cold start and in steady state, for each set-up's loader.
+"""Distinct species per batch at a cold start and in steady state, for each set-up's train loader.
 
     .venv/bin/python docs/issues/001-resume-loss-jump/species_per_batch.py [RUNS_DIR]
 
-Reads the loader alone (no training): the first 150 batches of 16 that a cold loader of each set-up
-yields, and prints the distinct labels of the first ten batches and their mean over batches 30-149
-(by then every set-up's buffer is full). Runs after reproduce.py, which writes the data sets.
+Opens each set-up's train loader as ``birdjepa pretrain`` does (``open_train_loader``, the options of
+``reproduce.SETUPS``) without training, takes the first 150 batches a cold loader yields, and prints
+the distinct labels of the first ten and their mean over batches 30-149 (by then every set-up's buffer
+is full). Runs after reproduce.py, which writes the data sets.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from reproduce import SETUPS  # this folder is on sys.path when the script runs
 
-from birdjepa.data import Loader
+from birdjepa.config import DataConfig, PretrainConfig
+from birdjepa.data import resolve_files, take
 from birdjepa.demo_data import ensure_demo_data
+from birdjepa.train import open_train_loader
 
-LOADERS: dict[str, tuple[str | None, dict[str, Any]]] = {  # set-up -> (data set, loader options)
-    "demo": (None, {"shuffle_buffer": 1024, "interleave": 4}),
-    "sorted": ("sorted", {"shuffle_buffer": 64, "interleave": 4}),
-    "warming": ("sorted", {"shuffle_buffer": 1000, "shuffle_initial": 100, "interleave": 1}),
-}
+SHOWN = ("demo", "sorted", "warming")  # epoch0 is about replayed clips, not species
 
 
-def species_per_batch(train: Path, batches: int = 150, **options: Any) -> np.ndarray:
-    loader = Loader(train, seed=0, batch_size=16, **options)
-    return np.array([len(set(b["label"].tolist())) for _, b in zip(range(batches), loader, strict=False)])
+def species_per_batch(train: Path, loader_options: dict[str, int], batches: int = 150) -> np.ndarray:
+    cfg = PretrainConfig(data=dataclasses.replace(DataConfig(), **loader_options))
+    loader, _ = open_train_loader(resolve_files(train), cfg, None, resumed=False)
+    return np.array([len(set(b["label"].tolist())) for b in take(loader, batches)])
 
 
 def main() -> None:
     runs = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/issue-001")
-    for setup, (data, options) in LOADERS.items():
-        root = ensure_demo_data() if data is None else runs / f"data-{data}"
-        counts = species_per_batch(root / "train", **options)
-        print(f"{setup}: first ten {counts[:10].tolist()}, mean over batches 30-149 {counts[30:].mean():.2f}")
+    for name in SHOWN:
+        setup = SETUPS[name]
+        root = ensure_demo_data() if setup.data is None else runs / f"data-{setup.data}"
+        counts = species_per_batch(root / "train", setup.loader)
+        print(f"{name}: first ten {counts[:10].tolist()}, mean over batches 30-149 {counts[30:].mean():.2f}")
 
 
 if __name__ == "__main__":

@@ -43,9 +43,9 @@ fn opt<T: serde::de::DeserializeOwned>(obj: &serde_json::Map<String, Value>, key
 
 const KNOWN: &[&str] = &[
     "batch_size", "n_workers", "n_views", "train", "augment", "drop_last", "seed", "shuffle_buffer",
-    "shuffle_initial", "interleave", "prefetch_batches", "audio_column", "label_column", "debug_panic_index", "target_rate",
-    "clip_samples", "n_frames", "mean", "std", "time_mask_count", "time_mask_width", "freq_mask_count",
-    "freq_mask_width", "n_fft", "win_length", "hop_length", "n_mels", "f_min", "f_max", "preemphasis",
+    "shuffle_initial", "interleave", "prefetch_batches", "audio_column", "label_column", "debug_panic_index",
+    "target_rate", "clip_samples", "n_frames", "mean", "std", "time_mask_count", "time_mask_width",
+    "freq_mask_count", "freq_mask_width", "n_fft", "win_length", "hop_length", "n_mels", "f_min", "f_max", "preemphasis",
     "remove_dc", "log_floor",
 ];
 
