@@ -26,6 +26,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "compare": "birdjepa.compare:cli",
     "sweep": "birdjepa.sweep:cli",
     "analyze": "birdjepa.analysis.report:cli",
+    "evaluate": "birdjepa.evaluation.cli:cli",
 }
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from birdjepa.augment import AugmentConfig
 from birdjepa.data import Features
 from birdjepa.faults import Fault
 from birdjepa.model import ModelConfig
@@ -98,6 +99,8 @@ class PretrainConfig:
     """Break the resume on purpose (applied after the restore, before the checks), to see the checks
     catch it; see birdjepa.faults."""
     data: DataConfig = DataConfig()
+    augment: AugmentConfig = AugmentConfig()
+    """Per-view channel augmentations (gain, spectral tilt, background mixing) applied in the step."""
     model: ModelConfig = ModelConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     optim: OptimConfig = OptimConfig()

@@ -76,6 +76,9 @@ class LeJepaConfig:
     num_knots: int = DEFAULT_NUM_KNOTS
     """Trapezoid knots on [0, t_max]."""
     t_max: float = DEFAULT_T_MAX
+    sigreg_per_view: bool = False
+    """SIGReg of each view's B projections, averaged over views (as LeJEPA's reference code), instead
+    of one test of all B*V pooled."""
 
 
 def invariance_loss(z: Array) -> Array:
@@ -132,12 +135,19 @@ def sigreg(
     num_directions: int = DEFAULT_NUM_DIRECTIONS,
     num_knots: int = DEFAULT_NUM_KNOTS,
     t_max: float = DEFAULT_T_MAX,
+    per_view: bool = False,
 ) -> Array:
     """SIGReg of embeddings ``z`` (``[N, P]``, or ``[B, V, P]`` pooled to ``[B*V, P]``): the mean over
     ``num_directions`` random unit directions (from ``key``) of the Epps–Pulley statistic of the
-    projections."""
-    z = z.reshape(-1, z.shape[-1]).astype(jnp.float32)
+    projections. ``per_view`` (``[B, V, P]`` only): the statistic of each view's ``B`` projections on
+    the same directions, averaged over views."""
     a = sigreg_directions(key, z.shape[-1], num_directions)
+    if per_view:
+        if z.ndim != 3:
+            raise ValueError(f"per-view SIGReg needs z of shape [B, V, P], got {z.shape}")
+        views = jnp.swapaxes(z.astype(jnp.float32), 0, 1)  # [V, B, P]
+        return jax.vmap(lambda zv: epps_pulley(zv @ a, num_knots, t_max).mean())(views).mean()
+    z = z.reshape(-1, z.shape[-1]).astype(jnp.float32)
     return epps_pulley(z @ a, num_knots, t_max).mean()
 
 
@@ -149,11 +159,14 @@ def lejepa_loss(
     num_directions: int = DEFAULT_NUM_DIRECTIONS,
     num_knots: int = DEFAULT_NUM_KNOTS,
     t_max: float = DEFAULT_T_MAX,
+    sigreg_per_view: bool = False,
 ) -> dict[str, Array]:
     """LeJEPA on projections ``z [B, V, P]`` -> ``{"loss", "invariance", "sigreg"}`` (scalars), with
     ``loss = (1 - lam) * invariance + lam * sigreg``; ``key`` draws the SIGReg directions."""
     inv = invariance_loss(z)
-    reg = sigreg(z, key, num_directions=num_directions, num_knots=num_knots, t_max=t_max)
+    reg = sigreg(
+        z, key, num_directions=num_directions, num_knots=num_knots, t_max=t_max, per_view=sigreg_per_view
+    )
     return {"loss": (1.0 - lam) * inv + lam * reg, "invariance": inv, "sigreg": reg}
 
 

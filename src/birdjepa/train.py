@@ -28,13 +28,19 @@ import tyro
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from birdjepa import checkpoint, distributed, faults, resume_check
+from birdjepa.augment import AugmentConfig, augment_views
 from birdjepa.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader, StateError, resolve_files
 from birdjepa.demo_data import ensure_demo_data
 from birdjepa.determinism import deterministic_xla
+from birdjepa.diagnostics.collapse import effective_rank
+from birdjepa.evaluation import report as eval_report
+from birdjepa.evaluation.embed import Encode, Split, batched, encoder_apply
+from birdjepa.evaluation.periodic import PeriodicEval
+from birdjepa.evaluation.report import ENCODER
 from birdjepa.metrics_log import MetricsLog, NullLog
-from birdjepa.model import BirdJepa, init_params
+from birdjepa.model import BirdJepa, ModelConfig, init_params
 from birdjepa.monitor.updates import check_due, maybe_update_stats, param_names
 from birdjepa.norms import tree_norms
 from birdjepa.objectives import lejepa_loss, probe_metrics, supervised_loss
@@ -48,6 +54,7 @@ REQUEUE_EXIT_CODE = 75
 RESUME_CHECK_EXIT_CODE = 65
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
 _INIT_KEY, _STEP_KEY = 0, 1
+_AUGMENT_KEY = 2  # folded into a step's key
 
 
 def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
@@ -64,6 +71,19 @@ def label_count(files: list[str]) -> int:
         data = json.loads(vocab.read_text())
         return len(data["names"] if isinstance(data, dict) else data)
     raise FileNotFoundError(f"{vocab}: the probe needs the label vocabulary beside the train shards")
+
+
+def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
+    """The model a run builds: the configured one with the data set's class count (for the probe)."""
+    model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes).resolved()
+    if cfg.objective.kind == "supervised":  # the projector becomes the classifier
+        model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
+    return model_cfg
+
+
+def init_key(cfg: PretrainConfig) -> jax.Array:
+    """The key of the initial parameters (also the evaluation's random-init baseline)."""
+    return jax.random.fold_in(jax.random.key(cfg.seed), _INIT_KEY)
 
 
 def git_commit() -> dict[str, Any]:
@@ -95,11 +115,17 @@ def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
     deterministic = cfg.debug_disable_stochastic or (cfg.model.dropout == 0 and cfg.model.drop_path == 0)
     lej = cfg.objective.lejepa
 
+    augment = AugmentConfig() if cfg.debug_disable_stochastic else cfg.augment
+    norm = {"mean": cfg.data.features.mean, "std": cfg.data.features.std}
+
     def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
         dropout_key, sigreg_key = jax.random.split(key)
+        views = batch["spectrogram"]
+        if augment.active:  # its own sub-key, so turning it on leaves the other draws as they were
+            views = augment_views(views, jax.random.fold_in(key, _AUGMENT_KEY), augment, **norm)
         out = model.apply(
             {"params": params},
-            batch["spectrogram"],
+            views,
             deterministic=deterministic,
             rngs={"dropout": dropout_key},
         )
@@ -111,12 +137,17 @@ def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
                 num_directions=lej.num_directions,
                 num_knots=lej.num_knots,
                 t_max=lej.t_max,
+                sigreg_per_view=lej.sigreg_per_view,
             )
         else:
             obj = supervised_loss(out["projection"], batch["label"])
         probe = probe_metrics(out["probe_logits"], batch["label"])
+        collapse = {
+            "embedding_rank": effective_rank(out["embedding"]),
+            "projection_rank": effective_rank(out["projection"]),
+        }
         # The probe sees stop_gradient(embedding): adding its loss trains the probe head only.
-        return obj["loss"] + probe["probe_ce"], {**obj, **probe}
+        return obj["loss"] + probe["probe_ce"], {**obj, **probe, **collapse}
 
     return loss_fn
 
@@ -144,28 +175,12 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Call
     return step
 
 
-def make_eval_step(model: BirdJepa) -> Callable:
-    def eval_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        logits = model.apply({"params": params}, batch["spectrogram"], deterministic=True)["probe_logits"]
-        m = probe_metrics(logits, batch["label"])
-        n = m["probe_n_labelled"]
-        return {"ce_sum": m["probe_ce"] * n, "correct": m["probe_acc"] * n, "n": n}
-
-    return eval_step
-
-
-def pad_batch(batch: Batch, size: int) -> Batch:
-    """Pad a short (last eval) batch to `size` with unlabelled zeros, so no new shape is compiled."""
-    n = len(batch["label"])
-    if n == size:
-        return batch
-    out = {}
-    for k, v in batch.items():
-        pad = np.zeros((size - n, *v.shape[1:]), v.dtype)
-        if k == "label":
-            pad[:] = -1
-        out[k] = np.concatenate([v, pad])
-    return out
+def online_probe_metrics(probe_params: Any, held_out: Split) -> dict[str, float]:
+    """The online probe (a health signal, not evidence of learning) on the held-out embeddings."""
+    head = distributed.host(probe_params["head"])
+    logits = held_out.features[ENCODER].astype(np.float64) @ head["kernel"] + head["bias"]
+    m = probe_metrics(logits, held_out.labels)
+    return {"eval/probe_ce": float(m["probe_ce"]), "eval/probe_acc": float(m["probe_acc"])}
 
 
 def step_key(cfg: PretrainConfig, chain: jax.Array, step: int) -> tuple[jax.Array, jax.Array]:
@@ -214,9 +229,7 @@ def pretrain(cfg: PretrainConfig) -> int:
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
     train_files, eval_files = data_files(cfg)
     n_classes = label_count(train_files)
-    model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes).resolved()
-    if cfg.objective.kind == "supervised":  # the projector becomes the classifier
-        model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
+    model_cfg = model_config(cfg, n_classes)
     model = BirdJepa(model_cfg)
     total_updates = max(cfg.steps // cfg.optim.grad_accum, 1)
     tx = make_optimizer(cfg.optim, total_updates)
@@ -233,7 +246,7 @@ def pretrain(cfg: PretrainConfig) -> int:
     # Fresh state, then the newest complete checkpoint on top of it (if any and allowed).
     # The trainer carries the module tree {encoder, projector, probe} (not flax's {"params": ...}
     # wrapper), so checkpoint norms come per component.
-    params = init_params(model_cfg, jax.random.fold_in(jax.random.key(cfg.seed), _INIT_KEY))["params"]
+    params = init_params(model_cfg, init_key(cfg))["params"]
     opt_state = tx.init(params)
     fresh_chain = chain = jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY)
     ckpt = checkpoint.Checkpointer(run_dir, keep=cfg.ckpt_keep, async_save=cfg.ckpt_async)
@@ -268,9 +281,24 @@ def pretrain(cfg: PretrainConfig) -> int:
         )
 
     loader, loader_error = open_train_loader(train_files, cfg, loader_state, resumed=meta is not None)
-    eval_loader = Loader(
-        eval_files, seed=cfg.seed, batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers,
-        train=False, features=cfg.data.features,
+    encode_jit = jax.jit(
+        encoder_apply(model_cfg), in_shardings=(replicated, sharded), out_shardings=replicated
+    )
+
+    def encoder(p: Any) -> Encode:
+        """Embeddings of a host batch of spectrograms under params ``p`` (sharded like a train batch)."""
+
+        def apply(x: np.ndarray) -> np.ndarray:
+            return distributed.host(encode_jit(p, distributed.global_batch({"s": x}, sharded)["s"]))
+
+        return batched(apply, cfg.data.batch_size)
+
+    def random_init() -> Encode:  # fresh arrays: the first params are donated to the first step
+        return encoder(jax.device_put(init_params(model_cfg, init_key(cfg))["params"], replicated))
+
+    evaluator = PeriodicEval(
+        train_files, eval_files, features=cfg.data.features, seed=cfg.seed, batch_size=cfg.data.batch_size,
+        n_workers=cfg.data.n_workers, random_init=random_init,
     )  # fmt: skip
     callbacks = make_callbacks(cfg, loader, params)
     batch_shardings = {k: sharded for k in ("spectrogram", "label")}
@@ -281,7 +309,6 @@ def pretrain(cfg: PretrainConfig) -> int:
         out_shardings=(replicated, replicated, replicated, replicated),
         donate_argnums=(0, 1),
     )
-    eval_step = jax.jit(make_eval_step(model), in_shardings=(replicated, batch_shardings))
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch_shardings, None))
 
     def on_device(batch: Batch) -> dict[str, jax.Array]:
@@ -373,15 +400,19 @@ def pretrain(cfg: PretrainConfig) -> int:
         progress.step(step, metrics)
 
         if (step + 1) % cfg.eval_every == 0 or step == last:
-            totals = {"ce_sum": 0.0, "correct": 0.0, "n": 0.0}
-            for eb in eval_loader:
-                out = distributed.host(eval_step(params, on_device(pad_batch(eb, cfg.data.batch_size))))
-                for k in totals:
-                    totals[k] += float(out[k])
-            n = max(totals["n"], 1.0)
-            evals = {"eval/probe_ce": totals["ce_sum"] / n, "eval/probe_acc": totals["correct"] / n}
+            # Frozen-encoder kNN beside its baselines every time; the linear probe at the end.
+            eval_rows, train_split, held_out = evaluator(encoder(params), linear=step == last)
+            evals = {**eval_report.metrics(eval_rows), **online_probe_metrics(params["probe"], held_out)}
             log.log(step, evals)
-            progress.message(f"eval step {step}: probe_acc {evals['eval/probe_acc']:.3f}")
+            progress.message(
+                f"eval step {step}: kNN {evals['eval/knn_acc']:.3f} (random init "
+                f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); "
+                f"online probe {evals['eval/probe_acc']:.3f}"
+            )
+            if step == last and main:
+                files, splits = (train_files, eval_files), (train_split, held_out)
+                doc = eval_report.info(run_dir, step, cfg.seed, model_cfg, files, splits, n_classes)
+                eval_report.write_json(run_dir / "eval" / f"{step}.json", eval_rows, doc)
 
         # Every process must stop at the same step: a signal seen by one is acted on by all.
         stopping = step == cfg.stop_at_step or distributed.any_process(stop.signal is not None)
@@ -414,10 +445,15 @@ def pretrain(cfg: PretrainConfig) -> int:
             break
 
     progress.close()
+    evaluator.close()
     if exit_code == 0 and evals and start < cfg.steps and step == last:
+        print(eval_report.table(eval_rows, encoder_title=f"encoder (step {step})"), flush=True)
         print(
-            f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s; held-out probe "
-            f"accuracy {evals['eval/probe_acc']:.3f} (chance {1 / n_classes:.3f}); run directory {run_dir}",
+            f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s; frozen encoder on "
+            f"the held-out split: linear probe {evals['eval/linear_acc']:.3f} (random init "
+            f"{evals['eval/linear_acc_random_init']:.3f}, raw log-mel {evals['eval/linear_acc_raw']:.3f}), "
+            f"kNN {evals['eval/knn_acc']:.3f} (random init {evals['eval/knn_acc_random_init']:.3f}, raw "
+            f"{evals['eval/knn_acc_raw']:.3f}); chance {1 / n_classes:.3f}; run directory {run_dir}",
             flush=True,
         )
     ckpt.close()

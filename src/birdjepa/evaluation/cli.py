@@ -1,0 +1,167 @@
+"""`birdjepa evaluate RUN`: frozen-encoder evaluation of a run's checkpoint, next to its baselines.
+
+The checkpoint's own configuration says which model, seed and data the run used; ``--data.train`` and
+``--data.eval`` point the evaluation at other shards (any set `birdjepa prepare` wrote: shards with a
+``vocab.json`` beside them). The restore is the trainer's, verified against the saved norms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import jax
+import tyro
+
+from birdjepa import checkpoint
+from birdjepa.config import PretrainConfig
+from birdjepa.data import DataError, Features, Loader, resolve_files
+from birdjepa.determinism import deterministic_xla
+from birdjepa.evaluation.embed import Split, batched, embed_split, encoder_apply
+from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
+from birdjepa.model import ModelConfig, init_params
+
+
+class EvaluateError(RuntimeError):
+    """The evaluation cannot run: no such run or checkpoint, or no data."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalData:
+    train: str | None = None
+    """Labelled shards the probes are fitted on (default: the run's train split)."""
+    eval: str | None = None
+    """Held-out shards the probes are scored on (default: the run's eval split)."""
+
+
+def run_config(meta: dict[str, Any], where: str) -> PretrainConfig:
+    """The `PretrainConfig` a checkpoint was written with."""
+    from birdjepa.sweep import SweepError, resolve
+
+    try:
+        return resolve(PretrainConfig(), meta["config"], where)
+    except (SweepError, KeyError) as e:
+        raise EvaluateError(f"{where}: its configuration cannot be read by this version: {e}") from e
+
+
+def embed_splits(
+    train_files: list[str],
+    eval_files: list[str],
+    params: dict[str, Any],
+    model_cfg: ModelConfig,
+    features: Features,
+    *,
+    seed: int,
+    batch_size: int,
+    n_workers: int,
+) -> tuple[Split, Split]:
+    """Both splits through every parameter set in ``params`` (name -> params tree) and the raw baseline."""
+    apply = jax.jit(encoder_apply(model_cfg))
+    encoders = {name: batched(lambda x, p=p: apply(p, x), batch_size) for name, p in params.items()}
+    splits = []
+    for files in (train_files, eval_files):
+        with Loader(files, seed=seed, batch_size=batch_size, n_workers=n_workers, train=False,
+                    features=features) as loader:  # fmt: skip
+            splits.append(embed_split(loader, encoders))
+    return splits[0], splits[1]
+
+
+def evaluate_checkpoint(
+    run_dir: Path,
+    step: int | None = None,
+    data: EvalData = EvalData(),
+    *,
+    batch_size: int | None = None,
+    n_workers: int = 2,
+) -> tuple[dict[str, Row], dict[str, Any]]:
+    """Score checkpoint ``step`` (default: the newest) of ``run_dir`` and its baselines (batches of the
+    run's batch size unless ``batch_size``); writes
+    ``run_dir/eval/<step>.json`` and returns the rows and the document's other fields."""
+    from birdjepa.optim import make_optimizer
+    from birdjepa.train import data_files, init_key, label_count, model_config
+
+    t0 = time.perf_counter()
+    if not (run_dir / "checkpoints").is_dir():
+        raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
+    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+        steps = ckpt.all_steps()
+        if not steps:
+            raise EvaluateError(f"{run_dir / 'checkpoints'}: no complete checkpoint")
+        step = steps[-1] if step is None else step
+        if step not in steps:
+            raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {step}; there are {steps}")
+        where = str(run_dir / "checkpoints" / str(step))
+        cfg = run_config(ckpt.read_meta(step), where)
+        cfg = dataclasses.replace(
+            cfg, data=dataclasses.replace(cfg.data, train=data.train or cfg.data.train,
+                                          eval=data.eval or cfg.data.eval)
+        )  # fmt: skip
+        try:
+            train_files, eval_files = data_files(cfg)
+            n_classes = label_count(train_files)
+        except (DataError, FileNotFoundError) as e:
+            raise EvaluateError(str(e)) from e
+        model_cfg = model_config(cfg, n_classes)
+        random_init = init_params(model_cfg, init_key(cfg))["params"]
+        tx = make_optimizer(cfg.optim, max(cfg.steps // cfg.optim.grad_accum, 1))
+        state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
+    train, held_out = embed_splits(
+        train_files, eval_files, {ENCODER: state["params"], RANDOM_INIT: random_init}, model_cfg,
+        cfg.data.features, seed=cfg.seed, batch_size=batch_size or cfg.data.batch_size, n_workers=n_workers,
+    )  # fmt: skip
+    for name, split in (("train", train), ("eval", held_out)):
+        if len(split.labels) == 0:
+            raise EvaluateError(f"the {name} split ({train_files if name == 'train' else eval_files}) "
+                                "has no labelled clip")  # fmt: skip
+    t_embed = time.perf_counter() - t0
+    rows = score(train, held_out, linear=True, seed=cfg.seed)
+    files, splits = (train_files, eval_files), (train, held_out)
+    doc = info(run_dir, step, cfg.seed, model_cfg, files, splits, n_classes)
+    doc["timing_s"] = {"embed": t_embed, "probes": time.perf_counter() - t0 - t_embed}
+    write_json(run_dir / "eval" / f"{step}.json", rows, doc)
+    return rows, doc
+
+
+def summary_line(doc: dict[str, Any]) -> str:
+    d = doc["data"]
+    return (
+        f"frozen-encoder evaluation of {doc['checkpoint']}: {d['n_train']} train / {d['n_eval']} eval "
+        f"clips, {d['n_classes']} classes (chance {1 / d['n_classes']:.3f}); one centre crop per recording"
+    )
+
+
+def cli(
+    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")],
+    step: int | None = None,
+    data: EvalData = EvalData(),
+    batch_size: int | None = None,
+    n_workers: int = 2,
+) -> None:
+    """Frozen-encoder evaluation of a checkpoint: linear probe and kNN on its embeddings, beside the same
+    architecture at random init and a raw log-mel baseline; writes RUN/eval/<step>.json.
+
+    Args:
+        run: Run directory (e.g. runs/demo).
+        step: Checkpoint step (default: the newest).
+        data: Shards to fit and score the probes on (default: the run's own train and eval splits).
+        batch_size: Clips per forward pass (default: the run's batch size, as the trainer evaluates;
+            another size can change embeddings in the last bits).
+        n_workers: Loader decode threads (the result does not depend on it).
+    """
+    deterministic_xla()
+    try:
+        for files in (data.train, data.eval):  # before the restore: a typo fails at once
+            if files is not None:
+                missing = [f for f in resolve_files(files) if not Path(f).is_file()]
+                if missing:
+                    raise EvaluateError(f"{missing[0]}: no such shard file")
+        rows, doc = evaluate_checkpoint(run, step, data, batch_size=batch_size, n_workers=n_workers)
+    except (EvaluateError, DataError, checkpoint.CheckpointError) as e:
+        print(f"birdjepa evaluate: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(summary_line(doc))
+    print(table(rows, encoder_title=f"encoder (step {doc['step']})"))
+    print(f"wrote {run / 'eval' / (str(doc['step']) + '.json')}")

@@ -1,0 +1,83 @@
+"""Features of every clip of a split, from one ordered pass of an eval-mode loader.
+
+Eval mode takes one centre crop per recording (no averaging over crops), with no masks, so a clip's
+features depend only on the recording and the encoder. One pass feeds every encoder being compared
+(trained, random init) and the raw log-mel baseline, so each decodes the audio once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from birdjepa.data import Loader
+from birdjepa.model import Encoder, ModelConfig
+
+#: ``spectrogram [B, T, M] -> embedding [B, D]`` for one fixed batch size.
+Encode = Callable[[np.ndarray], np.ndarray]
+RAW = "raw"
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    features: dict[str, np.ndarray]
+    """Name -> [N, D] float32, one row per labelled clip, in loader order."""
+    labels: np.ndarray
+    """[N] int64."""
+    skipped_unlabelled: int
+
+
+def raw_features(spectrogram: np.ndarray) -> np.ndarray:
+    """The baseline with nothing learned: per clip, the mean and the std over time of every mel bin
+    (``[B, T, M] -> [B, 2M]``)."""
+    x = np.asarray(spectrogram, np.float64)
+    return np.concatenate([x.mean(axis=1), x.std(axis=1)], axis=1).astype(np.float32)
+
+
+def encoder_apply(cfg: ModelConfig) -> Callable[[Any, jax.Array], jax.Array]:
+    """``(params, spectrogram) -> embedding``: the encoder alone of a `BirdJepa` params tree
+    (``{"encoder": ..., "projector": ..., "probe": ...}``), deterministic (no dropout)."""
+    encoder = Encoder(cfg.resolved())
+
+    def apply(params: Any, x: jax.Array) -> jax.Array:
+        return encoder.apply({"params": params["encoder"]}, x, deterministic=True)[0]
+
+    return apply
+
+
+def batched(apply: Callable[[np.ndarray], Any], batch_size: int) -> Encode:
+    """``apply`` on batches padded to ``batch_size`` (so the last, short batch compiles nothing new)."""
+
+    def encode(x: np.ndarray) -> np.ndarray:
+        n = len(x)
+        if n < batch_size:
+            x = np.concatenate([x, np.zeros((batch_size - n, *x.shape[1:]), x.dtype)])
+        return np.asarray(apply(x), np.float32)[:n]
+
+    return encode
+
+
+def embed_split(loader: Loader, encoders: Mapping[str, Encode], raw: bool = True) -> Split:
+    """One pass of an eval-mode ``loader``: each encoder's features (and the raw baseline's when
+    ``raw``) for every labelled clip; unlabelled clips (label -1) are counted and left out."""
+    if loader.train:
+        raise ValueError("embed_split needs an eval-mode loader (train=False): one pass, centre crops")
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in [*encoders, *([RAW] if raw else [])]}
+    labels: list[np.ndarray] = []
+    skipped = 0
+    for batch in loader:
+        keep = batch["label"] >= 0
+        skipped += int((~keep).sum())
+        spec = batch["spectrogram"]
+        for name, encode in encoders.items():
+            parts[name].append(encode(spec)[keep])
+        if raw:
+            parts[RAW].append(raw_features(spec[keep]))
+        labels.append(batch["label"][keep])
+    features = {name: np.concatenate(p) if p else np.zeros((0, 0), np.float32) for name, p in parts.items()}
+    label_array = np.concatenate(labels).astype(np.int64) if labels else np.zeros(0, np.int64)
+    return Split(features, label_array, skipped)

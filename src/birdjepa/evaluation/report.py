@@ -1,0 +1,131 @@
+"""The frozen-encoder evaluation table: each feature set scored by the linear probe and kNN.
+
+Rows are named feature sets: ``encoder`` (the checkpoint being judged), ``random_init`` (the same
+architecture and seed, untrained) and ``raw`` (per-clip log-mel mean and std, nothing learned). Logged
+metrics follow the design's names: ``eval/linear_acc``, ``eval/knn_acc`` (and ``…_macro_acc``) for the
+encoder, with ``_random_init`` and ``_raw`` appended for the baselines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from birdjepa.evaluation import probes
+from birdjepa.evaluation.embed import RAW, Split
+
+ENCODER, RANDOM_INIT = "encoder", "random_init"
+ROW_TITLES = {ENCODER: "encoder", RANDOM_INIT: "random init", RAW: "raw log-mel mean+std"}
+PROTOCOL = {
+    "crop": "one centre crop per recording (eval-mode loader), no crop averaging",
+    "linear": (
+        f"multinomial logistic regression (scikit-learn L-BFGS, tol {probes.TOL}) on features standardised "
+        f"with train statistics; L2 strength C from {list(probes.L2_GRID)} chosen on a stratified "
+        f"{probes.VAL_FRACTION:.0%} of the train split, then refit on all of it"
+    ),
+    "knn": (
+        f"cosine similarity of standardised features, k={probes.KNN_K}, votes weighted "
+        f"exp(similarity / {probes.KNN_TEMPERATURE})"
+    ),
+    "macro": "mean over classes present in the eval split of per-class recall",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    dim: int
+    knn_acc: float
+    knn_macro_acc: float
+    linear_acc: float | None = None
+    linear_macro_acc: float | None = None
+    linear: dict[str, Any] | None = None
+    """The linear probe's details (chosen C, validation accuracies, iterations, train accuracy)."""
+
+
+def score(train: Split, held_out: Split, *, linear: bool, seed: int = 0) -> dict[str, Row]:
+    """Every feature set the two splits share, scored on ``held_out`` (kNN always, the linear probe
+    when ``linear``)."""
+    rows = {}
+    for name, x in train.features.items():
+        y = held_out.features[name]
+        nn = probes.knn(x, train.labels, y, held_out.labels)
+        row = Row(name, int(x.shape[1]), nn.acc, nn.macro_acc)
+        if linear:
+            lp = probes.linear_probe(x, train.labels, y, held_out.labels, seed=seed)
+            row = dataclasses.replace(
+                row, linear_acc=lp.acc, linear_macro_acc=lp.macro_acc, linear=lp.details
+            )
+        rows[name] = row
+    return rows
+
+
+def metrics(rows: dict[str, Row]) -> dict[str, float]:
+    """``eval/…`` metrics of the rows: the encoder unsuffixed, the baselines with their name appended."""
+    out = {}
+    for name, row in rows.items():
+        suffix = "" if name == ENCODER else f"_{name}"
+        for field in ("knn_acc", "knn_macro_acc", "linear_acc", "linear_macro_acc"):
+            if (value := getattr(row, field)) is not None:
+                out[f"eval/{field}{suffix}"] = value
+    return out
+
+
+def info(
+    run_dir: Path,
+    step: int,
+    seed: int,
+    model: Any,
+    files: tuple[list[str], list[str]],
+    splits: tuple[Split, Split],
+    n_classes: int,
+) -> dict[str, Any]:
+    """What an evaluation document says besides its rows: which checkpoint, model and data."""
+    (train_files, eval_files), (train, held_out) = files, splits
+    return {
+        "run": str(run_dir),
+        "step": step,
+        "checkpoint": str(run_dir / "checkpoints" / str(step)),
+        "seed": seed,
+        "model": dataclasses.asdict(model),
+        "data": {
+            "train": train_files,
+            "eval": eval_files,
+            "n_train": len(train.labels),
+            "n_eval": len(held_out.labels),
+            "unlabelled_skipped": train.skipped_unlabelled + held_out.skipped_unlabelled,
+            "n_classes": n_classes,
+        },
+    }
+
+
+def _cell(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def table(rows: dict[str, Row], *, encoder_title: str = "encoder") -> str:
+    """A plain-text table, one line per row, encoder first."""
+    titles = {**ROW_TITLES, ENCODER: encoder_title}
+    order = [n for n in (ENCODER, RANDOM_INIT, RAW) if n in rows] + [
+        n for n in rows if n not in (ENCODER, RANDOM_INIT, RAW)
+    ]
+    width = max(len(titles.get(n, n)) for n in order)
+    lines = [f"{'features':<{width}}   dim  linear top1  linear macro  kNN top1  kNN macro"]
+    for n in order:
+        r = rows[n]
+        lines.append(
+            f"{titles.get(n, n):<{width}}  {r.dim:>4}  {_cell(r.linear_acc):>11}  "
+            f"{_cell(r.linear_macro_acc):>12}  {_cell(r.knn_acc):>8}  {_cell(r.knn_macro_acc):>9}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(path: Path, rows: dict[str, Row], info: dict[str, Any]) -> Path:
+    """``info`` (run, step, data, ...), the protocol and every row, as indented JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {**info, "protocol": PROTOCOL, "rows": {n: dataclasses.asdict(r) for n, r in rows.items()}}
+    doc["metrics"] = metrics(rows)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path

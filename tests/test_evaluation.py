@@ -1,0 +1,209 @@
+"""Frozen-encoder evaluation: the probes against answers known in advance, the raw baseline, the
+collapse metric, and `birdjepa evaluate` end to end on a tiny run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from birdjepa.diagnostics.collapse import effective_rank
+from birdjepa.evaluation import probes
+from birdjepa.evaluation.embed import raw_features
+
+
+def separable(seed: int, n_classes: int = 5, per_class: int = 30, dim: int = 8, offset: float = 0.0):
+    """Clusters around one-hot class means 10 apart with unit noise: linearly separable by a margin."""
+    rng = np.random.Generator(np.random.Philox(seed))
+    y = np.repeat(np.arange(n_classes), per_class)
+    means = np.zeros((n_classes, dim))
+    means[np.arange(n_classes), np.arange(n_classes)] = 10.0
+    return means[y] + offset + rng.standard_normal((len(y), dim)) * 0.5, y
+
+
+def test_accuracies_by_hand():
+    # 3 of 4 right; class 0 all right (1.0), class 1 all wrong (0.0): macro 0.5.
+    assert probes.accuracies(np.array([0, 0, 0, 0]), np.array([0, 0, 0, 1])) == (0.75, 0.5)
+    with pytest.raises(ValueError, match="no labelled"):
+        probes.accuracies(np.array([]), np.array([]))
+
+
+def test_linear_probe_separates_separable_embeddings():
+    x, y = separable(0)
+    tx, ty = separable(1, per_class=10)
+    result = probes.linear_probe(x, y, tx, ty)
+    assert (result.acc, result.macro_acc) == (1.0, 1.0)
+    assert result.details["converged"] and result.details["train_acc"] == 1.0
+    assert result.details["n_val"] == 30 and result.details["n_fit"] == 120  # 20 % of each class held out
+    # The same inputs give the same answer (and the same chosen L2 strength).
+    again = probes.linear_probe(x, y, tx, ty)
+    assert again.details == result.details and np.array_equal(again.predictions, result.predictions)
+
+
+def test_linear_probe_at_chance_on_noise():
+    rng = np.random.Generator(np.random.Philox(3))
+    x, tx = rng.standard_normal((200, 16)), rng.standard_normal((400, 16))
+    y, ty = rng.integers(0, 4, 200), rng.integers(0, 4, 400)
+    result = probes.linear_probe(x, y, tx, ty)
+    assert abs(result.acc - 0.25) < 0.1  # 400 test clips: the sd of chance accuracy is 0.022
+
+
+def knn_reference(train_x, train_y, test_x, k, temperature):
+    """Brute force, written out: standardise with train statistics, cosine to every train clip, the k
+    most similar (lower index first on ties) vote exp(sim / T) for their class, the lowest class wins ties."""
+    d = len(train_x[0])
+    mean = [sum(row[j] for row in train_x) / len(train_x) for j in range(d)]
+    std = [math.sqrt(sum((row[j] - mean[j]) ** 2 for row in train_x) / len(train_x)) or 1.0 for j in range(d)]
+
+    def unit(row):
+        z = [(row[j] - mean[j]) / std[j] for j in range(d)]
+        norm = math.sqrt(sum(v * v for v in z))
+        return [v / norm for v in z]
+
+    bank = [unit(r) for r in train_x]
+    out = []
+    for q in test_x:
+        u = unit(q)
+        sims = [sum(a * b for a, b in zip(u, b_, strict=True)) for b_ in bank]
+        order = sorted(range(len(bank)), key=lambda i: (-sims[i], i))[:k]
+        votes: dict[int, float] = {}
+        for i in order:
+            votes[int(train_y[i])] = votes.get(int(train_y[i]), 0.0) + math.exp(sims[i] / temperature)
+        out.append(min(votes, key=lambda c: (-votes[c], c)))
+    return np.array(out)
+
+
+def test_knn_matches_a_brute_force_reference():
+    rng = np.random.Generator(np.random.Philox(7))
+    centres = rng.standard_normal((6, 12)) * 1.5
+    y = rng.integers(0, 6, 120)
+    x = centres[y] + rng.standard_normal((120, 12)) + 3.0  # an offset that standardising removes
+    ty = rng.integers(0, 6, 50)
+    tx = centres[ty] + rng.standard_normal((50, 12)) + 3.0
+    for k, temperature in ((20, 0.07), (5, 1.0), (1, 0.07)):
+        result = probes.knn(x, y, tx, ty, k=k, temperature=temperature)
+        expected = knn_reference(x.tolist(), y, tx.tolist(), k, temperature)
+        assert np.array_equal(result.predictions, expected)
+        assert result.acc == float(np.mean(expected == ty))
+    assert 0.5 < probes.knn(x, y, tx, ty).acc < 1.0  # the task is neither trivial nor hopeless
+
+
+def test_knn_is_perfect_on_separable_embeddings_and_refuses_nan():
+    x, y = separable(0)
+    tx, ty = separable(1, per_class=10)
+    assert probes.knn(x, y, tx, ty).acc == 1.0
+    tx[3, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        probes.knn(x, y, tx, ty)
+
+
+def test_raw_features_are_the_mean_and_std_over_time():
+    spec = np.zeros((2, 4, 3), np.float32)
+    spec[0, :, 1] = [1.0, 3.0, 1.0, 3.0]  # mean 2, std 1
+    spec[1] = 5.0
+    f = raw_features(spec)
+    assert f.shape == (2, 6)
+    assert f[0].tolist() == [0.0, 2.0, 0.0, 0.0, 1.0, 0.0]
+    assert f[1].tolist() == [5.0, 5.0, 5.0, 0.0, 0.0, 0.0]
+
+
+def test_effective_rank_of_known_batches():
+    rng = np.random.Generator(np.random.Philox(0))
+    # Equal singular values in r directions: effective rank exactly r.
+    q, _ = np.linalg.qr(rng.standard_normal((32, 32)))
+    for r in (1, 4, 16):
+        z = np.zeros((64, 32))
+        for i in range(r):  # +-q_i: centred, singular value sqrt(2) for each of the r directions
+            z[2 * i] = q[i]
+            z[2 * i + 1] = -q[i]
+        assert abs(float(effective_rank(jnp.asarray(z))) - r) < 1e-4
+    assert float(effective_rank(jnp.ones((8, 5)))) == 0.0  # all equal: nothing spread at all
+    gauss = float(effective_rank(jnp.asarray(rng.standard_normal((4096, 16)))))
+    assert 15.5 < gauss <= 16.0  # isotropic: close to the full dimension
+
+
+def test_sigreg_is_about_1_06_on_gaussians_and_grows_with_n_when_collapsed():
+    from birdjepa.objectives import sigreg
+
+    f = jax.jit(sigreg)
+    # E[EP] = ∫(1 - e^{-t²}) e^{-t²/2} dt = √(2π) - √(2π/3) = 1.0594 for i.i.d. N(0, I), for any N.
+    expected = math.sqrt(2 * math.pi) - math.sqrt(2 * math.pi / 3)
+    for n in (32, 256):
+        values = [float(f(jax.random.normal(jax.random.key(i), (n, 32)), jax.random.key(100 + i)))
+                  for i in range(40)]  # fmt: skip
+        # The quadrature (17 knots on [0, 3]) and 40 x 256 directions: within 8 % of the exact mean.
+        assert abs(np.mean(values) - expected) < 0.08 * expected, (n, np.mean(values))
+    # Collapsed to one point: EP is N times a constant, so it doubles with N.
+    c32 = float(f(jnp.full((32, 32), 0.5), jax.random.key(0)))
+    c64 = float(f(jnp.full((64, 32), 0.5), jax.random.key(0)))
+    assert c32 > 15 * expected and c64 == pytest.approx(2 * c32, rel=1e-5)
+    # Collapsed to a line (rank 1) through the origin: far from isotropic as well.
+    line = jax.random.normal(jax.random.key(1), (256, 1)) * jnp.ones((1, 32)) / math.sqrt(32)
+    assert float(f(line, jax.random.key(2))) > 10 * expected
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
+    from birdjepa.config import DataConfig, LogConfig, PretrainConfig
+    from birdjepa.train import pretrain
+
+    runs = tmp_path_factory.mktemp("runs")
+    cfg = PretrainConfig(
+        run="eval", steps=4, eval_every=2, ckpt_every=2, log=LogConfig(runs_dir=runs, print_every=100),
+        data=DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=4),
+    )  # fmt: skip
+    assert pretrain(cfg) == 0
+    return runs / "eval"
+
+
+def test_evaluate_end_to_end_matches_the_trainer_and_is_deterministic(tiny_run: Path, capsys):
+    from birdjepa.evaluation.cli import cli
+
+    trained = json.loads((tiny_run / "eval" / "3.json").read_text())
+    (tiny_run / "eval" / "3.json").unlink()
+    cli(tiny_run)
+    out = capsys.readouterr().out
+    first = json.loads((tiny_run / "eval" / "3.json").read_text())
+    assert "random init" in out and "raw log-mel" in out and "wrote" in out
+    assert set(first["rows"]) == {"encoder", "random_init", "raw"}
+    assert (first["data"]["n_train"], first["data"]["n_eval"], first["data"]["n_classes"]) == (48, 24, 12)
+    # The command and the trainer's last evaluation score the same checkpoint the same way.
+    assert first["rows"] == trained["rows"] and first["metrics"] == trained["metrics"]
+    cli(tiny_run, step=3)
+    again = json.loads((tiny_run / "eval" / "3.json").read_text())
+    assert {k: v for k, v in again.items() if k != "timing_s"} == {
+        k: v for k, v in first.items() if k != "timing_s"
+    }
+    # The trainer logged kNN at every evaluation and the linear probe at the end, beside the baselines.
+    lines = [json.loads(x) for x in (tiny_run / "metrics.jsonl").read_text().splitlines()]
+    evals = {x["step"]: x for x in lines if "eval/knn_acc" in x}
+    assert sorted(evals) == [1, 3]
+    assert "eval/linear_acc" not in evals[1] and "eval/knn_acc_random_init" in evals[1]
+    assert evals[3]["eval/linear_acc_raw"] == first["metrics"]["eval/linear_acc_raw"]
+    # Every step logs the collapse metric.
+    assert all(0 < x["train/embedding_rank"] <= 8 for x in lines if "train/embedding_rank" in x)
+
+
+def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
+    from birdjepa.evaluation.cli import cli
+
+    cases = [
+        (tmp_path / "nope", {}, "not a run directory"),
+        (tiny_run, {"step": 2}, "no checkpoint 2; there are [1, 3]"),
+        (tiny_run, {"data": "missing"}, "missing: no such shard file"),
+    ]
+    for run, kw, message in cases:
+        if kw.get("data") == "missing":
+            from birdjepa.evaluation.cli import EvalData
+
+            kw = {"data": EvalData(eval=str(tmp_path / "missing"))}
+        with pytest.raises(SystemExit) as e:
+            cli(run, **kw)
+        assert e.value.code == 1
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
