@@ -1,10 +1,12 @@
-"""The synthetic demo set: layout, determinism, codec/rate mix, labels, durations, learnability."""
+"""The synthetic demo set: layout, determinism, codec/rate mix, labels, durations, band-sharing species,
+per-recording nuisance, learnability from the time pattern."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -16,14 +18,18 @@ import soundfile as sf
 from birdjepa.cli import main
 from birdjepa.demo_data import (
     CODECS,
+    DEFAULT,
     SMALL,
     DemoConfig,
     canonical_ogg,
     canonical_wav,
+    draw_nuisance,
     encode_audio,
     ensure_demo_data,
     generate_demo_data,
     make_species,
+    plan_recordings,
+    render_recording,
 )
 from birdjepa.shards import list_shards, read_shard, read_vocab, shard_schema
 
@@ -56,8 +62,15 @@ def all_files(folder: Path) -> dict[str, bytes]:
 def test_layout_vocab_and_manifest(demo_dir: Path) -> None:
     manifest = json.loads((demo_dir / "manifest.json").read_text())
     assert manifest["generator"] == "birdjepa.demo_data" and manifest["seed"] == SMALL.seed
+    assert manifest["generator_version"] == 2
     names = [s["code"] for s in manifest["species"]]
     assert len(names) == SMALL.n_species == len(set(names))
+    groups = Counter(s["band_group"] for s in manifest["species"])
+    assert sorted(groups) == list(range(6)) and set(groups.values()) == {2}  # 12 species, 2 per band
+    recordings = manifest["recordings"]
+    assert len(recordings) == SMALL.n_species * (SMALL.per_species_train + SMALL.per_species_eval)
+    assert {r["id"] for r in recordings} == {r["recording_id"] for split in ("train", "eval")
+                                             for r in rows(demo_dir / split)}  # fmt: skip
     for split, per_species in (("train", SMALL.per_species_train), ("eval", SMALL.per_species_eval)):
         folder = demo_dir / split
         label_column, vocab = read_vocab(folder)
@@ -108,7 +121,7 @@ def test_codecs_rates_channels_durations(demo_dir: Path) -> None:
             assert sr == info.samplerate
             # MP3 adds encoder delay/padding (< 0.1 s); everything else is exact to the sample
             assert SMALL.min_seconds - 0.01 <= len(x) / sr <= SMALL.max_seconds + 0.1, r["recording_id"]
-            assert np.isfinite(x).all() and 0.05 < np.abs(x).max() <= 1.0
+            assert np.isfinite(x).all() and 10 ** (-37 / 20) < np.abs(x).max() <= 1.0  # -35..-1 dBFS
             seen[(info.format, info.subtype)] += 1
             rates[sr] += 1
             channels[x.shape[1]] += 1
@@ -123,36 +136,199 @@ def test_codecs_rates_channels_durations(demo_dir: Path) -> None:
 CODECS_BY_EXT_FORMAT = {ext: fmt for fmt, _, ext in CODECS.values()}
 
 
-def test_species_are_distinguishable(demo_dir: Path) -> None:
-    """Nearest-centroid on band-energy peaks, fit on train, must beat chance (1/12) by far on eval."""
+def spectrogram_db(x: np.ndarray, sr: int) -> tuple[np.ndarray, np.ndarray]:
+    """[frames, bins] power in dB (23 ms Hann window, 10 ms hop) and the bins' frequencies."""
+    win, hop = int(0.023 * sr) // 2 * 2, int(0.01 * sr)
+    frames = np.lib.stride_tricks.sliding_window_view(x, win)[::hop] * np.hanning(win)
+    power = np.abs(np.fft.rfft(frames, axis=1)) ** 2
+    return 10 * np.log10(power + 1e-20), np.fft.rfftfreq(win, 1 / sr)
 
-    def features(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-        xs, ys = [], []
-        edges = np.geomspace(1000.0, 10500.0, 33)
-        for r in rows(folder):
-            x, sr = sf.read(io.BytesIO(r["audio"]["bytes"]), dtype="float32", always_2d=True)
-            win = int(0.023 * sr) // 2 * 2
-            frames = np.lib.stride_tricks.sliding_window_view(x.mean(1), win)[:: win // 2] * np.hanning(win)
-            power = np.abs(np.fft.rfft(frames, axis=1)) ** 2
-            f = np.fft.rfftfreq(win, 1 / sr)
-            bands = np.stack(
-                [
-                    power[:, (f >= lo) & (f < hi)].mean(1)
-                    for lo, hi in zip(edges[:-1], edges[1:], strict=True)
-                ],
-                1,
-            )
-            log_bands = np.log(bands + 1e-10)
-            log_bands -= np.median(log_bands, axis=0)  # remove the stationary noise floor
-            xs.append(np.percentile(log_bands, 98, axis=0))
-            ys.append(r["ebird_code"])
-        return np.array(xs), np.array(ys)
 
-    x_train, y_train = features(demo_dir / "train")
-    x_eval, y_eval = features(demo_dir / "eval")
-    centroids = np.stack([x_train[y_train == c].mean(0) for c in range(SMALL.n_species)])
-    pred = np.argmin(((x_eval[:, None] - centroids[None]) ** 2).sum(-1), axis=1)
-    assert (pred == y_eval).mean() >= 0.5
+def band_envelope_features(demo_dir: Path, split: str) -> list[dict]:
+    """Per recording, from its decoded audio and its species' band (from the manifest): the band
+    with the most prominent song (98th percentile over the median), the mean log spectrum over time in
+    40 bands, and the autocorrelation over 10 ms-1 s of the energy envelope in the species' band."""
+    species = json.loads((demo_dir / "manifest.json").read_text())["species"]
+    edges = np.geomspace(1000.0, 10500.0, 41)
+    out = []
+    for r in rows(demo_dir / split):
+        x, sr = sf.read(io.BytesIO(r["audio"]["bytes"]), dtype="float32", always_2d=True)
+        db, f = spectrogram_db(x.mean(1), sr)
+        label = r["ebird_code"]
+        lo, hi = species[label]["band_hz"]
+        bands = np.stack(
+            [db[:, (f >= a) & (f < b)].mean(1) for a, b in zip(edges[:-1], edges[1:], strict=True)], 1
+        )
+        prominence = np.percentile(bands, 98, axis=0) - np.median(bands, axis=0)
+        env = 10 * np.log10(np.mean(10 ** (db[:, (f >= lo) & (f <= hi)] / 10), axis=1))
+        env = np.maximum(env - np.median(env), 0.0)  # dB above the noise floor
+        env -= env.mean()
+        ac = np.correlate(env, env, "full")[len(env) : len(env) + 100]
+        out.append(
+            {
+                "label": label,
+                "band": (lo, hi),
+                "peak_hz": float(np.sqrt(edges[:-1] * edges[1:])[np.argmax(prominence)]),
+                "spectrum": bands.mean(0),
+                "time": ac / (np.dot(env, env) + 1e-9),
+            }
+        )
+    return out
+
+
+def test_the_song_stands_out_in_its_band(demo_dir: Path) -> None:
+    """Through the noise, EQ and background species, the most prominent band of most recordings lies
+    in the species' own band."""
+    recs = band_envelope_features(demo_dir, "train") + band_envelope_features(demo_dir, "eval")
+    inside = [r["band"][0] * 0.9 <= r["peak_hz"] <= r["band"][1] * 1.1 for r in recs]
+    assert np.mean(inside) >= 0.8, np.mean(inside)
+
+
+def test_band_partners_differ_in_time_not_in_spectrum(demo_dir: Path) -> None:
+    """The two species of a band group: nearest centroid (fit on train) between the two tells them
+    apart on eval from the autocorrelation of the band's energy envelope, not from the mean spectrum."""
+    group = [s["band_group"] for s in json.loads((demo_dir / "manifest.json").read_text())["species"]]
+    train, evals = band_envelope_features(demo_dir, "train"), band_envelope_features(demo_dir, "eval")
+
+    def pair_accuracy(feature: str) -> float:
+        correct = []
+        for r in evals:
+            partners = [c for c in range(SMALL.n_species) if group[c] == group[r["label"]]]
+            centroids = {c: np.mean([t[feature] for t in train if t["label"] == c], axis=0) for c in partners}
+            guess = min(partners, key=lambda c: float(np.sum((r[feature] - centroids[c]) ** 2)))
+            correct.append(guess == r["label"])
+        assert len(correct) == 24  # 12 species x 2 eval recordings, each against its partner
+        return float(np.mean(correct))
+
+    assert pair_accuracy("time") >= 0.85
+    assert pair_accuracy("spectrum") <= 0.7  # chance is 0.5 (sd 0.1 over 24)
+
+
+def test_species_share_bands_and_notes_and_differ_in_arrangement() -> None:
+    species = make_species(DEFAULT)
+    by_group: dict[int, list] = {}
+    for s in species:
+        by_group.setdefault(s.band_group, []).append(s)
+    assert sorted(by_group) == list(range(8)) and all(len(g) == 2 for g in by_group.values())
+    centres = []
+    for a, b in by_group.values():
+        assert a.band_hz == b.band_hz and a.syllables == b.syllables  # same band, same two notes
+        assert a.pattern != b.pattern and (a.motif, a.gaps) != (b.motif, b.gaps)
+        assert b.band_hz[1] / b.band_hz[0] >= 1.3  # a band of ~half an octave
+
+        def share_sounding(s) -> float:  # expected share of the time the species sounds
+            sounding = sum(s.syllables[m].seconds for m in s.motif)
+            return sounding / (sounding + sum(s.gaps) + s.pause_seconds)
+
+        assert share_sounding(a) == pytest.approx(share_sounding(b), rel=1e-9)
+        assert all(g > 0.03 - 1e-9 for g in a.gaps + b.gaps)
+        centres.append(math.sqrt(a.band_hz[0] * a.band_hz[1]))
+    # the groups' bands spread over 1.5-12 kHz: 3 octaves, 8 groups
+    assert min(centres) < 2000.0 and max(centres) > 9000.0
+    assert min(np.diff(np.log2(sorted(centres)))) > 0.1
+
+
+def quiet_nuisance(plan, n_species: int, **changes):
+    """The recording's own nuisance with the extras off (no band noise, rumble, clicks, background
+    species), a flat microphone and a quiet background, then `changes`."""
+    base = draw_nuisance(plan, n_species)
+    flat = {"band_noise": None, "rumble_db": None, "clicks": False, "background": (), "eq_db": (0.0,) * 4}
+    flat |= {"highpass": (1.0, 1), "lowpass": (1e6, 1), "snr_db": 40.0}
+    return dataclasses.replace(base, **(flat | changes))
+
+
+def welch_db(x: np.ndarray, sr: int, at: list[float], width: float = 0.05) -> np.ndarray:
+    """Mean power (dB) of x in +-width (relative) around each frequency of `at` (Welch: 8192-sample
+    Hann windows, half overlap)."""
+    frames = np.lib.stride_tricks.sliding_window_view(x, 8192)[::4096] * np.hanning(8192)
+    power = np.mean(np.abs(np.fft.rfft(frames, axis=1)) ** 2, axis=0)
+    f = np.fft.rfftfreq(8192, 1 / sr)
+    return np.array([10 * np.log10(power[(f > c * (1 - width)) & (f < c * (1 + width))].mean()) for c in at])
+
+
+def test_noise_colour_follows_alpha() -> None:
+    """With the song 40 dB under the noise and a flat microphone, the measured spectral slope of a
+    recording is -alpha (power ~ 1/f**alpha): white, pink, brown."""
+    table = make_species(SMALL)
+    plan = plan_recordings(SMALL)["train"][0]
+    freqs = [300.0, 600.0, 1200.0, 2400.0, 4800.0, 9600.0]
+    for alpha in (0.0, 1.0, 2.0):
+        x = render_recording(plan, table, quiet_nuisance(plan, len(table), noise_alpha=alpha, snr_db=-40.0))
+        slope = np.polyfit(np.log10(freqs), welch_db(x[:, 0], plan.sample_rate, freqs), 1)[0] / 10
+        assert slope == pytest.approx(-alpha, abs=0.15), (alpha, slope)
+
+
+def test_microphone_band_limits() -> None:
+    """A 2nd-order high-pass at 800 Hz and low-pass at 5 kHz (Butterworth magnitudes) on white noise:
+    -24 dB two octaves under the high-pass, -12 dB an octave over the low-pass, relative to 2 kHz."""
+    table = make_species(SMALL)
+    plan = next(p for p in plan_recordings(SMALL)["train"] if p.sample_rate >= 44100)
+    mic = {"highpass": (800.0, 2), "lowpass": (5000.0, 2)}
+    x = render_recording(plan, table, quiet_nuisance(plan, len(table), noise_alpha=0.0, snr_db=-60.0, **mic))
+    low, mid, high = welch_db(x[:, 0], plan.sample_rate, [200.0, 2000.0, 10000.0], width=0.03)
+    assert low - mid == pytest.approx(-10 * math.log10(1 + 4.0**4), abs=2.0)
+    assert high - mid == pytest.approx(-10 * math.log10(1 + 2.0**4), abs=2.0)
+
+
+def test_background_species_is_mixed_in() -> None:
+    """A background species adds its song in its own band (here one away from the main species'),
+    and leaves the rest of the recording as it was."""
+    table = make_species(SMALL)
+    plan = next(p for p in plan_recordings(SMALL)["train"] if p.channels == 1 and p.seconds > 9)
+    main = table[plan.species]
+    other = next(
+        s for s in table if s.band_hz[0] > main.band_hz[1] * 1.2 or s.band_hz[1] < main.band_hz[0] / 1.2
+    )
+    quiet = quiet_nuisance(plan, len(table), peak_dbfs=-6.0)
+    without = render_recording(plan, table, quiet)[:, 0]
+    with_bg = render_recording(plan, table, dataclasses.replace(quiet, background=((other.index, -8.0),)))[
+        :, 0
+    ]
+    centre_main, centre_other = (math.sqrt(s.band_hz[0] * s.band_hz[1]) for s in (main, other))
+    before = welch_db(without, plan.sample_rate, [centre_main, centre_other], width=0.1)
+    after = welch_db(with_bg, plan.sample_rate, [centre_main, centre_other], width=0.1)
+    # normalised to the main song's band: the other band gains > 15 dB (it held only the quiet noise)
+    assert (after[1] - after[0]) - (before[1] - before[0]) > 15.0
+
+
+def test_recordings_differ_in_how_they_were_recorded(demo_dir: Path) -> None:
+    """The recordings of one species are recorded differently: level (measured), noise colour, SNR,
+    microphone (the manifest's record, checked against the audio for the level)."""
+    manifest = json.loads((demo_dir / "manifest.json").read_text())
+    by_id = {r["id"]: r for r in manifest["recordings"]}
+    peaks: dict[int, list[float]] = {}
+    lossless = 0
+    for split in ("train", "eval"):
+        for r in rows(demo_dir / split):
+            x, _ = sf.read(io.BytesIO(r["audio"]["bytes"]), dtype="float32", always_2d=True)
+            peak_db = 20 * math.log10(np.abs(x).max())
+            if not r["audio"]["path"].endswith((".ogg", ".mp3")):  # lossy codecs move peaks by dBs
+                assert peak_db == pytest.approx(by_id[r["recording_id"]]["peak_dbfs"], abs=0.05)
+                lossless += 1
+            peaks.setdefault(r["ebird_code"], []).append(peak_db)
+    assert lossless >= 10
+    assert max(max(p) - min(p) for p in peaks.values()) > 15.0  # v1: peak -12..-1 dBFS
+    assert max(max(p) for p in peaks.values()) - min(min(p) for p in peaks.values()) > 25.0
+    recs = manifest["recordings"]
+    for species in {r["species"] for r in recs}:
+        mine = [r for r in recs if r["species"] == species]
+        assert len({r["noise_alpha"] for r in mine}) == len(mine) == 6
+        assert len({r["highpass"]["hz"] for r in mine}) == 6 and len({r["snr_db"] for r in mine}) == 6
+    alphas = [r["noise_alpha"] for r in recs]
+    assert min(alphas) < 0.3 and max(alphas) > 1.7  # white to brown (v1: 0.7-1.3)
+    assert min(r["snr_db"] for r in recs) < 0.0  # v1: 0-30 dB
+    backgrounds = [(r["species"], b["species"]) for r in recs for b in r["background"]]
+    assert len(backgrounds) >= 10 and all(main != other for main, other in backgrounds)
+    assert sum(r["band_noise"] is not None for r in recs) >= 10
+
+
+def test_nuisance_is_a_function_of_the_recording() -> None:
+    table = make_species(SMALL)
+    plans = plan_recordings(SMALL)["train"]
+    assert draw_nuisance(plans[0], len(table)) == draw_nuisance(plans[0], len(table))
+    assert draw_nuisance(plans[0], len(table)) != draw_nuisance(plans[1], len(table))
+    a, b = render_recording(plans[3], table), render_recording(plans[3], table)
+    assert a.dtype == np.float32 and np.array_equal(a, b)
 
 
 def test_deterministic_whatever_the_worker_count(tmp_path: Path) -> None:
@@ -230,6 +406,7 @@ def test_species_and_config_validation() -> None:
     species = make_species(SMALL)
     assert [s.index for s in species] == list(range(SMALL.n_species))
     assert all(1500.0 <= s.band_hz[0] < s.band_hz[1] <= 12000.0 for s in species)
+    assert [s.band_group for s in make_species(dataclasses.replace(SMALL, n_species=5))].count(1) == 3
     assert make_species(SMALL) == species
     for bad in (
         {"n_species": 0},
