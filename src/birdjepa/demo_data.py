@@ -110,9 +110,9 @@ SNR_DB = (-10.0, 25.0)
 """Song power over the background noise's power in 1-12 kHz (v1: 0-30 dB over the whole band)."""
 PEAK_DBFS = (-35.0, -1.0)
 BACKGROUND_DB = (-25.0, -8.0)
+"""Level of a background species' song relative to the main song."""
 MAX_CYCLE_SECONDS = 2.5
 """Longest rendition cycle (motif and pause) before the recording's activity scales the pause."""
-"""Level of a background species' song relative to the main song."""
 
 
 @dataclass(frozen=True)
