@@ -171,3 +171,20 @@ def test_jit_and_grad_are_finite():
     g_sup = jax.jit(jax.grad(lambda x: supervised_loss(x, labels)["loss"]))(logits)
     assert np.all(np.isfinite(np.asarray(g_sup)))
     assert np.all(np.asarray(g_sup)[np.asarray(labels) < 0] == 0.0)
+
+
+def test_multi_crop_invariance_centres_on_the_global_views():
+    # Two equal global views at a, one local view at a + 3: only the local view is off the centre.
+    a = jnp.arange(4.0).reshape(1, 1, 4)
+    z = jnp.concatenate([a, a, a + 3.0], axis=1)  # [B=1, V=3, P=4]
+    assert float(invariance_loss(z, n_global=2)) == 9.0 / 3  # (3² on 4 dims of 1 view) / (3 views x 4)
+    assert float(invariance_loss(z)) == pytest.approx(float(jnp.mean(jnp.square(z - z.mean(1)))))
+
+
+def test_per_view_sigreg_is_the_mean_of_each_views_statistic():
+    z = jax.random.normal(jax.random.key(0), (64, 3, 8)) * jnp.array([1.0, 2.0, 0.5])[None, :, None]
+    key = jax.random.key(1)
+    per_view = float(sigreg(z, key, per_view=True))
+    separately = [float(sigreg(z[:, v], key)) for v in range(3)]
+    assert per_view == pytest.approx(np.mean(separately), rel=1e-5)
+    assert per_view != pytest.approx(float(sigreg(z, key)), rel=1e-2)  # pooling tests another sample

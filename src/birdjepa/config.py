@@ -44,9 +44,8 @@ class DataConfig:
 class ObjectiveConfig:
     kind: Literal["lejepa", "supervised"] = "lejepa"
     """lejepa: invariance + SIGReg on projections; supervised: cross-entropy on labels."""
-    lejepa: LeJepaConfig = LeJepaConfig(lam=0.5)
-    """λ = 0.5, not the paper's 0.05: at the demo's batch of 16 the invariance term won and the probe
-    stayed near chance (measured on the demo set; see the README)."""
+    lejepa: LeJepaConfig = LeJepaConfig()
+    """Invariance + SIGReg (λ = 0.05, the paper's)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +99,8 @@ class PretrainConfig:
     catch it; see birdjepa.faults."""
     data: DataConfig = DataConfig()
     augment: AugmentConfig = AugmentConfig()
-    """Per-view channel augmentations (gain, spectral tilt, background mixing) applied in the step."""
+    """Per-view augmentations applied in the step: pitch/tempo warp (on), gain, spectral tilt and
+    background mixing (off)."""
     model: ModelConfig = ModelConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     optim: OptimConfig = OptimConfig()

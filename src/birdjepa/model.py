@@ -1,11 +1,13 @@
 """ViT encoder over log-mel spectrograms, the LeJEPA projector and the online linear probe (flax.linen).
 
 Input: log-mel spectrograms float32 ``[B, T, M]`` (time-major; the default input is T=512 frames x M=128 mel
-bins), or ``[B, V, T, M]`` for V views per sample. The spectrogram is cut into non-overlapping
-``patch x patch`` patches (16 x 16 -> a 32 x 8 grid = 256 patches, ordered time-major: patch index
-``i_t * (M // patch) + i_m``), each flattened patch is embedded by one linear layer, a **learned** position
-embedding (one vector per patch, shape ``[1, n_patches, dim]``, init N(0, 0.02²)) is added, and ``depth``
-pre-LN transformer blocks follow::
+bins), or ``[B, V, T, M]`` for V views per sample. ``input_norm`` first normalises each spectrogram
+(default ``floor``: each mel bin's noise floor subtracted, then standardised, so level, microphone
+colour and stationary background do not reach the encoder). It is cut into non-overlapping patches
+of ``patch`` frames by ``patch_freq`` mel bins (default 16 frames x all 128 bins: one token per 160 ms,
+32 tokens, ordered time-major: patch index ``i_t * (M // patch_freq) + i_m``), each flattened patch is
+embedded by one linear layer, a **learned** position embedding (one vector per patch, shape
+``[1, n_patches, dim]``, init N(0, 0.02²)) is added, and ``depth`` pre-LN transformer blocks follow::
 
     x = x + drop_path(dropout(attn(LN(x))))        # multi-head self-attention, no attention dropout
     x = x + drop_path(dropout(mlp(LN(x))))         # Dense(mlp_ratio*dim) -> GELU -> Dense(dim)
@@ -13,7 +15,10 @@ pre-LN transformer blocks follow::
 then a final LayerNorm; ``embedding`` is the mean over patch tokens (after that LayerNorm). Learned position
 embeddings were chosen over fixed 2-D sin-cos because the input grid is fixed (T and M never change within a
 run) and they are what the AudioMAE/BirdMAE line of spectrogram ViTs use; the input size is checked at call
-time, so a wrong T or M fails loudly instead of silently misaligning positions.
+time, so a wrong T or M fails loudly instead of silently misaligning positions. A shorter T (a local
+crop, a multiple of ``patch``) takes the first positions. Frame tokens over square patches: on the
+demo set, whose species differ in temporal pattern, square patches left even a supervised run at
+chance (``docs/issues/002-pretraining-learns``).
 
 Multi-view input: ``BirdJepa.__call__`` accepts ``[B, V, T, M]`` and flattens the views into the batch
 (``[B*V, T, M]``, view index fastest) before the encoder, then reshapes every output back to ``[B, V, ...]``.
@@ -44,7 +49,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import flax.linen as nn
 import jax
@@ -80,7 +85,10 @@ class ModelConfig:
     mlp_ratio: int | None = None
     """MLP hidden width = mlp_ratio * dim."""
     patch: int = 16
-    """Square patch side (time frames = mel bins); must divide T and M."""
+    """Patch length in time frames; must divide T."""
+    patch_freq: int | None = None
+    """Patch height in mel bins; None: all ``n_mels``, one token per ``patch`` frames that sees the
+    whole spectrum (a song is a sequence of spectra; 16 gives the square patches of image ViTs)."""
     n_frames: int = 512
     """T, the number of spectrogram frames the position embedding is built for."""
     n_mels: int = 128
@@ -94,9 +102,17 @@ class ModelConfig:
     proj_dim: int | None = None
     """Output width P of the projector (the space LeJEPA's losses act on)."""
     proj_layers: int = 2
-    """Number of hidden (Dense -> LayerNorm -> GELU) layers of the projector before its output Dense."""
+    """Number of hidden (Dense -> norm -> GELU) layers of the projector before its output Dense."""
+    proj_norm: Literal["layer", "batch"] = "layer"
+    """Norm of the projector's hidden layers: layer (per sample) or batch (per feature over the batch,
+    from the batch's own statistics: the projector only serves the training loss, so no running
+    averages are kept)."""
     n_classes: int = 10
     """Classes of the online linear probe (the trainer sets it from the dataset vocabulary)."""
+    input_norm: Literal["none", "clip", "floor"] = "floor"
+    """Per-spectrogram normalisation before patching. clip: standardise by its own mean and std
+    (level-invariant); floor: subtract each mel bin's noise floor (see ``noise_floor``), then
+    standardise (removes level, microphone response and stationary noise colour)."""
 
     def __post_init__(self) -> None:
         # The preset's values are not written into the fields: a config given on the command line keeps
@@ -107,9 +123,10 @@ class ModelConfig:
         dim, heads = (self.dim or PRESETS[self.preset]["dim"]), (self.heads or PRESETS[self.preset]["heads"])
         if dim % heads:
             raise ValueError(f"dim={dim} is not divisible by heads={heads}")
-        if self.n_frames % self.patch or self.n_mels % self.patch:
+        if self.n_frames % self.patch or self.n_mels % self.patch_mels:
             raise ValueError(
-                f"patch={self.patch} must divide n_frames={self.n_frames} and n_mels={self.n_mels}"
+                f"patch={self.patch} must divide n_frames={self.n_frames} and the patch's mel side "
+                f"{self.patch_mels} must divide n_mels={self.n_mels}"
             )
         for name in ("dropout", "drop_path"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -127,7 +144,11 @@ class ModelConfig:
     @property
     def grid(self) -> tuple[int, int]:
         """Patch grid (time, mel)."""
-        return self.n_frames // self.patch, self.n_mels // self.patch
+        return self.n_frames // self.patch, self.n_mels // self.patch_mels
+
+    @property
+    def patch_mels(self) -> int:
+        return self.n_mels if self.patch_freq is None else self.patch_freq
 
     @property
     def n_patches(self) -> int:
@@ -139,13 +160,22 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(preset=name, **overrides).resolved()
 
 
-def patchify(x: Array, patch: int) -> Array:
-    """``[B, T, M]`` -> ``[B, (T/p)*(M/p), p*p]``: non-overlapping patches, time-major patch order;
-    inside a patch the values are ordered (frame, mel)."""
+def patchify(x: Array, patch: int, q: int) -> Array:
+    """``[B, T, M]`` -> ``[B, (T/p)*(M/q), p*q]`` (``p = patch`` frames by ``q`` mel bins):
+    non-overlapping patches, time-major patch order; inside a patch the values are ordered (frame, mel)."""
     b, t, m = x.shape
-    x = x.reshape(b, t // patch, patch, m // patch, patch)
+    x = x.reshape(b, t // patch, patch, m // q, q)
     x = x.transpose(0, 1, 3, 2, 4)
-    return x.reshape(b, (t // patch) * (m // patch), patch * patch)
+    return x.reshape(b, (t // patch) * (m // q), patch * q)
+
+
+def noise_floor(x: Array, window: int) -> Array:
+    """Each mel bin's noise floor in ``x [B, T, M]`` (log domain) -> ``[B, 1, M]``: the 20th percentile
+    over time of its means over windows of ``window`` frames. A bird sings in bursts, so the quiet
+    windows show the background; a quantile over all T frames costs 20x more (a sort of T per bin)."""
+    b, t, m = x.shape
+    means = x.reshape(b, t // window, window, m).mean(axis=2)
+    return jnp.quantile(means, 0.2, axis=1, keepdims=True)
 
 
 class DropPath(nn.Module):
@@ -214,18 +244,27 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x: Array, *, deterministic: bool) -> tuple[Array, Array]:
         cfg = self.cfg.resolved()
-        if x.ndim != 3 or x.shape[1:] != (cfg.n_frames, cfg.n_mels):
+        t = x.shape[1] if x.ndim == 3 else -1
+        if x.ndim != 3 or x.shape[2] != cfg.n_mels or not 0 < t <= cfg.n_frames or t % cfg.patch:
             raise ValueError(
-                f"encoder expects [B, T={cfg.n_frames}, M={cfg.n_mels}] spectrograms, got shape {x.shape}"
+                f"encoder expects [B, T, M={cfg.n_mels}] spectrograms with T={cfg.n_frames} (or a shorter "
+                f"local crop, a multiple of patch={cfg.patch}), got shape {x.shape}"
             )
+        x = x.astype(jnp.float32)
+        if cfg.input_norm == "floor":  # log domain: a channel's gain per bin is an offset per bin
+            x = x - noise_floor(x, cfg.patch)
+        if cfg.input_norm in ("clip", "floor"):
+            mean = x.mean(axis=(1, 2), keepdims=True)
+            x = (x - mean) / jnp.sqrt(jnp.square(x - mean).mean(axis=(1, 2), keepdims=True) + 1e-6)
         tokens = nn.Dense(
             cfg.dim,
             name="patch_embed",
             kernel_init=nn.initializers.xavier_uniform(),
             bias_init=nn.initializers.zeros,
-        )(patchify(x.astype(jnp.float32), cfg.patch))
+        )(patchify(x, cfg.patch, cfg.patch_mels))
         pos = self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, cfg.dim))
-        tokens = tokens + pos
+        # Patches are time-major: a crop of T frames takes the positions of the first T / patch rows.
+        tokens = tokens + pos[:, : tokens.shape[1]]
         for i in range(cfg.depth):
             rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
             tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic)
@@ -233,18 +272,36 @@ class Encoder(nn.Module):
         return tokens.mean(axis=1), tokens
 
 
+class BatchStandardize(nn.Module):
+    """BatchNorm from the batch's own statistics (no running averages): each feature centred and scaled
+    over the batch axis, then a learned scale and bias. Under a batch-sharded ``jit`` the statistics are
+    of the global batch."""
+
+    epsilon: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        mean = x.mean(axis=0, keepdims=True)
+        var = jnp.square(x - mean).mean(axis=0, keepdims=True)
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],))
+        return (x - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias
+
+
 class Projector(nn.Module):
-    """MLP ``dim -> hidden -> ... -> out_dim``: ``layers`` x (Dense -> LayerNorm -> GELU), then Dense."""
+    """MLP ``dim -> hidden -> ... -> out_dim``: ``layers`` x (Dense -> norm -> GELU), then Dense."""
 
     hidden: int
     out_dim: int
     layers: int = 2
+    norm: str = "layer"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         for j in range(self.layers):
             x = nn.Dense(self.hidden, name=f"dense_{j}")(x)
-            x = nn.gelu(nn.LayerNorm(name=f"norm_{j}")(x))
+            norm = BatchStandardize if self.norm == "batch" else nn.LayerNorm
+            x = nn.gelu(norm(name=f"norm_{j}")(x))
         return nn.Dense(self.out_dim, name="out")(x)
 
 
@@ -279,7 +336,8 @@ class BirdJepa(nn.Module):
         x = spectrogram.reshape((-1,) + spectrogram.shape[-2:])
         cfg = self.cfg.resolved()
         embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic)
-        projection = Projector(cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, name="projector")(embedding)
+        projector = Projector(cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, cfg.proj_norm, name="projector")
+        projection = projector(embedding)
         probe_logits = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(embedding))
         out = {
             "embedding": embedding,

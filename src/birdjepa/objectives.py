@@ -79,16 +79,23 @@ class LeJepaConfig:
     sigreg_per_view: bool = False
     """SIGReg of each view's B projections, averaged over views (as LeJEPA's reference code), instead
     of one test of all B*V pooled."""
+    local_views: int = 0
+    """Multi-crop: local views per sample, cut from the global views (0 = off). The invariance pulls
+    every view to the centre of the global views."""
+    local_frames: int = 128
+    """Frames of a local view (a multiple of the patch size)."""
 
 
-def invariance_loss(z: Array) -> Array:
-    """``mean_{b, v, p} (z[b, v, p] - mean_v' z[b, v', p])²`` for ``z [B, V, P]``."""
+def invariance_loss(z: Array, n_global: int | None = None) -> Array:
+    """``mean_{b, v, p} (z[b, v, p] - c[b, p])²`` for ``z [B, V, P]``, where the centre ``c`` is the
+    mean of the first ``n_global`` views (default: all). With local views (multi-crop) only the
+    global views make the centre, and every view is pulled to it."""
     if z.ndim != 3:
         raise ValueError(f"invariance expects z of shape [B, V, P], got {z.shape}")
     z = z.astype(jnp.float32)
     # Centre computed relative to view 0 (same value mathematically): exactly 0 when all views are equal.
     rel = z - z[:, :1]
-    return jnp.mean(jnp.square(rel - rel.mean(axis=1, keepdims=True)))
+    return jnp.mean(jnp.square(rel - rel[:, :n_global].mean(axis=1, keepdims=True)))
 
 
 def sigreg_directions(key: Array, dim: int, num_directions: int = DEFAULT_NUM_DIRECTIONS) -> Array:
@@ -160,10 +167,12 @@ def lejepa_loss(
     num_knots: int = DEFAULT_NUM_KNOTS,
     t_max: float = DEFAULT_T_MAX,
     sigreg_per_view: bool = False,
+    n_global: int | None = None,
 ) -> dict[str, Array]:
     """LeJEPA on projections ``z [B, V, P]`` -> ``{"loss", "invariance", "sigreg"}`` (scalars), with
-    ``loss = (1 - lam) * invariance + lam * sigreg``; ``key`` draws the SIGReg directions."""
-    inv = invariance_loss(z)
+    ``loss = (1 - lam) * invariance + lam * sigreg``; ``key`` draws the SIGReg directions; the first
+    ``n_global`` views (default: all) make the invariance centre."""
+    inv = invariance_loss(z, n_global)
     reg = sigreg(
         z, key, num_directions=num_directions, num_knots=num_knots, t_max=t_max, per_view=sigreg_per_view
     )

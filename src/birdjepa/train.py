@@ -28,7 +28,7 @@ import tyro
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from birdjepa import checkpoint, distributed, faults, resume_check
-from birdjepa.augment import AugmentConfig, augment_views
+from birdjepa.augment import AugmentConfig, augment_views, local_crops
 from birdjepa.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader, StateError, resolve_files
@@ -54,7 +54,7 @@ REQUEUE_EXIT_CODE = 75
 RESUME_CHECK_EXIT_CODE = 65
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
 _INIT_KEY, _STEP_KEY = 0, 1
-_AUGMENT_KEY = 2  # folded into a step's key
+_AUGMENT_KEY, _LOCAL_KEY = 2, 3  # folded into a step's key
 
 
 def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
@@ -130,14 +130,22 @@ def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
             rngs={"dropout": dropout_key},
         )
         if cfg.objective.kind == "lejepa":
+            z = out["projection"]
+            if lej.local_views:  # multi-crop: short views cut from the global ones, encoded apart
+                local_key = jax.random.fold_in(key, _LOCAL_KEY)
+                local = local_crops(views, local_key, lej.local_views, lej.local_frames)
+                local_out = model.apply({"params": params}, local, deterministic=deterministic,
+                                        rngs={"dropout": jax.random.fold_in(local_key, 1)})  # fmt: skip
+                z = jnp.concatenate([z, local_out["projection"]], axis=1)
             obj = lejepa_loss(
-                out["projection"],
+                z,
                 sigreg_key,
                 lam=lej.lam,
                 num_directions=lej.num_directions,
                 num_knots=lej.num_knots,
                 t_max=lej.t_max,
                 sigreg_per_view=lej.sigreg_per_view,
+                n_global=views.shape[1],
             )
         else:
             obj = supervised_loss(out["projection"], batch["label"])

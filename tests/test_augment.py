@@ -1,0 +1,101 @@
+"""View augmentations in the step: what each does to a known spectrogram, and local crops."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from birdjepa.augment import AugmentConfig, _warp, augment_views, local_crops
+
+MEAN, STD = -4.0, 4.0
+DB = math.log(10) / 10
+
+
+def only(**on: float | tuple[float, float]) -> AugmentConfig:
+    """The named augmentations and nothing else (the warp is on by default)."""
+    return AugmentConfig(**{"pitch_bins": 0.0, "stretch": 0.0, **on})
+
+
+def views(b: int = 4, v: int = 2, t: int = 8, m: int = 6) -> jax.Array:
+    x = np.arange(b * v * t * m, dtype=np.float32).reshape(b, v, t, m) / (b * v * t * m)
+    return jnp.asarray(x)
+
+
+def test_off_is_the_identity_and_each_view_draws_its_own_gain():
+    x = views()
+    assert augment_views(x, jax.random.key(0), only(), mean=MEAN, std=STD) is x
+    y = np.asarray(augment_views(x, jax.random.key(0), only(gain_db=6.0), mean=MEAN, std=STD))
+    # A gain adds the same dB to every bin of a view: in normalised units g * ln(10) / 10 / std.
+    shift = (y - np.asarray(x)) * STD / DB  # dB per element
+    per_view = shift.reshape(4, 2, -1)
+    np.testing.assert_allclose(per_view, per_view[:, :, :1].repeat(per_view.shape[2], axis=2), atol=1e-3)
+    gains = per_view[:, :, 0]
+    assert np.all(np.abs(gains) <= 6.0 + 1e-3) and len(np.unique(np.round(gains, 3))) == 8
+    # The same key gives the same views (a resumed step redraws them exactly).
+    again = augment_views(x, jax.random.key(0), only(gain_db=6.0), mean=MEAN, std=STD)
+    assert np.array_equal(np.asarray(again), y)
+
+
+def test_tilt_is_linear_across_mel_bins():
+    x = views()
+    y = np.asarray(augment_views(x, jax.random.key(1), only(tilt_db=6.0), mean=MEAN, std=STD))
+    shift = (y - np.asarray(x)) * STD / DB  # [B, V, T, M] in dB
+    slope = shift[..., -1] - shift[..., 0]  # end-to-end change per row: 2 t
+    np.testing.assert_allclose(
+        np.diff(shift, axis=-1), np.diff(shift, axis=-1)[..., :1].repeat(5, -1), atol=1e-3
+    )
+    assert np.all(np.abs(slope) <= 12.0 + 1e-3)
+    np.testing.assert_allclose(shift.mean(axis=-1), 0.0, atol=1e-3)  # a tilt keeps the level
+
+
+def test_background_mixes_in_the_previous_sample_in_the_power_domain():
+    x = views()
+    cfg = only(mix_prob=1.0, mix_db=(-10.0, -10.0))
+    y = np.asarray(augment_views(x, jax.random.key(2), cfg, mean=MEAN, std=STD))
+    lp = np.asarray(x, np.float64) * STD + MEAN
+    expected = np.log(np.exp(lp) + 0.1 * np.exp(np.roll(lp, 1, axis=0)))  # -10 dB = a tenth of the power
+    np.testing.assert_allclose(y, (expected - MEAN) / STD, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="mix_prob"):
+        AugmentConfig(mix_prob=1.5)
+
+
+def test_local_crops_are_windows_of_the_views():
+    x = views(b=3, v=2, t=16, m=4)
+    crops = np.asarray(local_crops(x, jax.random.key(3), count=5, frames=4))
+    assert crops.shape == (3, 5, 4, 4)
+    xs = np.asarray(x)
+    for b in range(3):
+        for c in range(5):
+            # Every crop is some view's rows [s, s + 4) for some start s.
+            found = [
+                (v, s)
+                for v in range(2)
+                for s in range(13)
+                if np.array_equal(xs[b, v, s : s + 4], crops[b, c])
+            ]
+            assert found, (b, c)
+    with pytest.raises(ValueError, match="local crops"):
+        local_crops(x, jax.random.key(0), count=1, frames=32)
+
+
+def test_warp_shifts_mel_bins_and_stretches_time_by_known_amounts():
+    x = views(b=1, v=2, t=8, m=6)
+    xs = np.asarray(x)
+    # View 0: one bin higher, no stretch. View 1: twice as slow, no shift.
+    y = np.asarray(_warp(x, jnp.array([[1.0, 0.0]]), jnp.array([[1.0, 2.0]])))
+    np.testing.assert_array_equal(y[0, 0, :, 1:], xs[0, 0, :, :-1])  # bin j now holds bin j - 1
+    np.testing.assert_array_equal(y[0, 0, :, 0], xs[0, 0, :, 0])  # the lowest bin is held at the edge
+    halfway = (xs[0, 1, :-1] + xs[0, 1, 1:]) / 2
+    np.testing.assert_allclose(y[0, 1, 0::2], xs[0, 1, :4], rtol=0, atol=1e-7)  # frame 2i was frame i
+    np.testing.assert_allclose(y[0, 1, 1::2], halfway[:4], rtol=0, atol=1e-6)  # and 2i+1 lies between
+    # Through augment_views: each view draws its own warp, the same key redraws it exactly.
+    cfg = only(pitch_bins=2.0, stretch=0.2)
+    a = np.asarray(augment_views(x, jax.random.key(4), cfg, mean=MEAN, std=STD))
+    assert a.shape == xs.shape and not np.array_equal(a[0, 0], a[0, 1])
+    assert np.array_equal(a, np.asarray(augment_views(x, jax.random.key(4), cfg, mean=MEAN, std=STD)))
+    with pytest.raises(ValueError, match="pitch_bins"):
+        AugmentConfig(pitch_bins=-1.0)
