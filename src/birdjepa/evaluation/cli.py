@@ -76,10 +76,11 @@ def evaluate_checkpoint(
     *,
     batch_size: int | None = None,
     n_workers: int = 2,
+    out: Path | None = None,
 ) -> tuple[dict[str, Row], dict[str, Any]]:
     """Score checkpoint ``step`` (default: the newest) of ``run_dir`` and its baselines (batches of the
     run's batch size unless ``batch_size``); writes
-    ``run_dir/eval/<step>.json`` and returns the rows and the document's other fields."""
+    ``out`` (default ``run_dir/eval/<step>.json``) and returns the rows and the document's other fields."""
     from birdjepa.optim import make_optimizer
     from birdjepa.train import data_files, init_key, label_count, model_config
 
@@ -121,7 +122,7 @@ def evaluate_checkpoint(
     files, splits = (train_files, eval_files), (train, held_out)
     doc = info(run_dir, step, cfg.seed, model_cfg, files, splits, n_classes)
     doc["timing_s"] = {"embed": t_embed, "probes": time.perf_counter() - t0 - t_embed}
-    write_json(run_dir / "eval" / f"{step}.json", rows, doc)
+    doc["written_to"] = str(write_json(out or run_dir / "eval" / f"{step}.json", rows, doc))
     return rows, doc
 
 
@@ -139,6 +140,7 @@ def cli(
     data: EvalData = EvalData(),
     batch_size: int | None = None,
     n_workers: int = 2,
+    out: Path | None = None,
 ) -> None:
     """Frozen-encoder evaluation of a checkpoint: linear probe and kNN on its embeddings, beside the same
     architecture at random init and a raw log-mel baseline; writes RUN/eval/<step>.json.
@@ -150,6 +152,7 @@ def cli(
         batch_size: Clips per forward pass (default: the run's batch size, as the trainer evaluates;
             another size can change embeddings in the last bits).
         n_workers: Loader decode threads (the result does not depend on it).
+        out: Where to write the JSON (default: RUN/eval/<step>.json).
     """
     deterministic_xla()
     try:
@@ -158,10 +161,10 @@ def cli(
                 missing = [f for f in resolve_files(files) if not Path(f).is_file()]
                 if missing:
                     raise EvaluateError(f"{missing[0]}: no such shard file")
-        rows, doc = evaluate_checkpoint(run, step, data, batch_size=batch_size, n_workers=n_workers)
+        rows, doc = evaluate_checkpoint(run, step, data, batch_size=batch_size, n_workers=n_workers, out=out)
     except (EvaluateError, DataError, checkpoint.CheckpointError) as e:
         print(f"birdjepa evaluate: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     print(summary_line(doc))
     print(table(rows, encoder_title=f"encoder (step {doc['step']})"))
-    print(f"wrote {run / 'eval' / (str(doc['step']) + '.json')}")
+    print(f"wrote {doc['written_to']}")
