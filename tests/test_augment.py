@@ -99,3 +99,18 @@ def test_warp_shifts_mel_bins_and_stretches_time_by_known_amounts():
     assert np.array_equal(a, np.asarray(augment_views(x, jax.random.key(4), cfg, mean=MEAN, std=STD)))
     with pytest.raises(ValueError, match="pitch_bins"):
         AugmentConfig(pitch_bins=-1.0)
+
+
+def test_noise_adds_power_at_the_views_own_floor_by_a_level_per_view():
+    x = views(b=2, v=2, t=32, m=4)
+    y = np.asarray(augment_views(x, jax.random.key(5), only(noise_db=10.0), mean=MEAN, std=STD))
+    xs = np.asarray(x)
+    assert np.all(y >= xs)  # noise only adds power
+    # What was added, in power units over the view's own floor, is one level per view within 0..10 dB.
+    lp, lq = xs * STD + MEAN, y.astype(np.float64) * STD + MEAN
+    floor = np.quantile(lp.reshape(2, 2, 2, 16, 4).mean(axis=3), 0.2, axis=2)[:, :, None, :]
+    level_db = 10 * np.log10((np.exp(lq) - np.exp(lp)) / np.exp(floor))
+    per_view = level_db.reshape(2, 2, -1)
+    np.testing.assert_allclose(per_view, per_view[:, :, :1].repeat(per_view.shape[2], 2), atol=0.05)
+    assert np.all((per_view >= -0.05) & (per_view <= 10.05))
+    assert len(np.unique(np.round(per_view[:, :, 0], 2))) == 4

@@ -1,5 +1,5 @@
-"""BirdJepa model: shapes, parameter count, input normalisation, determinism, dropout keys, probe stop-gradient,
-param groups."""
+"""BirdJepa model: shapes, parameter count, input normalisation, determinism, dropout keys, probe
+stop-gradient, param groups."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from birdjepa.model import (
     BirdJepa,
     ModelConfig,
     encode_views,
-    noise_floor,
     init_params,
     named_params,
+    noise_floor,
     param_count,
     param_groups,
     patchify,

@@ -20,9 +20,10 @@ they make the channel differ between views so only the song is shared:
 
 The channel augmentations (gain, tilt, background) are off by default: the encoder's input
 normalisation (``ModelConfig.input_norm = "floor"``) already removes level, microphone colour and
-stationary noise, and with it they did not help. The loader's crop and time/frequency masks act on each view before this. The features arrive as
-``(log(power) - mean) / std`` (``birdjepa.data.Features``): gains are in dB of power, turned into the
-same units. Randomness comes from the step's key only, so a resumed step draws the same views.
+stationary noise, and with it they did not help. The loader's crop and time/frequency masks act on
+each view before this. The features arrive as ``(log(power) - mean) / std``
+(``birdjepa.data.Features``): gains are in dB of power, turned into the same units. Randomness comes
+from the step's key only, so a resumed step draws the same views.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ import math
 import jax
 import jax.numpy as jnp
 
+from birdjepa.model import noise_floor
+
 Array = jax.Array
 _DB = math.log(10.0) / 10.0  # natural-log units per dB of power
+_FLOOR_WINDOW = 16  # frames per window of the noise-floor estimate
+_NOISE_KEY = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,10 @@ class AugmentConfig:
     """Probability that a view gets another recording of the batch mixed in behind it (0 = off)."""
     mix_db: tuple[float, float] = (-20.0, -5.0)
     """Level of the mixed-in recording relative to the view, uniform in this range (dB)."""
+    noise_db: float = 0.0
+    """Per-view added stationary noise with the view's own noise-floor spectrum, at uniform [0,
+    noise_db] dB above that floor (0 = off): the recording's signal-to-noise ratio, which the
+    encoder otherwise keeps as a feature both views share, differs between views."""
     pitch_bins: float = 2.0
     """Per-view frequency shift, uniform in ±pitch_bins mel bins (0 = off): one singer sings higher
     than another, so the exact pitch of a recording is not a feature to keep."""
@@ -55,8 +64,11 @@ class AugmentConfig:
     singer too."""
 
     def __post_init__(self) -> None:
-        if self.pitch_bins < 0 or self.stretch < 0:
-            raise ValueError(f"need pitch_bins >= 0 and stretch >= 0, got {self.pitch_bins}, {self.stretch}")
+        if self.pitch_bins < 0 or self.stretch < 0 or self.noise_db < 0:
+            raise ValueError(
+                f"need pitch_bins, stretch and noise_db >= 0, got {self.pitch_bins}, {self.stretch}, "
+                f"{self.noise_db}"
+            )
         if self.gain_db < 0 or self.tilt_db < 0 or not 0.0 <= self.mix_prob <= 1.0:
             raise ValueError(
                 f"need gain_db >= 0, tilt_db >= 0 and mix_prob in [0, 1], got {self.gain_db}, "
@@ -67,7 +79,8 @@ class AugmentConfig:
 
     @property
     def active(self) -> bool:
-        return any(x > 0 for x in (self.gain_db, self.tilt_db, self.mix_prob, self.pitch_bins, self.stretch))
+        on = (self.gain_db, self.tilt_db, self.mix_prob, self.noise_db, self.pitch_bins, self.stretch)
+        return any(x > 0 for x in on)
 
 
 def augment_views(x: Array, key: Array, cfg: AugmentConfig, *, mean: float, std: float) -> Array:
@@ -85,6 +98,10 @@ def augment_views(x: Array, key: Array, cfg: AugmentConfig, *, mean: float, std:
             k_stretch, (b, v), minval=-math.log1p(cfg.stretch), maxval=math.log1p(cfg.stretch)
         )
         log_power = _warp(log_power, shift, jnp.exp(log_stretch))
+    if cfg.noise_db > 0:  # its own key: adding it leaves the other draws as they were
+        floor = noise_floor(log_power.reshape(b * v, t, m), _FLOOR_WINDOW).reshape(b, v, 1, m)
+        above = jax.random.uniform(jax.random.fold_in(key, _NOISE_KEY), (b, v, 1, 1), maxval=cfg.noise_db)
+        log_power = jnp.logaddexp(log_power, floor + above * _DB)
     offset = jnp.zeros((b, v, 1, m), jnp.float32)
     if cfg.gain_db > 0:
         offset += jax.random.uniform(k_gain, (b, v, 1, 1), minval=-cfg.gain_db, maxval=cfg.gain_db)
