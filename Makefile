@@ -35,6 +35,7 @@ bench: build
 	$(BIN)/python scripts/bench_iid.py
 	$(BIN)/python scripts/bench_monitor.py
 	$(BIN)/python scripts/bench_train.py
+	$(BIN)/python scripts/bench_eval.py
 
 clean:
 	rm -rf $(VENV) target
