@@ -1,0 +1,61 @@
+"""What do frozen embeddings carry: the recording's loudness or its species? ``what_it_encodes.py RUN...``
+
+For each run's newest checkpoint: embed the train split (centre crops, as ``birdjepa evaluate``),
+standardise each feature, and split the total variance into the part a linear function of the clip's
+loudness explains (the mean of its log-mel crop) and the part the species explains (the variance of
+the class means). Prints a markdown table: rows encoder / random init / raw log-mel for each run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from birdjepa import checkpoint
+from birdjepa.data import Loader
+from birdjepa.determinism import deterministic_xla
+from birdjepa.evaluation.cli import embed_splits, run_config
+from birdjepa.model import init_params
+from birdjepa.optim import make_optimizer
+from birdjepa.train import data_files, init_key, label_count, model_config
+
+
+def shares(x: np.ndarray, loudness: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """(variance share explained linearly by loudness, variance share of the species means)."""
+    x = x.astype(np.float64)
+    x = (x - x.mean(0)) / (x.std(0) + 1e-9)
+    total = np.square(x).sum()
+    t = (loudness - loudness.mean()) / loudness.std()
+    by_loudness = np.square(np.outer(t, x.T @ t / (t @ t))).sum() / total
+    means = np.stack([x[labels == c].mean(0) for c in np.unique(labels)])
+    by_species = np.square(means[np.searchsorted(np.unique(labels), labels)]).sum() / total
+    return by_loudness, by_species
+
+
+def main() -> None:
+    deterministic_xla()
+    print("\n## What the embeddings carry (train split, written by what_it_encodes.py)\n")
+    print("| run | features | variance explained by loudness | by species |\n|---|---|---:|---:|")
+    for run in map(Path, sys.argv[1:]):
+        with checkpoint.Checkpointer(run, keep=None, async_save=False) as ckpt:
+            step = ckpt.latest_step()
+            cfg = run_config(ckpt.read_meta(step), str(run))
+            train, held_out = data_files(cfg)
+            mc = model_config(cfg, label_count(train))
+            random_init = init_params(mc, init_key(cfg))["params"]
+            tx = make_optimizer(cfg.optim, max(cfg.steps // cfg.optim.grad_accum, 1))
+            state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
+        params = {"encoder": state["params"], "random init": random_init}
+        split, _ = embed_splits(train, held_out[:1], params, mc, cfg.data.features, seed=cfg.seed,
+                                batch_size=cfg.data.batch_size, n_workers=2)  # fmt: skip
+        with Loader(train, seed=cfg.seed, batch_size=32, train=False, features=cfg.data.features) as loader:
+            loudness = np.concatenate([b["spectrogram"].mean(axis=(1, 2)) for b in loader])
+        for name in ("encoder", "random init", "raw"):
+            by_loudness, by_species = shares(split.features[name], loudness, split.labels)
+            print(f"| {run.name} | {name} | {by_loudness:.3f} | {by_species:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
