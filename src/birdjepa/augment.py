@@ -38,7 +38,6 @@ from birdjepa.model import noise_floor
 
 Array = jax.Array
 _DB = math.log(10.0) / 10.0  # natural-log units per dB of power
-_FLOOR_WINDOW = 16  # frames per window of the noise-floor estimate
 _NOISE_KEY = 7
 
 
@@ -99,7 +98,7 @@ def augment_views(x: Array, key: Array, cfg: AugmentConfig, *, mean: float, std:
         )
         log_power = _warp(log_power, shift, jnp.exp(log_stretch))
     if cfg.noise_db > 0:  # its own key: adding it leaves the other draws as they were
-        floor = noise_floor(log_power.reshape(b * v, t, m), _FLOOR_WINDOW).reshape(b, v, 1, m)
+        floor = noise_floor(log_power.reshape(b * v, t, m)).reshape(b, v, 1, m)
         above = jax.random.uniform(jax.random.fold_in(key, _NOISE_KEY), (b, v, 1, 1), maxval=cfg.noise_db)
         log_power = jnp.logaddexp(log_power, floor + above * _DB)
     offset = jnp.zeros((b, v, 1, m), jnp.float32)

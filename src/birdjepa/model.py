@@ -169,11 +169,16 @@ def patchify(x: Array, patch: int, q: int) -> Array:
     return x.reshape(b, (t // patch) * (m // q), patch * q)
 
 
-def noise_floor(x: Array, window: int) -> Array:
+NOISE_FLOOR_WINDOW = 16  # frames (160 ms): longer than a note, shorter than a song's pauses
+
+
+def noise_floor(x: Array, window: int = NOISE_FLOOR_WINDOW) -> Array:
     """Each mel bin's noise floor in ``x [B, T, M]`` (log domain) -> ``[B, 1, M]``: the 20th percentile
-    over time of its means over windows of ``window`` frames. A bird sings in bursts, so the quiet
-    windows show the background; a quantile over all T frames costs 20x more (a sort of T per bin)."""
+    over time of its means over windows of ``window`` frames (fewer when they do not divide T). A
+    bird sings in bursts, so the quiet windows show the background; a quantile over all T frames
+    costs 20x more (a sort of T per bin)."""
     b, t, m = x.shape
+    window = math.gcd(window, t)
     means = x.reshape(b, t // window, window, m).mean(axis=2)
     return jnp.quantile(means, 0.2, axis=1, keepdims=True)
 
@@ -252,7 +257,7 @@ class Encoder(nn.Module):
             )
         x = x.astype(jnp.float32)
         if cfg.input_norm == "floor":  # log domain: a channel's gain per bin is an offset per bin
-            x = x - noise_floor(x, cfg.patch)
+            x = x - noise_floor(x)
         if cfg.input_norm in ("clip", "floor"):
             mean = x.mean(axis=(1, 2), keepdims=True)
             x = (x - mean) / jnp.sqrt(jnp.square(x - mean).mean(axis=(1, 2), keepdims=True) + 1e-6)
@@ -294,7 +299,7 @@ class Projector(nn.Module):
     hidden: int
     out_dim: int
     layers: int = 2
-    norm: str = "layer"
+    norm: Literal["layer", "batch"] = "layer"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:

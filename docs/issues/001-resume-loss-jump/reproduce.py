@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from runlog import call  # noqa: E402  (docs/issues/runlog.py)
+
 BIRDJEPA = [sys.executable, "-m", "birdjepa.cli"]
 STOPS = {"one": [149], "every30": list(range(29, 299, 30))}
 
@@ -68,15 +71,6 @@ SETUPS = {
 
 def run_name(kind: str, setup: str) -> str:
     return kind if setup == "demo" else f"{kind}-{setup}"
-
-
-def call(cmd: list[str], log: Path) -> None:
-    with log.open("a") as f:
-        f.write(f"$ {' '.join(cmd[2:])}\n")
-        f.flush()
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"`{' '.join(cmd[2:])}` exited {done.returncode}; see {log}")
 
 
 def trainer(

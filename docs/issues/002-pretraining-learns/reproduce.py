@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from runlog import call  # noqa: E402  (docs/issues/runlog.py)
+
 BIRDJEPA = [sys.executable, "-m", "birdjepa.cli"]
 V1_COMMIT = "5d95d5c"  # the last commit with demo-data generator version 1
 
@@ -91,15 +94,6 @@ RUNS: dict[str, Run] = {
 }
 # Runs whose frozen embeddings are decomposed into loudness and species variance (what_it_encodes.py).
 ENCODES = ["v1-old", "v1-old-supervised", "v1-default", "v2-default-600", "v2-default-supervised"]
-
-
-def call(cmd: list[str], log: Path) -> None:
-    with log.open("a") as f:
-        f.write(f"$ {' '.join(cmd[2:])}\n")
-        f.flush()
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"`{' '.join(cmd[2:])}` exited {done.returncode}; see {log}")
 
 
 def v1_generator(runs: Path):  # noqa: ANN201 (a module read from git)

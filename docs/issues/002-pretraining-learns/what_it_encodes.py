@@ -13,13 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from birdjepa import checkpoint
 from birdjepa.data import Loader
 from birdjepa.determinism import deterministic_xla
-from birdjepa.evaluation.cli import embed_splits, run_config
-from birdjepa.model import init_params
-from birdjepa.optim import make_optimizer
-from birdjepa.train import data_files, init_key, label_count, model_config
+from birdjepa.evaluation.cli import embed_splits, restore_run
 
 
 def shares(x: np.ndarray, loudness: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
@@ -39,18 +35,13 @@ def main() -> None:
     print("\n## What the embeddings carry (train split, written by what_it_encodes.py)\n")
     print("| run | features | variance explained by loudness | by species |\n|---|---|---:|---:|")
     for run in map(Path, sys.argv[1:]):
-        with checkpoint.Checkpointer(run, keep=None, async_save=False) as ckpt:
-            step = ckpt.latest_step()
-            cfg = run_config(ckpt.read_meta(step), str(run))
-            train, held_out = data_files(cfg)
-            mc = model_config(cfg, label_count(train))
-            random_init = init_params(mc, init_key(cfg))["params"]
-            tx = make_optimizer(cfg.optim, max(cfg.steps // cfg.optim.grad_accum, 1))
-            state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
-        params = {"encoder": state["params"], "random init": random_init}
-        split, _ = embed_splits(train, held_out[:1], params, mc, cfg.data.features, seed=cfg.seed,
-                                batch_size=cfg.data.batch_size, n_workers=2)  # fmt: skip
-        with Loader(train, seed=cfg.seed, batch_size=32, train=False, features=cfg.data.features) as loader:
+        r = restore_run(run)
+        cfg = r.cfg
+        params = {"encoder": r.params, "random init": r.random_init}
+        split, _ = embed_splits(r.train_files, r.eval_files[:1], params, r.model_cfg, cfg.data.features,
+                                seed=cfg.seed, batch_size=cfg.data.batch_size, n_workers=2)  # fmt: skip
+        loader = Loader(r.train_files, seed=cfg.seed, batch_size=32, train=False, features=cfg.data.features)
+        with loader:
             loudness = np.concatenate([b["spectrogram"].mean(axis=(1, 2)) for b in loader])
         for name in ("encoder", "random init", "raw"):
             by_loudness, by_species = shares(split.features[name], loudness, split.labels)

@@ -69,22 +69,26 @@ def embed_splits(
     return splits[0], splits[1]
 
 
-def evaluate_checkpoint(
-    run_dir: Path,
-    step: int | None = None,
-    data: EvalData = EvalData(),
-    *,
-    batch_size: int | None = None,
-    n_workers: int = 2,
-    out: Path | None = None,
-) -> tuple[dict[str, Row], dict[str, Any]]:
-    """Score checkpoint ``step`` (default: the newest) of ``run_dir`` and its baselines (batches of the
-    run's batch size unless ``batch_size``); writes
-    ``out`` (default ``run_dir/eval/<step>.json``) and returns the rows and the document's other fields."""
+@dataclasses.dataclass(frozen=True)
+class RestoredRun:
+    """A run's checkpoint restored for evaluation, with the same architecture at random init."""
+
+    step: int
+    cfg: PretrainConfig
+    model_cfg: ModelConfig
+    train_files: list[str]
+    eval_files: list[str]
+    n_classes: int
+    params: dict[str, Any]
+    random_init: dict[str, Any]
+
+
+def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
+    """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it
+    (norms verified), with the data files it evaluates on (``data`` overrides the run's splits)."""
     from birdjepa.optim import make_optimizer
     from birdjepa.train import data_files, init_key, label_count, model_config
 
-    t0 = time.perf_counter()
     if not (run_dir / "checkpoints").is_dir():
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
@@ -109,8 +113,26 @@ def evaluate_checkpoint(
         random_init = init_params(model_cfg, init_key(cfg))["params"]
         tx = make_optimizer(cfg.optim, max(cfg.steps // cfg.optim.grad_accum, 1))
         state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
+    return RestoredRun(step, cfg, model_cfg, train_files, eval_files, n_classes, state["params"], random_init)
+
+
+def evaluate_checkpoint(
+    run_dir: Path,
+    step: int | None = None,
+    data: EvalData = EvalData(),
+    *,
+    batch_size: int | None = None,
+    n_workers: int = 2,
+    out: Path | None = None,
+) -> tuple[dict[str, Row], dict[str, Any]]:
+    """Score checkpoint ``step`` (default: the newest) of ``run_dir`` and its baselines (batches of the
+    run's batch size unless ``batch_size``); writes
+    ``out`` (default ``run_dir/eval/<step>.json``) and returns the rows and the document's other fields."""
+    t0 = time.perf_counter()
+    run = restore_run(run_dir, step, data)
+    cfg, model_cfg, train_files, eval_files = run.cfg, run.model_cfg, run.train_files, run.eval_files
     train, held_out = embed_splits(
-        train_files, eval_files, {ENCODER: state["params"], RANDOM_INIT: random_init}, model_cfg,
+        train_files, eval_files, {ENCODER: run.params, RANDOM_INIT: run.random_init}, model_cfg,
         cfg.data.features, seed=cfg.seed, batch_size=batch_size or cfg.data.batch_size, n_workers=n_workers,
     )  # fmt: skip
     for name, split in (("train", train), ("eval", held_out)):
@@ -120,9 +142,9 @@ def evaluate_checkpoint(
     t_embed = time.perf_counter() - t0
     rows = score(train, held_out, linear=True, seed=cfg.seed)
     files, splits = (train_files, eval_files), (train, held_out)
-    doc = info(run_dir, step, cfg.seed, model_cfg, files, splits, n_classes)
+    doc = info(run_dir, run.step, cfg.seed, model_cfg, files, splits, run.n_classes)
     doc["timing_s"] = {"embed": t_embed, "probes": time.perf_counter() - t0 - t_embed}
-    doc["written_to"] = str(write_json(out or run_dir / "eval" / f"{step}.json", rows, doc))
+    doc["written_to"] = str(write_json(out or run_dir / "eval" / f"{run.step}.json", rows, doc))
     return rows, doc
 
 

@@ -1,0 +1,17 @@
+"""Shared by the issue notebooks' reproduce.py scripts: run a birdjepa command into a console log."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def call(cmd: list[str], log: Path) -> None:
+    """Run ``cmd`` (``python -m birdjepa.cli ...``), appending the command line and its output to ``log``;
+    a failure stops the script and names the log."""
+    with log.open("a") as f:
+        f.write(f"$ {' '.join(cmd[2:])}\n")
+        f.flush()
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"`{' '.join(cmd[2:])}` exited {done.returncode}; see {log}")
