@@ -39,7 +39,7 @@ def test_linear_probe_separates_separable_embeddings():
     result = probes.linear_probe(x, y, tx, ty)
     assert (result.acc, result.macro_acc) == (1.0, 1.0)
     assert result.details["converged"] and result.details["train_acc"] == 1.0
-    assert result.details["n_val"] == 30 and result.details["n_fit"] == 120  # 20 % of each class held out
+    assert result.details["folds"] == [30] * 5  # 5 folds, each 6 clips of every class (30 per class)
     # The same inputs give the same answer (and the same chosen L2 strength).
     again = probes.linear_probe(x, y, tx, ty)
     assert again.details == result.details and np.array_equal(again.predictions, result.predictions)

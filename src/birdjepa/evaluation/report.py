@@ -22,8 +22,8 @@ PROTOCOL = {
     "crop": "one centre crop per recording (eval-mode loader), no crop averaging",
     "linear": (
         f"multinomial logistic regression (scikit-learn L-BFGS, tol {probes.TOL}) on features standardised "
-        f"with train statistics; L2 strength C from {list(probes.L2_GRID)} chosen on a stratified "
-        f"{probes.VAL_FRACTION:.0%} of the train split, then refit on all of it"
+        f"with train statistics; L2 strength C from {list(probes.L2_GRID)} chosen by stratified "
+        f"{probes.FOLDS}-fold cross-validation on the train split, then refit on all of it"
     ),
     "knn": (
         f"cosine similarity of standardised features, k={probes.KNN_K}, votes weighted "
