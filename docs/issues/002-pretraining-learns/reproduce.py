@@ -16,9 +16,11 @@ frozen encoder on the big eval split (``RUN/eval/big.json``); the trainer's own 
 demo's eval split (64 clips) is ``RUN/eval/<step>.json``. ``old`` runs use the recipe of main before
 this issue (16 x 16 patches, no input normalisation, λ = 0.5, no warp); the ablations change one
 option of the new defaults each (600 steps, the demo's budget), beside ``v2-default-600``.
-A run whose ``eval/big.json`` exists is kept (runs are deterministic; ``--force`` redoes them).
+A run whose ``eval/big.json`` exists is kept (runs are deterministic; ``--force`` redoes them;
+``--reevaluate`` keeps its training and redoes both evaluations, after a change to the protocol).
 
-Writes ``results.md`` (tables) and ``figures/*.png`` next to this file, console logs to ``logs/``.
+Writes ``results.md`` (tables, then ``what_it_encodes.py`` and ``band_or_rhythm.py`` on a few runs)
+and ``figures/*.png`` next to this file, console logs to ``logs/``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ RUNS: dict[str, Run] = {
 }
 # Runs whose frozen embeddings are decomposed into loudness and species variance (what_it_encodes.py).
 ENCODES = ["v1-old", "v1-old-supervised", "v1-default", "v2-default-600", "v2-default-supervised"]
+# Runs whose probe accuracy is split into band group and rhythm (band_or_rhythm.py, v2 set only).
+BAND_OR_RHYTHM = ["v2-default-600", "v2-default-supervised"]
 
 
 def v1_generator(runs: Path):  # noqa: ANN201 (a module read from git)
@@ -129,19 +133,24 @@ def make_data(runs: Path, logs: Path) -> dict[str, Path]:
     return out
 
 
-def trainer(runs: Path, name: str, run: Run, data: dict[str, Path], log: Path, force: bool):
-    """A job: pretrain ``name`` (its own evaluation on the demo eval split), then evaluate on the big one."""
+def trainer(runs: Path, name: str, run: Run, data: dict[str, Path], log: Path, redo: str | None):
+    """A job: pretrain ``name`` (its own evaluation on the demo eval split), then evaluate on the big one.
+    ``redo``: None keeps a finished run, "train" redoes it, "evaluate" redoes only its evaluations."""
     rdir = runs / name
     big = rdir / "eval" / "big.json"
 
     def job() -> None:
-        if big.is_file() and not force:
+        if big.is_file() and redo is None:
             return
-        shutil.rmtree(rdir, ignore_errors=True)
-        log.unlink(missing_ok=True)
-        d = data[run.data]
-        call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(runs), "--log.print-every", "100",
-              "--data.train", str(d / "train"), "--data.eval", str(d / "eval"), *run.flags], log)  # fmt: skip
+        if not big.is_file() or redo == "train":
+            shutil.rmtree(rdir, ignore_errors=True)
+            log.unlink(missing_ok=True)
+            d = data[run.data]
+            call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(runs), "--log.print-every",
+                  "100", "--data.train", str(d / "train"), "--data.eval", str(d / "eval"), *run.flags],
+                 log)  # fmt: skip
+        else:  # the trainer's own evaluation, again (same data, same batches)
+            call([*BIRDJEPA, "evaluate", str(rdir)], log)
         call([*BIRDJEPA, "evaluate", str(rdir), "--data.eval", str(data[f"{run.data}-eval16"] / "eval"),
               "--out", str(big)], log)  # fmt: skip
 
@@ -154,13 +163,17 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=HERE)
     p.add_argument("--only", nargs="+", choices=list(RUNS), default=list(RUNS))
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    p.add_argument("--force", action="store_true", help="redo runs that already have eval/big.json")
+    redo = p.add_mutually_exclusive_group()
+    redo.add_argument("--force", action="store_const", const="train", dest="redo",
+                      help="redo runs that already have eval/big.json")  # fmt: skip
+    redo.add_argument("--reevaluate", action="store_const", const="evaluate", dest="redo",
+                      help="redo only the evaluations of runs that have eval/big.json")  # fmt: skip
     args = p.parse_args()
     runs, logs = args.runs_dir, args.out / "logs"
     runs.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     data = make_data(runs, logs)
-    jobs = [trainer(runs, n, RUNS[n], data, logs / f"{n}.log", args.force) for n in args.only]
+    jobs = [trainer(runs, n, RUNS[n], data, logs / f"{n}.log", args.redo) for n in args.only]
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in [pool.submit(job) for job in jobs]:
             future.result()
@@ -168,6 +181,9 @@ def main() -> None:
     encodes = [str(runs / n) for n in ENCODES if (runs / n / "eval" / "big.json").is_file()]
     with (args.out / "results.md").open("a") as f:
         subprocess.run([sys.executable, str(HERE / "what_it_encodes.py"), *encodes], check=True, stdout=f)
+        done = [str(runs / n) for n in BAND_OR_RHYTHM if (runs / n / "eval" / "big.json").is_file()]
+        subprocess.run([sys.executable, str(HERE / "band_or_rhythm.py"), str(data["v2-eval16"]), *done],
+                       check=True, stdout=f)  # fmt: skip
     print((args.out / "results.md").read_text())
 
 

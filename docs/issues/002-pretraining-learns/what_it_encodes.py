@@ -8,6 +8,7 @@ the class means). Prints a markdown table: rows encoder / random init / raw log-
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def main() -> None:
     print("\n## What the embeddings carry (train split, written by what_it_encodes.py)\n")
     print("| run | features | variance explained by loudness | by species |\n|---|---|---:|---:|")
     for run in map(Path, sys.argv[1:]):
-        r = restore_run(run)
+        with contextlib.redirect_stdout(sys.stderr):  # the restore's CKPT_RESTORE line: not a table row
+            r = restore_run(run)
         cfg = r.cfg
         params = {"encoder": r.params, "random init": r.random_init}
         split, _ = embed_splits(r.train_files, r.eval_files[:1], params, r.model_cfg, cfg.data.features,

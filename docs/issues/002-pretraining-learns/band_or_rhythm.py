@@ -1,0 +1,58 @@
+"""Does a frozen encoder tell the band, the rhythm, or both? ``band_or_rhythm.py EVAL_DATA RUN...``
+
+The v2 demo species come in band groups of two that share band and notes and differ only in how they
+arrange the notes in time (``birdjepa.demo_data``). So a probe's accuracy splits in two: how often it
+names the right band group, and, among those clips, how often the right species of the group
+(0.5 is a coin flip between the two partners, the score of a spectrum-only classifier).
+
+For each run's newest checkpoint: the linear probe of ``birdjepa evaluate`` (fit on the run's train
+split, scored on ``EVAL_DATA/eval``, a folder written by ``birdjepa demo-data`` whose manifest names
+each species' band group), for the encoder, random init and the raw log-mel. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from birdjepa.determinism import deterministic_xla
+from birdjepa.evaluation.cli import EvalData, embed_splits, restore_run
+from birdjepa.evaluation.probes import linear_probe
+
+
+def band_groups(data: Path) -> np.ndarray:
+    """Label -> band group, from a demo set's manifest."""
+    species = json.loads((data / "manifest.json").read_text())["species"]
+    return np.array([s["band_group"] for s in sorted(species, key=lambda s: s["index"])])
+
+
+def main() -> None:
+    deterministic_xla()
+    data, runs = Path(sys.argv[1]), [Path(a) for a in sys.argv[2:]]
+    group = band_groups(data)
+    print("\n## Band or rhythm (big eval split, written by band_or_rhythm.py)\n")
+    print("| run | features | linear top-1 | band group right | species right, given the group |")
+    print("|---|---|---:|---:|---:|")
+    for run in runs:
+        with contextlib.redirect_stdout(sys.stderr):  # the restore's CKPT_RESTORE line: not a table row
+            r = restore_run(run, data=EvalData(eval=str(data / "eval")))
+        cfg = r.cfg
+        params = {"encoder": r.params, "random init": r.random_init}
+        train, held_out = embed_splits(
+            r.train_files, r.eval_files, params, r.model_cfg, cfg.data.features,
+            seed=cfg.seed, batch_size=cfg.data.batch_size, n_workers=2,
+        )  # fmt: skip
+        for name in ("encoder", "random init", "raw"):
+            result = linear_probe(train.features[name], train.labels, held_out.features[name],
+                                  held_out.labels, seed=cfg.seed)  # fmt: skip
+            right_group = group[result.predictions] == group[held_out.labels]
+            partner = (result.predictions == held_out.labels)[right_group].mean()
+            print(f"| {run.name} | {name} | {result.acc:.3f} | {right_group.mean():.3f} | {partner:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
