@@ -143,12 +143,13 @@ def linear_probe(
              if len(v) and len(np.unique(np.delete(train_y, v))) > 1]  # fmt: skip
     val_acc: dict[str, float] = {}
     if folds:
+        # Each fold standardised once, then shared by every C.
+        splits = []
+        for val in folds:
+            fit = np.setdiff1d(np.arange(len(train_y)), val)
+            splits.append((*standardise(train_x[fit], train_x[val]), train_y[fit], train_y[val]))
         for c in grid:
-            accs = []
-            for val in folds:
-                fit = np.setdiff1d(np.arange(len(train_y)), val)
-                a, b = standardise(train_x[fit], train_x[val])
-                accs.append(accuracies(_logistic(a, train_y[fit], c).predict(b), train_y[val])[0])
+            accs = [accuracies(_logistic(a, ya, c).predict(b), yb)[0] for a, b, ya, yb in splits]
             val_acc[repr(c)] = float(np.mean(accs))
         best = max(grid, key=lambda c: (val_acc[repr(c)], -c))
     else:  # too few clips to hold any out
