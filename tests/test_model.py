@@ -211,3 +211,20 @@ def test_noise_floor_ignores_bursts_and_the_floor_norm_ignores_the_channel(tiny)
     a = np.asarray(apply(params, song, deterministic=True)["embedding"])
     b = np.asarray(apply(params, song + channel, deterministic=True)["embedding"])
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+
+
+def test_hidden_spans_do_not_reach_the_predictor():
+    # input_norm "none": the floor and standardisation would let a hidden frame move every other.
+    cfg = preset("tiny", n_classes=5, predictor_depth=1, input_norm="none")
+    params = init_params(cfg, jax.random.key(0))
+    assert set(param_groups(params)) == {"encoder", "projector", "probe", "predictor"}
+    apply = jitted_apply(cfg)
+    x = spectrograms((2, T, M))
+    y = x.at[:, 64:128].set(5.0)  # frames 64-127 are tokens 4-7
+    mask = jnp.zeros((2, 32), bool).at[:, 4:8].set(True)
+    out = apply(params, x, deterministic=True, mask=mask)
+    assert out["prediction"].shape == (2, 32, 64)
+    assert np.array_equal(out["prediction"], apply(params, y, deterministic=True, mask=mask)["prediction"])
+    plain = apply(params, x, deterministic=True)
+    assert "prediction" not in plain
+    assert not np.array_equal(plain["tokens"], apply(params, y, deterministic=True)["tokens"])

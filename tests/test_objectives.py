@@ -16,6 +16,8 @@ from birdjepa.objectives import (
     probe_metrics,
     sigreg,
     sigreg_directions,
+    span_loss,
+    span_mask,
     supervised_loss,
 )
 
@@ -188,3 +190,24 @@ def test_per_view_sigreg_is_the_mean_of_each_views_statistic():
     separately = [float(sigreg(z[:, v], key)) for v in range(3)]
     assert per_view == pytest.approx(np.mean(separately), rel=1e-5)
     assert per_view != pytest.approx(float(sigreg(z, key)), rel=1e-2)  # pooling tests another sample
+
+
+def test_span_mask_hides_whole_time_spans():
+    # 8 time steps x 2 mel patches, spans of 2 steps: 4 spans, round(0.5 * 4) = 2 hidden per sample.
+    mask = np.asarray(span_mask(jax.random.key(0), (3, 2), (8, 2), 2, 0.5))
+    assert mask.shape == (3, 2, 16)
+    per_step = mask.reshape(3, 2, 8, 2)
+    assert np.array_equal(per_step[..., 0], per_step[..., 1])  # every mel patch of a hidden step
+    per_span = per_step[..., 0].reshape(3, 2, 4, 2)
+    assert np.array_equal(per_span[..., 0], per_span[..., 1])  # whole spans
+    assert (per_span[..., 0].sum(axis=-1) == 2).all()
+    assert len({m.tobytes() for m in mask.reshape(6, 16)}) > 1  # drawn per view
+    with pytest.raises(ValueError, match="does not divide"):
+        span_mask(jax.random.key(0), (1,), (8, 1), 3, 0.5)
+
+
+def test_span_loss_counts_hidden_tokens_only():
+    target = jnp.zeros((1, 3, 2))
+    prediction = jnp.array([[[1.0, 1.0], [2.0, 2.0], [100.0, 100.0]]])
+    mask = jnp.array([[True, True, False]])
+    assert float(span_loss(prediction, target, mask)) == 2.5  # (1 + 4) / 2; the visible 100s ignored

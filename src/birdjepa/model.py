@@ -39,8 +39,10 @@ Parameter names (stable; the monitor reports stats by these '/'-joined paths)::
     encoder/norm/{scale,bias}
     projector/dense_{j}/...  projector/norm_{j}/...  projector/out/...
     probe/head/{kernel,bias}
+    encoder/mask_token  predictor/block_{i}/...  predictor/norm/...  predictor/out/...  (predictor_depth > 0)
 
-``param_groups`` splits a params tree into the "encoder", "projector" and "probe" groups.
+``param_groups`` splits a params tree into the "encoder", "projector" and "probe" groups (and
+"predictor", when there is one).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ PRESETS: dict[str, dict[str, int]] = {
     "base": {"dim": 768, "depth": 12, "heads": 12, "mlp_ratio": 4, "proj_hidden": 2048, "proj_dim": 128},
 }
 GROUPS: tuple[str, ...] = ("encoder", "projector", "probe")
+OPTIONAL_GROUPS: tuple[str, ...] = ("predictor",)  # only with predictor_depth > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +116,10 @@ class ModelConfig:
     """Per-spectrogram normalisation before patching. clip: standardise by its own mean and std
     (level-invariant); floor: subtract each mel bin's noise floor (see ``noise_floor``), then
     standardise (removes level, microphone response and stationary noise colour)."""
+    predictor_depth: int = 0
+    """Transformer blocks of the masked-span predictor (0 = no predictor): from the tokens of a view
+    whose time spans were replaced by a learned mask token, it predicts the encoder's tokens of the
+    whole view at those spans (the JEPA term, see ``objectives.span_loss``)."""
 
     def __post_init__(self) -> None:
         # The preset's values are not written into the fields: a config given on the command line keeps
@@ -131,9 +138,10 @@ class ModelConfig:
         for name in ("dropout", "drop_path"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
-        if self.n_classes < 1 or self.proj_layers < 0:
+        if self.n_classes < 1 or self.proj_layers < 0 or self.predictor_depth < 0:
             raise ValueError(
-                f"n_classes={self.n_classes} must be >= 1 and proj_layers={self.proj_layers} >= 0"
+                f"n_classes={self.n_classes} must be >= 1, proj_layers={self.proj_layers} and "
+                f"predictor_depth={self.predictor_depth} >= 0"
             )
 
     def resolved(self) -> ModelConfig:
@@ -247,7 +255,9 @@ class Encoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array, *, deterministic: bool) -> tuple[Array, Array]:
+    def __call__(self, x: Array, *, deterministic: bool, mask: Array | None = None) -> tuple[Array, Array]:
+        """``mask [B, N]`` (True = hidden): those patch tokens are replaced by the learned mask token
+        before the position embedding (the masked-span predictor's context)."""
         cfg = self.cfg.resolved()
         t = x.shape[1] if x.ndim == 3 else -1
         if x.ndim != 3 or x.shape[2] != cfg.n_mels or not 0 < t <= cfg.n_frames or t % cfg.patch:
@@ -267,6 +277,10 @@ class Encoder(nn.Module):
             kernel_init=nn.initializers.xavier_uniform(),
             bias_init=nn.initializers.zeros,
         )(patchify(x, cfg.patch, cfg.patch_mels))
+        if cfg.predictor_depth:
+            mask_token = self.param("mask_token", nn.initializers.normal(0.02), (cfg.dim,))
+            if mask is not None:
+                tokens = jnp.where(mask[..., None], mask_token, tokens)
         pos = self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, cfg.dim))
         # Patches are time-major: a crop of T frames takes the positions of the first T / patch rows.
         tokens = tokens + pos[:, : tokens.shape[1]]
@@ -310,6 +324,20 @@ class Projector(nn.Module):
         return nn.Dense(self.out_dim, name="out")(x)
 
 
+class Predictor(nn.Module):
+    """Context tokens ``[B, N, D]`` -> predicted tokens ``[B, N, D]``: ``predictor_depth`` transformer
+    blocks of the encoder's width, a LayerNorm and a linear read-out."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens: Array) -> Array:
+        cfg = self.cfg
+        for i in range(cfg.predictor_depth):
+            tokens = Block(cfg, 0.0, name=f"block_{i}")(tokens, True)
+        return nn.Dense(cfg.dim, name="out")(nn.LayerNorm(name="norm")(tokens))
+
+
 class Probe(nn.Module):
     """Linear classification head ``embedding -> n_classes`` (zero-initialised: uniform logits at start)."""
 
@@ -332,7 +360,11 @@ class BirdJepa(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, spectrogram: Array, *, deterministic: bool) -> dict[str, Array]:
+    def __call__(
+        self, spectrogram: Array, *, deterministic: bool, mask: Array | None = None
+    ) -> dict[str, Array]:
+        """``mask`` (``[.., N]``, True = hidden; needs ``predictor_depth > 0``) adds ``"prediction"``
+        ``[.., N, D]``: the predictor's tokens from the masked view's."""
         lead = spectrogram.shape[:-2]
         if len(lead) not in (1, 2):
             raise ValueError(
@@ -340,7 +372,8 @@ class BirdJepa(nn.Module):
             )
         x = spectrogram.reshape((-1,) + spectrogram.shape[-2:])
         cfg = self.cfg.resolved()
-        embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic)
+        flat_mask = None if mask is None else mask.reshape(-1, mask.shape[-1])
+        embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic, mask=flat_mask)
         projector = Projector(cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, cfg.proj_norm, name="projector")
         projection = projector(embedding)
         probe_logits = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(embedding))
@@ -350,6 +383,8 @@ class BirdJepa(nn.Module):
             "projection": projection,
             "probe_logits": probe_logits,
         }
+        if cfg.predictor_depth and (mask is not None or self.is_initializing()):
+            out["prediction"] = Predictor(cfg, name="predictor")(tokens)
         return {k: v.reshape(lead + v.shape[1:]) for k, v in out.items()}
 
 
@@ -394,13 +429,13 @@ def param_groups(params: PyTree) -> dict[str, PyTree]:
     """Split params into ``{"encoder": ..., "projector": ..., "probe": ...}`` (each a sub-tree).
     Raises if the tree has any other top-level entry, so every parameter belongs to exactly one group."""
     inner = _unwrap(params)
-    extra = set(inner) - set(GROUPS)
+    extra = set(inner) - set(GROUPS) - set(OPTIONAL_GROUPS)
     missing = set(GROUPS) - set(inner)
     if extra or missing:
         raise ValueError(
             f"param tree top level {sorted(inner)}: unexpected {sorted(extra)}, missing {sorted(missing)}"
         )
-    return {g: inner[g] for g in GROUPS}
+    return {g: inner[g] for g in GROUPS + OPTIONAL_GROUPS if g in inner}
 
 
 def named_params(params: PyTree) -> dict[str, Array]:

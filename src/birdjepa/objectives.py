@@ -84,6 +84,21 @@ class LeJepaConfig:
     every view to the centre of the global views."""
     local_frames: int = 128
     """Frames of a local view (a multiple of the patch size)."""
+    span_weight: float = 0.0
+    """Weight of the masked-span (JEPA) term added to the loss (0 = off; needs
+    ``--model.predictor-depth`` > 0): hide time spans of each view's tokens and predict the encoder's
+    tokens there from the rest."""
+    span_tokens: int = 4
+    """Length of a hidden span in time tokens (it must divide the token grid's time side)."""
+    span_ratio: float = 0.5
+    """Fraction of the spans hidden in each view."""
+
+    def __post_init__(self) -> None:
+        if self.span_weight < 0 or self.span_tokens < 1 or not 0.0 < self.span_ratio < 1.0:
+            raise ValueError(
+                f"need span_weight >= 0, span_tokens >= 1 and span_ratio in (0, 1), got "
+                f"{self.span_weight}, {self.span_tokens}, {self.span_ratio}"
+            )
 
 
 def invariance_loss(z: Array, n_global: int | None = None) -> Array:
@@ -177,6 +192,32 @@ def lejepa_loss(
         z, key, num_directions=num_directions, num_knots=num_knots, t_max=t_max, per_view=sigreg_per_view
     )
     return {"loss": (1.0 - lam) * inv + lam * reg, "invariance": inv, "sigreg": reg}
+
+
+def span_mask(key: Array, lead: tuple[int, ...], grid: tuple[int, int], span: int, ratio: float) -> Array:
+    """``[*lead, N]`` booleans (True = hidden) over a time-major token grid ``(n_time, n_freq)``: the
+    time side cut into spans of ``span`` tokens, ``round(ratio * spans)`` of them (at least one)
+    hidden in each sample, every mel patch of a hidden time step with it."""
+    n_time, n_freq = grid
+    if n_time % span:
+        raise ValueError(f"span of {span} tokens does not divide the {n_time} time tokens")
+    spans = n_time // span
+    hidden = max(1, round(ratio * spans))
+    rank = jnp.argsort(jnp.argsort(jax.random.uniform(key, (*lead, spans)), axis=-1), axis=-1)
+    per_span = rank < hidden
+    return jnp.repeat(per_span, span * n_freq, axis=-1)
+
+
+def span_loss(prediction: Array, target: Array, mask: Array) -> Array:
+    """Mean squared error of ``prediction`` against the standardised ``target`` (both ``[.., N, D]``;
+    each target token scaled to zero mean and unit variance over D, so shrinking the encoder's tokens
+    cannot shrink the error) over the hidden tokens of ``mask [.., N]`` only."""
+    target = target.astype(jnp.float32)
+    target = (target - target.mean(axis=-1, keepdims=True)) / jnp.sqrt(
+        target.var(axis=-1, keepdims=True) + 1e-6
+    )
+    err = jnp.square(prediction.astype(jnp.float32) - target).mean(axis=-1)
+    return jnp.sum(err * mask) / jnp.maximum(jnp.sum(mask), 1)
 
 
 def _masked_ce_acc(logits: Array, labels: Array) -> tuple[Array, Array, Array]:

@@ -43,7 +43,7 @@ from birdjepa.metrics_log import MetricsLog, NullLog
 from birdjepa.model import BirdJepa, ModelConfig, init_params
 from birdjepa.monitor.updates import check_due, maybe_update_stats, param_names
 from birdjepa.norms import tree_norms
-from birdjepa.objectives import lejepa_loss, probe_metrics, supervised_loss
+from birdjepa.objectives import lejepa_loss, probe_metrics, span_loss, span_mask, supervised_loss
 from birdjepa.optim import accumulation_progress, applied_lr, make_optimizer, make_schedule, update_count
 from birdjepa.progress import Progress
 from birdjepa.wandb_mirror import open_run
@@ -54,7 +54,7 @@ REQUEUE_EXIT_CODE = 75
 RESUME_CHECK_EXIT_CODE = 65
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
 _INIT_KEY, _STEP_KEY = 0, 1
-_AUGMENT_KEY, _LOCAL_KEY = 2, 3  # folded into a step's key
+_AUGMENT_KEY, _LOCAL_KEY, _SPAN_KEY = 2, 3, 4  # folded into a step's key
 
 
 def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
@@ -114,6 +114,7 @@ def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
     """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy."""
     deterministic = cfg.debug_disable_stochastic or (cfg.model.dropout == 0 and cfg.model.drop_path == 0)
     lej = cfg.objective.lejepa
+    model_cfg = model.cfg.resolved()
 
     augment = AugmentConfig() if cfg.debug_disable_stochastic else cfg.augment
     norm = {"mean": cfg.data.features.mean, "std": cfg.data.features.std}
@@ -147,6 +148,13 @@ def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
                 sigreg_per_view=lej.sigreg_per_view,
                 n_global=views.shape[1],
             )
+            if lej.span_weight:  # JEPA: a masked copy of the views predicts their tokens at the hidden spans
+                span_key = jax.random.fold_in(key, _SPAN_KEY)
+                mask = span_mask(span_key, views.shape[:2], model_cfg.grid, lej.span_tokens, lej.span_ratio)
+                masked = model.apply({"params": params}, views, deterministic=deterministic, mask=mask,
+                                     rngs={"dropout": jax.random.fold_in(span_key, 1)})  # fmt: skip
+                span = span_loss(masked["prediction"], jax.lax.stop_gradient(out["tokens"]), mask)
+                obj = {**obj, "loss": obj["loss"] + lej.span_weight * span, "span": span}
         else:
             obj = supervised_loss(out["projection"], batch["label"])
         probe = probe_metrics(out["probe_logits"], batch["label"])
@@ -230,6 +238,8 @@ def pretrain(cfg: PretrainConfig) -> int:
     """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code."""
     if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
         raise ValueError("the lejepa objective needs --data.n-views >= 2")
+    if cfg.objective.lejepa.span_weight and not cfg.model.predictor_depth:
+        raise ValueError("--objective.lejepa.span-weight needs a predictor: set --model.predictor-depth >= 1")
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     main = distributed.is_main()
