@@ -41,6 +41,17 @@ together (an alternative, not implemented, is the mean over views of SIGReg with
 collapses, so a small weight suffices to prevent collapse while letting the invariance term dominate what
 the features encode; the paper reports performance is stable over a wide range of small λ.
 
+*Masked spans* (optional, ``span_weight > 0``, off by default): ``span_mask`` hides
+``round(span_ratio * spans)`` time spans of ``span_tokens`` tokens in each view; the encoder sees a copy
+of the view with a learned mask token there, a predictor maps its tokens to the encoder's tokens of the
+whole view, and ``span_loss`` is their squared error at the hidden tokens (targets standardised per
+token, without gradient: the JEPA term)::
+
+    loss = (1 - λ) * invariance + λ * SIGReg + span_weight * span
+
+It costs a second encoder pass per step. On the demo set it did not beat the defaults clearly
+(``docs/issues/002-pretraining-learns``, H7).
+
 Supervised and probe metrics
 ----------------------------
 Labels are integer class ids; a label ``< 0`` (the loader writes ``-1``) means *missing* and the sample is

@@ -93,11 +93,16 @@ RUNS: dict[str, Run] = {
     "v2-wide": Run(
         "v2", (*SCREEN, "--model.dim", "128", "--model.depth", "4", "--model.heads", "4"), "dim 128, depth 4"
     ),
+    "v2-jepa": Run(
+        "v2",
+        (*SCREEN, "--model.predictor-depth", "2", "--objective.lejepa.span-weight", "1.0"),
+        "+ a predictor of masked time spans' tokens (H7)",
+    ),
 }
 # Runs whose frozen embeddings are decomposed into loudness and species variance (what_it_encodes.py).
 ENCODES = ["v1-old", "v1-old-supervised", "v1-default", "v2-default-600", "v2-default-supervised"]
 # Runs whose probe accuracy is split into band group and rhythm (band_or_rhythm.py, v2 set only).
-BAND_OR_RHYTHM = ["v2-default-600", "v2-default-supervised"]
+BAND_OR_RHYTHM = ["v2-default-600", "v2-jepa", "v2-default-supervised"]
 
 
 def v1_generator(runs: Path):  # noqa: ANN201 (a module read from git)
