@@ -227,4 +227,8 @@ def test_hidden_spans_do_not_reach_the_predictor():
     assert np.array_equal(out["prediction"], apply(params, y, deterministic=True, mask=mask)["prediction"])
     plain = apply(params, x, deterministic=True)
     assert "prediction" not in plain
+    with pytest.raises(ValueError, match="needs a predictor"):
+        BirdJepa(preset("tiny")).apply(
+            init_params(preset("tiny"), jax.random.key(0)), x, deterministic=True, mask=mask
+        )
     assert not np.array_equal(plain["tokens"], apply(params, y, deterministic=True)["tokens"])

@@ -372,6 +372,8 @@ class BirdJepa(nn.Module):
             )
         x = spectrogram.reshape((-1,) + spectrogram.shape[-2:])
         cfg = self.cfg.resolved()
+        if mask is not None and not cfg.predictor_depth:  # else the mask would be ignored silently
+            raise ValueError("a mask needs a predictor (predictor_depth >= 1)")
         flat_mask = None if mask is None else mask.reshape(-1, mask.shape[-1])
         embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic, mask=flat_mask)
         projector = Projector(cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, cfg.proj_norm, name="projector")
