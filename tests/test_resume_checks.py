@@ -25,7 +25,7 @@ RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into up
 def config(demo_dir: Path, runs: Path, run: str, **kw: object) -> PretrainConfig:
     data = DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8)
     return PretrainConfig(
-        run=run, steps=10, eval_every=1000, ckpt_every=4, monitor_interval=2, prng="checkpointed",
+        run=run, steps=10, eval_every=1000, ckpt_every=4, monitor_interval=1, prng="checkpointed",
         data=data, optim=OptimConfig(grad_accum=2), log=LogConfig(runs_dir=runs), **kw,
     )  # fmt: skip
 
@@ -208,7 +208,7 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
         dict(stop_at_step=1),
         dict(stop_at_step=3, data=dataclasses.replace(run.data, n_workers=1)),
         dict(stop_at_step=4, ckpt_every=3),
-        dict(stop_at_step=6, monitor_interval=4),
+        dict(stop_at_step=6, monitor_interval=2),
         dict(stop_at_step=8),
         dict(),
     ]

@@ -111,6 +111,7 @@ def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: P
     done = verify_resume(
         demo_dir, tmp_path, "--steps", "30", "--optim.grad-accum", "2", "--eval-every", "10",
         "--ckpt-every", "10", "--resume-at", "8", "22", "--signal-at", "14", "--workers-after-resume", "1",
+        "--monitor-interval", "5",  # every 5 updates: micro-steps 9, 19, 29
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "max_abs_diff=0.0"

@@ -80,8 +80,8 @@ class PretrainConfig:
     ckpt_keep: int = 3
     ckpt_async: bool = True
     monitor_interval: int = 10
-    """Weight-update monitor (``monitor/...``): in-graph per-parameter statistics every N steps, a
-    multiple of --optim.grad-accum (0 = off)."""
+    """Weight-update monitor (``monitor/...``): in-graph per-parameter statistics every N optimizer
+    updates (N x --optim.grad-accum micro-steps; 0 = off)."""
     iid_window: int = 100
     """Batches in the IID loader diagnostics' sliding window (``dataloader/window_unique``)."""
     resume_checks: Literal["error", "warn"] = "error"

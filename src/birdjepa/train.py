@@ -229,7 +229,6 @@ def open_train_loader(
 def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callbacks:
     items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window)]
     if cfg.monitor_interval > 0:
-        check_due(0, cfg.monitor_interval, cfg.optim.grad_accum)  # validates the interval
         items.append(UpdateMonitorCallback(param_names(params)))
     return Callbacks(items)
 

@@ -24,8 +24,8 @@ Names are the '/'-joined pytree path of each leaf (dict keys, attribute names, s
 the model's nested-dict tree they are exactly ``birdjepa.model.named_params``'s names, e.g.
 ``encoder/block_0/attn/qkv/kernel`` (a ``{"params": {...}}`` wrapper is dropped, as there).
 
-To compute the statistics only every ``monitor_interval`` steps, either compile two variants of the step
-(``monitor`` a static argument; the plain variant skips ``update_stats`` entirely) or use
+To compute the statistics only every ``monitor_interval`` optimizer updates, either compile two
+variants of the step (``monitor`` a static argument; the plain variant skips ``update_stats`` entirely) or use
 ``maybe_update_stats(pred, ...)``, a ``jax.lax.cond`` whose skipped branch returns ``empty_stats``:
 NaN vectors and counts of -1, which ``UpdateMonitor.observe`` refuses, so a placeholder is never
 mistaken for a measurement.
@@ -33,7 +33,7 @@ mistaken for a measurement.
 Part B, ``UpdateMonitor``, turns the statistics of each check into scalar metrics (``monitor/...``) and
 warnings, and tracks per-parameter "frozen" streaks across checks; its state is JSON-able for checkpoints.
 With gradient accumulation (``optax.MultiSteps``) the parameters only change at the last micro-step of
-each update, so checks must fall on those micro-steps, or every parameter looks frozen.
+each update, so checks fall on those micro-steps (`check_due`), or every parameter would look frozen.
 """
 
 from __future__ import annotations
@@ -180,16 +180,12 @@ def maybe_update_stats(
 
 
 def check_due(step: int, interval: int, grad_accum: int = 1) -> bool:
-    """Whether micro-step ``step`` (0-based) is a check: every ``interval`` micro-steps, which must be a
-    multiple of ``grad_accum`` so checks land on the micro-steps that apply an update (0 = never)."""
+    """Whether micro-step ``step`` (0-based) is a check: the last micro-step of every ``interval``-th
+    optimizer update (0 = never). Counting updates, not micro-steps, makes every accumulation valid
+    and puts each check where the parameters change."""
     if interval <= 0:
         return False
-    if interval % grad_accum:
-        raise ValueError(
-            f"monitor interval {interval} is not a multiple of grad_accum {grad_accum}: checks must fall "
-            "on the micro-steps that apply an update"
-        )
-    return (step + 1) % interval == 0
+    return (step + 1) % (interval * grad_accum) == 0
 
 
 def _summary(prefix: str, values: np.ndarray) -> dict[str, float]:
