@@ -6,7 +6,9 @@ Trains the run (default: 300 demo steps, 2-batch gradient accumulation, checkpoi
 kind of state a resume can lose exists) to ``--resume-at`` and stops; then resumes copies of it cleanly
 and with each fault of `birdjepa.faults`, and prints which checks failed on the first resumed step. The
 default resume point is mid-update: after step 150, 151 micro-batches are done, one into an update.
-Exit status 1 if the clean resume raised any flag or a fault did not trip its expected check.
+Exit status 1 if the clean resume raised any flag or a fault did not trip its expected check; a fault
+that cannot change anything at the resume point (e.g. dropping an empty accumulator) is shown as
+"no effect here", not as a miss.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.determinism import deterministic_xla
-from birdjepa.fault_matrix import CLEAN, format_matrix, run_matrix
-from birdjepa.faults import EXPECTED_CHECK
+from birdjepa.fault_matrix import format_matrix, not_as_expected, run_matrix
 from birdjepa.optim import OptimConfig
 
 DEFAULT = PretrainConfig(
@@ -37,7 +38,7 @@ def main(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")] = DEFAULT, resum
         f" (grad_accum {cfg.optim.grad_accum}, prng {cfg.prng})"
     )
     print(format_matrix(rows))
-    bad = [r.fault for r in rows if (r.failed if r.fault == CLEAN else r.checks[EXPECTED_CHECK[r.fault]])]
+    bad = not_as_expected(rows)
     if bad:
         print(f"NOT AS EXPECTED: {', '.join(bad)}")
         sys.exit(1)

@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from birdjepa import resume_check
+from birdjepa import faults, resume_check
 from birdjepa.compare import compare_runs, metrics_by_step
 from birdjepa.config import DataConfig, LogConfig, PretrainConfig
-from birdjepa.fault_matrix import CLEAN, Row, resume_with, run_matrix
+from birdjepa.fault_matrix import CLEAN, Row, not_as_expected, resume_with, run_matrix
 from birdjepa.faults import EXPECTED_CHECK, FAULTS
 from birdjepa.metrics_log import read_metrics
 from birdjepa.optim import OptimConfig
@@ -163,6 +165,7 @@ def test_clean_resume_raises_no_flag(matrix: Matrix) -> None:
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_is_named_on_the_first_resumed_step(matrix: Matrix, fault: str) -> None:
     row = matrix.row(fault)
+    assert row.no_effect is None  # mid-update, checkpointed keys: every fault changes something
     assert not row.checks[EXPECTED_CHECK[fault]], (fault, row.failed)
     assert row.exit_code == RESUME_CHECK_EXIT_CODE
     # The run stopped before training anything past the checkpoint.
@@ -221,3 +224,23 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
     # ... and the run is the uninterrupted one, bit for bit (monitor metrics only where both checked).
     diffs = [d for d in compare_runs(straight.run_dir, run.run_dir) if d.max_abs and "monitor/" not in d.name]
     assert diffs == []
+
+
+def test_a_fault_with_nothing_to_act_on_is_no_effect_not_a_miss() -> None:
+    # On an update boundary the accumulator is empty: dropping it changes nothing.
+    params = {"w": jnp.ones(3)}
+    tx = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2)
+    boundary = tx.init(params)
+    r = faults.Restored(PretrainConfig(), params, boundary, jnp.zeros(2, jnp.uint32), None, ["a", "b"])
+    after, no_effect = faults.inject("drop_accumulation", r, tx, r.chain)
+    assert after.opt_state is boundary and no_effect is not None and "update boundary" in no_effect
+    mid = boundary._replace(mini_step=jnp.ones_like(boundary.mini_step))
+    _, no_effect = faults.inject("drop_accumulation", dataclasses.replace(r, opt_state=mid), tx, r.chain)
+    assert no_effect is None
+
+    passed = {c: True for c in CHECKS}
+    clean = Row(CLEAN, 0, passed)
+    quiet = Row("drop_accumulation", 0, passed, no_effect="resumed on an update boundary")
+    missed = Row("drop_accumulation", 0, passed)
+    assert not_as_expected([clean, quiet]) == []
+    assert not_as_expected([clean, missed]) == ["drop_accumulation"]

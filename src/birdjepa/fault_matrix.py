@@ -15,6 +15,7 @@ import shutil
 from birdjepa.compare import metrics_by_step
 from birdjepa.config import PretrainConfig
 from birdjepa.faults import EXPECTED_CHECK, FAULTS
+from birdjepa.metrics_log import read_metrics
 from birdjepa.resume_check import CHECKS
 from birdjepa.train import pretrain
 
@@ -27,6 +28,8 @@ class Row:
     exit_code: int
     checks: dict[str, bool]
     """check -> passed, as logged for the first resumed step."""
+    no_effect: str | None = None
+    """Why the fault changes nothing at this resume point (then no check has anything to catch)."""
 
     @property
     def failed(self) -> list[str]:
@@ -45,7 +48,19 @@ def resume_with(base: PretrainConfig, fault: str | None, resume_at: int) -> Row:
     missing = [c for c in CHECKS if f"resume/{c}" not in logged]
     if missing:
         raise RuntimeError(f"{cfg.run_dir}: no resume/{missing[0]} logged for step {resume_at + 1}")
-    return Row(name, code, {c: logged[f"resume/{c}"] == 1.0 for c in CHECKS})
+    injected = [e for e in read_metrics(cfg.run_dir) if e.get("event") == "fault_injected"]
+    no_effect = injected[-1]["no_effect"] if injected else None
+    return Row(name, code, {c: logged[f"resume/{c}"] == 1.0 for c in CHECKS}, no_effect)
+
+
+def not_as_expected(rows: list[Row]) -> list[str]:
+    """The clean resume if it raised a flag, and every fault that had an effect and did not trip its
+    expected check. A fault with no effect here is not a miss: there was nothing to catch."""
+    return [
+        r.fault
+        for r in rows
+        if (r.failed if r.fault == CLEAN else r.no_effect is None and r.checks[EXPECTED_CHECK[r.fault]])
+    ]
 
 
 def run_matrix(cfg: PretrainConfig, resume_at: int, faults: tuple[str, ...] = FAULTS) -> list[Row]:
@@ -70,6 +85,7 @@ def format_matrix(rows: list[Row]) -> str:
         for c, w in zip(CHECKS, cols, strict=True):
             mark = ("ok" if r.checks[c] else "FAIL") + ("*" if EXPECTED_CHECK.get(r.fault) == c else "")
             cells.append(f"{mark:>{w}}")
-        lines.append(f"{r.fault:<{width}}  {r.exit_code:>4}  " + "  ".join(cells))
+        note = f"  (no effect here: {r.no_effect})" if r.no_effect else ""
+        lines.append(f"{r.fault:<{width}}  {r.exit_code:>4}  " + "  ".join(cells) + note)
     lines.append("* the check the fault must trip; FAIL = the check failed on the first resumed step")
     return "\n".join(lines)

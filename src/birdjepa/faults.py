@@ -66,16 +66,19 @@ def _with_count(opt_state: Any, delta: int) -> Any:
     return opt_state._replace(count=opt_state.count + delta)
 
 
-def inject(fault: str, r: Restored, tx: optax.GradientTransformation, fresh_chain: jax.Array) -> Restored:
-    """``r`` with ``fault`` applied; prints what it did (or why it cannot apply to this run)."""
+def inject(
+    fault: str, r: Restored, tx: optax.GradientTransformation, fresh_chain: jax.Array
+) -> tuple[Restored, str | None]:
+    """``r`` with ``fault`` applied, and why it changes nothing at this point of this run (None when it
+    does change something); prints what it did."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
-    note = ""
+    no_effect = None
     if fault == "drop_loader_state":
         r = dataclasses.replace(r, loader_state=None)
     elif fault == "reset_prng":
         if r.cfg.prng == "stateless":
-            note = " (no effect: stateless keys are derived from (seed, step) and hold no state to lose)"
+            no_effect = "stateless keys are derived from (seed, step) and hold no state to lose"
         r = dataclasses.replace(r, chain=fresh_chain)
     elif fault == "lr_off_by_one":
         r = dataclasses.replace(r, opt_state=_with_count(r.opt_state, 1))
@@ -86,7 +89,9 @@ def inject(fault: str, r: Restored, tx: optax.GradientTransformation, fresh_chai
         r = dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, data=data))
     elif fault == "drop_accumulation":
         if not isinstance(r.opt_state, optax.MultiStepsState):
-            note = " (no effect: this run does not accumulate gradients)"
+            no_effect = "this run does not accumulate gradients"
+        elif int(r.opt_state.mini_step) == 0:
+            no_effect = "resumed on an update boundary, where the accumulator is empty"
         else:
             s = r.opt_state
             lost = s._replace(
@@ -99,8 +104,9 @@ def inject(fault: str, r: Restored, tx: optax.GradientTransformation, fresh_chai
         if len(r.train_files) < 2:
             raise ValueError("dataset_changed drops a train shard; this run has only one")
         r = dataclasses.replace(r, train_files=r.train_files[:-1])
+    note = f" (no effect here: {no_effect})" if no_effect else ""
     print(f"DEBUG_INJECT_FAULT {fault}{note}", flush=True)
-    return r
+    return r, no_effect
 
 
 def _fresh_moments(opt_state: Any, fresh: Any) -> Any:

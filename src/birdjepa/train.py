@@ -277,7 +277,7 @@ def pretrain(cfg: PretrainConfig) -> int:
         # legacy reproduces a loader without state and a restarted key chain (the bug users hit).
         loader_state = None if cfg.prng == "legacy" else meta["loader_state"]
         if cfg.debug_inject_fault:
-            r = faults.inject(
+            r, no_effect = faults.inject(
                 cfg.debug_inject_fault,
                 faults.Restored(cfg, params, opt_state, chain, loader_state, train_files),
                 tx,
@@ -292,6 +292,8 @@ def pretrain(cfg: PretrainConfig) -> int:
     log = MetricsLog(run_dir, restart=restart, wandb_run=wandb_run) if main else NullLog()
     if resumed_from is not None:
         log.event("resume", start, checkpoint=resumed_from, **ckpt.last_restore)
+        if cfg.debug_inject_fault:
+            log.event("fault_injected", start, fault=cfg.debug_inject_fault, no_effect=no_effect)
         print(
             f"resumed from checkpoint {resumed_from}: continuing at step {start} (restart {restart})",
             flush=True,
