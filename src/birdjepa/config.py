@@ -13,31 +13,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from birdjepa.augment import AugmentConfig
-from birdjepa.data import Features
+from birdjepa.data import DataConfig
 from birdjepa.faults import Fault
 from birdjepa.model import ModelConfig
 from birdjepa.objectives import LeJepaConfig
 from birdjepa.optim import OptimConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    train: str | None = None
-    """Train shards: a folder, glob or file. Default: the embedded demo set (generated on first use)."""
-    eval: str | None = None
-    """Held-out shards for the probe evaluation. Default: the demo set's eval split."""
-    batch_size: int = 16
-    """Global batch size (split over devices; one micro-batch when accumulating)."""
-    n_workers: int = 2
-    """Decode threads; changing it never changes the batches."""
-    shuffle_buffer: int = 1024
-    shuffle_initial: int | None = None
-    """Start drawing once the buffer holds this many samples, growing it by one per draw
-    (webdataset's `initial`); None: fill the whole buffer first. Either way the stream resumes exactly."""
-    interleave: int = 4
-    n_views: int = 2
-    """Views per recording (LeJEPA needs >= 2)."""
-    features: Features = Features()
 
 
 @dataclasses.dataclass(frozen=True)

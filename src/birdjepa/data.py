@@ -26,38 +26,73 @@ WorkerError = _rs.WorkerError
 Batch = dict[str, np.ndarray]
 
 
+#: Every loader option and its default, from the Rust core, where the defaults are written (once).
+DEFAULTS: dict[str, Any] = json.loads(_rs.loader_defaults())
+
+
 @dataclasses.dataclass(frozen=True)
 class Features:
     """How a recording becomes a [n_frames, n_mels] log-mel map (Kaldi-style fbank).
 
-    Defaults: 5 s clips at 32 kHz, n_fft 1024, 25 ms window, 10 ms hop, 128 mel bins from 20 Hz to
-    Nyquist, pre-emphasis 0.97, per-frame DC removal, natural log with a floor, 512 frames,
-    normalised with AudioMAE's fbank statistics. Masks (train mode only) are off by default.
+    Defaults (the Rust core's): 5 s clips at 32 kHz, n_fft 1024, 25 ms window, 10 ms hop, 128 mel bins
+    from 20 Hz to Nyquist, pre-emphasis 0.97, per-frame DC removal, natural log with a floor, 512
+    frames, normalised with AudioMAE's fbank statistics. Masks (train mode only) are off by default.
     """
 
-    target_rate: int = 32_000
-    clip_seconds: float = 5.0
-    n_fft: int = 1024
-    win_length: int = 800
-    hop_length: int = 320
-    n_mels: int = 128
-    f_min: float = 20.0
-    f_max: float | None = None
-    preemphasis: float = 0.97
-    remove_dc: bool = True
-    log_floor: float = float(np.finfo(np.float32).eps)
-    n_frames: int = 512
-    mean: float = -4.2677393
-    std: float = 4.5689974
-    time_mask_count: int = 0
-    time_mask_width: int = 0
-    freq_mask_count: int = 0
-    freq_mask_width: int = 0
+    target_rate: int = DEFAULTS["target_rate"]
+    clip_seconds: float = DEFAULTS["clip_seconds"]
+    n_fft: int = DEFAULTS["n_fft"]
+    win_length: int = DEFAULTS["win_length"]
+    hop_length: int = DEFAULTS["hop_length"]
+    n_mels: int = DEFAULTS["n_mels"]
+    f_min: float = DEFAULTS["f_min"]
+    f_max: float | None = DEFAULTS["f_max"]
+    preemphasis: float = DEFAULTS["preemphasis"]
+    remove_dc: bool = DEFAULTS["remove_dc"]
+    log_floor: float = DEFAULTS["log_floor"]
+    n_frames: int = DEFAULTS["n_frames"]
+    mean: float = DEFAULTS["mean"]
+    std: float = DEFAULTS["std"]
+    time_mask_count: int = DEFAULTS["time_mask_count"]
+    time_mask_width: int = DEFAULTS["time_mask_width"]
+    freq_mask_count: int = DEFAULTS["freq_mask_count"]
+    freq_mask_width: int = DEFAULTS["freq_mask_width"]
 
     def options(self) -> dict[str, Any]:
-        opts = dataclasses.asdict(self)
-        opts["clip_samples"] = round(opts.pop("clip_seconds") * self.target_rate)
-        return opts
+        return dataclasses.asdict(self)
+
+
+#: The trainer's own choice, not the loader's default (one view): LeJEPA compares two views.
+TRAIN_VIEWS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The data options of `birdjepa pretrain` (``--data.*``)."""
+
+    train: str | None = None
+    """Train shards: a folder, glob or file. Default: the embedded demo set (generated on first use)."""
+    eval: str | None = None
+    """Held-out shards for the probe evaluation. Default: the demo set's eval split."""
+    batch_size: int = DEFAULTS["batch_size"]
+    """Global batch size (split over devices; one micro-batch when accumulating)."""
+    n_workers: int = DEFAULTS["n_workers"]
+    """Decode threads; changing it never changes the batches."""
+    shuffle_buffer: int = DEFAULTS["shuffle_buffer"]
+    shuffle_initial: int | None = DEFAULTS["shuffle_initial"]
+    """Start drawing once the buffer holds this many samples, growing it by one per draw
+    (webdataset's `initial`); None: fill the whole buffer first. Either way the stream resumes exactly."""
+    interleave: int = DEFAULTS["interleave"]
+    n_views: int = TRAIN_VIEWS
+    """Views per recording (LeJEPA needs >= 2)."""
+    features: Features = Features()
+
+    def loader_options(self) -> dict[str, Any]:
+        """The options of the train loader these settings open (the shard paths aside)."""
+        d = dataclasses.asdict(self)
+        for key in ("train", "eval", "features"):
+            d.pop(key)
+        return d
 
 
 def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -95,42 +130,16 @@ class Loader:
         self,
         files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
-        seed: int,
-        batch_size: int,
-        n_workers: int = 2,
-        train: bool = True,
-        n_views: int = 1,
-        shuffle_buffer: int = 2048,
-        shuffle_initial: int | None = None,
-        interleave: int = 4,
-        prefetch_batches: int = 2,
-        drop_last: bool = False,
-        augment: bool = True,
-        audio_column: str = "audio",
-        label_column: str = "ebird_code",
         features: Features | None = None,
         state: dict[str, Any] | None = None,
-        debug_panic_index: int | None = None,
+        **options: Any,
     ) -> None:
+        """``options`` are the Rust core's loader options (`DEFAULTS` lists them with their defaults:
+        ``seed``, ``batch_size``, ``train``, ``n_views``, ``shuffle_buffer``, ...); an unknown name or a
+        wrong type is a ValueError naming it."""
         self.files = resolve_files(files)
-        self.train = train
-        options = {
-            "seed": seed,
-            "batch_size": batch_size,
-            "n_workers": n_workers,
-            "train": train,
-            "n_views": n_views,
-            "shuffle_buffer": shuffle_buffer,
-            "shuffle_initial": shuffle_initial,
-            "interleave": interleave,
-            "prefetch_batches": prefetch_batches,
-            "drop_last": drop_last,
-            "augment": augment,
-            "audio_column": audio_column,
-            "label_column": label_column,
-            "debug_panic_index": debug_panic_index,
-            **(features or Features()).options(),
-        }
+        self.train = bool(options.get("train", DEFAULTS["train"]))
+        options = {**options, **(features or Features()).options()}
         state_json = None if state is None else json.dumps(state)
         self._rs = _rs.Loader(self.files, json.dumps(options), state_json)
         self._passes = 0
@@ -180,6 +189,31 @@ class Loader:
         self.close()
 
 
+def open_train_loader(
+    files: list[str],
+    data: DataConfig,
+    *,
+    seed: int,
+    augment: bool,
+    state: dict[str, Any] | None,
+    resumed: bool,
+) -> tuple[Loader, str | None]:
+    """The train loader at ``state``, and why it could not take that state (None when it did): a
+    loader that refuses its state starts from the beginning, and the ``loader_state`` check says why."""
+    kw: dict[str, Any] = {
+        **data.loader_options(),
+        "seed": seed,
+        "augment": augment,
+        "features": data.features,
+    }
+    if state is None:
+        return Loader(files, **kw), ("not_restored" if resumed else None)
+    try:
+        return Loader(files, **kw, state=state), None
+    except StateError as e:
+        return Loader(files, **kw), f"refused: {e}"
+
+
 def take(loader: Loader, n: int) -> list[Batch]:
     """The next ``n`` batches (fewer if an eval pass ends)."""
     out: list[Batch] = []
@@ -191,4 +225,7 @@ def take(loader: Loader, n: int) -> list[Batch]:
     return out
 
 
-__all__ = ["Batch", "DataError", "Features", "Loader", "StateError", "WorkerError", "resolve_files", "take"]
+__all__ = [
+    "DEFAULTS", "Batch", "DataConfig", "DataError", "Features", "Loader", "StateError", "WorkerError",
+    "open_train_loader", "resolve_files", "take",
+]  # fmt: skip

@@ -31,7 +31,7 @@ from birdjepa import checkpoint, distributed, faults, resume_check
 from birdjepa.augment import AugmentConfig, augment_views, local_crops
 from birdjepa.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.config import PretrainConfig, to_dict
-from birdjepa.data import Batch, Loader, StateError, resolve_files
+from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
 from birdjepa.demo_data import ensure_demo_data
 from birdjepa.determinism import deterministic_xla
 from birdjepa.diagnostics.collapse import effective_rank
@@ -207,25 +207,6 @@ def step_key(cfg: PretrainConfig, chain: jax.Array, step: int) -> tuple[jax.Arra
     return key, chain
 
 
-def open_train_loader(
-    files: list[str], cfg: PretrainConfig, state: dict[str, Any] | None, resumed: bool
-) -> tuple[Loader, str | None]:
-    """The train loader at ``state``, and why it could not take that state (None when it did): a
-    loader that refuses its state starts from the beginning, and the ``loader_state`` check says why."""
-    kw: dict[str, Any] = {
-        "seed": cfg.seed, "batch_size": cfg.data.batch_size, "n_workers": cfg.data.n_workers,
-        "n_views": cfg.data.n_views, "shuffle_buffer": cfg.data.shuffle_buffer,
-        "shuffle_initial": cfg.data.shuffle_initial, "interleave": cfg.data.interleave,
-        "augment": not cfg.debug_disable_stochastic, "features": cfg.data.features,
-    }  # fmt: skip
-    if state is None:
-        return Loader(files, **kw), ("not_restored" if resumed else None)
-    try:
-        return Loader(files, **kw, state=state), None
-    except StateError as e:
-        return Loader(files, **kw), f"refused: {e}"
-
-
 def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callbacks:
     items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window)]
     if cfg.monitor_interval > 0:
@@ -299,7 +280,14 @@ def pretrain(cfg: PretrainConfig) -> int:
             flush=True,
         )
 
-    loader, loader_error = open_train_loader(train_files, cfg, loader_state, resumed=meta is not None)
+    loader, loader_error = open_train_loader(
+        train_files,
+        cfg.data,
+        seed=cfg.seed,
+        augment=not cfg.debug_disable_stochastic,
+        state=loader_state,
+        resumed=meta is not None,
+    )
     encode_jit = jax.jit(
         encoder_apply(model_cfg), in_shardings=(replicated, sharded), out_shardings=replicated
     )

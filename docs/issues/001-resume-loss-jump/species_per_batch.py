@@ -17,17 +17,15 @@ from pathlib import Path
 import numpy as np
 from reproduce import SETUPS  # this folder is on sys.path when the script runs
 
-from birdjepa.config import DataConfig, PretrainConfig
-from birdjepa.data import resolve_files, take
+from birdjepa.data import DataConfig, open_train_loader, resolve_files, take
 from birdjepa.demo_data import ensure_demo_data
-from birdjepa.train import open_train_loader
 
 SHOWN = ("demo", "sorted", "warming")  # epoch0 is about replayed clips, not species
 
 
 def species_per_batch(train: Path, loader_options: dict[str, int], batches: int = 150) -> np.ndarray:
-    cfg = PretrainConfig(data=dataclasses.replace(DataConfig(), **loader_options))
-    loader, _ = open_train_loader(resolve_files(train), cfg, None, resumed=False)
+    data = dataclasses.replace(DataConfig(), **loader_options)
+    loader, _ = open_train_loader(resolve_files(train), data, seed=0, augment=True, state=None, resumed=False)
     return np.array([len(set(b["label"].tolist())) for b in take(loader, batches)])
 
 

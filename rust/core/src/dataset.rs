@@ -22,8 +22,9 @@ pub struct ColumnConfig {
 }
 
 impl Default for ColumnConfig {
+    /// What the default [`crate::options::LoaderOptions`] name (the defaults are written there only).
     fn default() -> Self {
-        Self { audio_column: "audio".into(), label_column: "ebird_code".into() }
+        crate::options::LoaderOptions::default().loader().columns
     }
 }
 

@@ -7,4 +7,5 @@ pub mod error;
 pub mod rng;
 pub mod shard;
 pub mod loader;
+pub mod options;
 pub mod plan;

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::audio::{AudioError, ClipConfig, ClipExtractor, CropMode, SampleKey};
 use crate::dataset::{ColumnConfig, Dataset, RecordError};
 use crate::error::{Error, ErrorKind, Result};
+use crate::options::LoaderOptions;
 use crate::plan::{PlanConfig, PlanItem, PlanState, Planner};
 
 const STATE_VERSION: u32 = 1;
@@ -56,23 +57,9 @@ pub struct LoaderConfig {
 }
 
 impl Default for LoaderConfig {
+    /// What the default [`LoaderOptions`] build: the defaults are written there only.
     fn default() -> Self {
-        Self {
-            batch_size: 32,
-            n_workers: 2,
-            n_views: 1,
-            train: true,
-            augment: true,
-            drop_last: false,
-            seed: 0,
-            shuffle_buffer: 2048,
-            shuffle_initial: None,
-            interleave: 4,
-            prefetch_batches: 2,
-            columns: ColumnConfig::default(),
-            clip: ClipConfig::default(),
-            debug_panic_index: None,
-        }
+        LoaderOptions::default().loader()
     }
 }
 

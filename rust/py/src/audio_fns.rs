@@ -1,12 +1,13 @@
 //! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
 //! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
 use birdjepa_core::audio::decode::decode_mono;
-use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
+use birdjepa_core::audio::fbank::Fbank;
+use birdjepa_core::options::LoaderOptions;
 use birdjepa_core::audio::resample::resample as resample_core;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 /// Borrow a 1-D float32 array as a slice, copying only when it is not contiguous.
 fn with_slice<R>(a: &PyReadonlyArray1<'_, f32>, f: impl FnOnce(&[f32]) -> R) -> R {
@@ -16,39 +17,21 @@ fn with_slice<R>(a: &PyReadonlyArray1<'_, f32>, f: impl FnOnce(&[f32]) -> R) -> 
     }
 }
 
-/// Kaldi-style log-mel filter bank of a mono float32 signal -> float32 `[frames, n_mels]`.
+/// Kaldi-style log-mel filter bank of a mono float32 signal -> float32 `[frames, n_mels]`. Keyword
+/// options are the loader's feature options (`target_rate`, `n_fft`, ...), with the same defaults.
 #[pyfunction]
-#[pyo3(signature = (
-    samples, n_fft=1024, win_length=800, hop_length=320, n_mels=128, sample_rate=32000, f_min=20.0,
-    f_max=None, preemphasis=0.97, remove_dc=true, log_floor=None
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (samples, **options))]
 fn log_mel<'py>(
     py: Python<'py>,
     samples: PyReadonlyArray1<'py, f32>,
-    n_fft: usize,
-    win_length: usize,
-    hop_length: usize,
-    n_mels: usize,
-    sample_rate: u32,
-    f_min: f32,
-    f_max: Option<f32>,
-    preemphasis: f32,
-    remove_dc: bool,
-    log_floor: Option<f32>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let cfg = FbankConfig {
-        sample_rate,
-        n_fft,
-        win_length,
-        hop_length,
-        n_mels,
-        f_min,
-        f_max,
-        preemphasis,
-        remove_dc,
-        log_floor: log_floor.unwrap_or(f32::EPSILON),
+    let text: String = match options {
+        Some(o) => py.import("json")?.call_method1("dumps", (o,))?.extract()?,
+        None => "{}".into(),
     };
+    let cfg = LoaderOptions::from_json(&text).map_err(|e| PyValueError::new_err(e.message))?.fbank();
+    let n_mels = cfg.n_mels;
     let fb = Fbank::new(cfg).map_err(PyValueError::new_err)?;
     let n = samples.len();
     let (out, frames) = with_slice(&samples, |x| py.detach(|| (fb.compute_vec(x), fb.n_frames_for(n))));

@@ -66,17 +66,9 @@ pub struct ClipConfig {
 }
 
 impl Default for ClipConfig {
+    /// What the default [`crate::options::LoaderOptions`] build (the defaults are written there only).
     fn default() -> Self {
-        ClipConfig {
-            target_rate: 32_000,
-            clip_samples: 160_000,
-            fbank: FbankConfig::default(),
-            n_frames: 512,
-            mean: -4.267_739_3,
-            std: 4.568_997_4,
-            time_mask: MaskConfig::OFF,
-            freq_mask: MaskConfig::OFF,
-        }
+        crate::options::LoaderOptions::default().clip()
     }
 }
 

@@ -48,19 +48,9 @@ pub struct FbankConfig {
 }
 
 impl Default for FbankConfig {
+    /// What the default [`crate::options::LoaderOptions`] build (the defaults are written there only).
     fn default() -> Self {
-        FbankConfig {
-            sample_rate: 32_000,
-            n_fft: 1024,
-            win_length: 800,
-            hop_length: 320,
-            n_mels: 128,
-            f_min: 20.0,
-            f_max: None,
-            preemphasis: 0.97,
-            remove_dc: true,
-            log_floor: f32::EPSILON,
-        }
+        crate::options::LoaderOptions::default().fbank()
     }
 }
 

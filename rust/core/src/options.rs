@@ -1,0 +1,180 @@
+//! The loader's options as a caller names them: one flat, serde-typed schema with every default.
+//!
+//! This is the only place the defaults are written. The Python package reads them from here
+//! (`birdjepa._rs.loader_defaults()`), and [`LoaderConfig`], [`ClipConfig`] and [`FbankConfig`]
+//! default to what these options build. Unknown names and wrong types are errors that name the option.
+//!
+//! Floats are `f64` here and narrowed to `f32` where they are used, so a value survives a round trip
+//! through JSON and Python's `float` exactly (e.g. the log floor `f32::EPSILON`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::audio::{ClipConfig, FbankConfig, MaskConfig};
+use crate::dataset::ColumnConfig;
+use crate::error::{Error, Result};
+use crate::loader::LoaderConfig;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoaderOptions {
+    // The stream.
+    pub seed: u64,
+    pub batch_size: usize,
+    pub n_workers: usize,
+    /// Train: infinite, shuffled, random crops. Eval: one ordered pass of centre crops.
+    pub train: bool,
+    pub n_views: usize,
+    pub shuffle_buffer: usize,
+    pub shuffle_initial: Option<usize>,
+    pub interleave: usize,
+    pub prefetch_batches: usize,
+    pub drop_last: bool,
+    pub augment: bool,
+    pub audio_column: String,
+    pub label_column: String,
+    pub debug_panic_index: Option<u64>,
+    // The features (Python's `birdjepa.data.Features`).
+    pub target_rate: u32,
+    pub clip_seconds: f64,
+    pub n_fft: usize,
+    pub win_length: usize,
+    pub hop_length: usize,
+    pub n_mels: usize,
+    pub f_min: f64,
+    pub f_max: Option<f64>,
+    pub preemphasis: f64,
+    pub remove_dc: bool,
+    pub log_floor: f64,
+    pub n_frames: usize,
+    pub mean: f64,
+    pub std: f64,
+    pub time_mask_count: usize,
+    pub time_mask_width: usize,
+    pub freq_mask_count: usize,
+    pub freq_mask_width: usize,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            batch_size: 16,
+            n_workers: 2,
+            train: true,
+            n_views: 1,
+            shuffle_buffer: 1024,
+            shuffle_initial: None,
+            interleave: 4,
+            prefetch_batches: 2,
+            drop_last: false,
+            augment: true,
+            audio_column: "audio".into(),
+            label_column: "ebird_code".into(),
+            debug_panic_index: None,
+            // 5 s at 32 kHz, Kaldi-style fbank: 25 ms window, 10 ms hop, 128 mel bins from 20 Hz to
+            // Nyquist, normalised with AudioMAE's fbank statistics; no masks.
+            target_rate: 32_000,
+            clip_seconds: 5.0,
+            n_fft: 1024,
+            win_length: 800,
+            hop_length: 320,
+            n_mels: 128,
+            f_min: 20.0,
+            f_max: None,
+            preemphasis: 0.97,
+            remove_dc: true,
+            log_floor: f32::EPSILON as f64,
+            n_frames: 512,
+            mean: -4.2677393,
+            std: 4.5689974,
+            time_mask_count: 0,
+            time_mask_width: 0,
+            freq_mask_count: 0,
+            freq_mask_width: 0,
+        }
+    }
+}
+
+impl LoaderOptions {
+    /// Parse a JSON object of options; absent ones take their defaults.
+    pub fn from_json(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| Error::config(format!("loader options: {e}")))
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("options serialise")
+    }
+
+    pub fn fbank(&self) -> FbankConfig {
+        FbankConfig {
+            sample_rate: self.target_rate,
+            n_fft: self.n_fft,
+            win_length: self.win_length,
+            hop_length: self.hop_length,
+            n_mels: self.n_mels,
+            f_min: self.f_min as f32,
+            f_max: self.f_max.map(|f| f as f32),
+            preemphasis: self.preemphasis as f32,
+            remove_dc: self.remove_dc,
+            log_floor: self.log_floor as f32,
+        }
+    }
+
+    pub fn clip(&self) -> ClipConfig {
+        ClipConfig {
+            target_rate: self.target_rate,
+            clip_samples: (self.clip_seconds * self.target_rate as f64).round() as usize,
+            fbank: self.fbank(),
+            n_frames: self.n_frames,
+            mean: self.mean as f32,
+            std: self.std as f32,
+            time_mask: MaskConfig { count: self.time_mask_count, max_width: self.time_mask_width },
+            freq_mask: MaskConfig { count: self.freq_mask_count, max_width: self.freq_mask_width },
+        }
+    }
+
+    pub fn loader(&self) -> LoaderConfig {
+        LoaderConfig {
+            batch_size: self.batch_size,
+            n_workers: self.n_workers,
+            n_views: self.n_views,
+            train: self.train,
+            augment: self.augment,
+            drop_last: self.drop_last,
+            seed: self.seed,
+            shuffle_buffer: self.shuffle_buffer,
+            shuffle_initial: self.shuffle_initial,
+            interleave: self.interleave,
+            prefetch_batches: self.prefetch_batches,
+            columns: ColumnConfig { audio_column: self.audio_column.clone(), label_column: self.label_column.clone() },
+            clip: self.clip(),
+            debug_panic_index: self.debug_panic_index,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn absent_options_take_the_defaults_and_unknown_or_mistyped_ones_are_named() {
+        let o = LoaderOptions::from_json(r#"{"batch_size": 4, "clip_seconds": 2.5}"#).unwrap();
+        assert_eq!(o, LoaderOptions { batch_size: 4, clip_seconds: 2.5, ..Default::default() });
+        assert_eq!(o.clip().clip_samples, 80_000);
+        let e = LoaderOptions::from_json(r#"{"shuffle_bufer": 4}"#).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Config);
+        assert!(e.message.contains("unknown field `shuffle_bufer`"), "{}", e.message);
+        let e = LoaderOptions::from_json(r#"{"n_mels": "many"}"#).unwrap_err();
+        assert!(e.message.contains("invalid type"), "{}", e.message);
+    }
+
+    #[test]
+    fn defaults_round_trip_through_json_exactly() {
+        let d = LoaderOptions::default();
+        assert_eq!(LoaderOptions::from_json(&d.to_json()).unwrap(), d);
+        assert_eq!(d.fbank().log_floor, f32::EPSILON);
+        assert_eq!(d.clip().clip_samples, 160_000);
+    }
+}

@@ -1,0 +1,44 @@
+"""Type stubs of the Rust extension (rust/py). Most code uses it through `birdjepa.data`."""
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+class DataError(Exception):
+    """A shard or record cannot be used; the message names the file."""
+
+class StateError(Exception):
+    """A loader state does not fit this data set or config."""
+
+class WorkerError(Exception):
+    """A loader worker thread failed."""
+
+def loader_defaults() -> str:
+    """Every loader option with its default, as a JSON object (the only place the defaults live)."""
+
+class Loader:
+    def __init__(self, files: list[str], options_json: str, state_json: str | None = None) -> None:
+        """``options_json``: a JSON object of loader options (see `loader_defaults`); an unknown name
+        or a wrong type raises ValueError naming it. ``state_json``: a `state_json()` to resume from."""
+    def next_batch(self) -> dict[str, npt.NDArray[Any]] | None:
+        """The next batch (``spectrogram``, ``label``, ``index``, ``shard_id``, ``epoch``), or None at
+        the end of an eval pass."""
+    def restart(self) -> None:
+        """Start a new eval pass from the beginning."""
+    def state_json(self) -> str: ...
+    def diagnostics_json(self) -> str: ...
+    def __len__(self) -> int: ...
+    def fingerprint(self) -> str: ...
+    def shard_rows(self) -> list[int]:
+        """Rows per shard, in shard-id order."""
+
+def log_mel(samples: npt.NDArray[np.float32], **options: Any) -> npt.NDArray[np.float32]:
+    """Kaldi-style log-mel of a mono signal -> ``[frames, n_mels]``; ``options`` are the loader's
+    feature options (``target_rate``, ``n_fft``, ``win_length``, ...), with the same defaults."""
+
+def decode_audio(data: bytes) -> tuple[npt.NDArray[np.float32], int]:
+    """Encoded audio (OGG/Vorbis, FLAC, WAV, MP3) -> (mono float32 samples, native sample rate)."""
+
+def resample(samples: npt.NDArray[np.float32], src: int, dst: int) -> npt.NDArray[np.float32]:
+    """Polyphase Kaiser-sinc resampling from ``src`` Hz to ``dst`` Hz."""

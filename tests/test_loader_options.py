@@ -1,0 +1,49 @@
+"""One schema for the loader's options: Rust holds the names, types and defaults; Python agrees."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from birdjepa import _rs
+from birdjepa.data import DEFAULTS, TRAIN_VIEWS, DataConfig, Features, Loader
+
+# Loader options that no config exposes: set per call by the trainer, the evaluation or tests.
+PER_CALL = {"seed", "train", "augment", "prefetch_batches", "drop_last", "audio_column", "label_column",
+            "debug_panic_index"}  # fmt: skip
+
+
+def test_python_exposes_every_rust_option_with_the_rust_default() -> None:
+    rust = json.loads(_rs.loader_defaults())
+    features = {f.name: f.default for f in dataclasses.fields(Features)}
+    data = DataConfig().loader_options()
+    assert set(features) | set(data) | PER_CALL == set(rust)
+    assert not set(features) & set(data) and not (set(features) | set(data)) & PER_CALL
+    assert {k: rust[k] for k in features} == features
+    # The trainer's views are its own choice (LeJEPA compares two); every other default is the loader's.
+    assert data.pop("n_views") == TRAIN_VIEWS == 2 and rust["n_views"] == 1
+    assert {k: rust[k] for k in data} == data
+    assert DEFAULTS == rust
+
+
+def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
+    with pytest.raises(ValueError, match="unknown field `shuffle_bufer`"):
+        Loader(demo_dir / "train", shuffle_bufer=8)
+    with pytest.raises(ValueError, match="invalid type"):
+        Loader(demo_dir / "train", batch_size="eight")
+    with pytest.raises(ValueError, match="unknown field `sample_rate`"):
+        _rs.log_mel(np.zeros(1000, np.float32), sample_rate=16000)
+
+
+def test_the_stub_declares_what_the_extension_exports() -> None:
+    stub = ast.parse((Path(_rs.__file__).parent / "_rs.pyi").read_text())
+    declared = {n.name for n in stub.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    assert declared == {n for n in dir(_rs) if not n.startswith("_")}
+    (loader,) = (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Loader")
+    methods = {n.name for n in loader.body if isinstance(n, ast.FunctionDef)}
+    assert methods - {"__init__"} == {n for n in dir(_rs.Loader) if not n.startswith("_")} | {"__len__"}
