@@ -1,4 +1,4 @@
-"""Checkpoints hold the whole training state, restore it bit-exactly and verify it (DESIGN.md invariant 3)."""
+"""Checkpoints hold the whole training state, restore it bit-exactly and verify it (docs/design.md 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoints that hold everything the next step depends on, verified on restore (DESIGN.md invariant 3).
+"""Checkpoints that hold everything the next step depends on, verified on restore (design.md, inv. 3).
 
 Layout: ``<run_dir>/checkpoints/<step>/`` written by an Orbax ``CheckpointManager`` with two items:
 

@@ -1,6 +1,6 @@
 """Optimizer and learning-rate schedule.
 
-Invariant 5 of DESIGN.md: the LR applied by optimizer update ``s`` is ``schedule(s)``, the first update
+Invariant 5 of docs/design.md: the LR applied by optimizer update ``s`` is ``schedule(s)``, the first update
 uses ``schedule(0)``, and the logged LR is the applied one. The schedule is wrapped with
 ``optax.inject_hyperparams``, whose state stores the learning rate each update actually used; the
 trainer logs that value (``applied_lr``), never a recomputation.
