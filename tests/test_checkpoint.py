@@ -1,4 +1,7 @@
-"""Checkpoints hold the whole training state, restore it bit-exactly and verify it (docs/design.md 3)."""
+"""Checkpoints hold the whole training state, restore it bit-exactly and verify it.
+
+Invariant 3 of docs/design.md.
+"""
 
 from __future__ import annotations
 

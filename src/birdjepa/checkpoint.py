@@ -1,4 +1,6 @@
-"""Checkpoints that hold everything the next step depends on, verified on restore (design.md, inv. 3).
+"""Checkpoints that hold everything the next step depends on, verified on restore.
+
+Invariant 3 of docs/design.md.
 
 Layout: ``<run_dir>/checkpoints/<step>/`` written by an Orbax ``CheckpointManager`` with two items:
 
