@@ -68,7 +68,7 @@ def pretrain(runs: Path, preset_name: str, steps: int, batch: int, *extra: str) 
     """Runs one `birdjepa pretrain` process; returns the wall-clock time it was started at."""
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", preset_name, "--log.runs-dir",
            str(runs), "--steps", str(steps), "--model.preset", preset_name, "--data.batch-size",
-           str(batch), "--eval-every", "1000000", "--ckpt-every", "1000000", "--log.print-every", "1000",
+           str(batch), "--eval-every", "0", "--ckpt-every", "1000000", "--log.print-every", "1000",
            *extra]  # fmt: skip
     started = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True)

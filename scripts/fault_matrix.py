@@ -24,7 +24,7 @@ from birdjepa.fault_matrix import format_matrix, not_as_expected, run_matrix
 from birdjepa.optim import OptimConfig
 
 DEFAULT = PretrainConfig(
-    run="fault-matrix", steps=300, prng="checkpointed", optim=OptimConfig(grad_accum=2), eval_every=1000
+    run="fault-matrix", steps=300, prng="checkpointed", optim=OptimConfig(grad_accum=2), eval_every=0
 )
 
 

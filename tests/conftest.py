@@ -9,7 +9,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +31,17 @@ from birdjepa.shards import ShardFormat, ShardWriter, write_vocab  # noqa: E402
 
 # Before any test runs a JAX computation: thread-timing-independent XLA kernels.
 deterministic_xla()
+
+# One compilation cache for the session, this process and every `birdjepa` subprocess: the tests
+# train the same tiny model again and again, and a step that was compiled once loads in a fraction
+# of the time. A cached executable is the one XLA compiled, so results stay bit-identical.
+_JAX_CACHE = tempfile.mkdtemp(prefix="birdjepa-test-jax-cache-")
+atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=_JAX_CACHE,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+)
 
 TINY_LABELS = ("aaalow", "bbbmid", "ccchig")
 TINY_FREQS_HZ = (750.0, 1500.0, 3000.0)

@@ -27,7 +27,7 @@ RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into up
 def config(demo_dir: Path, runs: Path, run: str, **kw: object) -> PretrainConfig:
     data = DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8)
     return PretrainConfig(
-        run=run, steps=10, eval_every=1000, ckpt_every=4, monitor_interval=1, prng="checkpointed",
+        run=run, steps=10, eval_every=0, ckpt_every=4, monitor_interval=1, prng="checkpointed",
         data=data, optim=OptimConfig(grad_accum=2), log=LogConfig(runs_dir=runs), **kw,
     )  # fmt: skip
 

@@ -40,6 +40,11 @@ def pretrain(demo_dir: Path, runs: Path, run: str, *extra: str, **kw: object) ->
     )  # fmt: skip
 
 
+# Runs whose test is about the training state, not the evaluation (which the straight run, the debug
+# roundtrip and the three-resume verification cover), skip it: a linear probe costs seconds.
+NO_EVAL = ("--eval-every", "0")
+
+
 def differing(a: Path, b: Path) -> list[str]:
     return [
         f"{d.name} first at step {d.first_step}: {d.first_values}" for d in compare_runs(a, b) if d.max_abs
@@ -147,7 +152,7 @@ def test_verify_resume_checkpointed_prng_and_a_growing_shuffle_buffer_are_exact(
     # the checkpoint after step 2 (3 batches of 8) holds a buffer of 4 + 24 = 28, still growing.
     done = verify_resume(
         demo_dir, tmp_path, "--steps", "6", "--prng", "checkpointed", "--resume-at", "2",
-        "--data.shuffle-initial", "4",
+        "--data.shuffle-initial", "4", *NO_EVAL,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "max_abs_diff=0.0"
@@ -159,8 +164,9 @@ def test_verify_resume_catches_the_legacy_resume_bug(demo_dir: Path, tmp_path: P
     # Cold loader and restarted key chain: identical up to the resume, different from it on.
     # The resume checks see it first (they would stop the run; `warn` lets it go on to be compared).
     done = verify_resume(
-        demo_dir, tmp_path, "--steps", "6", "--prng", "legacy", "--resume-at", "1", "--resume-checks", "warn"
-    )
+        demo_dir, tmp_path, "--steps", "6", "--prng", "legacy", "--resume-at", "1", "--resume-checks", "warn",
+        *NO_EVAL,
+    )  # fmt: skip
     assert done.returncode == 1, done.stdout[-5000:] + done.stderr[-3000:]
     console = (tmp_path / "verify-v" / "resumed" / "console.log").read_text()
     for name in ("loader_state", "next_batch", "prng", "next_loss"):
@@ -199,10 +205,10 @@ def test_checkpoint_restores_under_another_device_count(
         flags = os.environ.get("XLA_FLAGS", "")
         return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}"}
 
-    first = pretrain(demo_dir, tmp_path, "d", "--stop-at-step", "1", env=devices(before))
+    first = pretrain(demo_dir, tmp_path, "d", "--stop-at-step", "1", *NO_EVAL, env=devices(before))
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"devices={before}" in first.stdout
-    second = pretrain(demo_dir, tmp_path, "d", env=devices(after))
+    second = pretrain(demo_dir, tmp_path, "d", *NO_EVAL, env=devices(after))
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"devices={after}" in second.stdout
     (restore,) = [x for x in second.stdout.splitlines() if x.startswith("CKPT_RESTORE")]
@@ -216,7 +222,7 @@ def test_wandb_offline_mirror_needs_no_network(demo_dir: Path, tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["WANDB_BASE_URL"] = "http://127.0.0.1:9"  # unreachable: offline must not try it
     for extra in (("--stop-at-step", "2"), ()):
-        done = pretrain(demo_dir, tmp_path, "wb", "--log.wandb", "offline", *extra, env=env)
+        done = pretrain(demo_dir, tmp_path, "wb", "--log.wandb", "offline", *NO_EVAL, *extra, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "wb"
     run_id = (run_dir / "wandb_id").read_text().strip()

@@ -55,7 +55,8 @@ class PretrainConfig:
     chain restarts from the seed on resume (reproduces the known bug, for experiments)."""
     log_every: int = 1
     eval_every: int = 100
-    """Probe evaluation on the held-out split every N steps (and at the end)."""
+    """Frozen-encoder kNN on the held-out split every N steps, and the linear probe at the end (0 = no
+    evaluation at all, for runs that only test the machinery)."""
     ckpt_every: int = 100
     ckpt_keep: int = 3
     ckpt_async: bool = True

@@ -406,7 +406,7 @@ def pretrain(cfg: PretrainConfig) -> int:
             log.log(step, metrics)
         progress.step(step, metrics)
 
-        if (step + 1) % cfg.eval_every == 0 or step == last:
+        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or step == last):
             # Frozen-encoder kNN beside its baselines every time; the linear probe at the end.
             eval_rows, train_split, held_out = evaluator(encoder(params), linear=step == last)
             evals = {**eval_report.metrics(eval_rows), **online_probe_metrics(params["probe"], held_out)}
@@ -453,6 +453,9 @@ def pretrain(cfg: PretrainConfig) -> int:
 
     progress.close()
     evaluator.close()
+    if exit_code == 0 and not evals and start < cfg.steps and step == last:
+        print(f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s; no evaluation "
+              f"(--eval-every 0); run directory {run_dir}", flush=True)  # fmt: skip
     if exit_code == 0 and evals and start < cfg.steps and step == last:
         print(eval_report.table(eval_rows, encoder_title=f"encoder (step {step})"), flush=True)
         print(
