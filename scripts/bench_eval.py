@@ -21,11 +21,12 @@ import jax
 import numpy as np
 
 from birdjepa.data import Loader, resolve_files
-from birdjepa.demo_data import ensure_demo_data
-from birdjepa.determinism import deterministic_xla
+from birdjepa.data.demo import ensure_demo_data
 from birdjepa.evaluation import probes
 from birdjepa.evaluation.embed import batched, encoder_apply, raw_features
-from birdjepa.model import init_params, preset
+from birdjepa.model.config import preset
+from birdjepa.model.vit import init_params
+from birdjepa.train.determinism import deterministic_xla
 
 BATCH = 16
 

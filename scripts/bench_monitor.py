@@ -25,11 +25,12 @@ import jax
 import numpy as np
 
 from birdjepa.config import PretrainConfig
-from birdjepa.determinism import deterministic_xla
-from birdjepa.model import BirdJepa, init_params, preset
-from birdjepa.monitor.updates import UpdateMonitor, param_names
-from birdjepa.optim import make_optimizer
-from birdjepa.train import make_loss_fn, make_train_step
+from birdjepa.diagnostics.monitor import UpdateMonitor, param_names
+from birdjepa.model.config import preset
+from birdjepa.model.vit import BirdJepa, init_params
+from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.loop import make_loss_fn, make_train_step
+from birdjepa.train.optim import make_optimizer
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ Per model preset, through the real ``birdjepa pretrain`` command on the demo set
 * time from process start to the first step, fresh and resumed (a run stopped with ``--stop-at-step``
   and started again: imports, restore, the resume checks, compiling, one step);
 
-and in this process, on the preset's real parameters and optimizer state (``birdjepa.checkpoint``):
+and in this process, on the preset's real parameters and optimizer state (``birdjepa.train.checkpoint``):
 
 * checkpoint save time, synchronous and asynchronous (until ``save`` returns, and until it is on disk),
   and restore time (read, verified against the recorded norms), median of ``--repeats``.
@@ -33,14 +33,15 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from birdjepa.checkpoint import Checkpointer
 from birdjepa.config import PretrainConfig
 from birdjepa.data import resolve_files
-from birdjepa.demo_data import ensure_demo_data
-from birdjepa.determinism import deterministic_xla
-from birdjepa.metrics_log import read_metrics
-from birdjepa.model import init_params, preset
-from birdjepa.optim import make_optimizer
+from birdjepa.data.demo import ensure_demo_data
+from birdjepa.model.config import preset
+from birdjepa.model.vit import init_params
+from birdjepa.train.checkpoint import Checkpointer
+from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.metrics_log import read_metrics
+from birdjepa.train.optim import make_optimizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loader import loader_rate  # noqa: E402  (the loader benchmark's own measurement)
@@ -176,7 +177,7 @@ def main() -> None:
           f"{t.resume_start_s / t.fresh_start_s:.2f}", f"{t.restore_s:.1f}") for t in train],
     )  # fmt: skip
 
-    print(f"\n## Checkpoint of params + AdamW state (birdjepa.checkpoint, median of {args.repeats})")
+    print(f"\n## Checkpoint of params + AdamW state (birdjepa.train.checkpoint, median of {args.repeats})")
     table(
         ("preset", "MiB", "sync s", "async return s", "async total s", "return/sync", "restore s",
          "restore/sync"),

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from birdjepa.checkpoint import Checkpointer
-from birdjepa.compare import metrics_by_step
-from birdjepa.norms import tree_norms
+from birdjepa.resume.compare import metrics_by_step
+from birdjepa.train.checkpoint import Checkpointer
+from birdjepa.train.norms import tree_norms
 
 _KEY = re.compile(r"\['([^']*)'\]")
 

@@ -4,7 +4,7 @@
 
 Trains the run (default: 300 demo steps, 2-batch gradient accumulation, checkpointed PRNG, so every
 kind of state a resume can lose exists) to ``--resume-at`` and stops; then resumes copies of it cleanly
-and with each fault of `birdjepa.faults`, and prints which checks failed on the first resumed step. The
+and with each fault of `birdjepa.resume.inject`, and prints which checks failed on the first resumed step. The
 default resume point is mid-update: after step 150, 151 micro-batches are done, one into an update.
 Exit status 1 if the clean resume raised any flag or a fault did not trip its expected check; a fault
 that cannot change anything at the resume point (e.g. dropping an empty accumulator) is shown as
@@ -19,9 +19,9 @@ from typing import Annotated
 import tyro
 
 from birdjepa.config import PretrainConfig
-from birdjepa.determinism import deterministic_xla
-from birdjepa.fault_matrix import format_matrix, not_as_expected, run_matrix
-from birdjepa.optim import OptimConfig
+from birdjepa.resume.fault_matrix import format_matrix, not_as_expected, run_matrix
+from birdjepa.train.config import OptimConfig
+from birdjepa.train.determinism import deterministic_xla
 
 DEFAULT = PretrainConfig(
     run="fault-matrix", steps=300, prng="checkpointed", optim=OptimConfig(grad_accum=2), eval_every=0

@@ -25,9 +25,9 @@ try:
 except ImportError:  # running from a plain checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from birdjepa.demo_data import CODECS, SMALL, encode_audio, generate_demo_data  # noqa: E402
-from birdjepa.determinism import deterministic_xla  # noqa: E402
-from birdjepa.shards import ShardFormat, ShardWriter, write_vocab  # noqa: E402
+from birdjepa.data.demo import CODECS, SMALL, encode_audio, generate_demo_data
+from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
+from birdjepa.train.determinism import deterministic_xla
 
 # Before any test runs a JAX computation: thread-timing-independent XLA kernels.
 deterministic_xla()

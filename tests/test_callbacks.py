@@ -9,8 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from birdjepa.callbacks import Callback, Callbacks, IidCallback, Report, StepEnd, UpdateMonitorCallback
-from birdjepa.monitor.updates import check_due, empty_stats, param_names, update_stats
+from birdjepa.diagnostics.callbacks import (
+    Callback,
+    Callbacks,
+    IidCallback,
+    Report,
+    StepEnd,
+    UpdateMonitorCallback,
+)
+from birdjepa.diagnostics.monitor import check_due, empty_stats, param_names, update_stats
 
 SHARDS = [40, 24]
 

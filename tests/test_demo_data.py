@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from birdjepa.cli import main
-from birdjepa.demo_data import (
+from birdjepa.data.demo import (
     CODECS,
     DEFAULT,
     SMALL,
@@ -31,7 +31,7 @@ from birdjepa.demo_data import (
     plan_recordings,
     render_recording,
 )
-from birdjepa.shards import list_shards, read_shard, read_vocab, shard_schema
+from birdjepa.data.shards import list_shards, read_shard, read_vocab, shard_schema
 
 TINY = DemoConfig(
     n_species=4, per_species_train=2, per_species_eval=1, min_seconds=1.0, max_seconds=2.0, shard_mb=0.05

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from birdjepa.compare import compare_runs, metrics_by_step
-from birdjepa.sweep import launch_local
+from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.slurm.sweep import launch_local
 
 STEPS = 6
 

@@ -128,7 +128,7 @@ def test_effective_rank_of_known_batches():
 
 
 def test_sigreg_is_about_1_06_on_gaussians_and_grows_with_n_when_collapsed():
-    from birdjepa.objectives import sigreg
+    from birdjepa.train.objectives import sigreg
 
     f = jax.jit(sigreg)
     # E[EP] = ∫(1 - e^{-t²}) e^{-t²/2} dt = √(2π) - √(2π/3) = 1.0594 for i.i.d. N(0, I), for any N.
@@ -150,7 +150,7 @@ def test_sigreg_is_about_1_06_on_gaussians_and_grows_with_n_when_collapsed():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
     from birdjepa.config import DataConfig, LogConfig, PretrainConfig
-    from birdjepa.train import pretrain
+    from birdjepa.train.loop import pretrain
 
     runs = tmp_path_factory.mktemp("runs")
     cfg = PretrainConfig(

@@ -12,9 +12,9 @@ import pytest
 import tyro
 
 from birdjepa.config import PretrainConfig
-from birdjepa.model import (
+from birdjepa.model.config import ModelConfig, preset
+from birdjepa.model.vit import (
     BirdJepa,
-    ModelConfig,
     encode_views,
     init_params,
     named_params,
@@ -22,9 +22,8 @@ from birdjepa.model import (
     param_count,
     param_groups,
     patchify,
-    preset,
 )
-from birdjepa.objectives import probe_metrics
+from birdjepa.train.objectives import probe_metrics
 
 T, M = 512, 128
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from birdjepa.objectives import (
+from birdjepa.train.objectives import (
     epps_pulley,
     epps_pulley_integrand,
     epps_pulley_knots,

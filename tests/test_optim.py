@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from birdjepa.optim import (
-    OptimConfig,
+from birdjepa.train.config import OptimConfig
+from birdjepa.train.optim import (
     accumulation_progress,
     applied_lr,
     make_optimizer,

@@ -11,15 +11,16 @@ import numpy as np
 import optax
 import pytest
 
-from birdjepa import faults, resume_check
-from birdjepa.compare import compare_runs, metrics_by_step
 from birdjepa.config import DataConfig, LogConfig, PretrainConfig
-from birdjepa.fault_matrix import CLEAN, Row, not_as_expected, resume_with, run_matrix
-from birdjepa.faults import EXPECTED_CHECK, FAULTS
-from birdjepa.metrics_log import read_metrics
-from birdjepa.optim import OptimConfig
-from birdjepa.resume_check import CHECKS, NextStep, check_resume, config_diff
-from birdjepa.train import RESUME_CHECK_EXIT_CODE, pretrain
+from birdjepa.resume import checks as resume_check
+from birdjepa.resume.checks import CHECKS, NextStep, check_resume, config_diff
+from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.resume.fault_matrix import CLEAN, Row, not_as_expected, resume_with, run_matrix
+from birdjepa.resume.faults import EXPECTED_CHECK, FAULTS
+from birdjepa.resume.inject import Restored, inject
+from birdjepa.train.config import OptimConfig
+from birdjepa.train.loop import RESUME_CHECK_EXIT_CODE, pretrain
+from birdjepa.train.metrics_log import read_metrics
 
 RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into update 2
 
@@ -231,11 +232,11 @@ def test_a_fault_with_nothing_to_act_on_is_no_effect_not_a_miss() -> None:
     params = {"w": jnp.ones(3)}
     tx = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2)
     boundary = tx.init(params)
-    r = faults.Restored(PretrainConfig(), params, boundary, jnp.zeros(2, jnp.uint32), None, ["a", "b"])
-    after, no_effect = faults.inject("drop_accumulation", r, tx, r.chain)
+    r = Restored(PretrainConfig(), params, boundary, jnp.zeros(2, jnp.uint32), None, ["a", "b"])
+    after, no_effect = inject("drop_accumulation", r, tx, r.chain)
     assert after.opt_state is boundary and no_effect is not None and "update boundary" in no_effect
     mid = boundary._replace(mini_step=jnp.ones_like(boundary.mini_step))
-    _, no_effect = faults.inject("drop_accumulation", dataclasses.replace(r, opt_state=mid), tx, r.chain)
+    _, no_effect = inject("drop_accumulation", dataclasses.replace(r, opt_state=mid), tx, r.chain)
     assert no_effect is None
 
     passed = {c: True for c in CHECKS}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from birdjepa.compare import compare_runs, metrics_by_step
-from birdjepa.metrics_log import read_metrics
+from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.train.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm_local.sh"

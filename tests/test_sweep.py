@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from birdjepa.sweep import SlurmOptions, SweepError, job_script, plan
+from birdjepa.slurm.sweep import SlurmOptions, SweepError, job_script, plan
 
 REPO = Path(__file__).resolve().parents[1]
 

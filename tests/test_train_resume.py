@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from birdjepa.analysis import analyze
-from birdjepa.checkpoint import Checkpointer
-from birdjepa.compare import compare_runs, metrics_by_step
 from birdjepa.config import PretrainConfig
-from birdjepa.metrics_log import read_metrics
-from birdjepa.optim import OptimConfig, make_schedule
+from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.train.checkpoint import Checkpointer
+from birdjepa.train.config import OptimConfig
+from birdjepa.train.metrics_log import read_metrics
+from birdjepa.train.optim import make_schedule
 
 STEPS = 6
 

@@ -12,8 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from birdjepa.model import ModelConfig, init_params, named_params
-from birdjepa.monitor.updates import (
+from birdjepa.diagnostics.monitor import (
     VECTOR_STATS,
     UpdateMonitor,
     empty_stats,
@@ -21,6 +20,8 @@ from birdjepa.monitor.updates import (
     param_names,
     update_stats,
 )
+from birdjepa.model.config import ModelConfig
+from birdjepa.model.vit import init_params, named_params
 
 Params = dict[str, dict[str, jax.Array]]
 NAMES = ["dense/bias", "dense/kernel", "head/bias", "head/kernel"]

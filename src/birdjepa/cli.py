@@ -18,13 +18,13 @@ import tyro
 CommandTarget = str | Callable[..., Any]
 
 COMMANDS: dict[str, CommandTarget] = {
-    "demo-data": "birdjepa.demo_data:cli",
-    "prepare": "birdjepa.prepare:cli",
-    "loader-demo": "birdjepa.loader_demo:cli",
-    "pretrain": "birdjepa.train:cli",
-    "verify-resume": "birdjepa.verify_resume:cli",
-    "compare": "birdjepa.compare:cli",
-    "sweep": "birdjepa.sweep:cli",
+    "demo-data": "birdjepa.data.demo:cli",
+    "prepare": "birdjepa.data.prepare:cli",
+    "loader-demo": "birdjepa.data.loader_demo:cli",
+    "pretrain": "birdjepa.train.loop:cli",
+    "verify-resume": "birdjepa.resume.verify:cli",
+    "compare": "birdjepa.resume.compare:cli",
+    "sweep": "birdjepa.slurm.sweep:cli",
     "analyze": "birdjepa.analysis.report:cli",
     "evaluate": "birdjepa.evaluation.cli:cli",
 }

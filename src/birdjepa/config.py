@@ -12,12 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from birdjepa.augment import AugmentConfig
 from birdjepa.data import DataConfig
-from birdjepa.faults import Fault
-from birdjepa.model import ModelConfig
-from birdjepa.objectives import LeJepaConfig
-from birdjepa.optim import OptimConfig
+from birdjepa.model.config import ModelConfig
+from birdjepa.resume.faults import Fault
+from birdjepa.train.config import AugmentConfig, LeJepaConfig, OptimConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Does a frozen encoder tell the band, the rhythm, or both? ``band_or_rhythm.py EVAL_DATA RUN...``
 
 The v2 demo species come in band groups of two that share band and notes and differ only in how they
-arrange the notes in time (``birdjepa.demo_data``). So a probe's accuracy splits in two: how often it
+arrange the notes in time (``birdjepa.data.demo``). So a probe's accuracy splits in two: how often it
 names the right band group, and, among those clips, how often the right species of the group
 (0.5 is a coin flip between the two partners, the score of a spectrum-only classifier).
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from birdjepa.determinism import deterministic_xla
 from birdjepa.evaluation.cli import EvalData, embed_splits, restore_run
 from birdjepa.evaluation.probes import linear_probe
+from birdjepa.train.determinism import deterministic_xla
 
 
 def band_groups(data: Path) -> np.ndarray:

@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from birdjepa import demo_data
+from birdjepa.data import demo as demo_data
 
 KINDS = {
     "background": ("background",),

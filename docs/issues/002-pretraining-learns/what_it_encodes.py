@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from birdjepa.data import Loader
-from birdjepa.determinism import deterministic_xla
 from birdjepa.evaluation.cli import embed_splits, restore_run
+from birdjepa.train.determinism import deterministic_xla
 
 
 def shares(x: np.ndarray, loudness: np.ndarray, labels: np.ndarray) -> tuple[float, float]:

@@ -26,10 +26,10 @@ import jax
 import numpy as np
 
 from birdjepa.data import Features, Loader
-from birdjepa.determinism import deterministic_xla
 from birdjepa.evaluation.cli import EvalData, restore_run
 from birdjepa.evaluation.embed import encoder_apply, raw_features
 from birdjepa.evaluation.probes import knn, linear_probe
+from birdjepa.train.determinism import deterministic_xla
 
 LONG_SECONDS = 41.0  # longer than any v2 recording (max 40 s)
 BATCH = 64  # windows per forward pass: a 41 s recording has at most 9

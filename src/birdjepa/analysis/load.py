@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from birdjepa.metrics_log import METRICS_FILE
+from birdjepa.train.metrics_log import METRICS_FILE
 
 #: Rows further apart than this (seconds) in a log without resume events start a new segment.
 DEFAULT_GAP_S = 600.0

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from birdjepa.analysis.load import RunLog
-from birdjepa.compare import compared
+from birdjepa.resume.compare import compared
 
 
 def ema(values: np.ndarray, halflife: float) -> np.ndarray:
@@ -152,8 +152,8 @@ def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = No
 
 
 def max_abs_diff(log: RunLog, other: RunLog, metrics: list[str] | None = None) -> dict[str, float]:
-    """Per compared metric (``birdjepa.compare``'s rule: no wall-clock or resume-check keys), the largest
-    |log - other| over the whole run."""
+    """Per compared metric (``birdjepa.resume.compare``'s rule: no wall-clock or resume-check keys), the
+    largest |log - other| over the whole run."""
     names = metrics or sorted(k for k in set(log.metrics) | set(other.metrics) if compared(k))
     lo = int(min(log.steps[0], other.steps[0]))
     hi = int(max(log.steps[-1], other.steps[-1])) + 1

@@ -16,13 +16,14 @@ from typing import Annotated, Any
 import jax
 import tyro
 
-from birdjepa import checkpoint
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, Features, Loader, resolve_files
-from birdjepa.determinism import deterministic_xla
 from birdjepa.evaluation.embed import Split, batched, embed_split, encoder_apply
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
-from birdjepa.model import ModelConfig, init_params
+from birdjepa.model.config import ModelConfig
+from birdjepa.model.vit import init_params
+from birdjepa.train import checkpoint
+from birdjepa.train.determinism import deterministic_xla
 
 
 class EvaluateError(RuntimeError):
@@ -39,7 +40,7 @@ class EvalData:
 
 def run_config(meta: dict[str, Any], where: str) -> PretrainConfig:
     """The `PretrainConfig` a checkpoint was written with."""
-    from birdjepa.sweep import SweepError, resolve
+    from birdjepa.slurm.sweep import SweepError, resolve
 
     try:
         return resolve(PretrainConfig(), meta["config"], where)
@@ -86,8 +87,8 @@ class RestoredRun:
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
     """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it
     (norms verified), with the data files it evaluates on (``data`` overrides the run's splits)."""
-    from birdjepa.optim import make_optimizer
-    from birdjepa.train import data_files, init_key, label_count, model_config
+    from birdjepa.train.loop import data_files, init_key, label_count, model_config
+    from birdjepa.train.optim import make_optimizer
 
     if not (run_dir / "checkpoints").is_dir():
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 
 from birdjepa.data import Loader
-from birdjepa.model import Encoder, ModelConfig
+from birdjepa.model.config import ModelConfig
+from birdjepa.model.vit import Encoder
 
 #: ``spectrogram [B, T, M] -> embedding [B, D]`` for one fixed batch size.
 Encode = Callable[[np.ndarray], np.ndarray]

@@ -1,49 +1,18 @@
-"""Resume faults injected on purpose (``--debug-inject-fault F``), to prove the resume checks catch each.
-
-Each fault imitates one way a real resume goes wrong, applied to what the loop restored, before the
-checks run. `EXPECTED_CHECK` names the check that must fail on the first resumed step; others may fail
-too (a changed batch size also changes the next batch). `scripts/fault_matrix.py` prints them all.
-"""
+"""Applies a fault of `birdjepa.resume.faults` to what the loop restored, before the resume checks run."""
 
 from __future__ import annotations
 
 import dataclasses
-import typing
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from birdjepa.resume.faults import FAULTS, PERTURBATION
+
 if TYPE_CHECKING:
     from birdjepa.config import PretrainConfig
-
-Fault = Literal[
-    "drop_loader_state",
-    "reset_prng",
-    "lr_off_by_one",
-    "stale_opt_state",
-    "batch_size_change",
-    "drop_accumulation",
-    "perturb_params",
-    "dataset_changed",
-]
-FAULTS: tuple[str, ...] = typing.get_args(Fault)
-
-#: The check each fault must trip.
-EXPECTED_CHECK = {
-    "drop_loader_state": "next_batch",  # the loader restarts from position 0
-    "reset_prng": "prng",  # the key chain restarts from the seed
-    "lr_off_by_one": "lr",  # the optimizer's step count is one ahead
-    "stale_opt_state": "opt_state_norms",  # moments re-initialised, step count kept
-    "batch_size_change": "config",  # --data.batch-size doubled on resume
-    "drop_accumulation": "accumulation",  # the accumulated micro-gradients are lost
-    "perturb_params": "param_norms",  # parameters off by 1e-6 relative
-    "dataset_changed": "dataset",  # one train shard fewer
-}
-
-#: Relative size of the `perturb_params` fault.
-PERTURBATION = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,53 +63,17 @@ checked inside jit (it contributes ``logsumexp(logits)`` to the CE and counts as
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
+from birdjepa.train.config import (
+    DEFAULT_LAMBDA,
+    DEFAULT_NUM_DIRECTIONS,
+    DEFAULT_NUM_KNOTS,
+    DEFAULT_T_MAX,
+)
+
 Array = jax.Array
-
-DEFAULT_LAMBDA = 0.05
-DEFAULT_NUM_DIRECTIONS = 256
-DEFAULT_NUM_KNOTS = 17
-DEFAULT_T_MAX = 3.0
-
-
-@dataclasses.dataclass(frozen=True)
-class LeJepaConfig:
-    """LeJEPA loss settings (see the module docstring)."""
-
-    lam: float = DEFAULT_LAMBDA
-    """Weight λ of SIGReg in ``(1 - λ) * invariance + λ * SIGReg``."""
-    num_directions: int = DEFAULT_NUM_DIRECTIONS
-    """K random 1-D projections per step."""
-    num_knots: int = DEFAULT_NUM_KNOTS
-    """Trapezoid knots on [0, t_max]."""
-    t_max: float = DEFAULT_T_MAX
-    sigreg_per_view: bool = False
-    """SIGReg of each view's B projections, averaged over views (as LeJEPA's reference code), instead
-    of one test of all B*V pooled."""
-    local_views: int = 0
-    """Multi-crop: local views per sample, cut from the global views (0 = off). The invariance pulls
-    every view to the centre of the global views."""
-    local_frames: int = 128
-    """Frames of a local view (a multiple of the patch size)."""
-    span_weight: float = 0.0
-    """Weight of the masked-span (JEPA) term added to the loss (0 = off; needs
-    ``--model.predictor-depth`` > 0): hide time spans of each view's tokens and predict the encoder's
-    tokens there from the rest."""
-    span_tokens: int = 4
-    """Length of a hidden span in time tokens (it must divide the token grid's time side)."""
-    span_ratio: float = 0.5
-    """Fraction of the spans hidden in each view."""
-
-    def __post_init__(self) -> None:
-        if self.span_weight < 0 or self.span_tokens < 1 or not 0.0 < self.span_ratio < 1.0:
-            raise ValueError(
-                f"need span_weight >= 0, span_tokens >= 1 and span_ratio in (0, 1), got "
-                f"{self.span_weight}, {self.span_tokens}, {self.span_ratio}"
-            )
 
 
 def invariance_loss(z: Array, n_global: int | None = None) -> Array:

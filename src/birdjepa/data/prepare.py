@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 import soundfile as sf
 import tyro
 
-from birdjepa.shards import DEFAULT_LABEL_COLUMN, ShardFormat, ShardWriter, write_vocab
+from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardFormat, ShardWriter, write_vocab
 
 AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
 """Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3)."""

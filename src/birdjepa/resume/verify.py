@@ -10,7 +10,7 @@ new processes:
   workers.
 
 The two train side by side (``--sequential``: one after the other). Then it compares every logged
-metric step by step (`birdjepa.compare`, the code behind ``birdjepa compare``), prints a table of the
+metric step by step (`birdjepa.resume.compare`, the code behind ``birdjepa compare``), prints a table of the
 max abs difference per metric and, last, the line ``max_abs_diff=<value>``; the exit status is 0 only
 if that value is exactly 0.0 and every interruption happened where it was asked for.
 """
@@ -31,10 +31,10 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa.compare import compare_runs, print_table
 from birdjepa.config import PretrainConfig
-from birdjepa.metrics_log import METRICS_FILE, read_metrics
-from birdjepa.train import REQUEUE_EXIT_CODE
+from birdjepa.resume.compare import compare_runs, print_table
+from birdjepa.train.loop import REQUEUE_EXIT_CODE
+from birdjepa.train.metrics_log import METRICS_FILE, read_metrics
 
 # The options of this command; everything else on the command line is passed to `pretrain` as given.
 _OWN_FLAGS = ("--resume-at", "--signal-at", "--workers-after-resume", "--sequential", "--no-sequential")

@@ -27,26 +27,37 @@ import optax
 import tyro
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from birdjepa import checkpoint, distributed, faults, resume_check
-from birdjepa.augment import AugmentConfig, augment_views, local_crops
-from birdjepa.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
-from birdjepa.demo_data import ensure_demo_data
-from birdjepa.determinism import deterministic_xla
+from birdjepa.data.demo import ensure_demo_data
+from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.diagnostics.collapse import effective_rank
+from birdjepa.diagnostics.monitor import check_due, maybe_update_stats, param_names
 from birdjepa.evaluation import report as eval_report
 from birdjepa.evaluation.embed import Encode, Split, batched, encoder_apply
 from birdjepa.evaluation.periodic import PeriodicEval
 from birdjepa.evaluation.report import ENCODER
-from birdjepa.metrics_log import MetricsLog, NullLog
-from birdjepa.model import BirdJepa, ModelConfig, init_params
-from birdjepa.monitor.updates import check_due, maybe_update_stats, param_names
-from birdjepa.norms import tree_norms
-from birdjepa.objectives import lejepa_loss, probe_metrics, span_loss, span_mask, supervised_loss
-from birdjepa.optim import accumulation_progress, applied_lr, make_optimizer, make_schedule, update_count
-from birdjepa.progress import Progress
-from birdjepa.wandb_mirror import open_run
+from birdjepa.model.config import ModelConfig
+from birdjepa.model.vit import BirdJepa, init_params
+from birdjepa.resume import checks as resume_check
+from birdjepa.resume.inject import Restored, inject
+from birdjepa.slurm import distributed
+from birdjepa.train import checkpoint
+from birdjepa.train.augment import augment_views, local_crops
+from birdjepa.train.config import AugmentConfig
+from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.metrics_log import MetricsLog, NullLog
+from birdjepa.train.norms import tree_norms
+from birdjepa.train.objectives import lejepa_loss, probe_metrics, span_loss, span_mask, supervised_loss
+from birdjepa.train.optim import (
+    accumulation_progress,
+    applied_lr,
+    make_optimizer,
+    make_schedule,
+    update_count,
+)
+from birdjepa.train.progress import Progress
+from birdjepa.train.wandb_mirror import open_run
 
 #: Exit code after a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE_EXIT_CODE = 75
@@ -258,9 +269,9 @@ def pretrain(cfg: PretrainConfig) -> int:
         # legacy reproduces a loader without state and a restarted key chain (the bug users hit).
         loader_state = None if cfg.prng == "legacy" else meta["loader_state"]
         if cfg.debug_inject_fault:
-            r, no_effect = faults.inject(
+            r, no_effect = inject(
                 cfg.debug_inject_fault,
-                faults.Restored(cfg, params, opt_state, chain, loader_state, train_files),
+                Restored(cfg, params, opt_state, chain, loader_state, train_files),
                 tx,
                 fresh_chain,
             )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import tyro
 
-from birdjepa.metrics_log import read_metrics
+from birdjepa.train.metrics_log import read_metrics
 
 #: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
 NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/data_wait"})

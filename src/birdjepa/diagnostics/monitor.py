@@ -69,7 +69,7 @@ COUNT_STATS: tuple[str, ...] = ("vanishing", "exploding")
 
 
 def _key_name(key: Any) -> str:
-    """One path element: dict key, attribute name or sequence index (same rule as ``birdjepa.norms``)."""
+    """One path element: dict key, attribute name or sequence index (the rule of ``birdjepa.train.norms``)."""
     for attr in ("key", "name", "idx"):
         if hasattr(key, attr):
             return str(getattr(key, attr))

@@ -73,7 +73,7 @@ import numpy as np
 import soundfile as sf
 import tyro
 
-from birdjepa.shards import DEFAULT_LABEL_COLUMN, ShardWriter, remove_shards, write_vocab
+from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, remove_shards, write_vocab
 
 GENERATOR = "birdjepa.demo_data"
 GENERATOR_VERSION = 2

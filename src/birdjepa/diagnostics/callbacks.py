@@ -19,7 +19,7 @@ import numpy as np
 
 from birdjepa.data import Batch
 from birdjepa.diagnostics.iid import IidMonitor
-from birdjepa.monitor.updates import COUNT_STATS, UpdateMonitor
+from birdjepa.diagnostics.monitor import COUNT_STATS, UpdateMonitor
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ Layout: ``<run_dir>/checkpoints/<step>/`` written by an Orbax ``CheckpointManage
   sharding, so that cannot happen. Flattening also keeps Orbax away from optax namedtuples, empty nodes
   and odd dict keys: the structure comes back from the caller's target tree, not from Orbax.
 * ``meta``: JSON. The caller's dict (config, git commit, loader state, PRNG key data, monitor state, ...)
-  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see ``norms.py``) and
+  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see ``birdjepa.train.norms``) and
   ``state_leaves`` (path, shape, dtype of every leaf, so a target with another structure fails loudly).
 
 A restore recomputes the norms of what it returns and compares them with the recorded ones with ``==``.
@@ -37,7 +37,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from birdjepa import norms as norms_lib
+from birdjepa.train import norms as norms_lib
 
 FORMAT_VERSION = 1
 RESERVED_META_KEYS = ("step", "norms", "state_leaves", "checkpoint_format")

@@ -28,58 +28,17 @@ from the step's key only, so a resumed step draws the same views.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
-from birdjepa.model import noise_floor
+from birdjepa.model.vit import noise_floor
+from birdjepa.train.config import AugmentConfig
 
 Array = jax.Array
 _DB = math.log(10.0) / 10.0  # natural-log units per dB of power
 _NOISE_KEY = 7
-
-
-@dataclasses.dataclass(frozen=True)
-class AugmentConfig:
-    gain_db: float = 0.0
-    """Per-view gain, uniform in ±gain_db dB (0 = off)."""
-    tilt_db: float = 0.0
-    """Per-view spectral tilt: from -t to +t dB across the mel bands, t uniform in ±tilt_db (0 = off)."""
-    mix_prob: float = 0.0
-    """Probability that a view gets another recording of the batch mixed in behind it (0 = off)."""
-    mix_db: tuple[float, float] = (-20.0, -5.0)
-    """Level of the mixed-in recording relative to the view, uniform in this range (dB)."""
-    noise_db: float = 0.0
-    """Per-view added stationary noise with the view's own noise-floor spectrum, at uniform [0,
-    noise_db] dB above that floor (0 = off): the recording's signal-to-noise ratio, which the
-    encoder otherwise keeps as a feature both views share, differs between views."""
-    pitch_bins: float = 2.0
-    """Per-view frequency shift, uniform in ±pitch_bins mel bins (0 = off): one singer sings higher
-    than another, so the exact pitch of a recording is not a feature to keep."""
-    stretch: float = 0.1
-    """Per-view time stretch by a factor uniform in [1 / (1 + s), 1 + s] (0 = off): tempo varies by
-    singer too."""
-
-    def __post_init__(self) -> None:
-        if self.pitch_bins < 0 or self.stretch < 0 or self.noise_db < 0:
-            raise ValueError(
-                f"need pitch_bins, stretch and noise_db >= 0, got {self.pitch_bins}, {self.stretch}, "
-                f"{self.noise_db}"
-            )
-        if self.gain_db < 0 or self.tilt_db < 0 or not 0.0 <= self.mix_prob <= 1.0:
-            raise ValueError(
-                f"need gain_db >= 0, tilt_db >= 0 and mix_prob in [0, 1], got {self.gain_db}, "
-                f"{self.tilt_db}, {self.mix_prob}"
-            )
-        if len(self.mix_db) != 2 or self.mix_db[0] > self.mix_db[1]:
-            raise ValueError(f"mix_db must be (low, high) with low <= high, got {self.mix_db}")
-
-    @property
-    def active(self) -> bool:
-        on = (self.gain_db, self.tilt_db, self.mix_prob, self.noise_db, self.pitch_bins, self.stretch)
-        return any(x > 0 for x in on)
 
 
 def augment_views(x: Array, key: Array, cfg: AugmentConfig, *, mean: float, std: float) -> Array:

@@ -256,7 +256,7 @@ def submit(script: Path) -> str:
 
 def run_local(job: Job, force_resume_at: int | None, ntasks: int = 1) -> int:
     """Run a job's pretrain here (twice with --force-resume-at: stop, then resume), as ``ntasks``
-    processes that form one group through ``BIRDJEPA_*`` variables (see `birdjepa.distributed`)."""
+    processes that form one group through ``BIRDJEPA_*`` variables (see `birdjepa.slurm.distributed`)."""
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
     starts = [[*command, "--stop-at-step", str(force_resume_at)]] if force_resume_at is not None else []
     for argv in [*starts, command]:

@@ -1,0 +1,115 @@
+"""The model's options and presets (no JAX here: `birdjepa.config` imports it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+PRESETS: dict[str, dict[str, int]] = {
+    # tiny: for tests and CPU smoke runs.
+    "tiny": {"dim": 64, "depth": 2, "heads": 2, "mlp_ratio": 4, "proj_hidden": 128, "proj_dim": 32},
+    "small": {"dim": 384, "depth": 12, "heads": 6, "mlp_ratio": 4, "proj_hidden": 2048, "proj_dim": 128},
+    "base": {"dim": 768, "depth": 12, "heads": 12, "mlp_ratio": 4, "proj_hidden": 2048, "proj_dim": 128},
+}
+
+
+GROUPS: tuple[str, ...] = ("encoder", "projector", "probe")
+OPTIONAL_GROUPS: tuple[str, ...] = ("predictor",)  # only with predictor_depth > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Model hyper-parameters. Fields left at ``None`` take the named ``preset``'s value (see ``PRESETS``
+    and ``resolved``); any field given explicitly overrides the preset.
+
+    ``ModelConfig()`` is the tiny preset; ``ModelConfig(preset="small", depth=6)`` is small with 6 blocks.
+    """
+
+    preset: str = "tiny"
+    dim: int | None = None
+    """Token width D."""
+    depth: int | None = None
+    """Number of transformer blocks."""
+    heads: int | None = None
+    """Attention heads; must divide ``dim``."""
+    mlp_ratio: int | None = None
+    """MLP hidden width = mlp_ratio * dim."""
+    patch: int = 16
+    """Patch length in time frames; must divide T."""
+    patch_freq: int | None = None
+    """Patch height in mel bins; None: all ``n_mels``, one token per ``patch`` frames that sees the
+    whole spectrum (a song is a sequence of spectra; 16 gives the square patches of image ViTs)."""
+    n_frames: int = 512
+    """T, the number of spectrogram frames the position embedding is built for."""
+    n_mels: int = 128
+    """M, the number of mel bins."""
+    dropout: float = 0.0
+    """Dropout rate after the attention output projection and after the MLP."""
+    drop_path: float = 0.0
+    """Stochastic-depth rate of the last block (linear from 0 at block 0)."""
+    proj_hidden: int | None = None
+    """Hidden width of the projector MLP."""
+    proj_dim: int | None = None
+    """Output width P of the projector (the space LeJEPA's losses act on)."""
+    proj_layers: int = 2
+    """Number of hidden (Dense -> norm -> GELU) layers of the projector before its output Dense."""
+    proj_norm: Literal["layer", "batch"] = "layer"
+    """Norm of the projector's hidden layers: layer (per sample) or batch (per feature over the batch,
+    from the batch's own statistics: the projector only serves the training loss, so no running
+    averages are kept)."""
+    n_classes: int = 10
+    """Classes of the online linear probe (the trainer sets it from the dataset vocabulary)."""
+    input_norm: Literal["none", "clip", "floor"] = "floor"
+    """Per-spectrogram normalisation before patching. clip: standardise by its own mean and std
+    (level-invariant); floor: subtract each mel bin's noise floor (see ``noise_floor``), then
+    standardise (removes level, microphone response and stationary noise colour)."""
+    predictor_depth: int = 0
+    """Transformer blocks of the masked-span predictor (0 = no predictor): from the tokens of a view
+    whose time spans were replaced by a learned mask token, it predicts the encoder's tokens of the
+    whole view at those spans (the JEPA term, see ``objectives.span_loss``)."""
+
+    def __post_init__(self) -> None:
+        # The preset's values are not written into the fields: a config given on the command line keeps
+        # None for "from the preset", so `--model.preset small` means small (tyro passes the default
+        # instance's field values explicitly; filled-in tiny values would override the new preset).
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown model preset {self.preset!r}; expected one of {sorted(PRESETS)}")
+        dim, heads = (self.dim or PRESETS[self.preset]["dim"]), (self.heads or PRESETS[self.preset]["heads"])
+        if dim % heads:
+            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+        if self.n_frames % self.patch or self.n_mels % self.patch_mels:
+            raise ValueError(
+                f"patch={self.patch} must divide n_frames={self.n_frames} and the patch's mel side "
+                f"{self.patch_mels} must divide n_mels={self.n_mels}"
+            )
+        for name in ("dropout", "drop_path"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.n_classes < 1 or self.proj_layers < 0 or self.predictor_depth < 0:
+            raise ValueError(
+                f"n_classes={self.n_classes} must be >= 1, proj_layers={self.proj_layers} and "
+                f"predictor_depth={self.predictor_depth} >= 0"
+            )
+
+    def resolved(self) -> ModelConfig:
+        """This config with the preset's value in every field left at None (what the model is built from)."""
+        filled = {k: v for k, v in PRESETS[self.preset].items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **filled) if filled else self
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patch grid (time, mel)."""
+        return self.n_frames // self.patch, self.n_mels // self.patch_mels
+
+    @property
+    def patch_mels(self) -> int:
+        return self.n_mels if self.patch_freq is None else self.patch_freq
+
+    @property
+    def n_patches(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """The named preset ("tiny", "small", "base"), with optional field overrides, resolved."""
+    return ModelConfig(preset=name, **overrides).resolved()

@@ -1,1 +1,0 @@
-"""Training-health monitors (pure modules, wired into the trainer separately); see ``updates``."""

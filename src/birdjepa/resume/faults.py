@@ -1,0 +1,43 @@
+"""Resume faults injected on purpose (``--debug-inject-fault F``), to prove the resume checks catch each.
+
+Each fault imitates one way a real resume goes wrong; `birdjepa.resume.inject` applies it to what the
+loop restored, before the checks run. `EXPECTED_CHECK` names the check that must fail on the first
+resumed step; others may fail too (a changed batch size also changes the next batch).
+`scripts/fault_matrix.py` prints them all. No JAX here: `birdjepa.config` imports it.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Literal
+
+Fault = Literal[
+    "drop_loader_state",
+    "reset_prng",
+    "lr_off_by_one",
+    "stale_opt_state",
+    "batch_size_change",
+    "drop_accumulation",
+    "perturb_params",
+    "dataset_changed",
+]
+
+
+FAULTS: tuple[str, ...] = typing.get_args(Fault)
+
+
+#: The check each fault must trip.
+EXPECTED_CHECK = {
+    "drop_loader_state": "next_batch",  # the loader restarts from position 0
+    "reset_prng": "prng",  # the key chain restarts from the seed
+    "lr_off_by_one": "lr",  # the optimizer's step count is one ahead
+    "stale_opt_state": "opt_state_norms",  # moments re-initialised, step count kept
+    "batch_size_change": "config",  # --data.batch-size doubled on resume
+    "drop_accumulation": "accumulation",  # the accumulated micro-gradients are lost
+    "perturb_params": "param_norms",  # parameters off by 1e-6 relative
+    "dataset_changed": "dataset",  # one train shard fewer
+}
+
+
+#: Relative size of the `perturb_params` fault.
+PERTURBATION = 1e-6
