@@ -21,8 +21,9 @@ demo: build
 loader-demo: build
 	$(BIN)/birdjepa loader-demo
 
+# --release: the Rust tests reuse the dependencies maturin just built, instead of a second build of them.
 test: build
-	cargo test -p birdjepa-core --quiet
+	cargo test --release -p birdjepa-core --quiet
 	$(BIN)/python -m pytest -q --durations=10
 
 lint: build
