@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -216,8 +217,10 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
         dict(stop_at_step=8),
         dict(),
     ]
+    before = signal.getsignal(signal.SIGTERM)
     for seg in segments:
         assert pretrain(dataclasses.replace(run, **seg)) == 0
+        assert signal.getsignal(signal.SIGTERM) is before  # the run's stop handler is gone again
     assert [e["step"] for e in events(run.run_dir, "resume")] == [2, 4, 5, 7, 9]
     checks = [m for m in metrics_by_step(run.run_dir, everything=True).values() if "resume/failed" in m]
     assert len(checks) == 5 and all(m["resume/failed"] == 0.0 for m in checks)

@@ -198,10 +198,11 @@ def test_debug_roundtrip_does_not_change_the_run(demo_dir: Path, straight: Path,
     assert differing(straight, tmp_path / "rt") == []
 
 
-@pytest.mark.parametrize("before,after", [(4, 1), (1, 4)])
-def test_checkpoint_restores_under_another_device_count(
-    demo_dir: Path, tmp_path: Path, before: int, after: int
-) -> None:
+def test_checkpoint_restores_under_another_device_count(demo_dir: Path, tmp_path: Path) -> None:
+    # 1 -> 4 devices through the whole trainer (the resume checks compare the loss to a tolerance on
+    # another device count); 4 -> 1 is test_checkpoint's replicated-save-then-one-device-restore.
+    before, after = 1, 4
+
     def devices(n: int) -> dict[str, str]:
         flags = os.environ.get("XLA_FLAGS", "")
         return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}"}

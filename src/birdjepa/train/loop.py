@@ -109,12 +109,16 @@ def git_commit() -> dict[str, Any]:
         return {"commit": "unknown", "dirty": None}
 
 
+#: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 class StopRequest:
-    """SIGTERM / SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit."""
+    """Records a stop signal for the loop (`pretrain` puts the previous handlers back when it returns)."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: object) -> None:
@@ -226,7 +230,17 @@ def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callback
 
 
 def pretrain(cfg: PretrainConfig) -> int:
-    """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code."""
+    """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code. The signal
+    handlers it installs are removed again when it returns (a process may train several runs)."""
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        return _pretrain(cfg)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _pretrain(cfg: PretrainConfig) -> int:
     if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
         raise ValueError("the lejepa objective needs --data.n-views >= 2")
     if cfg.objective.lejepa.span_weight and not cfg.model.predictor_depth:
