@@ -29,8 +29,8 @@ from birdjepa.diagnostics.monitor import UpdateMonitor, param_names
 from birdjepa.model.config import preset
 from birdjepa.model.vit import BirdJepa, init_params
 from birdjepa.train.determinism import deterministic_xla
-from birdjepa.train.loop import make_loss_fn, make_train_step
 from birdjepa.train.optim import make_optimizer
+from birdjepa.train.step import make_loss_fn, make_train_step
 
 
 def main() -> None:

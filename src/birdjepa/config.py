@@ -52,6 +52,8 @@ class PretrainConfig:
     """stateless: key = fold_in(seed, step); checkpointed: a split chain whose key is saved; legacy: the
     chain restarts from the seed on resume (reproduces the known bug, for experiments)."""
     log_every: int = 1
+    """Log the train metrics after every N-th step and the last (the cadence of evaluations and
+    checkpoints too), and whenever a diagnostic has a sparse measurement."""
     eval_every: int = 100
     """Frozen-encoder kNN on the held-out split every N steps, and the linear probe at the end (0 = no
     evaluation at all, for runs that only test the machinery)."""

@@ -1,5 +1,11 @@
 """`birdjepa pretrain`: the training loop, one function read top to bottom.
 
+`pretrain` reads: open (data, model, optimizer) -> restore (a fresh `TrainState` or the newest
+checkpoint; the resume checks) -> loop (step, evaluate, save) -> close. What stays fixed during a
+segment lives in `Trainer`; what a step changes lives in the `TrainState` it advances. The resume
+checks, fault injection, the ``--prng`` modes and the debug roundtrip are functions over the state,
+outside the loop body; `due` is the one cadence rule of logging, evaluation and checkpoints.
+
 Step numbering: step ``s`` (0-based) consumes one loader batch and applies update ``s`` (or one
 micro-step of it when accumulating). Metrics logged for step ``s`` and the checkpoint labelled ``s``
 both describe the state *after* step ``s``; a resume from checkpoint ``s`` continues with step
@@ -16,12 +22,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import tyro
@@ -31,41 +35,32 @@ from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
 from birdjepa.data.demo import ensure_demo_data
 from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
-from birdjepa.diagnostics.collapse import effective_rank
-from birdjepa.diagnostics.monitor import check_due, maybe_update_stats, param_names
+from birdjepa.diagnostics.monitor import check_due, param_names
 from birdjepa.evaluation import report as eval_report
 from birdjepa.evaluation.embed import Encode, Split, batched, encoder_apply
 from birdjepa.evaluation.periodic import PeriodicEval
-from birdjepa.evaluation.report import ENCODER
+from birdjepa.evaluation.report import ENCODER, Row
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa, init_params
 from birdjepa.resume import checks as resume_check
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
-from birdjepa.train.augment import augment_views, local_crops
-from birdjepa.train.config import AugmentConfig
+from birdjepa.train import state as state_lib
 from birdjepa.train.determinism import deterministic_xla
 from birdjepa.train.metrics_log import MetricsLog, NullLog
 from birdjepa.train.norms import tree_norms
-from birdjepa.train.objectives import lejepa_loss, probe_metrics, span_loss, span_mask, supervised_loss
-from birdjepa.train.optim import (
-    accumulation_progress,
-    applied_lr,
-    make_optimizer,
-    make_schedule,
-    update_count,
-)
+from birdjepa.train.objectives import probe_metrics
+from birdjepa.train.optim import accumulation_progress, make_optimizer, make_schedule, update_count
 from birdjepa.train.progress import Progress
+from birdjepa.train.state import TrainState
+from birdjepa.train.step import fresh_chain, init_key, make_loss_fn, make_train_step, step_key
 from birdjepa.train.wandb_mirror import open_run
 
 #: Exit code after a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE_EXIT_CODE = 75
 #: Exit code when a resume check fails: requeueing would fail the same way (EX_DATAERR).
 RESUME_CHECK_EXIT_CODE = 65
-# Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
-_INIT_KEY, _STEP_KEY = 0, 1
-_AUGMENT_KEY, _LOCAL_KEY, _SPAN_KEY = 2, 3, 4  # folded into a step's key
 
 
 def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
@@ -90,11 +85,6 @@ def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
     if cfg.objective.kind == "supervised":  # the projector becomes the classifier
         model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
     return model_cfg
-
-
-def init_key(cfg: PretrainConfig) -> jax.Array:
-    """The key of the initial parameters (also the evaluation's random-init baseline)."""
-    return jax.random.fold_in(jax.random.key(cfg.seed), _INIT_KEY)
 
 
 def git_commit() -> dict[str, Any]:
@@ -125,87 +115,6 @@ class StopRequest:
         self.signal = signum
 
 
-def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
-    """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy."""
-    deterministic = cfg.debug_disable_stochastic or (cfg.model.dropout == 0 and cfg.model.drop_path == 0)
-    lej = cfg.objective.lejepa
-    model_cfg = model.cfg.resolved()
-
-    augment = AugmentConfig() if cfg.debug_disable_stochastic else cfg.augment
-    norm = {"mean": cfg.data.features.mean, "std": cfg.data.features.std}
-
-    def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
-        dropout_key, sigreg_key = jax.random.split(key)
-        views = batch["spectrogram"]
-        if augment.active:  # its own sub-key, so turning it on leaves the other draws as they were
-            views = augment_views(views, jax.random.fold_in(key, _AUGMENT_KEY), augment, **norm)
-        out = model.apply(
-            {"params": params},
-            views,
-            deterministic=deterministic,
-            rngs={"dropout": dropout_key},
-        )
-        if cfg.objective.kind == "lejepa":
-            z = out["projection"]
-            if lej.local_views:  # multi-crop: short views cut from the global ones, encoded apart
-                local_key = jax.random.fold_in(key, _LOCAL_KEY)
-                local = local_crops(views, local_key, lej.local_views, lej.local_frames)
-                local_out = model.apply({"params": params}, local, deterministic=deterministic,
-                                        rngs={"dropout": jax.random.fold_in(local_key, 1)})  # fmt: skip
-                z = jnp.concatenate([z, local_out["projection"]], axis=1)
-            obj = lejepa_loss(
-                z,
-                sigreg_key,
-                lam=lej.lam,
-                num_directions=lej.num_directions,
-                num_knots=lej.num_knots,
-                t_max=lej.t_max,
-                sigreg_per_view=lej.sigreg_per_view,
-                n_global=views.shape[1],
-            )
-            if lej.span_weight:  # JEPA: a masked copy of the views predicts their tokens at the hidden spans
-                span_key = jax.random.fold_in(key, _SPAN_KEY)
-                mask = span_mask(span_key, views.shape[:2], model_cfg.grid, lej.span_tokens, lej.span_ratio)
-                masked = model.apply({"params": params}, views, deterministic=deterministic, mask=mask,
-                                     rngs={"dropout": jax.random.fold_in(span_key, 1)})  # fmt: skip
-                span = span_loss(masked["prediction"], jax.lax.stop_gradient(out["tokens"]), mask)
-                obj = {**obj, "loss": obj["loss"] + lej.span_weight * span, "span": span}
-        else:
-            obj = supervised_loss(out["projection"], batch["label"])
-        probe = probe_metrics(out["probe_logits"], batch["label"])
-        collapse = {
-            "embedding_rank": effective_rank(out["embedding"]),
-            "projection_rank": effective_rank(out["projection"]),
-        }
-        # The probe sees stop_gradient(embedding): adding its loss trains the probe head only.
-        return obj["loss"] + probe["probe_ce"], {**obj, **probe, **collapse}
-
-    return loss_fn
-
-
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
-    """The pure step ``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats)``;
-    ``stats`` are the weight-update monitor's per-parameter statistics when ``check`` (raw gradients,
-    before clipping, and the change actually applied), else its placeholder."""
-
-    def step(
-        params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: jax.Array
-    ) -> tuple[Any, Any, dict, dict]:
-        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
-        updates, new_opt_state = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        metrics = {f"train/{k}": v for k, v in aux.items() if not k.endswith("n_labelled")}
-        metrics["train/lr"] = applied_lr(new_opt_state)
-        metrics["train/grad_norm"] = optax.tree.norm(grads)
-        metrics["train/update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_params, params))
-        metrics["train/update_count"] = update_count(new_opt_state)
-        metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
-        stats = maybe_update_stats(check, grads, params, new_params)
-        return new_params, new_opt_state, metrics, stats
-
-    return step
-
-
 def online_probe_metrics(probe_params: Any, held_out: Split) -> dict[str, float]:
     """The online probe (a health signal, not evidence of learning) on the held-out embeddings."""
     head = distributed.host(probe_params["head"])
@@ -214,19 +123,231 @@ def online_probe_metrics(probe_params: Any, held_out: Split) -> dict[str, float]
     return {"eval/probe_ce": float(m["probe_ce"]), "eval/probe_acc": float(m["probe_acc"])}
 
 
-def step_key(cfg: PretrainConfig, chain: jax.Array, step: int) -> tuple[jax.Array, jax.Array]:
-    """(key for this step, chain key after it)."""
-    if cfg.prng == "stateless":
-        return jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY), step), chain
-    chain, key = jax.random.split(chain)
-    return key, chain
-
-
 def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callbacks:
     items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window)]
     if cfg.monitor_interval > 0:
         items.append(UpdateMonitorCallback(param_names(params)))
     return Callbacks(items)
+
+
+def due(step: int, every: int, last: int) -> bool:
+    """The one cadence rule of the loop: after every ``every``-th step (``every`` > 0) and after the last."""
+    return step == last or (every > 0 and (step + 1) % every == 0)
+
+
+def validate(cfg: PretrainConfig) -> None:
+    if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
+        raise ValueError("the lejepa objective needs --data.n-views >= 2")
+    if cfg.objective.lejepa.span_weight and not cfg.model.predictor_depth:
+        raise ValueError("--objective.lejepa.span-weight needs a predictor: set --model.predictor-depth >= 1")
+
+
+def start_state(
+    cfg: PretrainConfig,
+    model_cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    ckpt: checkpoint.Checkpointer,
+) -> tuple[TrainState, dict[str, Any] | None]:
+    """A fresh state, or the newest complete checkpoint (if any and ``--resume auto``) as the
+    ``--prng`` mode keeps it, with that checkpoint's meta."""
+    params = init_params(model_cfg, init_key(cfg))["params"]
+    fresh = TrainState(step=0, restart=0, params=params, opt_state=tx.init(params), chain=fresh_chain(cfg))
+    found = state_lib.restore(ckpt, fresh) if cfg.resume == "auto" else None
+    if found is None:
+        return fresh, None
+    restored, meta = found
+    return state_lib.for_prng_mode(restored, cfg.prng, fresh.chain), meta
+
+
+def inject_fault(
+    cfg: PretrainConfig, train_files: list[str], state: TrainState, tx: optax.GradientTransformation
+) -> tuple[PretrainConfig, list[str], TrainState, str | None]:
+    """``--debug-inject-fault``: the restored run broken on purpose, before the resume checks see it."""
+    assert cfg.debug_inject_fault is not None
+    restored = Restored(cfg, state.params, state.opt_state, state.chain, state.loader_state, train_files)
+    r, no_effect = inject(cfg.debug_inject_fault, restored, tx, fresh_chain(cfg))
+    state = dataclasses.replace(
+        state, params=r.params, opt_state=r.opt_state, chain=r.chain, loader_state=r.loader_state
+    )
+    return r.cfg, r.train_files, state, no_effect
+
+
+class Trainer:
+    """What stays fixed while a run segment trains: the data, the model, the optimizer, the devices, the
+    compiled functions, the checkpointer and the log. It advances a `TrainState`."""
+
+    def __init__(
+        self,
+        cfg: PretrainConfig,
+        model_cfg: ModelConfig,
+        tx: optax.GradientTransformation,
+        files: tuple[list[str], list[str]],
+        ckpt: checkpoint.Checkpointer,
+        restart: int,
+    ) -> None:
+        self.cfg, self.model_cfg, self.tx, self.ckpt = cfg, model_cfg, tx, ckpt
+        self.train_files, self.eval_files = files
+        self.schedule = make_schedule(cfg.optim, total_updates(cfg))
+        self.main = distributed.is_main()
+        self.git = git_commit()
+        devices = np.array(jax.devices())
+        if cfg.data.batch_size % len(devices):
+            raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
+        self.n_devices = len(devices)
+        mesh = Mesh(devices, ("data",))
+        print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self.sharded = NamedSharding(mesh, PartitionSpec("data"))
+        self.rows = distributed.local_rows(self.sharded, cfg.data.batch_size)
+
+        batch_shardings = {k: self.sharded for k in ("spectrogram", "label")}
+        self.batch_keys = tuple(batch_shardings)
+        loss_fn = make_loss_fn(BirdJepa(model_cfg), cfg)
+        self.train_step = jax.jit(
+            make_train_step(loss_fn, tx),
+            in_shardings=(self.replicated, self.replicated, batch_shardings, self.replicated, None),
+            out_shardings=(self.replicated, self.replicated, self.replicated, self.replicated),
+            donate_argnums=(0, 1),
+        )
+        self.loss_only = jax.jit(
+            lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(self.replicated, batch_shardings, None)
+        )
+        self.encode_jit = jax.jit(
+            encoder_apply(model_cfg),
+            in_shardings=(self.replicated, self.sharded),
+            out_shardings=self.replicated,
+        )
+        self.evaluator = PeriodicEval(
+            self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
+            batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
+        )  # fmt: skip
+        self.wandb_run = open_run(cfg.log.wandb if self.main else "disabled", cfg.run_dir, cfg.run,
+                                  cfg.log.wandb_project, to_dict(cfg), restart)  # fmt: skip
+        self.log = (
+            MetricsLog(cfg.run_dir, restart=restart, wandb_run=self.wandb_run) if self.main else NullLog()
+        )
+
+    def place(self, state: TrainState) -> TrainState:
+        """``state`` with its arrays replicated over the devices."""
+        params, opt_state = jax.device_put((state.params, state.opt_state), self.replicated)
+        return dataclasses.replace(state, params=params, opt_state=opt_state)
+
+    def on_device(self, batch: Batch) -> dict[str, jax.Array]:
+        """The global batch as arrays sharded over every process's devices (each gives its rows)."""
+        return distributed.global_batch({k: batch[k] for k in self.batch_keys}, self.sharded)
+
+    def encoder(self, params: Any) -> Encode:
+        """Embeddings of a host batch of spectrograms under ``params`` (sharded like a train batch)."""
+
+        def apply(x: np.ndarray) -> np.ndarray:
+            return distributed.host(
+                self.encode_jit(params, distributed.global_batch({"s": x}, self.sharded)["s"])
+            )
+
+        return batched(apply, self.cfg.data.batch_size)
+
+    def random_init(self) -> Encode:  # fresh arrays: the first params are donated to the first step
+        params = init_params(self.model_cfg, init_key(self.cfg))["params"]
+        return self.encoder(jax.device_put(params, self.replicated))
+
+    def next_step(self, state: TrainState, batch: Batch) -> resume_check.NextStep:
+        """What step ``state.step`` will do with ``batch`` (recorded at save, re-derived on resume)."""
+        key, _ = step_key(self.cfg, state.chain, state.step)
+        update = int(distributed.host(update_count(state.opt_state)))
+        accumulated = int(distributed.host(accumulation_progress(state.opt_state)))
+        loss = float(distributed.host(self.loss_only(state.params, self.on_device(batch), key)))
+        return resume_check.NextStep.of(
+            state.step, batch, key, update, float(self.schedule(update)), accumulated, loss, self.n_devices
+        )
+
+    def check_resume(
+        self, state: TrainState, meta: dict[str, Any], batch: Batch, loader: Loader, loader_error: str | None
+    ) -> int:
+        """The resume checks before the first update: 0, or the exit code when they fail and stop the run."""
+        cfg, step = self.cfg, state.step
+        results = resume_check.check_resume(
+            meta,
+            self.next_step(state, batch),
+            config=to_dict(cfg),
+            dataset=loader.fingerprint,
+            loader_error=loader_error,
+            norms=checkpoint.state_norms(checkpoint.to_host(state.arrays())),
+            opt_state_spec=resume_check.tree_spec(state.opt_state),
+            expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(self.tx.init, state.params)),
+            grad_accum=cfg.optim.grad_accum,
+            allow_config_change=cfg.allow_config_change,
+        )
+        for r in results:
+            print(r.line(), flush=True)
+        self.log.log(step, resume_check.metrics(results))
+        failed = [r.name for r in results if not r.ok]
+        if not failed:
+            return 0
+        self.log.event("resume_check_failed", step, failed=failed, action=cfg.resume_checks)
+        if cfg.resume_checks == "warn":
+            print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
+            return 0
+        print(
+            f"ERROR: resume checks failed before step {step}: {', '.join(failed)} (see the RESUME_CHECK "
+            f"lines). Nothing was trained. Fix the cause, or pass --resume-checks warn to continue anyway; "
+            f"exit {RESUME_CHECK_EXIT_CODE}",
+            flush=True,
+        )
+        return RESUME_CHECK_EXIT_CODE
+
+    def evaluate(self, params: Any, step: int) -> tuple[dict[str, float], dict[str, Row]]:
+        """Frozen-encoder kNN beside its baselines; the linear probe too at the last step (and its JSON)."""
+        cfg, last = self.cfg, self.cfg.steps - 1
+        rows, train_split, held_out = self.evaluator(self.encoder(params), linear=step == last)
+        evals = {**eval_report.metrics(rows), **online_probe_metrics(params["probe"], held_out)}
+        self.log.log(step, evals)
+        if step == last and self.main:
+            files, splits = (self.train_files, self.eval_files), (train_split, held_out)
+            doc = eval_report.info(
+                cfg.run_dir, step, cfg.seed, self.model_cfg, files, splits, self.model_cfg.n_classes
+            )
+            eval_report.write_json(cfg.run_dir / "eval" / f"{step}.json", rows, doc)
+        return evals, rows
+
+    def save(
+        self, state: TrainState, loader: Loader, callbacks: Callbacks, metrics: dict[str, float]
+    ) -> tuple[Batch, dict[str, Any]]:
+        """Checkpoint the step just done (``state.step - 1``) with the loader's and the callbacks' state;
+        returns the next batch (fetched to record what the next step will do) and the meta written."""
+        state = dataclasses.replace(
+            state, loader_state=loader.state(), callbacks=callbacks.save(state.step - 1)
+        )
+        pending = next(loader)
+        meta = {
+            "config": to_dict(self.cfg),
+            "git": self.git,
+            "dataset_fingerprint": loader.fingerprint,
+            "next_step": self.next_step(state, pending).to_json(),
+            "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
+        }
+        state_lib.save(self.ckpt, state, meta)
+        return pending, {**meta, **state.meta()}
+
+    def close(self, exit_code: int) -> None:
+        self.evaluator.close()
+        self.ckpt.close()
+        self.log.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish(exit_code=exit_code)
+
+
+def debug_roundtrip(t: Trainer, state: TrainState, meta: dict[str, Any]) -> TrainState:
+    """``--debug-roundtrip-steps``: save the state just checkpointed, restore it into fresh objects
+    (asserting every leaf bit-identical) and go on from the copy with compile caches cleared. The rest of
+    the run must not notice (the test compares it with an uninterrupted run)."""
+    step = state.step - 1
+    restored = checkpoint.roundtrip(t.cfg.run_dir / "debug_roundtrip", step, state.arrays(), meta)
+    jax.clear_caches()
+    return t.place(dataclasses.replace(state, params=restored["params"], opt_state=restored["opt_state"]))
+
+
+def total_updates(cfg: PretrainConfig) -> int:
+    return max(cfg.steps // cfg.optim.grad_accum, 1)
 
 
 def pretrain(cfg: PretrainConfig) -> int:
@@ -241,260 +362,123 @@ def pretrain(cfg: PretrainConfig) -> int:
 
 
 def _pretrain(cfg: PretrainConfig) -> int:
-    if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
-        raise ValueError("the lejepa objective needs --data.n-views >= 2")
-    if cfg.objective.lejepa.span_weight and not cfg.model.predictor_depth:
-        raise ValueError("--objective.lejepa.span-weight needs a predictor: set --model.predictor-depth >= 1")
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    main = distributed.is_main()
-    if main:  # this segment's configuration (each checkpoint also holds the one it was written with)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
+    # Open: the data, the model and the optimizer.
+    validate(cfg)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    if distributed.is_main():  # this segment's configuration (each checkpoint also holds its own)
+        (cfg.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
     train_files, eval_files = data_files(cfg)
-    n_classes = label_count(train_files)
-    model_cfg = model_config(cfg, n_classes)
-    model = BirdJepa(model_cfg)
-    total_updates = max(cfg.steps // cfg.optim.grad_accum, 1)
-    tx = make_optimizer(cfg.optim, total_updates)
-    schedule = make_schedule(cfg.optim, total_updates)
+    model_cfg = model_config(cfg, label_count(train_files))
+    tx = make_optimizer(cfg.optim, total_updates(cfg))
+    ckpt = checkpoint.Checkpointer(cfg.run_dir, keep=cfg.ckpt_keep, async_save=cfg.ckpt_async)
 
-    devices = np.array(jax.devices())
-    if cfg.data.batch_size % len(devices):
-        raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
-    mesh = Mesh(devices, ("data",))
-    print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    sharded = NamedSharding(mesh, PartitionSpec("data"))
-
-    # Fresh state, then the newest complete checkpoint on top of it (if any and allowed).
-    # The trainer carries the module tree {encoder, projector, probe} (not flax's {"params": ...}
-    # wrapper), so checkpoint norms come per component.
-    params = init_params(model_cfg, init_key(cfg))["params"]
-    opt_state = tx.init(params)
-    fresh_chain = chain = jax.random.fold_in(jax.random.key(cfg.seed), _STEP_KEY)
-    ckpt = checkpoint.Checkpointer(run_dir, keep=cfg.ckpt_keep, async_save=cfg.ckpt_async)
-    start, restart, loader_state, resumed_from, meta = 0, 0, None, None, None
-    if cfg.resume == "auto" and (found := ckpt.restore_latest({"params": params, "opt_state": opt_state})):
-        resumed_from, state, meta = found
-        params, opt_state = state["params"], state["opt_state"]
-        start, restart = resumed_from + 1, meta["restart"] + 1
-        if cfg.prng == "checkpointed":
-            chain = jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32))
-        # legacy reproduces a loader without state and a restarted key chain (the bug users hit).
-        loader_state = None if cfg.prng == "legacy" else meta["loader_state"]
+    # Restore: a fresh state, or the newest checkpoint (broken on purpose by --debug-inject-fault).
+    state, meta = start_state(cfg, model_cfg, tx, ckpt)
+    no_effect = None
+    if meta is not None and cfg.debug_inject_fault:
+        cfg, train_files, state, no_effect = inject_fault(cfg, train_files, state, tx)
+    t = Trainer(cfg, model_cfg, tx, (train_files, eval_files), ckpt, state.restart)
+    state = t.place(state)
+    if meta is not None:
+        t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
         if cfg.debug_inject_fault:
-            r, no_effect = inject(
-                cfg.debug_inject_fault,
-                Restored(cfg, params, opt_state, chain, loader_state, train_files),
-                tx,
-                fresh_chain,
-            )
-            cfg, params, opt_state, chain = r.cfg, r.params, r.opt_state, r.chain
-            loader_state, train_files = r.loader_state, r.train_files
-    params, opt_state = jax.device_put((params, opt_state), replicated)
-
-    wandb_run = open_run(cfg.log.wandb if main else "disabled", run_dir, cfg.run, cfg.log.wandb_project,
-                         to_dict(cfg), restart)  # fmt: skip
-    log = MetricsLog(run_dir, restart=restart, wandb_run=wandb_run) if main else NullLog()
-    if resumed_from is not None:
-        log.event("resume", start, checkpoint=resumed_from, **ckpt.last_restore)
-        if cfg.debug_inject_fault:
-            log.event("fault_injected", start, fault=cfg.debug_inject_fault, no_effect=no_effect)
-        print(
-            f"resumed from checkpoint {resumed_from}: continuing at step {start} (restart {restart})",
-            flush=True,
-        )
-
+            t.log.event("fault_injected", state.step, fault=cfg.debug_inject_fault, no_effect=no_effect)
+        print(f"resumed from checkpoint {state.step - 1}: continuing at step {state.step} "
+              f"(restart {state.restart})", flush=True)  # fmt: skip
     loader, loader_error = open_train_loader(
-        train_files,
-        cfg.data,
-        seed=cfg.seed,
-        augment=not cfg.debug_disable_stochastic,
-        state=loader_state,
-        resumed=meta is not None,
-    )
-    encode_jit = jax.jit(
-        encoder_apply(model_cfg), in_shardings=(replicated, sharded), out_shardings=replicated
-    )
-
-    def encoder(p: Any) -> Encode:
-        """Embeddings of a host batch of spectrograms under params ``p`` (sharded like a train batch)."""
-
-        def apply(x: np.ndarray) -> np.ndarray:
-            return distributed.host(encode_jit(p, distributed.global_batch({"s": x}, sharded)["s"]))
-
-        return batched(apply, cfg.data.batch_size)
-
-    def random_init() -> Encode:  # fresh arrays: the first params are donated to the first step
-        return encoder(jax.device_put(init_params(model_cfg, init_key(cfg))["params"], replicated))
-
-    evaluator = PeriodicEval(
-        train_files, eval_files, features=cfg.data.features, seed=cfg.seed, batch_size=cfg.data.batch_size,
-        n_workers=cfg.data.n_workers, random_init=random_init,
+        train_files, cfg.data, seed=cfg.seed, augment=not cfg.debug_disable_stochastic,
+        state=state.loader_state, resumed=meta is not None,
     )  # fmt: skip
-    callbacks = make_callbacks(cfg, loader, params)
-    batch_shardings = {k: sharded for k in ("spectrogram", "label")}
-    loss_fn = make_loss_fn(model, cfg)
-    train_step = jax.jit(
-        make_train_step(loss_fn, tx),
-        in_shardings=(replicated, replicated, batch_shardings, replicated, None),
-        out_shardings=(replicated, replicated, replicated, replicated),
-        donate_argnums=(0, 1),
-    )
-    loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch_shardings, None))
-
-    def on_device(batch: Batch) -> dict[str, jax.Array]:
-        """The global batch as arrays sharded over every process's devices (each gives its rows)."""
-        return distributed.global_batch({k: batch[k] for k in batch_shardings}, sharded)
-
-    rows = distributed.local_rows(sharded, cfg.data.batch_size)
-
-    def next_step(step: int, batch: Batch) -> resume_check.NextStep:
-        """What step `step` will do from the current state (recorded at save, re-derived on resume)."""
-        key, _ = step_key(cfg, chain, step)
-        update = int(distributed.host(update_count(opt_state)))
-        accumulated = int(distributed.host(accumulation_progress(opt_state)))
-        return resume_check.NextStep.of(
-            step, batch, key, update, float(schedule(update)), accumulated,
-            float(distributed.host(loss_only(params, on_device(batch), key))), len(devices),
-        )  # fmt: skip
-
-    exit_code = 0
+    callbacks = make_callbacks(cfg, loader, state.params)
     # The batch of the coming step is fetched ahead whenever a save or a resume needs to fingerprint it.
     pending: Batch | None = None
-    if meta is not None and start < cfg.steps:
-        for note in callbacks.restore(resumed_from, meta.get("callbacks", {})):
+    exit_code = 0
+    if meta is not None and state.step < cfg.steps:
+        for note in callbacks.restore(state.step - 1, state.callbacks):
             print(f"WARNING {note}", flush=True)
         pending = next(loader)
-        results = resume_check.check_resume(
-            meta,
-            next_step(start, pending),
-            config=to_dict(cfg),
-            dataset=loader.fingerprint,
-            loader_error=loader_error,
-            norms=checkpoint.state_norms(checkpoint.to_host({"params": params, "opt_state": opt_state})),
-            opt_state_spec=resume_check.tree_spec(opt_state),
-            expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(tx.init, params)),
-            grad_accum=cfg.optim.grad_accum,
-            allow_config_change=cfg.allow_config_change,
-        )
-        for r in results:
-            print(r.line(), flush=True)
-        log.log(start, resume_check.metrics(results))
-        if failed := [r.name for r in results if not r.ok]:
-            log.event("resume_check_failed", start, failed=failed, action=cfg.resume_checks)
-            if cfg.resume_checks == "error":
-                exit_code = RESUME_CHECK_EXIT_CODE
-                print(
-                    f"ERROR: resume checks failed before step {start}: {', '.join(failed)} (see the "
-                    "RESUME_CHECK lines). Nothing was trained. Fix the cause, or pass --resume-checks "
-                    f"warn to continue anyway; exit {exit_code}",
-                    flush=True,
-                )
-            else:
-                print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
+        exit_code = t.check_resume(state, meta, pending, loader, loader_error)
 
+    # Loop: step, evaluate, save.
     stop = StopRequest()
-    meta_base = {"config": to_dict(cfg), "git": git_commit(), "dataset_fingerprint": loader.fingerprint}
     last = cfg.steps - 1
-    end = start if exit_code else cfg.steps
+    start, end = state.step, state.step if exit_code else cfg.steps
     progress = Progress(
         total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
     )
     if start >= cfg.steps:
-        print(f"run {cfg.run} already finished at step {start - 1} ({run_dir}); nothing to do", flush=True)
+        print(
+            f"run {cfg.run} already finished at step {start - 1} ({cfg.run_dir}); nothing to do", flush=True
+        )
     t_start = time.perf_counter()
     evals: dict[str, float] = {}
     for step in range(start, end):
         t0 = time.perf_counter()
         batch, pending = (pending if pending is not None else next(loader)), None
         t_data = time.perf_counter() - t0
-        key, chain = step_key(cfg, chain, step)
+        key, chain = step_key(cfg, state.chain, step)
         check = check_due(step, cfg.monitor_interval, cfg.optim.grad_accum)
-        params, opt_state, metrics, stats = train_step(params, opt_state, on_device(batch), key, check)
+        params, opt_state, metrics, stats = t.train_step(
+            state.params, state.opt_state, t.on_device(batch), key, check
+        )
+        state = dataclasses.replace(state, step=step + 1, params=params, opt_state=opt_state, chain=chain)
         metrics, stats = distributed.host((metrics, stats))
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["train/step_time"] = time.perf_counter() - t0
         metrics["train/data_wait"] = t_data
-        metrics["dataloader/index_crc32"] = distributed.index_crc32(batch["index"][rows])
+        metrics["dataloader/index_crc32"] = distributed.index_crc32(batch["index"][t.rows])
         report = callbacks.step_end(StepEnd(step, batch, stats))
         metrics.update(report.metrics)
         for warning in report.warnings:
             progress.message(f"WARNING {warning}")
-            log.event("warning", step, message=warning)
-
-        if step % cfg.log_every == 0 or step == last or report.must_log:
+            t.log.event("warning", step, message=warning)
+        if due(step, cfg.log_every, last) or report.must_log:
             # Post-update norms on host float64, as the checkpoint computes them; only when logged,
             # since it copies every parameter off the device.
-            norms = tree_norms(distributed.host(params), "param_norm")
+            norms = tree_norms(distributed.host(state.params), "param_norm")
             metrics.update({f"train/{k}": v for k, v in norms.items()})
-            log.log(step, metrics)
+            t.log.log(step, metrics)
         progress.step(step, metrics)
 
-        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or step == last):
-            # Frozen-encoder kNN beside its baselines every time; the linear probe at the end.
-            eval_rows, train_split, held_out = evaluator(encoder(params), linear=step == last)
-            evals = {**eval_report.metrics(eval_rows), **online_probe_metrics(params["probe"], held_out)}
-            log.log(step, evals)
+        if cfg.eval_every > 0 and due(step, cfg.eval_every, last):
+            evals, eval_rows = t.evaluate(state.params, step)
             progress.message(
                 f"eval step {step}: kNN {evals['eval/knn_acc']:.3f} (random init "
                 f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); "
                 f"online probe {evals['eval/probe_acc']:.3f}"
             )
-            if step == last and main:
-                files, splits = (train_files, eval_files), (train_split, held_out)
-                doc = eval_report.info(run_dir, step, cfg.seed, model_cfg, files, splits, n_classes)
-                eval_report.write_json(run_dir / "eval" / f"{step}.json", eval_rows, doc)
 
         # Every process must stop at the same step: a signal seen by one is acted on by all.
         stopping = step == cfg.stop_at_step or distributed.any_process(stop.signal is not None)
-        if (step + 1) % cfg.ckpt_every == 0 or step == last or stopping or step in cfg.debug_roundtrip_steps:
-            loader_state = loader.state()
-            pending = next(loader)
-            meta = {
-                **meta_base,
-                "restart": restart,
-                "loader_state": loader_state,
-                "prng_chain": np.asarray(jax.random.key_data(chain)).tolist(),
-                "callbacks": callbacks.save(step),
-                "next_step": next_step(step + 1, pending).to_json(),
-                "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
-            }
-            state = {"params": params, "opt_state": opt_state}
-            ckpt.save(step, state, meta)
+        if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug_roundtrip_steps:
+            pending, saved = t.save(state, loader, callbacks, metrics)
             if step in cfg.debug_roundtrip_steps:
-                # Go on from the restored copy with compile caches cleared: the rest of the run must
-                # not notice (the test compares it with an uninterrupted run).
-                restored = checkpoint.roundtrip(run_dir / "debug_roundtrip", step, state, meta)
-                jax.clear_caches()
-                params, opt_state = jax.device_put((restored["params"], restored["opt_state"]), replicated)
+                state = debug_roundtrip(t, state, saved)
         if stopping:
             signalled = step != cfg.stop_at_step
             exit_code = REQUEUE_EXIT_CODE if signalled else 0
             reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
-            log.event("stop", step, reason=reason, exit_code=exit_code)
+            t.log.event("stop", step, reason=reason, exit_code=exit_code)
             progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
             break
 
+    # Close: the summary next to its baselines.
     progress.close()
-    evaluator.close()
-    if exit_code == 0 and not evals and start < cfg.steps and step == last:
-        print(f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s; no evaluation "
-              f"(--eval-every 0); run directory {run_dir}", flush=True)  # fmt: skip
-    if exit_code == 0 and evals and start < cfg.steps and step == last:
-        print(eval_report.table(eval_rows, encoder_title=f"encoder (step {step})"), flush=True)
-        print(
-            f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s; frozen encoder on "
-            f"the held-out split: linear probe {evals['eval/linear_acc']:.3f} (random init "
-            f"{evals['eval/linear_acc_random_init']:.3f}, raw log-mel {evals['eval/linear_acc_raw']:.3f}), "
-            f"kNN {evals['eval/knn_acc']:.3f} (random init {evals['eval/knn_acc_random_init']:.3f}, raw "
-            f"{evals['eval/knn_acc_raw']:.3f}); chance {1 / n_classes:.3f}; run directory {run_dir}",
-            flush=True,
-        )
-    ckpt.close()
-    log.close()
-    if wandb_run is not None:
-        wandb_run.finish(exit_code=exit_code)
+    if exit_code == 0 and start < cfg.steps and state.step == cfg.steps:
+        took = f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s"
+        if not evals:
+            print(f"{took}; no evaluation (--eval-every 0); run directory {cfg.run_dir}", flush=True)
+        else:
+            print(eval_report.table(eval_rows, encoder_title=f"encoder (step {last})"), flush=True)
+            print(
+                f"{took}; frozen encoder on the held-out split: linear probe {evals['eval/linear_acc']:.3f} "
+                f"(random init {evals['eval/linear_acc_random_init']:.3f}, raw log-mel "
+                f"{evals['eval/linear_acc_raw']:.3f}), kNN {evals['eval/knn_acc']:.3f} (random init "
+                f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); chance "
+                f"{1 / t.model_cfg.n_classes:.3f}; run directory {cfg.run_dir}",
+                flush=True,
+            )
+    t.close(exit_code)
     return exit_code
 
 

@@ -1,0 +1,82 @@
+"""`TrainState`: everything the next step depends on, and how a checkpoint holds it (invariant 3 of
+docs/design.md).
+
+The loop advances one `TrainState`. `save` writes it whole: the arrays (params, optimizer state) to
+Orbax, the rest into the checkpoint's JSON meta. `restore` reads it back, and `for_prng_mode` says what
+a resume keeps in each ``--prng`` mode. The loader and the callbacks keep their live state themselves;
+the loop copies it into the `TrainState` before each save (`TrainState.loader_state`, `.callbacks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from birdjepa.train.checkpoint import Checkpointer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    step: int
+    """The next step to run: 0 for a new run; checkpoint ``s`` resumes at ``s + 1``."""
+    restart: int
+    """How many times the run was resumed before this segment (0 for its first)."""
+    params: Any
+    opt_state: Any
+    """Optimizer moments, the update count and the gradient-accumulation progress."""
+    chain: jax.Array
+    """The split-chain key (``--prng checkpointed``; stateless keys derive from (seed, step))."""
+    loader_state: dict[str, Any] | None = None
+    """The loader's position before batch ``step`` (None: the start of the stream)."""
+    callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The callbacks' state (IID diagnostics' window, the monitor's streaks)."""
+
+    def arrays(self) -> dict[str, Any]:
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "restart": self.restart,
+            "loader_state": self.loader_state,
+            "prng_chain": np.asarray(jax.random.key_data(self.chain)).tolist(),
+            "callbacks": self.callbacks,
+        }
+
+
+def save(ckpt: Checkpointer, state: TrainState, meta: dict[str, Any]) -> None:
+    """Checkpoint ``state.step - 1`` (the step just done): the state, with ``meta`` (config, next-step
+    record, ...) beside it."""
+    ckpt.save(state.step - 1, state.arrays(), {**meta, **state.meta()})
+
+
+def restore(ckpt: Checkpointer, fresh: TrainState) -> tuple[TrainState, dict[str, Any]] | None:
+    """The newest complete checkpoint, read into ``fresh``'s tree (verified against its norms), with its
+    meta; None when there is none."""
+    found = ckpt.restore_latest(fresh.arrays())
+    if found is None:
+        return None
+    step, arrays, meta = found
+    state = TrainState(
+        step=step + 1,
+        restart=meta["restart"] + 1,
+        params=arrays["params"],
+        opt_state=arrays["opt_state"],
+        chain=jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32)),
+        loader_state=meta["loader_state"],
+        callbacks=meta.get("callbacks", {}),
+    )
+    return state, meta
+
+
+def for_prng_mode(restored: TrainState, prng: str, fresh_chain: jax.Array) -> TrainState:
+    """What a resume keeps in each ``--prng`` mode. checkpointed: everything. stateless: the chain is
+    never advanced, so it is the fresh one. legacy reproduces the resume bug users hit: the key chain
+    restarts from the seed and the loader starts cold."""
+    if prng == "checkpointed":
+        return restored
+    if prng == "legacy":
+        return dataclasses.replace(restored, chain=fresh_chain, loader_state=None)
+    return dataclasses.replace(restored, chain=fresh_chain)
