@@ -77,7 +77,7 @@ class PretrainConfig:
     """Centre crops, no masks, no dropout: only the data order remains random."""
     debug_inject_fault: Fault | None = None
     """Break the resume on purpose (applied after the restore, before the checks), to see the checks
-    catch it; see birdjepa.faults."""
+    catch it; see birdjepa.resume.faults."""
     data: DataConfig = DataConfig()
     augment: AugmentConfig = AugmentConfig()
     """Per-view augmentations applied in the step: pitch/tempo warp (on), gain, spectral tilt and

@@ -21,7 +21,7 @@ plus two int32 scalars: ``vanishing`` (parameters with grad_norm <= 1e-7) and ``
 Only ``[P]`` vectors leave the device, never parameter copies.
 
 Names are the '/'-joined pytree path of each leaf (dict keys, attribute names, sequence indices); for
-the model's nested-dict tree they are exactly ``birdjepa.model.named_params``'s names, e.g.
+the model's nested-dict tree they are exactly ``birdjepa.model.vit.named_params``'s names, e.g.
 ``encoder/block_0/attn/qkv/kernel`` (a ``{"params": {...}}`` wrapper is dropped, as there).
 
 To compute the statistics only every ``monitor_interval`` optimizer updates, either compile two
@@ -78,7 +78,7 @@ def _key_name(key: Any) -> str:
 
 def _named_leaves(tree: PyTree) -> dict[str, Any]:
     """``{name: leaf}`` over a params-shaped tree; drops a ``{"params": {...}}`` wrapper like
-    ``birdjepa.model.named_params``, so the names of both trees agree."""
+    ``birdjepa.model.vit.named_params``, so the names of both trees agree."""
     if isinstance(tree, Mapping) and set(tree) == {"params"} and isinstance(tree["params"], Mapping):
         tree = tree["params"]
     out: dict[str, Any] = {}

@@ -1,10 +1,10 @@
 """The fault matrix: every injected resume fault against every resume check.
 
 One run trains to ``resume_at`` and stops; then, for a clean resume and for each fault of
-`birdjepa.resume.inject`, a copy of that run directory is resumed with the fault injected. The resume checks
-run before the first update, so each copy stops right there (or, with ``--resume-checks warn``, would go
-on); the matrix is read back from the ``resume/<check>`` metrics each copy logged for its first resumed
-step. `scripts/fault_matrix.py` prints it; the tests assert it.
+`birdjepa.resume.faults`, a copy of that run directory is resumed with the fault injected. The resume
+checks run before the first update, so each copy stops right there (or, with ``--resume-checks warn``,
+would go on); the matrix is read back from the ``resume/<check>`` metrics each copy logged for its
+first resumed step. `scripts/fault_matrix.py` prints it; the tests assert it.
 """
 
 from __future__ import annotations
