@@ -22,6 +22,7 @@ from birdjepa.resume.inject import Restored, inject
 from birdjepa.train.config import OptimConfig
 from birdjepa.train.loop import RESUME_CHECK_EXIT_CODE, pretrain
 from birdjepa.train.metrics_log import read_metrics
+from birdjepa.train.state import TrainState
 
 RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into update 2
 
@@ -235,11 +236,12 @@ def test_a_fault_with_nothing_to_act_on_is_no_effect_not_a_miss() -> None:
     params = {"w": jnp.ones(3)}
     tx = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2)
     boundary = tx.init(params)
-    r = Restored(PretrainConfig(), params, boundary, jnp.zeros(2, jnp.uint32), None, ["a", "b"])
-    after, no_effect = inject("drop_accumulation", r, tx, r.chain)
-    assert after.opt_state is boundary and no_effect is not None and "update boundary" in no_effect
+    chain = jnp.zeros(2, jnp.uint32)
+    r = Restored(PretrainConfig(), ["a", "b"], TrainState(0, 0, params, boundary, chain))
+    after, no_effect = inject("drop_accumulation", r, tx, chain)
+    assert after.state.opt_state is boundary and no_effect is not None and "update boundary" in no_effect
     mid = boundary._replace(mini_step=jnp.ones_like(boundary.mini_step))
-    _, no_effect = inject("drop_accumulation", dataclasses.replace(r, opt_state=mid), tx, r.chain)
+    _, no_effect = inject("drop_accumulation", r.with_state(opt_state=mid), tx, chain)
     assert no_effect is None
 
     passed = {c: True for c in CHECKS}

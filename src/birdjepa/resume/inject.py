@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from birdjepa.resume.faults import FAULTS, PERTURBATION
+from birdjepa.train.state import TrainState
 
 if TYPE_CHECKING:
     from birdjepa.config import PretrainConfig
@@ -20,12 +21,11 @@ class Restored:
     """What the loop restored from a checkpoint and is about to train on."""
 
     cfg: PretrainConfig
-    params: Any
-    opt_state: Any
-    chain: jax.Array
-    """The split-chain key (used by ``--prng checkpointed`` and ``legacy``)."""
-    loader_state: dict[str, Any] | None
     train_files: list[str]
+    state: TrainState
+
+    def with_state(self, **changes: Any) -> Restored:
+        return dataclasses.replace(self, state=dataclasses.replace(self.state, **changes))
 
 
 def _with_count(opt_state: Any, delta: int) -> Any:
@@ -42,33 +42,33 @@ def inject(
     does change something); prints what it did."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
-    no_effect = None
+    no_effect, s = None, r.state
     if fault == "drop_loader_state":
-        r = dataclasses.replace(r, loader_state=None)
+        r = r.with_state(loader_state=None)
     elif fault == "reset_prng":
         if r.cfg.prng == "stateless":
             no_effect = "stateless keys are derived from (seed, step) and hold no state to lose"
-        r = dataclasses.replace(r, chain=fresh_chain)
+        r = r.with_state(chain=fresh_chain)
     elif fault == "lr_off_by_one":
-        r = dataclasses.replace(r, opt_state=_with_count(r.opt_state, 1))
+        r = r.with_state(opt_state=_with_count(s.opt_state, 1))
     elif fault == "stale_opt_state":
-        r = dataclasses.replace(r, opt_state=_fresh_moments(r.opt_state, tx.init(r.params)))
+        r = r.with_state(opt_state=_fresh_moments(s.opt_state, tx.init(s.params)))
     elif fault == "batch_size_change":
         data = dataclasses.replace(r.cfg.data, batch_size=2 * r.cfg.data.batch_size)
         r = dataclasses.replace(r, cfg=dataclasses.replace(r.cfg, data=data))
     elif fault == "drop_accumulation":
-        if not isinstance(r.opt_state, optax.MultiStepsState):
+        acc = s.opt_state
+        if not isinstance(acc, optax.MultiStepsState):
             no_effect = "this run does not accumulate gradients"
-        elif int(r.opt_state.mini_step) == 0:
+        elif int(acc.mini_step) == 0:
             no_effect = "resumed on an update boundary, where the accumulator is empty"
         else:
-            s = r.opt_state
-            lost = s._replace(
-                mini_step=jnp.zeros_like(s.mini_step), acc_grads=jax.tree.map(jnp.zeros_like, s.acc_grads)
+            lost = acc._replace(
+                mini_step=jnp.zeros_like(acc.mini_step), acc_grads=jax.tree.map(jnp.zeros_like, acc.acc_grads)
             )
-            r = dataclasses.replace(r, opt_state=lost)
+            r = r.with_state(opt_state=lost)
     elif fault == "perturb_params":
-        r = dataclasses.replace(r, params=jax.tree.map(lambda p: p * (1 + PERTURBATION), r.params))
+        r = r.with_state(params=jax.tree.map(lambda p: p * (1 + PERTURBATION), s.params))
     elif fault == "dataset_changed":
         if len(r.train_files) < 2:
             raise ValueError("dataset_changed drops a train shard; this run has only one")

@@ -159,19 +159,6 @@ def start_state(
     return state_lib.for_prng_mode(restored, cfg.prng, fresh.chain), meta
 
 
-def inject_fault(
-    cfg: PretrainConfig, train_files: list[str], state: TrainState, tx: optax.GradientTransformation
-) -> tuple[PretrainConfig, list[str], TrainState, str | None]:
-    """``--debug-inject-fault``: the restored run broken on purpose, before the resume checks see it."""
-    assert cfg.debug_inject_fault is not None
-    restored = Restored(cfg, state.params, state.opt_state, state.chain, state.loader_state, train_files)
-    r, no_effect = inject(cfg.debug_inject_fault, restored, tx, fresh_chain(cfg))
-    state = dataclasses.replace(
-        state, params=r.params, opt_state=r.opt_state, chain=r.chain, loader_state=r.loader_state
-    )
-    return r.cfg, r.train_files, state, no_effect
-
-
 class Trainer:
     """What stays fixed while a run segment trains: the data, the model, the optimizer, the devices, the
     compiled functions, the checkpointer and the log. It advances a `TrainState`."""
@@ -376,7 +363,8 @@ def _pretrain(cfg: PretrainConfig) -> int:
     state, meta = start_state(cfg, model_cfg, tx, ckpt)
     no_effect = None
     if meta is not None and cfg.debug_inject_fault:
-        cfg, train_files, state, no_effect = inject_fault(cfg, train_files, state, tx)
+        r, no_effect = inject(cfg.debug_inject_fault, Restored(cfg, train_files, state), tx, fresh_chain(cfg))
+        cfg, train_files, state = r.cfg, r.train_files, r.state
     t = Trainer(cfg, model_cfg, tx, (train_files, eval_files), ckpt, state.restart)
     state = t.place(state)
     if meta is not None:
