@@ -176,7 +176,8 @@ class Trainer:
         self.train_files, self.eval_files = files
         self.schedule = make_schedule(cfg.optim, total_updates(cfg))
         self.main = distributed.is_main()
-        self.git = git_commit()
+        # What every checkpoint's meta repeats, computed once for the segment.
+        self.config, self.git = to_dict(cfg), git_commit()
         devices = np.array(jax.devices())
         if cfg.data.batch_size % len(devices):
             raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
@@ -209,7 +210,7 @@ class Trainer:
             batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
         )  # fmt: skip
         self.wandb_run = open_run(cfg.log.wandb if self.main else "disabled", cfg.run_dir, cfg.run,
-                                  cfg.log.wandb_project, to_dict(cfg), restart)  # fmt: skip
+                                  cfg.log.wandb_project, self.config, restart)  # fmt: skip
         self.log = (
             MetricsLog(cfg.run_dir, restart=restart, wandb_run=self.wandb_run) if self.main else NullLog()
         )
@@ -255,7 +256,7 @@ class Trainer:
         results = resume_check.check_resume(
             meta,
             self.next_step(state, batch),
-            config=to_dict(cfg),
+            config=self.config,
             dataset=loader.fingerprint,
             loader_error=loader_error,
             norms=checkpoint.state_norms(checkpoint.to_host(state.arrays())),
@@ -306,14 +307,13 @@ class Trainer:
         )
         pending = next(loader)
         meta = {
-            "config": to_dict(self.cfg),
+            "config": self.config,
             "git": self.git,
             "dataset_fingerprint": loader.fingerprint,
             "next_step": self.next_step(state, pending).to_json(),
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
         }
-        state_lib.save(self.ckpt, state, meta)
-        return pending, {**meta, **state.meta()}
+        return pending, state_lib.save(self.ckpt, state, meta)
 
     def close(self, exit_code: int) -> None:
         self.evaluator.close()

@@ -46,10 +46,12 @@ class TrainState:
         }
 
 
-def save(ckpt: Checkpointer, state: TrainState, meta: dict[str, Any]) -> None:
+def save(ckpt: Checkpointer, state: TrainState, meta: dict[str, Any]) -> dict[str, Any]:
     """Checkpoint ``state.step - 1`` (the step just done): the state, with ``meta`` (config, next-step
-    record, ...) beside it."""
-    ckpt.save(state.step - 1, state.arrays(), {**meta, **state.meta()})
+    record, ...) beside it. Returns the meta written."""
+    written = {**meta, **state.meta()}
+    ckpt.save(state.step - 1, state.arrays(), written)
+    return written
 
 
 def restore(ckpt: Checkpointer, fresh: TrainState) -> tuple[TrainState, dict[str, Any]] | None:
