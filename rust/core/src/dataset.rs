@@ -24,7 +24,7 @@ pub struct ColumnConfig {
 impl Default for ColumnConfig {
     /// What the default [`crate::options::LoaderOptions`] name (the defaults are written there only).
     fn default() -> Self {
-        crate::options::LoaderOptions::default().loader().columns
+        crate::options::LoaderOptions::default().columns()
     }
 }
 

@@ -133,6 +133,10 @@ impl LoaderOptions {
         }
     }
 
+    pub fn columns(&self) -> ColumnConfig {
+        ColumnConfig { audio_column: self.audio_column.clone(), label_column: self.label_column.clone() }
+    }
+
     pub fn loader(&self) -> LoaderConfig {
         LoaderConfig {
             batch_size: self.batch_size,
@@ -146,7 +150,7 @@ impl LoaderOptions {
             shuffle_initial: self.shuffle_initial,
             interleave: self.interleave,
             prefetch_batches: self.prefetch_batches,
-            columns: ColumnConfig { audio_column: self.audio_column.clone(), label_column: self.label_column.clone() },
+            columns: self.columns(),
             clip: self.clip(),
             debug_panic_index: self.debug_panic_index,
         }

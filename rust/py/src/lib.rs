@@ -30,11 +30,6 @@ fn to_py(e: Error) -> PyErr {
     }
 }
 
-/// Loader options from their JSON object: names, types and defaults are `LoaderOptions`'s.
-fn options_from_json(text: &str) -> PyResult<LoaderOptions> {
-    LoaderOptions::from_json(text).map_err(to_py)
-}
-
 /// The default of every loader option, as a JSON object (`birdjepa.data` reads its defaults from here).
 #[pyfunction]
 fn loader_defaults() -> String {
@@ -70,7 +65,8 @@ impl PyLoader {
     #[new]
     #[pyo3(signature = (files, options_json, state_json=None))]
     fn new(py: Python<'_>, files: Vec<PathBuf>, options_json: &str, state_json: Option<&str>) -> PyResult<Self> {
-        let cfg = options_from_json(options_json)?.loader();
+        // Names, types and defaults of the options are `LoaderOptions`'s; an unknown one is a ValueError.
+        let cfg = LoaderOptions::from_json(options_json).map_err(to_py)?.loader();
         let state: Option<LoaderState> = state_json
             .map(|s| serde_json::from_str(s).map_err(|e| StateError::new_err(format!("malformed loader state: {e}"))))
             .transpose()?;
