@@ -27,10 +27,10 @@ import numpy as np
 from birdjepa.config import PretrainConfig
 from birdjepa.diagnostics.monitor import UpdateMonitor, param_names
 from birdjepa.model.config import preset
-from birdjepa.model.vit import BirdJepa, init_params
+from birdjepa.model.vit import init_params
 from birdjepa.train.determinism import deterministic_xla
 from birdjepa.train.optim import make_optimizer
-from birdjepa.train.step import make_loss_fn, make_train_step
+from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
 
 
 def main() -> None:
@@ -44,9 +44,8 @@ def main() -> None:
 
     cfg = PretrainConfig()
     model_cfg = dataclasses.replace(preset(args.preset), n_classes=16)
-    model = BirdJepa(model_cfg)
     tx = make_optimizer(cfg.optim, 1000)
-    step = make_train_step(make_loss_fn(model, cfg), tx)
+    step = make_train_step(make_loss_fn(StepConfig.of(cfg, model_cfg)), tx)
     rng = np.random.default_rng(0)
     shape = (args.batch_size, cfg.data.n_views, model_cfg.n_frames, model_cfg.n_mels)
     batch = {

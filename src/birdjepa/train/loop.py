@@ -29,7 +29,6 @@ import jax
 import numpy as np
 import optax
 import tyro
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
@@ -37,24 +36,25 @@ from birdjepa.data.demo import ensure_demo_data
 from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
 from birdjepa.diagnostics.monitor import check_due, param_names
 from birdjepa.evaluation import report as eval_report
-from birdjepa.evaluation.embed import Encode, Split, batched, encoder_apply
+from birdjepa.evaluation.embed import Encode, Split, batched
 from birdjepa.evaluation.periodic import PeriodicEval
 from birdjepa.evaluation.report import ENCODER, Row
 from birdjepa.model.config import ModelConfig
-from birdjepa.model.vit import BirdJepa, init_params
+from birdjepa.model.vit import init_params
 from birdjepa.resume import checks as resume_check
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train import state as state_lib
+from birdjepa.train.compiled import BATCH_KEYS, Compiled, compiled
 from birdjepa.train.determinism import deterministic_xla
 from birdjepa.train.metrics_log import MetricsLog, NullLog
 from birdjepa.train.norms import tree_norms
 from birdjepa.train.objectives import probe_metrics
-from birdjepa.train.optim import accumulation_progress, make_optimizer, make_schedule, update_count
+from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
 from birdjepa.train.progress import Progress
 from birdjepa.train.state import TrainState
-from birdjepa.train.step import fresh_chain, init_key, make_loss_fn, make_train_step, step_key
+from birdjepa.train.step import StepConfig, fresh_chain, init_key, step_key
 from birdjepa.train.wandb_mirror import open_run
 
 #: Exit code after a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
@@ -167,44 +167,24 @@ class Trainer:
         self,
         cfg: PretrainConfig,
         model_cfg: ModelConfig,
-        tx: optax.GradientTransformation,
+        fns: Compiled,
         files: tuple[list[str], list[str]],
         ckpt: checkpoint.Checkpointer,
         restart: int,
     ) -> None:
-        self.cfg, self.model_cfg, self.tx, self.ckpt = cfg, model_cfg, tx, ckpt
+        self.cfg, self.model_cfg, self.ckpt = cfg, model_cfg, ckpt
         self.train_files, self.eval_files = files
         self.schedule = make_schedule(cfg.optim, total_updates(cfg))
         self.main = distributed.is_main()
         # What every checkpoint's meta repeats, computed once for the segment.
         self.config, self.git = to_dict(cfg), git_commit()
-        devices = np.array(jax.devices())
+        devices = jax.devices()
         if cfg.data.batch_size % len(devices):
             raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
         self.n_devices = len(devices)
-        mesh = Mesh(devices, ("data",))
         print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
-        self.replicated = NamedSharding(mesh, PartitionSpec())
-        self.sharded = NamedSharding(mesh, PartitionSpec("data"))
-        self.rows = distributed.local_rows(self.sharded, cfg.data.batch_size)
-
-        batch_shardings = {k: self.sharded for k in ("spectrogram", "label")}
-        self.batch_keys = tuple(batch_shardings)
-        loss_fn = make_loss_fn(BirdJepa(model_cfg), cfg)
-        self.train_step = jax.jit(
-            make_train_step(loss_fn, tx),
-            in_shardings=(self.replicated, self.replicated, batch_shardings, self.replicated, None),
-            out_shardings=(self.replicated, self.replicated, self.replicated, self.replicated),
-            donate_argnums=(0, 1),
-        )
-        self.loss_only = jax.jit(
-            lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(self.replicated, batch_shardings, None)
-        )
-        self.encode_jit = jax.jit(
-            encoder_apply(model_cfg),
-            in_shardings=(self.replicated, self.sharded),
-            out_shardings=self.replicated,
-        )
+        self.fns = fns
+        self.rows = distributed.local_rows(fns.sharded, cfg.data.batch_size)
         self.evaluator = PeriodicEval(
             self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
             batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
@@ -217,33 +197,33 @@ class Trainer:
 
     def place(self, state: TrainState) -> TrainState:
         """``state`` with its arrays replicated over the devices."""
-        params, opt_state = jax.device_put((state.params, state.opt_state), self.replicated)
+        params, opt_state = jax.device_put((state.params, state.opt_state), self.fns.replicated)
         return dataclasses.replace(state, params=params, opt_state=opt_state)
 
     def on_device(self, batch: Batch) -> dict[str, jax.Array]:
         """The global batch as arrays sharded over every process's devices (each gives its rows)."""
-        return distributed.global_batch({k: batch[k] for k in self.batch_keys}, self.sharded)
+        return distributed.global_batch({k: batch[k] for k in BATCH_KEYS}, self.fns.sharded)
 
     def encoder(self, params: Any) -> Encode:
         """Embeddings of a host batch of spectrograms under ``params`` (sharded like a train batch)."""
 
         def apply(x: np.ndarray) -> np.ndarray:
             return distributed.host(
-                self.encode_jit(params, distributed.global_batch({"s": x}, self.sharded)["s"])
+                self.fns.encode(params, distributed.global_batch({"s": x}, self.fns.sharded)["s"])
             )
 
         return batched(apply, self.cfg.data.batch_size)
 
     def random_init(self) -> Encode:  # fresh arrays: the first params are donated to the first step
         params = init_params(self.model_cfg, init_key(self.cfg))["params"]
-        return self.encoder(jax.device_put(params, self.replicated))
+        return self.encoder(jax.device_put(params, self.fns.replicated))
 
     def next_step(self, state: TrainState, batch: Batch) -> resume_check.NextStep:
         """What step ``state.step`` will do with ``batch`` (recorded at save, re-derived on resume)."""
         key, _ = step_key(self.cfg, state.chain, state.step)
         update = int(distributed.host(update_count(state.opt_state)))
         accumulated = int(distributed.host(accumulation_progress(state.opt_state)))
-        loss = float(distributed.host(self.loss_only(state.params, self.on_device(batch), key)))
+        loss = float(distributed.host(self.fns.loss_only(state.params, self.on_device(batch), key)))
         return resume_check.NextStep.of(
             state.step, batch, key, update, float(self.schedule(update)), accumulated, loss, self.n_devices
         )
@@ -261,7 +241,7 @@ class Trainer:
             loader_error=loader_error,
             norms=checkpoint.state_norms(checkpoint.to_host(state.arrays())),
             opt_state_spec=resume_check.tree_spec(state.opt_state),
-            expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(self.tx.init, state.params)),
+            expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(self.fns.tx.init, state.params)),
             grad_accum=cfg.optim.grad_accum,
             allow_config_change=cfg.allow_config_change,
         )
@@ -348,25 +328,28 @@ def pretrain(cfg: PretrainConfig) -> int:
             signal.signal(sig, handler)
 
 
-def _pretrain(cfg: PretrainConfig) -> int:
+def _pretrain(requested: PretrainConfig) -> int:
     # Open: the data, the model and the optimizer.
-    validate(cfg)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    validate(requested)
+    requested.run_dir.mkdir(parents=True, exist_ok=True)
     if distributed.is_main():  # this segment's configuration (each checkpoint also holds its own)
-        (cfg.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
-    train_files, eval_files = data_files(cfg)
-    model_cfg = model_config(cfg, label_count(train_files))
-    tx = make_optimizer(cfg.optim, total_updates(cfg))
-    ckpt = checkpoint.Checkpointer(cfg.run_dir, keep=cfg.ckpt_keep, async_save=cfg.ckpt_async)
+        (requested.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
+    found_files, eval_files = data_files(requested)
+    model_cfg = model_config(requested, label_count(found_files))
+    fns = compiled(StepConfig.of(requested, model_cfg), requested.optim, total_updates(requested))
+    ckpt = checkpoint.Checkpointer(
+        requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async
+    )
 
-    # Restore: a fresh state, or the newest checkpoint (broken on purpose by --debug-inject-fault).
-    state, meta = start_state(cfg, model_cfg, tx, ckpt)
-    no_effect = None
-    if meta is not None and cfg.debug_inject_fault:
-        r, no_effect = inject(cfg.debug_inject_fault, Restored(cfg, train_files, state), tx, fresh_chain(cfg))
-        cfg, train_files, state = r.cfg, r.train_files, r.state
-    t = Trainer(cfg, model_cfg, tx, (train_files, eval_files), ckpt, state.restart)
-    state = t.place(state)
+    # Restore: a fresh state, or the newest checkpoint. --debug-inject-fault breaks a restored one on
+    # purpose, and may change what the segment trains with (batch size, shards): hence `cfg` below.
+    restored, meta = start_state(requested, model_cfg, fns.tx, ckpt)
+    r, no_effect = Restored(requested, found_files, restored), None
+    if meta is not None and requested.debug_inject_fault:
+        r, no_effect = inject(requested.debug_inject_fault, r, fns.tx, fresh_chain(requested))
+    cfg, train_files = r.cfg, r.train_files
+    t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
+    state = t.place(r.state)
     if meta is not None:
         t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
         if cfg.debug_inject_fault:
@@ -406,7 +389,7 @@ def _pretrain(cfg: PretrainConfig) -> int:
         t_data = time.perf_counter() - t0
         key, chain = step_key(cfg, state.chain, step)
         check = check_due(step, cfg.monitor_interval, cfg.optim.grad_accum)
-        params, opt_state, metrics, stats = t.train_step(
+        params, opt_state, metrics, stats = t.fns.train_step(
             state.params, state.opt_state, t.on_device(batch), key, check
         )
         state = dataclasses.replace(state, step=step + 1, params=params, opt_state=opt_state, chain=chain)

@@ -6,6 +6,7 @@ so adding a consumer never shifts another's randomness and a resumed step draws 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +14,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from birdjepa.config import PretrainConfig
+from birdjepa.config import ObjectiveConfig, PretrainConfig
+from birdjepa.data import Features
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.diagnostics.monitor import maybe_update_stats
+from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa
 from birdjepa.train.augment import augment_views, local_crops
 from birdjepa.train.config import AugmentConfig
@@ -45,14 +48,38 @@ def step_key(cfg: PretrainConfig, chain: jax.Array, step: int) -> tuple[jax.Arra
     return key, chain
 
 
-def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
-    """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy."""
-    deterministic = cfg.debug_disable_stochastic or (cfg.model.dropout == 0 and cfg.model.drop_path == 0)
-    lej = cfg.objective.lejepa
-    model_cfg = model.cfg.resolved()
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Everything the loss reads from the run's configuration, and nothing else: two runs with equal
+    ones compute the same function (`birdjepa.train.compiled` shares its compilation between them)."""
 
-    augment = AugmentConfig() if cfg.debug_disable_stochastic else cfg.augment
-    norm = {"mean": cfg.data.features.mean, "std": cfg.data.features.std}
+    model: ModelConfig
+    """The resolved model, with the data set's class count."""
+    objective: ObjectiveConfig
+    augment: AugmentConfig
+    features: Features
+    deterministic: bool
+    """No dropout or drop-path draws (``--debug-disable-stochastic`` or both rates 0)."""
+
+    @classmethod
+    def of(cls, cfg: PretrainConfig, model_cfg: ModelConfig) -> StepConfig:
+        off = cfg.debug_disable_stochastic
+        return cls(
+            model=model_cfg,
+            objective=cfg.objective,
+            augment=AugmentConfig() if off else cfg.augment,
+            features=cfg.data.features,
+            deterministic=off or (cfg.model.dropout == 0 and cfg.model.drop_path == 0),
+        )
+
+
+def make_loss_fn(spec: StepConfig) -> Callable:
+    """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy."""
+    model = BirdJepa(spec.model)
+    deterministic, augment = spec.deterministic, spec.augment
+    lej = spec.objective.lejepa
+    model_cfg = spec.model.resolved()
+    norm = {"mean": spec.features.mean, "std": spec.features.std}
 
     def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
         dropout_key, sigreg_key = jax.random.split(key)
@@ -65,7 +92,7 @@ def make_loss_fn(model: BirdJepa, cfg: PretrainConfig) -> Callable:
             deterministic=deterministic,
             rngs={"dropout": dropout_key},
         )
-        if cfg.objective.kind == "lejepa":
+        if spec.objective.kind == "lejepa":
             z = out["projection"]
             if lej.local_views:  # multi-crop: short views cut from the global ones, encoded apart
                 local_key = jax.random.fold_in(key, _LOCAL_KEY)

@@ -1,0 +1,65 @@
+"""The jitted functions of a run segment, built once per process for each step configuration.
+
+Tracing and lowering the step costs seconds. A process that trains several runs (the fault matrix, the
+test suite) with one model, objective and optimizer gets the functions it already built. The key is
+everything they read (`StepConfig`, the optimizer's options and length, the devices), so a reused
+function is the one a fresh build would give, and it runs the same XLA executable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from birdjepa.evaluation.embed import encoder_apply
+from birdjepa.train.config import OptimConfig
+from birdjepa.train.optim import make_optimizer
+from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
+
+#: The batch arrays a step reads, sharded over the devices along the batch axis.
+BATCH_KEYS = ("spectrogram", "label")
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    tx: optax.GradientTransformation
+    replicated: NamedSharding
+    sharded: NamedSharding
+    """Split along the batch axis over every device (of every process)."""
+    train_step: Callable
+    """``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats)``; donates the
+    first two."""
+    loss_only: Callable
+    """``(params, batch, key) -> loss``: what the resume checks re-derive for the next step."""
+    encode: Callable
+    """``(params, spectrogram) -> embedding`` of the encoder alone (evaluation)."""
+
+
+def compiled(spec: StepConfig, optim: OptimConfig, total_updates: int) -> Compiled:
+    """The functions for this step configuration on this process's devices (built on first use)."""
+    return _build(spec, optim, total_updates, tuple(jax.devices()))
+
+
+@functools.lru_cache(maxsize=4)
+def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tuple) -> Compiled:
+    mesh = Mesh(np.array(devices), ("data",))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    sharded = NamedSharding(mesh, PartitionSpec("data"))
+    batch = {k: sharded for k in BATCH_KEYS}
+    tx = make_optimizer(optim, total_updates)
+    loss_fn = make_loss_fn(spec)
+    train_step = jax.jit(
+        make_train_step(loss_fn, tx),
+        in_shardings=(replicated, replicated, batch, replicated, None),
+        out_shardings=(replicated, replicated, replicated, replicated),
+        donate_argnums=(0, 1),
+    )
+    loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
+    encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
+    return Compiled(tx, replicated, sharded, train_step, loss_only, encode)
