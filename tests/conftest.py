@@ -32,13 +32,15 @@ from birdjepa.train.determinism import deterministic_xla
 # Before any test runs a JAX computation: thread-timing-independent XLA kernels.
 deterministic_xla()
 
-# One compilation cache for the session, this process and every `birdjepa` subprocess: the tests
-# train the same tiny model again and again, and a step that was compiled once loads in a fraction
-# of the time. A cached executable is the one XLA compiled, so results stay bit-identical.
-_JAX_CACHE = tempfile.mkdtemp(prefix="birdjepa-test-jax-cache-")
-atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+# One compilation cache for the session, shared by this process, the xdist workers and every
+# `birdjepa` subprocess: the tests train the same tiny model again and again, and a step that was
+# compiled once loads in a fraction of the time. A cached executable is the one XLA compiled, so
+# results stay bit-identical. The first process (pytest itself) makes the folder and removes it.
+if "BIRDJEPA_TEST_JAX_CACHE" not in os.environ:
+    os.environ["BIRDJEPA_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="birdjepa-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["BIRDJEPA_TEST_JAX_CACHE"], ignore_errors=True)
 os.environ.update(
-    JAX_COMPILATION_CACHE_DIR=_JAX_CACHE,
+    JAX_COMPILATION_CACHE_DIR=os.environ["BIRDJEPA_TEST_JAX_CACHE"],
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )

@@ -19,7 +19,7 @@ STEPS = 6
 def flags(demo_dir: Path, runs: Path, run: str, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run, "--log.runs-dir", str(runs),
-        "--steps", str(STEPS), "--eval-every", "2", "--ckpt-every", "3", "--data.batch-size", "8",
+        "--steps", str(STEPS), "--eval-every", "3", "--ckpt-every", "3", "--data.batch-size", "8",
         "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval"), *extra,
     ]  # fmt: skip
 
@@ -39,12 +39,12 @@ def differing(a: Path, b: Path) -> list[str]:
 
 def test_two_processes_train_the_one_process_run_and_resume_in_one(demo_dir: Path, tmp_path: Path) -> None:
     one_process_two_devices(flags(demo_dir, tmp_path, "one"))
-    # Two processes train steps 0-1 (with a kNN evaluation at step 1) and checkpoint; one process with
+    # Two processes train steps 0-2 (with a kNN evaluation at step 2) and checkpoint; one process with
     # two devices resumes from that checkpoint: the whole run equals the one-process run bit for bit.
-    assert launch_local(flags(demo_dir, tmp_path, "mixed", "--stop-at-step", "1"), ntasks=2) == 0
+    assert launch_local(flags(demo_dir, tmp_path, "mixed", "--stop-at-step", "2"), ntasks=2) == 0
     # The global batches of the two processes (their indices, put together from both processes' rows).
     crc = [m["dataloader/index_crc32"] for _, m in sorted(metrics_by_step(tmp_path / "mixed").items())]
-    assert len(crc) == 2 and len(set(crc)) == 2
-    assert "eval/knn_acc" in metrics_by_step(tmp_path / "mixed")[1]
+    assert len(crc) == 3 and len(set(crc)) == 3
+    assert "eval/knn_acc" in metrics_by_step(tmp_path / "mixed")[2]
     one_process_two_devices(flags(demo_dir, tmp_path, "mixed"))
     assert differing(tmp_path / "one", tmp_path / "mixed") == []

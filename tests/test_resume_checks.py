@@ -19,6 +19,7 @@ from birdjepa.resume.compare import compare_runs, metrics_by_step
 from birdjepa.resume.fault_matrix import CLEAN, Row, not_as_expected, resume_with, run_matrix
 from birdjepa.resume.faults import EXPECTED_CHECK, FAULTS
 from birdjepa.resume.inject import Restored, inject
+from birdjepa.train.checkpoint import Checkpointer
 from birdjepa.train.config import OptimConfig
 from birdjepa.train.loop import RESUME_CHECK_EXIT_CODE, pretrain
 from birdjepa.train.metrics_log import read_metrics
@@ -28,7 +29,11 @@ RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into up
 
 
 def config(demo_dir: Path, runs: Path, run: str, **kw: object) -> PretrainConfig:
-    data = DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8)
+    # --data.shuffle-initial 4: the 48-clip shuffle buffer starts drawing at 4 clips and grows by one per
+    # draw, so every checkpoint of these 10 steps of 8 clips up to step 4 holds a buffer still growing.
+    data = DataConfig(
+        train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8, shuffle_initial=4
+    )
     return PretrainConfig(
         run=run, steps=10, eval_every=0, ckpt_every=4, monitor_interval=1, prng="checkpointed",
         data=data, optim=OptimConfig(grad_accum=2), log=LogConfig(runs_dir=runs), **kw,
@@ -226,6 +231,9 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
     checks = [m for m in metrics_by_step(run.run_dir, everything=True).values() if "resume/failed" in m]
     assert len(checks) == 5 and all(m["resume/failed"] == 0.0 for m in checks)
     assert not events(run.run_dir, "resume_check_failed") and not events(run.run_dir, "warning")
+    # The checkpoint after step 3 (4 batches of 8) holds a buffer of 4 + 32 = 36, still growing.
+    meta = Checkpointer(straight.run_dir, keep=None, async_save=False).read_meta(3)
+    assert len(meta["loader_state"]["plan"]["buffer"]) == 36
     # ... and the run is the uninterrupted one, bit for bit (monitor metrics only where both checked).
     diffs = [d for d in compare_runs(straight.run_dir, run.run_dir) if d.max_abs and "monitor/" not in d.name]
     assert diffs == []
