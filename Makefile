@@ -21,10 +21,12 @@ demo: build
 loader-demo: build
 	$(BIN)/birdjepa loader-demo
 
-# --release: the Rust tests reuse the dependencies maturin just built, instead of a second build of them.
+# Rust: --release --workspace resolves the dependencies' features as maturin's build does, so the tests
+# reuse everything it compiled. Python: one worker per core, each test file kept on one worker (its
+# module fixtures are trained once); the 10 slowest tests are printed.
 test: build
-	cargo test --release -p birdjepa-core --quiet
-	$(BIN)/python -m pytest -q --durations=10
+	cargo test --release --workspace --quiet
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=10
 
 lint: build
 	cargo clippy --all-targets -- -D warnings
