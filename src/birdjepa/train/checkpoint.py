@@ -10,10 +10,20 @@ Layout: ``<run_dir>/checkpoints/<step>/`` written by an Orbax ``CheckpointManage
   sharding, so that cannot happen. Flattening also keeps Orbax away from optax namedtuples, empty nodes
   and odd dict keys: the structure comes back from the caller's target tree, not from Orbax.
 * ``meta``: JSON. The caller's dict (config, git commit, loader state, PRNG key data, monitor state, ...)
-  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see ``birdjepa.train.norms``) and
-  ``state_leaves`` (path, shape, dtype of every leaf, so a target with another structure fails loudly).
+  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see ``birdjepa.train.norms``),
+  ``state_leaves`` (path, shape, dtype of every leaf, so a target with another structure fails loudly)
+  and ``hashes`` (the CRC-32 of every leaf's bytes).
 
-A restore recomputes the norms of what it returns and compares them with the recorded ones with ``==``.
+Integrity: a restore recomputes every leaf's CRC-32 and the norms of what it returns and compares them
+with the recorded ones with ``==``, so a restore that verifies is the saved state bit for bit (a norm
+alone misses a flipped low mantissa bit). A checkpoint that does not verify (a changed byte, a truncated
+or missing file, a missing meta) raises `IntegrityError`; `restore_latest` then falls back to the newest
+one that does, moving each damaged one aside into ``checkpoints.damaged/`` so it is never picked again
+(`fallbacks` says which and why). A target of another structure or an older format raises plain
+`CheckpointError`: the checkpoint is fine, the run asking for it is not, so it is left where it is.
+
+Saving refuses a state whose norms are not finite. Retention (``keep``) deletes the oldest checkpoints
+beyond the newest ``keep``, but never the newest one that verifies (read back from disk, once).
 
 Completeness: on a local filesystem Orbax 0.12.8 writes a step into ``<step>.orbax-checkpoint-tmp`` and
 renames it to ``<step>`` when every item is committed (it also drops ``commit_success.txt`` files, which
@@ -29,6 +39,7 @@ import json
 import math
 import shutil
 import time
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,8 +50,10 @@ import orbax.checkpoint as ocp
 
 from birdjepa.train import norms as norms_lib
 
-FORMAT_VERSION = 1
-RESERVED_META_KEYS = ("step", "norms", "state_leaves", "checkpoint_format")
+#: 2: ``hashes`` (CRC-32 of every leaf) beside the norms.
+FORMAT_VERSION = 2
+RESERVED_META_KEYS = ("step", "norms", "state_leaves", "hashes", "checkpoint_format")
+DAMAGED_DIR = "checkpoints.damaged"
 NORM_GROUPS = (("params", "param_norm"), ("opt_state", "opt_state_norm"))
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
@@ -49,8 +62,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be saved or restored faithfully."""
 
 
-class NormMismatchError(CheckpointError):
+class IntegrityError(CheckpointError):
+    """A checkpoint is damaged: what is on disk is not what was saved (or not all of it is there)."""
+
+
+class NormMismatchError(IntegrityError):
     """The norms recomputed after a restore differ from the ones recorded at save time."""
+
+
+class NoValidCheckpointError(CheckpointError):
+    """Checkpoints exist, and none of them verifies."""
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -88,6 +109,11 @@ def to_host(tree: Any) -> Any:
 
 def _leaf_spec(path: tuple, a: np.ndarray) -> list:
     return [_path_str(path), list(a.shape), a.dtype.name]
+
+
+def leaf_hash(a: np.ndarray) -> int:
+    """CRC-32 of a leaf's bytes (C order): any changed bit changes it."""
+    return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1))
 
 
 def state_norms(state: Any) -> dict[str, float]:
@@ -172,13 +198,17 @@ class Checkpointer:
             self.directory.absolute(),
             item_names=("state", "meta"),
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep,
+                max_to_keep=None,  # retention is `_retain`'s: it keeps the newest checkpoint that verifies
                 enable_async_checkpointing=async_save,
                 create=True,
             ),
         )
         #: ``ckpt/...`` metrics of the last successful restore (saved/restored main norm and their ratio).
         self.last_restore: dict[str, float] = {}
+        #: Damaged checkpoints `restore_latest` passed over: ``{"checkpoint", "reason", "moved_to"}`` each.
+        self.fallbacks: list[dict[str, Any]] = []
+        self._verified: set[int] = set()
+        self._saved = False  # retention applies once this checkpointer has saved (never on a read)
 
     # -- save
     def save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> None:
@@ -193,11 +223,18 @@ class Checkpointer:
         if not leaves:
             raise CheckpointError("refusing to save a state without array leaves")
         norms = state_norms(host)
+        bad = [name for name, v in norms.items() if not math.isfinite(v)]
+        if bad:
+            raise CheckpointError(
+                f"refusing to save step {step}: {bad[0]}={norms[bad[0]]!r} is not finite (a diverged state "
+                "would push a finite checkpoint out of the retention window)"
+            )
         full_meta = {
             **meta,
             "step": step,
             "norms": norms,
             "state_leaves": [_leaf_spec(p, a) for p, a in leaves],
+            "hashes": [leaf_hash(a) for _, a in leaves],
             "checkpoint_format": FORMAT_VERSION,
         }
         try:
@@ -207,6 +244,7 @@ class Checkpointer:
         except TypeError as e:
             raise CheckpointError(f"checkpoint meta for step {step} is not JSON-serialisable: {e}") from e
         flat = {f"leaf_{i:06d}": a for i, (_, a) in enumerate(leaves)}
+        self.wait()  # the previous save commits (Orbax would wait for it too) and the retention applies
         saved = self._mngr.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(full_meta)),
@@ -214,32 +252,61 @@ class Checkpointer:
         )
         if not saved:
             raise CheckpointError(f"orbax declined to save step {step} in {self.directory}")
+        self._saved = True
         main = _main_norm_name(norms)
         print(f"CKPT_SAVE step={step} {main}={norms[main]!r}", flush=True)
 
     def wait(self) -> None:
-        """Block until every pending save is committed (renamed to its final folder)."""
+        """Block until every pending save is committed (renamed to its final folder), then apply the
+        retention."""
         self._mngr.wait_until_finished()
+        self._retain()
 
     # -- listing
-    def _complete(self, step: int) -> bool:
-        d = self.directory / str(step)
-        return d.is_dir() and (d / "state").is_dir() and (d / "meta").is_dir()
-
     def all_steps(self) -> list[int]:
-        """Complete checkpoints on disk, oldest first (waits for in-flight saves)."""
+        """Committed checkpoints on disk, oldest first (waits for in-flight saves). Orbax renames a step's
+        folder to its final name only once every item is written, so a final-named folder that lacks an
+        item is damaged (and fails `restore`), not in progress."""
         self.wait()
+        return self._committed()
+
+    def _committed(self) -> list[int]:
         self._mngr.reload()
-        return [s for s in sorted(self._mngr.all_steps()) if self._complete(s)]
+        return sorted(s for s in self._mngr.all_steps() if (self.directory / str(s)).is_dir())
 
     def latest_step(self) -> int | None:
-        """Newest complete checkpoint, or None. ``*.orbax-checkpoint-tmp`` folders are never picked."""
+        """Newest committed checkpoint, or None. ``*.orbax-checkpoint-tmp`` folders are never picked."""
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    # -- retention
+    def verify(self, step: int) -> bool:
+        """Whether checkpoint ``step`` reads back from disk as it was saved (every hash and norm); once
+        per step and process."""
+        if step not in self._verified:
+            try:
+                meta = self._read_meta_checked(step)
+                self._read_verified(step, meta)
+            except CheckpointError:  # damaged, or of another format
+                return False
+            self._verified.add(step)
+        return True
+
+    def _retain(self) -> None:
+        """Delete checkpoints older than the newest ``keep``, except the newest one that verifies."""
+        if self.keep is None or not self._saved:
+            return
+        steps = self._committed()
+        if len(steps) <= self.keep:
+            return
+        keeper = next((s for s in reversed(steps) if self.verify(s)), None)
+        for s in steps[: -self.keep]:
+            if s != keeper:
+                self._mngr.delete(s)
+
     # -- restore
     def read_meta(self, step: int) -> dict[str, Any]:
-        self.wait()
+        self._mngr.wait_until_finished()
         out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(out["meta"])
 
@@ -255,6 +322,45 @@ class Checkpointer:
         out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         return {name: np.asarray(out["state"][f"leaf_{i:06d}"]) for i, (name, _, _) in enumerate(specs)}
 
+    def _read_meta_checked(self, step: int) -> dict[str, Any]:
+        """The meta of ``step``, readable and of this format (else `IntegrityError` / `CheckpointError`)."""
+        where = self.directory / str(step)
+        if not (where / "meta").is_dir() or not (where / "state").is_dir():
+            missing = [item for item in ("meta", "state") if not (where / item).is_dir()]
+            raise IntegrityError(f"{where}: its {' and '.join(missing)} folder is missing")
+        try:
+            meta = self.read_meta(step)
+        except Exception as e:  # noqa: BLE001 (any failure to read it back is damage)
+            raise IntegrityError(f"{where}: meta unreadable ({type(e).__name__}: {e})") from e
+        fmt = meta.get("checkpoint_format")
+        if fmt != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{where}: checkpoint format {fmt}, this birdjepa reads format {FORMAT_VERSION} (an older "
+                "checkpoint: resume it with the birdjepa that wrote it, or start the run afresh)"
+            )
+        if meta.get("step") != step or len(meta.get("hashes", ())) != len(meta.get("state_leaves", ())):
+            raise IntegrityError(f"{where}: meta does not describe step {step} and its leaves")
+        return meta
+
+    def _read_verified(self, step: int, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The saved leaves of ``step``, each checked against its recorded shape, dtype and CRC-32."""
+        where = self.directory / str(step)
+        specs = meta["state_leaves"]
+        try:
+            flat = self.read_arrays(step, specs)
+        except Exception as e:  # noqa: BLE001 (a truncated or missing file fails somewhere in Orbax)
+            raise IntegrityError(f"{where}: arrays unreadable ({type(e).__name__}: {str(e)[:300]})") from e
+        for (name, shape, dt), crc in zip(specs, meta["hashes"], strict=True):
+            a = flat[name]
+            if list(a.shape) != shape or a.dtype.name != dt:
+                raise IntegrityError(
+                    f"{where}: leaf {name} reads back as shape={list(a.shape)} dtype={a.dtype}, recorded "
+                    f"shape={shape} dtype={dt}"
+                )
+            if leaf_hash(a) != crc:
+                raise IntegrityError(f"{where}: leaf {name} differs from its recorded CRC-32 (bytes changed)")
+        return flat
+
     def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
         """Restore checkpoint `step` into the structure of `target` and verify it.
 
@@ -262,18 +368,14 @@ class Checkpointer:
         Leaves come back by the target leaf's type: ``jax.Array`` -> placed with the target's sharding,
         ``jax.ShapeDtypeStruct`` -> its sharding if it has one, else numpy; numpy -> numpy; Python
         scalar -> same Python type. Namedtuples etc. come from the target's treedef.
-        Raises CheckpointError on a structure/shape/dtype mismatch and NormMismatchError if any
-        recomputed norm differs (bit-wise) from the recorded one. Returns ``(state, meta)``.
+        Raises `IntegrityError` if what is on disk is not what was saved (a hash, a norm, a file) and
+        `CheckpointError` if the target's structure, shapes or dtypes are not the saved ones or the
+        format is another. Returns ``(state, meta)``.
         """
         step = int(step)
         if step not in self.all_steps():
             raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}")
-        meta = self.read_meta(step)
-        if meta.get("checkpoint_format") != FORMAT_VERSION or meta.get("step") != step:
-            raise CheckpointError(
-                f"{self.directory / str(step)}: unexpected meta (format={meta.get('checkpoint_format')}, "
-                f"step={meta.get('step')})"
-            )
+        meta = self._read_meta_checked(step)
         tleaves, treedef = jax.tree_util.tree_flatten_with_path(target)
         specs = meta["state_leaves"]
         want = [[_path_str(p), list(np.shape(x)), _dtype_name(x)] for p, x in tleaves]
@@ -291,16 +393,9 @@ class Checkpointer:
                     f"checkpoint {step}: leaf {s[0]} saved as shape={s[1]} dtype={s[2]}, "
                     f"target has shape={w[1]} dtype={w[2]}"
                 )
-        flat = self.read_arrays(step, specs)
-        leaves = []
-        for (_, tgt), (name, shape, dt) in zip(tleaves, specs, strict=True):
-            a = flat[name]
-            if list(a.shape) != shape or a.dtype.name != dt:
-                raise CheckpointError(
-                    f"checkpoint {step}: leaf {name} restored as shape={list(a.shape)} dtype={a.dtype}, "
-                    f"recorded shape={shape} dtype={dt}"
-                )
-            leaves.append(_like_target(a, tgt))
+        flat = self._read_verified(step, meta)
+        names = [name for name, _, _ in specs]
+        leaves = [_like_target(flat[name], tgt) for (_, tgt), name in zip(tleaves, names, strict=True)]
         state = jax.tree_util.tree_unflatten(treedef, leaves)
 
         saved_norms = meta["norms"]
@@ -323,6 +418,7 @@ class Checkpointer:
                 )
         if not (ratio == 1.0 or (math.isnan(saved) and math.isnan(restored))):
             raise NormMismatchError(f"checkpoint {step}: restore ratio {ratio!r} != 1.0")
+        self._verified.add(step)
         self.last_restore = {
             "ckpt/restore_step": step,
             "ckpt/restore_norm_saved": saved,
@@ -332,15 +428,40 @@ class Checkpointer:
         return state, meta
 
     def restore_latest(self, target: Any) -> tuple[int, Any, dict[str, Any]] | None:
-        """``(step, state, meta)`` of the newest complete checkpoint, or None if there is none."""
-        step = self.latest_step()
-        if step is None:
-            return None
-        state, meta = self.restore(step, target)
-        return step, state, meta
+        """``(step, state, meta)`` of the newest checkpoint that verifies, or None if there is none.
+        Each newer one that does not verify is moved aside (see the module doc) and listed in
+        `fallbacks`, with a WARNING. Raises `NoValidCheckpointError` when checkpoints exist and none
+        verifies."""
+        for step in reversed(self.all_steps()):
+            try:
+                state, meta = self.restore(step, target)
+            except IntegrityError as e:
+                moved = self._move_aside(step)
+                self.fallbacks.append({"checkpoint": step, "reason": str(e), "moved_to": str(moved)})
+                print(f"WARNING checkpoint {step} is damaged and was moved to {moved}: {e}", flush=True)
+                continue
+            return step, state, meta
+        if self.fallbacks:
+            raise NoValidCheckpointError(
+                f"no checkpoint in {self.directory} verifies: {len(self.fallbacks)} damaged ones were moved "
+                f"to {self.directory.parent / DAMAGED_DIR} (the newest: {self.fallbacks[0]['reason']})"
+            )
+        return None
+
+    def _move_aside(self, step: int) -> Path:
+        """Move damaged checkpoint ``step`` out of the run's checkpoints (never listed again)."""
+        aside = self.directory.parent / DAMAGED_DIR
+        aside.mkdir(exist_ok=True)
+        dest = aside / str(step)
+        n = 1
+        while dest.exists():
+            dest, n = aside / f"{step}-{n}", n + 1
+        shutil.move(str(self.directory / str(step)), str(dest))
+        self._mngr.reload()
+        return dest
 
     def close(self) -> None:
-        self._mngr.wait_until_finished()
+        self.wait()
         self._mngr.close()
 
     def __enter__(self) -> Checkpointer:
