@@ -60,8 +60,6 @@ def test_background_mixes_in_the_previous_sample_in_the_power_domain():
     lp = np.asarray(x, np.float64) * STD + MEAN
     expected = np.log(np.exp(lp) + 0.1 * np.exp(np.roll(lp, 1, axis=0)))  # -10 dB = a tenth of the power
     np.testing.assert_allclose(y, (expected - MEAN) / STD, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="mix_prob"):
-        AugmentConfig(mix_prob=1.5)
 
 
 def test_local_crops_are_windows_of_the_views():
@@ -98,8 +96,6 @@ def test_warp_shifts_mel_bins_and_stretches_time_by_known_amounts():
     a = np.asarray(augment_views(x, jax.random.key(4), cfg, mean=MEAN, std=STD))
     assert a.shape == xs.shape and not np.array_equal(a[0, 0], a[0, 1])
     assert np.array_equal(a, np.asarray(augment_views(x, jax.random.key(4), cfg, mean=MEAN, std=STD)))
-    with pytest.raises(ValueError, match="pitch_bins"):
-        AugmentConfig(pitch_bins=-1.0)
 
 
 def test_noise_adds_power_at_the_views_own_floor_by_a_level_per_view():

@@ -83,10 +83,7 @@ def test_presets():
     # On the command line the preset decides every field not given (the default instance holds None).
     small = tyro.cli(PretrainConfig, args=["--model.preset", "small", "--model.depth", "6"]).model.resolved()
     assert (small.dim, small.depth, small.heads, small.proj_hidden) == (384, 6, 6, 2048)
-    with pytest.raises(ValueError, match="unknown model preset"):
-        ModelConfig(preset="huge")
-    with pytest.raises(ValueError, match="divisible"):
-        ModelConfig(dim=64, heads=3)
+    # Out-of-range values (an unknown preset, heads that do not divide dim): test_validation.
 
 
 def test_tiny_parameter_count_by_hand(tiny):
@@ -226,8 +223,9 @@ def test_hidden_spans_do_not_reach_the_predictor():
     assert np.array_equal(out["prediction"], apply(params, y, deterministic=True, mask=mask)["prediction"])
     plain = apply(params, x, deterministic=True)
     assert "prediction" not in plain
-    with pytest.raises(ValueError, match="needs a predictor"):
-        BirdJepa(preset("tiny")).apply(
-            init_params(preset("tiny"), jax.random.key(0)), x, deterministic=True, mask=mask
+    with pytest.raises(ValueError, match="needs a predictor"):  # raised while tracing: nothing compiles
+        no_predictor = jax.eval_shape(lambda k: init_params(preset("tiny"), k), jax.random.key(0))
+        jax.eval_shape(
+            lambda p: BirdJepa(preset("tiny")).apply(p, x, deterministic=True, mask=mask), no_predictor
         )
     assert not np.array_equal(plain["tokens"], apply(params, y, deterministic=True)["tokens"])

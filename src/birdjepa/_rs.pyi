@@ -17,6 +17,10 @@ class WorkerError(Exception):
 def loader_defaults() -> str:
     """Every loader option with its default, as a JSON object (the only place the defaults live)."""
 
+def check_loader_options(options_json: str) -> None:
+    """Raises ValueError naming the first option (of a JSON object of them) out of its range, without
+    opening a file."""
+
 class Loader:
     def __init__(self, files: list[str], options_json: str, state_json: str | None = None) -> None:
         """``options_json``: a JSON object of loader options (see `loader_defaults`); an unknown name

@@ -57,6 +57,9 @@ class PretrainConfig:
     eval_every: int = 100
     """Frozen-encoder kNN on the held-out split every N steps, and the linear probe at the end (0 = no
     evaluation at all, for runs that only test the machinery)."""
+    eval_linear: bool = True
+    """The linear probe at the last evaluation (seconds on the demo set, longer on large ones);
+    --no-eval-linear: kNN only, and `birdjepa evaluate` probes the checkpoint later."""
     ckpt_every: int = 100
     ckpt_keep: int = 3
     ckpt_async: bool = True
@@ -70,11 +73,20 @@ class PretrainConfig:
     reports it (RESUME_CHECK lines, resume/... metrics) and goes on."""
     allow_config_change: bool = False
     """Resume even though breaking options (batch size, seed, data, model, optimizer, schedule, steps)
-    changed; the run is then no longer exact, so failing checks only warn."""
+    changed: the config check passes (saying what changed) and the LR check accepts a new schedule. The
+    run is then no longer exact; the checks of the state itself still apply."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose loss, gradients or updated state hold NaN or inf is never applied. stop: end the run
+    there, before anything is saved (exit 70; the last checkpoint is finite); skip: leave params,
+    optimizer state and accumulation as they were, count it (train/skipped_updates) and go on."""
+    max_skips: int = 10
+    """skip: stop (exit 70) after this many skipped updates in a row (0 = never)."""
     debug_roundtrip_steps: tuple[int, ...] = ()
     """After each listed step: save, restore into fresh objects, assert every leaf bit-identical."""
     debug_disable_stochastic: bool = False
     """Centre crops, no masks, no dropout: only the data order remains random."""
+    debug_nonfinite_steps: tuple[int, ...] = ()
+    """Make the loss of each listed step NaN (a NaN in its batch), to see --on-nonfinite act."""
     debug_inject_fault: Fault | None = None
     """Break the resume on purpose (applied after the restore, before the checks), to see the checks
     catch it; see birdjepa.resume.faults."""

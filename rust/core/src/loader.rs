@@ -107,7 +107,7 @@ impl LoaderConfig {
         m
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(Error::config(msg)) };
         check(self.batch_size >= 1, "batch_size must be >= 1")?;
         check(self.n_workers >= 1, "n_workers must be >= 1")?;

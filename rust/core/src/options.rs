@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::audio::{ClipConfig, FbankConfig, MaskConfig};
+use crate::audio::{ClipConfig, ClipExtractor, FbankConfig, MaskConfig};
 use crate::dataset::ColumnConfig;
 use crate::error::{Error, Result};
 use crate::loader::LoaderConfig;
@@ -105,6 +105,13 @@ impl LoaderOptions {
         serde_json::to_string(self).expect("options serialise")
     }
 
+    /// Every option in its range, checked without opening a file (a loader checks the same at its
+    /// start), so a command line can be rejected before anything runs.
+    pub fn validate(&self) -> Result<()> {
+        self.loader().validate()?;
+        ClipExtractor::new(self.clip()).map(|_| ()).map_err(Error::config)
+    }
+
     pub fn fbank(&self) -> FbankConfig {
         FbankConfig {
             sample_rate: self.target_rate,
@@ -180,5 +187,19 @@ mod tests {
         assert_eq!(LoaderOptions::from_json(&d.to_json()).unwrap(), d);
         assert_eq!(d.fbank().log_floor, f32::EPSILON);
         assert_eq!(d.clip().clip_samples, 160_000);
+    }
+
+    #[test]
+    fn validate_names_the_first_option_out_of_range_and_passes_the_defaults() {
+        LoaderOptions::default().validate().unwrap();
+        for (json, name) in [
+            (r#"{"batch_size": 0}"#, "batch_size must be >= 1"),
+            (r#"{"shuffle_buffer": 8, "shuffle_initial": 9}"#, "shuffle_initial must be in"),
+            (r#"{"hop_length": 0}"#, "hop_length must be > 0"),
+        ] {
+            let e = LoaderOptions::from_json(json).unwrap().validate().unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Config);
+            assert!(e.message.contains(name), "{json}: {}", e.message);
+        }
     }
 }

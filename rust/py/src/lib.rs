@@ -36,6 +36,12 @@ fn loader_defaults() -> String {
     LoaderOptions::default().to_json()
 }
 
+/// Checks loader options (a JSON object) without opening a file; a ValueError names the first bad one.
+#[pyfunction]
+fn check_loader_options(options_json: &str) -> PyResult<()> {
+    LoaderOptions::from_json(options_json).and_then(|o| o.validate()).map_err(to_py)
+}
+
 /// The Rust loader; `birdjepa.data.Loader` wraps it with a Pythonic signature.
 #[pyclass(name = "Loader", module = "birdjepa._rs")]
 struct PyLoader {
@@ -123,6 +129,7 @@ impl PyLoader {
 fn _rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(check_loader_options, m)?)?;
     m.add("DataError", m.py().get_type::<DataError>())?;
     m.add("StateError", m.py().get_type::<StateError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;

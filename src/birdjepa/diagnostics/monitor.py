@@ -97,6 +97,11 @@ def param_names(params: PyTree) -> list[str]:
     return sorted(_named_leaves(params))
 
 
+def leaf_names(params: PyTree) -> list[str]:
+    """Parameter names in `jax.tree.leaves` order."""
+    return list(_named_leaves(params))
+
+
 def _leaf_stats(g: Array, before: Array, after: Array) -> dict[str, Array]:
     g = g.astype(jnp.float32)
     before = before.astype(jnp.float32)

@@ -87,9 +87,10 @@ class RestoredRun:
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
     """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it
     (norms verified), with the data files it evaluates on (``data`` overrides the run's splits)."""
-    from birdjepa.train.loop import data_files, label_count, model_config
+    from birdjepa.train.loop import data_files, model_config
     from birdjepa.train.optim import make_optimizer
     from birdjepa.train.step import init_key
+    from birdjepa.validation import label_count
 
     if not (run_dir / "checkpoints").is_dir():
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")

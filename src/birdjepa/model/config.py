@@ -1,4 +1,5 @@
-"""The model's options and presets (no JAX here: `birdjepa.config` imports it)."""
+"""The model's options and presets (no JAX here: `birdjepa.config` imports it; their ranges are
+checked by `birdjepa.validation`)."""
 
 from __future__ import annotations
 
@@ -67,29 +68,6 @@ class ModelConfig:
     """Transformer blocks of the masked-span predictor (0 = no predictor): from the tokens of a view
     whose time spans were replaced by a learned mask token, it predicts the encoder's tokens of the
     whole view at those spans (the JEPA term, see ``objectives.span_loss``)."""
-
-    def __post_init__(self) -> None:
-        # The preset's values are not written into the fields: a config given on the command line keeps
-        # None for "from the preset", so `--model.preset small` means small (tyro passes the default
-        # instance's field values explicitly; filled-in tiny values would override the new preset).
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown model preset {self.preset!r}; expected one of {sorted(PRESETS)}")
-        dim, heads = (self.dim or PRESETS[self.preset]["dim"]), (self.heads or PRESETS[self.preset]["heads"])
-        if dim % heads:
-            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
-        if self.n_frames % self.patch or self.n_mels % self.patch_mels:
-            raise ValueError(
-                f"patch={self.patch} must divide n_frames={self.n_frames} and the patch's mel side "
-                f"{self.patch_mels} must divide n_mels={self.n_mels}"
-            )
-        for name in ("dropout", "drop_path"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
-        if self.n_classes < 1 or self.proj_layers < 0 or self.predictor_depth < 0:
-            raise ValueError(
-                f"n_classes={self.n_classes} must be >= 1, proj_layers={self.proj_layers} and "
-                f"predictor_depth={self.predictor_depth} >= 0"
-            )
 
     def resolved(self) -> ModelConfig:
         """This config with the preset's value in every field left at None (what the model is built from)."""

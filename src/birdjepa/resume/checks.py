@@ -56,6 +56,7 @@ HARMLESS_CONFIG = (
     "stop_at_step",
     "log_every",
     "eval_every",
+    "eval_linear",
     "ckpt_every",
     "ckpt_keep",
     "ckpt_async",
@@ -64,7 +65,10 @@ HARMLESS_CONFIG = (
     "resume_checks",
     "allow_config_change",
     "debug_roundtrip_steps",
+    "debug_nonfinite_steps",
     "debug_inject_fault",
+    "on_nonfinite",
+    "max_skips",
     "data.train",
     "data.eval",
     "data.n_workers",
@@ -188,12 +192,14 @@ def check_resume(
     expected_opt_state_spec: list,
     grad_accum: int,
     allow_config_change: bool,
+    skipped: int = 0,
 ) -> list[CheckResult]:
     """Compare the restored run (``now`` and the keyword arguments) with checkpoint ``meta``.
 
     ``meta["next_step"]`` is the `NextStep` recorded at save; ``norms`` are `checkpoint.state_norms` of
     the state the loop will train on; ``loader_error`` is why the loader refused the saved state (None if
-    it took it). Breaking config changes fail the ``config`` check unless ``allow_config_change``.
+    it took it); ``skipped``: micro-steps not applied so far (``--on-nonfinite skip``). Breaking config
+    changes fail the ``config`` check unless ``allow_config_change``.
     """
     rec = NextStep.from_json(meta["next_step"])
     out = []
@@ -211,15 +217,20 @@ def check_resume(
     out.append(CheckResult("next_batch", now.batch == rec.batch, rec.batch, now.batch))
     out.append(CheckResult("prng", now.key == rec.key, _text(rec.key), _text(now.key)))
 
-    # The update step `now.step` belongs to, and the LR the schedule gives it.
-    want_update = now.step // grad_accum
-    lr_ok = now.update == want_update == rec.update and now.lr == rec.lr
+    # The update step `now.step` belongs to, and the LR the schedule gives it (skipped micro-steps
+    # advanced neither the update count nor the accumulation).
+    applied = now.step - skipped
+    want_update = applied // grad_accum
+    # An allowed change of the optimizer or the run length changes the schedule: the LR may differ then.
+    schedule_changed = allow_config_change and any(c.startswith(("optim.", "steps:")) for c in breaking)
+    lr_ok = now.update == want_update == rec.update and (now.lr == rec.lr or schedule_changed)
+    expected_lr = "changed_schedule" if schedule_changed else _text(rec.lr)
     out.append(
         CheckResult(
-            "lr", lr_ok, f"update={want_update},lr={_text(rec.lr)}", f"update={now.update},lr={_text(now.lr)}"
+            "lr", lr_ok, f"update={want_update},lr={expected_lr}", f"update={now.update},lr={_text(now.lr)}"
         )
     )
-    want_acc = now.step % grad_accum
+    want_acc = applied % grad_accum
     acc_ok = now.accumulation == want_acc == rec.accumulation
     out.append(
         CheckResult("accumulation", acc_ok, f"{want_acc}/{grad_accum}", f"{now.accumulation}/{grad_accum}")

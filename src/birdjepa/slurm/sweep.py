@@ -32,7 +32,9 @@ from typing import Annotated, Any
 
 import tyro
 
+from birdjepa import validation
 from birdjepa.config import PretrainConfig, flatten, to_dict
+from birdjepa.validation import USAGE_EXIT_CODE, OptionError
 
 
 class SweepError(ValueError):
@@ -180,6 +182,10 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
         parsed = tyro.cli(PretrainConfig, args=flags)
         if parsed != cfg:  # the job's command line must mean exactly this config
             raise SweepError(f"{where}: flags {shlex.join(flags)} do not parse back to the config")
+        try:  # the values pretrain would reject, here, before anything is submitted
+            validation.check(cfg)
+        except OptionError as e:
+            raise SweepError(f"{where}: {e}") from None
         if force_resume_at is not None and not 0 <= force_resume_at < cfg.steps - 1:
             raise SweepError(
                 f"{where}: --force-resume-at {force_resume_at} is not inside its {cfg.steps} steps"
@@ -296,7 +302,8 @@ def cli(
     try:
         jobs = plan(sweep_file, runs_dir, force_resume_at)
     except SweepError as e:
-        raise SystemExit(f"error: {e}") from None
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE) from None
     workdir = Path.cwd()
     rows = []
     for job in jobs:

@@ -33,8 +33,8 @@ class Compiled:
     sharded: NamedSharding
     """Split along the batch axis over every device (of every process)."""
     train_step: Callable
-    """``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats)``; donates the
-    first two."""
+    """``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats, guard)``; donates
+    the first two (see `make_train_step`)."""
     loss_only: Callable
     """``(params, batch, key) -> loss``: what the resume checks re-derive for the next step."""
     encode: Callable
@@ -57,7 +57,7 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     train_step = jax.jit(
         make_train_step(loss_fn, tx),
         in_shardings=(replicated, replicated, batch, replicated, None),
-        out_shardings=(replicated, replicated, replicated, replicated),
+        out_shardings=(replicated, replicated, replicated, replicated, replicated),
         donate_argnums=(0, 1),
     )
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))

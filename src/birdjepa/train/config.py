@@ -1,5 +1,5 @@
 """The training recipe's options: optimizer, view augmentations, LeJEPA objective (no JAX here:
-`birdjepa.config` imports it)."""
+`birdjepa.config` imports it; their ranges are checked by `birdjepa.validation`)."""
 
 from __future__ import annotations
 
@@ -27,20 +27,6 @@ class AugmentConfig:
     stretch: float = 0.1
     """Per-view time stretch by a factor uniform in [1 / (1 + s), 1 + s] (0 = off): tempo varies by
     singer too."""
-
-    def __post_init__(self) -> None:
-        if self.pitch_bins < 0 or self.stretch < 0 or self.noise_db < 0:
-            raise ValueError(
-                f"need pitch_bins, stretch and noise_db >= 0, got {self.pitch_bins}, {self.stretch}, "
-                f"{self.noise_db}"
-            )
-        if self.gain_db < 0 or self.tilt_db < 0 or not 0.0 <= self.mix_prob <= 1.0:
-            raise ValueError(
-                f"need gain_db >= 0, tilt_db >= 0 and mix_prob in [0, 1], got {self.gain_db}, "
-                f"{self.tilt_db}, {self.mix_prob}"
-            )
-        if len(self.mix_db) != 2 or self.mix_db[0] > self.mix_db[1]:
-            raise ValueError(f"mix_db must be (low, high) with low <= high, got {self.mix_db}")
 
     @property
     def active(self) -> bool:
@@ -107,10 +93,3 @@ class LeJepaConfig:
     """Length of a hidden span in time tokens (it must divide the token grid's time side)."""
     span_ratio: float = 0.5
     """Fraction of the spans hidden in each view."""
-
-    def __post_init__(self) -> None:
-        if self.span_weight < 0 or self.span_tokens < 1 or not 0.0 < self.span_ratio < 1.0:
-            raise ValueError(
-                f"need span_weight >= 0, span_tokens >= 1 and span_ratio in (0, 1), got "
-                f"{self.span_weight}, {self.span_tokens}, {self.span_ratio}"
-            )

@@ -30,11 +30,12 @@ import numpy as np
 import optax
 import tyro
 
+from birdjepa import validation
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
 from birdjepa.data.demo import ensure_demo_data
 from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, StepEnd, UpdateMonitorCallback
-from birdjepa.diagnostics.monitor import check_due, param_names
+from birdjepa.diagnostics.monitor import check_due, leaf_names, param_names
 from birdjepa.evaluation import report as eval_report
 from birdjepa.evaluation.embed import Encode, Split, batched
 from birdjepa.evaluation.periodic import PeriodicEval
@@ -56,11 +57,16 @@ from birdjepa.train.progress import Progress
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, fresh_chain, init_key, step_key
 from birdjepa.train.wandb_mirror import open_run
+from birdjepa.validation import USAGE_EXIT_CODE, OptionError, label_count
 
 #: Exit code after a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE_EXIT_CODE = 75
-#: Exit code when a resume check fails: requeueing would fail the same way (EX_DATAERR).
+#: Exit code when a resume check fails or no checkpoint verifies: requeueing would fail the same way
+#: (EX_DATAERR).
 RESUME_CHECK_EXIT_CODE = 65
+#: Exit code when a step was not finite and the run stopped before applying it (EX_SOFTWARE): not
+#: requeued, since the same step would diverge again; resume from the last checkpoint with a change.
+NONFINITE_EXIT_CODE = 70
 
 
 def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
@@ -68,15 +74,6 @@ def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
     train = cfg.data.train or str(demo / "train")
     evaluation = cfg.data.eval or str(demo / "eval")
     return resolve_files(train), resolve_files(evaluation)
-
-
-def label_count(files: list[str]) -> int:
-    """Classes for the probe: the vocabulary beside the shards, else the largest label + 1."""
-    vocab = Path(files[0]).with_name("vocab.json")
-    if vocab.exists():
-        data = json.loads(vocab.read_text())
-        return len(data["names"] if isinstance(data, dict) else data)
-    raise FileNotFoundError(f"{vocab}: the probe needs the label vocabulary beside the train shards")
 
 
 def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
@@ -135,13 +132,6 @@ def due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and (step + 1) % every == 0)
 
 
-def validate(cfg: PretrainConfig) -> None:
-    if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
-        raise ValueError("the lejepa objective needs --data.n-views >= 2")
-    if cfg.objective.lejepa.span_weight and not cfg.model.predictor_depth:
-        raise ValueError("--objective.lejepa.span-weight needs a predictor: set --model.predictor-depth >= 1")
-
-
 def start_state(
     cfg: PretrainConfig,
     model_cfg: ModelConfig,
@@ -180,11 +170,13 @@ class Trainer:
         self.config, self.git = to_dict(cfg), git_commit()
         devices = jax.devices()
         if cfg.data.batch_size % len(devices):
-            raise ValueError(f"batch size {cfg.data.batch_size} is not divisible by {len(devices)} devices")
+            n = len(devices)
+            raise OptionError("data.batch_size", cfg.data.batch_size, f"must divide over the {n} devices")
         self.n_devices = len(devices)
         print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
         self.fns = fns
         self.rows = distributed.local_rows(fns.sharded, cfg.data.batch_size)
+        self.leaf_names: list[str] = []  # of the parameters, for the non-finite guard's report
         self.evaluator = PeriodicEval(
             self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
             batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
@@ -200,9 +192,13 @@ class Trainer:
         params, opt_state = jax.device_put((state.params, state.opt_state), self.fns.replicated)
         return dataclasses.replace(state, params=params, opt_state=opt_state)
 
-    def on_device(self, batch: Batch) -> dict[str, jax.Array]:
-        """The global batch as arrays sharded over every process's devices (each gives its rows)."""
-        return distributed.global_batch({k: batch[k] for k in BATCH_KEYS}, self.fns.sharded)
+    def on_device(self, batch: Batch, *, nan: bool = False) -> dict[str, jax.Array]:
+        """The global batch as arrays sharded over every process's devices (each gives its rows);
+        ``nan``: its spectrograms made NaN (``--debug-nonfinite-steps``)."""
+        arrays = distributed.global_batch({k: batch[k] for k in BATCH_KEYS}, self.fns.sharded)
+        if nan:
+            arrays["spectrogram"] = arrays["spectrogram"] * np.float32(np.nan)
+        return arrays
 
     def encoder(self, params: Any) -> Encode:
         """Embeddings of a host batch of spectrograms under ``params`` (sharded like a train batch)."""
@@ -244,6 +240,7 @@ class Trainer:
             expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(self.fns.tx.init, state.params)),
             grad_accum=cfg.optim.grad_accum,
             allow_config_change=cfg.allow_config_change,
+            skipped=state.skipped,
         )
         for r in results:
             print(r.line(), flush=True)
@@ -263,10 +260,42 @@ class Trainer:
         )
         return RESUME_CHECK_EXIT_CODE
 
+    def nonfinite(self, state: TrainState, metrics: dict[str, float], bad: np.ndarray) -> tuple[int, str]:
+        """After step ``state.step - 1`` was not finite (its update not applied): the exit code (0: go on,
+        skipping it) and the line to print. Logs a ``nonfinite`` event naming what was not finite."""
+        cfg, step = self.cfg, state.step - 1
+        if not self.leaf_names:
+            self.leaf_names = leaf_names(state.params)
+        names = sorted(
+            (k for k, v in metrics.items() if not np.isfinite(v)), key=lambda k: (k != "train/loss", k)
+        )
+        params = [n for n, b in zip(self.leaf_names, bad, strict=True) if b]
+        stop = cfg.on_nonfinite == "stop" or (cfg.max_skips > 0 and state.skip_streak >= cfg.max_skips)
+        action = "stop" if stop else "skip"
+        self.log.event("nonfinite", step, metrics=names, params=params, action=action,
+                       skipped=state.skipped, streak=state.skip_streak)  # fmt: skip
+        what = f"{', '.join(names[:3]) or 'the updated state'}" + (
+            f" (gradient or new value of {', '.join(params[:3])}{' ...' if len(params) > 3 else ''})"
+            if params else ""
+        )  # fmt: skip
+        if not stop:
+            return 0, (f"WARNING step {step} is not finite: {what}; update skipped ({state.skip_streak} in a "
+                       f"row, {state.skipped} in all)")  # fmt: skip
+        why = "" if cfg.on_nonfinite == "stop" else f" after {state.skip_streak} skipped updates in a row"
+        latest = self.ckpt.latest_step()
+        since = f"the newest checkpoint ({latest}) is finite" if latest is not None else "no checkpoint yet"
+        return NONFINITE_EXIT_CODE, (
+            f"ERROR: step {step} is not finite: {what}{why}. It was not applied and nothing was saved; "
+            f"{since}. Resume from it with a lower --optim.lr and --allow-config-change, or with "
+            f"--on-nonfinite skip; exit {NONFINITE_EXIT_CODE}"
+        )
+
     def evaluate(self, params: Any, step: int) -> tuple[dict[str, float], dict[str, Row]]:
-        """Frozen-encoder kNN beside its baselines; the linear probe too at the last step (and its JSON)."""
+        """Frozen-encoder kNN beside its baselines; at the last step also the linear probe (unless
+        --no-eval-linear) and the table's JSON."""
         cfg, last = self.cfg, self.cfg.steps - 1
-        rows, train_split, held_out = self.evaluator(self.encoder(params), linear=step == last)
+        linear = step == last and cfg.eval_linear
+        rows, train_split, held_out = self.evaluator(self.encoder(params), linear=linear)
         evals = {**eval_report.metrics(rows), **online_probe_metrics(params["probe"], held_out)}
         self.log.log(step, evals)
         if step == last and self.main:
@@ -330,7 +359,7 @@ def pretrain(cfg: PretrainConfig) -> int:
 
 def _pretrain(requested: PretrainConfig) -> int:
     # Open: the data, the model and the optimizer.
-    validate(requested)
+    validation.check(requested)
     requested.run_dir.mkdir(parents=True, exist_ok=True)
     if distributed.is_main():  # this segment's configuration (each checkpoint also holds its own)
         (requested.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
@@ -343,13 +372,20 @@ def _pretrain(requested: PretrainConfig) -> int:
 
     # Restore: a fresh state, or the newest checkpoint. --debug-inject-fault breaks a restored one on
     # purpose, and may change what the segment trains with (batch size, shards): hence `cfg` below.
-    restored, meta = start_state(requested, model_cfg, fns.tx, ckpt)
+    try:
+        restored, meta = start_state(requested, model_cfg, fns.tx, ckpt)
+    except checkpoint.CheckpointError as e:  # none verifies, or the run asks for another structure
+        print(f"ERROR: cannot resume: {e}; exit {RESUME_CHECK_EXIT_CODE}", flush=True)
+        ckpt.close()
+        return RESUME_CHECK_EXIT_CODE
     r, no_effect = Restored(requested, found_files, restored), None
     if meta is not None and requested.debug_inject_fault:
         r, no_effect = inject(requested.debug_inject_fault, r, fns.tx, fresh_chain(requested))
     cfg, train_files = r.cfg, r.train_files
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.place(r.state)
+    for fallback in ckpt.fallbacks:
+        t.log.event("ckpt_fallback", state.step, **fallback)
     if meta is not None:
         t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
         if cfg.debug_inject_fault:
@@ -389,12 +425,18 @@ def _pretrain(requested: PretrainConfig) -> int:
         t_data = time.perf_counter() - t0
         key, chain = step_key(cfg, state.chain, step)
         check = check_due(step, cfg.monitor_interval, cfg.optim.grad_accum)
-        params, opt_state, metrics, stats = t.fns.train_step(
-            state.params, state.opt_state, t.on_device(batch), key, check
+        poison = step in cfg.debug_nonfinite_steps
+        params, opt_state, metrics, stats, guard = t.fns.train_step(
+            state.params, state.opt_state, t.on_device(batch, nan=poison), key, check
         )
-        state = dataclasses.replace(state, step=step + 1, params=params, opt_state=opt_state, chain=chain)
-        metrics, stats = distributed.host((metrics, stats))
+        metrics, stats, guard = distributed.host((metrics, stats, guard))
+        finite = bool(guard["finite"])  # if not, params and opt_state are the ones given
+        state = dataclasses.replace(
+            state, step=step + 1, params=params, opt_state=opt_state, chain=chain,
+            skipped=state.skipped + (not finite), skip_streak=0 if finite else state.skip_streak + 1,
+        )  # fmt: skip
         metrics = {k: float(v) for k, v in metrics.items()}
+        metrics["train/skipped_updates"] = float(state.skipped)
         metrics["train/step_time"] = time.perf_counter() - t0
         metrics["train/data_wait"] = t_data
         metrics["dataloader/index_crc32"] = distributed.index_crc32(batch["index"][t.rows])
@@ -410,6 +452,11 @@ def _pretrain(requested: PretrainConfig) -> int:
             metrics.update({f"train/{k}": v for k, v in norms.items()})
             t.log.log(step, metrics)
         progress.step(step, metrics)
+        if not finite:  # before any evaluation or save: a stop leaves the last checkpoint the newest
+            exit_code, line = t.nonfinite(state, metrics, guard["bad"])
+            progress.message(line)
+            if exit_code:
+                break
 
         if cfg.eval_every > 0 and due(step, cfg.eval_every, last):
             evals, eval_rows = t.evaluate(state.params, step)
@@ -441,12 +488,17 @@ def _pretrain(requested: PretrainConfig) -> int:
             print(f"{took}; no evaluation (--eval-every 0); run directory {cfg.run_dir}", flush=True)
         else:
             print(eval_report.table(eval_rows, encoder_title=f"encoder (step {last})"), flush=True)
+            e = evals
+            linear = (
+                f"linear probe {e['eval/linear_acc']:.3f} (random init "
+                f"{e['eval/linear_acc_random_init']:.3f}, raw log-mel {e['eval/linear_acc_raw']:.3f}), "
+                if "eval/linear_acc" in e
+                else ""
+            )
             print(
-                f"{took}; frozen encoder on the held-out split: linear probe {evals['eval/linear_acc']:.3f} "
-                f"(random init {evals['eval/linear_acc_random_init']:.3f}, raw log-mel "
-                f"{evals['eval/linear_acc_raw']:.3f}), kNN {evals['eval/knn_acc']:.3f} (random init "
-                f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); chance "
-                f"{1 / t.model_cfg.n_classes:.3f}; run directory {cfg.run_dir}",
+                f"{took}; frozen encoder on the held-out split: {linear}kNN {e['eval/knn_acc']:.3f} "
+                f"(random init {e['eval/knn_acc_random_init']:.3f}, raw {e['eval/knn_acc_raw']:.3f}); "
+                f"chance {1 / t.model_cfg.n_classes:.3f}; run directory {cfg.run_dir}",
                 flush=True,
             )
     t.close(exit_code)
@@ -455,10 +507,19 @@ def _pretrain(requested: PretrainConfig) -> int:
 
 def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
+    try:
+        validation.check(cfg)
+    except OptionError as e:  # before JAX starts or a run directory exists
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE) from None
     deterministic_xla()
     distributed.initialize()
     if not distributed.is_main():  # one console: process 0 speaks for the group
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-    code = pretrain(cfg)
+    try:
+        code = pretrain(cfg)
+    except OptionError as e:  # found once the devices are known (the batch over the devices)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE) from None
     if code:
         raise SystemExit(code)

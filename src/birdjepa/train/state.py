@@ -33,6 +33,10 @@ class TrainState:
     """The loader's position before batch ``step`` (None: the start of the stream)."""
     callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The callbacks' state (IID diagnostics' window, the monitor's streaks)."""
+    skipped: int = 0
+    """Updates skipped because they were not finite (``--on-nonfinite skip``), over the whole run."""
+    skip_streak: int = 0
+    """Of those, how many in a row up to this step."""
 
     def arrays(self) -> dict[str, Any]:
         return {"params": self.params, "opt_state": self.opt_state}
@@ -43,6 +47,8 @@ class TrainState:
             "loader_state": self.loader_state,
             "prng_chain": np.asarray(jax.random.key_data(self.chain)).tolist(),
             "callbacks": self.callbacks,
+            "skipped": self.skipped,
+            "skip_streak": self.skip_streak,
         }
 
 
@@ -55,8 +61,8 @@ def save(ckpt: Checkpointer, state: TrainState, meta: dict[str, Any]) -> dict[st
 
 
 def restore(ckpt: Checkpointer, fresh: TrainState) -> tuple[TrainState, dict[str, Any]] | None:
-    """The newest complete checkpoint, read into ``fresh``'s tree (verified against its norms), with its
-    meta; None when there is none."""
+    """The newest checkpoint that verifies (its hashes and norms; damaged newer ones are moved aside, see
+    `Checkpointer.restore_latest`), read into ``fresh``'s tree, with its meta; None when there is none."""
     found = ckpt.restore_latest(fresh.arrays())
     if found is None:
         return None
@@ -68,7 +74,9 @@ def restore(ckpt: Checkpointer, fresh: TrainState) -> tuple[TrainState, dict[str
         opt_state=arrays["opt_state"],
         chain=jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32)),
         loader_state=meta["loader_state"],
-        callbacks=meta.get("callbacks", {}),
+        callbacks=meta["callbacks"],
+        skipped=meta["skipped"],
+        skip_streak=meta["skip_streak"],
     )
     return state, meta
 

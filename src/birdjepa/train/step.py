@@ -131,16 +131,27 @@ def make_loss_fn(spec: StepConfig) -> Callable:
 
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
-    """The pure step ``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats)``;
-    ``stats`` are the weight-update monitor's per-parameter statistics when ``check`` (raw gradients,
-    before clipping, and the change actually applied), else its placeholder."""
+    """The pure step ``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats,
+    guard)``; ``stats`` are the weight-update monitor's per-parameter statistics when ``check`` (raw
+    gradients, before clipping, and the change actually applied), else its placeholder.
+
+    The non-finite guard: a step whose loss, gradients or updated state hold a NaN or an inf returns the
+    params and optimizer state it was given (its gradient accumulation too), and ``guard`` says so:
+    ``finite`` (bool) and ``bad`` (per parameter, in `jax.tree` order: its gradient or new value is not
+    finite). The loop decides what follows (``--on-nonfinite``)."""
 
     def step(
         params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: jax.Array
-    ) -> tuple[Any, Any, dict, dict]:
-        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+    ) -> tuple[Any, Any, dict, dict, dict]:
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
+        pairs = zip(jax.tree.leaves(grads), jax.tree.leaves(new_params), strict=True)
+        bad = jnp.stack([~(_finite(g) & _finite(p)) for g, p in pairs])
+        finite = jnp.isfinite(loss) & ~jnp.any(bad) & _finite(jax.tree.leaves(new_opt_state))
+        new_params, new_opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), (new_params, new_opt_state), (params, opt_state)
+        )
         metrics = {f"train/{k}": v for k, v in aux.items() if not k.endswith("n_labelled")}
         metrics["train/lr"] = applied_lr(new_opt_state)
         metrics["train/grad_norm"] = optax.tree.norm(grads)
@@ -148,6 +159,12 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Call
         metrics["train/update_count"] = update_count(new_opt_state)
         metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
         stats = maybe_update_stats(check, grads, params, new_params)
-        return new_params, new_opt_state, metrics, stats
+        return new_params, new_opt_state, metrics, stats, {"finite": finite, "bad": bad}
 
     return step
+
+
+def _finite(x: Any) -> jax.Array:
+    """Whether every element of every (floating) leaf of ``x`` is finite."""
+    leaves = [jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(x) if jnp.issubdtype(v.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)

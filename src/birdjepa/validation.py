@@ -1,0 +1,204 @@
+"""The pretrain options, checked before anything runs (no JAX here: `birdjepa sweep` imports it).
+
+`check` raises `OptionError` for the first option that cannot work: a size, count, rate or interval
+out of its range, a data path that matches no shard, string labels without their `vocab.json`, or
+options that cannot work together (views vs objective, patch vs spectrogram size). Its message is
+one line that names the option as it is typed, its value and what is allowed; `birdjepa pretrain`
+prints it and exits 2 (`USAGE_EXIT_CODE`), before it opens a run directory.
+
+The loader's own options are checked by the Rust core (`birdjepa._rs.check_loader_options`), which
+holds their defaults and ranges; everything else is here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from birdjepa.config import PretrainConfig
+from birdjepa.data import DEFAULTS, DataError, resolve_files
+from birdjepa.data.shards import VOCAB_FILE, read_shard
+from birdjepa.model.config import PRESETS
+
+#: Exit code of a command line that cannot work (the shell's and argparse's usage error).
+USAGE_EXIT_CODE = 2
+
+
+class OptionError(ValueError):
+    """An option whose value cannot work."""
+
+    def __init__(self, option: str, value: Any, allowed: str) -> None:
+        self.option, self.value, self.allowed = option, value, allowed
+        super().__init__(f"{flag(option)} {value!r}: {allowed}")
+
+
+def flag(option: str) -> str:
+    """The command-line spelling of a config field path (``data.batch_size`` -> ``--data.batch-size``)."""
+    return "--" + option.replace("_", "-")
+
+
+def _get(cfg: Any, option: str) -> Any:
+    for part in option.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+# (options, predicate, what is allowed); an option left at None means "the default" and is not checked.
+_RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
+    (
+        ("steps", "log_every", "ckpt_keep", "iid_window", "optim.grad_accum",
+         "objective.lejepa.num_directions", "objective.lejepa.span_tokens", "objective.lejepa.local_frames",
+         "model.patch", "model.n_frames", "model.n_mels", "model.n_classes", "model.dim", "model.depth",
+         "model.heads", "model.mlp_ratio", "model.patch_freq", "model.proj_hidden", "model.proj_dim"),
+        lambda v: v >= 1, "must be >= 1",
+    ),
+    (
+        ("eval_every", "ckpt_every", "monitor_interval", "max_skips", "optim.warmup_steps",
+         "objective.lejepa.local_views", "model.proj_layers", "model.predictor_depth"),
+        lambda v: v >= 0, "must be >= 0 (0 = off)",
+    ),
+    (("stop_at_step",), lambda v: v >= 0, "must be >= 0"),
+    (("objective.lejepa.num_knots",), lambda v: v >= 2, "must be >= 2"),
+    (
+        ("optim.lr", "optim.probe_lr_scale", "objective.lejepa.t_max", "data.features.std"),
+        lambda v: v > 0, "must be > 0",
+    ),
+    (
+        ("optim.weight_decay", "optim.clip_norm", "objective.lejepa.span_weight", "augment.gain_db",
+         "augment.tilt_db", "augment.noise_db", "augment.pitch_bins", "augment.stretch"),
+        lambda v: v >= 0, "must be >= 0 (0 = off)",
+    ),
+    (("optim.b1", "optim.b2", "model.dropout", "model.drop_path"), lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    (
+        ("optim.decay_fraction", "optim.min_lr_ratio", "objective.lejepa.lam", "augment.mix_prob"),
+        lambda v: 0 <= v <= 1, "must be in [0, 1]",
+    ),
+    (("objective.lejepa.span_ratio",), lambda v: 0 < v < 1, "must be in (0, 1)"),
+]  # fmt: skip
+
+
+def check(cfg: PretrainConfig, *, data: bool = True) -> None:
+    """Raise `OptionError` for the first option of ``cfg`` that cannot work; ``data``: also check that
+    the data paths match shards and that their labels can be counted."""
+    for options, ok, allowed in _RANGES:
+        for option in options:
+            value = _get(cfg, option)
+            if value is not None and not ok(value):
+                raise OptionError(option, value, allowed)
+    for step in cfg.debug_roundtrip_steps:
+        if not 0 <= step < cfg.steps:
+            raise OptionError("debug_roundtrip_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")
+    for step in cfg.debug_nonfinite_steps:
+        if not 0 <= step < cfg.steps:
+            raise OptionError("debug_nonfinite_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")
+    low, high = cfg.augment.mix_db
+    if low > high:
+        raise OptionError("augment.mix_db", cfg.augment.mix_db, "must be (low, high) with low <= high")
+    _check_loader(cfg)
+    _check_model(cfg)
+    _check_objective(cfg)
+    if data:
+        check_data(cfg)
+
+
+def _check_loader(cfg: PretrainConfig) -> None:
+    from birdjepa import _rs
+
+    options = {**cfg.data.loader_options(), **cfg.data.features.options()}
+    try:
+        _rs.check_loader_options(json.dumps(options))
+    except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option it rejects
+        message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
+        name = message.split()[0]
+        data = cfg.data.loader_options()
+        option = f"data.{name}" if name in data else f"data.features.{name}"
+        value = options.get(name, "?")
+        raise OptionError(option, value, message.removeprefix(f"{name} ")) from None
+
+
+def _check_model(cfg: PretrainConfig) -> None:
+    m = cfg.model
+    if m.preset not in PRESETS:
+        raise OptionError("model.preset", m.preset, f"must be one of {', '.join(sorted(PRESETS))}")
+    r = m.resolved()
+    if r.dim % r.heads:
+        raise OptionError("model.heads", r.heads, f"must divide --model.dim ({r.dim})")
+    if m.n_frames % m.patch:
+        raise OptionError("model.patch", m.patch, f"must divide --model.n-frames ({m.n_frames})")
+    if m.n_mels % m.patch_mels:
+        raise OptionError("model.patch_freq", m.patch_freq, f"must divide --model.n-mels ({m.n_mels})")
+    features = cfg.data.features
+    if (features.n_frames, features.n_mels) != (m.n_frames, m.n_mels):
+        raise OptionError(
+            "model.n_frames", m.n_frames,
+            f"the model is built for {m.n_frames} x {m.n_mels} spectrograms, the data gives "
+            f"{features.n_frames} x {features.n_mels} (--data.features.n-frames, --data.features.n-mels)",
+        )  # fmt: skip
+
+
+def _check_objective(cfg: PretrainConfig) -> None:
+    lej, m = cfg.objective.lejepa, cfg.model
+    if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
+        raise OptionError("data.n_views", cfg.data.n_views, "the lejepa objective compares views: need >= 2")
+    if lej.span_weight and not m.predictor_depth:
+        raise OptionError(
+            "objective.lejepa.span_weight", lej.span_weight,
+            "needs a predictor: set --model.predictor-depth >= 1",
+        )  # fmt: skip
+    time_tokens = m.n_frames // m.patch
+    if lej.span_weight and time_tokens % lej.span_tokens:
+        raise OptionError(
+            "objective.lejepa.span_tokens", lej.span_tokens, f"must divide the {time_tokens} time tokens"
+        )
+    if lej.local_views and (lej.local_frames % m.patch or lej.local_frames > m.n_frames):
+        raise OptionError(
+            "objective.lejepa.local_frames", lej.local_frames,
+            f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames",
+        )  # fmt: skip
+
+
+def check_data(cfg: PretrainConfig) -> None:
+    """The data paths match shard files, and the train shards' labels can be counted."""
+    for option in ("data.train", "data.eval"):
+        value = _get(cfg, option)
+        if value is None:  # the demo set, generated on first use
+            continue
+        try:
+            files = resolve_files(value)
+        except DataError as e:
+            raise OptionError(option, value, str(e)) from None
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise OptionError(option, value, f"no shard files match {missing[0]!r}")
+        if option == "data.train":
+            try:
+                label_count(files)
+            except DataError as e:
+                raise OptionError(option, value, str(e)) from None
+
+
+def label_count(files: list[str]) -> int:
+    """Classes of the probe: the size of the `vocab.json` beside the shards; without one (integer labels
+    only) the largest label + 1. Raises `DataError` for string labels without a vocabulary."""
+    folder = Path(files[0]).parent
+    vocab = folder / VOCAB_FILE
+    if vocab.exists():
+        data = json.loads(vocab.read_text())
+        return len(data["names"] if isinstance(data, dict) else data)
+    column = DEFAULTS["label_column"]
+    largest = -1
+    for f in files:
+        table = read_shard(Path(f))
+        if column not in table.column_names:
+            raise DataError(f"{f}: no label column {column!r}")
+        labels = table.column(column)
+        if not pa.types.is_integer(labels.type):
+            raise DataError(f"{column} labels of type {labels.type} need a vocabulary: no {vocab}")
+        largest = max(largest, pc.max(labels).as_py() if labels.null_count < len(labels) else -1)
+    return largest + 1

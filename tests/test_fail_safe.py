@@ -1,0 +1,134 @@
+"""Nothing lost, whatever happens, in the real loop: a step that is not finite is never applied or
+saved (stop: the run ends there and its last checkpoint resumes; skip: the skipped update is part of
+the state and resumes exactly), and damaged checkpoints are passed over for the newest one that
+verifies (the run then equals the straight run), or the run stops with one line and exit 65."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from birdjepa.config import DataConfig, LogConfig, PretrainConfig
+from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.train.checkpoint import DAMAGED_DIR, Checkpointer
+from birdjepa.train.loop import NONFINITE_EXIT_CODE, RESUME_CHECK_EXIT_CODE, pretrain
+from birdjepa.train.metrics_log import read_metrics
+
+STEPS = 6
+
+
+def config(demo_dir: Path, runs: Path, run: str, **kw: object) -> PretrainConfig:
+    """The shape of test_train_resume's runs (6 steps of 8 clips), checkpoints after steps 1, 3 and 5,
+    no evaluation."""
+    data = DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8)
+    options: dict = {"steps": STEPS, "eval_every": 0, "ckpt_every": 2, **kw}
+    return PretrainConfig(run=run, data=data, log=LogConfig(runs_dir=runs), **options)
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    return [x for x in read_metrics(run_dir) if x.get("event") == kind]
+
+
+def differing(a: Path, b: Path) -> list[str]:
+    return [f"{d.name} at step {d.first_step}: {d.first_values}" for d in compare_runs(a, b) if d.max_abs]
+
+
+def steps_on_disk(run_dir: Path) -> list[int]:
+    return Checkpointer(run_dir, keep=None, async_save=False).all_steps()
+
+
+@pytest.fixture(scope="module")
+def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = config(demo_dir, tmp_path_factory.mktemp("straight"), "straight")
+    assert pretrain(cfg) == 0
+    return cfg.run_dir
+
+
+def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
+    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Step 4's batch is NaN (--debug-nonfinite-steps): its loss and every gradient are not finite.
+    cfg = config(demo_dir, tmp_path, "nan", debug_nonfinite_steps=(4,), ckpt_every=1)
+    assert pretrain(cfg) == NONFINITE_EXIT_CODE
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    assert line.startswith("ERROR: step 4 is not finite: train/loss") and "newest checkpoint (3)" in line
+    assert line.endswith(f"exit {NONFINITE_EXIT_CODE}")
+    # Nothing after step 3 was saved, although --ckpt-every 1 asked for a save after every step.
+    assert steps_on_disk(cfg.run_dir) == [1, 2, 3]
+    (event,) = events(cfg.run_dir, "nonfinite")
+    assert event["step"] == 4 and event["action"] == "stop" and "train/loss" in event["metrics"]
+    assert "encoder/patch_embed/kernel" in event["params"]
+    logged = metrics_by_step(cfg.run_dir)
+    assert logged[4]["train/loss"] == "nan" and 5 not in logged  # (JSON has no NaN: the log says 'nan')
+    # The same command without the bad batch resumes from checkpoint 3 and trains the straight run.
+    assert pretrain(dataclasses.replace(cfg, debug_nonfinite_steps=())) == 0
+    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [3]
+    assert differing(straight, cfg.run_dir) == []
+
+
+def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(demo_dir: Path, tmp_path: Path) -> None:
+    skip = {"on_nonfinite": "skip", "debug_nonfinite_steps": (3,)}
+    straight = config(demo_dir, tmp_path, "skip", **skip)
+    assert pretrain(straight) == 0
+    logged = metrics_by_step(straight.run_dir, everything=True)
+    assert [logged[s]["train/skipped_updates"] for s in range(STEPS)] == [0, 0, 0, 1, 1, 1]
+    assert logged[3]["train/update_norm"] == 0.0
+    assert logged[3]["train/param_norm"] == logged[2]["train/param_norm"]
+    assert [e["action"] for e in events(straight.run_dir, "nonfinite")] == ["skip"]
+    # Stopped right after the skipped step and resumed: the same run, bit for bit.
+    seg = config(demo_dir, tmp_path, "seg", **skip)
+    assert pretrain(dataclasses.replace(seg, stop_at_step=3)) == 0
+    meta = Checkpointer(seg.run_dir, keep=None, async_save=False).read_meta(3)
+    assert (meta["skipped"], meta["skip_streak"]) == (1, 1)
+    assert pretrain(seg) == 0
+    assert differing(straight.run_dir, seg.run_dir) == []
+    # Too many in a row: the run stops as it would have without skipping.
+    many = config(
+        demo_dir, tmp_path, "many", on_nonfinite="skip", max_skips=2, debug_nonfinite_steps=(2, 3, 4)
+    )
+    assert pretrain(many) == NONFINITE_EXIT_CODE
+    assert [(e["step"], e["action"]) for e in events(many.run_dir, "nonfinite")] == [(2, "skip"), (3, "stop")]
+
+
+def damage(run_dir: Path, step: int) -> None:
+    """Flip one byte in the middle of checkpoint ``step``'s largest array file."""
+    state = run_dir / "checkpoints" / str(step) / "state"
+    files = sorted(state.rglob("d/*"), key=lambda p: p.stat().st_size)
+    data = bytearray(files[-1].read_bytes())
+    data[len(data) // 2] ^= 0x40
+    files[-1].write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_falls_back_and_the_run_equals_the_straight_one(
+    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    cfg = config(demo_dir, tmp_path, "damaged")
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=5)) == 0
+    damage(cfg.run_dir, 5)
+    capsys.readouterr()
+    assert pretrain(cfg) == 0
+    out = capsys.readouterr().out
+    assert "WARNING checkpoint 5 is damaged" in out
+    (fallback,) = events(cfg.run_dir, "ckpt_fallback")
+    assert fallback["step"] == 4 and fallback["checkpoint"] == 5
+    assert fallback["moved_to"] == str(cfg.run_dir / DAMAGED_DIR / "5")
+    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [3]
+    assert (cfg.run_dir / DAMAGED_DIR / "5").is_dir()
+    assert differing(straight, cfg.run_dir) == []
+
+
+def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    cfg = config(demo_dir, tmp_path, "all-damaged", ckpt_keep=2)
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=3)) == 0
+    for step in steps_on_disk(cfg.run_dir):
+        damage(cfg.run_dir, step)
+    capsys.readouterr()
+    assert pretrain(cfg) == RESUME_CHECK_EXIT_CODE
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    assert line.startswith("ERROR: cannot resume: no checkpoint in") and "verifies" in line
+    assert line.endswith(f"exit {RESUME_CHECK_EXIT_CODE}")
+    assert steps_on_disk(cfg.run_dir) == []

@@ -1,0 +1,110 @@
+"""Options are checked before anything runs: every invalid one gives exit 2 and one line naming the
+option, its value and what is allowed, never a traceback; sweep files get the same check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from birdjepa.cli import main
+from birdjepa.data.shards import shard_schema
+
+# (flags, what the line must say); the data flags of `demo_dir` are added to each.
+INVALID = [
+    (["--steps", "-5"], "--steps -5: must be >= 1"),
+    (["--steps", "0"], "--steps 0: must be >= 1"),
+    (["--data.batch-size", "0"], "--data.batch-size 0: must be >= 1"),
+    (["--data.n-workers", "0"], "--data.n-workers 0: must be >= 1"),
+    (["--data.shuffle-buffer", "8", "--data.shuffle-initial", "9"], "--data.shuffle-initial 9:"),
+    (["--data.features.hop-length", "0"], "--data.features.hop-length 0: must be > 0"),
+    (["--data.n-views", "1"], "--data.n-views 1: the lejepa objective compares views: need >= 2"),
+    (["--optim.lr", "-1"], "--optim.lr -1.0: must be > 0"),
+    (["--optim.lr", "0"], "--optim.lr 0.0: must be > 0"),
+    (["--optim.grad-accum", "0"], "--optim.grad-accum 0: must be >= 1"),
+    (["--optim.b2", "1"], "--optim.b2 1.0: must be in [0, 1)"),
+    (["--ckpt-keep", "0"], "--ckpt-keep 0: must be >= 1"),
+    (["--ckpt-every", "-1"], "--ckpt-every -1: must be >= 0 (0 = off)"),
+    (["--eval-every", "-2"], "--eval-every -2: must be >= 0 (0 = off)"),
+    (["--stop-at-step", "-1"], "--stop-at-step -1: must be >= 0"),
+    (["--max-skips", "-1"], "--max-skips -1: must be >= 0 (0 = off)"),
+    (["--debug-roundtrip-steps", "700"], "--debug-roundtrip-steps 700: each must be a step in [0, 599]"),
+    (["--augment.mix-prob", "1.5"], "--augment.mix-prob 1.5: must be in [0, 1]"),
+    (["--augment.pitch-bins", "-1"], "--augment.pitch-bins -1.0: must be >= 0 (0 = off)"),
+    (["--model.preset", "huge"], "--model.preset 'huge': must be one of base, small, tiny"),
+    (["--model.heads", "3"], "--model.heads 3: must divide --model.dim (64)"),
+    (["--model.patch", "7"], "--model.patch 7: must divide --model.n-frames (512)"),
+    (["--model.dropout", "1"], "--model.dropout 1.0: must be in [0, 1)"),
+    (["--data.features.n-frames", "256"], "--model.n-frames 512: the model is built for 512 x 128"),
+    (["--objective.lejepa.span-weight", "0.5"], "needs a predictor: set --model.predictor-depth >= 1"),
+    (
+        ["--objective.lejepa.local-views", "2", "--objective.lejepa.local-frames", "100"],
+        "--objective.lejepa.local-frames 100: must be a multiple of --model.patch (16)",
+    ),
+]
+
+
+def pretrain_exit(capsys: pytest.CaptureFixture, *args: str) -> tuple[int | str | None, str]:
+    """`birdjepa pretrain ARGS` through the console script's entry point: (exit code, stderr)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", *args])
+    return e.value.code, capsys.readouterr().err
+
+
+def data_flags(demo_dir: Path) -> list[str]:
+    return ["--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval")]
+
+
+@pytest.mark.parametrize("flags,message", INVALID, ids=[" ".join(f) for f, _ in INVALID])
+def test_invalid_option_exits_2_with_one_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str
+) -> None:
+    code, err = pretrain_exit(capsys, *data_flags(demo_dir), "--log.runs-dir", str(tmp_path), *flags)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: ") and message in line, line
+    assert not list(tmp_path.iterdir())  # nothing ran: not even a run directory
+
+
+def test_data_paths_that_match_no_shard_or_lack_a_vocabulary(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    code, err = pretrain_exit(capsys, "--data.train", "/nonexistent", "--data.eval", str(demo_dir / "eval"))
+    assert (
+        code == 2 and err.strip() == "error: --data.train '/nonexistent': no shard files match '/nonexistent'"
+    )
+    code, err = pretrain_exit(capsys, "--data.train", str(demo_dir / "train"), "--data.eval", str(tmp_path))
+    assert code == 2 and f"--data.eval '{tmp_path}': no shard files match" in err
+    # String labels need the vocabulary that maps them to integers; the line names the missing file.
+    strings = tmp_path / "strings"
+    strings.mkdir()
+    schema = shard_schema().set(1, pa.field(shard_schema().field(1).name, pa.string()))
+    row = [{"bytes": b"x", "path": "r0.wav"}, "robin", "r0"]
+    table = pa.table({n: [v] for n, v in zip(schema.names, row, strict=True)}, schema=schema)
+    with pa.ipc.new_file(str(strings / "s-00000.arrow"), schema) as w:
+        w.write_table(table)
+    code, err = pretrain_exit(capsys, "--data.train", str(strings), "--data.eval", str(demo_dir / "eval"))
+    assert code == 2 and f"need a vocabulary: no {strings / 'vocab.json'}" in err, err
+
+
+def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--data.batch-size", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["error: --data.batch-size 0: must be >= 1"]
+    assert done.stdout == "" and not list(tmp_path.iterdir())
+
+
+def test_a_sweep_is_checked_the_same_way(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "bad.py"
+    path.write_text('def make_cfgs():\n    return [{"steps": 10}, {"optim.lr": -1.0}]\n')
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(path), "--dry-run"])
+    assert e.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"error: {path}: config 1: --optim.lr -1.0: must be > 0"
