@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import sys
@@ -25,22 +26,25 @@ try:
 except ImportError:  # running from a plain checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from birdjepa.data.demo import CODECS, SMALL, encode_audio, generate_demo_data
+from birdjepa.data.demo import CODECS, SMALL, encode_audio, ensure_demo_data
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
 from birdjepa.train.determinism import deterministic_xla
 
 # Before any test runs a JAX computation: thread-timing-independent XLA kernels.
 deterministic_xla()
 
-# One compilation cache for the session, shared by this process, the xdist workers and every
-# `birdjepa` subprocess: the tests train the same tiny model again and again, and a step that was
-# compiled once loads in a fraction of the time. A cached executable is the one XLA compiled, so
-# results stay bit-identical. The first process (pytest itself) makes the folder and removes it.
-if "BIRDJEPA_TEST_JAX_CACHE" not in os.environ:
-    os.environ["BIRDJEPA_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="birdjepa-test-jax-cache-")
-    atexit.register(shutil.rmtree, os.environ["BIRDJEPA_TEST_JAX_CACHE"], ignore_errors=True)
+# One folder for the session, shared by this process, the xdist workers and every `birdjepa` subprocess
+# (the first process, pytest itself, makes it and removes it):
+# - a JAX compilation cache: the tests train the same tiny model again and again, and a step that was
+#   compiled once loads in a fraction of the time. A cached executable is the one XLA compiled, so
+#   results stay bit-identical;
+# - the demo set, generated once for all workers.
+if "BIRDJEPA_TEST_TMP" not in os.environ:
+    os.environ["BIRDJEPA_TEST_TMP"] = tempfile.mkdtemp(prefix="birdjepa-tests-")
+    atexit.register(shutil.rmtree, os.environ["BIRDJEPA_TEST_TMP"], ignore_errors=True)
+SHARED = Path(os.environ["BIRDJEPA_TEST_TMP"])
 os.environ.update(
-    JAX_COMPILATION_CACHE_DIR=os.environ["BIRDJEPA_TEST_JAX_CACHE"],
+    JAX_COMPILATION_CACHE_DIR=str(SHARED / "jax-cache"),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
@@ -119,9 +123,12 @@ def write_tiny_shards(
 
 
 @pytest.fixture(scope="session")
-def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The SMALL demo preset, generated once per session (read-only: do not modify it)."""
-    return generate_demo_data(tmp_path_factory.mktemp("demo") / "demo", SMALL)
+def demo_dir() -> Path:
+    """The SMALL demo preset, generated once per session by the first worker that asks (read-only: do
+    not modify it)."""
+    with open(SHARED / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return ensure_demo_data(SMALL, SHARED / "demo", verbose=False)
 
 
 @pytest.fixture(scope="session")
@@ -140,3 +147,22 @@ def corrupt_shards(tmp_path_factory: pytest.TempPathFactory) -> TinyShards:
     return write_tiny_shards(
         tmp_path_factory.mktemp("corrupt") / "shards", "file", {2: "garbage", 6: "truncated", 9: "empty"}
     )
+
+
+# The files with the longest trainings first: pytest-xdist hands out whole files (--dist loadfile) in
+# collection order, so the short ones fill in at the end instead of a long one running alone.
+LONGEST_FIRST = (
+    "test_learning.py",
+    "test_slurm.py",
+    "test_train_resume.py",
+    "test_distributed.py",
+    "test_resume_checks.py",
+    "test_sweep.py",
+    "test_fail_safe.py",
+    "test_evaluation.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its order

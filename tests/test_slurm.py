@@ -36,10 +36,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
     subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=120, env=env)
 
 
-def write_sweep(tmp_path: Path, demo_dir: Path, n: int, name: str) -> Path:
+def write_sweep(tmp_path: Path, demo_dir: Path, n: int, name: str, eval_every: int = 12) -> Path:
+    """``n`` configs (seeds 0..n-1). The evaluations also give a preempting job time to arrive."""
     path = tmp_path / f"{name}.py"
     base = {
-        "steps": STEPS, "eval_every": 12, "ckpt_every": 6, "data.batch_size": 8,
+        "steps": STEPS, "eval_every": eval_every, "ckpt_every": 6, "data.batch_size": 8,
         "data.train": str(demo_dir / "train"), "data.eval": str(demo_dir / "eval"),
     }  # fmt: skip
     cfgs = [{**base, "seed": i} for i in range(n)]
@@ -90,10 +91,11 @@ def last_step(run_dir: Path) -> int:
         return -1
 
 
-def straight_run(demo_dir: Path, runs: Path, seed: int = 0, devices: int = 1) -> Path:
-    flags = ["--steps", str(STEPS), "--eval-every", "12", "--ckpt-every", "6", "--data.batch-size", "8",
-             "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval"),
-             "--seed", str(seed), "--run", "straight", "--log.runs-dir", str(runs)]  # fmt: skip
+def straight_run(demo_dir: Path, runs: Path, seed: int = 0, devices: int = 1, eval_every: int = 12) -> Path:
+    flags = ["--steps", str(STEPS), "--eval-every", str(eval_every), "--ckpt-every", "6",
+             "--data.batch-size", "8", "--data.train", str(demo_dir / "train"),
+             "--data.eval", str(demo_dir / "eval"), "--seed", str(seed), "--run", "straight",
+             "--log.runs-dir", str(runs)]  # fmt: skip
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "pretrain", *flags], capture_output=True,
                           text=True, timeout=600, env=env)  # fmt: skip
@@ -112,8 +114,8 @@ def identical(a: Path, b: Path) -> list[str]:
 
 
 def test_two_config_sweep_completes(cluster: None, demo_dir: Path, tmp_path: Path) -> None:
-    jobs = sweep(write_sweep(tmp_path, demo_dir, 2, "two"), tmp_path / "runs", "--slurm.partition", "low",
-                 "--slurm.cpus", "1")  # fmt: skip
+    path = write_sweep(tmp_path, demo_dir, 2, "two", eval_every=0)
+    jobs = sweep(path, tmp_path / "runs", "--slurm.partition", "low", "--slurm.cpus", "1")
     assert sorted(jobs) == [0, 1]
     for job, run_dir in jobs.values():
         wait_done(job, run_dir)
@@ -164,8 +166,8 @@ def test_two_task_job_trains_the_global_batches_of_one_process(
     cluster: None, demo_dir: Path, tmp_path: Path
 ) -> None:
     # Two processes under srun (one CPU device each) against one process with two devices.
-    reference = straight_run(demo_dir, tmp_path / "ref", devices=2)
-    path = write_sweep(tmp_path, demo_dir, 1, "two_tasks")
+    reference = straight_run(demo_dir, tmp_path / "ref", devices=2, eval_every=0)
+    path = write_sweep(tmp_path, demo_dir, 1, "two_tasks", eval_every=0)
     ((job, run_dir),) = sweep(path, tmp_path / "runs", "--slurm.ntasks", "2", "--slurm.cpus", "1").values()
     wait_done(job, run_dir)
     log = "".join(p.read_text() for p in run_dir.glob("slurm-*.out"))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from birdjepa.cli import main
 from birdjepa.slurm.sweep import SlurmOptions, SweepError, job_script, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,18 +92,16 @@ def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) 
     assert not list(tmp_path.iterdir())
 
 
-def test_local_sweep_runs_each_config_here_with_a_forced_resume(demo_dir: Path, tmp_path: Path) -> None:
+def test_local_sweep_runs_each_config_here_with_a_forced_resume(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     data = {"data.train": str(demo_dir / "train"), "data.eval": str(demo_dir / "eval"), "data.batch_size": 8}
     # The step count and batch of the other tests' runs, whose compiled step this one then reuses.
     cfg = {"steps": 6, "eval_every": 0, "ckpt_every": 3, **data}
     path = sweep_file(tmp_path, repr([cfg]), name="local")
-    done = subprocess.run(
-        [sys.executable, "-m", "birdjepa.cli", "sweep", str(path), "--local",
-         "--runs-dir", str(tmp_path / "runs"), "--force-resume-at", "0"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "local exit 0" in done.stdout
+    capsys.readouterr()
+    main(["sweep", str(path), "--local", "--runs-dir", str(tmp_path / "runs"), "--force-resume-at", "0"])
+    assert "local exit 0" in capsys.readouterr().out
     run_dir = tmp_path / "runs" / "local-0"
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x.get("event") == "stop"] == [0]

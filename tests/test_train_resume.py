@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import tyro
 
 from birdjepa.analysis import analyze
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
 from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.train import loop as train_loop
 from birdjepa.train.checkpoint import Checkpointer
 from birdjepa.train.config import OptimConfig
 from birdjepa.train.metrics_log import read_metrics
@@ -35,11 +37,21 @@ def birdjepa(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
+def pretrain_flags(demo_dir: Path, runs: Path, run: str, *extra: str) -> list[str]:
+    return [
+        "--run", run, "--log.runs-dir", str(runs), "--steps", str(STEPS), "--eval-every", "3",
+        "--ckpt-every", "3", "--data.batch-size", "8", *data_flags(demo_dir), *extra,
+    ]  # fmt: skip
+
+
 def pretrain(demo_dir: Path, runs: Path, run: str, *extra: str, **kw: object) -> subprocess.CompletedProcess:
-    return birdjepa(
-        "pretrain", "--run", run, "--log.runs-dir", str(runs), "--steps", str(STEPS), "--eval-every", "3",
-        "--ckpt-every", "3", "--data.batch-size", "8", *data_flags(demo_dir), *extra, **kw,
-    )  # fmt: skip
+    """`birdjepa pretrain` in a new process."""
+    return birdjepa("pretrain", *pretrain_flags(demo_dir, runs, run, *extra), **kw)
+
+
+def pretrain_here(demo_dir: Path, runs: Path, run: str, *extra: str) -> int:
+    """The same command line trained in this process (no second start of Python and JAX)."""
+    return train_loop.pretrain(tyro.cli(PretrainConfig, args=pretrain_flags(demo_dir, runs, run, *extra)))
 
 
 # Runs whose test is about the training state, not the evaluation (which the straight run, the debug
@@ -60,8 +72,7 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
-    done = pretrain(demo_dir, runs, "straight")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert pretrain_here(demo_dir, runs, "straight") == 0
     return runs / "straight"
 
 
@@ -125,10 +136,12 @@ def verify_resume(demo_dir: Path, runs: Path, *args: str) -> subprocess.Complete
 def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: Path, tmp_path: Path) -> None:
     # 30 micro-steps of 2-batch accumulation; stops after step 8 (mid-update: 9 micro-batches
     # done), a SIGTERM once step 14 is logged, and after step 22; 1 loader worker after the first resume.
-    # One evaluation, at the end, by the last segment: it must score what the straight run scores.
+    # No evaluation: test_distributed compares one after a resume with the straight run's.
+    # --sequential: the segments load the straight run's compiled step instead of compiling it beside it.
     done = verify_resume(
-        demo_dir, tmp_path, "--steps", "30", "--optim.grad-accum", "2", "--eval-every", "30",
-        "--ckpt-every", "10", "--resume-at", "8", "22", "--signal-at", "14", "--workers-after-resume", "1",
+        demo_dir, tmp_path, "--steps", "30", "--optim.grad-accum", "2", *NO_EVAL,
+        "--ckpt-every", "10", "--sequential", "--resume-at", "8", "22",
+        "--signal-at", "14", "--workers-after-resume", "1",
         "--monitor-interval", "5",  # every 5 updates: micro-steps 9, 19, 29
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
@@ -190,10 +203,13 @@ def test_verify_resume_catches_the_legacy_resume_bug(
     assert (v / "resumed" / "analysis" / "window-train_loss.png").stat().st_size > 5000
 
 
-def test_debug_roundtrip_does_not_change_the_run(demo_dir: Path, straight: Path, tmp_path: Path) -> None:
-    done = pretrain(demo_dir, tmp_path, "rt", "--debug-roundtrip-steps", "1", "4")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("DEBUG_ROUNDTRIP") == 2 and "identical=True" in done.stdout
+def test_debug_roundtrip_does_not_change_the_run(
+    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    capsys.readouterr()
+    assert pretrain_here(demo_dir, tmp_path, "rt", "--debug-roundtrip-steps", "1", "4") == 0
+    out = capsys.readouterr().out
+    assert out.count("DEBUG_ROUNDTRIP") == 2 and "identical=True" in out
     assert differing(straight, tmp_path / "rt") == []
 
 
