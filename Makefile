@@ -23,11 +23,10 @@ loader-demo: build
 
 # Rust: --release --workspace resolves the dependencies' features as maturin's build does, so the tests
 # reuse everything it compiled. Python: one worker per core, each test file kept on one worker (its
-# module fixtures are trained once); the 10 slowest tests are printed. Under CI=true the slow tests
-# (minutes of training) run in the same session, beside the Slurm tests' waits.
+# module fixtures are trained once); the 10 slowest tests are printed.
 test: build
 	cargo test --release --workspace --quiet
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=10 $(if $(filter true,$(CI)),-m "slow or not slow")
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=10
 
 lint: build
 	cargo clippy --all-targets -- -D warnings
