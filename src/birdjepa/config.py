@@ -76,7 +76,7 @@ class PretrainConfig:
     changed: the config check passes (saying what changed) and the LR check accepts a new schedule. The
     run is then no longer exact; the checks of the state itself still apply."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
-    """A step whose loss, gradients or updated state hold NaN or inf is never applied. stop: end the run
+    """A step whose loss or gradients hold NaN or inf is never applied. stop: end the run
     there, before anything is saved (exit 70; the last checkpoint is finite); skip: leave params,
     optimizer state and accumulation as they were, count it (train/skipped_updates) and go on."""
     max_skips: int = 10

@@ -275,7 +275,7 @@ class Trainer:
         self.log.event("nonfinite", step, metrics=names, params=params, action=action,
                        skipped=state.skipped, streak=state.skip_streak)  # fmt: skip
         what = f"{', '.join(names[:3]) or 'the updated state'}" + (
-            f" (gradient or new value of {', '.join(params[:3])}{' ...' if len(params) > 3 else ''})"
+            f" (gradient of {', '.join(params[:3])}{' ...' if len(params) > 3 else ''})"
             if params else ""
         )  # fmt: skip
         if not stop:
