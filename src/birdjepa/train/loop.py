@@ -507,18 +507,13 @@ def _pretrain(requested: PretrainConfig) -> int:
 
 def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
-    try:
-        validation.check(cfg)
-    except OptionError as e:  # before JAX starts or a run directory exists
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(USAGE_EXIT_CODE) from None
     deterministic_xla()
     distributed.initialize()
     if not distributed.is_main():  # one console: process 0 speaks for the group
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     try:
         code = pretrain(cfg)
-    except OptionError as e:  # found once the devices are known (the batch over the devices)
+    except OptionError as e:  # pretrain checks the options first, before a run directory exists
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE) from None
     if code:
