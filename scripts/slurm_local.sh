@@ -39,7 +39,7 @@
 #    (COMPLETED or FAILED by exit code) unless it first ran
 #    `scontrol requeue $SLURM_JOB_ID` (works, also mid-preemption).
 #  - A requeued job is PENDING (Reason=BeginTime) until requeue time +
-#    cred_expire + 1 s (11 s), then starts within sched_interval (5 s) once the
+#    cred_expire + 1 s (11 s), then starts within sched_interval (1 s) once the
 #    node is free; SLURM_RESTART_COUNT is then 1, 2, ... (unset on the first run).
 #  - `scancel --signal=USR1 JOB` does not reach the batch shell; use --batch
 #    (or --full).
@@ -210,7 +210,7 @@ JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=5,sched_interval=5
+SchedulerParameters=bf_interval=1,sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 PreemptType=preempt/partition_prio
