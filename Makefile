@@ -11,9 +11,14 @@ $(BIN)/uv:
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 'maturin>=1.7,<2' 'uv>=0.4'
 
-# Builds the Rust extension (release, incremental) and installs the package with its dev extras.
-build: $(BIN)/uv
+# Builds the Rust extension (release, incremental) and installs the package with its dev extras;
+# again only when a Rust source, a manifest or pyproject.toml changed (the Python package is editable).
+BUILD_INPUTS := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
+$(VENV)/.built: $(BIN)/uv $(BUILD_INPUTS)
 	$(BIN)/maturin develop --release --extras dev --quiet --uv
+	touch $@
+
+build: $(VENV)/.built
 
 # The main job: a short LeJEPA pretrain of the tiny ViT on the demo set, in a new run directory each time.
 demo: build

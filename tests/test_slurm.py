@@ -98,35 +98,37 @@ def last_step(run_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The uninterrupted run every job must equal: one process with two devices, trained once for the
-    module (a one-task job sees two devices too; a two-task job one each)."""
-    runs = tmp_path_factory.mktemp("ref")
-    flags = ["--steps", str(STEPS), "--eval-every", "12", "--no-eval-linear", "--ckpt-every", "6",
-             "--data.batch-size", "8", "--data.train", str(demo_dir / "train"),
-             "--data.eval", str(demo_dir / "eval"), "--seed", "0", "--run", "straight",
-             "--log.runs-dir", str(runs)]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "pretrain", *flags], capture_output=True,
-                          text=True, timeout=600, env=with_devices(2))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return runs / "straight"
+def two_configs(cluster: None, demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A sweep of two configs (seeds 0 and 1), one job each, both run to the end without a stop."""
+    tmp = tmp_path_factory.mktemp("two")
+    jobs = sweep(write_sweep(tmp, demo_dir, 2, "two"), tmp / "runs", "--slurm.partition", "low",
+                 "--slurm.cpus", "1")  # fmt: skip
+    for job, run_dir in jobs.values():
+        wait_done(job, run_dir)
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def straight(two_configs: dict) -> Path:
+    """The uninterrupted run every job of seed 0 must equal: config 0 of the two-config sweep (one
+    process with two devices; a one-task job sees two devices too, a two-task job one each)."""
+    return two_configs[0][1]
 
 
 def identical(a: Path, b: Path) -> list[str]:
     return [f"{d.name} at step {d.first_step}: {d.first_values}" for d in compare_runs(a, b) if d.max_abs]
 
 
-def test_two_config_sweep_completes(cluster: None, demo_dir: Path, tmp_path: Path) -> None:
-    path = write_sweep(tmp_path, demo_dir, 2, "two", eval_every=0)
-    jobs = sweep(path, tmp_path / "runs", "--slurm.partition", "low", "--slurm.cpus", "1")
-    assert sorted(jobs) == [0, 1]
-    for job, run_dir in jobs.values():
-        wait_done(job, run_dir)
+def test_two_config_sweep_completes(two_configs: dict) -> None:
+    assert sorted(two_configs) == [0, 1]
+    for _, run_dir in two_configs.values():
         assert last_step(run_dir) == STEPS - 1
+        assert not [e for e in read_metrics(run_dir) if e.get("event") in ("stop", "resume")]
         assert (run_dir / "job.sbatch").exists() and "done:" in "".join(
             p.read_text() for p in run_dir.glob("slurm-*.out")
         )
-    assert jobs[0][1] != jobs[1][1]
+    assert two_configs[0][1] != two_configs[1][1]
+    assert identical(two_configs[0][1], two_configs[1][1]) != []  # seeds 0 and 1 train differently
 
 
 def test_preempted_job_requeues_resumes_and_matches_the_straight_run(
