@@ -30,7 +30,13 @@ from birdjepa.data.demo import CODECS, SMALL, encode_audio, ensure_demo_data
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
 from birdjepa.train.determinism import deterministic_xla
 
-# Before any test runs a JAX computation: thread-timing-independent XLA kernels.
+TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
+
+# Before any test runs a JAX computation: thread-timing-independent XLA kernels, and LLVM at -O0.
+# The suite compiles far more than it runs (tiny models, a few steps each): -O0 cuts its CPU time by
+# a fifth. Every property it checks (exact resume, equal device counts) holds at any optimisation
+# level; the slow test trains the demo as users do, without it (`test_learning.py`).
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
 deterministic_xla()
 
 # One folder for the session, shared by this process, the xdist workers and every `birdjepa` subprocess

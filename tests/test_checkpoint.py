@@ -214,8 +214,11 @@ print("RESTORED_OK", repr(meta["norms"]["param_norm"]), meta["n_devices"])
 
 def test_replicated_four_devices_save_then_one_device_restore(tmp_path):
     """Regression test for the sqrt(n_devices) scaling of restored replicated arrays."""
-    out1 = _run(SAVE_REPLICATED, {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}, str(tmp_path))
-    out2 = _run(RESTORE_ONE_DEVICE, {"XLA_FLAGS": ""}, str(tmp_path))
+    flags = os.environ.get("XLA_FLAGS", "")  # this process's, so the norm computed here is theirs
+    out1 = _run(
+        SAVE_REPLICATED, {"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=4"}, str(tmp_path)
+    )
+    out2 = _run(RESTORE_ONE_DEVICE, {"XLA_FLAGS": flags}, str(tmp_path))
     norm = repr(tree_norms(make_state()["params"])["param_norm"])
     assert f"SAVED_OK {norm}" in out1
     assert f"RESTORED_OK {norm} 4" in out2

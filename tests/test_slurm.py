@@ -50,7 +50,8 @@ def write_sweep(tmp_path: Path, demo_dir: Path, n: int, name: str, eval_every: i
 
 def with_devices(devices: int) -> dict[str, str]:
     """The environment of a process with `devices` CPU devices (a job inherits it through sbatch)."""
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}"}
 
 
 def sweep(path: Path, runs: Path, *args: str, devices: int = 2) -> dict[int, tuple[str, Path]]:
