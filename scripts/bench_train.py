@@ -16,6 +16,9 @@ and in this process, on the preset's real parameters and optimizer state (``bird
 
 Alongside, the loader benchmark's clips/s (``scripts/bench_loader.py``'s ``loader_rate``, 1 and 2
 workers) against the clips/s each preset's step consumes: a ratio above 1 means the loader keeps up.
+
+Then the small and base presets computing in bfloat16 against float32 (``--model.dtype``): step time
+and the process's peak resident memory, on this machine's devices (a GPU when there is one).
 """
 
 from __future__ import annotations
@@ -80,6 +83,31 @@ def pretrain(runs: Path, preset_name: str, steps: int, batch: int, *extra: str) 
     return started
 
 
+#: (steps, batch size) per preset for the bfloat16 against float32 comparison.
+DTYPE_PLANS = {"small": (6, 4), "base": (5, 2)}
+PEAK = (
+    "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)"
+)
+
+
+def dtype_figures(runs: Path, name: str, dtype: str) -> tuple[float, float]:
+    """(median steady ms/step, peak resident MiB of the process) of `birdjepa pretrain` computing in
+    `dtype` (parameters and optimizer state float32 either way)."""
+    steps, batch = DTYPE_PLANS[name]
+    run = f"{name}-{dtype}"
+    cmd = [sys.executable, "-c", PEAK, sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run,
+           "--log.runs-dir", str(runs), "--steps", str(steps), "--model.preset", name, "--model.dtype", dtype,
+           "--data.batch-size", str(batch), "--eval-every", "0", "--ckpt-every", "1000000",
+           "--log.print-every", "1000"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    peak_mib = int(done.stdout.strip().splitlines()[-1]) / 1024
+    rows = [x for x in read_metrics(runs / run) if "event" not in x and "train/step_time" in x]
+    return 1e3 * statistics.median(x["train/step_time"] for x in rows[WARMUP:]), peak_mib
+
+
 def train_figures(runs: Path, name: str, steps: int, batch: int) -> TrainFigures:
     stop = steps // 2 - 1
     fresh_started = pretrain(runs, name, steps, batch, "--stop-at-step", str(stop))
@@ -142,6 +170,8 @@ def main() -> None:
     ap.add_argument("--presets", nargs="+", default=list(PLANS), choices=list(PLANS))
     ap.add_argument("--repeats", type=int, default=3, help="checkpoint save/restore repetitions")
     ap.add_argument("--loader-batches", type=int, default=20)
+    ap.add_argument("--dtypes", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time small and base in bfloat16 against float32 (a few minutes)")  # fmt: skip
     args = ap.parse_args()
     deterministic_xla()
     demo = ensure_demo_data()
@@ -185,7 +215,22 @@ def main() -> None:
           f"{c.async_total_s:.3f}", f"{c.async_return_s / c.sync_s:.2f}", f"{c.restore_s:.3f}",
           f"{c.restore_s / c.sync_s:.2f}") for c in ckpts],
     )  # fmt: skip
+    dtypes = {}
+    if args.dtypes:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in DTYPE_PLANS:  # interleaved, so drift on a shared machine hits both alike
+                for dtype in ("float32", "bfloat16"):
+                    dtypes[name, dtype] = dtype_figures(Path(tmp), name, dtype)
+        print("\n## bfloat16 compute against float32 (master weights and AdamW state float32 in both)")
+        rows = []
+        for name, (_, batch) in DTYPE_PLANS.items():
+            (f_ms, f_mib), (b_ms, b_mib) = dtypes[name, "float32"], dtypes[name, "bfloat16"]
+            rows.append((name, batch, f"{f_ms:.0f}", f"{b_ms:.0f}", f"{b_ms / f_ms:.2f}", f"{f_mib:.0f}",
+                         f"{b_mib:.0f}", f"{b_mib / f_mib:.2f}"))  # fmt: skip
+        table(("preset", "batch", "f32 ms/step", "bf16 ms/step", "bf16/f32", "f32 peak MiB", "bf16 peak MiB",
+               "bf16/f32 peak"), rows)  # fmt: skip
     figures = {
+        "dtypes": {f"{k[0]}/{k[1]}": v for k, v in dtypes.items()},
         "train": [dataclasses.asdict(t) for t in train],
         "checkpoint": [dataclasses.asdict(c) for c in ckpts],
         "loader_clips_per_s": supply,

@@ -3,6 +3,7 @@ stop-gradient, param groups."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -229,3 +230,23 @@ def test_hidden_spans_do_not_reach_the_predictor():
             lambda p: BirdJepa(preset("tiny")).apply(p, x, deterministic=True, mask=mask), no_predictor
         )
     assert not np.array_equal(plain["tokens"], apply(params, y, deterministic=True)["tokens"])
+
+
+def test_bfloat16_computes_in_bfloat16_on_float32_parameters(tiny):
+    cfg, apply, params = tiny
+    cfg16 = dataclasses.replace(cfg, dtype="bfloat16")
+    params16 = init_params(cfg16, jax.random.key(0))
+    # The same float32 master weights: the dtype changes the arithmetic, not the parameters.
+    leaves, leaves16 = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(params16)
+    same = [
+        a.dtype == b.dtype == jnp.float32 and np.array_equal(a, b)
+        for a, b in zip(leaves, leaves16, strict=True)
+    ]
+    assert all(same)
+    x = spectrograms((2, T, M))
+    out, out16 = apply(params, x, deterministic=True), jitted_apply(cfg16)(params, x, deterministic=True)
+    for k in out:
+        assert out16[k].dtype == jnp.float32, k  # what the losses and the probe see
+    # bfloat16 keeps 8 bits of mantissa: the embedding moves by about 2^-8 of its scale, not by 0.
+    diff = np.abs(np.asarray(out16["embedding"]) - np.asarray(out["embedding"]))
+    assert 0 < diff.max() < 0.1 * np.abs(np.asarray(out["embedding"])).max(), diff.max()

@@ -244,3 +244,17 @@ def test_resume_on_another_device_count_with_the_wandb_mirror(demo_dir: Path, tm
     mirrored = b"".join(p.read_bytes() for p in segments)
     for m in metrics_by_step(run_dir).values():
         assert repr(m["train/loss"]).encode() in mirrored
+
+
+def test_bfloat16_compute_resumes_exactly(demo_dir: Path, straight: Path, tmp_path: Path) -> None:
+    bf16 = ("--model.dtype", "bfloat16", *NO_EVAL)
+    assert pretrain_here(demo_dir, tmp_path, "straight", *bf16) == 0
+    assert pretrain_here(demo_dir, tmp_path, "resumed", *bf16, "--stop-at-step", "2") == 0
+    assert pretrain_here(demo_dir, tmp_path, "resumed", *bf16) == 0
+    assert (
+        events(tmp_path / "resumed", "resume")
+        and differing(tmp_path / "straight", tmp_path / "resumed") == []
+    )
+    # The arithmetic was bfloat16: the first loss differs from the float32 run's, a little.
+    loss16, loss32 = (metrics_by_step(run)[0]["train/loss"] for run in (tmp_path / "straight", straight))
+    assert loss16 != loss32 and abs(loss16 - loss32) < 0.05 * abs(loss32), (loss16, loss32)

@@ -64,6 +64,10 @@ class ModelConfig:
     """Per-spectrogram normalisation before patching. clip: standardise by its own mean and std
     (level-invariant); floor: subtract each mel bin's noise floor (see ``noise_floor``), then
     standardise (removes level, microphone response and stationary noise colour)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the encoder, projector and predictor (matmuls, attention, activations).
+    Parameters, gradients and the optimizer state stay float32 (master weights), and the model's
+    outputs are cast to float32 before any loss, so bfloat16 changes the arithmetic, not the state."""
     predictor_depth: int = 0
     """Transformer blocks of the masked-span predictor (0 = no predictor): from the tokens of a view
     whose time spans were replaced by a learned mask token, it predicts the encoder's tokens of the

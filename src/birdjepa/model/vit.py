@@ -85,6 +85,11 @@ def noise_floor(x: Array, window: int = NOISE_FLOOR_WINDOW) -> Array:
     return jnp.quantile(means, 0.2, axis=1, keepdims=True)
 
 
+def compute_dtype(cfg: ModelConfig) -> Any:
+    """The dtype the model computes in (``cfg.dtype``); parameters are float32 either way."""
+    return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+
+
 class DropPath(nn.Module):
     """Stochastic depth: zero a residual branch per sample with probability ``rate``, scale by 1/(1-rate)."""
 
@@ -104,12 +109,15 @@ class Attention(nn.Module):
 
     dim: int
     heads: int
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         b, n, _ = x.shape
         head_dim = self.dim // self.heads
-        dense = dict(kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros)
+        dense = dict(
+            kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros, dtype=self.dtype
+        )
         qkv = nn.Dense(3 * self.dim, name="qkv", **dense)(x).reshape(b, n, 3, self.heads, head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         out = jax.nn.dot_product_attention(q, k, v)  # [B, N, H, Dh], scale 1/sqrt(Dh)
@@ -119,10 +127,13 @@ class Attention(nn.Module):
 class Mlp(nn.Module):
     hidden: int
     dim: int
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        dense = dict(kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros)
+        dense = dict(
+            kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros, dtype=self.dtype
+        )
         x = nn.gelu(nn.Dense(self.hidden, name="fc1", **dense)(x))
         return nn.Dense(self.dim, name="fc2", **dense)(x)
 
@@ -136,10 +147,11 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
         cfg = self.cfg.resolved()
+        dt = compute_dtype(cfg)
         drop = DropPath(self.drop_path)
-        h = Attention(cfg.dim, cfg.heads, name="attn")(nn.LayerNorm(name="norm1")(x))
+        h = Attention(cfg.dim, cfg.heads, dt, name="attn")(nn.LayerNorm(name="norm1", dtype=dt)(x))
         x = x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
-        h = Mlp(cfg.mlp_ratio * cfg.dim, cfg.dim, name="mlp")(nn.LayerNorm(name="norm2")(x))
+        h = Mlp(cfg.mlp_ratio * cfg.dim, cfg.dim, dt, name="mlp")(nn.LayerNorm(name="norm2", dtype=dt)(x))
         return x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
 
 
@@ -165,11 +177,13 @@ class Encoder(nn.Module):
         if cfg.input_norm in ("clip", "floor"):
             mean = x.mean(axis=(1, 2), keepdims=True)
             x = (x - mean) / jnp.sqrt(jnp.square(x - mean).mean(axis=(1, 2), keepdims=True) + 1e-6)
+        dt = compute_dtype(cfg)
         tokens = nn.Dense(
             cfg.dim,
             name="patch_embed",
             kernel_init=nn.initializers.xavier_uniform(),
             bias_init=nn.initializers.zeros,
+            dtype=dt,
         )(patchify(x, cfg.patch, cfg.patch_mels))
         if cfg.predictor_depth:
             mask_token = self.param("mask_token", nn.initializers.normal(0.02), (cfg.dim,))
@@ -177,11 +191,11 @@ class Encoder(nn.Module):
                 tokens = jnp.where(mask[..., None], mask_token, tokens)
         pos = self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, cfg.dim))
         # Patches are time-major: a crop of T frames takes the positions of the first T / patch rows.
-        tokens = tokens + pos[:, : tokens.shape[1]]
+        tokens = tokens + pos[:, : tokens.shape[1]].astype(dt)
         for i in range(cfg.depth):
             rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
             tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic)
-        tokens = nn.LayerNorm(name="norm")(tokens)
+        tokens = nn.LayerNorm(name="norm", dtype=dt)(tokens)
         return tokens.mean(axis=1), tokens
 
 
@@ -208,14 +222,18 @@ class Projector(nn.Module):
     out_dim: int
     layers: int = 2
     norm: Literal["layer", "batch"] = "layer"
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         for j in range(self.layers):
-            x = nn.Dense(self.hidden, name=f"dense_{j}")(x)
-            norm = BatchStandardize if self.norm == "batch" else nn.LayerNorm
-            x = nn.gelu(norm(name=f"norm_{j}")(x))
-        return nn.Dense(self.out_dim, name="out")(x)
+            x = nn.Dense(self.hidden, name=f"dense_{j}", dtype=self.dtype)(x)
+            if self.norm == "batch":  # its statistics in float32 whatever the compute dtype
+                x = BatchStandardize(name=f"norm_{j}")(x.astype(jnp.float32)).astype(self.dtype)
+            else:
+                x = nn.LayerNorm(name=f"norm_{j}", dtype=self.dtype)(x)
+            x = nn.gelu(x)
+        return nn.Dense(self.out_dim, name="out", dtype=self.dtype)(x)
 
 
 class Predictor(nn.Module):
@@ -227,9 +245,10 @@ class Predictor(nn.Module):
     @nn.compact
     def __call__(self, tokens: Array) -> Array:
         cfg = self.cfg
+        dt = compute_dtype(cfg)
         for i in range(cfg.predictor_depth):
             tokens = Block(cfg, 0.0, name=f"block_{i}")(tokens, True)
-        return nn.Dense(cfg.dim, name="out")(nn.LayerNorm(name="norm")(tokens))
+        return nn.Dense(cfg.dim, name="out", dtype=dt)(nn.LayerNorm(name="norm", dtype=dt)(tokens))
 
 
 class Probe(nn.Module):
@@ -270,17 +289,17 @@ class BirdJepa(nn.Module):
             raise ValueError("a mask needs a predictor (predictor_depth >= 1)")
         flat_mask = None if mask is None else mask.reshape(-1, mask.shape[-1])
         embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic, mask=flat_mask)
-        projector = Projector(cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, cfg.proj_norm, name="projector")
+        dt = compute_dtype(cfg)
+        projector = Projector(
+            cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, cfg.proj_norm, dt, name="projector"
+        )
         projection = projector(embedding)
-        probe_logits = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(embedding))
-        out = {
-            "embedding": embedding,
-            "tokens": tokens,
-            "projection": projection,
-            "probe_logits": probe_logits,
-        }
+        out = {"embedding": embedding, "tokens": tokens, "projection": projection}
         if cfg.predictor_depth and (mask is not None or self.is_initializing()):
             out["prediction"] = Predictor(cfg, name="predictor")(tokens)
+        # Every loss and the probe see float32, whatever the compute dtype.
+        out = {k: v.astype(jnp.float32) for k, v in out.items()}
+        out["probe_logits"] = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(out["embedding"]))
         return {k: v.reshape(lead + v.shape[1:]) for k, v in out.items()}
 
 
