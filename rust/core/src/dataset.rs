@@ -261,6 +261,7 @@ impl Dataset {
             return Err(RecordError::Skip("audio bytes are null".into()));
         }
         let audio = binary_slice(&bytes_col, large, r);
+        entry.shard.will_need(&audio);
 
         let label = if label_col.is_null(r) {
             -1
