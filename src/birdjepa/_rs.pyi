@@ -21,6 +21,12 @@ def check_loader_options(options_json: str) -> None:
     """Raises ValueError naming the first option (of a JSON object of them) out of its range, without
     opening a file."""
 
+def plan_indices(
+    shard_rows: list[int], options_json: str, count: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """(global sample index, epoch) of output positions ``0..count`` that a loader with these options
+    draws from shards of ``shard_rows`` rows: its planner alone, without reading a file."""
+
 class Loader:
     def __init__(self, files: list[str], options_json: str, state_json: str | None = None) -> None:
         """``options_json``: a JSON object of loader options (see `loader_defaults`); an unknown name

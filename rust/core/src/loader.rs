@@ -47,7 +47,8 @@ pub struct LoaderConfig {
     /// by one per draw (webdataset's `initial`): an earlier first batch, but the first batches of a
     /// cold start come from few shards. None: fill the whole buffer first.
     pub shuffle_initial: Option<usize>,
-    pub interleave: usize,
+    /// Shards read round-robin at once; None: all of them (batches then draw from every shard).
+    pub interleave: Option<usize>,
     /// Decoded batches that may be in flight ahead of the consumer.
     pub prefetch_batches: usize,
     pub columns: ColumnConfig,
@@ -65,16 +66,24 @@ impl Default for LoaderConfig {
 
 impl LoaderConfig {
     /// The buffer never holds more than one epoch: a larger one would put repeats in one batch.
-    fn plan_config(&self, n_samples: u64) -> PlanConfig {
+    fn plan_config(&self, shard_rows: &[u64]) -> PlanConfig {
+        let n_samples: u64 = shard_rows.iter().sum();
         let buffer_size = if self.train { self.shuffle_buffer.min(n_samples as usize) } else { 0 };
         PlanConfig {
             seed: self.seed,
             shuffle: self.train,
             repeat: self.train,
-            interleave: if self.train { self.interleave } else { 1 },
+            interleave: if self.train { self.interleave.unwrap_or(shard_rows.len()).max(1) } else { 1 },
             buffer_size,
             buffer_initial: self.shuffle_initial.map_or(buffer_size, |i| i.min(buffer_size)),
         }
+    }
+
+    /// The planner this config's loader runs over shards of `shard_rows` rows: the index stream
+    /// without reading a file (for measuring how a setting mixes shards at a data set's scale).
+    pub fn planner(&self, shard_rows: &[u64], state: Option<PlanState>) -> Result<Planner> {
+        self.validate()?;
+        Planner::new(self.plan_config(shard_rows), shard_rows, state)
     }
 
     fn crop_mode(&self) -> CropMode {
@@ -96,7 +105,7 @@ impl LoaderConfig {
         m.insert("drop_last".into(), self.drop_last.to_string());
         m.insert("seed".into(), self.seed.to_string());
         m.insert("shuffle_buffer".into(), self.shuffle_buffer.to_string());
-        m.insert("interleave".into(), self.interleave.to_string());
+        m.insert("interleave".into(), self.interleave.map_or("all".into(), |k| k.to_string()));
         if let Some(initial) = self.shuffle_initial {
             // Only when set, so the signatures of states saved before the option existed still match.
             m.insert("shuffle_initial".into(), initial.to_string());
@@ -112,7 +121,7 @@ impl LoaderConfig {
         check(self.batch_size >= 1, "batch_size must be >= 1")?;
         check(self.n_workers >= 1, "n_workers must be >= 1")?;
         check(self.n_views >= 1, "n_views must be >= 1")?;
-        check(self.interleave >= 1, "interleave must be >= 1")?;
+        check(self.interleave.is_none_or(|k| k >= 1), "interleave must be >= 1 (or None: all shards)")?;
         check(self.prefetch_batches >= 1, "prefetch_batches must be >= 1")?;
         check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")?;
         let initial_ok = self.shuffle_initial.is_none_or(|i| (1..=self.shuffle_buffer).contains(&i));
@@ -288,7 +297,7 @@ impl Loader {
                 (st.plan, st.counters)
             }
         };
-        let shadow = Planner::new(cfg.plan_config(dataset.len()), &dataset.shard_rows(), Some(plan.clone()))?;
+        let shadow = Planner::new(cfg.plan_config(&dataset.shard_rows()), &dataset.shard_rows(), Some(plan.clone()))?;
         let pipeline = spawn(&cfg, &dataset, &extractor, &shadow);
         Ok(Self {
             building: Batch::with_capacity(cfg.batch_size, cfg.n_views * extractor.frame_len()),
@@ -347,7 +356,7 @@ impl Loader {
     /// Start the pass again from the state this loader was created with (eval re-iteration).
     pub fn restart(&mut self) -> Result<()> {
         let (plan, counters) = self.start.clone();
-        self.shadow = Planner::new(self.cfg.plan_config(self.dataset.len()), &self.dataset.shard_rows(), Some(plan.clone()))?;
+        self.shadow = Planner::new(self.cfg.plan_config(&self.dataset.shard_rows()), &self.dataset.shard_rows(), Some(plan.clone()))?;
         // Stop the old workers before starting new ones so the two never compete for cores.
         self.pipeline.stop();
         self.pipeline = spawn(&self.cfg, &self.dataset, &self.extractor, &self.shadow);

@@ -26,7 +26,7 @@ pub struct LoaderOptions {
     pub n_views: usize,
     pub shuffle_buffer: usize,
     pub shuffle_initial: Option<usize>,
-    pub interleave: usize,
+    pub interleave: Option<usize>,
     pub prefetch_batches: usize,
     pub drop_last: bool,
     pub augment: bool,
@@ -62,9 +62,11 @@ impl Default for LoaderOptions {
             n_workers: 2,
             train: true,
             n_views: 1,
-            shuffle_buffer: 1024,
+            shuffle_buffer: 4096,
             shuffle_initial: None,
-            interleave: 4,
+            // Every shard at once and 4096 buffered indices: near-IID batches at 500 shards and batch
+            // 256-1024 (scripts/bench_scale.py, docs/benchmarks.md), for 64 KiB of indices.
+            interleave: None,
             prefetch_batches: 2,
             drop_last: false,
             augment: true,

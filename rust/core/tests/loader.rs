@@ -79,7 +79,7 @@ fn tmpdir(name: &str) -> PathBuf {
 }
 
 fn config(workers: usize) -> LoaderConfig {
-    LoaderConfig { batch_size: 3, n_workers: workers, seed: 11, shuffle_buffer: 5, interleave: 2, ..Default::default() }
+    LoaderConfig { batch_size: 3, n_workers: workers, seed: 11, shuffle_buffer: 5, interleave: Some(2), ..Default::default() }
 }
 
 fn next(loader: &mut Loader) -> Option<Batch> {

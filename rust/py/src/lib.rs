@@ -42,6 +42,22 @@ fn check_loader_options(options_json: &str) -> PyResult<()> {
     LoaderOptions::from_json(options_json).and_then(|o| o.validate()).map_err(to_py)
 }
 
+/// (global sample index, epoch) of output positions 0..count that a loader with these options draws
+/// from shards of `shard_rows` rows: its planner alone, no file read (IID measurements at scale).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn plan_indices<'py>(
+    py: Python<'py>,
+    shard_rows: Vec<u64>,
+    options_json: &str,
+    count: usize,
+) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>)> {
+    let cfg = LoaderOptions::from_json(options_json).map_err(to_py)?.loader();
+    let planner = cfg.planner(&shard_rows, None).map_err(to_py)?;
+    let (index, epoch): (Vec<u64>, Vec<u64>) = py.detach(|| planner.take(count).map(|i| (i.index, i.epoch)).unzip());
+    Ok((PyArray1::from_vec(py, index), PyArray1::from_vec(py, epoch)))
+}
+
 /// The Rust loader; `birdjepa.data.Loader` wraps it with a Pythonic signature.
 #[pyclass(name = "Loader", module = "birdjepa._rs")]
 struct PyLoader {
@@ -130,6 +146,7 @@ fn _rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(check_loader_options, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_indices, m)?)?;
     m.add("DataError", m.py().get_type::<DataError>())?;
     m.add("StateError", m.py().get_type::<StateError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;

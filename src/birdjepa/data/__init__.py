@@ -2,7 +2,8 @@
 
 `loader` (the Rust loader's Python face, its options and defaults), `shards` (writing shards),
 `prepare` (`birdjepa prepare`: a folder of audio or an HF dataset -> shards), `demo` (the embedded
-synthetic bird-song set), `loader_demo` (`birdjepa loader-demo`). The loader's API is re-exported here.
+synthetic bird-song set), `scale_set` (the same song at 10^5 recordings), `loader_demo`
+(`birdjepa loader-demo`). The loader's API is re-exported here.
 """
 
 from birdjepa.data.loader import (
@@ -16,11 +17,12 @@ from birdjepa.data.loader import (
     StateError,
     WorkerError,
     open_train_loader,
+    plan_indices,
     resolve_files,
     take,
 )  # fmt: skip
 
 __all__ = [
     "DEFAULTS", "TRAIN_VIEWS", "Batch", "DataConfig", "DataError", "Features", "Loader", "StateError",
-    "WorkerError", "open_train_loader", "resolve_files", "take",
+    "WorkerError", "open_train_loader", "plan_indices", "resolve_files", "take",
 ]  # fmt: skip

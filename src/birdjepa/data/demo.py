@@ -246,7 +246,7 @@ class Nuisance:
 # ---------------------------------------------------------------- randomness
 
 
-def _rng(*key: int) -> np.random.Generator:
+def rng_for(*key: int) -> np.random.Generator:
     """A generator for one purpose, derived from integer keys (never global state)."""
     return np.random.Generator(np.random.Philox(np.random.SeedSequence(list(key))))
 
@@ -254,7 +254,7 @@ def _rng(*key: int) -> np.random.Generator:
 _SPLIT_KEY = {"species": 1, "train": 2, "eval": 3, "order": 4}
 
 
-def _stratified(n: int, mix: Mapping, rng: np.random.Generator) -> list:
+def stratified(n: int, mix: Mapping, rng: np.random.Generator) -> list:
     """`n` draws from `mix` with exact (largest-remainder) counts, every category at least once when
     n >= len(mix), in random order."""
     keys = list(mix)
@@ -294,7 +294,7 @@ def make_species(config: DemoConfig) -> list[Species]:
     Species slot i (in a random order) joins band group i // SPECIES_PER_BAND. A group draws its band,
     voice (harmonics or none), two notes and one `PATTERNS` arrangement per species (all different),
     then the pauses that give its species the same expected fraction of time sounding."""
-    rng = _rng(config.seed, _SPLIT_KEY["species"])
+    rng = rng_for(config.seed, _SPLIT_KEY["species"])
     lo, hi = BAND_HZ
     n_groups = max(1, config.n_species // SPECIES_PER_BAND)
     members = []  # (group, band, syllables, pattern, motif, gaps, pause) per slot
@@ -581,7 +581,7 @@ def mic_response(freqs: np.ndarray, nz: Nuisance) -> np.ndarray:
 
 def draw_nuisance(plan: RecordingPlan, n_species: int) -> Nuisance:
     """How recording `plan` was recorded: a pure function of its entropy (see the module docstring)."""
-    rng = _rng(*plan.entropy, 1)
+    rng = rng_for(*plan.entropy, 1)
 
     def log_u(a: float, b: float) -> float:
         return float(np.exp(rng.uniform(math.log(a), math.log(b))))
@@ -646,11 +646,12 @@ def render_recording(
     nz = draw_nuisance(plan, len(table)) if nuisance is None else nuisance
     sr = plan.sample_rate
     n = int(round(plan.seconds * sr))
-    song = _render_song(table[plan.species], sr, n, _rng(*plan.entropy, 2), nz.pitch, nz.tempo, nz.activity)
+    song_rng = rng_for(*plan.entropy, 2)
+    song = _render_song(table[plan.species], sr, n, song_rng, nz.pitch, nz.tempo, nz.activity)
     song_power = _active_power(song)
     fg = song
     for j, (other, rel_db) in enumerate(nz.background):
-        rng = _rng(*plan.entropy, 10 + j)
+        rng = rng_for(*plan.entropy, 10 + j)
         pitch, tempo, activity = (
             1.0 + rng.uniform(-0.04, 0.04),
             1.0 + rng.uniform(-0.1, 0.1),
@@ -660,8 +661,8 @@ def render_recording(
         fg = fg + bg * np.float32(math.sqrt(song_power / _active_power(bg)) * 10 ** (rel_db / 20))
 
     m = _fast_len(n + int(0.1 * sr))  # margin: the zero-phase filter's tails wrap around into it
-    noise_spec, noise_rms = _noise_spectrum(m, sr, _rng(*plan.entropy, 4), nz, song_power)
-    rng = _rng(*plan.entropy, 3)
+    noise_spec, noise_rms = _noise_spectrum(m, sr, rng_for(*plan.entropy, 4), nz, song_power)
+    rng = rng_for(*plan.entropy, 3)
     ambient = np.zeros(n, np.float32)
     if nz.rumble_db is not None:
         ambient += _rumble(n, rng, sr) * np.float32(noise_rms * 10 ** (nz.rumble_db / 20))
@@ -674,7 +675,7 @@ def render_recording(
 
     channels = [record(fg + ambient, noise_spec)]
     if plan.channels == 2:  # second microphone: delayed, attenuated song, decorrelated (shifted) noise
-        rng = _rng(*plan.entropy, 5)
+        rng = rng_for(*plan.entropy, 5)
         delay = int(rng.integers(1, max(2, int(0.001 * sr))))
         right = np.zeros_like(fg)
         right[delay:] = fg[:-delay] * np.float32(rng.uniform(0.5, 1.0))
@@ -748,7 +749,7 @@ def encode_audio(samples: np.ndarray, sample_rate: int, codec: str, *, ogg_seria
     return data
 
 
-def _make_recording(task: tuple[RecordingPlan, Sequence[Species], Nuisance]) -> bytes:
+def make_recording(task: tuple[RecordingPlan, Sequence[Species], Nuisance]) -> bytes:
     plan, table, nuisance = task
     serial = zlib.crc32(plan.recording_id.encode())
     audio = render_recording(plan, table, nuisance)
@@ -762,16 +763,16 @@ def plan_recordings(config: DemoConfig) -> dict[str, list[RecordingPlan]]:
     """Every recording of every split, in the order written to the shards (`config.order`)."""
     counts = {"train": config.per_species_train, "eval": config.per_species_eval}
     total = config.n_species * sum(counts.values())
-    id_numbers = 100000 + _rng(config.seed, _SPLIT_KEY["order"]).permutation(total)
+    id_numbers = 100000 + rng_for(config.seed, _SPLIT_KEY["order"]).permutation(total)
     plans: dict[str, list[RecordingPlan]] = {}
     offset = 0
     for split in SPLITS:
         keys = [(s, k) for s in range(config.n_species) for k in range(counts[split])]
-        rng = _rng(config.seed, _SPLIT_KEY[split])
+        rng = rng_for(config.seed, _SPLIT_KEY[split])
         n = len(keys)
-        codecs = _stratified(n, CODEC_MIX, rng)
-        rates = _stratified(n, RATE_MIX, rng)
-        channels = _stratified(n, CHANNEL_MIX, rng)
+        codecs = stratified(n, CODEC_MIX, rng)
+        rates = stratified(n, RATE_MIX, rng)
+        channels = stratified(n, CHANNEL_MIX, rng)
         lo, hi = math.log(config.min_seconds), math.log(config.max_seconds)
         seconds = np.round(np.exp(rng.uniform(lo, hi, size=n)), 3)
         shuffled = rng.permutation(n)  # drawn in both orders, so the recordings do not depend on it
@@ -794,22 +795,22 @@ def plan_recordings(config: DemoConfig) -> dict[str, list[RecordingPlan]]:
     return plans
 
 
-def _available_cores() -> int:
+def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
 
 
-def _encoded(
+def encoded(
     tasks: Sequence[tuple[RecordingPlan, Sequence[Species], Nuisance]], workers: int
 ) -> Iterator[bytes]:
     if workers <= 1 or len(tasks) < 2:
-        yield from map(_make_recording, tasks)
+        yield from map(make_recording, tasks)
         return
     # spawn, not fork: the caller may hold threads (JAX, Arrow) that fork would copy in a locked state
     with multiprocessing.get_context("spawn").Pool(min(workers, len(tasks))) as pool:
-        yield from pool.imap(_make_recording, tasks, chunksize=1)
+        yield from pool.imap(make_recording, tasks, chunksize=1)
 
 
 def generate_demo_data(
@@ -841,7 +842,7 @@ def generate_demo_data(
 
     target = int(config.shard_mb * 2**20)
     tasks = [(p, species, draw_nuisance(p, len(species))) for split in SPLITS for p in plans[split]]
-    n_workers = _available_cores() if workers is None else workers
+    n_workers = available_cores() if workers is None else workers
     stats: dict[str, Counter] = {split: Counter() for split in SPLITS}
     shards: dict[str, list[tuple[Path, int]]] = {}
     with contextlib.ExitStack() as stack:  # on error every writer deletes what it wrote
@@ -850,7 +851,7 @@ def generate_demo_data(
             for split in SPLITS
             if plans[split]
         }
-        for i, ((plan, _, _), data) in enumerate(zip(tasks, _encoded(tasks, n_workers), strict=True)):
+        for i, ((plan, _, _), data) in enumerate(zip(tasks, encoded(tasks, n_workers), strict=True)):
             ext = CODECS[plan.codec][2]
             writers[plan.split].add(data, f"{plan.recording_id}.{ext}", plan.species, plan.recording_id)
             st = stats[plan.split]
@@ -870,25 +871,7 @@ def generate_demo_data(
         "label_column": DEFAULT_LABEL_COLUMN,
         "n_species": len(species),
         "splits": {},
-        "species": [
-            {
-                "index": s.index,
-                "code": s.code,
-                "name": s.name,
-                "band_hz": [round(s.band_hz[0], 1), round(s.band_hz[1], 1)],
-                "band_group": s.band_group,
-                "pattern": s.pattern,
-                "syllables": [
-                    {"kind": syl.kind, "seconds": round(syl.seconds, 3), "rate_hz": round(syl.rate_hz, 1)}
-                    for syl in s.syllables
-                ],
-                "motif": list(s.motif),
-                "gaps": [round(g, 3) for g in s.gaps],
-                "pause_seconds": round(s.pause_seconds, 3),
-                "harmonics": s.syllables[0].n_harmonics,
-            }
-            for s in species
-        ],
+        "species": species_json(species),
         "recordings": [
             {
                 "id": plan.recording_id,
@@ -898,7 +881,7 @@ def generate_demo_data(
                 "sample_rate": plan.sample_rate,
                 "channels": plan.channels,
                 "seconds": plan.seconds,
-                **_nuisance_json(nz, names),
+                **nuisance_json(nz, names),
             }
             for plan, _, nz in tasks
         ],
@@ -926,7 +909,30 @@ def generate_demo_data(
     return out
 
 
-def _nuisance_json(nz: Nuisance, names: Sequence[str]) -> dict:
+def species_json(species: Sequence[Species]) -> list[dict]:
+    """The species table as the manifest writes it."""
+    return [
+        {
+            "index": s.index,
+            "code": s.code,
+            "name": s.name,
+            "band_hz": [round(s.band_hz[0], 1), round(s.band_hz[1], 1)],
+            "band_group": s.band_group,
+            "pattern": s.pattern,
+            "syllables": [
+                {"kind": syl.kind, "seconds": round(syl.seconds, 3), "rate_hz": round(syl.rate_hz, 1)}
+                for syl in s.syllables
+            ],
+            "motif": list(s.motif),
+            "gaps": [round(g, 3) for g in s.gaps],
+            "pause_seconds": round(s.pause_seconds, 3),
+            "harmonics": s.syllables[0].n_harmonics,
+        }
+        for s in species
+    ]
+
+
+def nuisance_json(nz: Nuisance, names: Sequence[str]) -> dict:
     def r(x: float) -> float:
         return round(float(x), 3)
 
@@ -997,6 +1003,9 @@ def ensure_demo_data(
 def cli(
     out: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="OUT")],
     config: Annotated[DemoConfig, tyro.conf.OmitArgPrefixes] = DEFAULT,
+    recordings: int | None = None,
+    shards: int = 500,
+    pool: int = 2048,
     workers: int | None = None,
     overwrite: bool = False,
 ) -> None:
@@ -1006,11 +1015,25 @@ def cli(
     Args:
         out: Output folder.
         config: Size and seed of the set.
+        recordings: Write the scale set instead: this many train recordings of 5-30 s in --shards shards
+            of unequal size, reusing the bytes of --pool distinct renders of the config's species and seed,
+            and n_species x per_species_eval eval recordings (e.g. --recordings 100000 --shards 500:
+            14 GB, 8 min on 2 cores).
+        shards: Train shards of the scale set.
+        pool: Distinct renders the scale set's train rows reuse.
         workers: Processes for synthesis and encoding (default: all cores); output does not depend on it.
-        overwrite: Replace a demo set already in OUT.
+        overwrite: Replace a data set already in OUT.
     """
     try:
-        generate_demo_data(out, config, workers=workers, overwrite=overwrite, verbose=True)
-    except FileExistsError as e:
+        if recordings is None:
+            generate_demo_data(out, config, workers=workers, overwrite=overwrite, verbose=True)
+        else:
+            from birdjepa.data.scale_set import ScaleConfig, generate_scale_set
+
+            scale = ScaleConfig(recordings=recordings, shards=shards, pool=pool, n_species=config.n_species,
+                                eval_recordings=config.n_species * config.per_species_eval,
+                                seed=config.seed)  # fmt: skip
+            generate_scale_set(out, scale, workers=workers, overwrite=overwrite, verbose=True)
+    except (FileExistsError, ValueError) as e:
         print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -82,7 +82,10 @@ class DataConfig:
     shuffle_initial: int | None = DEFAULTS["shuffle_initial"]
     """Start drawing once the buffer holds this many samples, growing it by one per draw
     (webdataset's `initial`); None: fill the whole buffer first. Either way the stream resumes exactly."""
-    interleave: int = DEFAULTS["interleave"]
+    interleave: int | None = DEFAULTS["interleave"]
+    """Shards read round-robin at once; None (default): all of them, so every batch draws from every
+    shard (near-IID at any data set size: see the README's "Mixing"). A number reads fewer shards at a
+    time (more sequential I/O, less mixed batches)."""
     n_views: int = TRAIN_VIEWS
     """Views per recording (LeJEPA needs >= 2)."""
     features: Features = Features()
@@ -214,6 +217,14 @@ def open_train_loader(
         return Loader(files, **kw), f"refused: {e}"
 
 
+def plan_indices(shard_sizes: Sequence[int], count: int, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(global sample index, epoch) of the first ``count`` samples a train loader with these options
+    would give over shards of ``shard_sizes`` rows: the loader's own planner, without opening a file,
+    so a setting's mixing can be measured at any data set size in seconds."""
+    index, epoch = _rs.plan_indices([int(s) for s in shard_sizes], json.dumps(options), int(count))
+    return index.astype(np.int64), epoch.astype(np.int64)
+
+
 def take(loader: Loader, n: int) -> list[Batch]:
     """The next ``n`` batches (fewer if an eval pass ends)."""
     out: list[Batch] = []
@@ -227,5 +238,5 @@ def take(loader: Loader, n: int) -> list[Batch]:
 
 __all__ = [
     "DEFAULTS", "Batch", "DataConfig", "DataError", "Features", "Loader", "StateError", "WorkerError",
-    "open_train_loader", "resolve_files", "take",
+    "open_train_loader", "plan_indices", "resolve_files", "take",
 ]  # fmt: skip

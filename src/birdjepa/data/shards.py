@@ -150,12 +150,16 @@ class ShardWriter:
         if shard_full:
             self._close_shard()
 
+    def end_shard(self) -> None:
+        """Close the current shard now (if it holds rows), so that the caller sets each shard's rows."""
+        if self._shard_rows:
+            self._flush_batch()
+            self._close_shard()
+
     def close(self) -> list[Path]:
         """Finish the last shard; returns the paths of all shards written, in order."""
         if not self._closed:
-            if self._shard_rows:
-                self._flush_batch()
-                self._close_shard()
+            self.end_shard()
             self._closed = True
         return list(self.paths)
 
