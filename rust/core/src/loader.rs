@@ -297,7 +297,7 @@ impl Loader {
                 (st.plan, st.counters)
             }
         };
-        let shadow = Planner::new(cfg.plan_config(&dataset.shard_rows()), &dataset.shard_rows(), Some(plan.clone()))?;
+        let shadow = cfg.planner(&dataset.shard_rows(), Some(plan.clone()))?;
         let pipeline = spawn(&cfg, &dataset, &extractor, &shadow);
         Ok(Self {
             building: Batch::with_capacity(cfg.batch_size, cfg.n_views * extractor.frame_len()),
@@ -356,7 +356,7 @@ impl Loader {
     /// Start the pass again from the state this loader was created with (eval re-iteration).
     pub fn restart(&mut self) -> Result<()> {
         let (plan, counters) = self.start.clone();
-        self.shadow = Planner::new(self.cfg.plan_config(&self.dataset.shard_rows()), &self.dataset.shard_rows(), Some(plan.clone()))?;
+        self.shadow = self.cfg.planner(&self.dataset.shard_rows(), Some(plan.clone()))?;
         // Stop the old workers before starting new ones so the two never compete for cores.
         self.pipeline.stop();
         self.pipeline = spawn(&self.cfg, &self.dataset, &self.extractor, &self.shadow);

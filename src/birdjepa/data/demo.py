@@ -759,6 +759,30 @@ def make_recording(task: tuple[RecordingPlan, Sequence[Species], Nuisance]) -> b
 # ---------------------------------------------------------------- planning and writing
 
 
+def draw_formats(
+    n: int, codec_mix: Mapping[str, float], min_seconds: float, max_seconds: float, rng: np.random.Generator
+) -> tuple[list, list, list, np.ndarray]:
+    """How `n` recordings were stored: codecs (from `codec_mix`), sample rates and channel counts in
+    exact stratified counts, and durations log-uniform in [min_seconds, max_seconds], in that order."""
+    codecs = stratified(n, codec_mix, rng)
+    rates = stratified(n, RATE_MIX, rng)
+    channels = stratified(n, CHANNEL_MIX, rng)
+    seconds = np.round(np.exp(rng.uniform(math.log(min_seconds), math.log(max_seconds), size=n)), 3)
+    return codecs, rates, channels, seconds
+
+
+def start_set(out: Path, overwrite: bool) -> None:
+    """Make `out` ready for a new set: with `overwrite`, remove the shards, vocab.json and manifest an
+    earlier run left there; without it, such a manifest is an error."""
+    if overwrite:
+        for split in SPLITS:
+            if (out / split).is_dir():
+                remove_shards(out / split)
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
+    elif (out / MANIFEST_FILE).exists():
+        raise FileExistsError(f"{out / MANIFEST_FILE} exists: {out} holds a demo set (use --overwrite)")
+
+
 def plan_recordings(config: DemoConfig) -> dict[str, list[RecordingPlan]]:
     """Every recording of every split, in the order written to the shards (`config.order`)."""
     counts = {"train": config.per_species_train, "eval": config.per_species_eval}
@@ -770,11 +794,8 @@ def plan_recordings(config: DemoConfig) -> dict[str, list[RecordingPlan]]:
         keys = [(s, k) for s in range(config.n_species) for k in range(counts[split])]
         rng = rng_for(config.seed, _SPLIT_KEY[split])
         n = len(keys)
-        codecs = stratified(n, CODEC_MIX, rng)
-        rates = stratified(n, RATE_MIX, rng)
-        channels = stratified(n, CHANNEL_MIX, rng)
-        lo, hi = math.log(config.min_seconds), math.log(config.max_seconds)
-        seconds = np.round(np.exp(rng.uniform(lo, hi, size=n)), 3)
+        formats = draw_formats(n, CODEC_MIX, config.min_seconds, config.max_seconds, rng)
+        codecs, rates, channels, seconds = formats
         shuffled = rng.permutation(n)  # drawn in both orders, so the recordings do not depend on it
         order = shuffled if config.order == "shuffled" else range(n)
         plans[split] = [
@@ -832,13 +853,7 @@ def generate_demo_data(
     species = make_species(config)
     plans = plan_recordings(config)
     names = [s.code for s in species]
-    for split in SPLITS:
-        if overwrite and (out / split).is_dir():
-            remove_shards(out / split)
-    if overwrite:
-        (out / MANIFEST_FILE).unlink(missing_ok=True)
-    elif (out / MANIFEST_FILE).exists():
-        raise FileExistsError(f"{out / MANIFEST_FILE} exists: {out} holds a demo set (use --overwrite)")
+    start_set(out, overwrite)
 
     target = int(config.shard_mb * 2**20)
     tasks = [(p, species, draw_nuisance(p, len(species))) for split in SPLITS for p in plans[split]]

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -40,24 +39,23 @@ from pathlib import Path
 import numpy as np
 
 from birdjepa.data.demo import (
-    CHANNEL_MIX,
     CODECS,
     GENERATOR,
     GENERATOR_VERSION,
     MANIFEST_FILE,
-    RATE_MIX,
     DemoConfig,
     RecordingPlan,
     available_cores,
+    draw_formats,
     draw_nuisance,
     encoded,
     make_species,
     nuisance_json,
     rng_for,
     species_json,
-    stratified,
+    start_set,
 )
-from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, remove_shards, write_vocab
+from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
 
 SCALE_CODEC_MIX: dict[str, float] = {
     "ogg_vorbis": 0.80,
@@ -107,11 +105,8 @@ def plan_pool(config: ScaleConfig, split: str, n: int) -> list[RecordingPlan]:
     """`n` distinct recordings, species balanced (entry j sings species j mod n_species), codecs, rates
     and channels in exact stratified counts, durations log-uniform in [min_seconds, max_seconds]."""
     rng = rng_for(config.seed, _KEY[split])
-    codecs = stratified(n, SCALE_CODEC_MIX, rng)
-    rates = stratified(n, RATE_MIX, rng)
-    channels = stratified(n, CHANNEL_MIX, rng)
-    lo, hi = math.log(config.min_seconds), math.log(config.max_seconds)
-    seconds = np.round(np.exp(rng.uniform(lo, hi, size=n)), 3)
+    formats = draw_formats(n, SCALE_CODEC_MIX, config.min_seconds, config.max_seconds, rng)
+    codecs, rates, channels, seconds = formats
     letter = "P" if split == "pool" else "E"
     return [
         RecordingPlan(
@@ -160,24 +155,18 @@ def generate_scale_set(
     t0 = time.perf_counter()
     species = make_species(config.species_config)
     names = [s.code for s in species]
-    if overwrite:
-        for split in ("train", "eval"):
-            if (out / split).is_dir():
-                remove_shards(out / split)
-        (out / MANIFEST_FILE).unlink(missing_ok=True)
-    elif (out / MANIFEST_FILE).exists():
-        raise FileExistsError(f"{out / MANIFEST_FILE} exists: {out} holds a data set (use --overwrite)")
+    start_set(out, overwrite)
 
     pool = plan_pool(config, "pool", config.pool)
     evals = plan_pool(config, "eval", config.eval_recordings)
     tasks = [(p, species, draw_nuisance(p, len(species))) for p in pool + evals]
     n_workers = available_cores() if workers is None else workers
-    data = []
+    rendered = []
     for i, d in enumerate(encoded(tasks, n_workers)):
-        data.append(d)
+        rendered.append(d)
         if verbose and (i + 1) % 200 == 0:
             print(f"  rendered {i + 1}/{len(tasks)}, {time.perf_counter() - t0:.0f} s", flush=True)
-    pool_bytes, eval_bytes = data[: len(pool)], data[len(pool) :]
+    pool_bytes, eval_bytes = rendered[: len(pool)], rendered[len(pool) :]
     pool_of = pool_of_rows(config)
     rows = shard_rows(config)
     audio_bytes = 0
@@ -185,11 +174,11 @@ def generate_scale_set(
         train = stack.enter_context(ShardWriter(out / "train", "train", target_bytes=1 << 62))
         r = 0
         for s, n in enumerate(rows):
-            for _ in range(n):
-                p = pool[int(pool_of[r])]
+            for entry in pool_of[r : r + n].tolist():
+                p, data = pool[entry], pool_bytes[entry]
                 rid = f"XS{r:07d}"
-                train.add(pool_bytes[int(pool_of[r])], f"{rid}.{CODECS[p.codec][2]}", p.species, rid)
-                audio_bytes += len(pool_bytes[int(pool_of[r])])
+                train.add(data, f"{rid}.{CODECS[p.codec][2]}", p.species, rid)
+                audio_bytes += len(data)
                 r += 1
             train.end_shard()
             if verbose and (s + 1) % 50 == 0:
