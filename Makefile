@@ -14,8 +14,9 @@ $(BIN)/uv:
 	$(BIN)/pip install -q --upgrade pip 'maturin>=1.7,<2' 'uv>=0.4'
 
 # Builds the Rust extension (release, incremental) and installs the package with its dev extras;
-# again only when a Rust source, a manifest or pyproject.toml changed (the Python package is editable).
-BUILD_INPUTS := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
+# again only when a Rust source, a manifest, pyproject.toml or this recipe changed (the Python package
+# is editable).
+BUILD_INPUTS := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml Makefile
 $(VENV)/.built: $(BIN)/uv $(BUILD_INPUTS)
 	UV_COMPILE_BYTECODE=1 $(BIN)/maturin develop --release --extras dev --quiet --uv
 	touch $@
