@@ -48,6 +48,7 @@ bench: build
 	$(BIN)/python scripts/bench_monitor.py
 	$(BIN)/python scripts/bench_train.py
 	$(BIN)/python scripts/bench_eval.py
+	$(BIN)/python scripts/bench_startup.py
 
 clean:
 	rm -rf $(VENV) target
