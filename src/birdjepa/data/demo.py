@@ -254,15 +254,20 @@ def rng_for(*key: int) -> np.random.Generator:
 _SPLIT_KEY = {"species": 1, "train": 2, "eval": 3, "order": 4}
 
 
+def largest_remainder(n: int, weights: np.ndarray) -> np.ndarray:
+    """`n` split in proportion to `weights` into whole counts that sum to `n` (largest remainder)."""
+    exact = n * weights / weights.sum()
+    counts = np.floor(exact).astype(np.int64)
+    for i in np.argsort(-(exact - counts), kind="stable")[: n - int(counts.sum())]:
+        counts[i] += 1
+    return counts
+
+
 def stratified(n: int, mix: Mapping, rng: np.random.Generator) -> list:
     """`n` draws from `mix` with exact (largest-remainder) counts, every category at least once when
     n >= len(mix), in random order."""
     keys = list(mix)
-    w = np.array([mix[k] for k in keys], dtype=np.float64)
-    exact = n * w / w.sum()
-    counts = np.floor(exact).astype(np.int64)
-    for i in np.argsort(-(exact - counts), kind="stable")[: n - int(counts.sum())]:
-        counts[i] += 1
+    counts = largest_remainder(n, np.array([mix[k] for k in keys], dtype=np.float64))
     if n >= len(keys):
         for i in range(len(keys)):
             if counts[i] == 0:

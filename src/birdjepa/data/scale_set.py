@@ -49,6 +49,7 @@ from birdjepa.data.demo import (
     draw_formats,
     draw_nuisance,
     encoded,
+    largest_remainder,
     make_species,
     nuisance_json,
     rng_for,
@@ -135,11 +136,7 @@ def shard_rows(config: ScaleConfig) -> list[int]:
     """Rows per train shard: weights uniform in [0.5, 1.5], exact (largest-remainder) counts >= 1."""
     w = rng_for(config.seed, _KEY["shards"]).uniform(0.5, 1.5, size=config.shards)
     spare = config.recordings - config.shards  # one row each first, the rest by weight
-    exact = spare * w / w.sum()
-    counts = np.floor(exact).astype(np.int64)
-    for i in np.argsort(-(exact - counts), kind="stable")[: spare - int(counts.sum())]:
-        counts[i] += 1
-    return [int(c) + 1 for c in counts]
+    return [int(c) + 1 for c in largest_remainder(spare, w)]
 
 
 def generate_scale_set(
