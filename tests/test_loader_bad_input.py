@@ -83,10 +83,37 @@ def test_skips_are_deterministic_across_workers_and_resume(corrupt_dir: Path) ->
     other = take(loader(corrupt_dir, n_workers=4), 13)
     for a, b in zip(head + tail, other, strict=True):
         assert np.array_equal(a["index"], b["index"]) and np.array_equal(a["spectrogram"], b["spectrogram"])
+        assert np.array_equal(a["crop_offset"], b["crop_offset"])
     resumed = loader(corrupt_dir, state=state)
     for a, b in zip(take(resumed, 8), tail, strict=True):
         assert np.array_equal(a["index"], b["index"])
     assert resumed.diagnostics()["counters"] == straight.diagnostics()["counters"]
+
+
+def test_crop_offsets_stay_aligned_with_rows_when_records_are_skipped(
+    demo_dir: Path, corrupt_dir: Path, tmp_path: Path
+) -> None:
+    """The same shards without the corrupt rows plan the same (index, epoch) stream; every kept row
+    carries the crop offset its sample gets there."""
+    table = read_table(first_shard(demo_dir))
+    write_table(table, tmp_path / "a.arrow")
+    write_table(table, tmp_path / "b.arrow")
+    n = len(table)
+
+    def offsets(folder: Path) -> dict[tuple[int, int], int]:
+        """(epoch, index) -> crop offset over the first ``n`` batches (1.5 epochs)."""
+        out = {}
+        for b in take(loader(folder), n):
+            assert b["crop_offset"].shape == b["index"].shape
+            for e, i, o in zip(b["epoch"], b["index"], b["crop_offset"], strict=True):
+                out[int(e), int(i)] = int(o)
+        return out
+
+    clean, skipped = offsets(tmp_path), offsets(corrupt_dir)
+    assert not {i for _, i in skipped} & {1, 4}
+    shared = [k for k in skipped if k in clean]
+    assert len(shared) > n and any(skipped[k] for k in shared)
+    assert [skipped[k] for k in shared] == [clean[k] for k in shared]
 
 
 def test_missing_column_names_file_and_column(demo_dir: Path, tmp_path: Path) -> None:

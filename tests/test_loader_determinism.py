@@ -13,7 +13,7 @@ import pytest
 
 from birdjepa.data import Features, Loader, StateError, take
 
-KEYS = ("spectrogram", "label", "index", "shard_id", "epoch")
+KEYS = ("spectrogram", "crop_offset", "label", "index", "shard_id", "epoch")
 # Masks on, so augmentation randomness is part of what must reproduce.
 AUGMENTED = Features(time_mask_count=2, time_mask_width=40, freq_mask_count=2, freq_mask_width=16)
 
@@ -36,11 +36,12 @@ def test_batch_contract(demo_dir: Path) -> None:
     (batch,) = take(train_loader(demo_dir), 1)
     assert set(batch) == set(KEYS)
     assert batch["spectrogram"].shape == (4, 512, 128) and batch["spectrogram"].dtype == np.float32
-    for k in ("label", "index", "shard_id", "epoch"):
+    for k in ("crop_offset", "label", "index", "shard_id", "epoch"):
         assert batch[k].shape == (4,) and batch[k].dtype == np.int64
     assert np.isfinite(batch["spectrogram"]).all()
     (views,) = take(train_loader(demo_dir, n_views=3), 1)
     assert views["spectrogram"].shape == (4, 3, 512, 128)
+    assert views["crop_offset"].shape == (4, 3) and views["crop_offset"].dtype == np.int64
     # Independent crops: the views of one recording differ.
     assert not np.array_equal(views["spectrogram"][0, 0], views["spectrogram"][0, 1])
 

@@ -32,8 +32,9 @@ class Loader:
         """``options_json``: a JSON object of loader options (see `loader_defaults`); an unknown name
         or a wrong type raises ValueError naming it. ``state_json``: a `state_json()` to resume from."""
     def next_batch(self) -> dict[str, npt.NDArray[Any]] | None:
-        """The next batch (``spectrogram``, ``label``, ``index``, ``shard_id``, ``epoch``), or None at
-        the end of an eval pass."""
+        """The next batch (``spectrogram``, ``crop_offset``, ``label``, ``index``, ``shard_id``,
+        ``epoch``), or None at the end of an eval pass. ``crop_offset`` (int64, ``[B]``, or ``[B, V]``
+        with ``n_views > 1``) is each view's crop start in samples at ``target_rate``."""
     def restart(self) -> None:
         """Start a new eval pass from the beginning."""
     def state_json(self) -> str: ...

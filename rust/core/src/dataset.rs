@@ -12,6 +12,7 @@ use arrow_buffer::Buffer;
 use arrow_schema::{DataType, Field};
 
 use crate::error::{Error, Result};
+use crate::options::LoaderOptions;
 use crate::rng::hash_words;
 use crate::shard::Shard;
 
@@ -21,10 +22,16 @@ pub struct ColumnConfig {
     pub label_column: String,
 }
 
+impl ColumnConfig {
+    pub fn from_options(o: &LoaderOptions) -> Self {
+        ColumnConfig { audio_column: o.audio_column.clone(), label_column: o.label_column.clone() }
+    }
+}
+
 impl Default for ColumnConfig {
-    /// What the default [`crate::options::LoaderOptions`] name (the defaults are written there only).
+    /// What the default [`LoaderOptions`] name (the defaults are written there only).
     fn default() -> Self {
-        crate::options::LoaderOptions::default().columns()
+        Self::from_options(&LoaderOptions::default())
     }
 }
 

@@ -55,16 +55,47 @@ pub struct LoaderConfig {
     pub clip: ClipConfig,
     /// Test hook: a worker panics when it reaches this sample index.
     pub debug_panic_index: Option<u64>,
+    /// Debug hook: the sample of this global index takes every view's crop one hop further
+    /// ([`ClipExtractor::shift_offset`]), planting a difference on purpose; -1: off.
+    pub debug_crop_shift_index: i64,
 }
 
 impl Default for LoaderConfig {
     /// What the default [`LoaderOptions`] build: the defaults are written there only.
     fn default() -> Self {
-        LoaderOptions::default().loader()
+        Self::from_options(&LoaderOptions::default())
     }
 }
 
 impl LoaderConfig {
+    /// The loader these options name; the columns and the clip are built by the modules that own them.
+    pub fn from_options(o: &LoaderOptions) -> Self {
+        LoaderConfig {
+            batch_size: o.batch_size,
+            n_workers: o.n_workers,
+            n_views: o.n_views,
+            train: o.train,
+            augment: o.augment,
+            drop_last: o.drop_last,
+            seed: o.seed,
+            shuffle_buffer: o.shuffle_buffer,
+            shuffle_initial: o.shuffle_initial,
+            interleave: o.interleave,
+            prefetch_batches: o.prefetch_batches,
+            columns: ColumnConfig::from_options(o),
+            clip: ClipConfig::from_options(o),
+            debug_panic_index: o.debug_panic_index,
+            debug_crop_shift_index: o.debug_crop_shift_index,
+        }
+    }
+
+    /// Every option in its range, checked without opening a file (a loader checks the same at its
+    /// start), so a command line can be rejected before anything runs.
+    pub fn check(&self) -> Result<()> {
+        self.validate()?;
+        ClipExtractor::new(self.clip.clone()).map(|_| ()).map_err(Error::config)
+    }
+
     /// The buffer never holds more than one epoch: a larger one would put repeats in one batch.
     fn plan_config(&self, shard_rows: &[u64]) -> PlanConfig {
         let n_samples: u64 = shard_rows.iter().sum();
@@ -94,6 +125,11 @@ impl LoaderConfig {
         }
     }
 
+    /// Whether sample `index` takes the debug crop shift.
+    fn shifts_crop(&self, index: u64) -> bool {
+        u64::try_from(self.debug_crop_shift_index).is_ok_and(|i| i == index)
+    }
+
     /// Every option that shapes the batch stream, as printable values; `n_workers` and
     /// `prefetch_batches` are absent on purpose: they may change across a resume.
     pub fn stream_signature(&self) -> BTreeMap<String, String> {
@@ -113,6 +149,10 @@ impl LoaderConfig {
         m.insert("audio_column".into(), self.columns.audio_column.clone());
         m.insert("label_column".into(), self.columns.label_column.clone());
         m.insert("clip".into(), format!("{:?}", self.clip));
+        if self.debug_crop_shift_index >= 0 {
+            // Only when on, like `shuffle_initial`: the states of runs without it still match.
+            m.insert("debug_crop_shift_index".into(), self.debug_crop_shift_index.to_string());
+        }
         m
     }
 
@@ -125,7 +165,8 @@ impl LoaderConfig {
         check(self.prefetch_batches >= 1, "prefetch_batches must be >= 1")?;
         check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")?;
         let initial_ok = self.shuffle_initial.is_none_or(|i| (1..=self.shuffle_buffer).contains(&i));
-        check(initial_ok, "shuffle_initial must be in 1..=shuffle_buffer")
+        check(initial_ok, "shuffle_initial must be in 1..=shuffle_buffer")?;
+        check(self.debug_crop_shift_index >= -1, "debug_crop_shift_index must be >= -1 (-1: off)")
     }
 }
 
@@ -170,11 +211,15 @@ pub struct Diagnostics {
     pub skipped: Vec<SkippedRecord>,
 }
 
-/// A batch in row-major layout: spectrogram is [n, n_views, n_frames, n_mels] flattened.
+/// A batch in row-major layout: spectrogram is [n, n_views, n_frames, n_mels] flattened, crop_offset
+/// [n, n_views] flattened.
 #[derive(Debug)]
 pub struct Batch {
     pub n: usize,
     pub spectrogram: Vec<f32>,
+    /// Each view's crop offset in output samples at the target rate (0 for a recording shorter than a
+    /// clip; the centre crop's in eval mode).
+    pub crop_offset: Vec<i64>,
     pub label: Vec<i64>,
     pub index: Vec<i64>,
     pub shard_id: Vec<i64>,
@@ -182,10 +227,11 @@ pub struct Batch {
 }
 
 impl Batch {
-    fn with_capacity(b: usize, floats_per_sample: usize) -> Self {
+    fn with_capacity(b: usize, n_views: usize, frame_len: usize) -> Self {
         Self {
             n: 0,
-            spectrogram: Vec::with_capacity(b * floats_per_sample),
+            spectrogram: Vec::with_capacity(b * n_views * frame_len),
+            crop_offset: Vec::with_capacity(b * n_views),
             label: Vec::with_capacity(b),
             index: Vec::with_capacity(b),
             shard_id: Vec::with_capacity(b),
@@ -205,6 +251,8 @@ pub enum Poll {
 
 struct Decoded {
     features: Vec<f32>,
+    /// One per view.
+    crop_offset: Vec<u64>,
     label: i64,
     shard: usize,
 }
@@ -300,7 +348,7 @@ impl Loader {
         let shadow = cfg.planner(&dataset.shard_rows(), Some(plan.clone()))?;
         let pipeline = spawn(&cfg, &dataset, &extractor, &shadow);
         Ok(Self {
-            building: Batch::with_capacity(cfg.batch_size, cfg.n_views * extractor.frame_len()),
+            building: Batch::with_capacity(cfg.batch_size, cfg.n_views, extractor.frame_len()),
             cfg,
             dataset,
             extractor,
@@ -362,7 +410,7 @@ impl Loader {
         self.pipeline = spawn(&self.cfg, &self.dataset, &self.extractor, &self.shadow);
         self.pending.clear();
         self.end_at = None;
-        self.building = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views * self.extractor.frame_len());
+        self.building = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views, self.extractor.frame_len());
         self.counters = counters.clone();
         self.committed = (plan, counters);
         self.failed = None;
@@ -430,6 +478,7 @@ impl Loader {
             Outcome::Sample(d) => {
                 let b = &mut self.building;
                 b.spectrogram.extend_from_slice(&d.features);
+                b.crop_offset.extend(d.crop_offset.iter().map(|&o| o as i64));
                 b.label.push(d.label);
                 b.index.push(item.index as i64);
                 b.shard_id.push(d.shard as i64);
@@ -467,7 +516,7 @@ impl Loader {
     }
 
     fn finish_batch(&mut self) -> Batch {
-        let fresh = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views * self.extractor.frame_len());
+        let fresh = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views, self.extractor.frame_len());
         let batch = std::mem::replace(&mut self.building, fresh);
         self.counters.batches += 1;
         self.committed = (self.shadow.state().clone(), self.counters.clone());
@@ -596,8 +645,57 @@ fn process(shared: &Shared, item: PlanItem) -> Outcome {
     let len = shared.cfg.n_views * shared.extractor.frame_len();
     let mut features = shared.spare.lock().unwrap().pop().unwrap_or_else(|| vec![0f32; len]);
     let key = SampleKey { seed: shared.cfg.seed, epoch: item.epoch, index: item.index };
-    match shared.extractor.extract(record.audio, shared.cfg.crop_mode(), key, shared.cfg.n_views, &mut features) {
-        Ok(()) => Outcome::Sample(Decoded { features, label: record.label, shard }),
+    let (mode, shift) = (shared.cfg.crop_mode(), shared.cfg.shifts_crop(item.index));
+    match shared.extractor.extract(record.audio, mode, key, shared.cfg.n_views, shift, &mut features) {
+        Ok(crop_offset) => Outcome::Sample(Decoded { features, crop_offset, label: record.label, shard }),
         Err(AudioError(reason)) => Outcome::Skip { shard, row, reason },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audio::FbankConfig;
+
+    /// Every default is written once, in `LoaderOptions`: each config defaults to what the default
+    /// options build, and the options' `f64`s narrow exactly.
+    #[test]
+    fn every_config_defaults_to_what_the_default_options_build() {
+        let d = LoaderOptions::default();
+        let cfg = LoaderConfig::from_options(&d);
+        assert_eq!(cfg, LoaderConfig::default());
+        assert_eq!(cfg.columns, ColumnConfig::default());
+        assert_eq!(cfg.clip, ClipConfig::default());
+        assert_eq!(cfg.clip.fbank, FbankConfig::default());
+        assert_eq!(cfg.clip.fbank.log_floor, f32::EPSILON);
+        assert_eq!(cfg.clip.clip_samples, 160_000);
+        let o = LoaderOptions::from_json(r#"{"batch_size": 4, "clip_seconds": 2.5}"#).unwrap();
+        assert_eq!(ClipConfig::from_options(&o).clip_samples, 80_000);
+    }
+
+    #[test]
+    fn the_crop_shift_is_off_by_default_and_in_the_stream_signature_only_when_on() {
+        let off = LoaderConfig::default();
+        assert_eq!(off.debug_crop_shift_index, -1);
+        assert!(!(0..1000).any(|i| off.shifts_crop(i)));
+        assert!(!off.stream_signature().contains_key("debug_crop_shift_index"));
+        let on = LoaderConfig { debug_crop_shift_index: 7, ..Default::default() };
+        assert!(on.shifts_crop(7) && !on.shifts_crop(6) && !on.shifts_crop(8));
+        assert_eq!(on.stream_signature()["debug_crop_shift_index"], "7");
+    }
+
+    #[test]
+    fn check_names_the_first_option_out_of_range_and_passes_the_defaults() {
+        LoaderConfig::from_options(&LoaderOptions::default()).check().unwrap();
+        for (json, name) in [
+            (r#"{"batch_size": 0}"#, "batch_size must be >= 1"),
+            (r#"{"shuffle_buffer": 8, "shuffle_initial": 9}"#, "shuffle_initial must be in"),
+            (r#"{"hop_length": 0}"#, "hop_length must be > 0"),
+            (r#"{"debug_crop_shift_index": -2}"#, "debug_crop_shift_index must be >= -1"),
+        ] {
+            let e = LoaderConfig::from_options(&LoaderOptions::from_json(json).unwrap()).check().unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Config);
+            assert!(e.message.contains(name), "{json}: {}", e.message);
+        }
     }
 }

@@ -1,18 +1,18 @@
 //! The loader's options as a caller names them: one flat, serde-typed schema with every default.
 //!
 //! This is the only place the defaults are written. The Python package reads them from here
-//! (`birdjepa._rs.loader_defaults()`), and [`LoaderConfig`], [`ClipConfig`] and [`FbankConfig`]
-//! default to what these options build. Unknown names and wrong types are errors that name the option.
+//! (`birdjepa._rs.loader_defaults()`). Each config is built from these options by the module that owns
+//! it (`LoaderConfig::from_options`, `ColumnConfig::from_options`, `ClipConfig::from_options`,
+//! `FbankConfig::from_options`) and defaults to what the default options build. This module is plain
+//! data and imports none of them, so the crate reads one way (loader -> dataset, audio -> options).
+//! Unknown names and wrong types are errors that name the option.
 //!
 //! Floats are `f64` here and narrowed to `f32` where they are used, so a value survives a round trip
 //! through JSON and Python's `float` exactly (e.g. the log floor `f32::EPSILON`).
 
 use serde::{Deserialize, Serialize};
 
-use crate::audio::{ClipConfig, ClipExtractor, FbankConfig, MaskConfig};
-use crate::dataset::ColumnConfig;
 use crate::error::{Error, Result};
-use crate::loader::LoaderConfig;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -33,6 +33,9 @@ pub struct LoaderOptions {
     pub audio_column: String,
     pub label_column: String,
     pub debug_panic_index: Option<u64>,
+    /// Debug: the sample whose global index equals this takes every view's crop one hop further
+    /// (plants a difference on purpose, e.g. for a divergence test); -1: off.
+    pub debug_crop_shift_index: i64,
     // The features (Python's `birdjepa.data.Features`).
     pub target_rate: u32,
     pub clip_seconds: f64,
@@ -73,6 +76,7 @@ impl Default for LoaderOptions {
             audio_column: "audio".into(),
             label_column: "ebird_code".into(),
             debug_panic_index: None,
+            debug_crop_shift_index: -1,
             // 5 s at 32 kHz, Kaldi-style fbank: 25 ms window, 10 ms hop, 128 mel bins from 20 Hz to
             // Nyquist, normalised with AudioMAE's fbank statistics; no masks.
             target_rate: 32_000,
@@ -106,64 +110,6 @@ impl LoaderOptions {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("options serialise")
     }
-
-    /// Every option in its range, checked without opening a file (a loader checks the same at its
-    /// start), so a command line can be rejected before anything runs.
-    pub fn validate(&self) -> Result<()> {
-        self.loader().validate()?;
-        ClipExtractor::new(self.clip()).map(|_| ()).map_err(Error::config)
-    }
-
-    pub fn fbank(&self) -> FbankConfig {
-        FbankConfig {
-            sample_rate: self.target_rate,
-            n_fft: self.n_fft,
-            win_length: self.win_length,
-            hop_length: self.hop_length,
-            n_mels: self.n_mels,
-            f_min: self.f_min as f32,
-            f_max: self.f_max.map(|f| f as f32),
-            preemphasis: self.preemphasis as f32,
-            remove_dc: self.remove_dc,
-            log_floor: self.log_floor as f32,
-        }
-    }
-
-    pub fn clip(&self) -> ClipConfig {
-        ClipConfig {
-            target_rate: self.target_rate,
-            clip_samples: (self.clip_seconds * self.target_rate as f64).round() as usize,
-            fbank: self.fbank(),
-            n_frames: self.n_frames,
-            mean: self.mean as f32,
-            std: self.std as f32,
-            time_mask: MaskConfig { count: self.time_mask_count, max_width: self.time_mask_width },
-            freq_mask: MaskConfig { count: self.freq_mask_count, max_width: self.freq_mask_width },
-        }
-    }
-
-    pub fn columns(&self) -> ColumnConfig {
-        ColumnConfig { audio_column: self.audio_column.clone(), label_column: self.label_column.clone() }
-    }
-
-    pub fn loader(&self) -> LoaderConfig {
-        LoaderConfig {
-            batch_size: self.batch_size,
-            n_workers: self.n_workers,
-            n_views: self.n_views,
-            train: self.train,
-            augment: self.augment,
-            drop_last: self.drop_last,
-            seed: self.seed,
-            shuffle_buffer: self.shuffle_buffer,
-            shuffle_initial: self.shuffle_initial,
-            interleave: self.interleave,
-            prefetch_batches: self.prefetch_batches,
-            columns: self.columns(),
-            clip: self.clip(),
-            debug_panic_index: self.debug_panic_index,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -171,11 +117,13 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
 
+    // What the configs build from these options (clip samples, the f32 log floor) and the range checks
+    // are tested in loader.rs, which sees every config.
+
     #[test]
     fn absent_options_take_the_defaults_and_unknown_or_mistyped_ones_are_named() {
         let o = LoaderOptions::from_json(r#"{"batch_size": 4, "clip_seconds": 2.5}"#).unwrap();
         assert_eq!(o, LoaderOptions { batch_size: 4, clip_seconds: 2.5, ..Default::default() });
-        assert_eq!(o.clip().clip_samples, 80_000);
         let e = LoaderOptions::from_json(r#"{"shuffle_bufer": 4}"#).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Config);
         assert!(e.message.contains("unknown field `shuffle_bufer`"), "{}", e.message);
@@ -187,21 +135,5 @@ mod tests {
     fn defaults_round_trip_through_json_exactly() {
         let d = LoaderOptions::default();
         assert_eq!(LoaderOptions::from_json(&d.to_json()).unwrap(), d);
-        assert_eq!(d.fbank().log_floor, f32::EPSILON);
-        assert_eq!(d.clip().clip_samples, 160_000);
-    }
-
-    #[test]
-    fn validate_names_the_first_option_out_of_range_and_passes_the_defaults() {
-        LoaderOptions::default().validate().unwrap();
-        for (json, name) in [
-            (r#"{"batch_size": 0}"#, "batch_size must be >= 1"),
-            (r#"{"shuffle_buffer": 8, "shuffle_initial": 9}"#, "shuffle_initial must be in"),
-            (r#"{"hop_length": 0}"#, "hop_length must be > 0"),
-        ] {
-            let e = LoaderOptions::from_json(json).unwrap().validate().unwrap_err();
-            assert_eq!(e.kind, ErrorKind::Config);
-            assert!(e.message.contains(name), "{json}: {}", e.message);
-        }
     }
 }

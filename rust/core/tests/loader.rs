@@ -103,6 +103,7 @@ fn same(a: &[Batch], b: &[Batch]) {
         assert_eq!(x.label, y.label);
         assert_eq!(x.shard_id, y.shard_id);
         assert_eq!(x.epoch, y.epoch);
+        assert_eq!(x.crop_offset, y.crop_offset);
         assert!(x.spectrogram.iter().zip(&y.spectrogram).all(|(p, q)| p.to_bits() == q.to_bits()));
     }
 }
@@ -151,8 +152,12 @@ fn corrupt_records_are_skipped_and_reported() {
     let files = write_shards(&dir, &[4, 3], false, &[(1, 2)]);
     let eval = LoaderConfig { train: false, ..config(2) };
     let mut loader = Loader::new(&files, eval, None).unwrap();
-    let idx: Vec<i64> = take(&mut loader, 10).iter().flat_map(|b| b.index.clone()).collect();
+    let batches = take(&mut loader, 10);
+    let idx: Vec<i64> = batches.iter().flat_map(|b| b.index.clone()).collect();
     assert_eq!(idx, vec![0, 1, 2, 3, 4, 5]);
+    // One crop offset per kept row (eval: the centre crop's), none for the skipped one.
+    let offsets: Vec<i64> = batches.iter().flat_map(|b| b.crop_offset.clone()).collect();
+    assert_eq!(offsets.len(), idx.len());
     let d = loader.diagnostics();
     assert_eq!(d.counters.skipped, 1);
     assert_eq!((d.skipped[0].shard, d.skipped[0].row, d.skipped[0].index), (1, 2, 6));
@@ -186,4 +191,48 @@ fn the_shard_index_is_cached_beside_the_shard_and_refreshed_when_it_changes() {
     write_shards(&dir, &[6], false, &[]);
     let loader = Loader::new(&files, config(1), None).unwrap();
     assert_eq!(loader.dataset().len(), 6);
+}
+
+#[test]
+fn batches_carry_each_views_crop_offset_and_the_debug_shift_moves_one_sample_by_one_hop() {
+    let dir = tmpdir("crop-shift");
+    let files = write_shards(&dir, &[4, 3], false, &[]);
+    let views = LoaderConfig { n_views: 2, ..config(2) };
+    let (frame, hop) = (views.clip.n_frames * views.clip.fbank.n_mels, views.clip.fbank.hop_length as i64);
+    let plain = take(&mut Loader::new(&files, views.clone(), None).unwrap(), 3);
+    for b in &plain {
+        assert_eq!(b.crop_offset.len(), 2 * b.n);
+        // Recordings of 5.5 s to 6.25 s and 5 s clips: offsets in [0, 1.25 s at 32 kHz].
+        assert!(b.crop_offset.iter().all(|&o| (0..=40_001).contains(&o)), "{:?}", b.crop_offset);
+    }
+    let target = plain[1].index[1];
+    let shift = LoaderConfig { debug_crop_shift_index: target, ..views };
+    let shifted = take(&mut Loader::new(&files, shift, None).unwrap(), 3);
+    for (p, s) in plain.iter().zip(&shifted) {
+        assert_eq!((&p.index, &p.label, &p.epoch), (&s.index, &s.label, &s.epoch));
+        for row in 0..p.n {
+            let (po, so) = (&p.crop_offset[2 * row..2 * row + 2], &s.crop_offset[2 * row..2 * row + 2]);
+            let rows = 2 * row * frame..2 * (row + 1) * frame;
+            let (pf, sf) = (&p.spectrogram[rows.clone()], &s.spectrogram[rows]);
+            if p.index[row] == target {
+                // One hop forward, or less (even backward) within a hop of the recording's end.
+                assert!(po.iter().zip(so).all(|(a, b)| a != b && (a - b).abs() <= hop), "{po:?} -> {so:?}");
+                assert_ne!(pf, sf);
+            } else {
+                assert_eq!(po, so);
+                assert!(pf.iter().zip(sf).all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+    // Eval: centre crops, shifted alike.
+    let eval = LoaderConfig { train: false, n_views: 1, ..config(1) };
+    let offsets = |cfg: LoaderConfig| -> Vec<i64> {
+        take(&mut Loader::new(&files, cfg, None).unwrap(), 3).iter().flat_map(|b| b.crop_offset.clone()).collect()
+    };
+    let centre = offsets(eval.clone());
+    let moved = offsets(LoaderConfig { debug_crop_shift_index: 4, ..eval });
+    assert_eq!(centre.len(), 7);
+    for i in 0..7 {
+        assert_eq!(moved[i], centre[i] + if i == 4 { hop } else { 0 }, "sample {i}");
+    }
 }

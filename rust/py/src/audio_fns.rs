@@ -1,7 +1,7 @@
 //! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
 //! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
 use birdjepa_core::audio::decode::decode_mono;
-use birdjepa_core::audio::fbank::Fbank;
+use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
 use birdjepa_core::options::LoaderOptions;
 use birdjepa_core::audio::resample::resample as resample_core;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
@@ -30,7 +30,8 @@ fn log_mel<'py>(
         Some(o) => py.import("json")?.call_method1("dumps", (o,))?.extract()?,
         None => "{}".into(),
     };
-    let cfg = LoaderOptions::from_json(&text).map_err(|e| PyValueError::new_err(e.message))?.fbank();
+    let options = LoaderOptions::from_json(&text).map_err(|e| PyValueError::new_err(e.message))?;
+    let cfg = FbankConfig::from_options(&options);
     let n_mels = cfg.n_mels;
     let fb = Fbank::new(cfg).map_err(PyValueError::new_err)?;
     let n = samples.len();

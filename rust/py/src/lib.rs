@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use birdjepa_core::error::{Error, ErrorKind};
-use birdjepa_core::loader::{Batch, Loader, LoaderState, Poll};
+use birdjepa_core::loader::{Batch, Loader, LoaderConfig, LoaderState, Poll};
 use birdjepa_core::options::LoaderOptions;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
@@ -39,7 +39,7 @@ fn loader_defaults() -> String {
 /// Checks loader options (a JSON object) without opening a file; a ValueError names the first bad one.
 #[pyfunction]
 fn check_loader_options(options_json: &str) -> PyResult<()> {
-    LoaderOptions::from_json(options_json).and_then(|o| o.validate()).map_err(to_py)
+    LoaderOptions::from_json(options_json).and_then(|o| LoaderConfig::from_options(&o).check()).map_err(to_py)
 }
 
 /// (global sample index, epoch) of output positions 0..count that a loader with these options draws
@@ -52,7 +52,7 @@ fn plan_indices<'py>(
     options_json: &str,
     count: usize,
 ) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>)> {
-    let cfg = LoaderOptions::from_json(options_json).map_err(to_py)?.loader();
+    let cfg = LoaderConfig::from_options(&LoaderOptions::from_json(options_json).map_err(to_py)?);
     let planner = cfg.planner(&shard_rows, None).map_err(to_py)?;
     let (index, epoch): (Vec<u64>, Vec<u64>) = py.detach(|| planner.take(count).map(|i| (i.index, i.epoch)).unzip());
     Ok((PyArray1::from_vec(py, index), PyArray1::from_vec(py, epoch)))
@@ -75,6 +75,9 @@ fn batch_to_dict<'py>(py: Python<'py>, b: Batch, n_views: usize, frames: (usize,
         spec.reshape([b.n, n_views, frames.0, frames.1])?.into_any()
     };
     dict.set_item("spectrogram", spec)?;
+    let offsets = PyArray1::from_vec(py, b.crop_offset);
+    let offsets = if n_views == 1 { offsets.into_any() } else { offsets.reshape([b.n, n_views])?.into_any() };
+    dict.set_item("crop_offset", offsets)?;
     dict.set_item("label", PyArray1::from_vec(py, b.label))?;
     dict.set_item("index", PyArray1::from_vec(py, b.index))?;
     dict.set_item("shard_id", PyArray1::from_vec(py, b.shard_id))?;
@@ -88,7 +91,7 @@ impl PyLoader {
     #[pyo3(signature = (files, options_json, state_json=None))]
     fn new(py: Python<'_>, files: Vec<PathBuf>, options_json: &str, state_json: Option<&str>) -> PyResult<Self> {
         // Names, types and defaults of the options are `LoaderOptions`'s; an unknown one is a ValueError.
-        let cfg = LoaderOptions::from_json(options_json).map_err(to_py)?.loader();
+        let cfg = LoaderConfig::from_options(&LoaderOptions::from_json(options_json).map_err(to_py)?);
         let state: Option<LoaderState> = state_json
             .map(|s| serde_json::from_str(s).map_err(|e| StateError::new_err(format!("malformed loader state: {e}"))))
             .transpose()?;

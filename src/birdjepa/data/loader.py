@@ -120,8 +120,15 @@ class Loader:
     """Deterministic, exactly resumable batches.
 
     Each batch is a dict of numpy arrays: ``spectrogram`` float32 [B, T, M] (or [B, V, T, M] when
-    ``n_views > 1``), ``label`` int64 (-1 when missing), ``index`` int64 (global sample index),
-    ``shard_id`` int64 and ``epoch`` int64.
+    ``n_views > 1``), ``crop_offset`` int64 [B] (or [B, V]: where each view's crop starts, in samples
+    at ``target_rate``; 0 for a recording shorter than a clip, the centre crop's in eval mode),
+    ``label`` int64 (-1 when missing), ``index`` int64 (global sample index), ``shard_id`` int64 and
+    ``epoch`` int64.
+
+    ``debug_crop_shift_index`` (default -1: off) plants a difference on purpose: the sample of that
+    global index takes every view's crop one hop (``hop_length`` samples) later, or earlier where the
+    crop already ends the recording; a recording no longer than a clip is unchanged. When on, it is
+    part of the stream's signature (a state saved without it is refused).
 
     Train mode is infinite, shuffled (per-epoch shard permutation, ``interleave`` shards read
     round-robin, a ``shuffle_buffer`` of sample indices, filled before the first draw unless

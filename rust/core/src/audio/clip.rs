@@ -13,6 +13,11 @@
 //!    * `Center`: `(N_out - clip_samples) / 2`.
 //!
 //!    Otherwise the offset is 0 and the clip is the whole recording followed by zeros.
+//!
+//!    With `shift` (the loader's `debug_crop_shift_index`, which plants a difference on purpose), every
+//!    view's offset then moves one fbank hop forward, clamped to `N_out - clip_samples`; where that
+//!    leaves it in place (the crop already ends the recording) it moves one hop backward, clamped to 0.
+//!    A recording no longer than a clip keeps offset 0. `extract` returns each view's final offset.
 //! 3. **Resample** only the crop's output samples `[offset, offset + clip)` (polyphase Kaiser-sinc,
 //!    [`super::resample`]; one cached filter bank per source rate, built on first use). Output samples
 //!    at or past `N_out` are 0.0 (zero padding, not filter ringing).
@@ -26,7 +31,7 @@
 //!    `freq_mask.count` frequency masks likewise over `n_mels` from the `FreqMask` stream set mel bins
 //!    (columns) to 0.0. Masks may overlap; the time axis includes pad rows.
 //!
-//! The output is a pure function of `(data, config, mode, key, n_views)`.
+//! The output (features and offsets) is a pure function of `(data, config, mode, key, n_views, shift)`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -35,6 +40,7 @@ use super::decode::AudioReader;
 use super::fbank::{Fbank, FbankConfig};
 use super::resample::Resampler;
 use super::AudioError;
+use crate::options::LoaderOptions;
 use crate::rng::{Purpose, Stream};
 
 /// SpecAugment-style masks on one axis; `count = 0` disables them.
@@ -65,10 +71,26 @@ pub struct ClipConfig {
     pub freq_mask: MaskConfig,
 }
 
+impl ClipConfig {
+    /// The feature options as one clip's settings (the crop length from seconds at `target_rate`).
+    pub fn from_options(o: &LoaderOptions) -> Self {
+        ClipConfig {
+            target_rate: o.target_rate,
+            clip_samples: (o.clip_seconds * o.target_rate as f64).round() as usize,
+            fbank: FbankConfig::from_options(o),
+            n_frames: o.n_frames,
+            mean: o.mean as f32,
+            std: o.std as f32,
+            time_mask: MaskConfig { count: o.time_mask_count, max_width: o.time_mask_width },
+            freq_mask: MaskConfig { count: o.freq_mask_count, max_width: o.freq_mask_width },
+        }
+    }
+}
+
 impl Default for ClipConfig {
-    /// What the default [`crate::options::LoaderOptions`] build (the defaults are written there only).
+    /// What the default [`LoaderOptions`] build (the defaults are written there only).
     fn default() -> Self {
-        crate::options::LoaderOptions::default().clip()
+        Self::from_options(&LoaderOptions::default())
     }
 }
 
@@ -189,16 +211,33 @@ impl ClipExtractor {
         }
     }
 
+    /// `offset` moved one hop (`fbank.hop_length` output samples) for a recording of `n_out` output
+    /// samples: forward, clamped to the last valid offset; backward (clamped to 0) where forward would
+    /// leave it in place. Unchanged only when the recording is no longer than a clip.
+    pub fn shift_offset(&self, n_out: u64, offset: u64) -> u64 {
+        let last = n_out.saturating_sub(self.cfg.clip_samples as u64);
+        let hop = self.cfg.fbank.hop_length as u64;
+        let forward = offset.saturating_add(hop).min(last);
+        if forward != offset {
+            forward
+        } else {
+            offset.saturating_sub(hop).min(last)
+        }
+    }
+
     /// Decode one encoded recording and write `n_views` feature maps `[n_frames, n_mels]` into `out`
-    /// (`n_views * frame_len()` floats). On error `out` is unspecified.
+    /// (`n_views * frame_len()` floats); returns each view's crop offset in output samples. `shift`
+    /// moves every view's crop by one hop ([`Self::shift_offset`]): a debug hook that plants a
+    /// difference on purpose. On error `out` is unspecified.
     pub fn extract<B: AsRef<[u8]> + Send + Sync + 'static>(
         &self,
         data: B,
         mode: CropMode,
         key: SampleKey,
         n_views: usize,
+        shift: bool,
         out: &mut [f32],
-    ) -> Result<(), AudioError> {
+    ) -> Result<Vec<u64>, AudioError> {
         let fl = self.frame_len();
         if out.len() != n_views * fl {
             return Err(AudioError(format!("extract: out has {} floats, expected {n_views} views x {fl}", out.len())));
@@ -211,7 +250,7 @@ impl ClipExtractor {
             )));
         }
         if n_views == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let rs = self.resampler(rate);
 
@@ -229,6 +268,7 @@ impl ClipExtractor {
         let mut plans: Vec<ViewPlan> = (0..n_views)
             .map(|view| {
                 let offset = self.crop_offset(n_out, mode, key, view);
+                let offset = if shift { self.shift_offset(n_out, offset) } else { offset };
                 let len = (n_out.saturating_sub(offset)).min(clip as u64) as usize;
                 let (lo, hi) = rs.support(offset, len);
                 ViewPlan { view, offset, len, src_lo: lo.min(n_src), src_hi: hi.min(n_src) }
@@ -243,7 +283,10 @@ impl ClipExtractor {
             let result = self.render_all(&mut reader, full.as_deref(), &rs, rate, &mut plans, mode, key, scratch, out);
             scratch.shrink();
             result
-        })
+        })?;
+        // `render_all` reorders the plans by source position; the offsets go back in view order.
+        plans.sort_by_key(|p| p.view);
+        Ok(plans.iter().map(|p| p.offset).collect())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -420,7 +463,7 @@ mod tests {
 
     fn run(ex: &ClipExtractor, data: Vec<u8>, mode: CropMode, k: SampleKey, n_views: usize) -> Vec<f32> {
         let mut out = vec![f32::NAN; n_views * ex.frame_len()];
-        ex.extract(data, mode, k, n_views, &mut out).unwrap();
+        ex.extract(data, mode, k, n_views, false, &mut out).unwrap();
         out
     }
 
@@ -530,6 +573,64 @@ mod tests {
     }
 
     #[test]
+    fn shift_offset_moves_one_hop_forward_else_backward_within_the_valid_range() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        let clip = 160_000u64;
+        assert_eq!(ex.config().fbank.hop_length, 320);
+        for (n_out, offset, want) in [
+            (clip + 1000, 0, 320),
+            (clip + 1000, 500, 820),
+            (clip + 1000, 900, 1000), // clamped forward
+            (clip + 1000, 1000, 680), // at the end: one hop backward
+            (clip + 100, 100, 0),     // backward, clamped at 0
+            (clip, 0, 0),             // one valid offset: nothing moves
+            (clip - 5, 0, 0),         // shorter than a clip: nothing moves
+        ] {
+            assert_eq!(ex.shift_offset(n_out, offset), want, "n_out {n_out} offset {offset}");
+        }
+    }
+
+    #[test]
+    fn extract_returns_each_views_offset_and_shift_moves_every_view_one_hop() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        let fl = ex.frame_len();
+        for (name, bytes) in [("ogg", fixture("birds_44k_stereo_30s.ogg")), ("wav", sweep_wav(9.0, 32_000))] {
+            let (full, rate) = decode_mono(bytes.clone()).unwrap();
+            let n_src = AudioReader::open(bytes.clone()).unwrap().info().2.unwrap();
+            let full = &full[..(n_src as usize).min(full.len())];
+            let n_out = ex.resampler(rate).output_len(n_src);
+            let last = n_out - 160_000;
+            for mode in [CropMode::Random, CropMode::Center] {
+                let views = 3;
+                let (mut plain, mut moved) = (vec![0f32; views * fl], vec![0f32; views * fl]);
+                let offsets = ex.extract(bytes.clone(), mode, key(4), views, false, &mut plain).unwrap();
+                let shifted = ex.extract(bytes.clone(), mode, key(4), views, true, &mut moved).unwrap();
+                let want: Vec<u64> = (0..views).map(|v| ex.crop_offset(n_out, mode, key(4), v)).collect();
+                assert_eq!(offsets, want, "{name} {mode:?}");
+                let want: Vec<u64> = want.iter().map(|&o| ex.shift_offset(n_out, o)).collect();
+                assert_eq!(shifted, want, "{name} {mode:?} shifted");
+                for v in 0..views {
+                    let what = format!("{name} {mode:?} view {v}");
+                    if offsets[v] + 320 <= last {
+                        assert_eq!(shifted[v], offsets[v] + 320, "{what}");
+                    }
+                    let (got, before) = (&moved[v * fl..(v + 1) * fl], &plain[v * fl..(v + 1) * fl]);
+                    assert_bits_eq(got, &reference(&ex, full, rate, shifted[v]), &what);
+                    assert_ne!(got, before, "{what}");
+                }
+            }
+        }
+        // No longer than a clip (FLAC on the seek path, MP3 decoded whole): every offset is 0, shifted
+        // or not, and the features do not change.
+        for name in ["birds_22k_mono_short.flac", "birds_32k_mono.mp3"] {
+            let (mut a, mut b) = (vec![0f32; 2 * fl], vec![0f32; 2 * fl]);
+            assert_eq!(ex.extract(fixture(name), CropMode::Random, key(1), 2, false, &mut a).unwrap(), vec![0, 0]);
+            assert_eq!(ex.extract(fixture(name), CropMode::Random, key(1), 2, true, &mut b).unwrap(), vec![0, 0]);
+            assert_bits_eq(&a, &b, name);
+        }
+    }
+
+    #[test]
     fn deterministic_across_threads_history_and_view_batching() {
         let ex = Arc::new(
             ClipExtractor::new(ClipConfig {
@@ -623,11 +724,11 @@ mod tests {
     fn errors_are_reported() {
         let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
         let mut out = vec![0f32; ex.frame_len()];
-        let e = ex.extract(vec![1u8, 2, 3], CropMode::Random, key(0), 1, &mut out).unwrap_err();
+        let e = ex.extract(vec![1u8, 2, 3], CropMode::Random, key(0), 1, false, &mut out).unwrap_err();
         assert!(e.0.contains("decode"), "{e}");
-        let e = ex.extract(sweep_wav(1.0, 16_000), CropMode::Random, key(0), 2, &mut out).unwrap_err();
+        let e = ex.extract(sweep_wav(1.0, 16_000), CropMode::Random, key(0), 2, false, &mut out).unwrap_err();
         assert!(e.0.contains("expected 2 views"), "{e}");
-        let e = ex.extract(sweep_wav(0.1, 500), CropMode::Random, key(0), 1, &mut out).unwrap_err();
+        let e = ex.extract(sweep_wav(0.1, 500), CropMode::Random, key(0), 1, false, &mut out).unwrap_err();
         assert!(e.0.contains("sample rate"), "{e}");
     }
 
@@ -653,14 +754,14 @@ mod tests {
         let mut out = vec![0f32; ex.frame_len()];
         for (name, bytes) in inputs {
             let bytes: Arc<[u8]> = bytes.into();
-            ex.extract(bytes.clone(), CropMode::Random, key(0), 1, &mut out).unwrap();
+            ex.extract(bytes.clone(), CropMode::Random, key(0), 1, false, &mut out).unwrap();
             let n = 300;
             let mut best_wall = f64::MAX;
             let mut best_cpu = f64::MAX;
             for rep in 0..3u64 {
                 let (t0, c0) = (std::time::Instant::now(), cpu_ns());
                 for i in 0..n {
-                    ex.extract(bytes.clone(), CropMode::Random, key(rep * n + i), 1, &mut out).unwrap();
+                    ex.extract(bytes.clone(), CropMode::Random, key(rep * n + i), 1, false, &mut out).unwrap();
                 }
                 best_wall = best_wall.min(t0.elapsed().as_secs_f64());
                 if let (Some(a), Some(b)) = (c0, cpu_ns()) {

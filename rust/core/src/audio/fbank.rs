@@ -30,6 +30,8 @@ use std::sync::Arc;
 use realfft::num_complex::Complex;
 use realfft::{RealFftPlanner, RealToComplex};
 
+use crate::options::LoaderOptions;
+
 /// Log-mel configuration. Defaults: 32 kHz, 1024-point FFT, 25 ms window (800), 10 ms hop (320),
 /// 128 mels from 20 Hz to Nyquist, pre-emphasis 0.97, DC removal, floor `f32::EPSILON`.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,10 +49,28 @@ pub struct FbankConfig {
     pub log_floor: f32,
 }
 
+impl FbankConfig {
+    /// The feature options' log-mel part; the options keep `f64`s, narrowed here.
+    pub fn from_options(o: &LoaderOptions) -> Self {
+        FbankConfig {
+            sample_rate: o.target_rate,
+            n_fft: o.n_fft,
+            win_length: o.win_length,
+            hop_length: o.hop_length,
+            n_mels: o.n_mels,
+            f_min: o.f_min as f32,
+            f_max: o.f_max.map(|f| f as f32),
+            preemphasis: o.preemphasis as f32,
+            remove_dc: o.remove_dc,
+            log_floor: o.log_floor as f32,
+        }
+    }
+}
+
 impl Default for FbankConfig {
-    /// What the default [`crate::options::LoaderOptions`] build (the defaults are written there only).
+    /// What the default [`LoaderOptions`] build (the defaults are written there only).
     fn default() -> Self {
-        crate::options::LoaderOptions::default().fbank()
+        Self::from_options(&LoaderOptions::default())
     }
 }
 
