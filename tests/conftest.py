@@ -26,8 +26,9 @@ try:
 except ImportError:  # running from a plain checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from birdjepa.data.demo import CODECS, SMALL, encode_audio, ensure_demo_data
+from birdjepa.data.demo import SMALL, ensure_demo_data
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
+from birdjepa.data.synth.codecs import CODECS, encode_audio
 from birdjepa.train.determinism import deterministic_xla
 
 TEST_XLA_FLAG = "--xla_backend_optimization_level=0"

@@ -18,7 +18,7 @@ import tyro
 CommandTarget = str | Callable[..., Any]
 
 COMMANDS: dict[str, CommandTarget] = {
-    "demo-data": "birdjepa.data.demo:cli",
+    "demo-data": "birdjepa.data.demo_data:cli",
     "prepare": "birdjepa.data.prepare:cli",
     "loader-demo": "birdjepa.data.loader_demo:cli",
     "pretrain": "birdjepa.train.loop:cli",

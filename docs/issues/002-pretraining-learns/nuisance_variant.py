@@ -19,7 +19,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from birdjepa.data import demo as demo_data
+from birdjepa.data import demo
+from birdjepa.data.synth.channel import Nuisance
+from birdjepa.data.synth.config import DemoConfig, RecordingPlan
 
 KINDS = {
     "background": ("background",),
@@ -51,17 +53,18 @@ def main() -> None:
     args = p.parse_args()
     kept = {field for kind in args.kinds for field in KINDS[kind]}
     fixed = {field: value for field, value in CLEAN.items() if field not in kept}
-    drawn = demo_data.draw_nuisance
+    drawn = demo.draw_nuisance
 
-    def draw(plan: demo_data.RecordingPlan, n_species: int) -> demo_data.Nuisance:
+    def draw(plan: RecordingPlan, n_species: int) -> Nuisance:
         # Draw as the demo set does (same generator, so every kept nuisance is the demo's), then fix the rest.
         return dataclasses.replace(drawn(plan, n_species), **fixed)
 
     # The parent process draws every recording's nuisance; the encoding workers only render it.
-    demo_data.draw_nuisance = draw
-    big = demo_data.DemoConfig(per_species_train=1, per_species_eval=16)
-    config = big if args.eval16 else demo_data.DEFAULT
-    demo_data.generate_demo_data(args.out, config, verbose=False)
+    # (generate_demo_data looks draw_nuisance up in demo's namespace, so that is the one to replace)
+    demo.draw_nuisance = draw
+    big = DemoConfig(per_species_train=1, per_species_eval=16)
+    config = big if args.eval16 else demo.DEFAULT
+    demo.generate_demo_data(args.out, config, verbose=False)
 
 
 if __name__ == "__main__":  # the encoding workers are spawned and import this file

@@ -1,5 +1,6 @@
-"""The scale set: the demo's synthetic bird song at the size users train on
-(`birdjepa demo-data OUT --recordings 100000 --shards 500`).
+"""The scale set: the synthetic bird song of `birdjepa.data.synth` (the demo set's species) at the size
+users train on (`birdjepa demo-data OUT --recordings 100000 --shards 500`). Like the demo set
+(`demo`), an entry point on top of `synth`; the command line of both is `demo_data`.
 
 Rendering and encoding 10^5 recordings of 5-30 s would take this 2-core machine about a day, so the
 train split reuses pieces: a *pool* of `pool` distinct recordings is rendered and encoded once (the
@@ -38,25 +39,20 @@ from pathlib import Path
 
 import numpy as np
 
-from birdjepa.data.demo import (
-    CODECS,
-    GENERATOR,
-    GENERATOR_VERSION,
+from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
+from birdjepa.data.synth import GENERATOR, GENERATOR_VERSION
+from birdjepa.data.synth.channel import draw_nuisance
+from birdjepa.data.synth.codecs import CODECS, draw_formats
+from birdjepa.data.synth.config import DemoConfig, RecordingPlan, largest_remainder, rng_for
+from birdjepa.data.synth.songs import make_species
+from birdjepa.data.synth.writer import (
     MANIFEST_FILE,
-    DemoConfig,
-    RecordingPlan,
     available_cores,
-    draw_formats,
-    draw_nuisance,
     encoded,
-    largest_remainder,
-    make_species,
     nuisance_json,
-    rng_for,
     species_json,
     start_set,
 )
-from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
 
 SCALE_CODEC_MIX: dict[str, float] = {
     "ogg_vorbis": 0.80,
@@ -67,7 +63,8 @@ SCALE_CODEC_MIX: dict[str, float] = {
     "wav_float": 0.0015,
 }
 _KEY = {"pool": 11, "eval": 12, "rows": 13, "shards": 14}
-"""Entropy keys of the scale set's draws (the demo uses 1-4: its recordings are not these)."""
+"""Entropy keys of the scale set's draws (`synth.config.SPLIT_KEY` uses 1-4: the demo set's recordings
+are not these)."""
 
 
 @dataclass(frozen=True)

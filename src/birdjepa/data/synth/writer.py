@@ -1,0 +1,110 @@
+"""What both synthetic sets do alike when writing: a fresh output folder (`start_set`), rendering and
+encoding recordings in worker processes (`encoded`), and the manifest's species and nuisance tables.
+Each set plans its recordings and writes its shards and manifest itself (`birdjepa.data.demo`,
+`birdjepa.data.scale_set`); a recording's waveform comes from `channel`, its bytes from `codecs`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from birdjepa.data.shards import remove_shards
+from birdjepa.data.synth.channel import Nuisance, render_recording
+from birdjepa.data.synth.codecs import encode_audio
+from birdjepa.data.synth.config import RecordingPlan
+from birdjepa.data.synth.songs import Species
+
+SPLITS = ("train", "eval")
+MANIFEST_FILE = "manifest.json"
+
+
+def start_set(out: Path, overwrite: bool) -> None:
+    """Make `out` ready for a new set: with `overwrite`, remove the shards, vocab.json and manifest an
+    earlier run left there; without it, such a manifest is an error."""
+    if overwrite:
+        for split in SPLITS:
+            if (out / split).is_dir():
+                remove_shards(out / split)
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
+    elif (out / MANIFEST_FILE).exists():
+        raise FileExistsError(f"{out / MANIFEST_FILE} exists: {out} holds a demo set (use --overwrite)")
+
+
+def make_recording(task: tuple[RecordingPlan, Sequence[Species], Nuisance]) -> bytes:
+    plan, table, nuisance = task
+    serial = zlib.crc32(plan.recording_id.encode())
+    audio = render_recording(plan, table, nuisance)
+    return encode_audio(audio, plan.sample_rate, plan.codec, ogg_serial=serial)
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def encoded(
+    tasks: Sequence[tuple[RecordingPlan, Sequence[Species], Nuisance]], workers: int
+) -> Iterator[bytes]:
+    if workers <= 1 or len(tasks) < 2:
+        yield from map(make_recording, tasks)
+        return
+    # spawn, not fork: the caller may hold threads (JAX, Arrow) that fork would copy in a locked state
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(tasks))) as pool:
+        yield from pool.imap(make_recording, tasks, chunksize=1)
+
+
+def species_json(species: Sequence[Species]) -> list[dict]:
+    """The species table as the manifest writes it."""
+    return [
+        {
+            "index": s.index,
+            "code": s.code,
+            "name": s.name,
+            "band_hz": [round(s.band_hz[0], 1), round(s.band_hz[1], 1)],
+            "band_group": s.band_group,
+            "pattern": s.pattern,
+            "syllables": [
+                {"kind": syl.kind, "seconds": round(syl.seconds, 3), "rate_hz": round(syl.rate_hz, 1)}
+                for syl in s.syllables
+            ],
+            "motif": list(s.motif),
+            "gaps": [round(g, 3) for g in s.gaps],
+            "pause_seconds": round(s.pause_seconds, 3),
+            "harmonics": s.syllables[0].n_harmonics,
+        }
+        for s in species
+    ]
+
+
+def nuisance_json(nz: Nuisance, names: Sequence[str]) -> dict:
+    def r(x: float) -> float:
+        return round(float(x), 3)
+
+    return {
+        "pitch": r(nz.pitch),
+        "tempo": r(nz.tempo),
+        "activity": r(nz.activity),
+        "noise_alpha": r(nz.noise_alpha),
+        "snr_db": r(nz.snr_db),
+        "band_noise": None
+        if nz.band_noise is None
+        else {
+            "kind": nz.band_noise[0],
+            "centre_hz": r(nz.band_noise[1]),
+            "width_octaves": r(nz.band_noise[2]),
+            "snr_db": r(nz.band_noise[3]),
+        },
+        "rumble_db": None if nz.rumble_db is None else r(nz.rumble_db),
+        "clicks": nz.clicks,
+        "background": [{"species": names[i], "db": r(db)} for i, db in nz.background],
+        "highpass": {"hz": r(nz.highpass[0]), "order": nz.highpass[1]},
+        "lowpass": {"hz": r(nz.lowpass[0]), "order": nz.lowpass[1]},
+        "eq_db": [r(c) for c in nz.eq_db],
+        "peak_dbfs": r(nz.peak_dbfs),
+    }
