@@ -23,9 +23,9 @@ import numpy as np
 from birdjepa.data import Loader, resolve_files
 from birdjepa.data.demo import ensure_demo_data
 from birdjepa.evaluation import probes
-from birdjepa.evaluation.embed import batched, encoder_apply, raw_features
+from birdjepa.evaluation.embed import batched, raw_features
 from birdjepa.model.config import preset
-from birdjepa.model.vit import init_params
+from birdjepa.model.vit import encoder_apply, init_params
 from birdjepa.train.determinism import deterministic_xla
 
 BATCH = 16

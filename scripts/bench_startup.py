@@ -11,7 +11,7 @@ Orbax and scikit-learn from source in every process. `make build` asks uv for by
 bytecode folder (PYTHONPYCACHEPREFIX) with writing turned off.
 
 Two commands, alternated `--repeats` times per mode, median wall and CPU (user + system) seconds:
-- `import birdjepa.train.loop` (what every trainer process imports);
+- `import birdjepa.pretrain.loop` (what every trainer process imports);
 - `birdjepa pretrain` of 6 steps (batch 8, no evaluation) on the SMALL demo set, with the compiled step
   in a JAX compilation cache that a first run filled (as the test suite's runs find it).
 """
@@ -67,7 +67,11 @@ def main() -> None:
         ]  # fmt: skip
         timed([*pretrain, "--run", "warm-up"], base)  # fills the compilation cache
         commands = {
-            "import birdjepa.train.loop": lambda run: [sys.executable, "-c", "import birdjepa.train.loop"],
+            "import birdjepa.pretrain.loop": lambda run: [
+                sys.executable,
+                "-c",
+                "import birdjepa.pretrain.loop",
+            ],
             "pretrain, 6 steps (cached step)": lambda run: [*pretrain, "--run", run],
         }
         print(f"python {sys.version.split()[0]}; {args.repeats} runs per mode, alternated; median seconds")

@@ -18,9 +18,8 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa.config import PretrainConfig
-from birdjepa.resume.fault_matrix import format_matrix, not_as_expected, run_matrix
-from birdjepa.train.config import OptimConfig
+from birdjepa.config import OptimConfig, PretrainConfig
+from birdjepa.pretrain.fault_matrix import format_matrix, not_as_expected, run_matrix
 from birdjepa.train.determinism import deterministic_xla
 
 DEFAULT = PretrainConfig(

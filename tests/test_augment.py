@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from birdjepa.config import AugmentConfig
 from birdjepa.train.augment import _warp, augment_views, local_crops
-from birdjepa.train.config import AugmentConfig
 
 MEAN, STD = -4.0, 4.0
 DB = math.log(10) / 10

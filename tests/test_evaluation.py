@@ -150,7 +150,7 @@ def test_sigreg_is_about_1_06_on_gaussians_and_grows_with_n_when_collapsed():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
     from birdjepa.config import DataConfig, LogConfig, PretrainConfig
-    from birdjepa.train.loop import pretrain
+    from birdjepa.pretrain.loop import pretrain
 
     runs = tmp_path_factory.mktemp("runs")
     cfg = PretrainConfig(

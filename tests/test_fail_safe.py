@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from birdjepa import exit_codes
 from birdjepa.config import DataConfig, LogConfig, PretrainConfig
+from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs, metrics_by_step
 from birdjepa.train.checkpoint import DAMAGED_DIR, Checkpointer
-from birdjepa.train.loop import NONFINITE_EXIT_CODE, RESUME_CHECK_EXIT_CODE, pretrain
 from birdjepa.train.metrics_log import read_metrics
 
 STEPS = 6
@@ -51,10 +52,10 @@ def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
 ) -> None:
     # Step 4's batch is NaN (--debug-nonfinite-steps): its loss and every gradient are not finite.
     cfg = config(demo_dir, tmp_path, "nan", debug_nonfinite_steps=(4,), ckpt_every=1)
-    assert pretrain(cfg) == NONFINITE_EXIT_CODE
+    assert pretrain(cfg) == exit_codes.NONFINITE
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
     assert line.startswith("ERROR: step 4 is not finite: train/loss") and "newest checkpoint (3)" in line
-    assert line.endswith(f"exit {NONFINITE_EXIT_CODE}")
+    assert line.endswith(f"exit {exit_codes.NONFINITE}")
     # Nothing after step 3 was saved, although --ckpt-every 1 asked for a save after every step.
     assert steps_on_disk(cfg.run_dir) == [1, 2, 3]
     (event,) = events(cfg.run_dir, "nonfinite")
@@ -88,7 +89,7 @@ def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(demo_dir: Path
     many = config(
         demo_dir, tmp_path, "many", on_nonfinite="skip", max_skips=2, debug_nonfinite_steps=(2, 3, 4)
     )
-    assert pretrain(many) == NONFINITE_EXIT_CODE
+    assert pretrain(many) == exit_codes.NONFINITE
     assert [(e["step"], e["action"]) for e in events(many.run_dir, "nonfinite")] == [(2, "skip"), (3, "stop")]
 
 
@@ -127,8 +128,8 @@ def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
     for step in steps_on_disk(cfg.run_dir):
         damage(cfg.run_dir, step)
     capsys.readouterr()
-    assert pretrain(cfg) == RESUME_CHECK_EXIT_CODE
+    assert pretrain(cfg) == exit_codes.RESUME_CHECK
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
     assert line.startswith("ERROR: cannot resume: no checkpoint in") and "verifies" in line
-    assert line.endswith(f"exit {RESUME_CHECK_EXIT_CODE}")
+    assert line.endswith(f"exit {exit_codes.RESUME_CHECK}")
     assert steps_on_disk(cfg.run_dir) == []

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from birdjepa.train.config import OptimConfig
+from birdjepa.config import OptimConfig
 from birdjepa.train.optim import (
     accumulation_progress,
     applied_lr,

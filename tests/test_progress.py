@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from birdjepa.train.progress import Progress
+from birdjepa.pretrain.progress import Progress
 
 METRICS = {"train/loss": 0.25, "train/probe_acc": 0.5, "train/data_wait": 0.001}
 

@@ -12,16 +12,16 @@ import numpy as np
 import optax
 import pytest
 
-from birdjepa.config import DataConfig, LogConfig, PretrainConfig
+from birdjepa import exit_codes
+from birdjepa.config import DataConfig, LogConfig, OptimConfig, PretrainConfig
+from birdjepa.faults import EXPECTED_CHECK, FAULTS
+from birdjepa.pretrain.fault_matrix import CLEAN, Row, not_as_expected, resume_with, run_matrix
+from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume import checks as resume_check
 from birdjepa.resume.checks import CHECKS, NextStep, check_resume, config_diff
 from birdjepa.resume.compare import compare_runs, metrics_by_step
-from birdjepa.resume.fault_matrix import CLEAN, Row, not_as_expected, resume_with, run_matrix
-from birdjepa.resume.faults import EXPECTED_CHECK, FAULTS
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.train.checkpoint import Checkpointer
-from birdjepa.train.config import OptimConfig
-from birdjepa.train.loop import RESUME_CHECK_EXIT_CODE, pretrain
 from birdjepa.train.metrics_log import read_metrics
 from birdjepa.train.state import TrainState
 
@@ -175,7 +175,7 @@ def test_each_fault_is_named_on_the_first_resumed_step(matrix: Matrix, fault: st
     row = matrix.row(fault)
     assert row.no_effect is None  # mid-update, checkpointed keys: every fault changes something
     assert not row.checks[EXPECTED_CHECK[fault]], (fault, row.failed)
-    assert row.exit_code == RESUME_CHECK_EXIT_CODE
+    assert row.exit_code == exit_codes.RESUME_CHECK
     # The run stopped before training anything past the checkpoint.
     run_dir = matrix.run_dir(fault)
     trained = [s for s, m in metrics_by_step(run_dir).items() if "train/loss" in m]
@@ -206,7 +206,7 @@ def test_allowed_config_change_passes_the_config_check_loudly(
         "RESUME_CHECK name=config ok=True expected=breaking_changes_allowed got=data.batch_size:8->16" in out
     )
     # The batch stream itself cannot continue at another batch size: that still stops the run.
-    assert not row.checks["loader_state"] and row.exit_code == RESUME_CHECK_EXIT_CODE
+    assert not row.checks["loader_state"] and row.exit_code == exit_codes.RESUME_CHECK
 
 
 def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, tmp_path: Path) -> None:

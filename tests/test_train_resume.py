@@ -18,11 +18,10 @@ import tyro
 
 from birdjepa.analysis import analyze
 from birdjepa.cli import main
-from birdjepa.config import PretrainConfig
+from birdjepa.config import OptimConfig, PretrainConfig
+from birdjepa.pretrain import loop as train_loop
 from birdjepa.resume.compare import compare_runs, metrics_by_step
-from birdjepa.train import loop as train_loop
 from birdjepa.train.checkpoint import Checkpointer
-from birdjepa.train.config import OptimConfig
 from birdjepa.train.metrics_log import read_metrics
 from birdjepa.train.optim import make_schedule
 

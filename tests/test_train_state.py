@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from birdjepa.train.loop import due
+from birdjepa.pretrain.loop import due
 from birdjepa.train.state import TrainState, for_prng_mode
 
 

@@ -21,7 +21,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "demo-data": "birdjepa.data.demo_data:cli",
     "prepare": "birdjepa.data.prepare:cli",
     "loader-demo": "birdjepa.data.loader_demo:cli",
-    "pretrain": "birdjepa.train.loop:cli",
+    "pretrain": "birdjepa.pretrain.loop:cli",
     "verify-resume": "birdjepa.resume.verify:cli",
     "compare": "birdjepa.resume.compare:cli",
     "sweep": "birdjepa.slurm.sweep:cli",

@@ -4,7 +4,7 @@
 out of its range, a data path that matches no shard, string labels without their `vocab.json`, or
 options that cannot work together (views vs objective, patch vs spectrogram size). Its message is
 one line that names the option as it is typed, its value and what is allowed; `birdjepa pretrain`
-prints it and exits 2 (`USAGE_EXIT_CODE`), before it opens a run directory.
+prints it and exits 2 (`exit_codes.USAGE`), before it opens a run directory.
 
 The loader's own options are checked by the Rust core (`birdjepa._rs.check_loader_options`), which
 holds their defaults and ranges; everything else is here.
@@ -25,9 +25,6 @@ from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, resolve_files
 from birdjepa.data.shards import VOCAB_FILE, read_shard
 from birdjepa.model.config import PRESETS
-
-#: Exit code of a command line that cannot work (the shell's and argparse's usage error).
-USAGE_EXIT_CODE = 2
 
 
 class OptionError(ValueError):

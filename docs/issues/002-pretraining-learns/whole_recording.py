@@ -27,8 +27,9 @@ import numpy as np
 
 from birdjepa.data import Features, Loader
 from birdjepa.evaluation.cli import EvalData, restore_run
-from birdjepa.evaluation.embed import encoder_apply, raw_features
+from birdjepa.evaluation.embed import raw_features
 from birdjepa.evaluation.probes import knn, linear_probe
+from birdjepa.model.vit import encoder_apply
 from birdjepa.train.determinism import deterministic_xla
 
 LONG_SECONDS = 41.0  # longer than any v2 recording (max 40 s)

@@ -18,10 +18,10 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, Features, Loader, resolve_files
-from birdjepa.evaluation.embed import Split, batched, embed_split, encoder_apply
+from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
 from birdjepa.model.config import ModelConfig
-from birdjepa.model.vit import init_params
+from birdjepa.model.vit import encoder_apply, init_params
 from birdjepa.train import checkpoint
 from birdjepa.train.determinism import deterministic_xla
 
@@ -87,8 +87,8 @@ class RestoredRun:
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
     """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it
     (norms verified), with the data files it evaluates on (``data`` overrides the run's splits)."""
-    from birdjepa.train.loop import data_files, model_config
     from birdjepa.train.optim import make_optimizer
+    from birdjepa.train.segment import data_files, model_config, total_updates
     from birdjepa.train.step import init_key
     from birdjepa.validation import label_count
 
@@ -114,7 +114,7 @@ def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalDat
             raise EvaluateError(str(e)) from e
         model_cfg = model_config(cfg, n_classes)
         random_init = init_params(model_cfg, init_key(cfg))["params"]
-        tx = make_optimizer(cfg.optim, max(cfg.steps // cfg.optim.grad_accum, 1))
+        tx = make_optimizer(cfg.optim, total_updates(cfg))
         state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
     return RestoredRun(step, cfg, model_cfg, train_files, eval_files, n_classes, state["params"], random_init)
 

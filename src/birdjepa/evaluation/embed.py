@@ -11,12 +11,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 import numpy as np
 
 from birdjepa.data import Loader
-from birdjepa.model.config import ModelConfig
-from birdjepa.model.vit import Encoder
 
 #: ``spectrogram [B, T, M] -> embedding [B, D]`` for one fixed batch size.
 Encode = Callable[[np.ndarray], np.ndarray]
@@ -37,17 +34,6 @@ def raw_features(spectrogram: np.ndarray) -> np.ndarray:
     (``[B, T, M] -> [B, 2M]``)."""
     x = np.asarray(spectrogram, np.float64)
     return np.concatenate([x.mean(axis=1), x.std(axis=1)], axis=1).astype(np.float32)
-
-
-def encoder_apply(cfg: ModelConfig) -> Callable[[Any, jax.Array], jax.Array]:
-    """``(params, spectrogram) -> embedding``: the encoder alone of a `BirdJepa` params tree
-    (``{"encoder": ..., "projector": ..., "probe": ...}``), deterministic (no dropout)."""
-    encoder = Encoder(cfg.resolved())
-
-    def apply(params: Any, x: jax.Array) -> jax.Array:
-        return encoder.apply({"params": params["encoder"]}, x, deterministic=True)[0]
-
-    return apply
 
 
 def batched(apply: Callable[[np.ndarray], Any], batch_size: int) -> Encode:

@@ -333,6 +333,17 @@ def encode_views(
     return {k: a.reshape((b, v) + a.shape[1:]) for k, a in out.items()}
 
 
+def encoder_apply(cfg: ModelConfig) -> Callable[[Any, jax.Array], jax.Array]:
+    """``(params, spectrogram) -> embedding``: the encoder alone of a `BirdJepa` params tree
+    (``{"encoder": ..., "projector": ..., "probe": ...}``), deterministic (no dropout)."""
+    encoder = Encoder(cfg.resolved())
+
+    def apply(params: Any, x: jax.Array) -> jax.Array:
+        return encoder.apply({"params": params["encoder"]}, x, deterministic=True)[0]
+
+    return apply
+
+
 def _unwrap(params: PyTree) -> Mapping[str, PyTree]:
     """Accept ``{"params": {...}}`` (what ``init`` returns) or the inner dict."""
     if isinstance(params, Mapping) and set(params) == {"params"}:

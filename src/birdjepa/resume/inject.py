@@ -1,4 +1,4 @@
-"""Applies a fault of `birdjepa.resume.faults` to what the loop restored, before the resume checks run."""
+"""Applies a fault of `birdjepa.faults` to what the loop restored, before the resume checks run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from birdjepa.resume.faults import FAULTS, PERTURBATION
+from birdjepa.faults import FAULTS, PERTURBATION
 from birdjepa.train.state import TrainState
 
 if TYPE_CHECKING:

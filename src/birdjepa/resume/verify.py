@@ -31,9 +31,9 @@ from typing import Annotated
 
 import tyro
 
+from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
 from birdjepa.resume.compare import compare_runs, print_table
-from birdjepa.train.loop import REQUEUE_EXIT_CODE
 from birdjepa.train.metrics_log import METRICS_FILE, read_metrics
 
 # The options of this command; everything else on the command line is passed to `pretrain` as given.
@@ -157,7 +157,7 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
             if code != 0:
                 problems.append(f"the last segment exited {code}")
             break
-        expected = REQUEUE_EXIT_CODE if stop.by_signal else 0
+        expected = exit_codes.REQUEUE if stop.by_signal else 0
         events = _events(resumed, "stop")
         at = events[-1]["step"] if len(events) == n + 1 else None
         if code != expected or at is None:

@@ -32,9 +32,9 @@ from typing import Annotated, Any
 
 import tyro
 
-from birdjepa import validation
+from birdjepa import exit_codes, validation
 from birdjepa.config import PretrainConfig, flatten, to_dict
-from birdjepa.validation import USAGE_EXIT_CODE, OptionError
+from birdjepa.validation import OptionError
 
 
 class SweepError(ValueError):
@@ -307,7 +307,7 @@ def cli(
         jobs = plan(sweep_file, runs_dir, force_resume_at)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(USAGE_EXIT_CODE) from None
+        raise SystemExit(exit_codes.USAGE) from None
     workdir = Path.cwd()
     rows = []
     for job in jobs:

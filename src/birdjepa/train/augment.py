@@ -33,8 +33,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from birdjepa.config import AugmentConfig
 from birdjepa.model.vit import noise_floor
-from birdjepa.train.config import AugmentConfig
 
 Array = jax.Array
 _DB = math.log(10.0) / 10.0  # natural-log units per dB of power

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from birdjepa.evaluation.embed import encoder_apply
-from birdjepa.train.config import OptimConfig
+from birdjepa.config import OptimConfig
+from birdjepa.model.vit import encoder_apply
+from birdjepa.slurm import distributed
 from birdjepa.train.optim import make_optimizer
+from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
 
 #: The batch arrays a step reads, sharded over the devices along the batch axis.
@@ -39,6 +41,19 @@ class Compiled:
     """``(params, batch, key) -> loss``: what the resume checks re-derive for the next step."""
     encode: Callable
     """``(params, spectrogram) -> embedding`` of the encoder alone (evaluation)."""
+
+    def place(self, state: TrainState) -> TrainState:
+        """``state`` with its arrays replicated over the devices."""
+        params, opt_state = jax.device_put((state.params, state.opt_state), self.replicated)
+        return dataclasses.replace(state, params=params, opt_state=opt_state)
+
+    def on_device(self, batch: Mapping[str, np.ndarray], *, nan: bool = False) -> dict[str, jax.Array]:
+        """The global batch as arrays sharded over every process's devices (each gives its rows);
+        ``nan``: its spectrograms made NaN (``--debug-nonfinite-steps``)."""
+        arrays = distributed.global_batch({k: batch[k] for k in BATCH_KEYS}, self.sharded)
+        if nan:
+            arrays["spectrogram"] = arrays["spectrogram"] * np.float32(np.nan)
+        return arrays
 
 
 def compiled(spec: StepConfig, optim: OptimConfig, total_updates: int) -> Compiled:
@@ -63,3 +78,4 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
     return Compiled(tx, replicated, sharded, train_step, loss_only, encode)
+

@@ -66,7 +66,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from birdjepa.train.config import (
+from birdjepa.config import (
     DEFAULT_LAMBDA,
     DEFAULT_NUM_DIRECTIONS,
     DEFAULT_NUM_KNOTS,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from birdjepa.train.config import OptimConfig
+from birdjepa.config import OptimConfig
 
 
 def lr_table(cfg: OptimConfig, total_updates: int) -> np.ndarray:

@@ -14,14 +14,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from birdjepa.config import ObjectiveConfig, PretrainConfig
+from birdjepa.config import AugmentConfig, ObjectiveConfig, PretrainConfig
 from birdjepa.data import Features
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.diagnostics.monitor import maybe_update_stats
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa
 from birdjepa.train.augment import augment_views, local_crops
-from birdjepa.train.config import AugmentConfig
 from birdjepa.train.objectives import lejepa_loss, probe_metrics, span_loss, span_mask, supervised_loss
 from birdjepa.train.optim import accumulation_progress, applied_lr, update_count
 

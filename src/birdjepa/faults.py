@@ -1,9 +1,11 @@
-"""Resume faults injected on purpose (``--debug-inject-fault F``), to prove the resume checks catch each.
+"""The catalogue of faults planted on purpose by the ``--debug-*`` options; none is active by default.
 
-Each fault imitates one way a real resume goes wrong; `birdjepa.resume.inject` applies it to what the
-loop restored, before the checks run. `EXPECTED_CHECK` names the check that must fail on the first
+Resume faults (``--debug-inject-fault F``) prove the resume checks catch each: each imitates one way a
+real resume goes wrong; `birdjepa.resume.inject` applies it to what the loop restored, before the
+checks run. `EXPECTED_CHECK` names the check that must fail on the first
 resumed step; others may fail too (a changed batch size also changes the next batch).
-`scripts/fault_matrix.py` prints them all. No JAX here: `birdjepa.config` imports it.
+`scripts/fault_matrix.py` prints them all. Plain data at the bottom of the package (no JAX):
+`birdjepa.config` imports it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,17 @@
+"""The exit codes of birdjepa's commands, each defined once (the README's exit-code table lists them).
+
+They follow sysexits.h where one fits, so a job script can tell "requeue me" from "requeueing would
+fail the same way".
+"""
+
+from __future__ import annotations
+
+#: A command line that cannot work (the shell's and argparse's usage error).
+USAGE = 2
+#: A resume check failed or no checkpoint verifies: requeueing would fail the same way (EX_DATAERR).
+RESUME_CHECK = 65
+#: A step was not finite and the run stopped before applying it (EX_SOFTWARE): not requeued, since the
+#: same step would diverge again; resume from the last checkpoint with a change.
+NONFINITE = 70
+#: After a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
+REQUEUE = 75

@@ -1,0 +1,241 @@
+"""`birdjepa pretrain`: the training loop, one function read top to bottom, on top of everything else.
+
+`pretrain` reads: open (data, model, optimizer) -> restore (a fresh `TrainState` or the newest
+checkpoint; the resume checks) -> loop (step, evaluate, save) -> close. What stays fixed during a
+segment lives in `Trainer`; what a step changes lives in the `TrainState` it advances. The resume
+checks, fault injection, the ``--prng`` modes and the debug roundtrip are functions over the state,
+outside the loop body; `due` is the one cadence rule of logging, evaluation and checkpoints.
+The segment's set-up and the step's pieces come from below (`birdjepa.train.segment`, `.compiled`,
+`.state`); what the loop asks of a segment besides the step is `birdjepa.pretrain.trainer.Trainer`.
+
+Step numbering: step ``s`` (0-based) consumes one loader batch and applies update ``s`` (or one
+micro-step of it when accumulating). Metrics logged for step ``s`` and the checkpoint labelled ``s``
+both describe the state *after* step ``s``; a resume from checkpoint ``s`` continues with step
+``s + 1``. The LR applied at update ``u`` is ``schedule(u)`` and the logged LR is read back from the
+optimizer state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from typing import Annotated, Any
+
+import jax
+import tyro
+
+from birdjepa import exit_codes, validation
+from birdjepa.config import PretrainConfig, to_dict
+from birdjepa.data import Batch, open_train_loader
+from birdjepa.diagnostics.callbacks import StepEnd
+from birdjepa.evaluation import report as eval_report
+from birdjepa.pretrain.progress import Progress
+from birdjepa.pretrain.trainer import Trainer, make_callbacks
+from birdjepa.resume.inject import Restored, inject
+from birdjepa.slurm import distributed
+from birdjepa.train import checkpoint
+from birdjepa.train.compiled import compiled
+from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.norms import tree_norms
+from birdjepa.train.segment import advance, data_files, model_config, start_state, total_updates
+from birdjepa.train.state import TrainState
+from birdjepa.train.step import StepConfig, fresh_chain
+from birdjepa.validation import OptionError, label_count
+
+#: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Records a stop signal for the loop (`pretrain` puts the previous handlers back when it returns)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+
+def due(step: int, every: int, last: int) -> bool:
+    """The one cadence rule of the loop: after every ``every``-th step (``every`` > 0) and after the last."""
+    return step == last or (every > 0 and (step + 1) % every == 0)
+
+
+def debug_roundtrip(t: Trainer, state: TrainState, meta: dict[str, Any]) -> TrainState:
+    """``--debug-roundtrip-steps``: save the state just checkpointed, restore it into fresh objects
+    (asserting every leaf bit-identical) and go on from the copy with compile caches cleared. The rest of
+    the run must not notice (the test compares it with an uninterrupted run)."""
+    step = state.step - 1
+    restored = checkpoint.roundtrip(t.cfg.run_dir / "debug_roundtrip", step, state.arrays(), meta)
+    jax.clear_caches()
+    return t.fns.place(dataclasses.replace(state, params=restored["params"], opt_state=restored["opt_state"]))
+
+
+def pretrain(cfg: PretrainConfig) -> int:
+    """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code. The signal
+    handlers it installs are removed again when it returns (a process may train several runs)."""
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        return _pretrain(cfg)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _pretrain(requested: PretrainConfig) -> int:
+    # Open: the data, the model and the optimizer.
+    validation.check(requested)
+    requested.run_dir.mkdir(parents=True, exist_ok=True)
+    if distributed.is_main():  # this segment's configuration (each checkpoint also holds its own)
+        (requested.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
+    found_files, eval_files = data_files(requested)
+    model_cfg = model_config(requested, label_count(found_files))
+    fns = compiled(StepConfig.of(requested, model_cfg), requested.optim, total_updates(requested))
+    ckpt = checkpoint.Checkpointer(
+        requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async
+    )
+
+    # Restore: a fresh state, or the newest checkpoint. --debug-inject-fault breaks a restored one on
+    # purpose, and may change what the segment trains with (batch size, shards): hence `cfg` below.
+    try:
+        restored, meta = start_state(requested, model_cfg, fns.tx, ckpt)
+    except checkpoint.CheckpointError as e:  # none verifies, or the run asks for another structure
+        print(f"ERROR: cannot resume: {e}; exit {exit_codes.RESUME_CHECK}", flush=True)
+        ckpt.close()
+        return exit_codes.RESUME_CHECK
+    r, no_effect = Restored(requested, found_files, restored), None
+    if meta is not None and requested.debug_inject_fault:
+        r, no_effect = inject(requested.debug_inject_fault, r, fns.tx, fresh_chain(requested))
+    cfg, train_files = r.cfg, r.train_files
+    t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
+    state = t.fns.place(r.state)
+    for fallback in ckpt.fallbacks:
+        t.log.event("ckpt_fallback", state.step, **fallback)
+    if meta is not None:
+        t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
+        if cfg.debug_inject_fault:
+            t.log.event("fault_injected", state.step, fault=cfg.debug_inject_fault, no_effect=no_effect)
+        print(f"resumed from checkpoint {state.step - 1}: continuing at step {state.step} "
+              f"(restart {state.restart})", flush=True)  # fmt: skip
+    loader, loader_error = open_train_loader(
+        train_files, cfg.data, seed=cfg.seed, augment=not cfg.debug_disable_stochastic,
+        state=state.loader_state, resumed=meta is not None,
+    )  # fmt: skip
+    callbacks = make_callbacks(cfg, loader, state.params)
+    # The batch of the coming step is fetched ahead whenever a save or a resume needs to fingerprint it.
+    pending: Batch | None = None
+    exit_code = 0
+    if meta is not None and state.step < cfg.steps:
+        for note in callbacks.restore(state.step - 1, state.callbacks):
+            print(f"WARNING {note}", flush=True)
+        pending = next(loader)
+        exit_code = t.check_resume(state, meta, pending, loader, loader_error)
+
+    # Loop: step, evaluate, save.
+    stop = StopRequest()
+    last = cfg.steps - 1
+    start, end = state.step, state.step if exit_code else cfg.steps
+    progress = Progress(
+        total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
+    )
+    if start >= cfg.steps:
+        print(
+            f"run {cfg.run} already finished at step {start - 1} ({cfg.run_dir}); nothing to do", flush=True
+        )
+    t_start = time.perf_counter()
+    evals: dict[str, float] = {}
+    for step in range(start, end):
+        t0 = time.perf_counter()
+        batch, pending = (pending if pending is not None else next(loader)), None
+        t_data = time.perf_counter() - t0
+        state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
+        finite = bool(guard["finite"])
+        metrics = {k: float(v) for k, v in metrics.items()}
+        metrics["train/skipped_updates"] = float(state.skipped)
+        metrics["train/step_time"] = time.perf_counter() - t0
+        metrics["train/data_wait"] = t_data
+        metrics["dataloader/index_crc32"] = distributed.index_crc32(batch["index"][t.rows])
+        report = callbacks.step_end(StepEnd(step, batch, stats))
+        metrics.update(report.metrics)
+        for warning in report.warnings:
+            progress.message(f"WARNING {warning}")
+            t.log.event("warning", step, message=warning)
+        if due(step, cfg.log_every, last) or report.must_log:
+            # Post-update norms on host float64, as the checkpoint computes them; only when logged,
+            # since it copies every parameter off the device.
+            norms = tree_norms(distributed.host(state.params), "param_norm")
+            metrics.update({f"train/{k}": v for k, v in norms.items()})
+            t.log.log(step, metrics)
+        progress.step(step, metrics)
+        if not finite:  # before any evaluation or save: a stop leaves the last checkpoint the newest
+            exit_code, line = t.nonfinite(state, metrics, guard["bad"])
+            progress.message(line)
+            if exit_code:
+                break
+
+        if cfg.eval_every > 0 and due(step, cfg.eval_every, last):
+            evals, eval_rows = t.evaluate(state.params, step)
+            progress.message(
+                f"eval step {step}: kNN {evals['eval/knn_acc']:.3f} (random init "
+                f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); "
+                f"online probe {evals['eval/probe_acc']:.3f}"
+            )
+
+        # Every process must stop at the same step: a signal seen by one is acted on by all.
+        stopping = step == cfg.stop_at_step or distributed.any_process(stop.signal is not None)
+        if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug_roundtrip_steps:
+            pending, saved = t.save(state, loader, callbacks, metrics)
+            if step in cfg.debug_roundtrip_steps:
+                state = debug_roundtrip(t, state, saved)
+        if stopping:
+            signalled = step != cfg.stop_at_step
+            exit_code = exit_codes.REQUEUE if signalled else 0
+            reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
+            t.log.event("stop", step, reason=reason, exit_code=exit_code)
+            progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
+            break
+
+    # Close: the summary next to its baselines.
+    progress.close()
+    if exit_code == 0 and start < cfg.steps and state.step == cfg.steps:
+        took = f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s"
+        if not evals:
+            print(f"{took}; no evaluation (--eval-every 0); run directory {cfg.run_dir}", flush=True)
+        else:
+            print(eval_report.table(eval_rows, encoder_title=f"encoder (step {last})"), flush=True)
+            e = evals
+            linear = (
+                f"linear probe {e['eval/linear_acc']:.3f} (random init "
+                f"{e['eval/linear_acc_random_init']:.3f}, raw log-mel {e['eval/linear_acc_raw']:.3f}), "
+                if "eval/linear_acc" in e
+                else ""
+            )
+            print(
+                f"{took}; frozen encoder on the held-out split: {linear}kNN {e['eval/knn_acc']:.3f} "
+                f"(random init {e['eval/knn_acc_random_init']:.3f}, raw {e['eval/knn_acc_raw']:.3f}); "
+                f"chance {1 / t.model_cfg.n_classes:.3f}; run directory {cfg.run_dir}",
+                flush=True,
+            )
+    t.close(exit_code)
+    return exit_code
+
+
+def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
+    """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
+    deterministic_xla()
+    distributed.initialize()
+    if not distributed.is_main():  # one console: process 0 speaks for the group
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    try:
+        code = pretrain(cfg)
+    except OptionError as e:  # pretrain checks the options first, before a run directory exists
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.USAGE) from None
+    if code:
+        raise SystemExit(code)

@@ -1,0 +1,238 @@
+"""`Trainer`: what stays fixed while a run segment of `birdjepa pretrain` trains, and what the loop asks
+of it besides the step: the resume checks, the non-finite report, the evaluation, the save.
+
+The loop itself (`birdjepa.pretrain.loop`) reads top to bottom and calls these; the step's pieces live
+below, in `birdjepa.train` (state, step, compiled functions, checkpoints, the segment's set-up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from birdjepa import exit_codes
+from birdjepa.config import PretrainConfig, to_dict
+from birdjepa.data import Batch, Loader
+from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, UpdateMonitorCallback
+from birdjepa.diagnostics.monitor import leaf_names, param_names
+from birdjepa.evaluation import report as eval_report
+from birdjepa.evaluation.embed import Encode, Split, batched
+from birdjepa.evaluation.periodic import PeriodicEval
+from birdjepa.evaluation.report import ENCODER, Row
+from birdjepa.model.config import ModelConfig
+from birdjepa.model.vit import init_params
+from birdjepa.pretrain.wandb_mirror import open_run
+from birdjepa.resume import checks as resume_check
+from birdjepa.slurm import distributed
+from birdjepa.train import checkpoint
+from birdjepa.train import state as state_lib
+from birdjepa.train.compiled import Compiled
+from birdjepa.train.metrics_log import MetricsLog, NullLog
+from birdjepa.train.objectives import probe_metrics
+from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
+from birdjepa.train.segment import total_updates
+from birdjepa.train.state import TrainState
+from birdjepa.train.step import init_key, step_key
+from birdjepa.validation import OptionError
+
+
+def git_commit() -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def online_probe_metrics(probe_params: Any, held_out: Split) -> dict[str, float]:
+    """The online probe (a health signal, not evidence of learning) on the held-out embeddings."""
+    head = distributed.host(probe_params["head"])
+    logits = held_out.features[ENCODER].astype(np.float64) @ head["kernel"] + head["bias"]
+    m = probe_metrics(logits, held_out.labels)
+    return {"eval/probe_ce": float(m["probe_ce"]), "eval/probe_acc": float(m["probe_acc"])}
+
+
+def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callbacks:
+    items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window)]
+    if cfg.monitor_interval > 0:
+        items.append(UpdateMonitorCallback(param_names(params)))
+    return Callbacks(items)
+
+
+class Trainer:
+    """What stays fixed while a run segment trains: the data, the model, the optimizer, the devices, the
+    compiled functions, the checkpointer and the log. It advances a `TrainState`."""
+
+    def __init__(
+        self,
+        cfg: PretrainConfig,
+        model_cfg: ModelConfig,
+        fns: Compiled,
+        files: tuple[list[str], list[str]],
+        ckpt: checkpoint.Checkpointer,
+        restart: int,
+    ) -> None:
+        self.cfg, self.model_cfg, self.ckpt = cfg, model_cfg, ckpt
+        self.train_files, self.eval_files = files
+        self.schedule = make_schedule(cfg.optim, total_updates(cfg))
+        self.main = distributed.is_main()
+        # What every checkpoint's meta repeats, computed once for the segment.
+        self.config, self.git = to_dict(cfg), git_commit()
+        devices = jax.devices()
+        if cfg.data.batch_size % len(devices):
+            n = len(devices)
+            raise OptionError("data.batch_size", cfg.data.batch_size, f"must divide over the {n} devices")
+        self.n_devices = len(devices)
+        print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
+        self.fns = fns
+        self.rows = distributed.local_rows(fns.sharded, cfg.data.batch_size)
+        self.leaf_names: list[str] = []  # of the parameters, for the non-finite guard's report
+        self.evaluator = PeriodicEval(
+            self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
+            batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
+        )  # fmt: skip
+        self.wandb_run = open_run(cfg.log.wandb if self.main else "disabled", cfg.run_dir, cfg.run,
+                                  cfg.log.wandb_project, self.config, restart)  # fmt: skip
+        self.log = (
+            MetricsLog(cfg.run_dir, restart=restart, wandb_run=self.wandb_run) if self.main else NullLog()
+        )
+
+    def encoder(self, params: Any) -> Encode:
+        """Embeddings of a host batch of spectrograms under ``params`` (sharded like a train batch)."""
+
+        def apply(x: np.ndarray) -> np.ndarray:
+            return distributed.host(
+                self.fns.encode(params, distributed.global_batch({"s": x}, self.fns.sharded)["s"])
+            )
+
+        return batched(apply, self.cfg.data.batch_size)
+
+    def random_init(self) -> Encode:  # fresh arrays: the first params are donated to the first step
+        params = init_params(self.model_cfg, init_key(self.cfg))["params"]
+        return self.encoder(jax.device_put(params, self.fns.replicated))
+
+    def next_step(self, state: TrainState, batch: Batch) -> resume_check.NextStep:
+        """What step ``state.step`` will do with ``batch`` (recorded at save, re-derived on resume)."""
+        key, _ = step_key(self.cfg, state.chain, state.step)
+        update = int(distributed.host(update_count(state.opt_state)))
+        accumulated = int(distributed.host(accumulation_progress(state.opt_state)))
+        loss = float(distributed.host(self.fns.loss_only(state.params, self.fns.on_device(batch), key)))
+        return resume_check.NextStep.of(
+            state.step, batch, key, update, float(self.schedule(update)), accumulated, loss, self.n_devices
+        )
+
+    def check_resume(
+        self, state: TrainState, meta: dict[str, Any], batch: Batch, loader: Loader, loader_error: str | None
+    ) -> int:
+        """The resume checks before the first update: 0, or the exit code when they fail and stop the run."""
+        cfg, step = self.cfg, state.step
+        results = resume_check.check_resume(
+            meta,
+            self.next_step(state, batch),
+            config=self.config,
+            dataset=loader.fingerprint,
+            loader_error=loader_error,
+            norms=checkpoint.state_norms(checkpoint.to_host(state.arrays())),
+            opt_state_spec=resume_check.tree_spec(state.opt_state),
+            expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(self.fns.tx.init, state.params)),
+            grad_accum=cfg.optim.grad_accum,
+            allow_config_change=cfg.allow_config_change,
+            skipped=state.skipped,
+        )
+        for r in results:
+            print(r.line(), flush=True)
+        self.log.log(step, resume_check.metrics(results))
+        failed = [r.name for r in results if not r.ok]
+        if not failed:
+            return 0
+        self.log.event("resume_check_failed", step, failed=failed, action=cfg.resume_checks)
+        if cfg.resume_checks == "warn":
+            print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
+            return 0
+        print(
+            f"ERROR: resume checks failed before step {step}: {', '.join(failed)} (see the RESUME_CHECK "
+            f"lines). Nothing was trained. Fix the cause, or pass --resume-checks warn to continue anyway; "
+            f"exit {exit_codes.RESUME_CHECK}",
+            flush=True,
+        )
+        return exit_codes.RESUME_CHECK
+
+    def nonfinite(self, state: TrainState, metrics: dict[str, float], bad: np.ndarray) -> tuple[int, str]:
+        """After step ``state.step - 1`` was not finite (its update not applied): the exit code (0: go on,
+        skipping it) and the line to print. Logs a ``nonfinite`` event naming what was not finite."""
+        cfg, step = self.cfg, state.step - 1
+        if not self.leaf_names:
+            self.leaf_names = leaf_names(state.params)
+        names = sorted(
+            (k for k, v in metrics.items() if not np.isfinite(v)), key=lambda k: (k != "train/loss", k)
+        )
+        params = [n for n, b in zip(self.leaf_names, bad, strict=True) if b]
+        stop = cfg.on_nonfinite == "stop" or (cfg.max_skips > 0 and state.skip_streak >= cfg.max_skips)
+        action = "stop" if stop else "skip"
+        self.log.event("nonfinite", step, metrics=names, params=params, action=action,
+                       skipped=state.skipped, streak=state.skip_streak)  # fmt: skip
+        what = f"{', '.join(names[:3]) or 'the updated state'}" + (
+            f" (gradient of {', '.join(params[:3])}{' ...' if len(params) > 3 else ''})"
+            if params else ""
+        )  # fmt: skip
+        if not stop:
+            return 0, (f"WARNING step {step} is not finite: {what}; update skipped ({state.skip_streak} in a "
+                       f"row, {state.skipped} in all)")  # fmt: skip
+        why = "" if cfg.on_nonfinite == "stop" else f" after {state.skip_streak} skipped updates in a row"
+        latest = self.ckpt.latest_step()
+        since = f"the newest checkpoint ({latest}) is finite" if latest is not None else "no checkpoint yet"
+        return exit_codes.NONFINITE, (
+            f"ERROR: step {step} is not finite: {what}{why}. It was not applied and nothing was saved; "
+            f"{since}. Resume from it with a lower --optim.lr and --allow-config-change, or with "
+            f"--on-nonfinite skip; exit {exit_codes.NONFINITE}"
+        )
+
+    def evaluate(self, params: Any, step: int) -> tuple[dict[str, float], dict[str, Row]]:
+        """Frozen-encoder kNN beside its baselines; at the last step also the linear probe (unless
+        --no-eval-linear) and the table's JSON."""
+        cfg, last = self.cfg, self.cfg.steps - 1
+        linear = step == last and cfg.eval_linear
+        rows, train_split, held_out = self.evaluator(self.encoder(params), linear=linear)
+        evals = {**eval_report.metrics(rows), **online_probe_metrics(params["probe"], held_out)}
+        self.log.log(step, evals)
+        if step == last and self.main:
+            files, splits = (self.train_files, self.eval_files), (train_split, held_out)
+            doc = eval_report.info(
+                cfg.run_dir, step, cfg.seed, self.model_cfg, files, splits, self.model_cfg.n_classes
+            )
+            eval_report.write_json(cfg.run_dir / "eval" / f"{step}.json", rows, doc)
+        return evals, rows
+
+    def save(
+        self, state: TrainState, loader: Loader, callbacks: Callbacks, metrics: dict[str, float]
+    ) -> tuple[Batch, dict[str, Any]]:
+        """Checkpoint the step just done (``state.step - 1``) with the loader's and the callbacks' state;
+        returns the next batch (fetched to record what the next step will do) and the meta written."""
+        state = dataclasses.replace(
+            state, loader_state=loader.state(), callbacks=callbacks.save(state.step - 1)
+        )
+        pending = next(loader)
+        meta = {
+            "config": self.config,
+            "git": self.git,
+            "dataset_fingerprint": loader.fingerprint,
+            "next_step": self.next_step(state, pending).to_json(),
+            "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
+        }
+        return pending, state_lib.save(self.ckpt, state, meta)
+
+    def close(self, exit_code: int) -> None:
+        self.evaluator.close()
+        self.ckpt.close()
+        self.log.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish(exit_code=exit_code)

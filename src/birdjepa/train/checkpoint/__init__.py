@@ -1,0 +1,38 @@
+"""Checkpoints that hold everything the next step depends on, verified on restore (invariant 3 of
+docs/design.md).
+
+One job a module: `format` (what a checkpoint holds, host copies, the errors), `integrity` (a CRC-32
+per leaf and the norms, compared with ``==``), `store` (`Checkpointer`, the Orbax adapter), `retention`
+(keep the newest that verifies; fall back past damaged ones), `oneoff` (a synchronous save and load, the
+debug roundtrip). This face re-exports what the rest of birdjepa uses.
+"""
+
+from birdjepa.train.checkpoint.format import (
+    FORMAT_VERSION,
+    CheckpointError,
+    IntegrityError,
+    NormMismatchError,
+    NoValidCheckpointError,
+    to_host,
+)
+from birdjepa.train.checkpoint.integrity import assert_trees_identical, leaf_hash, state_norms
+from birdjepa.train.checkpoint.oneoff import load, roundtrip, save_sync
+from birdjepa.train.checkpoint.retention import DAMAGED_DIR
+from birdjepa.train.checkpoint.store import Checkpointer
+
+__all__ = [
+    "DAMAGED_DIR",
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "Checkpointer",
+    "IntegrityError",
+    "NoValidCheckpointError",
+    "NormMismatchError",
+    "assert_trees_identical",
+    "leaf_hash",
+    "load",
+    "roundtrip",
+    "save_sync",
+    "state_norms",
+    "to_host",
+]

@@ -1,0 +1,103 @@
+"""The checkpoint format: what a checkpoint holds and how a state becomes it (format 2).
+
+Layout: ``<run_dir>/checkpoints/<step>/`` with two items (written by `birdjepa.train.checkpoint.store`):
+
+* ``state``: the array pytree (params, opt_state, ...) as a FLAT dict ``{"leaf_000000": np.ndarray, ...}``
+  in ``jax.tree_util`` flatten order. Every leaf is copied to host numpy before Orbax sees it: restoring
+  replicated device arrays through Orbax once scaled them by sqrt(n_devices); numpy arrays carry no
+  sharding, so that cannot happen. Flattening also keeps Orbax away from optax namedtuples, empty nodes
+  and odd dict keys: the structure comes back from the caller's target tree, not from Orbax.
+* ``meta``: JSON. The caller's dict (config, git commit, loader state, PRNG key data, monitor state, ...)
+  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see ``birdjepa.train.norms``),
+  ``state_leaves`` (path, shape, dtype of every leaf, so a target with another structure fails loudly)
+  and ``hashes`` (the CRC-32 of every leaf's bytes; `birdjepa.train.checkpoint.integrity`).
+
+Limitations: single process (multi-host sharded arrays would need a gather first; they raise).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+#: 2: ``hashes`` (CRC-32 of every leaf) beside the norms.
+FORMAT_VERSION = 2
+RESERVED_META_KEYS = ("step", "norms", "state_leaves", "hashes", "checkpoint_format")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be saved or restored faithfully."""
+
+
+class IntegrityError(CheckpointError):
+    """A checkpoint is damaged: what is on disk is not what was saved (or not all of it is there)."""
+
+
+class NormMismatchError(IntegrityError):
+    """The norms recomputed after a restore differ from the ones recorded at save time."""
+
+
+class NoValidCheckpointError(CheckpointError):
+    """Checkpoints exist, and none of them verifies."""
+
+
+def path_str(path: tuple) -> str:
+    return jax.tree_util.keystr(path) or "<root>"
+
+
+def _leaf_to_host(path: tuple, x: Any) -> np.ndarray:
+    """A private host copy of one leaf (a copy, so later donation/mutation of the source cannot race)."""
+    if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            raise CheckpointError(
+                f"leaf {path_str(path)} is a typed PRNG key array; store jax.random.key_data(key) "
+                "(e.g. as a list of ints in meta) instead"
+            )
+        if x.is_fully_replicated:
+            # Every device holds the whole value: take it once, from one device.
+            return np.array(x.addressable_data(0), copy=True)
+        if x.is_fully_addressable:
+            return np.array(jax.device_get(x), copy=True)
+        raise CheckpointError(
+            f"leaf {path_str(path)} is sharded across processes (sharding={x.sharding}); multi-host "
+            "checkpoints need a gather first, which this module does not do"
+        )
+    a = np.array(x, copy=True)
+    if a.dtype == object or a.dtype.kind in "OUSV":
+        raise CheckpointError(f"leaf {path_str(path)} has unsupported dtype {a.dtype} (type {type(x)})")
+    return a
+
+
+def to_host(tree: Any) -> Any:
+    """Same pytree, every leaf replaced by a host numpy copy (replicated arrays read once)."""
+    return jax.tree_util.tree_map_with_path(_leaf_to_host, tree)
+
+
+def leaf_spec(path: tuple, a: np.ndarray) -> list:
+    return [path_str(path), list(a.shape), a.dtype.name]
+
+
+def np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        return np.dtype(jax.numpy.bfloat16)
+    return np.dtype(name)
+
+
+def dtype_name(x: Any) -> str:
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
+        return np.dtype(x.dtype).name
+    return np.asarray(x).dtype.name  # Python scalars: as np.asarray converts them at save time
+
+
+def like_target(a: np.ndarray, tgt: Any) -> Any:
+    """Give a restored host array the container type of the target leaf."""
+    if isinstance(tgt, (bool, int, float)) and not isinstance(tgt, np.generic):
+        return type(tgt)(a.item())
+    if isinstance(tgt, np.generic):
+        return a[()]
+    sharding = getattr(tgt, "sharding", None)
+    if isinstance(tgt, jax.Array) or (isinstance(tgt, jax.ShapeDtypeStruct) and sharding is not None):
+        return jax.device_put(a, sharding)
+    return a

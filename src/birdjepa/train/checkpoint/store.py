@@ -1,0 +1,279 @@
+"""`Checkpointer`: the Orbax adapter that writes and reads checkpoints of ``(state pytree, JSON meta)``.
+
+The format is `birdjepa.train.checkpoint.format`; the hashes and norms it verifies are
+`birdjepa.train.checkpoint.integrity`'s; retention and fallback across steps come from
+`birdjepa.train.checkpoint.retention`. Saving refuses a state whose norms are not finite.
+
+Completeness: on a local filesystem Orbax 0.12.8 writes a step into ``<step>.orbax-checkpoint-tmp`` and
+renames it to ``<step>`` when every item is committed (it also drops ``commit_success.txt`` files, which
+is the marker it uses instead on GCS). A crash leaves at most a ``*.orbax-checkpoint-tmp`` folder, which
+Orbax never lists as a step; ``latest_step`` additionally requires both item folders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from birdjepa.train.checkpoint.format import (
+    FORMAT_VERSION,
+    RESERVED_META_KEYS,
+    CheckpointError,
+    IntegrityError,
+    NormMismatchError,
+    dtype_name,
+    leaf_spec,
+    like_target,
+    np_dtype,
+    path_str,
+    to_host,
+)
+from birdjepa.train.checkpoint.integrity import leaf_hash, main_norm_name, same_float, state_norms
+from birdjepa.train.checkpoint.retention import RetentionAndFallback
+
+
+class Checkpointer(RetentionAndFallback):
+    """Orbax-backed checkpoints of ``(state pytree, JSON meta)`` under ``run_dir/subdir``.
+
+    ``save`` is asynchronous by default: it copies the state to host numpy, computes the norms and returns
+    while Orbax writes in a background thread. Calling ``save`` again while a save is in flight is safe
+    (Orbax waits for the previous one first). ``wait`` blocks until everything is on disk.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        keep: int | None = 3,
+        async_save: bool = True,
+        subdir: str = "checkpoints",
+    ):
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")
+        self.directory = Path(run_dir) / subdir if subdir else Path(run_dir)
+        self.keep = keep
+        self.async_save = async_save
+        self._mngr = ocp.CheckpointManager(
+            self.directory.absolute(),
+            item_names=("state", "meta"),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=None,  # retention is `_retain`'s: it keeps the newest checkpoint that verifies
+                enable_async_checkpointing=async_save,
+                create=True,
+            ),
+        )
+        #: ``ckpt/...`` metrics of the last successful restore (saved/restored main norm and their ratio).
+        self.last_restore: dict[str, float] = {}
+        #: Damaged checkpoints `restore_latest` passed over: ``{"checkpoint", "reason", "moved_to"}`` each.
+        self.fallbacks: list[dict[str, Any]] = []
+        self._verified: set[int] = set()
+        self._saved = False  # retention applies once this checkpointer has saved (never on a read)
+
+    # -- save
+    def save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> None:
+        """Save `state` (any pytree of arrays/scalars) and `meta` (JSON-able dict) as checkpoint `step`."""
+        step = int(step)
+        meta = dict(meta or {})
+        clash = [k for k in RESERVED_META_KEYS if k in meta]
+        if clash:
+            raise ValueError(f"meta keys {clash} are reserved by the checkpoint module")
+        host = to_host(state)
+        leaves = jax.tree_util.tree_flatten_with_path(host)[0]
+        if not leaves:
+            raise CheckpointError("refusing to save a state without array leaves")
+        norms = state_norms(host)
+        bad = [name for name, v in norms.items() if not math.isfinite(v)]
+        if bad:
+            raise CheckpointError(
+                f"refusing to save step {step}: {bad[0]}={norms[bad[0]]!r} is not finite (a diverged state "
+                "would push a finite checkpoint out of the retention window)"
+            )
+        full_meta = {
+            **meta,
+            "step": step,
+            "norms": norms,
+            "state_leaves": [leaf_spec(p, a) for p, a in leaves],
+            "hashes": [leaf_hash(a) for _, a in leaves],
+            "checkpoint_format": FORMAT_VERSION,
+        }
+        try:
+            # Snapshot (the caller may mutate its dicts while the async write runs) and fail here, not in
+            # a background thread, if something is not JSON-able.
+            full_meta = json.loads(json.dumps(full_meta))
+        except TypeError as e:
+            raise CheckpointError(f"checkpoint meta for step {step} is not JSON-serialisable: {e}") from e
+        flat = {f"leaf_{i:06d}": a for i, (_, a) in enumerate(leaves)}
+        self.wait()  # the previous save commits (Orbax would wait for it too) and the retention applies
+        saved = self._mngr.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(full_meta)),
+            force=True,
+        )
+        if not saved:
+            raise CheckpointError(f"orbax declined to save step {step} in {self.directory}")
+        self._saved = True
+        main = main_norm_name(norms)
+        print(f"CKPT_SAVE step={step} {main}={norms[main]!r}", flush=True)
+
+    def wait(self) -> None:
+        """Block until every pending save is committed (renamed to its final folder), then apply the
+        retention."""
+        self._mngr.wait_until_finished()
+        self._retain()
+
+    # -- listing
+    def all_steps(self) -> list[int]:
+        """Committed checkpoints on disk, oldest first (waits for in-flight saves). Orbax renames a step's
+        folder to its final name only once every item is written, so a final-named folder that lacks an
+        item is damaged (and fails `restore`), not in progress."""
+        self.wait()
+        return self._committed()
+
+    def _committed(self) -> list[int]:
+        self._mngr.reload()
+        return sorted(s for s in self._mngr.all_steps() if (self.directory / str(s)).is_dir())
+
+    def latest_step(self) -> int | None:
+        """Newest committed checkpoint, or None. ``*.orbax-checkpoint-tmp`` folders are never picked."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    # -- restore
+    def read_meta(self, step: int) -> dict[str, Any]:
+        self._mngr.wait_until_finished()
+        out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
+    def read_arrays(self, step: int, specs: list | None = None) -> dict[str, np.ndarray]:
+        """Every saved leaf of checkpoint `step` as numpy, keyed by its recorded path (e.g.
+        ``"['params']['encoder']['norm']['scale']"``), without a target tree and without verification:
+        for tools that inspect checkpoints (`scripts/compare_ckpt_param_norms.py`). `specs` is the meta's
+        ``state_leaves`` when the caller has already read it."""
+        specs = self.read_meta(step)["state_leaves"] if specs is None else specs
+        abstract = {
+            f"leaf_{i:06d}": np.zeros(shape, dtype=np_dtype(dt)) for i, (_, shape, dt) in enumerate(specs)
+        }
+        out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        return {name: np.asarray(out["state"][f"leaf_{i:06d}"]) for i, (name, _, _) in enumerate(specs)}
+
+    def _read_meta_checked(self, step: int) -> dict[str, Any]:
+        """The meta of ``step``, readable and of this format (else `IntegrityError` / `CheckpointError`)."""
+        where = self.directory / str(step)
+        if not (where / "meta").is_dir() or not (where / "state").is_dir():
+            missing = [item for item in ("meta", "state") if not (where / item).is_dir()]
+            raise IntegrityError(f"{where}: its {' and '.join(missing)} folder is missing")
+        try:
+            meta = self.read_meta(step)
+        except Exception as e:  # noqa: BLE001 (any failure to read it back is damage)
+            raise IntegrityError(f"{where}: meta unreadable ({type(e).__name__}: {e})") from e
+        fmt = meta.get("checkpoint_format")
+        if fmt != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{where}: checkpoint format {fmt}, this birdjepa reads format {FORMAT_VERSION} (an older "
+                "checkpoint: resume it with the birdjepa that wrote it, or start the run afresh)"
+            )
+        if meta.get("step") != step or len(meta.get("hashes", ())) != len(meta.get("state_leaves", ())):
+            raise IntegrityError(f"{where}: meta does not describe step {step} and its leaves")
+        return meta
+
+    def _read_verified(self, step: int, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The saved leaves of ``step``, each checked against its recorded shape, dtype and CRC-32."""
+        where = self.directory / str(step)
+        specs = meta["state_leaves"]
+        try:
+            flat = self.read_arrays(step, specs)
+        except Exception as e:  # noqa: BLE001 (a truncated or missing file fails somewhere in Orbax)
+            raise IntegrityError(f"{where}: arrays unreadable ({type(e).__name__}: {str(e)[:300]})") from e
+        for (name, shape, dt), crc in zip(specs, meta["hashes"], strict=True):
+            a = flat[name]
+            if list(a.shape) != shape or a.dtype.name != dt:
+                raise IntegrityError(
+                    f"{where}: leaf {name} reads back as shape={list(a.shape)} dtype={a.dtype}, recorded "
+                    f"shape={shape} dtype={dt}"
+                )
+            if leaf_hash(a) != crc:
+                raise IntegrityError(f"{where}: leaf {name} differs from its recorded CRC-32 (bytes changed)")
+        return flat
+
+    def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
+        """Restore checkpoint `step` into the structure of `target` and verify it.
+
+        `target` is a pytree with the saved structure (e.g. freshly initialised params / opt_state).
+        Leaves come back by the target leaf's type: ``jax.Array`` -> placed with the target's sharding,
+        ``jax.ShapeDtypeStruct`` -> its sharding if it has one, else numpy; numpy -> numpy; Python
+        scalar -> same Python type. Namedtuples etc. come from the target's treedef.
+        Raises `IntegrityError` if what is on disk is not what was saved (a hash, a norm, a file) and
+        `CheckpointError` if the target's structure, shapes or dtypes are not the saved ones or the
+        format is another. Returns ``(state, meta)``.
+        """
+        step = int(step)
+        if step not in self.all_steps():
+            raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}")
+        meta = self._read_meta_checked(step)
+        tleaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+        specs = meta["state_leaves"]
+        want = [[path_str(p), list(np.shape(x)), dtype_name(x)] for p, x in tleaves]
+        if [s[0] for s in specs] != [w[0] for w in want]:
+            missing = sorted(set(s[0] for s in specs) - set(w[0] for w in want))
+            extra = sorted(set(w[0] for w in want) - set(s[0] for s in specs))
+            raise CheckpointError(
+                f"checkpoint {step}: target structure differs from the saved one "
+                f"(in checkpoint only: {missing[:10]}, in target only: {extra[:10]}, "
+                f"{len(specs)} saved leaves vs {len(want)} target leaves)"
+            )
+        for s, w in zip(specs, want, strict=True):
+            if s != w:
+                raise CheckpointError(
+                    f"checkpoint {step}: leaf {s[0]} saved as shape={s[1]} dtype={s[2]}, "
+                    f"target has shape={w[1]} dtype={w[2]}"
+                )
+        flat = self._read_verified(step, meta)
+        names = [name for name, _, _ in specs]
+        leaves = [like_target(flat[name], tgt) for (_, tgt), name in zip(tleaves, names, strict=True)]
+        state = jax.tree_util.tree_unflatten(treedef, leaves)
+
+        saved_norms = meta["norms"]
+        restored_norms = state_norms(state)  # from what is returned (device arrays read back)
+        if set(saved_norms) != set(restored_norms):
+            raise NormMismatchError(
+                f"checkpoint {step}: norm names differ: saved {sorted(saved_norms)}, "
+                f"restored {sorted(restored_norms)}"
+            )
+        main = main_norm_name(saved_norms)
+        saved, restored = float(saved_norms[main]), restored_norms[main]
+        ratio = restored / saved if saved != 0 else (1.0 if restored == 0 else math.inf)
+        print(f"CKPT_RESTORE step={step} saved={saved!r} restored={restored!r} ratio={ratio!r}", flush=True)
+        for name, value in saved_norms.items():
+            if not same_float(float(value), restored_norms[name]):
+                raise NormMismatchError(
+                    f"checkpoint {self.directory / str(step)}: {name} saved={float(value)!r} "
+                    f"restored={restored_norms[name]!r} (ratio {restored_norms[name] / float(value)!r}); "
+                    "the restored state is not the saved state"
+                )
+        if not (ratio == 1.0 or (math.isnan(saved) and math.isnan(restored))):
+            raise NormMismatchError(f"checkpoint {step}: restore ratio {ratio!r} != 1.0")
+        self._verified.add(step)
+        self.last_restore = {
+            "ckpt/restore_step": step,
+            "ckpt/restore_norm_saved": saved,
+            "ckpt/restore_norm_restored": restored,
+            "ckpt/restore_ratio": ratio,
+        }
+        return state, meta
+
+    def close(self) -> None:
+        self.wait()
+        self._mngr.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,116 @@
+"""What a run segment builds from its config: its data files, its model, its length, and the state it
+starts from (a fresh one, or the newest checkpoint as the ``--prng`` mode keeps it).
+
+`birdjepa pretrain` (`birdjepa.pretrain.loop`) builds a segment from these and advances it with
+`advance`, and so does every tool that restores or re-executes a run without training it (`birdjepa
+evaluate`, `birdjepa trace`): they build the same model, restore the same state and run the same step as
+the loop, from the same functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from birdjepa.config import PretrainConfig
+from birdjepa.data import resolve_files
+from birdjepa.data.demo import ensure_demo_data
+from birdjepa.diagnostics.monitor import check_due
+from birdjepa.model.config import ModelConfig
+from birdjepa.model.vit import init_params
+from birdjepa.slurm import distributed
+from birdjepa.train import checkpoint
+from birdjepa.train import state as state_lib
+from birdjepa.train.compiled import Compiled
+from birdjepa.train.state import TrainState
+from birdjepa.train.step import fresh_chain, init_key, step_key
+
+
+def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
+    """The train and eval shards of ``cfg`` (the demo set's, built on first use, where none are given)."""
+    demo = None if cfg.data.train and cfg.data.eval else ensure_demo_data()
+    train = cfg.data.train or str(demo / "train")
+    evaluation = cfg.data.eval or str(demo / "eval")
+    return resolve_files(train), resolve_files(evaluation)
+
+
+def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
+    """The model a run builds: the configured one with the data set's class count (for the probe)."""
+    model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes).resolved()
+    if cfg.objective.kind == "supervised":  # the projector becomes the classifier
+        model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
+    return model_cfg
+
+
+def total_updates(cfg: PretrainConfig) -> int:
+    """Optimizer updates of the whole run: the LR schedule's length."""
+    return max(cfg.steps // cfg.optim.grad_accum, 1)
+
+
+def fresh_state(cfg: PretrainConfig, model_cfg: ModelConfig, tx: optax.GradientTransformation) -> TrainState:
+    """The state of step 0: params from the seed's init key, a fresh optimizer state and key chain."""
+    params = init_params(model_cfg, init_key(cfg))["params"]
+    return TrainState(step=0, restart=0, params=params, opt_state=tx.init(params), chain=fresh_chain(cfg))
+
+
+def start_state(
+    cfg: PretrainConfig,
+    model_cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    ckpt: checkpoint.Checkpointer,
+) -> tuple[TrainState, dict[str, Any] | None]:
+    """A fresh state, or the newest complete checkpoint (if any and ``--resume auto``) as the
+    ``--prng`` mode keeps it, with that checkpoint's meta."""
+    fresh = fresh_state(cfg, model_cfg, tx)
+    found = state_lib.restore(ckpt, fresh) if cfg.resume == "auto" else None
+    if found is None:
+        return fresh, None
+    restored, meta = found
+    return state_lib.for_prng_mode(restored, cfg.prng, fresh.chain), meta
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    """What step ``state.step`` is called with, besides the state: exactly what the loop passes."""
+
+    batch: dict[str, jax.Array]
+    """The batch's arrays on the devices."""
+    key: jax.Array
+    chain: jax.Array
+    """The key chain after this step."""
+    check: bool
+    """Whether the weight-update monitor measures this step."""
+
+
+def step_inputs(
+    fns: Compiled, cfg: PretrainConfig, state: TrainState, batch: Mapping[str, np.ndarray]
+) -> StepInputs:
+    step = state.step
+    key, chain = step_key(cfg, state.chain, step)
+    poison = step in cfg.debug_nonfinite_steps  # --debug-nonfinite-steps: a NaN in its batch
+    arrays = fns.on_device(batch, nan=poison)
+    return StepInputs(arrays, key, chain, check_due(step, cfg.monitor_interval, cfg.optim.grad_accum))
+
+
+def advance(
+    fns: Compiled, cfg: PretrainConfig, state: TrainState, batch: Mapping[str, np.ndarray]
+) -> tuple[TrainState, dict[str, Any], Any, dict[str, Any]]:
+    """Step ``state.step`` on ``batch``: the state after it, and its metrics, monitor statistics and
+    non-finite guard on the host. A step that is not finite leaves params and optimizer state as they
+    were (the guard says so) and counts as skipped."""
+    x = step_inputs(fns, cfg, state, batch)
+    params, opt_state, metrics, stats, guard = fns.train_step(
+        state.params, state.opt_state, x.batch, x.key, x.check
+    )
+    metrics, stats, guard = distributed.host((metrics, stats, guard))
+    finite = bool(guard["finite"])  # if not, params and opt_state are the ones given
+    state = dataclasses.replace(
+        state, step=state.step + 1, params=params, opt_state=opt_state, chain=x.chain,
+        skipped=state.skipped + (not finite), skip_streak=0 if finite else state.skip_streak + 1,
+    )  # fmt: skip
+    return state, metrics, stats, guard
