@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from birdjepa.data import DataConfig
-from birdjepa.faults import Fault
+from birdjepa.faults import Fault, Plant
 from birdjepa.model.config import ModelConfig
 
 
@@ -181,6 +181,9 @@ class PretrainConfig:
     debug_inject_fault: Fault | None = None
     """Break the resume on purpose (applied after the restore, before the checks), to see the checks
     catch it; see birdjepa.faults."""
+    debug_plant: Plant | None = None
+    """Make this run differ from its twin in one planted thing (to see `birdjepa bisect` find it); see
+    birdjepa.faults."""
     data: DataConfig = DataConfig()
     augment: AugmentConfig = AugmentConfig()
     """Per-view augmentations applied in the step: pitch/tempo warp (on), gain, spectral tilt and

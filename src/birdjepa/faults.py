@@ -1,5 +1,9 @@
 """The catalogue of faults planted on purpose by the ``--debug-*`` options; none is active by default.
 
+Divergence plants (``--debug-plant P``) make a run differ from its twin in exactly one thing that
+needs a code change (the other rows of the divergence matrix differ by an option); `EXPECTED_DIFFERENCE`
+says where `birdjepa bisect` must place the first difference (`scripts/divergence_matrix.py`).
+
 Resume faults (``--debug-inject-fault F``) prove the resume checks catch each: each imitates one way a
 real resume goes wrong; `birdjepa.resume.inject` applies it to what the loop restored, before the
 checks run. `EXPECTED_CHECK` names the check that must fail on the first
@@ -43,3 +47,29 @@ EXPECTED_CHECK = {
 
 #: Relative size of the `perturb_params` fault.
 PERTURBATION = 1e-6
+
+
+Plant = Literal[
+    "lr_schedule_shifted",
+    "first_update_at_peak",
+    "pos_embed_bf16",
+    "loader_seed",
+    "batch_reordered",
+    "crop_shifted",
+    "dropout_key",
+    "decay_skips_biases_and_norms",
+]
+
+PLANTS: tuple[str, ...] = typing.get_args(Plant)
+
+#: Where each plant first shows: (stage, tensor) of `birdjepa trace`, the tensor name or its start.
+EXPECTED_DIFFERENCE = {
+    "lr_schedule_shifted": ("optimizer", "lr"),  # the scheduler advanced before the update: schedule(u + 1)
+    "first_update_at_peak": ("optimizer", "lr"),  # update 0 at the peak LR, not schedule(0)
+    "pos_embed_bf16": ("forward", "global/encoder/block_0/norm1"),  # the position embedding in bfloat16
+    "loader_seed": ("batch", "index"),  # the loader's seed is the run's + 1: other samples
+    "batch_reordered": ("batch", "index"),  # the same samples, each batch's rows reversed
+    "crop_shifted": ("batch", "crop_offset"),  # the first sample's crop one hop later
+    "dropout_key": ("keys", "dropout_global"),  # the dropout key folded once more
+    "decay_skips_biases_and_norms": ("updates", ""),  # no weight decay on 1-D parameters
+}

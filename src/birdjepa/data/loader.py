@@ -207,14 +207,17 @@ def open_train_loader(
     augment: bool,
     state: dict[str, Any] | None,
     resumed: bool,
+    **options: Any,
 ) -> tuple[Loader, str | None]:
     """The train loader at ``state``, and why it could not take that state (None when it did): a
-    loader that refuses its state starts from the beginning, and the ``loader_state`` check says why."""
+    loader that refuses its state starts from the beginning, and the ``loader_state`` check says why.
+    ``options``: further loader options (the debug ones)."""
     kw: dict[str, Any] = {
         **data.loader_options(),
         "seed": seed,
         "augment": augment,
         "features": data.features,
+        **options,
     }
     if state is None:
         return Loader(files, **kw), ("not_restored" if resumed else None)

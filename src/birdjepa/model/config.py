@@ -68,6 +68,8 @@ class ModelConfig:
     """Compute dtype of the encoder, projector and predictor (matmuls, attention, activations).
     Parameters, gradients and the optimizer state stay float32 (master weights), and the model's
     outputs are cast to float32 before any loss, so bfloat16 changes the arithmetic, not the state."""
+    ln_epsilon: float = 1e-6
+    """Epsilon of every LayerNorm (flax's default; PyTorch's is 1e-5: set it to match a reference)."""
     predictor_depth: int = 0
     """Transformer blocks of the masked-span predictor (0 = no predictor): from the tokens of a view
     whose time spans were replaced by a learned mask token, it predicts the encoder's tokens of the

@@ -149,9 +149,13 @@ class Block(nn.Module):
         cfg = self.cfg.resolved()
         dt = compute_dtype(cfg)
         drop = DropPath(self.drop_path)
-        h = Attention(cfg.dim, cfg.heads, dt, name="attn")(nn.LayerNorm(name="norm1", dtype=dt)(x))
+        h = Attention(cfg.dim, cfg.heads, dt, name="attn")(
+            nn.LayerNorm(cfg.ln_epsilon, name="norm1", dtype=dt)(x)
+        )
         x = x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
-        h = Mlp(cfg.mlp_ratio * cfg.dim, cfg.dim, dt, name="mlp")(nn.LayerNorm(name="norm2", dtype=dt)(x))
+        h = Mlp(cfg.mlp_ratio * cfg.dim, cfg.dim, dt, name="mlp")(
+            nn.LayerNorm(cfg.ln_epsilon, name="norm2", dtype=dt)(x)
+        )
         return x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
 
 
@@ -195,7 +199,7 @@ class Encoder(nn.Module):
         for i in range(cfg.depth):
             rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
             tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic)
-        tokens = nn.LayerNorm(name="norm", dtype=dt)(tokens)
+        tokens = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)
         return tokens.mean(axis=1), tokens
 
 
@@ -223,6 +227,7 @@ class Projector(nn.Module):
     layers: int = 2
     norm: Literal["layer", "batch"] = "layer"
     dtype: Any = jnp.float32
+    ln_epsilon: float = 1e-6
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -231,7 +236,7 @@ class Projector(nn.Module):
             if self.norm == "batch":  # its statistics in float32 whatever the compute dtype
                 x = BatchStandardize(name=f"norm_{j}")(x.astype(jnp.float32)).astype(self.dtype)
             else:
-                x = nn.LayerNorm(name=f"norm_{j}", dtype=self.dtype)(x)
+                x = nn.LayerNorm(self.ln_epsilon, name=f"norm_{j}", dtype=self.dtype)(x)
             x = nn.gelu(x)
         return nn.Dense(self.out_dim, name="out", dtype=self.dtype)(x)
 
@@ -248,7 +253,9 @@ class Predictor(nn.Module):
         dt = compute_dtype(cfg)
         for i in range(cfg.predictor_depth):
             tokens = Block(cfg, 0.0, name=f"block_{i}")(tokens, True)
-        return nn.Dense(cfg.dim, name="out", dtype=dt)(nn.LayerNorm(name="norm", dtype=dt)(tokens))
+        return nn.Dense(cfg.dim, name="out", dtype=dt)(
+            nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)
+        )
 
 
 class Probe(nn.Module):
@@ -291,7 +298,13 @@ class BirdJepa(nn.Module):
         embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic, mask=flat_mask)
         dt = compute_dtype(cfg)
         projector = Projector(
-            cfg.proj_hidden, cfg.proj_dim, cfg.proj_layers, cfg.proj_norm, dt, name="projector"
+            cfg.proj_hidden,
+            cfg.proj_dim,
+            cfg.proj_layers,
+            cfg.proj_norm,
+            dt,
+            cfg.ln_epsilon,
+            name="projector",
         )
         projection = projector(embedding)
         out = {"embedding": embedding, "tokens": tokens, "projection": projection}

@@ -30,7 +30,7 @@ import tyro
 
 from birdjepa import exit_codes, validation
 from birdjepa.config import PretrainConfig, to_dict
-from birdjepa.data import Batch, open_train_loader
+from birdjepa.data import Batch
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
@@ -41,7 +41,7 @@ from birdjepa.train import checkpoint
 from birdjepa.train.compiled import compiled
 from birdjepa.train.determinism import deterministic_xla
 from birdjepa.train.norms import tree_norms
-from birdjepa.train.segment import advance, data_files, model_config, start_state, total_updates
+from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, fresh_chain
 from birdjepa.validation import OptionError, label_count
@@ -123,10 +123,7 @@ def _pretrain(requested: PretrainConfig) -> int:
             t.log.event("fault_injected", state.step, fault=cfg.debug_inject_fault, no_effect=no_effect)
         print(f"resumed from checkpoint {state.step - 1}: continuing at step {state.step} "
               f"(restart {state.restart})", flush=True)  # fmt: skip
-    loader, loader_error = open_train_loader(
-        train_files, cfg.data, seed=cfg.seed, augment=not cfg.debug_disable_stochastic,
-        state=state.loader_state, resumed=meta is not None,
-    )  # fmt: skip
+    loader, loader_error = open_loader(cfg, train_files, state.loader_state, resumed=meta is not None)
     callbacks = make_callbacks(cfg, loader, state.params)
     # The batch of the coming step is fetched ahead whenever a save or a resume needs to fingerprint it.
     pending: Batch | None = None

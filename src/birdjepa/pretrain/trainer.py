@@ -83,7 +83,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.model_cfg, self.ckpt = cfg, model_cfg, ckpt
         self.train_files, self.eval_files = files
-        self.schedule = make_schedule(cfg.optim, total_updates(cfg))
+        self.schedule = make_schedule(cfg.optim, total_updates(cfg), cfg.debug_plant)
         self.main = distributed.is_main()
         # What every checkpoint's meta repeats, computed once for the segment.
         self.config, self.git = to_dict(cfg), git_commit()

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from birdjepa.config import flatten
+from birdjepa.config import PretrainConfig, flatten, to_dict
 from birdjepa.data import Batch
 
 LOSS_RTOL_OTHER_DEVICES = 1e-5
@@ -160,13 +160,20 @@ def is_harmless(key: str) -> bool:
 
 
 def config_diff(saved: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """``(harmless, breaking)`` changes between two `config.to_dict` trees, as ``key:saved->now``."""
+    """``(harmless, breaking)`` changes between two `config.to_dict` trees, as ``key:saved->now``. An
+    option that one config lacks and the other holds at its default is harmless: a config written
+    before the option existed ran with the behaviour its default keeps."""
     a, b = flatten(saved), flatten(now)
+    defaults = flatten(to_dict(PretrainConfig()))
     harmless, breaking = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             change = f"{key}:{a.get(key, '<absent>')}->{b.get(key, '<absent>')}".replace(" ", "")
-            (harmless if is_harmless(key) else breaking).append(change)
+            new_at_default = (key not in a or key not in b) and defaults.get(key, "<none>") in (
+                a.get(key),
+                b.get(key),
+            )
+            (harmless if is_harmless(key) or new_at_default else breaking).append(change)
     return harmless, breaking
 
 

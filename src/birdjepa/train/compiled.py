@@ -67,7 +67,7 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     replicated = NamedSharding(mesh, PartitionSpec())
     sharded = NamedSharding(mesh, PartitionSpec("data"))
     batch = {k: sharded for k in BATCH_KEYS}
-    tx = make_optimizer(optim, total_updates)
+    tx = make_optimizer(optim, total_updates, plant=spec.plant)
     loss_fn = make_loss_fn(spec)
     train_step = jax.jit(
         make_train_step(loss_fn, tx),
@@ -79,3 +79,18 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
     return Compiled(tx, replicated, sharded, train_step, loss_only, encode)
 
+
+def recording(spec: StepConfig, optim: OptimConfig, total_updates: int) -> Callable:
+    """The step that `birdjepa trace` runs beside the training one: the same function, with the same
+    shardings, that also returns what it computed on the way (`make_train_step`'s record). Nothing is
+    donated, so the training step can run after it on the same inputs. Built once per process."""
+    return _recording(spec, optim, total_updates, tuple(jax.devices()))
+
+
+@functools.lru_cache(maxsize=4)
+def _recording(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tuple) -> Callable:
+    fns = _build(spec, optim, total_updates, devices)
+    batch = {k: fns.sharded for k in BATCH_KEYS}
+    clip = optim.clip_norm if optim.grad_accum == 1 else 0.0  # accumulating: clipped at the update only
+    step = make_train_step(make_loss_fn(spec, record=True), fns.tx, clip_norm=clip)
+    return jax.jit(step, in_shardings=(fns.replicated, fns.replicated, batch, fns.replicated, None))

@@ -23,7 +23,7 @@ import optax
 from birdjepa.config import OptimConfig
 
 
-def lr_table(cfg: OptimConfig, total_updates: int) -> np.ndarray:
+def lr_table(cfg: OptimConfig, total_updates: int, plant: str | None = None) -> np.ndarray:
     """LR of every optimizer update ``s`` in ``[0, total)``, computed on the host in float64.
 
     Warmup is ``peak * (s + 1) / warmup`` so update 0 already learns (optax's warmup starts at 0);
@@ -43,17 +43,21 @@ def lr_table(cfg: OptimConfig, total_updates: int) -> np.ndarray:
         else:
             t = min(max((s - decay_start + 1) / max(total - decay_start, 1), 0.0), 1.0)
             out[s] = peak + (floor - peak) * t
+    if plant == "lr_schedule_shifted":  # --debug-plant: the scheduler advanced before the update
+        out = np.append(out[1:], out[-1])
+    elif plant == "first_update_at_peak":  # --debug-plant: no warmup for the first update
+        out[0] = peak
     return out.astype(np.float32)
 
 
-def make_schedule(cfg: OptimConfig, total_updates: int) -> optax.Schedule:
+def make_schedule(cfg: OptimConfig, total_updates: int, plant: str | None = None) -> optax.Schedule:
     """``schedule(s)`` looks the LR up in `lr_table` (the last value after the end).
 
     A table rather than arithmetic in the graph: XLA may fuse or contract float ops differently under
     ``jit`` than eagerly, and the resume checks compare the applied LR with ``schedule(s)`` using
     ``==``. A lookup returns the same bits in every context.
     """
-    table = lr_table(cfg, total_updates)
+    table = lr_table(cfg, total_updates, plant)
 
     def schedule(step: jax.Array | int) -> jax.Array:
         return jnp.asarray(table)[jnp.clip(jnp.asarray(step), 0, len(table) - 1)]
@@ -61,12 +65,21 @@ def make_schedule(cfg: OptimConfig, total_updates: int) -> optax.Schedule:
     return schedule
 
 
-def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransformation:
-    schedule = make_schedule(cfg, total_updates)
+def make_optimizer(
+    cfg: OptimConfig, total_updates: int, plant: str | None = None
+) -> optax.GradientTransformation:
+    """AdamW (or Muon) on the scheduled LR after global-norm clipping; ``plant``: ``--debug-plant``."""
+    schedule = make_schedule(cfg, total_updates, plant)
+    # --debug-plant decay_skips_biases_and_norms: the common variant that decays matrices only.
+    decay_mask = (
+        (lambda p: jax.tree.map(lambda x: x.ndim > 1, p)) if plant == "decay_skips_biases_and_norms" else None
+    )
 
     def scheduled(learning_rate: jax.Array) -> optax.GradientTransformation:
         if cfg.name == "adamw":
-            base = optax.adamw(learning_rate, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+            base = optax.adamw(
+                learning_rate, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask
+            )
         else:
             base = optax.contrib.muon(
                 learning_rate,
@@ -85,6 +98,11 @@ def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransf
     if cfg.grad_accum > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=cfg.grad_accum)
     return tx
+
+
+def _matrices_only(params: optax.Params) -> optax.Params:
+    """``--debug-plant decay_skips_biases_and_norms``: the common variant that decays matrices only."""
+    return jax.tree.map(lambda x: x.ndim > 1, params)
 
 
 def _probe_labels(params: optax.Params) -> optax.Params:

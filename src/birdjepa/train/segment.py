@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from birdjepa.config import PretrainConfig
-from birdjepa.data import resolve_files
+from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
 from birdjepa.data.demo import ensure_demo_data
 from birdjepa.diagnostics.monitor import check_due
 from birdjepa.model.config import ModelConfig
@@ -114,3 +114,33 @@ def advance(
         skipped=state.skipped + (not finite), skip_streak=0 if finite else state.skip_streak + 1,
     )  # fmt: skip
     return state, metrics, stats, guard
+
+
+def open_loader(
+    cfg: PretrainConfig, train_files: list[str], state: dict[str, Any] | None, *, resumed: bool
+) -> tuple[Loader, str | None]:
+    """The segment's train loader at ``state`` (see `birdjepa.data.open_train_loader`), with the
+    ``--debug-plant`` of the data, if any, applied."""
+    seed = cfg.seed + 1 if cfg.debug_plant == "loader_seed" else cfg.seed
+    augment = not cfg.debug_disable_stochastic
+    extra: dict[str, Any] = {}
+    if cfg.debug_plant == "crop_shifted":  # the stream's first sample
+        first, _ = open_train_loader(
+            train_files, cfg.data, seed=seed, augment=augment, state=None, resumed=False
+        )
+        with first:
+            extra["debug_crop_shift_index"] = int(next(first)["index"][0])
+    loader, error = open_train_loader(
+        train_files, cfg.data, seed=seed, augment=augment, state=state, resumed=resumed, **extra
+    )
+    return (ReversedBatches(loader) if cfg.debug_plant == "batch_reordered" else loader), error
+
+
+class ReversedBatches(Loader):
+    """``--debug-plant batch_reordered``: the loader's batches with their rows in reverse order."""
+
+    def __init__(self, loader: Loader) -> None:  # noqa: D107 (wraps, does not open)
+        self.__dict__.update(loader.__dict__)
+
+    def __next__(self) -> Batch:
+        return {k: np.ascontiguousarray(v[::-1]) for k, v in super().__next__().items()}

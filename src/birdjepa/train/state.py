@@ -67,7 +67,18 @@ def restore(ckpt: Checkpointer, fresh: TrainState) -> tuple[TrainState, dict[str
     if found is None:
         return None
     step, arrays, meta = found
-    state = TrainState(
+    return from_checkpoint(step, arrays, meta), meta
+
+
+def restore_at(ckpt: Checkpointer, fresh: TrainState, step: int) -> tuple[TrainState, dict[str, Any]]:
+    """Checkpoint ``step`` (verified; it must exist) read into ``fresh``'s tree, with its meta."""
+    arrays, meta = ckpt.restore(step, fresh.arrays())
+    return from_checkpoint(step, arrays, meta), meta
+
+
+def from_checkpoint(step: int, arrays: dict[str, Any], meta: dict[str, Any]) -> TrainState:
+    """The state that checkpoint ``step`` holds: the one step ``step + 1`` starts from."""
+    return TrainState(
         step=step + 1,
         restart=meta["restart"] + 1,
         params=arrays["params"],
@@ -78,7 +89,6 @@ def restore(ckpt: Checkpointer, fresh: TrainState) -> tuple[TrainState, dict[str
         skipped=meta["skipped"],
         skip_streak=meta["skip_streak"],
     )
-    return state, meta
 
 
 def for_prng_mode(restored: TrainState, prng: str, fresh_chain: jax.Array) -> TrainState:

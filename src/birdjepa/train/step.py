@@ -7,7 +7,7 @@ so adding a consumer never shifts another's randomness and a resumed step draws 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -21,7 +21,14 @@ from birdjepa.diagnostics.monitor import maybe_update_stats
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa
 from birdjepa.train.augment import augment_views, local_crops
-from birdjepa.train.objectives import lejepa_loss, probe_metrics, span_loss, span_mask, supervised_loss
+from birdjepa.train.objectives import (
+    lejepa_loss,
+    probe_metrics,
+    sigreg_directions,
+    span_loss,
+    span_mask,
+    supervised_loss,
+)
 from birdjepa.train.optim import accumulation_progress, applied_lr, update_count
 
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
@@ -59,6 +66,8 @@ class StepConfig:
     features: Features
     deterministic: bool
     """No dropout or drop-path draws (``--debug-disable-stochastic`` or both rates 0)."""
+    plant: str | None = None
+    """``--debug-plant`` (`birdjepa.faults`), None in every real run."""
 
     @classmethod
     def of(cls, cfg: PretrainConfig, model_cfg: ModelConfig) -> StepConfig:
@@ -69,11 +78,41 @@ class StepConfig:
             augment=AugmentConfig() if off else cfg.augment,
             features=cfg.data.features,
             deterministic=off or (cfg.model.dropout == 0 and cfg.model.drop_path == 0),
+            plant=cfg.debug_plant,
         )
 
 
-def make_loss_fn(spec: StepConfig) -> Callable:
-    """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy."""
+def ordered_leaves(tree: Any, prefix: str) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` of nested dicts and tuples in their own order: for flax's intermediates, the
+    order the modules ran in (a module's own output after its children's). One-element tuples (how
+    flax keeps a call's output) are not a level of the path."""
+    if isinstance(tree, Mapping):
+        return [kv for k, v in tree.items() for kv in ordered_leaves(v, f"{prefix}/{k}")]
+    if isinstance(tree, (tuple, list)):
+        if len(tree) == 1:
+            return ordered_leaves(tree[0], prefix)
+        return [kv for i, v in enumerate(tree) for kv in ordered_leaves(v, f"{prefix}/{i}")]
+    return [(prefix, tree)]
+
+
+def numbered(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``{"00000|name": value}``: the order of ``items`` survives jax's key-sorted pytree flattening."""
+    return {f"{i:05d}|{name}": value for i, (name, value) in enumerate(items)}
+
+
+def plant_pos_embed_bf16(params: Any) -> Any:
+    """``params`` with the encoder's position embedding rounded to bfloat16 (``--debug-plant``)."""
+    encoder = dict(params["encoder"])
+    encoder["pos_embed"] = encoder["pos_embed"].astype(jnp.bfloat16).astype(jnp.float32)
+    return {**params, "encoder": encoder}
+
+
+def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
+    """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy.
+
+    ``record`` (`birdjepa trace`): ``aux["record"]`` also holds, in the order the step computes them,
+    every sub-key and what its draw produced, and the output of every module for each call of the
+    model (global views, local views, masked views). Off, the function is the training one unchanged."""
     model = BirdJepa(spec.model)
     deterministic, augment = spec.deterministic, spec.augment
     lej = spec.objective.lejepa
@@ -81,24 +120,47 @@ def make_loss_fn(spec: StepConfig) -> Callable:
     norm = {"mean": spec.features.mean, "std": spec.features.std}
 
     def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
+        rec: list[tuple[str, Any]] = []  # stays empty unless recording
+        if spec.plant == "pos_embed_bf16":  # --debug-plant: one parameter computed in bfloat16
+            params = plant_pos_embed_bf16(params)
+
+        def apply(call: str, x: jax.Array, dropout: jax.Array, **kw: Any) -> dict[str, jax.Array]:
+            variables = {"params": params}
+            if not record:
+                return model.apply(variables, x, deterministic=deterministic, rngs={"dropout": dropout}, **kw)
+            rec.append((f"keys/dropout_{call}", jax.random.key_data(dropout)))
+            out, state = model.apply(variables, x, deterministic=deterministic, rngs={"dropout": dropout},
+                                     capture_intermediates=True, mutable=["intermediates"], **kw)  # fmt: skip
+            rec.extend(ordered_leaves(state["intermediates"], f"forward/{call}"))
+            return out
+
         dropout_key, sigreg_key = jax.random.split(key)
+        if spec.plant == "dropout_key":  # --debug-plant: another dropout key
+            dropout_key = jax.random.fold_in(dropout_key, 1)
         views = batch["spectrogram"]
         if augment.active:  # its own sub-key, so turning it on leaves the other draws as they were
-            views = augment_views(views, jax.random.fold_in(key, _AUGMENT_KEY), augment, **norm)
-        out = model.apply(
-            {"params": params},
-            views,
-            deterministic=deterministic,
-            rngs={"dropout": dropout_key},
-        )
+            augment_key = jax.random.fold_in(key, _AUGMENT_KEY)
+            views = augment_views(views, augment_key, augment, **norm)
+            if record:
+                rec.append(("keys/augment", jax.random.key_data(augment_key)))
+                rec.append(("draws/augmented_views", views))
+        out = apply("global", views, dropout_key)
         if spec.objective.kind == "lejepa":
             z = out["projection"]
             if lej.local_views:  # multi-crop: short views cut from the global ones, encoded apart
                 local_key = jax.random.fold_in(key, _LOCAL_KEY)
                 local = local_crops(views, local_key, lej.local_views, lej.local_frames)
-                local_out = model.apply({"params": params}, local, deterministic=deterministic,
-                                        rngs={"dropout": jax.random.fold_in(local_key, 1)})  # fmt: skip
+                if record:
+                    rec.append(("keys/local", jax.random.key_data(local_key)))
+                    rec.append(("draws/local_views", local))
+                local_out = apply("local", local, jax.random.fold_in(local_key, 1))
                 z = jnp.concatenate([z, local_out["projection"]], axis=1)
+            if record:
+                directions = sigreg_directions(sigreg_key, z.shape[-1], lej.num_directions)
+                rec += [
+                    ("keys/sigreg", jax.random.key_data(sigreg_key)),
+                    ("draws/sigreg_directions", directions),
+                ]
             obj = lejepa_loss(
                 z,
                 sigreg_key,
@@ -112,8 +174,10 @@ def make_loss_fn(spec: StepConfig) -> Callable:
             if lej.span_weight:  # JEPA: a masked copy of the views predicts their tokens at the hidden spans
                 span_key = jax.random.fold_in(key, _SPAN_KEY)
                 mask = span_mask(span_key, views.shape[:2], model_cfg.grid, lej.span_tokens, lej.span_ratio)
-                masked = model.apply({"params": params}, views, deterministic=deterministic, mask=mask,
-                                     rngs={"dropout": jax.random.fold_in(span_key, 1)})  # fmt: skip
+                if record:
+                    rec.append(("keys/span", jax.random.key_data(span_key)))
+                    rec.append(("draws/span_mask", mask))
+                masked = apply("masked", views, jax.random.fold_in(span_key, 1), mask=mask)
                 span = span_loss(masked["prediction"], jax.lax.stop_gradient(out["tokens"]), mask)
                 obj = {**obj, "loss": obj["loss"] + lej.span_weight * span, "span": span}
         else:
@@ -124,12 +188,15 @@ def make_loss_fn(spec: StepConfig) -> Callable:
             "projection_rank": effective_rank(out["projection"]),
         }
         # The probe sees stop_gradient(embedding): adding its loss trains the probe head only.
-        return obj["loss"] + probe["probe_ce"], {**obj, **probe, **collapse}
+        aux = {**obj, **probe, **collapse}
+        return obj["loss"] + probe["probe_ce"], {**aux, "record": numbered(rec)} if record else aux
 
     return loss_fn
 
 
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
+def make_train_step(
+    loss_fn: Callable, tx: optax.GradientTransformation, *, clip_norm: float = 0.0
+) -> Callable:
     """The pure step ``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats,
     guard)``; ``stats`` are the weight-update monitor's per-parameter statistics when ``check`` (raw
     gradients, before clipping, and the change actually applied), else its placeholder.
@@ -137,12 +204,17 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Call
     The non-finite guard: a step whose loss or gradients hold a NaN or an inf returns the params and
     optimizer state it was given (its gradient accumulation too), and ``guard`` says so: ``finite``
     (bool) and ``bad`` (per parameter, in `jax.tree` order: its gradient is not finite). The loop decides
-    what follows (``--on-nonfinite``); a state that still overflows is refused by the checkpoint."""
+    what follows (``--on-nonfinite``); a state that still overflows is refused by the checkpoint.
+
+    With a recording ``loss_fn`` (``make_loss_fn(..., record=True)``) the step returns a sixth value for
+    `birdjepa trace`: the loss function's record, every loss term, the gradients, the gradients after
+    global-norm clipping at ``clip_norm`` (when > 0) and every leaf's update, in that order."""
 
     def step(
         params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: jax.Array
-    ) -> tuple[Any, Any, dict, dict, dict]:
+    ) -> tuple[Any, ...]:
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+        record = aux.pop("record", None)
         # Known before the update, so XLA fuses the select below into the update's own pass over the
         # state instead of reading and writing it again (measured: +26 % on the small preset otherwise).
         bad = jnp.stack([~jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
@@ -159,6 +231,15 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Call
         metrics["train/update_count"] = update_count(new_opt_state)
         metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
         stats = maybe_update_stats(check, grads, params, new_params)
-        return new_params, new_opt_state, metrics, stats, {"finite": finite, "bad": bad}
+        out = new_params, new_opt_state, metrics, stats, {"finite": finite, "bad": bad}
+        if record is None:
+            return out
+        trace = {**record, "loss": {**aux, "total": loss}, "gradients": grads}
+        if clip_norm > 0:
+            trace["gradients_clipped"] = optax.clip_by_global_norm(clip_norm).update(
+                grads, optax.EmptyState()
+            )[0]
+        trace["updates"] = updates
+        return (*out, trace)
 
     return step

@@ -1,0 +1,248 @@
+"""`birdjepa bisect RUN_A RUN_B`: the first step at which two runs differ, and the first tensor there.
+
+1. The logs and the checkpoints: the first step whose logged metrics differ, and the first common
+   checkpoint whose CRC-32s differ (two states can part in their last bits while every logged number
+   still agrees). The newest common checkpoint before both that still agrees is where the search starts.
+2. Side by side: both runs are restored there and stepped together; the first step whose batch, key,
+   outputs or metrics differ in any bit is the step that made them differ.
+3. Both runs are traced at that step (`birdjepa.divergence.trace`), the traces diffed, and the verdict
+   names the stage and tensor of the first real difference (above the noise floor of ``--repeat``).
+
+Runs trained on different device counts cannot be stepped side by side in one process: each is traced in
+a process of its own with its device count, and the search relies on the logs and checkpoints alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from birdjepa.divergence.diff import TraceDiff, diff_traces
+from birdjepa.divergence.replay import ReplayError, compared_keys, first_mismatch, is_run_dir, open_at
+from birdjepa.divergence.trace import trace_step
+from birdjepa.divergence.trace_file import Trace, read, write
+from birdjepa.resume.compare import metrics_by_step
+from birdjepa.train import checkpoint
+from birdjepa.train.metrics_log import METRICS_FILE
+
+
+@dataclasses.dataclass
+class Search:
+    """What the logs and checkpoints say, before anything is re-executed."""
+
+    first_logged: int | None
+    """The first step whose logged metrics differ (or that only one run logged)."""
+    logged_metric: tuple[str, Any, Any] | None
+    first_ckpt: int | None
+    """The first common checkpoint whose CRC-32s differ."""
+    start: int | None
+    """The newest common checkpoint before those that agrees (None: the runs' start)."""
+    last: int
+    """The last step both runs ran."""
+    devices: tuple[int | None, int | None]
+
+
+def _ckpt_info(run_dir: Path) -> dict[int, dict[str, Any]]:
+    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+        return {s: ckpt.read_meta(s) for s in ckpt.all_steps()}
+
+
+def _devices(ckpts: dict[int, dict[str, Any]]) -> int | None:
+    metas = list(ckpts.values())
+    return metas[-1].get("next_step", {}).get("n_devices") if metas else None
+
+
+def search(a: Path, b: Path) -> Search:
+    la = metrics_by_step(a, everything=True) if (a / METRICS_FILE).exists() else {}
+    lb = metrics_by_step(b, everything=True) if (b / METRICS_FILE).exists() else {}
+    first_logged, metric = None, None
+    for s in sorted(set(la) | set(lb)):
+        if s not in la or s not in lb:
+            if s <= min(max(la, default=-1), max(lb, default=-1)):
+                first_logged, metric = s, ("(logged by one run only)", s in la, s in lb)
+                break
+            continue
+        keys = sorted(set(compared_keys(la[s])) | set(compared_keys(lb[s])))
+        bad = next((k for k in keys if _differs(la[s].get(k), lb[s].get(k))), None)
+        if bad is not None:
+            first_logged, metric = s, (bad, la[s].get(bad), lb[s].get(bad))
+            break
+    ca, cb = _ckpt_info(a), _ckpt_info(b)
+    common = sorted(set(ca) & set(cb))
+    first_ckpt = next((c for c in common if ca[c]["hashes"] != cb[c]["hashes"]), None)
+    bound = min(x for x in (first_logged, first_ckpt, math.inf) if x is not None)
+    start = max((c for c in common if c < bound and ca[c]["hashes"] == cb[c]["hashes"]), default=None)
+    last = min(max([*la, *ca], default=-1), max([*lb, *cb], default=-1))
+    return Search(first_logged, metric, first_ckpt, start, last, (_devices(ca), _devices(cb)))
+
+
+def _differs(x: Any, y: Any) -> bool:
+    both_nan = isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)
+    return x != y and not both_nan
+
+
+def first_differing_step(a: Path, b: Path, s: Search) -> int | None:
+    """Step both runs side by side from ``s.start`` until anything differs: batch, key, outputs."""
+    begin = 0 if s.start is None else s.start + 1
+    end = min(x for x in (s.first_logged, s.first_ckpt, s.last) if x is not None)
+    if begin > end:  # the newest agreeing checkpoint is the last step both ran
+        return None
+    ra, rb = open_at(a, begin), open_at(b, begin)
+    try:
+        for step in range(begin, end + 1):
+            ba, bb = ra.batch(), rb.batch()
+            if _differ(ba, bb) or _differ(_key(ra), _key(rb)):
+                return step
+            ma, mb = ra.step(ba), rb.step(bb)
+            for run, metrics in ((ra, ma), (rb, mb)):
+                mismatch = first_mismatch(run.logged.get(step, {}), metrics)
+                if mismatch is not None:  # this code does not compute what trained that run
+                    name, logged, now = mismatch
+                    raise ReplayError(
+                        f"{run.run_dir}: step {step} does not re-execute as it ran ({name} logged "
+                        f"{logged!r}, now {now!r}): it was trained by other code or on another machine; "
+                        "trace each run from its own checkout and compare with `birdjepa diff-trace`"
+                    )
+            if ma != mb or _differ(ra.state.arrays(), rb.state.arrays()):
+                return step
+    finally:
+        ra.close()
+        rb.close()
+    return None
+
+
+def _key(run: Any) -> Any:
+    from birdjepa.train.step import step_key
+
+    return jax.random.key_data(step_key(run.cfg, run.state.chain, run.state.step)[0])
+
+
+def _differ(x: Any, y: Any) -> bool:
+    try:
+        checkpoint.assert_trees_identical(jax.device_get(x), jax.device_get(y))
+    except AssertionError:
+        return True
+    return False
+
+
+def trace_apart(run: Path, step: int, devices: int, repeat: int, out: Path) -> Trace:
+    """Trace in a process of its own with ``devices`` CPU devices (another topology than this one's)."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    cmd = [sys.executable, "-m", "birdjepa.cli", "trace", str(run), "--step", str(step), "--out", str(out),
+           "--repeat", str(repeat)]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise ReplayError(f"{run}: tracing step {step} on {devices} devices failed: {why[0]}")
+    return read(out)
+
+
+def trace_both(a: Path, b: Path, step: int, s: Search, repeat: int) -> tuple[Trace, Trace]:
+    here = jax.device_count()
+    if all(d in (None, here) for d in s.devices):
+        return trace_step(a, step, repeat=repeat), trace_step(b, step, repeat=repeat)
+    with tempfile.TemporaryDirectory() as tmp:
+        return tuple(  # type: ignore[return-value]
+            trace_apart(r, step, d or here, repeat, Path(tmp) / f"{i}.npz")
+            for i, (r, d) in enumerate(((a, s.devices[0]), (b, s.devices[1])))
+        )
+
+
+#: A first difference this small (relative to the tensor's largest magnitude: a few float32 ulps), where
+#: only the device count differs and everything going into the step agrees, is the reduction order's:
+#: what another topology computes, not a bug.
+TOPOLOGY_RTOL = 1e-5
+INPUT_STAGES = ("batch", "keys", "draws", "optimizer", "params_in", "opt_state_in")
+
+
+def _state_in_differs(d: TraceDiff) -> bool:
+    return any(t.real for st in d.stages if st.stage in ("params_in", "opt_state_in") for t in st.differing)
+
+
+def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trace) -> str:
+    """The answer in one paragraph."""
+    first = d.first
+    harmless, breaking = d.config
+    changed = f" Config: {'; '.join(breaking)}." if breaking else " The configs agree."
+    if first is None:
+        return f"No tensor differs at step {step}.{changed}"
+    order = [st.stage for st in d.stages]
+    before = [st.stage for st in d.stages[: order.index(first.stage)] if st.identical and st.compared]
+    same = f"; {', '.join(before)} identical" if before else ""
+    where = f"first difference at step {step}, stage {first.stage}: {first.line()}{same}."
+    if first.stage == "batch" and first.name == "index":
+        xa, xb = ta.by_key()["batch/index"].array, tb.by_key()["batch/index"].array
+        if sorted(xa.tolist()) == sorted(xb.tolist()):
+            where += " The batches hold the same samples in another order."
+        else:
+            where += f" {len(set(xa.tolist()) ^ set(xb.tolist())) // 2} of {len(xa)} samples differ."
+    inputs_agree = all(st.identical for st in d.stages if st.stage in INPUT_STAGES)
+    if not first.real:
+        floor = f"measured with --repeat {repeat}" if repeat > 1 else "of this hardware"
+        where += f" It is at the noise floor ({floor}): not a bug."
+    elif s.devices[0] != s.devices[1] and None not in s.devices:
+        devices = f" The runs trained on {s.devices[0]} and {s.devices[1]} devices"
+        if inputs_agree and first.rel_to_scale <= TOPOLOGY_RTOL:
+            where += (
+                f"{devices} and everything going into the step agrees: a topology difference at the noise "
+                f"floor of the reduction order ({first.rel_to_scale:.2g} of the tensor's scale, at most "
+                f"{TOPOLOGY_RTOL:g}), not a bug."
+            )
+        else:
+            where += f"{devices}, but this is more than a topology's last bits."
+    later = [st.stage for st in d.stages if not st.identical and st.stage != first.stage]
+    consequence = f" Later stages that differ (consequences): {', '.join(later)}." if later else ""
+    return where[0].upper() + where[1:] + changed + consequence
+
+
+def bisect(
+    a: Path, b: Path, *, repeat: int = 1, save: Path | None = None
+) -> tuple[int, str, TraceDiff | None]:
+    """``(exit code, report, diff)``: 0 when the runs do not differ, 1 when they do."""
+    for r in (a, b):
+        if not is_run_dir(r):
+            raise ReplayError(f"{r}: not a run directory (no {METRICS_FILE}, checkpoints/ or config.json)")
+    s = search(a, b)
+    lines = [f"A {a}", f"B {b}"]
+    if s.first_logged is not None:
+        name, va, vb = s.logged_metric or ("?", None, None)
+        lines.append(f"logged metrics: first differ at step {s.first_logged} ({name}: {va!r} vs {vb!r})")
+    else:
+        lines.append(f"logged metrics: equal up to step {s.last}")
+    lines.append(
+        f"checkpoint CRC-32s: first differ at checkpoint {s.first_ckpt}"
+        if s.first_ckpt is not None
+        else "checkpoint CRC-32s: equal wherever both runs have one"
+    )
+    here = jax.device_count()
+    if all(d in (None, here) for d in s.devices):
+        step = first_differing_step(a, b, s)
+        origin = f"checkpoint {s.start}" if s.start is not None else "step 0"
+        found = f"first differ at step {step}" if step is not None else "no step differs"
+        lines.append(f"side by side from {origin}: {found}")
+    else:  # another topology: each run is re-executed in its own process, at the first logged difference
+        known = [x for x in (s.first_logged, s.first_ckpt) if x is not None]
+        step = min(known) if known else None
+    if step is None:
+        return 0, "\n".join([*lines, f"No difference between the runs up to step {s.last}."]), None
+    ta, tb = trace_both(a, b, step, s, repeat)
+    floor = s.start + 1 if s.start is not None else 0
+    while step > floor and _state_in_differs(diff_traces(ta, tb)):  # made to differ by an earlier step
+        step -= 1
+        lines.append(f"the state going into step {step + 1} already differs: stepping back to {step}")
+        ta, tb = trace_both(a, b, step, s, repeat)
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        write(ta, save / f"A-step{step}.npz")
+        write(tb, save / f"B-step{step}.npz")
+    d = diff_traces(ta, tb)
+    lines += ["", d.report(), "", "VERDICT: " + verdict(step, d, s, repeat, ta, tb)]
+    return 1, "\n".join(lines), d

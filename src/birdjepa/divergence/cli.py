@@ -1,0 +1,117 @@
+"""The commands `birdjepa trace`, `birdjepa diff-trace` and `birdjepa bisect`.
+
+Every failure that is the input's (a run directory that is not one, a step never run, a missing
+checkpoint, a file that is not a trace) is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import tyro
+
+from birdjepa import exit_codes
+
+RUN = Annotated[Path, tyro.conf.Positional]
+
+
+def _fail(e: Exception) -> None:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    raise SystemExit(exit_codes.USAGE)
+
+
+def trace(
+    run: RUN,
+    step: int,
+    out: Path | None = None,
+    only: tuple[str, ...] = (),
+    repeat: int = 1,
+) -> None:
+    """Re-execute step STEP of the run in RUN exactly as it ran and record everything it computes, in
+    order, into one file (default: trace-<run>-<step>.npz here).
+
+    --only keeps some stages or tensors (fnmatch on stage/name, e.g. --only optimizer 'forward/global/*'),
+    for large models; --repeat K runs the step K times and records what differs between executions
+    (the noise floor)."""
+    from birdjepa.divergence import trace_file
+    from birdjepa.divergence.replay import ReplayError
+    from birdjepa.divergence.trace import trace_step
+    from birdjepa.train.determinism import deterministic_xla
+
+    deterministic_xla()
+    if repeat < 1:
+        _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
+    try:
+        t = trace_step(run, step, only=only, repeat=repeat)
+    except ReplayError as e:
+        _fail(e)
+    path = out or Path(f"trace-{run.name}-{step}.npz")
+    trace_file.write(t, path)
+    print(summary(t, path), flush=True)
+
+
+def summary(t: Any, path: Path) -> str:
+    """One line: where the step came from, what the file holds, and whether it is the step that trained."""
+    m = t.manifest
+    origin = f"checkpoint {m['restored_from']}" if m["restored_from"] is not None else "the run's start"
+    if m["replayed"]:
+        origin += f", steps {m['replayed'][0]}-{m['replayed'][1]} replayed with their logged metrics equal"
+    checks = {"logged_metrics_equal": "its logged metrics", "checkpoint_equal": "its checkpoint"}
+    matched = [what for k, what in checks.items() if m["matches_run"].get(k)]
+    missed = [what for k, what in checks.items() if m["matches_run"].get(k) is False]
+    trained = (
+        f"outputs equal {' and '.join(matched)}" if matched and not missed
+        else f"outputs DIFFER from {' and '.join(missed)}" if missed
+        else "outputs from the training step (nothing logged or saved for it to compare)"
+    )  # fmt: skip
+    faithful = m["faithful"]
+    recording = (
+        "the recording step equals the training step"
+        if faithful["equal"]
+        else f"the recording step is within {faithful['max_abs']:.2g} of the training step (compiled apart)"
+    )
+    noise = f"; {len(m['noise'])} tensors differ between {m['repeat']} executions" if m["repeat"] > 1 else ""
+    return f"{path}: step {m['step']} from {origin}; {len(t.entries)} tensors; {trained}; {recording}{noise}"
+
+
+def diff_trace(a: RUN, b: RUN) -> None:
+    """Compare two traces stage by stage in computation order: the config differences, the first
+    quantity that differs, then one line per stage. Exit 0 if identical, 1 otherwise."""
+    from birdjepa.divergence import trace_file
+    from birdjepa.divergence.diff import diff_traces
+
+    try:
+        ta, tb = trace_file.read(a), trace_file.read(b)
+    except trace_file.TraceFileError as e:
+        _fail(e)
+    d = diff_traces(ta, tb)
+    print(f"A {a}\nB {b}\n{d.report()}", flush=True)
+    raise SystemExit(0 if d.identical else 1)
+
+
+def bisect(
+    a: RUN,
+    b: RUN,
+    repeat: int = 1,
+    save: Path | None = None,
+) -> None:
+    """Find the first step at which runs A and B differ in anything (logged metrics, checkpoint CRC-32s,
+    or, stepped side by side, any bit of the batch, key or state), trace both there, and name the first
+    tensor that differs, in computation order, with a verdict. --repeat K measures the noise floor (K
+    executions of the step in each run); --save DIR keeps both traces. Exit 0 if the runs do not differ,
+    1 if they do."""
+    from birdjepa.divergence.bisect import bisect as run_bisect
+    from birdjepa.divergence.replay import ReplayError
+    from birdjepa.train.determinism import deterministic_xla
+
+    deterministic_xla()
+    if repeat < 1:
+        _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
+    try:
+        code, report, _ = run_bisect(a, b, repeat=repeat, save=save)
+    except ReplayError as e:
+        _fail(e)
+    print(report, flush=True)
+    raise SystemExit(code)

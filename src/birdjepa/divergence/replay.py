@@ -1,0 +1,219 @@
+"""Re-execute a run's steps exactly as they ran, from its run directory.
+
+`open_at(run_dir, step)` restores the newest checkpoint before ``step`` (or the state of step 0, which
+the config alone determines) and replays the steps in between with the loop's own step
+(`birdjepa.train.segment.advance`), comparing each replayed step's logged metrics with ``==``. It stops
+at the first mismatch: the run directory then does not describe what replays from it, and nothing
+traced after that point could be trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from birdjepa.config import PretrainConfig
+from birdjepa.data import Batch, DataError, Loader
+from birdjepa.model.config import ModelConfig
+from birdjepa.resume.compare import metrics_by_step
+from birdjepa.slurm import distributed
+from birdjepa.slurm.sweep import SweepError, resolve
+from birdjepa.train import checkpoint
+from birdjepa.train import state as state_lib
+from birdjepa.train.compiled import Compiled, compiled
+from birdjepa.train.metrics_log import METRICS_FILE
+from birdjepa.train.norms import tree_norms
+from birdjepa.train.segment import advance, data_files, fresh_state, model_config, open_loader, total_updates
+from birdjepa.train.state import TrainState
+from birdjepa.train.step import StepConfig
+from birdjepa.validation import label_count
+
+CONFIG_FILE = "config.json"
+#: Logged metrics that a replay recomputes and compares with ``==``: what the step returns, the loader's
+#: index checksum and the parameter norms. Timings, diagnostics and evaluations are not re-run.
+REPLAYED_PREFIXES = ("train/",)
+NOT_REPLAYED = frozenset({"train/step_time", "train/data_wait"})
+
+
+class ReplayError(RuntimeError):
+    """A run cannot be re-executed at the step asked for (one line: what and where)."""
+
+
+@dataclasses.dataclass
+class OpenRun:
+    """A run restored to just before ``state.step``, with the loader at that step's batch."""
+
+    run_dir: Path
+    cfg: PretrainConfig
+    model_cfg: ModelConfig
+    fns: Compiled
+    state: TrainState
+    loader: Loader
+    restored_from: int | None
+    """The checkpoint it started from (None: the state of step 0, built from the config)."""
+    replayed: list[int]
+    """Steps replayed from there, each with its logged metrics equal."""
+    logged: dict[int, dict[str, float]]
+
+    def batch(self) -> Batch:
+        """The batch of step ``state.step`` (each call takes the next one)."""
+        return next(self.loader)
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """Run step ``state.step`` as the loop does; returns its replayable metrics."""
+        self.state, metrics, _, _ = advance(self.fns, self.cfg, self.state, batch)
+        return replayable(self.state, metrics, batch)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def replayable(state: TrainState, metrics: dict[str, Any], batch: Batch) -> dict[str, float]:
+    """The metrics a replay compares, computed as the loop logs them."""
+    out = {k: float(v) for k, v in metrics.items()}
+    out["train/skipped_updates"] = float(state.skipped)
+    out["dataloader/index_crc32"] = distributed.index_crc32(batch["index"])
+    norms = tree_norms(distributed.host(state.params), "param_norm")
+    out.update({f"train/{k}": v for k, v in norms.items()})
+    return out
+
+
+def compared_keys(logged: dict[str, Any]) -> list[str]:
+    return sorted(
+        k
+        for k in logged
+        if (k.startswith(REPLAYED_PREFIXES) and k not in NOT_REPLAYED) or k == "dataloader/index_crc32"
+    )
+
+
+def first_mismatch(logged: dict[str, Any], replayed: dict[str, float]) -> tuple[str, Any, Any] | None:
+    """The first logged metric that the replay does not reproduce with ``==`` (NaN equals NaN)."""
+    for k in compared_keys(logged):
+        a, b = logged[k], replayed.get(k)
+        same = a == b or (isinstance(a, float) and b is not None and math.isnan(a) and math.isnan(b))
+        if not same:
+            return k, a, b
+    return None
+
+
+def is_run_dir(run_dir: Path) -> bool:
+    return run_dir.is_dir() and any(
+        (run_dir / n).exists() for n in (METRICS_FILE, "checkpoints", CONFIG_FILE)
+    )
+
+
+def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
+    try:
+        return resolve(PretrainConfig(), config, where)
+    except (SweepError, KeyError) as e:
+        raise ReplayError(f"{where}: its configuration cannot be read by this version: {e}") from e
+
+
+def last_step(run_dir: Path, steps: list[int]) -> int | None:
+    """The last step the run ran: the newest logged or checkpointed one."""
+    logged = metrics_by_step(run_dir) if (run_dir / METRICS_FILE).exists() else {}
+    known = [*logged, *steps]
+    return max(known) if known else None
+
+
+def open_at(
+    run_dir: Path, step: int, *, on_step: Callable[[int, dict[str, float]], None] | None = None
+) -> OpenRun:
+    """``run_dir`` restored to just before ``step`` (checkpoint ``step - 1``, or the newest before it and
+    the steps in between replayed; ``on_step(s, metrics)`` after each). Raises `ReplayError`."""
+    run_dir = Path(run_dir)
+    if not is_run_dir(run_dir):
+        raise ReplayError(
+            f"{run_dir}: not a run directory (no {METRICS_FILE}, checkpoints/ or {CONFIG_FILE})"
+        )
+    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+        steps = ckpt.all_steps()
+        last = last_step(run_dir, steps)
+        if step < 0 or last is None or step > last:
+            ran = f"it ran steps 0-{last}" if last is not None else "it ran no step"
+            raise ReplayError(f"{run_dir}: step {step} was never run ({ran})")
+        base = max((s for s in steps if s < step), default=None)
+        where = str(run_dir / "checkpoints" / str(base)) if base is not None else str(run_dir / CONFIG_FILE)
+        if base is not None:
+            cfg = read_config(ckpt.read_meta(base)["config"], where)
+        elif (run_dir / CONFIG_FILE).exists():
+            cfg = read_config(json.loads((run_dir / CONFIG_FILE).read_text()), where)
+        else:
+            raise ReplayError(
+                f"{run_dir}: no checkpoint before step {step} and no {CONFIG_FILE} to start from"
+            )
+        try:
+            train_files, _ = data_files(cfg)
+            n_classes = label_count(train_files)
+        except (DataError, FileNotFoundError, ValueError) as e:
+            raise ReplayError(f"{run_dir}: its train data cannot be read: {e}") from e
+        model_cfg = model_config(cfg, n_classes)
+        fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg))
+        fresh = fresh_state(cfg, model_cfg, fns.tx)
+        meta: dict[str, Any] | None = None
+        if base is None:
+            state = fresh
+        else:
+            try:
+                restored, meta = state_lib.restore_at(ckpt, fresh, base)
+            except checkpoint.CheckpointError as e:
+                raise ReplayError(f"{where}: {e}") from e
+            state = state_lib.for_prng_mode(restored, cfg.prng, fresh.chain)
+    check_devices(run_dir, meta)
+    loader, error = open_loader(cfg, train_files, state.loader_state, resumed=base is not None)
+    if error is not None:
+        loader.close()
+        raise ReplayError(f"{where}: the loader cannot restore its state ({error})")
+    if meta is not None and meta.get("dataset_fingerprint") not in (None, loader.fingerprint):
+        loader.close()
+        raise ReplayError(f"{where}: the train data changed since this checkpoint (another fingerprint)")
+    logged = metrics_by_step(run_dir, everything=True) if (run_dir / METRICS_FILE).exists() else {}
+    run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged)
+    try:
+        replay_to(run, step, on_step)
+    except BaseException:
+        run.close()
+        raise
+    return run
+
+
+def replay_to(
+    run: OpenRun, step: int, on_step: Callable[[int, dict[str, float]], None] | None = None
+) -> None:
+    """Run the steps from ``run.state.step`` to ``step - 1``, each compared with its logged metrics."""
+    while run.state.step < step:
+        s = run.state.step
+        metrics = run.step(run.batch())
+        mismatch = first_mismatch(run.logged.get(s, {}), metrics)
+        if mismatch is not None:
+            name, a, b = mismatch
+            origin = f"checkpoint {run.restored_from}" if run.restored_from is not None else "step 0"
+            raise ReplayError(
+                f"{run.run_dir}: step {s} does not replay as it ran: {name} logged {a!r}, replayed {b!r} "
+                f"(replayed from {origin})"
+            )
+        run.replayed.append(s)
+        if on_step is not None:
+            on_step(s, metrics)
+
+
+def check_devices(run_dir: Path, meta: dict[str, Any] | None) -> None:
+    """A step re-executes exactly only on as many devices as it ran on."""
+    want = (meta or {}).get("next_step", {}).get("n_devices")
+    have = jax.device_count()
+    if want is not None and want != have:
+        raise ReplayError(
+            f"{run_dir}: it trained on {want} devices and this process has {have}; re-run with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={want} (CPU) or on {want} devices"
+        )
+
+
+def host_tree(tree: Any) -> Any:
+    return jax.tree.map(lambda x: np.asarray(distributed.host(x)), tree)

@@ -1,0 +1,142 @@
+"""The divergence matrix: pairs of short runs that differ in exactly one thing, and where `birdjepa
+bisect` must place their first difference.
+
+Each pair trains a run A (shared between pairs with the same base options) and its twin B with one
+option or one ``--debug-plant`` (`birdjepa.faults`) more, then bisects them in this process. The
+topology pair trains B in a process of its own on 4 simulated devices. `scripts/divergence_matrix.py`
+prints the matrix; the tests assert it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import tyro
+
+from birdjepa.config import PretrainConfig
+from birdjepa.divergence.bisect import bisect
+from birdjepa.faults import EXPECTED_DIFFERENCE
+from birdjepa.pretrain.loop import pretrain
+
+STEPS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    name: str
+    what: str
+    variant: tuple[str, ...]
+    """B's options beyond A's."""
+    expected: tuple[str, str] | None
+    """(stage, tensor or its start) of the first difference; None: none (the clean pair)."""
+    base: tuple[str, ...] = ()
+    """Options of both runs beyond the matrix's own."""
+    devices: int = 1
+    """B's device count (A trains on this process's)."""
+
+
+def _plant(name: str, what: str, base: tuple[str, ...] = ()) -> Pair:
+    return Pair(name, what, ("--debug-plant", name), EXPECTED_DIFFERENCE[name], base)
+
+
+PAIRS = (
+    _plant("lr_schedule_shifted", "the LR schedule shifted by one update"),
+    _plant("first_update_at_peak", "the first update at the peak LR instead of schedule(0)"),
+    _plant("pos_embed_bf16", "one parameter (the position embedding) computed in bfloat16"),
+    Pair(
+        "ln_epsilon",
+        "another LayerNorm epsilon (1e-5)",
+        ("--model.ln-epsilon", "1e-5"),
+        ("forward", "global/encoder/block_0/norm1"),
+    ),  # fmt: skip
+    _plant("loader_seed", "other samples in the batch (another loader seed)"),
+    _plant("batch_reordered", "the same samples in another order"),
+    _plant("crop_shifted", "another crop offset for one sample"),
+    _plant("dropout_key", "another dropout key (dropout 0.1 in both)", ("--model.dropout", "0.1")),
+    Pair(
+        "clip_norm",
+        "gradient clipping at another threshold (0.3)",
+        ("--optim.clip-norm", "0.3"),
+        ("gradients_clipped", ""),
+    ),  # fmt: skip
+    _plant("decay_skips_biases_and_norms", "weight decay on biases and norms in one run only"),
+    Pair("devices", "1 device against 4 simulated devices", (), ("forward", ""), devices=4),
+    Pair("clean", "the same run twice", (), None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    pair: Pair
+    exit_code: int
+    step: int | None
+    found: tuple[str, str] | None
+    verdict: str
+
+    @property
+    def ok(self) -> bool:
+        if self.pair.expected is None:
+            return self.exit_code == 0 and self.found is None
+        if self.found is None or self.found[0] != self.pair.expected[0]:
+            return False
+        if self.pair.devices != 1:  # a topology difference must be called one, not a bug
+            return "topology" in self.verdict and "not a bug" in self.verdict
+        return self.found[1].startswith(self.pair.expected[1])
+
+
+def flags(runs: Path, run: str, data: tuple[str, ...], *extra: str) -> list[str]:
+    return [
+        "--run", run, "--log.runs-dir", str(runs), "--steps", str(STEPS), "--ckpt-every", "0",
+        "--eval-every", "0", "--data.batch-size", "4", "--monitor-interval", "0", *data, *extra,
+    ]  # fmt: skip
+
+
+def train(runs: Path, run: str, data: tuple[str, ...], options: tuple[str, ...], devices: int = 1) -> Path:
+    """A run of the matrix, trained afresh (in a process of its own when on other devices)."""
+    args = flags(runs, run, data, *options)
+    shutil.rmtree(runs / run, ignore_errors=True)
+    if devices == 1:
+        code = pretrain(tyro.cli(PretrainConfig, args=args))
+    else:
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "pretrain", *args], env=env,
+                              capture_output=True, text=True)  # fmt: skip
+        code = done.returncode
+    if code != 0:
+        raise RuntimeError(f"training {run} ({' '.join(options)}) exited {code}")
+    return runs / run
+
+
+def run_pair(pair: Pair, runs: Path, data: tuple[str, ...] = ()) -> Row:
+    a = runs / (f"A-{pair.name}" if pair.base else "A")
+    if not (a / "config.json").exists():
+        train(runs, a.name, data, pair.base)
+    b = train(runs, f"B-{pair.name}", data, (*pair.base, *pair.variant), pair.devices)
+    code, report, d = bisect(a, b)
+    first = d.first if d is not None else None
+    found = (first.stage, first.name) if first is not None else None
+    step = None if d is None else d.steps[0]
+    verdict = report.rsplit("VERDICT: ", 1)[-1] if "VERDICT: " in report else report.splitlines()[-1]
+    return Row(pair, code, step, found, verdict)
+
+
+def run_matrix(runs: Path, pairs: tuple[Pair, ...] = PAIRS, data: tuple[str, ...] = ()) -> list[Row]:
+    return [run_pair(p, runs, data) for p in pairs]
+
+
+def format_matrix(rows: list[Row]) -> str:
+    """The matrix as a markdown table: the pair, where the first difference must be, where bisect put it."""
+    lines = [
+        "| pair | expected (stage: tensor) | found (step, stage: tensor) | ok |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        exp = f"{r.pair.expected[0]}: {r.pair.expected[1] or '(any)'}" if r.pair.expected else "no difference"
+        found = f"step {r.step}, {r.found[0]}: {r.found[1]}" if r.found else "no difference"
+        lines.append(f"| {r.pair.what} | {exp} | {found} | {'yes' if r.ok else 'MISS'} |")
+    return "\n".join(lines)

@@ -1,0 +1,160 @@
+"""`birdjepa trace`, `diff-trace` and `bisect`: a traced step is the step that trained, the same step
+traced twice gives the same file, a trace replays from an older checkpoint, and bad input is one line
+and exit 2. Pairs of runs that differ in one thing: the cheap rows of the divergence matrix here, every
+row (with the topology pair) in the slow test."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tyro
+
+from birdjepa.cli import main
+from birdjepa.config import PretrainConfig
+from birdjepa.divergence import trace_file
+from birdjepa.divergence.bisect import bisect
+from birdjepa.divergence.diff import diff_traces
+from birdjepa.divergence.trace import trace_step
+from birdjepa.pretrain.divergence_matrix import PAIRS, flags, format_matrix, run_pair
+from birdjepa.pretrain.loop import pretrain
+from birdjepa.resume.compare import metrics_by_step
+from birdjepa.train.checkpoint import Checkpointer
+
+
+def data(demo_dir: Path) -> tuple[str, ...]:
+    return ("--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval"))
+
+
+@pytest.fixture(scope="module")
+def runs(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run "A" of the divergence matrix (4 steps), with checkpoints after steps 1 and 3."""
+    runs = tmp_path_factory.mktemp("runs")
+    args = [*flags(runs, "A", data(demo_dir)), "--ckpt-every", "2"]
+    assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
+    return runs
+
+
+def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoint(runs: Path) -> None:
+    t = trace_step(runs / "A", 3, repeat=2)
+    m = t.manifest
+    assert (m["restored_from"], m["replayed"]) == (1, [2, 2])  # checkpoint 1, then step 2 replayed
+    assert m["noise"] == {}  # two executions on CPU: nothing differs
+    assert m["matches_run"] == {"logged_metrics_equal": True, "checkpoint_equal": True}
+    with Checkpointer(runs / "A", keep=None, async_save=False) as ckpt:
+        saved = ckpt.read_arrays(3)  # what training wrote for step 3, read by path
+    out = {e.name: e.array for e in t.entries if e.stage == "params_out"}
+    assert out and all(np.array_equal(a, saved[f"['params']{name}"]) for name, a in out.items())
+    logged = metrics_by_step(runs / "A")[3]
+    traced = {e.name: e.array for e in t.entries if e.stage == "metrics"}
+    assert float(traced["train/loss"]) == logged["train/loss"]
+    stages = t.stages()
+    assert stages == [s for s in m["stages"] if s in stages]  # in computation order
+    assert {"batch", "keys", "optimizer", "params_in", "forward", "loss", "gradients", "updates"} <= set(
+        stages
+    )
+
+
+def test_the_same_step_traced_in_two_processes_gives_the_same_file(runs: Path, tmp_path: Path) -> None:
+    here = tmp_path / "here.npz"
+    trace_file.write(trace_step(runs / "A", 1), here)
+    there = tmp_path / "there.npz"
+    cmd = [sys.executable, "-m", "birdjepa.cli", "trace", str(runs / "A"), "--step", "1", "--out", str(there)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert here.read_bytes() == there.read_bytes()
+
+
+def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_difference(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t0, t1 = tmp_path / "0.npz", tmp_path / "1.npz"
+    trace_file.write(trace_step(runs / "A", 0, only=("batch", "optimizer")), t0)
+    trace_file.write(trace_step(runs / "A", 1, only=("batch", "optimizer")), t1)
+    with pytest.raises(SystemExit) as same:
+        main(["diff-trace", str(t0), str(t0)])
+    assert same.value.code == 0
+    with pytest.raises(SystemExit) as other:
+        main(["diff-trace", str(t0), str(t1)])
+    out = capsys.readouterr().out
+    assert other.value.code == 1
+    assert "first difference: stage batch, batch/index" in out  # steps 0 and 1 read other samples
+    assert "optimizer          differs" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["trace", "{runs}/A", "--step", "99"], "step 99 was never run (it ran steps 0-3)"),
+        (["trace", "{runs}", "--step", "0"], "not a run directory"),
+        (["trace", "{runs}/bare", "--step", "3"], "no checkpoint before step 3 and no config.json"),
+        (["diff-trace", "{runs}/A/config.json", "{runs}/A/config.json"], "not a birdjepa trace"),
+        (["bisect", "{runs}/A", "{runs}/nothing"], "not a run directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    runs: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = runs / "bare"  # logged steps, no checkpoint and no config: nothing to start from
+    if not bare.exists():
+        bare.mkdir()
+        shutil.copy(runs / "A" / "metrics.jsonl", bare / "metrics.jsonl")
+    with pytest.raises(SystemExit) as e:
+        main([a.format(runs=runs) for a in args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.slow
+def test_traces_of_another_architecture_compare_what_they_share(runs: Path, demo_dir: Path) -> None:
+    args = [*flags(runs, "deeper", data(demo_dir)), "--model.depth", "3"]
+    assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
+    d = diff_traces(trace_step(runs / "A", 0), trace_step(runs / "deeper", 0))
+    forward = next(s for s in d.stages if s.stage == "forward")
+    assert any(n.startswith("global/encoder/block_2/") for n in forward.only_b)
+    assert not d.identical and "model.depth:None->3" in d.config[1]
+    assert next(s for s in d.stages if s.stage == "batch").identical
+
+
+#: The rows that reuse run A's compiled step (only the data differs), and the clean pair.
+CHEAP = ("loader_seed", "batch_reordered", "crop_shifted", "clean")
+
+
+@pytest.mark.parametrize("name", CHEAP)
+def test_bisect_places_a_planted_difference_where_it_first_shows(
+    name: str, runs: Path, demo_dir: Path
+) -> None:
+    row = run_pair(next(p for p in PAIRS if p.name == name), runs, data(demo_dir))
+    assert row.ok, format_matrix([row]) + "\n" + row.verdict
+
+
+@pytest.mark.slow
+def test_the_other_rows_of_the_divergence_matrix(tmp_path: Path, demo_dir: Path) -> None:
+    """The rows that compile a step of their own (another optimizer, model or plant in the step), and
+    the topology pair (its twin trains and is traced in processes with 4 devices)."""
+    rows = [run_pair(p, tmp_path, data(demo_dir)) for p in PAIRS if p.name not in CHEAP]
+    assert all(r.ok for r in rows), format_matrix(rows)
+
+
+@pytest.mark.slow
+def test_bisect_names_the_last_bits_that_another_adam_beta2_changes_in_the_first_update(
+    runs: Path, demo_dir: Path
+) -> None:
+    """Adam's bias-corrected first update hardly depends on beta2: loss, gradients and everything before
+    agree, and the updates of step 0 differ in their last bits. Bisect names them, beside the config
+    change, and the checkpoint CRC-32s differ from the first common checkpoint on."""
+    args = [*flags(runs, "b2", data(demo_dir)), "--ckpt-every", "2", "--optim.b2", "0.99"]
+    assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
+    code, report, d = bisect(runs / "A", runs / "b2")
+    assert code == 1 and d is not None and d.first is not None
+    assert (d.steps, d.first.stage) == ((0, 0), "updates"), report
+    assert d.first.max_rel < 1e-4  # the last bits
+    assert "optim.b2:0.999->0.99" in d.config[1]
+    assert "checkpoint CRC-32s: first differ at checkpoint 1" in report
+    identical = {st.stage for st in d.stages if st.identical}
+    assert {"batch", "keys", "params_in", "opt_state_in", "forward", "loss", "gradients"} <= identical
