@@ -49,6 +49,7 @@ bench: build
 	$(BIN)/python scripts/bench_train.py
 	$(BIN)/python scripts/bench_eval.py
 	$(BIN)/python scripts/bench_startup.py
+	$(BIN)/python scripts/bench_trace.py
 
 clean:
 	rm -rf $(VENV) target

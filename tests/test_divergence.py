@@ -5,6 +5,7 @@ row (with the topology pair) in the slow test."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -108,6 +109,26 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_a_replayed_step_that_does_not_match_its_log_stops_the_trace(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Step 3 replays step 2 from checkpoint 1; a log that says step 2 had another loss stops it."""
+    edited = runs / "edited"
+    if not edited.exists():
+        shutil.copytree(runs / "A", edited)
+        lines = (edited / "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        for row in rows:
+            if row.get("step") == 2 and "train/loss" in row:
+                row["train/loss"] += 1e-7
+        (edited / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as e:
+        main(["trace", str(edited), "--step", "3"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2
+    assert "step 2 does not replay as it ran: train/loss logged" in err and "from checkpoint 1" in err, err
 
 
 @pytest.mark.slow

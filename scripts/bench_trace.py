@@ -1,0 +1,73 @@
+"""What `birdjepa trace` costs beside the training it re-executes, measured side by side in one run.
+
+    python scripts/bench_trace.py [--preset small] [--batch-size 4]
+
+Trains a 2-step run (checkpoint after step 0) of the preset on the demo set, then traces step 1 in a
+new process: once whole, once with ``--only optimizer metrics`` (the option for large models). Each
+command runs in a process of its own; the table gives its wall time and its peak resident memory
+(``ru_maxrss``), and the ratio to the training process's. Targets (issue 26): the small preset at
+batch 4 traces in at most 30 s with at most 2x the training step's peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Runs one birdjepa command in this process and prints its peak RSS (KiB) as the last line.
+_MEASURED = """
+import resource, sys
+from birdjepa.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    if e.code not in (0, None):
+        raise
+print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def measured(args: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MiB) of ``birdjepa ARGS`` in a process of its own."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", "import json\n" + _MEASURED, *args], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"birdjepa {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    rss = json.loads(done.stdout.strip().splitlines()[-1])["maxrss_kib"] / 1024
+    return wall, rss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch-size", type=int, default=4)
+    a = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        train = ["pretrain", "--run", "r", "--log.runs-dir", str(runs), "--model.preset", a.preset,
+                 "--data.batch-size", str(a.batch_size), "--steps", "2", "--ckpt-every", "1",
+                 "--eval-every", "0", "--monitor-interval", "0"]  # fmt: skip
+        rows = {"pretrain, 2 steps (compile, step, save)": measured(train)}
+        trace = ["trace", str(runs / "r"), "--step", "1", "--out", str(Path(tmp) / "t.npz")]
+        rows["trace step 1 (restore, compile twice, record)"] = measured(trace)
+        size = (Path(tmp) / "t.npz").stat().st_size / 2**20
+        rows["trace step 1 --only optimizer metrics"] = measured([*trace, "--only", "optimizer", "metrics"])
+    base_wall, base_rss = next(iter(rows.values()))
+    print(f"preset {a.preset}, batch {a.batch_size} x 2 views; the whole trace file: {size:.1f} MiB\n")
+    print("| process | wall s | peak RSS MiB | RSS vs pretrain |")
+    print("|---|---:|---:|---:|")
+    for name, (wall, rss) in rows.items():
+        print(f"| {name} | {wall:.1f} | {rss:.0f} | {rss / base_rss:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
