@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from birdjepa.train.metrics_log import METRICS_FILE
+from birdjepa.train.metrics_log import METRICS_FILE, read_metrics_file
 
 #: Rows further apart than this (seconds) in a log without resume events start a new segment.
 DEFAULT_GAP_S = 600.0
@@ -127,27 +126,17 @@ def _ours(path: Path, name: str) -> RunLog:
     segments: list[list[_Row]] = [[]]
     resumes: list[Resume] = []
     last_time = math.nan
-    with path.open() as f:
-        for lineno, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError as e:
-                # A kill can cut the last line short; anywhere else it is a damaged file.
-                if not f.readline():
-                    break
-                raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from e
-            time = float(line.get("time", math.nan))
-            if line.get("event") == "resume":
-                resumes.append(
-                    Resume(int(line["step"]), len(segments), f"resume event (checkpoint "
-                           f"{line.get('checkpoint')})", time - last_time)
-                )  # fmt: skip
-                segments.append([])
-            elif "event" not in line:
-                segments[-1].append(_row(int(line["step"]), time, line.items()))
-                last_time = time
+    for line in read_metrics_file(path):
+        time = float(line.get("time", math.nan))
+        if line.get("event") == "resume":
+            resumes.append(
+                Resume(int(line["step"]), len(segments), f"resume event (checkpoint "
+                       f"{line.get('checkpoint')})", time - last_time)
+            )  # fmt: skip
+            segments.append([])
+        elif "event" not in line:
+            segments[-1].append(_row(int(line["step"]), time, line.items()))
+            last_time = time
     return _timeline(name, segments, resumes)
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from pathlib import Path
 
 import tyro
 
+from birdjepa import exit_codes
 from birdjepa.analysis import figures
 from birdjepa.analysis.load import DEFAULT_GAP_S, RunLog, load_run
 from birdjepa.analysis.windows import Jump, jumps, max_abs_diff
+from birdjepa.train.metrics_log import MetricsFileError
 
 #: Plotted when --metrics is not given (those the run logged).
 DEFAULT_METRICS = (
@@ -146,7 +149,11 @@ def cli(
     its z-score against normal drift; --other overlays a reference run (e.g. the uninterrupted one)
     and adds the max abs difference to it. --gap-s: in logs without resume events, a pause longer than
     this many seconds counts as a resume."""
-    result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
+    try:
+        result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
+    except (MetricsFileError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.USAGE) from None
     print(result.summary.read_text())
     for path in [*result.figures, result.summary]:
         print(f"wrote {path}")

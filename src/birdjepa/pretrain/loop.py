@@ -117,6 +117,8 @@ def _pretrain(requested: PretrainConfig) -> int:
     state = t.fns.place(r.state)
     for fallback in ckpt.fallbacks:
         t.log.event("ckpt_fallback", state.step, **fallback)
+    if t.log.repaired:  # a torn last line of the log, cut off when it was opened
+        t.log.event("torn_log", state.step, **t.log.repaired)
     if meta is not None:
         t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
         if cfg.debug_inject_fault:

@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import tyro
 
-from birdjepa.train.metrics_log import read_metrics
+from birdjepa import exit_codes
+from birdjepa.train.metrics_log import MetricsFileError, read_metrics
 
 #: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
 NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/data_wait"})
@@ -90,7 +92,11 @@ def cli(
 ) -> None:
     """Align two runs' logged metrics by step (all segments) and print per metric the max abs and rel
     difference and the first differing step; exit 1 if any selected metric differs."""
-    worst = print_table(compare_runs(run_a, run_b, metrics))
+    try:
+        worst = print_table(compare_runs(run_a, run_b, metrics))
+    except (MetricsFileError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.USAGE) from None
     print(f"max_abs_diff={worst}")
     if worst != 0.0:
         raise SystemExit(1)

@@ -4,6 +4,12 @@ Every segment of a run (each start and resume) appends to the same ``metrics.jso
 the step, the restart counter and the metrics, and a resume writes an explicit event line. Floats are
 written with Python's ``repr`` (shortest round-trip form), so values read back compare with ``==``.
 wandb, when enabled, mirrors the same dicts; it is never read back.
+
+A node that dies in the middle of an append leaves a torn last line. Opening the log for writing cuts
+such a tail off into ``metrics.jsonl.torn`` (`repair_torn_tail`), so every append starts on a new line;
+every reader (`read_metrics`, and through it ``compare``, ``analyze``, ``evaluate`` and the notebooks)
+skips a torn last line of a live file with a warning, and stops at any other line that does not parse,
+naming the file and the line.
 """
 
 from __future__ import annotations
@@ -16,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+TORN_SUFFIX = ".torn"
+
+
+class MetricsFileError(ValueError):
+    """A line of a metrics file that is not JSON and not a torn last line."""
 
 
 def _plain(value: Any) -> Any:
@@ -33,6 +44,8 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.restart = restart
         self.wandb_run = wandb_run
+        #: What `repair_torn_tail` cut off when the log was opened (None: nothing); the loop logs it.
+        self.repaired = repair_torn_tail(self.path)
         self._file = self.path.open("a", buffering=1)  # line-buffered: a kill loses at most one line
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -57,6 +70,7 @@ class NullLog(MetricsLog):
     def __init__(self) -> None:
         self.restart = 0
         self.wandb_run = None
+        self.repaired = None
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         pass
@@ -68,9 +82,60 @@ class NullLog(MetricsLog):
         pass
 
 
+def _parses(text: bytes) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def repair_torn_tail(path: Path) -> dict[str, Any] | None:
+    """Before a writer appends: a last line that does not parse (a writer killed mid-append) is moved to
+    ``<path>.torn`` and cut off, with a WARNING; a complete last record that only lacks its newline gets
+    one. Returns what was done (None when the file was whole)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    data = path.read_bytes()
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1  # where the last line starts
+    tail = data[cut:]
+    if _parses(tail):
+        if data.endswith(b"\n"):
+            return None
+        with path.open("ab") as f:  # a whole record that lost only its newline
+            f.write(b"\n")
+        return None
+    torn = path.with_name(path.name + TORN_SUFFIX)
+    with torn.open("ab") as f:
+        f.write(tail if tail.endswith(b"\n") else tail + b"\n")
+    with path.open("r+b") as f:
+        f.truncate(cut)
+    line = data[:cut].count(b"\n") + 1
+    print(f"WARNING {path}:{line}: a torn last line ({len(tail)} bytes, a writer killed mid-append) was "
+          f"moved to {torn}", flush=True)  # fmt: skip
+    return {"line": line, "bytes": len(tail), "moved_to": str(torn)}
+
+
 def read_metrics(run_dir: Path) -> Iterator[dict[str, Any]]:
-    """Every line of a run's metrics file, in order (events included)."""
-    with (Path(run_dir) / METRICS_FILE).open() as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+    """Every line of a run's metrics file, in order (events included); see `read_metrics_file`."""
+    return read_metrics_file(Path(run_dir) / METRICS_FILE)
+
+
+def read_metrics_file(path: Path) -> Iterator[dict[str, Any]]:
+    """Every line of a metrics file, in order. A torn last line (a live writer mid-append, or one that
+    was killed) is skipped with a warning; any other line that does not parse raises `MetricsFileError`
+    naming the file and the line."""
+    with Path(path).open("rb") as f:
+        lines = f.read().split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError as e:
+            if i == last:
+                print(f"WARNING {path}:{i + 1}: a torn last line is ignored (a writer mid-append or killed)",
+                      flush=True)  # fmt: skip
+                return
+            raise MetricsFileError(f"{path}:{i + 1}: not a JSON line ({e})") from None

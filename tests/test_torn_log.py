@@ -1,0 +1,63 @@
+"""A node that dies mid-append leaves a torn last line in metrics.jsonl: readers skip it with a warning,
+the next writer cuts it off into metrics.jsonl.torn (with a WARNING and an event) and appends on a new
+line, and the resumed run then equals the straight one. Any other bad line names the file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tyro
+
+from birdjepa.cli import main
+from birdjepa.config import PretrainConfig
+from birdjepa.pretrain.loop import pretrain
+from birdjepa.resume.compare import compare_runs
+from birdjepa.train.metrics_log import METRICS_FILE, MetricsFileError, read_metrics
+
+TORN = b'{"step": 2, "restart": 0, "time": 1.5, "train/lo'
+
+
+def train(demo_dir: Path, runs: Path, run: str, *extra: str) -> int:
+    args = ["--run", run, "--log.runs-dir", str(runs), "--steps", "4", "--eval-every", "0",
+            "--ckpt-every", "2", "--data.batch-size", "4", "--data.train", str(demo_dir / "train"),
+            "--data.eval", str(demo_dir / "eval"), *extra]  # fmt: skip
+    return pretrain(tyro.cli(PretrainConfig, args=args))
+
+
+def test_readers_skip_a_torn_last_line_and_name_any_other_bad_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = [{"step": 0, "restart": 0, "train/loss": 1.0}, {"step": 1, "restart": 0, "train/loss": 0.5}]
+    (tmp_path / METRICS_FILE).write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in good) + TORN)
+    assert list(read_metrics(tmp_path)) == good
+    assert f"{tmp_path / METRICS_FILE}:3: a torn last line is ignored" in capsys.readouterr().out
+    (tmp_path / METRICS_FILE).write_bytes(json.dumps(good[0]).encode() + b"\n" + TORN + b"\n" +
+                                          json.dumps(good[1]).encode() + b"\n")  # fmt: skip
+    with pytest.raises(MetricsFileError, match=f"{tmp_path / METRICS_FILE}:2: not a JSON line"):
+        list(read_metrics(tmp_path))
+    with pytest.raises(SystemExit) as e:  # the command line: one line, exit 2
+        main(["compare", str(tmp_path), str(tmp_path)])
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_resume_cuts_the_torn_tail_off_and_ends_equal_to_the_straight_run(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert train(demo_dir, tmp_path, "straight") == 0
+    assert train(demo_dir, tmp_path, "torn", "--stop-at-step", "1") == 0
+    log = tmp_path / "torn" / METRICS_FILE
+    with log.open("ab") as f:  # killed while appending step 2's line
+        f.write(TORN)
+    assert train(demo_dir, tmp_path, "torn") == 0
+    assert (tmp_path / "torn" / (METRICS_FILE + ".torn")).read_bytes() == TORN + b"\n"
+    assert (
+        f"a torn last line ({len(TORN)} bytes, a writer killed mid-append) was moved"
+        in capsys.readouterr().out
+    )
+    events = [r for r in read_metrics(tmp_path / "torn") if r.get("event") == "torn_log"]
+    assert len(events) == 1 and events[0]["bytes"] == len(TORN)
+    assert all(line.strip() for line in log.read_text().splitlines())  # every record on its own line
+    diffs = compare_runs(tmp_path / "straight", tmp_path / "torn")
+    assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
