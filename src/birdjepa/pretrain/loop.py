@@ -40,6 +40,7 @@ from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train.compiled import compiled
 from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
 from birdjepa.train.norms import tree_norms
 from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
 from birdjepa.train.state import TrainState
@@ -79,18 +80,30 @@ def debug_roundtrip(t: Trainer, state: TrainState, meta: dict[str, Any]) -> Trai
 
 def pretrain(cfg: PretrainConfig) -> int:
     """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code. The signal
-    handlers it installs are removed again when it returns (a process may train several runs)."""
+    handlers it installs are removed again when it returns (a process may train several runs), and
+    so is the run's lease (process 0 holds it: one writer per run, `birdjepa.train.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    validation.check(cfg)  # before anything touches the run directory
+    lease: Lease | None = None
+    if distributed.is_main():
+        slurm = bool(os.environ.get("SLURM_JOB_ID"))  # a requeue may race its predecessor's last save
+        try:
+            lease = acquire(cfg.run_dir, wait_s=float(os.environ.get(LEASE_WAIT_ENV, 120)) if slurm else 0.0)
+        except LeaseHeld as e:
+            code = exit_codes.REQUEUE if slurm else exit_codes.USAGE
+            print(f"ERROR: {e}; exit {code}", flush=True)
+            return code
     try:
-        return _pretrain(cfg)
+        return _pretrain(cfg, lease)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if lease is not None:
+            lease.release()
 
 
-def _pretrain(requested: PretrainConfig) -> int:
+def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     # Open: the data, the model and the optimizer.
-    validation.check(requested)
     requested.run_dir.mkdir(parents=True, exist_ok=True)
     if distributed.is_main():  # this segment's configuration (each checkpoint also holds its own)
         (requested.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
@@ -119,6 +132,8 @@ def _pretrain(requested: PretrainConfig) -> int:
         t.log.event("ckpt_fallback", state.step, **fallback)
     if t.log.repaired:  # a torn last line of the log, cut off when it was opened
         t.log.event("torn_log", state.step, **t.log.repaired)
+    if lease is not None and lease.took_over is not None:
+        t.log.event("lease_taken_over", state.step, **lease.took_over)
     if meta is not None:
         t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
         if cfg.debug_inject_fault:

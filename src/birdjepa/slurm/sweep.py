@@ -229,6 +229,7 @@ def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workd
         "set -u",
         f"cd {shlex.quote(str(workdir))}",
         "export PYTHONUNBUFFERED=1",
+        f"export BIRDJEPA_LEASE_WAIT_S={slurm.grace}  # a requeue waits this long for its predecessor's save",
         "restart=${SLURM_RESTART_COUNT:-0}",
         f"force={force}",
         f"cmd=({shlex.join(command)})",

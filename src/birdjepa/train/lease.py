@@ -1,0 +1,147 @@
+"""One writer per run: a lease file in the run directory, renewed by a heartbeat.
+
+``flock`` is not honoured on every file system clusters use (NFS without lockd, some Lustre/GPFS
+mounts), so the lock is a file: ``<run_dir>/lease.json`` naming the holder (host, pid, Slurm job id,
+start time, a random token) and its last heartbeat. It is created with ``O_CREAT | O_EXCL`` (atomic on
+local disks and NFSv3+), renewed every `HEARTBEAT_S` seconds by a daemon thread (write to a temporary
+file, then rename: readers never see half a lease), and removed on release. A lease is stale when its
+holder is a process of this host that no longer exists, or when its heartbeat is older than
+`STALE_AFTER_S`; a stale lease is taken over (rename over it, then read back to see who won).
+
+Read-only commands (`compare`, `analyze`, `trace`, `bisect`) take no lease and work on a live run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+LEASE_FILE = "lease.json"
+#: Seconds a Slurm-started trainer waits for a live holder to end (the job script sets it to the
+#: preemption grace: a requeued job may start while its predecessor is still saving).
+LEASE_WAIT_ENV = "BIRDJEPA_LEASE_WAIT_S"
+HEARTBEAT_S = 15.0
+#: Four missed heartbeats: the holder is gone (or its node is cut off and will not write again).
+STALE_AFTER_S = 4 * HEARTBEAT_S
+
+
+class LeaseHeld(RuntimeError):
+    """Another live process holds the run."""
+
+    def __init__(self, run_dir: Path, holder: dict[str, Any]) -> None:
+        self.holder = holder
+        job = f", job {holder['job']}" if holder.get("job") else ""
+        since = time.strftime("%H:%M:%S", time.localtime(holder.get("started", 0)))
+        super().__init__(
+            f"run {run_dir.name} is held by pid {holder.get('pid')} on {holder.get('host')}{job}, since "
+            f"{since} ({run_dir / LEASE_FILE}); nothing was touched"
+        )
+
+
+def _me() -> dict[str, Any]:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "job": os.environ.get("SLURM_JOB_ID"),
+        "started": time.time(),
+        "token": secrets.token_hex(8),
+    }
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError):  # half-written by a writer that died between create and write
+        return {"heartbeat": 0.0}
+
+
+def _write(path: Path, lease: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{lease['token']}")
+    tmp.write_text(json.dumps(lease))
+    os.replace(tmp, path)
+
+
+def stale(holder: dict[str, Any], now: float | None = None) -> str | None:
+    """Why ``holder`` no longer holds the run (None: it does)."""
+    now = time.time() if now is None else now
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return f"pid {holder['pid']} no longer runs on this host"
+        except PermissionError:
+            pass  # another user's live process
+    age = now - float(holder.get("heartbeat", 0.0))
+    if age > STALE_AFTER_S:
+        return f"no heartbeat for {age:.0f} s"
+    return None
+
+
+@dataclasses.dataclass
+class Lease:
+    """The run directory held by this process until `release`."""
+
+    path: Path
+    holder: dict[str, Any]
+    took_over: dict[str, Any] | None = None
+    """The stale holder this lease replaced, and why it was stale (None: the run was free)."""
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            current = _read(self.path)
+            if current is None or current.get("token") != self.holder["token"]:
+                return  # taken over (this process was presumed dead): stop renewing
+            _write(self.path, {**self.holder, "heartbeat": time.time()})
+
+    def release(self) -> None:
+        self._stop.set()
+        current = _read(self.path)
+        if current is not None and current.get("token") == self.holder["token"]:
+            self.path.unlink(missing_ok=True)
+
+
+def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease:
+    """Hold ``run_dir`` (created if needed): at once, after up to ``wait_s`` seconds for a live holder to
+    end, or by taking over a stale lease (printed as a WARNING). Raises `LeaseHeld`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LEASE_FILE
+    me = _me()
+    deadline = time.monotonic() + wait_s
+    while True:
+        mine = {**me, "heartbeat": time.time()}
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read(path)
+            if holder is None:
+                continue  # released between the two calls
+            why = stale(holder)
+            if why is not None:
+                _write(path, mine)
+                time.sleep(0.2)  # two takers may rename at once: the last rename wins, both read back
+                if (_read(path) or {}).get("token") == me["token"]:
+                    print(f"WARNING {path}: took over a stale lease of pid {holder.get('pid')} on "
+                          f"{holder.get('host')} ({why})", flush=True)  # fmt: skip
+                    return Lease(path, me, {**holder, "why": why})
+                continue
+            if time.monotonic() >= deadline:
+                raise LeaseHeld(run_dir, holder) from None
+            time.sleep(poll_s)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(mine))
+        return Lease(path, me)
