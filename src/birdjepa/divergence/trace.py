@@ -16,6 +16,7 @@ parameters and optimizer state coming out; the step's metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import time
 from collections.abc import Sequence
@@ -23,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from birdjepa.config import to_dict
@@ -32,7 +32,7 @@ from birdjepa.divergence.trace_file import Entry, Trace
 from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train.compiled import recording
-from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
+from birdjepa.train.optim import accumulation_progress, lr_table, update_count
 from birdjepa.train.segment import advance, step_inputs, total_updates
 from birdjepa.train.step import StepConfig, ordered_leaves
 
@@ -75,11 +75,13 @@ def record_step(run: OpenRun, *, repeat: int = 1) -> tuple[Trace, dict[str, floa
     x = step_inputs(run.fns, cfg, state, batch)
     traced = recording(StepConfig.of(cfg, run.model_cfg), cfg.optim, total_updates(cfg))
     traces, first = [], None
+    # The training step donates its inputs: it gets copies placed from the host (a transfer, where a
+    # copy on the device would compile one small executable per leaf shape), and the state stays.
+    host_state = distributed.host((state.params, state.opt_state))
     for _ in range(max(repeat, 1)):
         recorded = distributed.host(traced(state.params, state.opt_state, x.batch, x.key, x.check))
-        # The training step donates its inputs: it gets copies, and the state stays for the next repeat.
-        params, opt_state = jax.tree.map(jnp.copy, (state.params, state.opt_state))
-        trained = distributed.host(run.fns.train_step(params, opt_state, x.batch, x.key, x.check))
+        copy = run.fns.place(dataclasses.replace(state, params=host_state[0], opt_state=host_state[1]))
+        trained = distributed.host(run.fns.train_step(copy.params, copy.opt_state, x.batch, x.key, x.check))
         first = first or (recorded, trained)
         traces.append(Trace(manifest(run, state.step), entries(run, batch, x.key, recorded, trained)))
     noise: dict[str, float] = {}
@@ -112,11 +114,8 @@ def entries(run: OpenRun, batch: Any, key: jax.Array, recorded: tuple, trained: 
     t.add("optimizer", "update_count", update)
     t.add("optimizer", "accumulation", int(distributed.host(accumulation_progress(state.opt_state))))
     t.add("optimizer", "lr", metrics["train/lr"])
-    t.add(
-        "optimizer",
-        "schedule_lr",
-        np.asarray(make_schedule(cfg.optim, total_updates(cfg), cfg.debug_plant)(update)),
-    )
+    table = lr_table(cfg.optim, total_updates(cfg), cfg.debug_plant)  # schedule(u), read on the host
+    t.add("optimizer", "schedule_lr", table[min(update, len(table) - 1)])
     for stage, tree in (("params_in", state.params), ("opt_state_in", state.opt_state)):
         for name, value in leaves(distributed.host(tree)):
             t.add(stage, name, value)
