@@ -32,6 +32,7 @@ from birdjepa.divergence.trace_file import Trace, read, write
 from birdjepa.resume.compare import metrics_by_step
 from birdjepa.train import checkpoint
 from birdjepa.train.metrics_log import METRICS_FILE
+from birdjepa.train.step import step_key
 
 
 @dataclasses.dataclass
@@ -120,8 +121,6 @@ def first_differing_step(a: Path, b: Path, s: Search) -> int | None:
 
 
 def _key(run: Any) -> Any:
-    from birdjepa.train.step import step_key
-
     return jax.random.key_data(step_key(run.cfg, run.state.chain, run.state.step)[0])
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import Batch, DataError, Loader
@@ -213,7 +212,3 @@ def check_devices(run_dir: Path, meta: dict[str, Any] | None) -> None:
             f"{run_dir}: it trained on {want} devices and this process has {have}; re-run with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={want} (CPU) or on {want} devices"
         )
-
-
-def host_tree(tree: Any) -> Any:
-    return jax.tree.map(lambda x: np.asarray(distributed.host(x)), tree)

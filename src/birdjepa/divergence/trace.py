@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from birdjepa.config import to_dict
+from birdjepa.divergence.diff import diff_traces
 from birdjepa.divergence.replay import OpenRun, ReplayError, first_mismatch, open_at, replayable
 from birdjepa.divergence.trace_file import Entry, Trace
 from birdjepa.slurm import distributed
@@ -86,8 +87,10 @@ def record_step(run: OpenRun, *, repeat: int = 1) -> tuple[Trace, dict[str, floa
         traces.append(Trace(manifest(run, state.step), entries(run, batch, x.key, recorded, trained)))
     noise: dict[str, float] = {}
     for other in traces[1:]:
-        for key, diff in differences(traces[0], other).items():
-            noise[key] = max(noise.get(key, 0.0), diff)
+        for stage in diff_traces(traces[0], other).stages:
+            for d in stage.differing:
+                key = f"{d.stage}/{d.name}"
+                noise[key] = max(noise.get(key, 0.0), d.max_abs)
     recorded, trained = first
     traces[0].manifest["faithful"] = _faithful(recorded[:3], trained[:3])
     run.state, _, _, _ = advance(run.fns, cfg, state, batch)
@@ -147,20 +150,6 @@ def _faithful(recorded: tuple, trained: tuple) -> dict[str, Any]:
             first = first or name
             worst = max(worst, d)
     return {"equal": first is None, "first": first, "max_abs": worst}
-
-
-def differences(a: Trace, b: Trace) -> dict[str, float]:
-    """``stage/name`` -> max abs difference, for the entries of two traces that differ."""
-    out = {}
-    other = b.by_key()
-    for e in a.entries:
-        y = other.get(e.key)
-        if y is None or e.array.shape != y.array.shape or e.array.dtype != y.array.dtype:
-            out[e.key] = float("inf")
-        elif e.array.tobytes() != y.array.tobytes():
-            d = np.abs(e.array.astype(np.float64) - y.array.astype(np.float64))
-            out[e.key] = float(np.nanmax(d)) if d.size and not np.isnan(d).all() else float("inf")
-    return out
 
 
 def manifest(run: OpenRun, step: int) -> dict[str, Any]:

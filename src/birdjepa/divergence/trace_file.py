@@ -13,11 +13,12 @@ import dataclasses
 import io
 import json
 import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from birdjepa.train.checkpoint import leaf_hash
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -71,10 +72,6 @@ def _restored(a: np.ndarray, dtype: str) -> np.ndarray:
     return a
 
 
-def crc32(a: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1))
-
-
 def write(trace: Trace, path: Path) -> None:
     """Write ``trace`` to ``path`` (replaced atomically)."""
     path = Path(path)
@@ -88,7 +85,7 @@ def write(trace: Trace, path: Path) -> None:
             member = f"{i:05d}.npy"
             z.writestr(zipfile.ZipInfo(member, _EPOCH), buf.getvalue())
             rows.append({"stage": e.stage, "name": e.name, "file": member, "shape": list(e.array.shape),
-                         "dtype": dtype, "crc32": crc32(stored)})  # fmt: skip
+                         "dtype": dtype, "crc32": leaf_hash(stored)})  # fmt: skip
         manifest = {"format": FORMAT, **trace.manifest, "entries": rows}
         z.writestr(zipfile.ZipInfo(MANIFEST, _EPOCH), json.dumps(manifest, indent=1, sort_keys=False) + "\n")
     tmp.replace(path)
