@@ -13,5 +13,8 @@ RESUME_CHECK = 65
 #: A step was not finite and the run stopped before applying it (EX_SOFTWARE): not requeued, since the
 #: same step would diverge again; resume from the last checkpoint with a change.
 NONFINITE = 70
+#: A checkpoint or log could not be written (a full disk, a quota, an I/O error; EX_IOERR): not requeued,
+#: since the disk would be as full; free space or move the run, then resume.
+IOERR = 74
 #: After a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE = 75

@@ -40,6 +40,7 @@ from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train.compiled import compiled
 from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.train.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
 from birdjepa.train.norms import tree_norms
 from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
@@ -97,6 +98,14 @@ def pretrain(cfg: PretrainConfig) -> int:
         return _pretrain(cfg, lease)
     finally:
         for sig, handler in previous.items():
+    except OSError as e:  # the log or config.json on a full disk (a checkpoint says more: `save_failed`)
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        what = e.filename or f"to {cfg.run_dir}"
+        print(f"ERROR: could not write {what}: {e.strerror} ({mib(free_bytes(cfg.run_dir))} free there); "
+              "the checkpoints already written are intact. Free space or move the run directory, then "
+              f"resume; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
+        return exit_codes.IOERR
             signal.signal(sig, handler)
         if lease is not None:
             lease.release()
@@ -204,7 +213,12 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         # Every process must stop at the same step: a signal seen by one is acted on by all.
         stopping = step == cfg.stop_at_step or distributed.any_process(stop.signal is not None)
         if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug_roundtrip_steps:
-            pending, saved = t.save(state, loader, callbacks, metrics)
+            try:
+                pending, saved = t.save(state, loader, callbacks, metrics)
+            except checkpoint.CheckpointWriteError as e:  # this save, or the previous one in the background
+                exit_code, line = t.save_failed(e, step)
+                progress.message(line)
+                break
             if step in cfg.debug_roundtrip_steps:
                 state = debug_roundtrip(t, state, saved)
         if stopping:
@@ -215,7 +229,14 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
             break
 
-    # Close: the summary next to its baselines.
+    # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
+    # summary next to its baselines.
+    if exit_code in (0, exit_codes.REQUEUE):
+        try:
+            t.ckpt.wait()
+        except checkpoint.CheckpointWriteError as e:
+            exit_code, line = t.save_failed(e, state.step - 1)
+            progress.message(line)
     progress.close()
     if exit_code == 0 and start < cfg.steps and state.step == cfg.steps:
         took = f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s"

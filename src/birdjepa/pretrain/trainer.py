@@ -31,6 +31,7 @@ from birdjepa.resume import checks as resume_check
 from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train import state as state_lib
+from birdjepa.train.checkpoint.space import mib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.metrics_log import MetricsLog, NullLog
 from birdjepa.train.objectives import probe_metrics
@@ -96,6 +97,7 @@ class Trainer:
         self.fns = fns
         self.rows = distributed.local_rows(fns.sharded, cfg.data.batch_size)
         self.leaf_names: list[str] = []  # of the parameters, for the non-finite guard's report
+        self.disk_warned = False
         self.evaluator = PeriodicEval(
             self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
             batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
@@ -217,6 +219,12 @@ class Trainer:
     ) -> tuple[Batch, dict[str, Any]]:
         """Checkpoint the step just done (``state.step - 1``) with the loader's and the callbacks' state;
         returns the next batch (fetched to record what the next step will do) and the meta written."""
+        free, size = self.ckpt.room()
+        if size is not None and free < 2 * size and not self.disk_warned:  # once a segment, before it fails
+            self.disk_warned = True
+            print(f"WARNING {mib(free)} free for checkpoints in {self.ckpt.directory} and a checkpoint "
+                  f"takes {mib(size)}: fewer than two more fit", flush=True)  # fmt: skip
+            self.log.event("disk_low", state.step - 1, free_bytes=free, checkpoint_bytes=size)
         state = dataclasses.replace(
             state, loader_state=loader.state(), callbacks=callbacks.save(state.step - 1)
         )
@@ -229,6 +237,20 @@ class Trainer:
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
         }
         return pending, state_lib.save(self.ckpt, state, meta)
+
+    def save_failed(self, e: checkpoint.CheckpointWriteError, step: int) -> tuple[int, str]:
+        """A checkpoint could not be written: the exit code, which the job script does not requeue (the
+        disk would be as full), and one line (what, where, the free space, the newest intact checkpoint,
+        what to do). Logs a ``save_failed`` event when the log can still be written."""
+        code = exit_codes.IOERR
+        try:
+            self.log.event("save_failed", step, error=str(e), exit_code=code)
+        except OSError:
+            pass  # the log is on the same full disk; the line says it
+        return code, (
+            f"ERROR: {e}. Training stopped after step {step}; nothing was deleted. Free space or move the "
+            f"run directory, then run the same command: it resumes exactly; exit {code}"
+        )
 
     def close(self, exit_code: int) -> None:
         self.evaluator.close()

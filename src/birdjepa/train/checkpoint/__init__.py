@@ -3,8 +3,9 @@ docs/design.md).
 
 One job a module: `format` (what a checkpoint holds, host copies, the errors), `integrity` (a CRC-32
 per leaf and the norms, compared with ``==``), `store` (`Checkpointer`, the Orbax adapter), `retention`
-(keep the newest that verifies; fall back past damaged ones), `oneoff` (a synchronous save and load, the
-debug roundtrip). This face re-exports what the rest of birdjepa uses.
+(keep the newest that verifies; fall back past damaged ones), `space` (disk space; a failed write's one
+line and clean-up), `oneoff` (a synchronous save and load, the debug roundtrip).
+This face re-exports what the rest of birdjepa uses.
 """
 
 from birdjepa.train.checkpoint.format import (
@@ -18,12 +19,14 @@ from birdjepa.train.checkpoint.format import (
 from birdjepa.train.checkpoint.integrity import assert_trees_identical, leaf_hash, state_norms
 from birdjepa.train.checkpoint.oneoff import load, roundtrip, save_sync
 from birdjepa.train.checkpoint.retention import DAMAGED_DIR
+from birdjepa.train.checkpoint.space import CheckpointWriteError
 from birdjepa.train.checkpoint.store import Checkpointer
 
 __all__ = [
     "DAMAGED_DIR",
     "FORMAT_VERSION",
     "CheckpointError",
+    "CheckpointWriteError",
     "Checkpointer",
     "IntegrityError",
     "NoValidCheckpointError",

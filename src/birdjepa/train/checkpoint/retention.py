@@ -31,6 +31,7 @@ class RetentionAndFallback:
     fallbacks: list[dict[str, Any]]
     _verified: set[int]
     _saved: bool
+    write_failed: bool
 
     def verify(self, step: int) -> bool:
         """Whether checkpoint ``step`` reads back from disk as it was saved (every hash and norm); once
@@ -45,8 +46,9 @@ class RetentionAndFallback:
         return True
 
     def _retain(self) -> None:
-        """Delete checkpoints older than the newest ``keep``, except the newest one that verifies."""
-        if self.keep is None or not self._saved:
+        """Delete checkpoints older than the newest ``keep``, except the newest one that verifies; nothing
+        once a save failed (the run's last save is not on disk: what is, stays)."""
+        if self.keep is None or not self._saved or self.write_failed:
             return
         steps = self._committed()
         if len(steps) <= self.keep:

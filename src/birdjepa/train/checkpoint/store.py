@@ -37,6 +37,15 @@ from birdjepa.train.checkpoint.format import (
 )
 from birdjepa.train.checkpoint.integrity import leaf_hash, main_norm_name, same_float, state_norms
 from birdjepa.train.checkpoint.retention import RetentionAndFallback
+from birdjepa.train.checkpoint.space import (
+    CheckpointWriteError,
+    folder_bytes,
+    free_bytes,
+    mib,
+    quiet_orbax_errors,
+    reason,
+    remove_temporaries,
+)
 
 
 class Checkpointer(RetentionAndFallback):
@@ -45,6 +54,10 @@ class Checkpointer(RetentionAndFallback):
     ``save`` is asynchronous by default: it copies the state to host numpy, computes the norms and returns
     while Orbax writes in a background thread. Calling ``save`` again while a save is in flight is safe
     (Orbax waits for the previous one first). ``wait`` blocks until everything is on disk.
+
+    A save that cannot be written (a full disk, any I/O error) raises `CheckpointWriteError` from
+    ``save`` or, written in the background, from the next ``wait`` or ``save``; after it nothing in the
+    run is deleted by the retention (`birdjepa.train.checkpoint.space`).
     """
 
     def __init__(
@@ -75,6 +88,9 @@ class Checkpointer(RetentionAndFallback):
         self.fallbacks: list[dict[str, Any]] = []
         self._verified: set[int] = set()
         self._saved = False  # retention applies once this checkpointer has saved (never on a read)
+        self._in_flight: int | None = None  # the step Orbax may still be writing
+        self.write_failed = False  # a save failed: retention deletes nothing more, `close` raises no more
+        quiet_orbax_errors()
 
     # -- save
     def save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> None:
@@ -111,11 +127,15 @@ class Checkpointer(RetentionAndFallback):
             raise CheckpointError(f"checkpoint meta for step {step} is not JSON-serialisable: {e}") from e
         flat = {f"leaf_{i:06d}": a for i, (_, a) in enumerate(leaves)}
         self.wait()  # the previous save commits (Orbax would wait for it too) and the retention applies
-        saved = self._mngr.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(full_meta)),
-            force=True,
-        )
+        self._in_flight = step
+        try:
+            saved = self._mngr.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(full_meta)),
+                force=True,
+            )
+        except Exception as e:  # noqa: BLE001 (everything it checks was checked above: what fails is the write)
+            raise self._failed_write(step, e) from e
         if not saved:
             raise CheckpointError(f"orbax declined to save step {step} in {self.directory}")
         self._saved = True
@@ -124,9 +144,32 @@ class Checkpointer(RetentionAndFallback):
 
     def wait(self) -> None:
         """Block until every pending save is committed (renamed to its final folder), then apply the
-        retention."""
-        self._mngr.wait_until_finished()
+        retention. Raises `CheckpointWriteError` if a save could not be written."""
+        try:
+            self._mngr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 (the background writer's failure, re-raised by Orbax)
+            raise self._failed_write(self._in_flight, e) from e
+        self._in_flight = None
         self._retain()
+
+    def _failed_write(self, step: int | None, e: BaseException) -> CheckpointWriteError:
+        """After a save of ``step`` failed: its temporary folders removed, the retention stopped, and the
+        one-line error (what, where, the free space, the newest intact checkpoint)."""
+        self.write_failed, self._in_flight = True, None
+        remove_temporaries(self.directory)
+        intact = next((s for s in reversed(self._committed()) if self.verify(s)), None)
+        size = folder_bytes(self.directory / str(intact)) if intact is not None else None
+        newest = f"the newest intact checkpoint is {intact}" if intact is not None else "no checkpoint yet"
+        return CheckpointWriteError(
+            f"could not write checkpoint {step} to {self.directory}: {reason(e)} "
+            f"({mib(free_bytes(self.directory))} free there, a checkpoint takes {mib(size)}); {newest}"
+        )
+
+    def room(self) -> tuple[int, int | None]:
+        """``(free bytes, bytes of the newest checkpoint)`` where checkpoints go (None: no checkpoint yet);
+        waits for a save in flight."""
+        steps = self.all_steps()
+        return free_bytes(self.directory), folder_bytes(self.directory / str(steps[-1])) if steps else None
 
     # -- listing
     def all_steps(self) -> list[int]:
@@ -269,8 +312,13 @@ class Checkpointer(RetentionAndFallback):
         return state, meta
 
     def close(self) -> None:
-        self.wait()
-        self._mngr.close()
+        if not self.write_failed:  # else Orbax would raise the failed write again
+            self.wait()
+        try:
+            self._mngr.close()
+        except Exception:  # noqa: BLE001
+            if not self.write_failed:
+                raise
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -1,0 +1,107 @@
+"""Disk space and failed writes: what a save that could not be written leaves, and what it says.
+
+A full disk (or any I/O error) shows in Orbax's background writer: `Checkpointer.wait` re-raises it, and
+Orbax logs it first, with tracebacks, from each of its threads. `Checkpointer` reports it once, as one
+`CheckpointWriteError` naming the checkpoint, the folder, the free space and the newest intact checkpoint,
+and removes the ``*.orbax-checkpoint-tmp`` folders the failed write left.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import sys
+import traceback
+from pathlib import Path
+
+from birdjepa.train.checkpoint.format import CheckpointError
+
+#: The errors of a write that retrying on the same disk would not fix.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+#: Orbax's suffix for a step (and its items) still being written.
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a quota, an I/O error). What was on disk before it
+    is intact; the failed write's temporary folders are gone."""
+
+
+def mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def free_bytes(where: Path) -> int:
+    """Free space for this user on the file system that holds ``where`` (or its nearest parent)."""
+    while not where.exists():
+        where = where.parent
+    return shutil.disk_usage(where).free
+
+
+def folder_bytes(where: Path) -> int:
+    return sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
+
+
+def reason(e: BaseException) -> str:
+    """The operating system's words for a failed write, when the error carries them (Orbax's tensorstore
+    errors carry the errno as ``[os_error_code='28']``), else the error's first line."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return os.strerror(e.errno)
+    found = re.search(r"os_error_code='(\d+)'", str(e))
+    if found:
+        return os.strerror(int(found.group(1)))
+    first = (str(e).splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:200]}"
+
+
+def remove_temporaries(directory: Path) -> list[str]:
+    """Delete the ``*.orbax-checkpoint-tmp`` folders in ``directory`` (with one writer per run, the only
+    ones are a failed or killed write's); returns their names."""
+    gone = sorted(p.name for p in directory.glob(f"*{TMP_SUFFIX}"))
+    for name in gone:
+        shutil.rmtree(directory / name, ignore_errors=True)
+    return gone
+
+
+class _DropOrbaxTracebacks(logging.Filter):
+    """Orbax logs every failure of its background writer at ERROR with a traceback, once per thread
+    (66 lines for one full disk). The same exception reaches `Checkpointer`, which says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+_FILTER = _DropOrbaxTracebacks()
+
+
+def _late_write_callback(unraisable: sys.UnraisableHookArgs) -> bool:
+    """After one chunk of a write failed, Orbax closes the write's event loop; tensorstore's other chunks
+    then finish and their callbacks find the loop closed. Tensorstore prints each as an unraisable
+    exception (up to hundreds of tracebacks): noise after a failure already reported."""
+    tb = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
+    return (
+        unraisable.exc_type is RuntimeError
+        and str(unraisable.exc_value) == "Event loop is closed"
+        and any(frame.name == "call_soon_threadsafe" for frame in tb)
+    )
+
+
+def quiet_orbax_errors() -> None:
+    """Leave a failed write's report to `Checkpointer`: no Orbax tracebacks, no tensorstore noise."""
+    logger = logging.getLogger("absl")
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)
+    previous = sys.unraisablehook
+    if getattr(previous, "birdjepa", False):
+        return
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if not _late_write_callback(unraisable):
+            previous(unraisable)
+
+    hook.birdjepa = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook

@@ -1,0 +1,71 @@
+"""A full disk during a save: one WARNING early (fewer than two more checkpoints fit), then one ERROR line
+naming what could not be written, where, the free space and the newest intact checkpoint; exit 74; no
+traceback, no temporary folder, nothing deleted; and the run moved to a larger disk resumes exactly.
+
+The small disk is a real tmpfs, mounted in a private mount namespace (``unshare``) that ends with the
+trainer, so no mount outlives the test; as a user without root, ``unshare --map-root-user`` grants one.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import tyro
+
+from birdjepa import exit_codes
+from birdjepa.config import PretrainConfig
+from birdjepa.pretrain.loop import pretrain
+from birdjepa.resume.compare import compare_runs
+from birdjepa.train.checkpoint.space import TMP_SUFFIX, folder_bytes
+from birdjepa.train.metrics_log import read_metrics
+
+
+def flags(demo_dir: Path, runs: Path) -> list[str]:
+    return ["--run", "r", "--log.runs-dir", str(runs), "--steps", "6", "--eval-every", "0",
+            "--ckpt-every", "1", "--ckpt-keep", "10", "--data.batch-size", "4",
+            "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval")]  # fmt: skip
+
+
+def train_on_small_disk(args: list[str], disk: Path, size: int, out: Path) -> subprocess.CompletedProcess:
+    """``birdjepa pretrain args`` with ``disk`` a tmpfs of ``size`` bytes; afterwards the disk's content
+    is copied to ``out`` (as a user would move the run to a larger disk)."""
+    disk.mkdir()
+    train = shlex.join([sys.executable, "-m", "birdjepa.cli", "pretrain", *args])
+    script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && {{ {train}; code=$?; "
+              f"cp -a {disk}/. {out}; exit $code; }}")  # fmt: skip
+    namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    return subprocess.run([*namespace, "sh", "-c", script], capture_output=True, text=True, timeout=600)
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path / "straight"))) == 0
+    checkpoint = folder_bytes(tmp_path / "straight" / "r" / "checkpoints" / "0")
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    # Room for four checkpoints and a half: saves 0-3 fit, save 3 leaves fewer than two, save 4 fails.
+    size = int(4.5 * checkpoint)
+    done = train_on_small_disk(flags(demo_dir, tmp_path / "disk"), tmp_path / "disk", size, moved)
+
+    assert done.returncode == exit_codes.IOERR, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stdout.splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert len(said) == 2, said
+    assert said[0].startswith("WARNING") and "fewer than two more fit" in said[0]
+    assert said[1].startswith("ERROR: could not write checkpoint 4 to ")
+    assert "No space left on device" in said[1]
+    assert "the newest intact checkpoint is 3" in said[1] and said[1].endswith("exit 74")
+    run = moved / "r"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0", "1", "2", "3"]  # no temporaries
+    assert not any(p.name.endswith(TMP_SUFFIX) for p in run.rglob("*"))
+    events = {r["event"]: r for r in read_metrics(run) if "event" in r}
+    assert events["disk_low"]["step"] == 3 and events["save_failed"]["exit_code"] == exit_codes.IOERR
+
+    assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, moved))) == 0  # on the larger disk
+    diffs = compare_runs(tmp_path / "straight" / "r", run)
+    assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
