@@ -3,7 +3,9 @@
 Add a subcommand by adding an entry to `COMMANDS` (or calling `register` before `main`): the value is
 a function, or a `"module:function"` string imported only when that subcommand runs (so `birdjepa
 demo-data` does not import JAX). tyro builds each subcommand's flags from the function's signature and
-its help text from the docstring; `birdjepa --help` imports them all to list them.
+its help text from the docstring; `birdjepa --help` imports them all to list them. A function with a
+``parse`` attribute (``pretrain``: its defaults come from the run's checkpoint) gets what that builds from
+the subcommand's arguments instead.
 """
 
 from __future__ import annotations
@@ -62,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> Any:
     """Entry point of the `birdjepa` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in COMMANDS:  # import only the subcommand asked for
-        functions = {args[0]: resolve(COMMANDS[args[0]])}
+        function = resolve(COMMANDS[args[0]])
+        own_parser = getattr(function, "parse", None)  # a command whose defaults depend on its flags
+        if own_parser is not None:
+            return function(own_parser(args[1:]))
+        functions = {args[0]: function}
     else:  # --help, no or unknown subcommand: list them all, even those that fail to import
         functions = {}
         for name, target in COMMANDS.items():

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import jax
@@ -36,11 +37,12 @@ from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, make_callbacks
 from birdjepa.resume.inject import Restored, inject
+from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
+from birdjepa.train.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.train.compiled import compiled
 from birdjepa.train.determinism import deterministic_xla
-from birdjepa.train.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.train.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
 from birdjepa.train.norms import tree_norms
 from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
@@ -96,8 +98,6 @@ def pretrain(cfg: PretrainConfig) -> int:
             return code
     try:
         return _pretrain(cfg, lease)
-    finally:
-        for sig, handler in previous.items():
     except OSError as e:  # the log or config.json on a full disk (a checkpoint says more: `save_failed`)
         if e.errno not in WRITE_ERRNOS:
             raise
@@ -106,6 +106,8 @@ def pretrain(cfg: PretrainConfig) -> int:
               "the checkpoints already written are intact. Free space or move the run directory, then "
               f"resume; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
         return exit_codes.IOERR
+    finally:
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
         if lease is not None:
             lease.release()
@@ -261,6 +263,23 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     return exit_code
 
 
+def parse(args: Sequence[str]) -> PretrainConfig:
+    """The config of ``birdjepa pretrain ARGS``. A run with a checkpoint is resumed with its options
+    taken from the checkpoint's config unless ``args`` set them (`birdjepa.resume.options`), so a requeue
+    needs no options retyped and a newer default does not change it."""
+    cfg = tyro.cli(PretrainConfig, args=args, prog="birdjepa pretrain", description=cli.__doc__)
+    found = saved_config(cfg.run_dir) if cfg.resume == "auto" else None
+    if found is None:
+        return cfg
+    step, saved = found
+    defaults, kept = resume_defaults(saved)
+    cfg = tyro.cli(PretrainConfig, args=args, default=defaults, prog="birdjepa pretrain")
+    where = f"; where this birdjepa's defaults differ: {', '.join(kept)}" if kept else ""
+    print(f"run {cfg.run}: options from checkpoint {step}'s config unless set on the command line{where}",
+          flush=True)  # fmt: skip
+    return cfg
+
+
 def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
     deterministic_xla()
@@ -274,3 +293,6 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
         raise SystemExit(exit_codes.USAGE) from None
     if code:
         raise SystemExit(code)
+
+
+cli.parse = parse  # type: ignore[attr-defined]  # `birdjepa.cli.main` parses pretrain's flags with it
