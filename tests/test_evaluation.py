@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import jax
@@ -15,6 +18,7 @@ import pytest
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import probes
 from birdjepa.evaluation.embed import raw_features
+from birdjepa.train.lease import LEASE_FILE
 
 
 def separable(seed: int, n_classes: int = 5, per_class: int = 30, dim: int = 8, offset: float = 0.0):
@@ -170,6 +174,7 @@ def test_evaluate_end_to_end_matches_the_trainer(tiny_run: Path, capsys):
     out = capsys.readouterr().out
     first = json.loads((tiny_run / "eval" / "5.json").read_text())
     assert "random init" in out and "raw log-mel" in out and "wrote" in out
+    assert not (tiny_run / LEASE_FILE).exists()  # it held the run while it wrote into it, and let go
     assert set(first["rows"]) == {"encoder", "random_init", "raw"}
     assert (first["data"]["n_train"], first["data"]["n_eval"], first["data"]["n_classes"]) == (48, 24, 12)
     # The command and the trainer's last evaluation score the same checkpoint the same way.
@@ -202,3 +207,17 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
         assert e.value.code == 1
         assert message in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
+    # Writing into a run another live process holds (a trainer) is refused at once, in one line.
+    holder = subprocess.Popen(["sleep", "60"])
+    lease = {"host": socket.gethostname(), "pid": holder.pid, "job": None, "started": time.time(),
+             "token": "0123456789abcdef", "heartbeat": time.time()}  # fmt: skip
+    (tiny_run / LEASE_FILE).write_text(json.dumps(lease))
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli(tiny_run)
+        assert e.value.code == 2
+        assert f"is held by pid {holder.pid}" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+        (tiny_run / LEASE_FILE).unlink()

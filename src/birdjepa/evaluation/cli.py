@@ -3,6 +3,9 @@
 The checkpoint's own configuration says which model, seed and data the run used; ``--data.train`` and
 ``--data.eval`` point the evaluation at other shards (any set `birdjepa prepare` wrote: shards with a
 ``vocab.json`` beside them). The restore is the trainer's, verified against the saved norms.
+
+Writing into the run (``RUN/eval/<step>.json``, the default) holds the run's lease, as a trainer does
+(`birdjepa.train.lease`): a live trainer's run is evaluated with ``--out`` elsewhere, which reads only.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, Features, Loader, resolve_files
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
+from birdjepa.exit_codes import USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply, init_params
 from birdjepa.train import checkpoint
 from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.lease import LeaseHeld, acquire
 
 
 class EvaluateError(RuntimeError):
@@ -180,6 +185,14 @@ def cli(
         out: Where to write the JSON (default: RUN/eval/<step>.json).
     """
     deterministic_xla()
+    lease = None
+    try:
+        if out is None and Path(run, "checkpoints").is_dir():  # it writes into the run: one writer per run
+            lease = acquire(Path(run))
+    except LeaseHeld as e:
+        print(f"birdjepa evaluate: error: {e}; evaluate it with --out FILE to leave the run untouched",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(USAGE) from None
     try:
         for files in (data.train, data.eval):  # before the restore: a typo fails at once
             if files is not None:
@@ -190,6 +203,9 @@ def cli(
     except (EvaluateError, DataError, checkpoint.CheckpointError) as e:
         print(f"birdjepa evaluate: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    finally:
+        if lease is not None:
+            lease.release()
     print(summary_line(doc))
     print(table(rows, encoder_title=f"encoder (step {doc['step']})"))
     print(f"wrote {doc['written_to']}")

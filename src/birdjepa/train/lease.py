@@ -121,6 +121,7 @@ def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease
     path = run_dir / LEASE_FILE
     me = _me()
     deadline = time.monotonic() + wait_s
+    said = False  # that it waits, once
     while True:
         mine = {**me, "heartbeat": time.time()}
         try:
@@ -140,6 +141,10 @@ def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease
                 continue
             if time.monotonic() >= deadline:
                 raise LeaseHeld(run_dir, holder) from None
+            if not said:
+                said = True
+                held = str(LeaseHeld(run_dir, holder)).split(" (")[0]
+                print(f"{held}: waiting up to {wait_s:.0f} s for it to end", flush=True)
             time.sleep(poll_s)
             continue
         with os.fdopen(fd, "w") as f:
