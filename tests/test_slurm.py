@@ -154,6 +154,24 @@ def test_preempted_job_requeues_resumes_and_matches_the_straight_run(
     assert identical(straight, run_dir) == []
 
 
+def test_a_job_started_while_its_run_is_held_waits_for_the_holder_and_the_run_is_written_once(
+    cluster: None, demo_dir: Path, straight: Path, tmp_path: Path
+) -> None:
+    ((job, run_dir),) = sweep(write_sweep(tmp_path, demo_dir, 1, "twice"), tmp_path / "runs",
+                              "--slurm.partition", "low", "--slurm.cpus", "1").values()  # fmt: skip
+    wait_for("the first job to train its first step", lambda: last_step(run_dir) >= 0)
+    # The same job again, while the first trains: what a requeue racing its predecessor's save meets.
+    second = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], capture_output=True,
+                            text=True, check=True).stdout.strip()  # fmt: skip
+    wait_done(job, run_dir)
+    wait_done(second, run_dir)
+    said = (run_dir / f"slurm-{second}.out").read_text()
+    assert f"job {job}, since" in said and "waiting up to" in said, said[-3000:]
+    logged = [(r["step"], r["restart"]) for r in read_metrics(run_dir) if "train/loss" in r]
+    assert logged == [(s, 0) for s in range(STEPS)]  # one writer: every step logged once, by the first
+    assert identical(straight, run_dir) == []
+
+
 def test_force_resume_at_requeues_once_and_matches(
     cluster: None, demo_dir: Path, straight: Path, tmp_path: Path
 ) -> None:
