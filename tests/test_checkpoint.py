@@ -459,19 +459,19 @@ def test_a_flipped_byte_anywhere_is_caught_or_was_never_read(tmp_path):
     assert caught >= 8, caught
 
 
-def test_no_checkpoint_that_verifies_raises_and_an_older_format_names_both_versions(tmp_path):
+def test_no_checkpoint_that_verifies_raises_and_a_newer_format_names_both_versions(tmp_path):
     with ck.Checkpointer(tmp_path, keep=None, async_save=False) as c:
         c.save(1, make_state(), {})
     flip(0.5)(tmp_path / "checkpoints" / "1")
     with pytest.raises(ck.NoValidCheckpointError, match="no checkpoint in .* verifies"):
         ck.Checkpointer(tmp_path, keep=None).restore_latest(make_target())
-    # A checkpoint of another format is not damaged: it stays where it is, and the error says why.
+    # A checkpoint of a newer format is not damaged: it stays where it is, and the error says why.
     with ck.Checkpointer(tmp_path, keep=None, async_save=False) as c:
         c.save(2, make_state(), {})
     meta_file = tmp_path / "checkpoints" / "2" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
-    meta_file.write_text(json.dumps({**meta, "checkpoint_format": 1}))
-    with pytest.raises(ck.CheckpointError, match="checkpoint format 1, this birdjepa reads format 2"):
+    meta_file.write_text(json.dumps({**meta, "checkpoint_format": 3}))
+    with pytest.raises(ck.CheckpointError, match="checkpoint format 3, this birdjepa reads formats 1, 2"):
         ck.Checkpointer(tmp_path, keep=None).restore_latest(make_target())
     assert (tmp_path / "checkpoints" / "2").is_dir()
 

@@ -86,8 +86,9 @@ def from_checkpoint(step: int, arrays: dict[str, Any], meta: dict[str, Any]) -> 
         chain=jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32)),
         loader_state=meta["loader_state"],
         callbacks=meta["callbacks"],
-        skipped=meta["skipped"],
-        skip_streak=meta["skip_streak"],
+        # Absent from checkpoints written before --on-nonfinite skip existed: nothing was skipped then.
+        skipped=meta.get("skipped", 0),
+        skip_streak=meta.get("skip_streak", 0),
     )
 
 

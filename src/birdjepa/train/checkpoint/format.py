@@ -22,8 +22,10 @@ from typing import Any
 import jax
 import numpy as np
 
-#: 2: ``hashes`` (CRC-32 of every leaf) beside the norms.
+#: 2: ``hashes`` (CRC-32 of every leaf) beside the norms. Format 1 had the norms only.
 FORMAT_VERSION = 2
+#: What `Checkpointer` restores: format 1 is verified by its norms alone (it recorded no CRC-32s).
+FORMATS_READ = (1, 2)
 RESERVED_META_KEYS = ("step", "norms", "state_leaves", "hashes", "checkpoint_format")
 
 

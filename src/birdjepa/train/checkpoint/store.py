@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 
 from birdjepa.train.checkpoint.format import (
     FORMAT_VERSION,
+    FORMATS_READ,
     RESERVED_META_KEYS,
     CheckpointError,
     IntegrityError,
@@ -217,31 +218,34 @@ class Checkpointer(RetentionAndFallback):
         except Exception as e:  # noqa: BLE001 (any failure to read it back is damage)
             raise IntegrityError(f"{where}: meta unreadable ({type(e).__name__}: {e})") from e
         fmt = meta.get("checkpoint_format")
-        if fmt != FORMAT_VERSION:
+        if fmt not in FORMATS_READ:
             raise CheckpointError(
-                f"{where}: checkpoint format {fmt}, this birdjepa reads format {FORMAT_VERSION} (an older "
-                "checkpoint: resume it with the birdjepa that wrote it, or start the run afresh)"
+                f"{where}: checkpoint format {fmt}, this birdjepa reads formats "
+                f"{', '.join(map(str, FORMATS_READ))} (a newer birdjepa wrote it: resume with that one)"
             )
-        if meta.get("step") != step or len(meta.get("hashes", ())) != len(meta.get("state_leaves", ())):
+        hashes = meta.get("hashes", ()) if fmt >= 2 else meta.get("state_leaves", ())
+        if meta.get("step") != step or len(hashes) != len(meta.get("state_leaves", ())):
             raise IntegrityError(f"{where}: meta does not describe step {step} and its leaves")
         return meta
 
     def _read_verified(self, step: int, meta: dict[str, Any]) -> dict[str, np.ndarray]:
-        """The saved leaves of ``step``, each checked against its recorded shape, dtype and CRC-32."""
+        """The saved leaves of ``step``, each checked against its recorded shape, dtype and CRC-32 (format 1
+        recorded none: its leaves are checked by the norms, in `restore`)."""
         where = self.directory / str(step)
         specs = meta["state_leaves"]
+        crcs = meta.get("hashes") or [None] * len(specs)
         try:
             flat = self.read_arrays(step, specs)
         except Exception as e:  # noqa: BLE001 (a truncated or missing file fails somewhere in Orbax)
             raise IntegrityError(f"{where}: arrays unreadable ({type(e).__name__}: {str(e)[:300]})") from e
-        for (name, shape, dt), crc in zip(specs, meta["hashes"], strict=True):
+        for (name, shape, dt), crc in zip(specs, crcs, strict=True):
             a = flat[name]
             if list(a.shape) != shape or a.dtype.name != dt:
                 raise IntegrityError(
                     f"{where}: leaf {name} reads back as shape={list(a.shape)} dtype={a.dtype}, recorded "
                     f"shape={shape} dtype={dt}"
                 )
-            if leaf_hash(a) != crc:
+            if crc is not None and leaf_hash(a) != crc:
                 raise IntegrityError(f"{where}: leaf {name} differs from its recorded CRC-32 (bytes changed)")
         return flat
 
@@ -302,6 +306,10 @@ class Checkpointer(RetentionAndFallback):
                 )
         if not (ratio == 1.0 or (math.isnan(saved) and math.isnan(restored))):
             raise NormMismatchError(f"checkpoint {step}: restore ratio {ratio!r} != 1.0")
+        if meta["checkpoint_format"] < FORMAT_VERSION:
+            print(f"CKPT_FORMAT checkpoint {step} is of format {meta['checkpoint_format']}, without CRC-32s: "
+                  f"verified by its {len(saved_norms)} norms only; the next save writes format "
+                  f"{FORMAT_VERSION}", flush=True)  # fmt: skip
         self._verified.add(step)
         self.last_restore = {
             "ckpt/restore_step": step,
