@@ -59,6 +59,7 @@ def test_a_resume_keeps_the_run_s_options_and_checks_the_ones_given_again(
     code, out = command(capsys, "pretrain", *again)
     assert code == exit_codes.RESUME_CHECK
     assert "got=data.shuffle_buffer:1024->4096,steps:4->6" in out
+    assert json.loads((tmp_path / "r" / "config.json").read_text()) == segment  # the refused one left it
 
 
 def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:

@@ -116,8 +116,6 @@ def pretrain(cfg: PretrainConfig) -> int:
 def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     # Open: the data, the model and the optimizer.
     requested.run_dir.mkdir(parents=True, exist_ok=True)
-    if distributed.is_main():  # this segment's configuration (each checkpoint also holds its own)
-        (requested.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
     found_files, eval_files = data_files(requested)
     model_cfg = model_config(requested, label_count(found_files))
     fns = compiled(StepConfig.of(requested, model_cfg), requested.optim, total_updates(requested))
@@ -161,6 +159,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             print(f"WARNING {note}", flush=True)
         pending = next(loader)
         exit_code = t.check_resume(state, meta, pending, loader, loader_error)
+    if exit_code == 0 and distributed.is_main():  # the segment that trains (a refused one leaves it)
+        (cfg.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
 
     # Loop: step, evaluate, save.
     stop = StopRequest()
