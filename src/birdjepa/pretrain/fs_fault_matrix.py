@@ -1,0 +1,247 @@
+"""The file-system fault matrix: what a cluster's file systems do to a run, tried as a user meets it.
+
+Each fault is produced for real, with `birdjepa pretrain` in its own process: two trainers on one run
+(the same config, and another), a full disk (a tmpfs of 4.5 checkpoints, in a private mount namespace),
+a torn last log line, a stale lease, a checkpoint of format 1 written by the old code, and a run started
+under an old default. For each: what must happen, what did, and whether the run then finishes equal to
+the straight run (`birdjepa compare`: every logged metric with ``==``). `scripts/fs_fault_matrix.py`
+prints it; each row's property also has its own test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from birdjepa import exit_codes
+from birdjepa.resume.compare import compare_runs
+from birdjepa.train.checkpoint.space import TMP_SUFFIX, folder_bytes
+from birdjepa.train.lease import LEASE_FILE
+from birdjepa.train.metrics_log import METRICS_FILE, read_metrics, read_metrics_file
+
+#: A log line cut off by a node that died mid-append.
+TORN = b'{"step": 31, "restart": 0, "time": 1.5, "train/lo'
+#: The loader's mixing defaults before issue 16 (4 shards at a time, 1024 buffered indices).
+OLD_DEFAULTS = ("--data.interleave", "4", "--data.shuffle-buffer", "1024")
+STOP_AT = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class FsRow:
+    fault: str
+    expected: str
+    observed: str
+    ok: bool
+    """Observed as expected."""
+    equal: bool | None
+    """The run then finished equal to the straight run (None: no straight run to compare with)."""
+
+
+def birdjepa(*args: object, timeout: float = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "birdjepa.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def equal(a: Path, b: Path) -> bool:
+    diffs = compare_runs(a, b)
+    return bool(diffs) and all(d.max_abs == 0.0 for d in diffs)
+
+
+def said(done: subprocess.CompletedProcess, start: str) -> list[str]:
+    return [line for line in done.stdout.splitlines() if line.startswith(start)]
+
+
+class Matrix:
+    """The runs of one matrix under ``runs``: ``flags`` make every run (and the straight one) the same."""
+
+    def __init__(self, runs: Path, flags: Sequence[str], format1: Path | None) -> None:
+        self.runs, self.flags, self.format1 = runs, [*flags, "--log.runs-dir", str(runs)], format1
+
+    def pretrain(self, run: str, *extra: object, **kw: float) -> subprocess.CompletedProcess:
+        return birdjepa("pretrain", "--run", run, *self.flags, *extra, **kw)
+
+    def resume(self, run: str, runs: Path | None = None) -> subprocess.CompletedProcess:
+        """A bare restart (a requeue): the run's options come from its checkpoint."""
+        return birdjepa("pretrain", "--run", run, "--log.runs-dir", runs or self.runs)
+
+    def rows(self) -> list[FsRow]:
+        shutil.rmtree(self.runs, ignore_errors=True)
+        for name, extra in (("straight", ()), ("straight-old-defaults", OLD_DEFAULTS)):
+            done = self.pretrain(name, *extra)
+            if done.returncode != 0:
+                raise RuntimeError(f"the straight run {name} exited {done.returncode}: {done.stdout[-2000:]}")
+        faults: list[Callable[[], FsRow]] = [
+            lambda: self.two_writers("same config", ()),
+            lambda: self.two_writers("another config", ("--optim.lr", "0.003")),
+            self.full_disk,
+            self.torn_log,
+            self.stale_lease,
+            self.format_1,
+            self.old_default,
+        ]
+        return [_tried(fault) for fault in faults]
+
+    def two_writers(self, how: str, extra: Sequence[str]) -> FsRow:
+        run = f"twice-{how.split()[0]}"
+        cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run, *self.flags]
+        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while (
+            not (self.runs / run / LEASE_FILE).exists()
+            and first.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        second = birdjepa("pretrain", "--run", run, *self.flags, *extra)
+        first_code = first.wait(timeout=900)
+        line = (said(second, "ERROR") or ["(no ERROR line)"])[0]
+        logged = [(r["step"], r["restart"]) for r in read_metrics(self.runs / run) if "train/loss" in r]
+        once = len(logged) == len(set(logged)) and {r for _, r in logged} == {0}
+        ok = second.returncode == exit_codes.USAGE and f"held by pid {first.pid}" in line and first_code == 0
+        return FsRow(
+            f"two writers, {how}",
+            "the second: one line naming the holder, exit 2, nothing touched; the first finishes",
+            f"second exit {second.returncode}: {line[:70]}...; first exit {first_code}; "
+            f"{'each step logged once' if once else 'steps logged twice'}",
+            ok and once,
+            equal(self.runs / "straight", self.runs / run),
+        )
+
+    def full_disk(self) -> FsRow:
+        disk, moved = self.runs / "disk", self.runs / "moved"
+        disk.mkdir()
+        moved.mkdir()
+        size = int(4.5 * folder_bytes(next((self.runs / "straight" / "checkpoints").iterdir())))
+        train = shlex.join([sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", "full", *self.flags,
+                            "--log.runs-dir", str(disk), "--ckpt-keep", "10"])  # fmt: skip
+        script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && {{ {train}; code=$?; "
+                  f"cp -a {disk}/. {moved}; exit $code; }}")  # fmt: skip
+        namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+        done = subprocess.run([*namespace, "sh", "-c", script], capture_output=True, text=True, timeout=900)
+        errors, warnings = said(done, "ERROR"), said(done, "WARNING")
+        left = [p.name for p in (moved / "full").rglob(f"*{TMP_SUFFIX}")]
+        clean = "Traceback" not in done.stdout + done.stderr and not left
+        resumed = self.resume("full", moved)
+        ok = done.returncode == exit_codes.IOERR and len(errors) == 1 and len(warnings) == 1 and clean
+        return FsRow(
+            "full disk (tmpfs of 4.5 checkpoints)",
+            "a WARNING before, then one ERROR line, exit 74; no traceback, no tmp folder; moved, it resumes",
+            f"exit {done.returncode}: {errors[0][:70] if errors else '(no ERROR line)'}...; {len(warnings)} "
+            f"WARNING; {'clean' if clean else f'left {left}'}; moved: exit {resumed.returncode}",
+            ok and resumed.returncode == 0,
+            equal(self.runs / "straight", moved / "full"),
+        )
+
+    def _stopped(self, run: str, *extra: object) -> Path:
+        done = self.pretrain(run, "--stop-at-step", STOP_AT, *extra)
+        if done.returncode != 0:
+            raise RuntimeError(f"{run} exited {done.returncode}: {done.stdout[-2000:]}")
+        return self.runs / run
+
+    def torn_log(self) -> FsRow:
+        run = self._stopped("torn")
+        with (run / METRICS_FILE).open("ab") as f:
+            f.write(TORN)
+        done = self.resume("torn")
+        events = [r for r in read_metrics(run) if r.get("event") == "torn_log"]
+        moved = (run / (METRICS_FILE + ".torn")).read_bytes() == TORN + b"\n"
+        return FsRow(
+            "torn last log line",
+            "cut off into metrics.jsonl.torn with a WARNING and an event; appends start on a new line",
+            f"exit {done.returncode}; {len(said(done, 'WARNING'))} WARNING; {len(events)} torn_log event; "
+            f"{'moved' if moved else 'not moved'}",
+            done.returncode == 0 and moved and len(events) == 1,
+            equal(self.runs / "straight", run),
+        )
+
+    def stale_lease(self) -> FsRow:
+        run = self._stopped("stale")
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        lease = {"host": socket.gethostname(), "pid": gone.pid, "job": None, "started": time.time() - 600,
+                 "token": "0123456789abcdef", "heartbeat": time.time() - 1}  # fmt: skip
+        (run / LEASE_FILE).write_text(json.dumps(lease))
+        done = self.resume("stale")
+        events = [r for r in read_metrics(run) if r.get("event") == "lease_taken_over"]
+        took = any("took over a stale lease" in line for line in said(done, "WARNING"))
+        return FsRow(
+            "stale lease (holder's pid gone)",
+            "taken over with a WARNING and a lease_taken_over event",
+            f"exit {done.returncode}; {'WARNING' if took else 'no WARNING'}; {len(events)} event",
+            done.returncode == 0 and took and len(events) == 1,
+            equal(self.runs / "straight", run),
+        )
+
+    def format_1(self) -> FsRow:
+        if self.format1 is None:
+            return FsRow(
+                "format-1 checkpoint", "read, verified by its norms", "no fixture given", False, None
+            )
+        run = self.runs / "format1"
+        shutil.copytree(self.format1 / "run", run)
+        done = self.resume("format1")
+        line = (said(done, "CKPT_FORMAT") or ["(no CKPT_FORMAT line)"])[0]
+        newest = max(int(p.name) for p in (run / "checkpoints").iterdir())
+        meta = json.loads((run / "checkpoints" / str(newest) / "meta" / "metadata").read_text())
+        # The old code's own straight run: the resumed run must end as the old code would have ended it.
+        straight = read_metrics_file(self.format1 / "straight_metrics.jsonl")
+        theirs = {r["step"]: r["train/loss"] for r in straight if "train/loss" in r}
+        ours = {r["step"]: r["train/loss"] for r in read_metrics(run) if "train/loss" in r}
+        return FsRow(
+            "format-1 checkpoint (old code)",
+            "read and verified by its norms, said in one line; the next save writes format 2",
+            f"exit {done.returncode}: {line[:70]}...; newest checkpoint {newest} of format "
+            f"{meta.get('checkpoint_format')}",
+            done.returncode == 0 and "CKPT_FORMAT" in line and meta.get("checkpoint_format") == 2,
+            ours == theirs,
+        )
+
+    def old_default(self) -> FsRow:
+        run = self._stopped("old-default", *OLD_DEFAULTS)
+        done = self.resume("old-default")
+        kept = "data.shuffle_buffer=1024 (default now" in done.stdout
+        failed = [
+            line
+            for line in done.stdout.splitlines()
+            if line.startswith("RESUME_CHECK") and "ok=False" in line
+        ]
+        return FsRow(
+            "a run started under old defaults",
+            "a bare resume keeps the run's options (said in one line); every resume check passes",
+            f"exit {done.returncode}; {'kept' if kept else 'not kept'}; {len(failed)} resume check failed",
+            done.returncode == 0 and kept and not failed,
+            equal(self.runs / "straight-old-defaults", run),
+        )
+
+
+def _tried(fault: Callable[[], FsRow]) -> FsRow:
+    """The row of one fault; a fault whose trial itself broke is a row that says how (not a traceback
+    that hides the other rows)."""
+    try:
+        return fault()
+    except Exception as e:  # noqa: BLE001
+        return FsRow(getattr(fault, "__name__", "fault"), "-", f"the trial raised {type(e).__name__}: {e}",
+                     False, None)  # fmt: skip
+
+
+def format_rows(rows: list[FsRow]) -> str:
+    """A Markdown table: fault, expected, observed, as expected, equal to the straight run."""
+    lines = ["| fault | expected | observed | as expected | then equal to the straight run |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        eq = "n/a" if r.equal is None else ("yes" if r.equal else "NO")
+        lines.append(f"| {r.fault} | {r.expected} | {r.observed} | {'yes' if r.ok else 'NO'} | {eq} |")
+    return "\n".join(lines)
+
+
+def misses(rows: list[FsRow]) -> list[str]:
+    return [r.fault for r in rows if not r.ok or r.equal is False]
