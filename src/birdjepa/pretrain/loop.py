@@ -275,8 +275,9 @@ def parse(args: Sequence[str]) -> PretrainConfig:
     defaults, kept = resume_defaults(saved)
     cfg = tyro.cli(PretrainConfig, args=args, default=defaults, prog="birdjepa pretrain")
     where = f"; where this birdjepa's defaults differ: {', '.join(kept)}" if kept else ""
-    print(f"run {cfg.run}: options from checkpoint {step}'s config unless set on the command line{where}",
-          flush=True)  # fmt: skip
+    if distributed.launched_rank() == 0:  # one console: the group is not joined yet
+        print(f"run {cfg.run}: options from checkpoint {step}'s config unless set on the command line{where}",
+              flush=True)  # fmt: skip
     return cfg
 
 

@@ -33,6 +33,13 @@ def launched_tasks() -> int:
     return 1
 
 
+def launched_rank() -> int:
+    """This process's rank among the tasks it was started with, read before joining (0 when alone)."""
+    if launched_tasks() <= 1:
+        return 0
+    return int(os.environ.get("BIRDJEPA_PROCESS_ID") or os.environ.get("SLURM_PROCID") or 0)
+
+
 def initialize() -> None:
     """Join the process group if this process is one of several tasks (no-op otherwise). Must run
     before any JAX computation."""
