@@ -217,6 +217,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug_roundtrip_steps:
             try:
                 pending, saved = t.save(state, loader, callbacks, metrics)
+                if stopping:  # on disk before the run says it stopped
+                    t.ckpt.wait()
             except checkpoint.CheckpointWriteError as e:  # this save, or the previous one in the background
                 exit_code, line = t.save_failed(e, step)
                 progress.message(line)
