@@ -2,22 +2,20 @@
 naming what could not be written, where, the free space and the newest intact checkpoint; exit 74; no
 traceback, no temporary folder, nothing deleted; and the run moved to a larger disk resumes exactly.
 
-The small disk is a real tmpfs, mounted in a private mount namespace (``unshare``) that ends with the
-trainer, so no mount outlives the test; as a user without root, ``unshare --map-root-user`` grants one.
+The small disk is a real tmpfs in a private mount namespace that ends with the trainer
+(`birdjepa.pretrain.fs_fault_matrix.on_small_disk`, the matrix's full-disk row), so no mount outlives
+the test.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import tyro
 
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
+from birdjepa.pretrain.fs_fault_matrix import on_small_disk
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
 from birdjepa.train.checkpoint.space import TMP_SUFFIX, folder_bytes
@@ -30,17 +28,6 @@ def flags(demo_dir: Path, runs: Path) -> list[str]:
             "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval")]  # fmt: skip
 
 
-def train_on_small_disk(args: list[str], disk: Path, size: int, out: Path) -> subprocess.CompletedProcess:
-    """``birdjepa pretrain args`` with ``disk`` a tmpfs of ``size`` bytes; afterwards the disk's content
-    is copied to ``out`` (as a user would move the run to a larger disk)."""
-    disk.mkdir()
-    train = shlex.join([sys.executable, "-m", "birdjepa.cli", "pretrain", *args])
-    script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && {{ {train}; code=$?; "
-              f"cp -a {disk}/. {out}; exit $code; }}")  # fmt: skip
-    namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
-    return subprocess.run([*namespace, "sh", "-c", script], capture_output=True, text=True, timeout=600)
-
-
 def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly(
     demo_dir: Path, tmp_path: Path
 ) -> None:
@@ -50,7 +37,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly
     moved.mkdir()
     # Room for four checkpoints and a half: saves 0-3 fit, save 3 leaves fewer than two, save 4 fails.
     size = int(4.5 * checkpoint)
-    done = train_on_small_disk(flags(demo_dir, tmp_path / "disk"), tmp_path / "disk", size, moved)
+    done = on_small_disk(["pretrain", *flags(demo_dir, tmp_path / "disk")], tmp_path / "disk", size, moved)
 
     assert done.returncode == exit_codes.IOERR, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]

@@ -63,7 +63,8 @@ def test_a_resume_keeps_the_run_s_options_and_checks_the_ones_given_again(
 
 
 def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:
-    defaults, kept = resume_defaults({"stop_at_step": 3, "run": "x", "data": {"n_workers": 7}, "seed": 5})
+    saved = {"stop_at_step": 3, "run": "x", "data": {"n_workers": 7}, "seed": 5, "gone_option": 1}
+    defaults, kept = resume_defaults(saved, "checkpoint 3")
     fresh = PretrainConfig()
     assert (defaults.stop_at_step, defaults.run, defaults.seed) == (None, "demo", 5)
     assert defaults.data.n_workers == fresh.data.n_workers != 7

@@ -51,6 +51,18 @@ def birdjepa(*args: object, timeout: float = 900) -> subprocess.CompletedProcess
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+def on_small_disk(args: Sequence[str], disk: Path, size: int, out: Path) -> subprocess.CompletedProcess:
+    """``birdjepa ARGS`` with ``disk`` a tmpfs of ``size`` bytes, then the disk's content copied to ``out``
+    (as a user moves a run to a larger disk). The tmpfs lives in a private mount namespace that ends
+    with the command, so no mount outlives it (root, or ``unshare --map-root-user`` as a user)."""
+    disk.mkdir(exist_ok=True)
+    cmd = shlex.join([sys.executable, "-m", "birdjepa.cli", *args])
+    copy = f"code=$?; cp -a {disk}/. {out}; exit $code"
+    script = f"mount -t tmpfs -o size={size} tmpfs {disk} && {{ {cmd}; {copy}; }}"
+    namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    return subprocess.run([*namespace, "sh", "-c", script], capture_output=True, text=True, timeout=900)
+
+
 def equal(a: Path, b: Path) -> bool:
     diffs = compare_runs(a, b)
     return bool(diffs) and all(d.max_abs == 0.0 for d in diffs)
@@ -118,15 +130,10 @@ class Matrix:
 
     def full_disk(self) -> FsRow:
         disk, moved = self.runs / "disk", self.runs / "moved"
-        disk.mkdir()
         moved.mkdir()
         size = int(4.5 * folder_bytes(next((self.runs / "straight" / "checkpoints").iterdir())))
-        train = shlex.join([sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", "full", *self.flags,
-                            "--log.runs-dir", str(disk), "--ckpt-keep", "10"])  # fmt: skip
-        script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && {{ {train}; code=$?; "
-                  f"cp -a {disk}/. {moved}; exit $code; }}")  # fmt: skip
-        namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
-        done = subprocess.run([*namespace, "sh", "-c", script], capture_output=True, text=True, timeout=900)
+        args = ["pretrain", "--run", "full", *self.flags, "--log.runs-dir", str(disk), "--ckpt-keep", "10"]
+        done = on_small_disk(args, disk, size, moved)
         errors, warnings = said(done, "ERROR"), said(done, "WARNING")
         left = [p.name for p in (moved / "full").rglob(f"*{TMP_SUFFIX}")]
         clean = "Traceback" not in done.stdout + done.stderr and not left

@@ -39,6 +39,7 @@ from birdjepa.pretrain.trainer import Trainer, make_callbacks
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.slurm import distributed
+from birdjepa.slurm.sweep import SweepError
 from birdjepa.train import checkpoint
 from birdjepa.train.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.train.compiled import compiled
@@ -274,12 +275,17 @@ def parse(args: Sequence[str]) -> PretrainConfig:
     if found is None:
         return cfg
     step, saved = found
-    defaults, kept = resume_defaults(saved)
+    where = f"{cfg.run_dir / 'checkpoints' / str(step)}"
+    try:
+        defaults, kept = resume_defaults(saved, where)
+    except SweepError as e:  # an option whose type changed: this birdjepa cannot take the run's value
+        print(f"error: {e}; set it on the command line", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.USAGE) from None
     cfg = tyro.cli(PretrainConfig, args=args, default=defaults, prog="birdjepa pretrain")
-    where = f"; where this birdjepa's defaults differ: {', '.join(kept)}" if kept else ""
+    differ = f"; where this birdjepa's defaults differ: {', '.join(kept)}" if kept else ""
     if distributed.launched_rank() == 0:  # one console: the group is not joined yet
-        print(f"run {cfg.run}: options from checkpoint {step}'s config unless set on the command line{where}",
-              flush=True)  # fmt: skip
+        print(f"run {cfg.run}: options from checkpoint {step}'s config unless set on the command line"
+              f"{differ}", flush=True)  # fmt: skip
     return cfg
 
 

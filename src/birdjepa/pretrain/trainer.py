@@ -219,8 +219,8 @@ class Trainer:
     ) -> tuple[Batch, dict[str, Any]]:
         """Checkpoint the step just done (``state.step - 1``) with the loader's and the callbacks' state;
         returns the next batch (fetched to record what the next step will do) and the meta written."""
-        free, size = self.ckpt.room()
-        if size is not None and free < 2 * size and not self.disk_warned:  # once a segment, before it fails
+        free, size = self.ckpt.room() if not self.disk_warned else (0, None)  # once a segment
+        if size is not None and free < 2 * size:  # early, not at the failure
             self.disk_warned = True
             print(f"WARNING {mib(free)} free for checkpoints in {self.ckpt.directory} and a checkpoint "
                   f"takes {mib(size)}: fewer than two more fit", flush=True)  # fmt: skip

@@ -10,14 +10,12 @@ still meet the resume checks' breaking-change rule. Only the options that steer 
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from birdjepa.config import PretrainConfig, flatten, to_dict
+from birdjepa.slurm.sweep import resolve
 from birdjepa.train.checkpoint import Checkpointer, CheckpointError
 
 #: What steers one segment, not the run: where it is, whether and how to resume, where to stop, the
@@ -53,50 +51,13 @@ def saved_config(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
         ckpt.close()
 
 
-def _value(hint: Any, value: Any) -> Any:
-    """A JSON value as the field of type ``hint`` holds it (lists are tuples, paths are `Path`)."""
-    if dataclasses.is_dataclass(hint):
-        return from_dict(hint, value)
-    args = typing.get_args(hint)
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        return _value(hint, value)
-    if (origin is tuple or hint is tuple) and isinstance(value, list):
-        return tuple(value)
-    if hint is Path and isinstance(value, str):
-        return Path(value)
-    return value
-
-
-def from_dict(cls: type, tree: Mapping[str, Any]) -> Any:
-    """The config ``cls`` that `birdjepa.config.to_dict` wrote as ``tree`` (keys it lacks take their
-    defaults; keys this birdjepa does not know are left out)."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: _value(hints[k], v) for k, v in tree.items() if k in fields})
-
-
-def resume_defaults(saved: Mapping[str, Any]) -> tuple[PretrainConfig, list[str]]:
+def resume_defaults(saved: Mapping[str, Any], where: str) -> tuple[PretrainConfig, list[str]]:
     """The defaults a resumed segment parses its command line against: this birdjepa's, with every
-    option but `SEGMENT_ONLY` as ``saved`` recorded it; and, as ``key=saved (default now X)``, the
-    options where the two differ."""
+    option but `SEGMENT_ONLY` as ``saved`` (the config recorded at ``where``) holds it; and, as
+    ``key=saved (default now X)``, the options where the two differ. Options this birdjepa no longer
+    has are left out; a value of another type raises `birdjepa.slurm.sweep.SweepError`."""
     defaults = flatten(to_dict(PretrainConfig()))
     recorded = {k: v for k, v in flatten(saved).items() if k not in SEGMENT_ONLY and k in defaults}
     kept = [f"{k}={recorded[k]} (default now {defaults[k]})" for k in sorted(recorded) if
             recorded[k] != defaults[k]]  # fmt: skip
-    merged = _nest({**defaults, **recorded})
-    return from_dict(PretrainConfig, merged), kept
-
-
-def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        *groups, name = key.split(".")
-        node = out
-        for g in groups:
-            node = node.setdefault(g, {})
-        node[name] = value
-    return out
+    return resolve(PretrainConfig(), recorded, where), kept

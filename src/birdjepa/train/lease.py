@@ -37,12 +37,15 @@ class LeaseHeld(RuntimeError):
 
     def __init__(self, run_dir: Path, holder: dict[str, Any]) -> None:
         self.holder = holder
-        job = f", job {holder['job']}" if holder.get("job") else ""
-        since = time.strftime("%H:%M:%S", time.localtime(holder.get("started", 0)))
-        super().__init__(
-            f"run {run_dir.name} is held by pid {holder.get('pid')} on {holder.get('host')}{job}, since "
-            f"{since} ({run_dir / LEASE_FILE}); nothing was touched"
-        )
+        super().__init__(f"{held_by(run_dir, holder)} ({run_dir / LEASE_FILE}); nothing was touched")
+
+
+def held_by(run_dir: Path, holder: dict[str, Any]) -> str:
+    """``run r1 is held by pid 4242 on node17, job 912345, since 10:41:07``."""
+    job = f", job {holder['job']}" if holder.get("job") else ""
+    since = time.strftime("%H:%M:%S", time.localtime(holder.get("started", 0)))
+    pid, host = holder.get("pid"), holder.get("host")
+    return f"run {run_dir.name} is held by pid {pid} on {host}{job}, since {since}"
 
 
 def _me() -> dict[str, Any]:
@@ -143,8 +146,7 @@ def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease
                 raise LeaseHeld(run_dir, holder) from None
             if not said:
                 said = True
-                held = str(LeaseHeld(run_dir, holder)).split(" (")[0]
-                print(f"{held}: waiting up to {wait_s:.0f} s for it to end", flush=True)
+                print(f"{held_by(run_dir, holder)}: waiting up to {wait_s:.0f} s for it to end", flush=True)
             time.sleep(poll_s)
             continue
         with os.fdopen(fd, "w") as f:

@@ -58,13 +58,11 @@ def reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:200]}"
 
 
-def remove_temporaries(directory: Path) -> list[str]:
+def remove_temporaries(directory: Path) -> None:
     """Delete the ``*.orbax-checkpoint-tmp`` folders in ``directory`` (with one writer per run, the only
-    ones are a failed or killed write's); returns their names."""
-    gone = sorted(p.name for p in directory.glob(f"*{TMP_SUFFIX}"))
-    for name in gone:
-        shutil.rmtree(directory / name, ignore_errors=True)
-    return gone
+    ones are a failed or killed write's)."""
+    for tmp in directory.glob(f"*{TMP_SUFFIX}"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class _DropOrbaxTracebacks(logging.Filter):

@@ -223,8 +223,8 @@ class Checkpointer(RetentionAndFallback):
                 f"{where}: checkpoint format {fmt}, this birdjepa reads formats "
                 f"{', '.join(map(str, FORMATS_READ))} (a newer birdjepa wrote it: resume with that one)"
             )
-        hashes = meta.get("hashes", ()) if fmt >= 2 else meta.get("state_leaves", ())
-        if meta.get("step") != step or len(hashes) != len(meta.get("state_leaves", ())):
+        crcs_missing = fmt >= 2 and len(meta.get("hashes", ())) != len(meta.get("state_leaves", ()))
+        if meta.get("step") != step or crcs_missing:
             raise IntegrityError(f"{where}: meta does not describe step {step} and its leaves")
         return meta
 
