@@ -4,7 +4,8 @@ Each fault is produced for real, with `birdjepa pretrain` in its own process: tw
 (the same config, and another), a full disk (a tmpfs of 4.5 checkpoints, in a private mount namespace),
 a torn last log line, a stale lease, a checkpoint of format 1 written by the old code, and a run started
 under an old default. For each: what must happen, what did, and whether the run then finishes equal to
-the straight run (`birdjepa compare`: every logged metric with ``==``). `scripts/fs_fault_matrix.py`
+the straight run (`birdjepa compare`: every logged metric with ``==``; the format-1 row: `continues_old_run`).
+`scripts/fs_fault_matrix.py`
 prints it; each row's property also has its own test.
 """
 
@@ -23,16 +24,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from birdjepa import exit_codes
-from birdjepa.resume.compare import compare_runs
+from birdjepa.resume.compare import MetricDiff, compare_runs, metrics_by_step
 from birdjepa.train.checkpoint.space import TMP_SUFFIX, folder_bytes
 from birdjepa.train.lease import LEASE_FILE
-from birdjepa.train.metrics_log import METRICS_FILE, read_metrics, read_metrics_file
+from birdjepa.train.metrics_log import METRICS_FILE, read_metrics
 
 #: A log line cut off by a node that died mid-append.
 TORN = b'{"step": 31, "restart": 0, "time": 1.5, "train/lo'
 #: The loader's mixing defaults before issue 16 (4 shards at a time, 1024 buffered indices).
 OLD_DEFAULTS = ("--data.interleave", "4", "--data.shuffle-buffer", "1024")
 STOP_AT = 30
+#: The old code's straight run (tests/fixtures/format1) was recorded on another machine, and XLA compiles
+#: for the host CPU: there the model's numbers can differ in the last bits (measured between two CPUs: at
+#: most 4.7e-7 relative, for a run of the current code from scratch as well as for the resume). What no
+#: CPU changes must be equal with ==: the data stream (the batches' index CRC-32s) and the schedule.
+ACROSS_CPUS_RTOL = 1e-5
+EXACT_ACROSS_CPUS = ("dataloader/", "train/lr", "train/update_count", "train/accum_progress")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +73,15 @@ def on_small_disk(args: Sequence[str], disk: Path, size: int, out: Path) -> subp
 def equal(a: Path, b: Path) -> bool:
     diffs = compare_runs(a, b)
     return bool(diffs) and all(d.max_abs == 0.0 for d in diffs)
+
+
+def continues_old_run(run: Path, old: Path) -> list[MetricDiff]:
+    """The metrics the old code's run ``old`` logged in which ``run`` departs from it: any difference in
+    the data stream or the schedule, more than ACROSS_CPUS_RTOL relative in the model's numbers."""
+    names = {k for logged in metrics_by_step(old).values() for k in logged}
+    diffs = compare_runs(run, old, names)
+    allowed = {d.name: 0.0 if d.name.startswith(EXACT_ACROSS_CPUS) else ACROSS_CPUS_RTOL for d in diffs}
+    return [d for d in diffs if d.max_rel > allowed[d.name]]
 
 
 def said(done: subprocess.CompletedProcess, start: str) -> list[str]:
@@ -199,17 +215,13 @@ class Matrix:
         line = (said(done, "CKPT_FORMAT") or ["(no CKPT_FORMAT line)"])[0]
         newest = max(int(p.name) for p in (run / "checkpoints").iterdir())
         meta = json.loads((run / "checkpoints" / str(newest) / "meta" / "metadata").read_text())
-        # The old code's own straight run: the resumed run must end as the old code would have ended it.
-        straight = read_metrics_file(self.format1 / "straight_metrics.jsonl")
-        theirs = {r["step"]: r["train/loss"] for r in straight if "train/loss" in r}
-        ours = {r["step"]: r["train/loss"] for r in read_metrics(run) if "train/loss" in r}
         return FsRow(
             "format-1 checkpoint (old code)",
             "read and verified by its norms, said in one line; the next save writes format 2",
             f"exit {done.returncode}: {line[:70]}...; newest checkpoint {newest} of format "
             f"{meta.get('checkpoint_format')}",
             done.returncode == 0 and "CKPT_FORMAT" in line and meta.get("checkpoint_format") == 2,
-            ours == theirs,
+            not continues_old_run(run, self.format1 / "straight"),  # ends as the old code ended it
         )
 
     def old_default(self) -> FsRow:
