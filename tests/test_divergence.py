@@ -129,6 +129,18 @@ def test_a_replayed_step_that_does_not_match_its_log_stops_the_trace(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2
     assert "step 2 does not replay as it ran: train/loss logged" in err and "from checkpoint 1" in err, err
+    assert "another kind of machine" not in err
+    # Trained on another kind of machine (as its checkpoint records): the error says so, as XLA's last
+    # bits differ between kinds.
+    meta_file = edited / "checkpoints" / "1" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    here = meta["machine"]["device"]
+    meta_file.write_text(json.dumps({**meta, "machine": {**meta["machine"], "device": "Other CPU (avx2)"}}))
+    with pytest.raises(SystemExit) as e:
+        main(["trace", str(edited), "--step", "3"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert f"It trained on another kind of machine (device: Other CPU (avx2) -> {here})" in err, err
 
 
 @pytest.mark.slow

@@ -131,6 +131,29 @@ def test_check_resume_loss_tolerance_only_across_device_counts() -> None:
     assert not _check(_meta(rec), dataclasses.replace(close, n_devices=4))["next_loss"].ok
 
 
+def test_on_another_kind_of_machine_the_loss_is_compared_to_the_tolerance_and_the_line_says_why() -> None:
+    rec = NextStep(step=5, batch="b", key=[1], update=2, lr=0.5, accumulation=1, loss=1.0, n_devices=1)
+    close = dataclasses.replace(rec, loss=1.0 + 1e-7)
+    assert not _check(_meta(rec), close)["next_loss"].ok  # the same machine: exact
+    res = _check(_meta(rec), close, machine_changed=["device", "jaxlib"])
+    assert res["next_loss"].ok and res["next_loss"].expected == "1.0(rtol=1e-05,machine:device+jaxlib)"
+    far = dataclasses.replace(rec, loss=1.001, n_devices=4)
+    res = _check(_meta(rec), far, machine_changed=["device"])
+    assert not res["next_loss"].ok and "(rtol=1e-05,devices:1->4,machine:device)" in res["next_loss"].expected
+
+
+def test_machine_changes_name_what_differs_and_nothing_for_a_checkpoint_that_did_not_record_it() -> None:
+    here = {"jax": "0.10.2", "jaxlib": "0.10.2", "device": "AMD EPYC (avx512f)"}
+    assert resume_check.machine_changes(here, here) == {}
+    assert resume_check.machine_changes(None, here) == {}
+    there = {**here, "jaxlib": "0.10.1", "device": "Intel Xeon (avx2)"}
+    moved = resume_check.machine_changes(there, here)
+    assert moved == {"device": ("Intel Xeon (avx2)", "AMD EPYC (avx512f)"), "jaxlib": ("0.10.1", "0.10.2")}
+    assert resume_check.describe_changes(moved) == (
+        "device: Intel Xeon (avx2) -> AMD EPYC (avx512f); jaxlib: 0.10.1 -> 0.10.2"
+    )
+
+
 def test_breaking_config_change_fails_unless_allowed() -> None:
     rec = NextStep(step=5, batch="b", key=[1], update=2, lr=0.5, accumulation=1, loss=1.0, n_devices=1)
     meta = _meta(rec)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 from conftest import TEST_XLA_FLAG
 
@@ -24,6 +25,7 @@ from birdjepa.pretrain.fs_fault_matrix import continues_old_run
 from birdjepa.resume.compare import metrics_by_step
 from birdjepa.resume.options import SEGMENT_ONLY, resume_defaults
 from birdjepa.train.checkpoint import FORMAT_VERSION
+from birdjepa.train.metrics_log import read_metrics
 
 FORMAT1 = Path(__file__).parent / "fixtures" / "format1"
 
@@ -62,6 +64,36 @@ def test_a_resume_keeps_the_run_s_options_and_checks_the_ones_given_again(
     assert code == exit_codes.RESUME_CHECK
     assert "got=data.shuffle_buffer:1024->4096,steps:4->6" in out
     assert json.loads((tmp_path / "r" / "config.json").read_text()) == segment  # the refused one left it
+
+
+def test_a_segment_on_another_kind_of_machine_is_said_and_its_resume_checks_allow_for_the_last_bits(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = ["--data.batch-size", "4", "--data.train", demo_dir / "train", "--data.eval", demo_dir / "eval"]
+    run = ["--run", "m", "--log.runs-dir", tmp_path, "--steps", "3", "--eval-every", "0", *data]
+    assert command(capsys, "pretrain", *run, "--stop-at-step", "1")[0] == 0
+    meta_file = tmp_path / "m" / "checkpoints" / "1" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    here = meta["machine"]
+    assert set(here) == {"jax", "jaxlib", "device"} and here["jax"] == jax.__version__
+    # As if checkpoint 1 had been written by a job on another partition, under an older jaxlib.
+    meta_file.write_text(
+        json.dumps({**meta, "machine": {**here, "device": "Other CPU (avx2)", "jaxlib": "0.1"}})
+    )
+
+    code, out = command(capsys, "pretrain", "--run", "m", "--log.runs-dir", tmp_path)
+    assert code == 0 and "ok=False" not in out, out
+    warning = [line for line in out.splitlines() if line.startswith("WARNING resumed on another kind")]
+    assert warning == [
+        f"WARNING resumed on another kind of machine than checkpoint 1 was written on (device: Other CPU "
+        f"(avx2) -> {here['device']}; jaxlib: 0.1 -> {here['jaxlib']}): XLA compiles for the device and its "
+        f"version, so from here the run can differ from an uninterrupted one in the last bits"
+    ]
+    assert (
+        "RESUME_CHECK name=next_loss ok=True expected=" in out and "(rtol=1e-05,machine:device+jaxlib)" in out
+    )
+    (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "machine_changed"]
+    assert event["step"] == 2 and event["device"] == ["Other CPU (avx2)", here["device"]]
 
 
 def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:

@@ -21,12 +21,14 @@ import jax
 from birdjepa.config import PretrainConfig
 from birdjepa.data import Batch, DataError, Loader
 from birdjepa.model.config import ModelConfig
+from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.resume.compare import metrics_by_step
 from birdjepa.slurm import distributed
 from birdjepa.slurm.sweep import SweepError, resolve
 from birdjepa.train import checkpoint
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled, compiled
+from birdjepa.train.determinism import machine_kind
 from birdjepa.train.metrics_log import METRICS_FILE
 from birdjepa.train.norms import tree_norms
 from birdjepa.train.segment import advance, data_files, fresh_state, model_config, open_loader, total_updates
@@ -60,6 +62,8 @@ class OpenRun:
     replayed: list[int]
     """Steps replayed from there, each with its logged metrics equal."""
     logged: dict[int, dict[str, float]]
+    trained_on: dict[str, str] | None = None
+    """`machine_kind` recorded by the checkpoint it started from (None: not recorded)."""
 
     def batch(self) -> Batch:
         """The batch of step ``state.step`` (each call takes the next one)."""
@@ -174,7 +178,8 @@ def open_at(
         loader.close()
         raise ReplayError(f"{where}: the train data changed since this checkpoint (another fingerprint)")
     logged = metrics_by_step(run_dir, everything=True) if (run_dir / METRICS_FILE).exists() else {}
-    run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged)
+    trained_on = (meta or {}).get("machine")
+    run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged, trained_on)
     try:
         replay_to(run, step, on_step)
     except BaseException:
@@ -194,9 +199,11 @@ def replay_to(
         if mismatch is not None:
             name, a, b = mismatch
             origin = f"checkpoint {run.restored_from}" if run.restored_from is not None else "step 0"
+            moved = describe_changes(machine_changes(run.trained_on, machine_kind()))
+            why = f". It trained on another kind of machine ({moved}): trace it on that kind" if moved else ""
             raise ReplayError(
                 f"{run.run_dir}: step {s} does not replay as it ran: {name} logged {a!r}, replayed {b!r} "
-                f"(replayed from {origin})"
+                f"(replayed from {origin}){why}"
             )
         run.replayed.append(s)
         if on_step is not None:

@@ -33,6 +33,7 @@ from birdjepa.train import checkpoint
 from birdjepa.train import state as state_lib
 from birdjepa.train.checkpoint.space import mib
 from birdjepa.train.compiled import Compiled
+from birdjepa.train.determinism import machine_kind
 from birdjepa.train.metrics_log import MetricsLog, NullLog
 from birdjepa.train.objectives import probe_metrics
 from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
@@ -87,7 +88,7 @@ class Trainer:
         self.schedule = make_schedule(cfg.optim, total_updates(cfg), cfg.debug_plant)
         self.main = distributed.is_main()
         # What every checkpoint's meta repeats, computed once for the segment.
-        self.config, self.git = to_dict(cfg), git_commit()
+        self.config, self.git, self.machine = to_dict(cfg), git_commit(), machine_kind()
         devices = jax.devices()
         if cfg.data.batch_size % len(devices):
             n = len(devices)
@@ -137,6 +138,13 @@ class Trainer:
     ) -> int:
         """The resume checks before the first update: 0, or the exit code when they fail and stop the run."""
         cfg, step = self.cfg, state.step
+        moved = resume_check.machine_changes(meta.get("machine"), self.machine)
+        if moved:  # bit-for-bit equality with the uninterrupted run holds on one kind of machine only
+            print(f"WARNING resumed on another kind of machine than checkpoint {step - 1} was written on "
+                  f"({resume_check.describe_changes(moved)}): XLA compiles for the device and its version, "
+                  f"so from here the run can differ from an uninterrupted one in the last bits",
+                  flush=True)  # fmt: skip
+            self.log.event("machine_changed", step, **{k: list(v) for k, v in moved.items()})
         results = resume_check.check_resume(
             meta,
             self.next_step(state, batch),
@@ -149,6 +157,7 @@ class Trainer:
             grad_accum=cfg.optim.grad_accum,
             allow_config_change=cfg.allow_config_change,
             skipped=state.skipped,
+            machine_changed=list(moved),
         )
         for r in results:
             print(r.line(), flush=True)
@@ -232,6 +241,7 @@ class Trainer:
         meta = {
             "config": self.config,
             "git": self.git,
+            "machine": self.machine,
             "dataset_fingerprint": loader.fingerprint,
             "next_step": self.next_step(state, pending).to_json(),
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},

@@ -8,9 +8,10 @@ field by field (``==``), together with the restored norms, the optimizer-state s
 fingerprint and the configuration. Each check gives one ``RESUME_CHECK name=… ok=… expected=… got=…``
 line and a ``resume/<name>`` metric (1 ok, 0 failed).
 
-The one tolerance: the loss is compared exactly when the device count is the same as at save; on another
-device count the data-parallel reductions run in another order, so it is compared to a relative
-``LOSS_RTOL_OTHER_DEVICES`` and the line says so.
+The one tolerance: the loss is compared exactly when the device count and the kind of machine
+(`determinism.machine_kind`) are the same as at save. On another device count the data-parallel
+reductions run in another order, and on another device, CPU or JAX version XLA compiles the step
+otherwise; then it is compared to a relative ``LOSS_RTOL_ELSEWHERE`` and the line says why.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,7 +29,7 @@ import numpy as np
 from birdjepa.config import PretrainConfig, flatten, to_dict
 from birdjepa.data import Batch
 
-LOSS_RTOL_OTHER_DEVICES = 1e-5
+LOSS_RTOL_ELSEWHERE = 1e-5
 
 #: Every check, in the order they are reported.
 CHECKS = (
@@ -206,12 +207,14 @@ def check_resume(
     grad_accum: int,
     allow_config_change: bool,
     skipped: int = 0,
+    machine_changed: Sequence[str] = (),
 ) -> list[CheckResult]:
     """Compare the restored run (``now`` and the keyword arguments) with checkpoint ``meta``.
 
     ``meta["next_step"]`` is the `NextStep` recorded at save; ``norms`` are `checkpoint.state_norms` of
     the state the loop will train on; ``loader_error`` is why the loader refused the saved state (None if
-    it took it); ``skipped``: micro-steps not applied so far (``--on-nonfinite skip``). Breaking config
+    it took it); ``skipped``: micro-steps not applied so far (``--on-nonfinite skip``);
+    ``machine_changed``: what of `machine_kind` differs from the save (`machine_changes`). Breaking config
     changes fail the ``config`` check unless ``allow_config_change``.
     """
     rec = NextStep.from_json(meta["next_step"])
@@ -261,17 +264,34 @@ def check_resume(
     out.append(_norm_check("param_norms", "param_norm", meta["norms"], norms))
     out.append(_norm_check("opt_state_norms", "opt_state_norm", meta["norms"], norms))
 
-    if now.n_devices == rec.n_devices:
+    elsewhere = [f"devices:{rec.n_devices}->{now.n_devices}"] if now.n_devices != rec.n_devices else []
+    elsewhere += [f"machine:{'+'.join(machine_changed)}"] if machine_changed else []
+    if not elsewhere:
         loss_ok = now.loss == rec.loss or (math.isnan(now.loss) and math.isnan(rec.loss))
         expected = _text(rec.loss)
     else:
-        loss_ok = abs(now.loss - rec.loss) <= LOSS_RTOL_OTHER_DEVICES * abs(rec.loss)
-        expected = (
-            f"{_text(rec.loss)}(rtol={LOSS_RTOL_OTHER_DEVICES:g},devices:{rec.n_devices}->{now.n_devices})"
-        )
+        loss_ok = abs(now.loss - rec.loss) <= LOSS_RTOL_ELSEWHERE * abs(rec.loss)
+        expected = f"{_text(rec.loss)}(rtol={LOSS_RTOL_ELSEWHERE:g},{','.join(elsewhere)})"
     out.append(CheckResult("next_loss", loss_ok, expected, _text(now.loss)))
     assert [c.name for c in out] == list(CHECKS)
     return out
+
+
+def machine_changes(saved: Mapping[str, str] | None, now: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """What of `determinism.machine_kind` differs between the save and now: {name: (saved, now)}. Empty
+    for a checkpoint written before checkpoints recorded it (nothing to compare with)."""
+    if not saved:
+        return {}
+    return {
+        k: (saved.get(k, "?"), now.get(k, "?"))
+        for k in sorted(set(saved) | set(now))
+        if saved.get(k) != now.get(k)
+    }
+
+
+def describe_changes(changes: Mapping[str, tuple[str, str]]) -> str:
+    """``machine_changes`` for a line: "device: A -> B; jaxlib: x -> y"."""
+    return "; ".join(f"{k}: {was} -> {now}" for k, (was, now) in changes.items())
 
 
 def metrics(results: list[CheckResult]) -> dict[str, float]:

@@ -5,11 +5,18 @@ a run resumed in a new process then drifts from the uninterrupted one in the las
 steps (measured: the first resumed step's invariance loss differed at 3e-7 relative). Single-threaded
 Eigen makes every step bit-reproducible; on GPU the deterministic-ops flag plays the same role.
 The flags are read when JAX first initialises its backend, so call this before any computation.
+
+They make a step reproducible on one kind of machine. XLA compiles for the device it runs on (on CPU,
+for the host's instruction set), and another JAX or XLA version may compile a step otherwise, so the
+last bits can differ between machines: `machine_kind` names what they depend on, and checkpoints
+record it.
 """
 
 from __future__ import annotations
 
 import os
+import platform
+from pathlib import Path
 
 FLAGS = ("--xla_cpu_multi_thread_eigen=false", "--xla_gpu_deterministic_ops=true")
 
@@ -20,3 +27,30 @@ def deterministic_xla() -> None:
     missing = [f for f in FLAGS if f.split("=")[0] not in current]
     if missing:
         os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
+
+
+#: Widest first: the vector instruction set XLA's CPU code can use on this host.
+CPU_ISAS = ("avx512f", "avx2", "avx", "sse4_2")
+
+
+def cpu_model() -> str:
+    """The host CPU's model name and widest vector instruction set, e.g. "AMD EPYC (avx512f)"."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+    flags = set(fields.get("flags", "").split())
+    isa = next((i for i in CPU_ISAS if i in flags), platform.machine())
+    return f"{fields.get('model name', platform.machine())} ({isa})"
+
+
+def machine_kind() -> dict[str, str]:
+    """What a step's last bits depend on besides its inputs and flags: the JAX and jaxlib versions and
+    the device (the GPU's name; on CPU, the host's model and instruction set)."""
+    import jax
+    import jaxlib
+
+    device = jax.devices()[0]
+    kind = cpu_model() if device.platform == "cpu" else device.device_kind
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "device": kind}
