@@ -157,7 +157,8 @@ class Trainer:
             grad_accum=cfg.optim.grad_accum,
             allow_config_change=cfg.allow_config_change,
             skipped=state.skipped,
-            machine_changed=list(moved),
+            # A checkpoint from before the record may come from any kind: its loss is not exact either.
+            machine_changed=list(moved) if "machine" in meta else ["unrecorded"],
         )
         for r in results:
             print(r.line(), flush=True)
