@@ -4,9 +4,8 @@ Each fault is produced for real, with `birdjepa pretrain` in its own process: tw
 (the same config, and another), a full disk (a tmpfs of 4.5 checkpoints, in a private mount namespace),
 a torn last log line, a stale lease, a checkpoint of format 1 written by the old code, and a run started
 under an old default. For each: what must happen, what did, and whether the run then finishes equal to
-the straight run (`birdjepa compare`: every logged metric with ``==``; the format-1 row: `continues_old_run`).
-`scripts/fs_fault_matrix.py`
-prints it; each row's property also has its own test.
+the straight run (`birdjepa compare`: every logged metric with ``==``; the format-1 row:
+`continues_old_run`). `scripts/fs_fault_matrix.py` prints it; each row's property also has its own test.
 """
 
 from __future__ import annotations
@@ -107,16 +106,19 @@ class Matrix:
             done = self.pretrain(name, *extra)
             if done.returncode != 0:
                 raise RuntimeError(f"the straight run {name} exited {done.returncode}: {done.stdout[-2000:]}")
-        faults: list[Callable[[], FsRow]] = [
-            lambda: self.two_writers("same config", ()),
-            lambda: self.two_writers("another config", ("--optim.lr", "0.003")),
-            self.full_disk,
-            self.torn_log,
-            self.stale_lease,
-            self.format_1,
-            self.old_default,
+        faults: list[tuple[str, Callable[[], FsRow]]] = [
+            ("two writers, same config", lambda: self.two_writers("same config", ())),
+            (
+                "two writers, another config",
+                lambda: self.two_writers("another config", ("--optim.lr", "0.003")),
+            ),
+            ("full disk", self.full_disk),
+            ("torn last log line", self.torn_log),
+            ("stale lease", self.stale_lease),
+            ("format-1 checkpoint", self.format_1),
+            ("a run started under old defaults", self.old_default),
         ]
-        return [_tried(fault) for fault in faults]
+        return [_tried(name, fault) for name, fault in faults]
 
     def two_writers(self, how: str, extra: Sequence[str]) -> FsRow:
         run = f"twice-{how.split()[0]}"
@@ -242,14 +244,13 @@ class Matrix:
         )
 
 
-def _tried(fault: Callable[[], FsRow]) -> FsRow:
-    """The row of one fault; a fault whose trial itself broke is a row that says how (not a traceback
-    that hides the other rows)."""
+def _tried(name: str, fault: Callable[[], FsRow]) -> FsRow:
+    """The row of one fault; a fault whose trial itself broke is a row, named ``name``, that says how (not
+    a traceback that hides the other rows)."""
     try:
         return fault()
     except Exception as e:  # noqa: BLE001
-        return FsRow(getattr(fault, "__name__", "fault"), "-", f"the trial raised {type(e).__name__}: {e}",
-                     False, None)  # fmt: skip
+        return FsRow(name, "-", f"the trial raised {type(e).__name__}: {e}", False, None)
 
 
 def format_rows(rows: list[FsRow]) -> str:
