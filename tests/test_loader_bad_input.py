@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import os
 import signal
 import subprocess
 import sys
@@ -159,28 +157,46 @@ def test_worker_panic_becomes_an_exception(demo_dir: Path) -> None:
         take(ld, 1)
 
 
-def live_threads() -> int:
-    """The loader's worker threads alive in this process, by the name Rust gives them (comm holds 15 bytes).
+THREADS_SCRIPT = """
+import gc, os, sys, time
+from pathlib import Path
+from birdjepa.data import Loader, take
 
-    Counting every thread was flaky: a thread another library started earlier may end between the counts."""
-    count = 0
+def live() -> int:
+    # The loader's workers by the name Rust gives them (comm holds 15 bytes).
+    n = 0
     for task in os.listdir("/proc/self/task"):
         try:
-            count += Path("/proc/self/task", task, "comm").read_text().startswith("birdjepa-loader")
+            n += Path("/proc/self/task", task, "comm").read_text().startswith("birdjepa-loader")
         except FileNotFoundError:  # that thread ended after the listing
             pass
-    return count
+    return n
+
+before = live()
+ld = Loader(sys.argv[1], seed=1, batch_size=3, n_workers=4, shuffle_buffer=6)
+take(ld, 1)
+alive = live()
+del ld
+gc.collect()
+# join() returns once a thread's code has ended; the kernel removes its /proc entry a moment later.
+deadline = time.monotonic() + 2.0
+while live() and time.monotonic() < deadline:
+    time.sleep(0.001)
+print(before, alive, live())
+"""
 
 
 def test_dropping_the_loader_joins_its_threads(demo_dir: Path) -> None:
-    gc.collect()
-    before = live_threads()
-    ld = loader(demo_dir / "train", n_workers=4)
-    take(ld, 1)
-    assert live_threads() == before + 4
-    del ld
-    gc.collect()
-    assert live_threads() == before
+    # A process of its own: another test's loader in this worker could end its threads between counts.
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS_SCRIPT, str(demo_dir / "train")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    # The loader returns once all four workers run (named), and dropping it joins them.
+    assert out == ["0", "4", "0"]
 
 
 def test_gil_is_released_while_waiting(demo_dir: Path) -> None:

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -572,16 +572,24 @@ fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtract
         spare: Mutex::new(Vec::new()),
     });
     let (tx, rx) = channel();
+    // A thread takes its name from inside itself once it runs: the loader returns only when every worker
+    // runs under its name, so whoever lists the process's threads next (a profiler, a test) sees them all.
+    let started = Arc::new(Barrier::new(cfg.n_workers + 1));
     let workers = (0..cfg.n_workers)
         .map(|w| {
             let shared = shared.clone();
             let tx = tx.clone();
+            let started = started.clone();
             std::thread::Builder::new()
                 .name(format!("birdjepa-loader-{w}"))
-                .spawn(move || worker(&shared, &tx))
+                .spawn(move || {
+                    started.wait();
+                    worker(&shared, &tx)
+                })
                 .expect("spawn loader worker")
         })
         .collect();
+    started.wait();
     Pipeline { shared, rx, workers }
 }
 
