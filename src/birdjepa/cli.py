@@ -29,6 +29,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "sweep": "birdjepa.slurm.sweep:cli",
     "analyze": "birdjepa.analysis.report:cli",
     "evaluate": "birdjepa.evaluation.cli:cli",
+    "benchmark": "birdjepa.benchmark.cli:cli",
     "trace": "birdjepa.divergence.cli:trace",
     "diff-trace": "birdjepa.divergence.cli:diff_trace",
     "bisect": "birdjepa.divergence.cli:bisect",

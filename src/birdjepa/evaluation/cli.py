@@ -75,27 +75,38 @@ def embed_splits(
     return splits[0], splits[1]
 
 
+PROBE_HEAD = "['params']['probe']['head']['kernel']"
+"""The online probe's weights in a checkpoint: their shape gives the class count the run was built with."""
+
+
 @dataclasses.dataclass(frozen=True)
-class RestoredRun:
-    """A run's checkpoint restored for evaluation, with the same architecture at random init."""
+class RestoredCheckpoint:
+    """A run's checkpoint restored (norms verified), with the same architecture at random init."""
 
     step: int
     cfg: PretrainConfig
     model_cfg: ModelConfig
+    params: dict[str, Any]
+    random_init: dict[str, Any]
+    meta: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoredRun(RestoredCheckpoint):
+    """A restored checkpoint with the data files it is evaluated on."""
+
     train_files: list[str]
     eval_files: list[str]
     n_classes: int
-    params: dict[str, Any]
-    random_init: dict[str, Any]
 
 
-def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
-    """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it
-    (norms verified), with the data files it evaluates on (``data`` overrides the run's splits)."""
+def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckpoint:
+    """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it. The
+    architecture comes from the checkpoint alone (its config, and its probe head's class count), so the
+    run's data need not be on this machine."""
     from birdjepa.train.optim import make_optimizer
-    from birdjepa.train.segment import data_files, model_config, total_updates
+    from birdjepa.train.segment import model_config, total_updates
     from birdjepa.train.step import init_key
-    from birdjepa.validation import label_count
 
     if not (run_dir / "checkpoints").is_dir():
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
@@ -107,21 +118,37 @@ def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalDat
         if step not in steps:
             raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {step}; there are {steps}")
         where = str(run_dir / "checkpoints" / str(step))
-        cfg = run_config(ckpt.read_meta(step), where)
-        cfg = dataclasses.replace(
-            cfg, data=dataclasses.replace(cfg.data, train=data.train or cfg.data.train,
-                                          eval=data.eval or cfg.data.eval)
-        )  # fmt: skip
-        try:
-            train_files, eval_files = data_files(cfg)
-            n_classes = label_count(train_files)
-        except (DataError, FileNotFoundError) as e:
-            raise EvaluateError(str(e)) from e
-        model_cfg = model_config(cfg, n_classes)
+        meta = ckpt.read_meta(step)
+        cfg = run_config(meta, where)
+        shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
+        if PROBE_HEAD not in shapes:
+            raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
+        model_cfg = model_config(cfg, shapes[PROBE_HEAD][-1])
         random_init = init_params(model_cfg, init_key(cfg))["params"]
         tx = make_optimizer(cfg.optim, total_updates(cfg))
         state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
-    return RestoredRun(step, cfg, model_cfg, train_files, eval_files, n_classes, state["params"], random_init)
+    return RestoredCheckpoint(step, cfg, model_cfg, state["params"], random_init, meta)
+
+
+def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
+    """`restore_checkpoint`, with the data files it evaluates on (``data`` overrides the run's splits)."""
+    from birdjepa.train.segment import data_files
+    from birdjepa.validation import label_count
+
+    restored = restore_checkpoint(run_dir, step)
+    cfg = restored.cfg
+    cfg = dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, train=data.train or cfg.data.train,
+                                      eval=data.eval or cfg.data.eval)
+    )  # fmt: skip
+    try:
+        train_files, eval_files = data_files(cfg)
+        n_classes = label_count(train_files)
+    except (DataError, FileNotFoundError) as e:
+        raise EvaluateError(str(e)) from e
+    fields = {f.name: getattr(restored, f.name) for f in dataclasses.fields(RestoredCheckpoint)}
+    return RestoredRun(**{**fields, "cfg": cfg}, train_files=train_files, eval_files=eval_files,
+                       n_classes=n_classes)  # fmt: skip
 
 
 def evaluate_checkpoint(

@@ -1,0 +1,232 @@
+"""What a benchmark scores, and their embeddings of a split, computed once and cached.
+
+A backbone is named on the command line as one of:
+- ``RUN`` or ``RUN@STEP``: a run directory at its newest checkpoint (or that step), restored and
+  verified as the trainer restores it;
+- ``random:RUN``: the same architecture at the run's random init (the baseline of every claim);
+- ``raw``: per clip, the mean and std over time of every log-mel bin (nothing learned);
+- ``module:function``: an external encoder, imported and called with a spectrogram batch
+  ``float32 [B, T, M]`` (the loader's log-mel, the features of the first run named, else the
+  loader's defaults) and returning ``[B, D]``: a published model or a colleague's export, scored on the
+  same clips.
+
+Its identity (the store's key) holds what makes its embeddings what they are: a run's name, step and a
+CRC-32 of its checkpoint's leaf CRC-32s; random init's name and CRC of the init; an external encoder's
+import path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from birdjepa.data import Features, Loader
+from birdjepa.evaluation.embed import Encode, batched, raw_features
+
+
+class BackboneError(ValueError):
+    """A backbone that cannot be used: no such run or checkpoint, an import that fails."""
+
+
+@dataclasses.dataclass
+class Backbone:
+    spec: str
+    identity: str
+    encode: Encode
+    features: Features | None
+    """The log-mel a run was trained on (None: whichever the benchmark uses)."""
+
+
+def _crc_of(values: Sequence[int]) -> str:
+    return f"{zlib.crc32(json.dumps(list(values)).encode()):08x}"
+
+
+def _params_crc(params: Any) -> str:
+    import jax
+
+    from birdjepa.train.checkpoint.integrity import leaf_hash
+
+    return _crc_of([leaf_hash(np.asarray(x)) for x in jax.tree_util.tree_leaves(params)])
+
+
+def _run_backbones(run_dir: Path, step: int | None, batch_size: int, want: set[str]) -> dict[str, Backbone]:
+    import jax
+
+    from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
+    from birdjepa.model.vit import encoder_apply
+
+    try:
+        restored = restore_checkpoint(run_dir, step)
+    except EvaluateError as e:
+        raise BackboneError(str(e)) from e
+    apply = jax.jit(encoder_apply(restored.model_cfg))
+    features = restored.cfg.data.features
+    out = {}
+    if "run" in want:
+        crc = _crc_of(restored.meta["hashes"])
+        out["run"] = Backbone(
+            f"{run_dir}@{restored.step}",
+            f"run:{run_dir.name}@{restored.step}#{crc}",
+            batched(lambda x: apply(restored.params, x), batch_size),
+            features,
+        )
+    if "random" in want:
+        out["random"] = Backbone(
+            f"random:{run_dir}",
+            f"random:{run_dir.name}#{_params_crc(restored.random_init)}",
+            batched(lambda x: apply(restored.random_init, x), batch_size),
+            features,
+        )
+    return out
+
+
+def _external(spec: str) -> Backbone:
+    module, _, attr = spec.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise BackboneError(f"external backbone {spec!r} cannot be imported: {type(e).__name__}: {e}") from e
+    if not callable(function):
+        raise BackboneError(f"external backbone {spec!r} is not callable")
+
+    def encode(x: np.ndarray) -> np.ndarray:
+        y = np.asarray(function(x), np.float32)
+        if y.ndim != 2 or len(y) != len(x):
+            raise BackboneError(
+                f"external backbone {spec!r} returned shape {y.shape} for {len(x)} clips; expected [B, D]"
+            )
+        return y
+
+    return Backbone(spec, f"ext:{spec}", encode, None)
+
+
+def resolve(specs: Sequence[str], *, batch_size: int) -> list[Backbone]:
+    """The backbones named by ``specs``, in order (a run named twice, as itself and as ``random:``, is
+    restored once)."""
+    runs: dict[tuple[Path, int | None], set[str]] = {}
+    for spec in specs:
+        if spec.startswith("random:"):
+            runs.setdefault((Path(spec.removeprefix("random:")), None), set()).add("random")
+        elif spec != "raw" and not _looks_external(spec):
+            path, _, step = spec.partition("@")
+            runs.setdefault((Path(path), int(step) if step else None), set()).add("run")
+    restored = {key: _run_backbones(key[0], key[1], batch_size, want) for key, want in runs.items()}
+    out = []
+    for spec in specs:
+        if spec == "raw":
+            out.append(Backbone("raw", "raw:logmel-mean-std", raw_features, None))
+        elif spec.startswith("random:"):
+            out.append(restored[(Path(spec.removeprefix("random:")), None)]["random"])
+        elif _looks_external(spec):
+            out.append(_external(spec))
+        else:
+            path, _, step = spec.partition("@")
+            out.append(restored[(Path(path), int(step) if step else None)]["run"])
+    return out
+
+
+def _looks_external(spec: str) -> bool:
+    """``module:function`` (a run directory holds no colon-separated identifier pair that imports)."""
+    module, sep, attr = spec.partition(":")
+    return (
+        bool(sep)
+        and not Path(spec).exists()
+        and module.replace(".", "").replace("_", "").isalnum()
+        and attr.isidentifier()
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Embedded:
+    features: np.ndarray
+    """[N, D] float32, one row per clip in loader order."""
+    label: np.ndarray
+    """[N] int64: the single label (-1: none)."""
+    targets: np.ndarray
+    """[N, C] uint8 multi-hot."""
+    seconds: float
+    cached: bool
+
+
+def split_key(files: Sequence[str], features: Features, loader_options: dict[str, Any]) -> str:
+    """What a split's clips are: the files' names and sizes, the features and the loader's options."""
+    stats = [(f, Path(f).stat().st_size) for f in files]
+    text = json.dumps([stats, dataclasses.asdict(features), loader_options], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def embed(
+    backbones: Sequence[Backbone],
+    files: Sequence[str],
+    features: Features,
+    *,
+    cache: Path,
+    n_classes: int,
+    batch_size: int,
+    n_workers: int,
+    loader_options: dict[str, Any],
+) -> dict[str, Embedded]:
+    """Every backbone's embedding of every clip of ``files`` (identity -> `Embedded`), from the cache
+    where it is there, else from one ordered eval-mode pass that feeds every missing backbone."""
+    key = split_key(files, features, {**loader_options, "n_classes": n_classes})
+    out: dict[str, Embedded] = {}
+    missing = []
+    for b in backbones:
+        path = cache / f"{hashlib.sha256(b.identity.encode()).hexdigest()[:16]}-{key}.npz"
+        if path.is_file():
+            with np.load(path) as z:
+                out[b.identity] = Embedded(z["features"], z["label"], z["targets"], float(z["seconds"]), True)
+        else:
+            missing.append((b, path))
+    if not missing:
+        return out
+    parts: dict[str, list[np.ndarray]] = {b.identity: [] for b, _ in missing}
+    took = dict.fromkeys(parts, 0.0)
+    labels, targets = [], []
+    with Loader(
+        list(files),
+        batch_size=batch_size,
+        n_workers=n_workers,
+        train=False,
+        features=features,
+        **loader_options,
+    ) as loader:
+        for batch in loader:
+            spec = batch["spectrogram"]
+            for b, _ in missing:
+                t0 = time.perf_counter()
+                parts[b.identity].append(np.asarray(b.encode(spec), np.float32))
+                took[b.identity] += time.perf_counter() - t0
+            labels.append(batch["label"])
+            targets.append(
+                batch["multilabel"] if "multilabel" in batch else _one_hot(batch["label"], n_classes)
+            )
+    label = np.concatenate(labels).astype(np.int64)
+    target = np.concatenate(targets).astype(np.uint8)
+    cache.mkdir(parents=True, exist_ok=True)
+    for b, path in missing:
+        x = np.concatenate(parts[b.identity])
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, features=x, label=label, targets=target, seconds=took[b.identity])
+        tmp.replace(path)
+        out[b.identity] = Embedded(x, label, target, took[b.identity], False)
+    return out
+
+
+def _one_hot(label: np.ndarray, n_classes: int) -> np.ndarray:
+    out = np.zeros((len(label), n_classes), np.uint8)
+    has = label >= 0
+    out[np.flatnonzero(has), label[has]] = 1
+    return out
+
+
+Encoder = Callable[[np.ndarray], np.ndarray]

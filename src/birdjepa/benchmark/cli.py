@@ -1,0 +1,291 @@
+"""`birdjepa benchmark`: frozen backbones scored on a multi-label task as BirdSet scores them.
+
+For one task (a train split to fit probes on, a test split to score them on), every backbone embeds
+both splits once (cached under ``RESULTS/cache``), then every probe is fitted for every ``n`` (recordings
+per class, -1 = all) and seed, and scored with cmAP, AUROC and top-1 (`metrics`). Each result is a row
+of the Parquet store under ``RESULTS`` (`store`); a key already there is skipped. ``--table RESULTS``
+prints the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import tyro
+
+from birdjepa.benchmark import fewshot, store
+from birdjepa.benchmark.backbones import Backbone, BackboneError, Embedded, embed, resolve
+from birdjepa.benchmark.metrics import all_metrics
+from birdjepa.benchmark.probes import PROBES, Loss, Recipe, fit_and_score
+from birdjepa.data import DataError, Features, resolve_files
+from birdjepa.data.shards import read_shard
+from birdjepa.exit_codes import USAGE
+from birdjepa.validation import VOCAB_FILE
+
+
+class BenchmarkError(RuntimeError):
+    """Bad options or data: said in one line, exit 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    train: list[str]
+    test: list[str]
+    n_classes: int
+    class_names: list[str]
+
+
+def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
+    try:
+        train_files, test_files = resolve_files(train), resolve_files(test)
+    except DataError as e:
+        raise BenchmarkError(str(e)) from e
+    for f in [*train_files, *test_files]:
+        if not Path(f).is_file():
+            raise BenchmarkError(f"{f}: no such shard file")
+    names = _vocab(train_files) or _vocab(test_files)
+    if n_classes is None:
+        if names is None:
+            raise BenchmarkError(f"no {VOCAB_FILE} beside {train_files[0]}: give --n-classes")
+        n_classes = len(names)
+    for files in (train_files, test_files):
+        other = _vocab(files)
+        if other is not None and names is not None and other != names:
+            first = Path(train_files[0]).parent / VOCAB_FILE
+            raise BenchmarkError(
+                f"{Path(files[0]).parent / VOCAB_FILE} lists other classes than {first}: "
+                "a task has one class list"
+            )
+    return Task(name, train_files, test_files, n_classes, names or [str(c) for c in range(n_classes)])
+
+
+def _vocab(files: list[str]) -> list[str] | None:
+    path = Path(files[0]).parent / VOCAB_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return list(data["names"] if isinstance(data, dict) else data)
+
+
+def has_column(shard: str, column: str) -> bool:
+    return column in read_shard(Path(shard)).schema.names
+
+
+def took(e: Embedded) -> str:
+    return "(cached)" if e.cached else f"in {e.seconds:.1f} s"
+
+
+def train_labels(e: Embedded) -> np.ndarray:
+    """Each train recording's class for the few-shot draw: its single label, else its first multi-label."""
+    first = np.where(e.targets.any(axis=1), e.targets.argmax(axis=1), -1)
+    return np.where(e.label >= 0, e.label, first)
+
+
+def run_task(
+    task: Task,
+    backbones: list[Backbone],
+    *,
+    probes: list[str],
+    n_train: list[int],
+    seeds: list[int],
+    recipe: Recipe,
+    results: Path,
+    batch_size: int,
+    n_workers: int,
+    multilabel_column: str,
+    log=print,
+) -> list[dict]:
+    """Every (backbone, probe, n, seed) result of ``task``, from the store where it is there."""
+    default = next((b.features for b in backbones if b.features is not None), Features())
+    options = {}
+    if multilabel_column and all(
+        has_column(files[0], multilabel_column) for files in (task.train, task.test)
+    ):
+        options = {"multilabel_column": multilabel_column, "n_classes": task.n_classes}
+    else:
+        log(
+            f"{task.name}: no {multilabel_column!r} column in its shards; each clip's target is its one label"
+        )
+    embedded: dict[str, dict[str, Embedded]] = {"train": {}, "test": {}}
+    for features in {b.features or default for b in backbones}:
+        group = [b for b in backbones if (b.features or default) == features]
+        for split, files in (("train", task.train), ("test", task.test)):
+            embedded[split].update(
+                embed(
+                    group,
+                    files,
+                    features,
+                    cache=results / "cache",
+                    n_classes=task.n_classes,
+                    batch_size=batch_size,
+                    n_workers=n_workers,
+                    loader_options=options,
+                )
+            )
+    for b in backbones:
+        tr, te = embedded["train"][b.identity], embedded["test"][b.identity]
+        log(
+            f"embedded {b.spec}: train {len(tr.features)} clips {took(tr)}, "
+            f"test {len(te.features)} clips {took(te)}"
+        )
+    first = embedded["train"][backbones[0].identity]
+    test_targets = embedded["test"][backbones[0].identity].targets
+    uncovered = np.flatnonzero(test_targets.any(axis=0) & ~first.targets.any(axis=0))
+    if len(uncovered):
+        log(
+            f"WARNING {task.name}: {len(uncovered)} test classes have no train recording "
+            f"({', '.join(task.class_names[c] for c in uncovered)}); they are scored all the same, "
+            "as BirdSet scores them (their AP counts in cmAP)"
+        )
+    done = skipped = 0
+    t_fit = 0.0
+    for b in backbones:
+        tr, te = embedded["train"][b.identity], embedded["test"][b.identity]
+        classes = train_labels(tr)
+        for probe in probes:
+            for n in n_train:
+                for seed in seeds:
+                    key = store.Key(b.identity, task.name, probe, n, seed)
+                    if store.has(results, key):
+                        skipped += 1
+                        continue
+                    keep = fewshot.draw(classes, n, seed)
+                    t0 = time.perf_counter()
+                    scores = fit_and_score(
+                        probe, tr.features[keep], tr.targets[keep], te.features, seed=seed, recipe=recipe
+                    )
+                    fit_s = time.perf_counter() - t0
+                    t_fit += fit_s
+                    config = {
+                        "recipe": dataclasses.asdict(recipe),
+                        "train": task.train,
+                        "test": task.test,
+                        "n_classes": task.n_classes,
+                        "backbone_spec": b.spec,
+                    }
+                    store.put(
+                        results,
+                        key,
+                        all_metrics(scores, te.targets),
+                        n_train=len(keep),
+                        n_test=len(te.features),
+                        fit_s=fit_s,
+                        config=config,
+                    )
+                    done += 1
+    log(f"probes: {done} fitted in {t_fit:.1f} s, {skipped} already in the store")
+    table = store.read(results).to_pylist()
+    ids = {b.identity for b in backbones}
+    return [
+        r
+        for r in table
+        if r["task"] == task.name
+        and r["backbone"] in ids
+        and r["probe"] in probes
+        and r["n"] in n_train
+        and r["seed"] in seeds
+    ]
+
+
+def format_table(rows: list[dict], metrics: tuple[str, ...] = ("cmap", "auroc", "top1")) -> str:
+    """One line per (task, backbone, probe, n): each metric's mean over seeds (± the spread, max - min,
+    when there are several)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["task"], r["backbone"], r["probe"], r["n"])].append(r)
+    head = ["task", "backbone", "probe", "n", *metrics, "seeds"]
+    lines = [head]
+    # "all" (n = -1) sorts after every n.
+    order = sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3] if k[3] != fewshot.ALL else 1 << 62))
+    for task, backbone, probe, n in order:
+        rs = groups[(task, backbone, probe, n)]
+        cells = []
+        for m in metrics:
+            v = np.array([r[m] for r in rs], float)
+            cells.append(f"{v.mean():.3f}" + (f" ±{(v.max() - v.min()) / 2:.3f}" if len(v) > 1 else ""))
+        lines.append([task, backbone, probe, "all" if n == fewshot.ALL else str(n), *cells, str(len(rs))])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
+
+
+def cli(
+    backbone: list[str] = [],  # noqa: B006 (tyro reads the default)
+    train: str | None = None,
+    test: str | None = None,
+    task: str | None = None,
+    probe: list[str] = list(PROBES),  # noqa: B006
+    n_train: list[int] = [fewshot.ALL],  # noqa: B006
+    seed: list[int] = [0],  # noqa: B006
+    loss: Loss = "bce",
+    results: Path = Path("results"),
+    table: Annotated[Path | None, tyro.conf.arg(metavar="RESULTS")] = None,
+    multilabel_column: str = "ebird_code_multilabel",
+    n_classes: int | None = None,
+    batch_size: int = 16,
+    n_workers: int = 2,
+) -> None:
+    """Score frozen backbones on one task the way BirdSet does: linear, MLP and centroid probes on all or
+    n recordings per class, cmAP, AUROC and top-1 on the test split; every result one row of the Parquet
+    store in --results, skipped when already there.
+
+    Args:
+        backbone: What to score, side by side: RUN or RUN@STEP (a run's checkpoint), random:RUN (its
+            architecture at random init), raw (log-mel mean and std), module:function (an external
+            encoder: spectrogram [B, T, M] in, [B, D] out).
+        train: Shards the probes are fitted on (a glob, a folder or a file), e.g. 'hsn/train/*.arrow'.
+        test: Shards the probes are scored on, e.g. 'hsn/test_5s/*.arrow'.
+        task: The task's name in the store (default: the test split's parent folder's name).
+        probe: Probes: linear, mlp, centroid.
+        n_train: Recordings per class the probes are fitted on (-1: all); several give a few-shot curve.
+        seed: Seeds of the few-shot draws and the probes' init; several give a spread.
+        loss: The trained probes' loss: bce (binary cross-entropy) or asl (asymmetric loss).
+        results: The results store (and the embedding cache, RESULTS/cache).
+        table: Print the store in RESULTS as a table and exit.
+        multilabel_column: The list-of-labels column (BirdSet's); where the shards have none, each clip's
+            target is the one-hot of its label.
+        n_classes: Classes (default: the vocab.json beside the shards).
+        batch_size: Clips per forward pass.
+        n_workers: Loader decode threads (the result does not depend on it).
+    """
+    try:
+        if table is not None:
+            print(format_table(store.read(table).to_pylist()))
+            return
+        if not backbone or train is None or test is None:
+            raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
+        bad = [p for p in probe if p not in PROBES]
+        if bad or any(n != fewshot.ALL and n < 1 for n in n_train):
+            raise BenchmarkError(
+                f"probes are {', '.join(PROBES)} and n is -1 (all) or >= 1; got {probe}, {n_train}"
+            )
+        t = load_task(task or Path(resolve_files(test)[0]).parent.parent.name, train, test, n_classes)
+        t0 = time.perf_counter()
+        backbones = resolve(backbone, batch_size=batch_size)
+        print(
+            f"backbones ready in {time.perf_counter() - t0:.1f} s: {', '.join(b.identity for b in backbones)}"
+        )
+        rows = run_task(
+            t,
+            backbones,
+            probes=probe,
+            n_train=n_train,
+            seeds=seed,
+            recipe=Recipe(loss=loss),
+            results=results,
+            batch_size=batch_size,
+            n_workers=n_workers,
+            multilabel_column=multilabel_column,
+        )
+    except (BenchmarkError, BackboneError, DataError, ValueError) as e:
+        print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
+        raise SystemExit(USAGE) from None
+    print(format_table(rows))
+    print(f"{len(rows)} results in {results / store.ROWS}")

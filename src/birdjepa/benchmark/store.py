@@ -1,0 +1,98 @@
+"""The results store: a folder of Parquet files, one per result, that `pyarrow.dataset` reads as one table.
+
+A result is keyed by (backbone, task, probe, n, seed); the backbone's identity carries the checkpoint's
+step and CRC, so a retrained run is a new key. Its file is named by a hash of the key and written
+whole under a temporary name, then renamed, so:
+- a second run skips every key whose file exists (`has`);
+- two writers, on one machine or two Slurm nodes over a shared file system, never write the same
+  file name half-way: distinct keys are distinct files, and the same key written twice holds the same
+  metrics (the scores are deterministic) and the last rename wins;
+- a writer killed mid-write leaves only a ``.tmp-*`` file, which readers ignore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROWS = "rows"
+KEY_FIELDS = ("backbone", "task", "probe", "n", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    backbone: str
+    task: str
+    probe: str
+    n: int
+    seed: int
+
+    def file_name(self) -> str:
+        text = json.dumps(dataclasses.astuple(self))
+        return hashlib.sha256(text.encode()).hexdigest()[:24] + ".parquet"
+
+
+SCHEMA = pa.schema(
+    [
+        ("backbone", pa.string()),
+        ("task", pa.string()),
+        ("probe", pa.string()),
+        ("n", pa.int64()),
+        ("seed", pa.int64()),
+        ("cmap", pa.float64()),
+        ("auroc", pa.float64()),
+        ("top1", pa.float64()),
+        ("n_train", pa.int64()),
+        ("n_test", pa.int64()),
+        ("fit_s", pa.float64()),
+        ("config", pa.string()),
+        ("written_at", pa.string()),
+        ("written_by", pa.string()),
+    ]
+)
+
+
+def has(results: Path, key: Key) -> bool:
+    return (results / ROWS / key.file_name()).is_file()
+
+
+def put(results: Path, key: Key, metrics: dict[str, float], *, n_train: int, n_test: int, fit_s: float,
+        config: dict[str, Any]) -> Path:  # fmt: skip
+    """Writes one result (atomically: a temporary file renamed into place)."""
+    row = {
+        **dataclasses.asdict(key),
+        "cmap": metrics["cmap"],
+        "auroc": metrics["auroc"],
+        "top1": metrics["top1"],
+        "n_train": n_train,
+        "n_test": n_test,
+        "fit_s": fit_s,
+        "config": json.dumps(config, sort_keys=True),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "written_by": f"{socket.gethostname()}:{os.getpid()}",
+    }
+    folder = results / ROWS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / key.file_name()
+    tmp = folder / f".tmp-{os.getpid()}-{path.name}"
+    pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def read(results: Path) -> pa.Table:
+    """Every result in the store (an empty table when there is none)."""
+    folder = results / ROWS
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    if not files:
+        return SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in files])

@@ -1,0 +1,108 @@
+"""The benchmark's parts without a model: metrics against scikit-learn, few-shot draws, probes, the store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from birdjepa.benchmark import fewshot, store
+from birdjepa.benchmark.metrics import all_metrics, auroc, cmap, top1
+from birdjepa.benchmark.probes import Recipe, fit_and_score
+
+
+def multilabel_case(seed: int, n: int = 60, c: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    targets = (rng.random((n, c)) < 0.25).astype(np.uint8)
+    targets[:, -1] = 0  # a class never present: no AP, no AUROC
+    targets[:5] = 0  # "no call" segments
+    scores = np.round(targets * 0.6 + rng.random((n, c)), 1)  # rounded: many ties
+    return scores, targets
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cmap_and_auroc_equal_scikit_learn(seed: int) -> None:
+    scores, targets = multilabel_case(seed)
+    present = targets.any(axis=0)
+    ap = [average_precision_score(targets[:, c], scores[:, c]) for c in np.flatnonzero(present)]
+    roc = [roc_auc_score(targets[:, c], scores[:, c]) for c in np.flatnonzero(present & ~targets.all(axis=0))]
+    # Both sum the same terms in another order: equal to float rounding.
+    assert cmap(scores, targets) == pytest.approx(np.mean(ap), abs=1e-12)
+    assert auroc(scores, targets) == pytest.approx(np.mean(roc), abs=1e-12)
+
+
+def test_top1_by_hand() -> None:
+    targets = np.array([[1, 0, 0], [0, 1, 1], [0, 0, 1], [0, 0, 0]])
+    scores = np.array([[0.9, 0.1, 0.0], [0.5, 0.2, 0.4], [0.3, 0.3, 0.3], [1.0, 0.0, 0.0]])
+    # Row 0 right, row 1 wrong (class 0 is not a label), row 2 a tie that goes to class 0: wrong;
+    # row 3 has no call and is left out.
+    assert top1(scores, targets) == 1 / 3
+    assert np.isnan(all_metrics(scores, np.zeros((4, 3)))["cmap"])
+
+
+def test_few_shot_draws_are_per_class_seeded_and_nested() -> None:
+    labels = np.repeat(np.arange(5), [1, 3, 8, 8, 20])
+    labels = np.r_[labels, -1, -1]
+    for n in (1, 4, 16):
+        kept = fewshot.draw(labels, n, seed=3)
+        counts = np.bincount(labels[kept], minlength=5)
+        assert counts.tolist() == [min(n, k) for k in (1, 3, 8, 8, 20)]
+        assert np.array_equal(kept, fewshot.draw(labels, n, seed=3))
+    assert (
+        set(fewshot.draw(labels, 1, 3)) <= set(fewshot.draw(labels, 4, 3)) <= set(fewshot.draw(labels, 16, 3))
+    )
+    assert not np.array_equal(fewshot.draw(labels, 4, 0), fewshot.draw(labels, 4, 1))
+    assert np.array_equal(fewshot.draw(labels, fewshot.ALL, 0), np.flatnonzero(labels >= 0))
+    # A class's draw does not depend on the other classes.
+    only_four = np.where(labels == 4, 4, -1)
+    fours = np.intersect1d(fewshot.draw(labels, 4, 3), np.flatnonzero(labels == 4))
+    assert np.array_equal(fewshot.draw(only_four, 4, 3), fours)
+
+
+def test_probes_learn_separable_classes_deterministically() -> None:
+    rng = np.random.default_rng(0)
+    means = rng.normal(size=(6, 24)) * 3
+    y_train = np.repeat(np.arange(5), 8)  # class 5 has no train clip
+    x_train = means[y_train] + rng.normal(size=(40, 24))
+    test_targets = (rng.random((50, 6)) < 0.3).astype(np.uint8)
+    x_test = test_targets @ means + rng.normal(size=(50, 24))
+    train_targets = np.eye(6, dtype=np.uint8)[y_train]
+    for probe in ("linear", "mlp", "centroid"):
+        for loss in ("bce", "asl"):
+            scores = fit_and_score(probe, x_train, train_targets, x_test, seed=1, recipe=Recipe(loss=loss))
+            m = all_metrics(scores[:, :5], test_targets[:, :5])
+            # Chance is a cmAP of about 0.3 (the share of positives) and an AUROC of 0.5.
+            assert m["cmap"] > 0.75 and m["auroc"] > 0.8, (probe, loss, m)
+            again = fit_and_score(probe, x_train, train_targets, x_test, seed=1, recipe=Recipe(loss=loss))
+            assert np.array_equal(scores, again)
+    assert (fit_and_score("centroid", x_train, train_targets, x_test)[:, 5] == -1).all()
+    with pytest.raises(ValueError, match="NaN"):
+        fit_and_score("linear", np.full_like(x_train, np.nan), train_targets, x_test)
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from birdjepa.benchmark import store
+results, who = Path(sys.argv[1]), int(sys.argv[2])
+for i in range(40):
+    # Both writers put the shared keys (i % 2 == 0) and one key of their own.
+    key = store.Key("b", "t", "linear", i if i % 2 == 0 else 1000 * who + i, 0)
+    store.put(results, key, {"cmap": i / 40, "auroc": 0.5, "top1": 0.25}, n_train=i, n_test=3, fit_s=0.0,
+              config={"who": who})
+"""
+
+
+def test_two_writers_lose_nothing(tmp_path: Path) -> None:
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(w)]) for w in (1, 2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    rows = store.read(tmp_path).to_pylist()
+    assert len(rows) == 20 + 2 * 20  # the shared keys once, each writer's own keys all
+    assert sorted(r["n"] for r in rows if r["n"] < 1000) == list(range(0, 40, 2))
+    assert not list((tmp_path / store.ROWS).glob(".tmp-*"))
+    assert store.has(tmp_path, store.Key("b", "t", "linear", 2, 0))
+    assert not store.has(tmp_path, store.Key("b", "t", "linear", 2, 1))
