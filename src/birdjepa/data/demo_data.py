@@ -1,16 +1,20 @@
-"""`birdjepa demo-data`: the command line of the two synthetic sets, the demo set (`demo`) or, with
-`--recordings N --shards K`, the scale set (`scale_set`). It sits above both, so neither imports the
-other; the generator they share is `synth`.
+"""`birdjepa demo-data`: the command line of the synthetic sets, the demo set (`demo`), with
+`--recordings N --shards K` the scale set (`scale_set`), with `--birdset` the BirdSet stand-in
+(`birdset_standin`). It sits above them, so none imports another; the generator they share is `synth`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import tyro
 
+from birdjepa.data.birdset_standin import DEFAULT_BIRDSET, generate_birdset
 from birdjepa.data.demo import DEFAULT, generate_demo_data
 from birdjepa.data.scale_set import ScaleConfig, generate_scale_set
 from birdjepa.data.synth.config import DemoConfig
@@ -24,6 +28,7 @@ def cli(
     pool: int = 2048,
     workers: int | None = None,
     overwrite: bool = False,
+    birdset: bool = False,
 ) -> None:
     """Generate a deterministic synthetic bird-song set: OUT/train, OUT/eval (Arrow shards + vocab.json)
     and OUT/manifest.json.
@@ -39,9 +44,18 @@ def cli(
         pool: Distinct renders the scale set's train rows reuse.
         workers: Processes for synthesis and encoding (default: all cores); output does not depend on it.
         overwrite: Replace a data set already in OUT.
+        birdset: Write the BirdSet stand-in instead (of the config, only --seed counts): 3 synthetic
+            tasks OUT/SYN1..SYN3, each with train (focal recordings) and test_5s (5 s windows of 30 s
+            soundscapes, 0-3 species each) in BirdSet's columns; SYN3 has 2 test classes without train
+            recordings, like BirdSet's UHH (about 90 MB, 1 min on 2 cores).
     """
     try:
-        if recordings is None:
+        if birdset:
+            t0 = time.perf_counter()
+            generate_birdset(out, dataclasses.replace(DEFAULT_BIRDSET, seed=config.seed), workers=workers,
+                             overwrite=overwrite)  # fmt: skip
+            print_birdset(out, time.perf_counter() - t0)
+        elif recordings is None:
             generate_demo_data(out, config, workers=workers, overwrite=overwrite, verbose=True)
         else:
             scale = ScaleConfig(recordings=recordings, shards=shards, pool=pool, n_species=config.n_species,
@@ -51,3 +65,22 @@ def cli(
     except (FileExistsError, ValueError) as e:
         print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def print_birdset(out: Path, seconds: float) -> None:
+    """What `generate_birdset` wrote, from its manifest: rows, shards and MiB per task and split."""
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    total = 0
+    for name, task in manifest["tasks"].items():
+        for split in ("train", "test_5s"):
+            shards = task[split]["shards"]
+            size = sum(s["bytes"] for s in shards)
+            total += size
+            print(f"  {out / name / split}: {sum(s['rows'] for s in shards)} rows in {len(shards)} shard(s), "
+                  f"{size / 2**20:.1f} MiB, {len(task['classes'])} classes")  # fmt: skip
+        counts = task["test_5s"]["species_per_segment"]
+        unseen = ", ".join(task["test_only_classes"]) or "none"
+        print(f"    test_5s windows with 0/1/2/3 species: {'/'.join(str(counts[k]) for k in '0123')}; "
+              f"test-only classes: {unseen}")  # fmt: skip
+    print(f"wrote the BirdSet stand-in ({len(manifest['tasks'])} tasks, {total / 2**20:.1f} MiB) to {out} "
+          f"in {seconds:.1f} s")  # fmt: skip
