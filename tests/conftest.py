@@ -2,6 +2,8 @@
 
 - `demo_dir`: the SMALL demo preset (12 species x 4 train + 2 eval, 8-12 s, all codecs and rates),
   generated once per session: `demo_dir / "train"`, `demo_dir / "eval"`, `demo_dir / "manifest.json"`.
+- `birdset_dir`: the BIRDSET_SMALL BirdSet stand-in (2 tasks, `SYN1`, `SYN2`, each with `train` and
+  `test_5s`, `SYN2` with a test-only class), generated once per session.
 - `tiny_shards` / `tiny_shards_stream`: 12 short pure tones (frequency known per label) in 3 shards of
   4 rows, record batches of 2 rows, every codec; Arrow file / stream format.
 - `corrupt_shards`: the same 12 rows, where rows 2, 6 and 9 cannot be decoded (see `TinyShards.corrupt`).
@@ -26,7 +28,8 @@ try:
 except ImportError:  # running from a plain checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from birdjepa.data.demo import SMALL, ensure_demo_data
+from birdjepa.data.birdset_standin import BIRDSET_SMALL
+from birdjepa.data.demo import SMALL, ensure_birdset_data, ensure_demo_data
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
 from birdjepa.data.synth.codecs import CODECS, encode_audio
 from birdjepa.train.determinism import deterministic_xla
@@ -136,6 +139,15 @@ def demo_dir() -> Path:
     with open(SHARED / "demo.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return ensure_demo_data(SMALL, SHARED / "demo", verbose=False)
+
+
+@pytest.fixture(scope="session")
+def birdset_dir() -> Path:
+    """The BIRDSET_SMALL stand-in, generated once per session by the first worker that asks (read-only:
+    do not modify it)."""
+    with open(SHARED / "birdset.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return ensure_birdset_data(BIRDSET_SMALL, SHARED / "birdset", verbose=False)
 
 
 @pytest.fixture(scope="session")
