@@ -221,3 +221,36 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
         holder.kill()
         holder.wait()
         (tiny_run / LEASE_FILE).unlink()
+
+
+def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_dir: Path, tmp_path: Path):
+    import pyarrow.parquet as pq
+
+    import birdjepa
+    from birdjepa.data.shards import read_shard
+    from birdjepa.evaluation.cli import embed_splits, restore_run
+    from birdjepa.evaluation.report import ENCODER
+    from birdjepa.export.cli import embed, export
+
+    run = restore_run(tiny_run)
+    _, held_out = embed_splits(
+        run.train_files[:1], run.eval_files, {ENCODER: run.params}, run.model_cfg, run.cfg.data.features,
+        seed=run.cfg.seed, batch_size=run.cfg.data.batch_size, n_workers=2,
+    )  # fmt: skip
+    evaluated = held_out.features[ENCODER]
+    folder = export(tiny_run, tmp_path / "export")
+    card = json.loads((folder / "encoder.json").read_text())
+    assert card["identity"].startswith("run:eval@5#") and card["checkpoint"]["step"] == 5
+    for source in (folder, tiny_run):  # an export, and the run itself
+        encoder = birdjepa.load_encoder(source)
+        assert encoder.identity == card["identity"]
+        out = tmp_path / f"{source.name}.parquet"
+        assert embed(str(demo_dir / "eval"), encoder, out) == len(evaluated)
+        table = pq.read_table(out)
+        vectors = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+        assert np.array_equal(vectors, evaluated)  # bit for bit
+        # Each clip named by its shard and its row there.
+        shards = sorted(str(p) for p in (demo_dir / "eval").glob("*.arrow"))
+        rows = list(zip(table.column("source").to_pylist(), table.column("row").to_pylist(), strict=True))
+        assert rows == [(s, r) for s in shards for r in range(len(read_shard(Path(s))))]
+        assert table.schema.metadata[b"encoder"].decode() == card["identity"]

@@ -22,6 +22,8 @@ FLOORS = (
     "analysis",
     "pretrain",
     "divergence",
+    "benchmark",
+    "export",
     "evaluation",
     "resume",
     "train",

@@ -30,6 +30,8 @@ COMMANDS: dict[str, CommandTarget] = {
     "analyze": "birdjepa.analysis.report:cli",
     "evaluate": "birdjepa.evaluation.cli:cli",
     "benchmark": "birdjepa.benchmark.cli:cli",
+    "export": "birdjepa.export.cli:export_cli",
+    "embed": "birdjepa.export.cli:embed_cli",
     "trace": "birdjepa.divergence.cli:trace",
     "diff-trace": "birdjepa.divergence.cli:diff_trace",
     "bisect": "birdjepa.divergence.cli:bisect",

@@ -2,7 +2,7 @@
 
 A backbone is named on the command line as one of:
 - ``RUN`` or ``RUN@STEP``: a run directory at its newest checkpoint (or that step), restored and
-  verified as the trainer restores it;
+  verified as the trainer restores it; or an export folder (``birdjepa export``);
 - ``random:RUN``: the same architecture at the run's random init (the baseline of every claim);
 - ``raw``: per clip, the mean and std over time of every log-mel bin (nothing learned);
 - ``module:function``: an external encoder, imported and called with a spectrogram batch
@@ -11,8 +11,8 @@ A backbone is named on the command line as one of:
   same clips.
 
 Its identity (the store's key) holds what makes its embeddings what they are: a run's name, step and a
-CRC-32 of its checkpoint's leaf CRC-32s; random init's name and CRC of the init; an external encoder's
-import path.
+CRC-32 of its checkpoint's leaf CRC-32s (an export keeps its run's); random init's name and a CRC of
+the init; an external encoder's import path.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from birdjepa.data import Features, Loader
-from birdjepa.evaluation.embed import Encode, batched, raw_features
+from birdjepa.evaluation.embed import Encode, raw_features
 
 
 class BackboneError(ValueError):
@@ -46,47 +46,35 @@ class Backbone:
     """The log-mel a run was trained on (None: whichever the benchmark uses)."""
 
 
-def _crc_of(values: Sequence[int]) -> str:
-    return f"{zlib.crc32(json.dumps(list(values)).encode()):08x}"
+def _run(spec: str) -> Backbone:
+    from birdjepa.export.encoder import ExportError, load_encoder
+
+    path, _, step = spec.partition("@")
+    try:
+        encoder = load_encoder(Path(path), int(step) if step else None)
+    except ExportError as e:
+        raise BackboneError(str(e)) from e
+    return Backbone(spec, encoder.identity, encoder, encoder.features)
 
 
-def _params_crc(params: Any) -> str:
-    import jax
-
-    from birdjepa.train.checkpoint.integrity import leaf_hash
-
-    return _crc_of([leaf_hash(np.asarray(x)) for x in jax.tree_util.tree_leaves(params)])
-
-
-def _run_backbones(run_dir: Path, step: int | None, batch_size: int, want: set[str]) -> dict[str, Backbone]:
+def _random_init(run_dir: Path) -> Backbone:
+    """The run's architecture at its own init (the params its step 0 started from)."""
     import jax
 
     from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
-    from birdjepa.model.vit import encoder_apply
+    from birdjepa.export.encoder import Encoder
+    from birdjepa.train.checkpoint.integrity import leaf_hash
 
     try:
-        restored = restore_checkpoint(run_dir, step)
+        r = restore_checkpoint(run_dir)
     except EvaluateError as e:
         raise BackboneError(str(e)) from e
-    apply = jax.jit(encoder_apply(restored.model_cfg))
-    features = restored.cfg.data.features
-    out = {}
-    if "run" in want:
-        crc = _crc_of(restored.meta["hashes"])
-        out["run"] = Backbone(
-            f"{run_dir}@{restored.step}",
-            f"run:{run_dir.name}@{restored.step}#{crc}",
-            batched(lambda x: apply(restored.params, x), batch_size),
-            features,
-        )
-    if "random" in want:
-        out["random"] = Backbone(
-            f"random:{run_dir}",
-            f"random:{run_dir.name}#{_params_crc(restored.random_init)}",
-            batched(lambda x: apply(restored.random_init, x), batch_size),
-            features,
-        )
-    return out
+    leaves = [leaf_hash(np.asarray(x)) for x in jax.tree_util.tree_leaves(r.random_init["encoder"])]
+    crc = zlib.crc32(json.dumps(leaves).encode())
+    identity = f"random:{run_dir.name}#{crc:08x}"
+    encoder = Encoder(r.model_cfg, r.cfg.data.features, r.cfg.data.batch_size, identity,
+                      {"encoder": r.random_init["encoder"]})  # fmt: skip
+    return Backbone(f"random:{run_dir}", identity, encoder, encoder.features)
 
 
 def _external(spec: str) -> Backbone:
@@ -109,28 +97,18 @@ def _external(spec: str) -> Backbone:
     return Backbone(spec, f"ext:{spec}", encode, None)
 
 
-def resolve(specs: Sequence[str], *, batch_size: int) -> list[Backbone]:
-    """The backbones named by ``specs``, in order (a run named twice, as itself and as ``random:``, is
-    restored once)."""
-    runs: dict[tuple[Path, int | None], set[str]] = {}
-    for spec in specs:
-        if spec.startswith("random:"):
-            runs.setdefault((Path(spec.removeprefix("random:")), None), set()).add("random")
-        elif spec != "raw" and not _looks_external(spec):
-            path, _, step = spec.partition("@")
-            runs.setdefault((Path(path), int(step) if step else None), set()).add("run")
-    restored = {key: _run_backbones(key[0], key[1], batch_size, want) for key, want in runs.items()}
+def resolve(specs: Sequence[str]) -> list[Backbone]:
+    """The backbones named by ``specs``, in order."""
     out = []
     for spec in specs:
         if spec == "raw":
             out.append(Backbone("raw", "raw:logmel-mean-std", raw_features, None))
         elif spec.startswith("random:"):
-            out.append(restored[(Path(spec.removeprefix("random:")), None)]["random"])
+            out.append(_random_init(Path(spec.removeprefix("random:"))))
         elif _looks_external(spec):
             out.append(_external(spec))
         else:
-            path, _, step = spec.partition("@")
-            out.append(restored[(Path(path), int(step) if step else None)]["run"])
+            out.append(_run(spec))
     return out
 
 

@@ -227,6 +227,7 @@ def cli(
     loss: Loss = "bce",
     results: Path = Path("results"),
     table: Annotated[Path | None, tyro.conf.arg(metavar="RESULTS")] = None,
+    plot: Path | None = None,
     multilabel_column: str = "ebird_code_multilabel",
     n_classes: int | None = None,
     batch_size: int = 16,
@@ -237,9 +238,9 @@ def cli(
     store in --results, skipped when already there.
 
     Args:
-        backbone: What to score, side by side: RUN or RUN@STEP (a run's checkpoint), random:RUN (its
-            architecture at random init), raw (log-mel mean and std), module:function (an external
-            encoder: spectrogram [B, T, M] in, [B, D] out).
+        backbone: What to score, side by side: RUN or RUN@STEP (a run's checkpoint) or an export folder,
+            random:RUN (its architecture at random init), raw (log-mel mean and std), module:function
+            (an external encoder: spectrogram [B, T, M] in, [B, D] out).
         train: Shards the probes are fitted on (a glob, a folder or a file), e.g. 'hsn/train/*.arrow'.
         test: Shards the probes are scored on, e.g. 'hsn/test_5s/*.arrow'.
         task: The task's name in the store (default: the test split's parent folder's name).
@@ -249,6 +250,7 @@ def cli(
         loss: The trained probes' loss: bce (binary cross-entropy) or asl (asymmetric loss).
         results: The results store (and the embedding cache, RESULTS/cache).
         table: Print the store in RESULTS as a table and exit.
+        plot: With --table: also draw cmAP against n per task, backbone and probe into this PNG.
         multilabel_column: The list-of-labels column (BirdSet's); where the shards have none, each clip's
             target is the one-hot of its label.
         n_classes: Classes (default: the vocab.json beside the shards).
@@ -257,7 +259,13 @@ def cli(
     """
     try:
         if table is not None:
-            print(format_table(store.read(table).to_pylist()))
+            rows = store.read(table).to_pylist()
+            print(format_table(rows))
+            if plot is not None:
+                from birdjepa.benchmark.figures import fewshot_curves
+
+                fewshot_curves(rows).savefig(plot, dpi=120)
+                print(f"wrote {plot}")
             return
         if not backbone or train is None or test is None:
             raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
@@ -268,7 +276,7 @@ def cli(
             )
         t = load_task(task or Path(resolve_files(test)[0]).parent.parent.name, train, test, n_classes)
         t0 = time.perf_counter()
-        backbones = resolve(backbone, batch_size=batch_size)
+        backbones = resolve(backbone)
         print(
             f"backbones ready in {time.perf_counter() - t0:.1f} s: {', '.join(b.identity for b in backbones)}"
         )

@@ -1,0 +1,61 @@
+"""Few-shot curves of a benchmark store (interactive): `marimo edit notebooks/benchmark.py -- --results
+DIR`. The table and the figure come from `birdjepa.benchmark` (the same as `birdjepa benchmark --table
+DIR --plot FILE.png`); this file only wires controls to them."""
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="full")
+
+
+@app.cell
+def _():
+    import os
+    from pathlib import Path
+
+    import marimo as mo
+
+    from birdjepa.benchmark import store
+    from birdjepa.benchmark.cli import format_table
+    from birdjepa.benchmark.figures import fewshot_curves
+
+    return Path, fewshot_curves, format_table, mo, os, store
+
+
+@app.cell
+def _(mo, os):
+    results_path = mo.cli_args().get("results") or os.environ.get("BIRDJEPA_RESULTS", "results")
+    return (results_path,)
+
+
+@app.cell
+def _(Path, results_path, store):
+    rows = store.read(Path(results_path)).to_pylist()
+    return (rows,)
+
+
+@app.cell
+def _(mo, rows):
+    metric = mo.ui.dropdown(options=["cmap", "auroc", "top1"], value="cmap", label="metric")
+    probes = sorted({r["probe"] for r in rows})
+    chosen = mo.ui.multiselect(options=probes, value=probes, label="probes")
+    mo.hstack([metric, chosen])
+    return chosen, metric
+
+
+@app.cell
+def _(chosen, fewshot_curves, metric, rows):
+    shown = [r for r in rows if r["probe"] in chosen.value]
+    curves_fig = fewshot_curves(shown, metric.value) if shown else None
+    curves_fig
+    return (curves_fig,)
+
+
+@app.cell
+def _(format_table, mo, rows):
+    mo.md(f"```\n{format_table(rows)}\n```")
+    return
+
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,49 @@
+"""The few-shot figure: cmAP against recordings per class, one panel per task, a line per backbone
+(colour) and probe (line style), the spread over seeds as a band (min to max)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from birdjepa.benchmark.fewshot import ALL
+
+
+def fewshot_curves(rows: list[dict], metric: str = "cmap"):  # -> matplotlib Figure
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r["task"] for r in rows})
+    if not tasks:
+        raise ValueError("the store holds no result to draw")
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    finite = sorted({r["n"] for r in rows if r["n"] != ALL})
+    at_all = 2 * max(finite) if finite else 1  # "all" drawn one octave right of the largest n
+    colours = {b: f"C{i}" for i, b in enumerate(sorted({r["backbone"] for r in rows}))}
+    styles = {p: ("-", "--", ":", "-.")[i % 4] for i, p in enumerate(sorted({r["probe"] for r in rows}))}
+    for ax, task in zip(axes[0], tasks, strict=True):
+        curves: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:
+            if r["task"] == task:
+                curves[(r["backbone"], r["probe"])][r["n"]].append(r[metric])
+        for (backbone, probe), by_n in sorted(curves.items()):
+            ns = sorted(by_n, key=lambda n: at_all if n == ALL else n)
+            x = [at_all if n == ALL else n for n in ns]
+            values = [np.asarray(by_n[n]) for n in ns]
+            colour = colours[backbone]
+            ax.plot(x, [v.mean() for v in values], styles[probe], color=colour, marker="o", ms=3,
+                    label=f"{backbone} / {probe}")  # fmt: skip
+            ax.fill_between(x, [v.min() for v in values], [v.max() for v in values], color=colour, alpha=0.12)
+        ax.set_xscale("log", base=2)
+        ticks = [*finite, at_all] if finite else [at_all]
+        ax.set_xticks(ticks, [*map(str, finite), "all"] if finite else ["all"])
+        ax.set_xlabel("train recordings per class")
+        ax.set_ylabel(metric)
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,186 @@
+"""`birdjepa export RUN --out DIR` and `birdjepa embed SOURCE --encoder DIR_OR_RUN --out FILE.parquet`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import tyro
+
+from birdjepa.data import DataError, resolve_files
+from birdjepa.exit_codes import USAGE
+from birdjepa.export.encoder import (
+    CARD,
+    FORMAT,
+    FORMAT_VERSION,
+    WEIGHTS,
+    Encoder,
+    ExportError,
+    checkpoint_identity,
+    flatten,
+    load_encoder,
+)
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
+
+
+def export(run: Path, out: Path, step: int | None = None) -> Path:
+    """Writes checkpoint ``step`` (default: the newest) of ``run``'s encoder to ``out``: the weights in
+    safetensors, and a card with the model config, the feature options, the batch size embeddings are
+    computed in and the checkpoint's identity."""
+    from safetensors.numpy import save_file
+
+    from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
+
+    try:
+        r = restore_checkpoint(run, step)
+    except EvaluateError as e:
+        raise ExportError(str(e)) from e
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(flatten({"encoder": r.params["encoder"]}), str(out / WEIGHTS))
+    card = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "identity": checkpoint_identity(run, r.step, r.meta),
+        "checkpoint": {
+            "run": str(run.resolve()),
+            "step": r.step,
+            "git": r.meta.get("git"),
+            "machine": r.meta.get("machine"),
+        },  # fmt: skip
+        "model": dataclasses.asdict(r.model_cfg),
+        "features": dataclasses.asdict(r.cfg.data.features),
+        "batch_size": r.cfg.data.batch_size,
+        "embedding_dim": r.model_cfg.dim,
+        "input": "log-mel spectrogram float32 [B, n_frames, n_mels] as birdjepa.data.Loader makes it "
+        "with these features",
+    }
+    (out / CARD).write_text(json.dumps(card, indent=2, default=str) + "\n")
+    return out
+
+
+def export_cli(
+    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")],
+    out: Path,
+    step: int | None = None,
+) -> None:
+    """Write a run's encoder out of the harness: OUT/model.safetensors and OUT/encoder.json (model config,
+    feature options, the checkpoint's identity). birdjepa.load_encoder(OUT) reads it back.
+
+    Args:
+        run: Run directory.
+        out: Folder to write.
+        step: Checkpoint step (default: the newest).
+    """
+    try:
+        folder = export(run, out, step)
+    except ExportError as e:
+        print(f"birdjepa export: error: {e}", file=sys.stderr)
+        raise SystemExit(USAGE) from None
+    card = json.loads((folder / CARD).read_text())
+    print(f"exported {card['identity']} ({card['embedding_dim']}-d embeddings) to {folder}")
+
+
+def window_shards(files: list[Path], encoder: Encoder, folder: Path) -> tuple[list[str], list[tuple]]:
+    """Audio files as one Arrow shard whose rows are their consecutive clip-long windows (each row holds
+    the file's bytes and its window's start and end, as BirdSet's soundscape rows do); returns the
+    shard and, per row, (file, start s, end s)."""
+    from birdjepa._rs import decode_audio
+
+    rows, where = [], []
+    clip = encoder.features.clip_seconds
+    for f in files:
+        data = f.read_bytes()
+        try:
+            samples, rate = decode_audio(data)
+        except ValueError as e:
+            raise DataError(f"{f}: cannot decode: {e}") from e
+        seconds = len(samples) / rate
+        for k in range(max(int(np.ceil(seconds / clip - 1e-9)), 1)):
+            start = k * clip
+            rows.append({"audio": data, "start_time": start, "end_time": min(start + clip, seconds)})
+            where.append((str(f), start, min(start + clip, seconds)))
+    schema = pa.schema([("audio", pa.binary()), ("ebird_code", pa.int64()), ("start_time", pa.float64()),
+                        ("end_time", pa.float64())])  # fmt: skip
+    table = pa.Table.from_pylist([{**r, "ebird_code": None} for r in rows], schema=schema)  # no labels
+    path = folder / "windows.arrow"
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=64)
+    return [str(path)], where
+
+
+def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> int:
+    """Embeds ``source`` (shards: a glob, folder or file of .arrow; or a folder or list of audio files)
+    into ``out`` (Parquet, one row per clip); returns the row count."""
+    audio = sorted(p for p in Path(source).rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES) \
+        if Path(source).is_dir() else []  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        if audio:
+            files, where = window_shards(audio, encoder, Path(tmp))
+        else:
+            files, where = resolve_files(source), []
+        columns: dict[str, list] = {"source": [], "row": [], "start_s": [], "end_s": [], "embedding": []}
+        rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
+        for batch in encoder.embed_files(files, n_workers=n_workers):
+            for i, index in enumerate(batch["index"]):
+                if where:
+                    name, start, end = where[index]
+                    row = -1
+                else:
+                    name, row = files[int(batch["shard_id"][i])], int(batch["row"][i])
+                    start = float(batch["crop_offset"][i]) / rate
+                    end = start + clip
+                columns["source"].append(name)
+                columns["row"].append(row)
+                columns["start_s"].append(start)
+                columns["end_s"].append(end)
+                columns["embedding"].append(batch["embedding"][i])
+    dim = encoder.model.dim
+    table = pa.table({
+        "source": pa.array(columns["source"], pa.string()),
+        "row": pa.array(columns["row"], pa.int64()),
+        "start_s": pa.array(columns["start_s"], pa.float64()),
+        "end_s": pa.array(columns["end_s"], pa.float64()),
+        "embedding": pa.FixedSizeListArray.from_arrays(
+            pa.array(np.asarray(columns["embedding"], np.float32).reshape(-1)), dim),
+    })  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata({"encoder": encoder.identity}), out)
+    return len(table)
+
+
+def embed_cli(
+    source: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SOURCE")],
+    encoder: Path,
+    out: Path,
+    step: int | None = None,
+    n_workers: int = 2,
+) -> None:
+    """Embed recordings with a trained encoder: one Parquet row per clip (source file or shard, row,
+    window start and end in seconds, embedding).
+
+    Args:
+        source: A folder of audio files (every clip-long window of each), or shards (a glob, a folder or
+            a file of .arrow: one row per shard row, its centre crop or its start/end window).
+        encoder: An export folder (birdjepa export) or a run directory.
+        out: The Parquet file to write.
+        step: With a run directory: the checkpoint step (default: the newest).
+        n_workers: Loader decode threads (the result does not depend on it).
+    """
+    t0 = time.perf_counter()
+    try:
+        enc = load_encoder(encoder, step)
+        n = embed(source, enc, out, n_workers=n_workers)
+    except (ExportError, DataError) as e:
+        print(f"birdjepa embed: error: {e}", file=sys.stderr)
+        raise SystemExit(USAGE) from None
+    print(f"embedded {n} clips with {enc.identity} into {out} in {time.perf_counter() - t0:.1f} s")

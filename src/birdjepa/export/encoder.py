@@ -1,0 +1,138 @@
+"""`load_encoder(DIR or RUN)`: a trained encoder as a plain callable, spectrogram -> embedding.
+
+The callable runs the same jitted encoder on the same batches as `birdjepa evaluate` (chunks of the
+run's batch size, the last one padded with zeros), so fed the loader's batches it gives evaluate's
+embeddings bit for bit. `Encoder.embed_files` runs the loader itself (eval mode, the run's features):
+from shards, one row per shard row; from audio files, one row per window (see `windows`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from birdjepa.data import Features, Loader
+from birdjepa.model.config import ModelConfig
+
+CARD = "encoder.json"
+WEIGHTS = "model.safetensors"
+FORMAT = "birdjepa-encoder"
+FORMAT_VERSION = 1
+
+
+class ExportError(ValueError):
+    """Not an export or a run, or an export this version cannot read."""
+
+
+def checkpoint_identity(run_dir: Path, step: int, meta: dict[str, Any]) -> str:
+    """``run:NAME@STEP#CRC``: the CRC-32 of the checkpoint's per-leaf CRC-32s names its exact bytes."""
+    crc = zlib.crc32(json.dumps(list(meta["hashes"])).encode())
+    return f"run:{run_dir.name}@{step}#{crc:08x}"
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
+    """``{"a": {"b": x}} -> {"a/b": x}`` (safetensors holds a flat name -> array map)."""
+    out: dict[str, np.ndarray] = {}
+    for k, v in tree.items():
+        name = f"{prefix}/{k}" if prefix else str(k)
+        out.update(flatten(v, name) if isinstance(v, dict) else {name: np.asarray(v)})
+    return out
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, v in flat.items():
+        *path, leaf = name.split("/")
+        node = tree
+        for p in path:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return tree
+
+
+@dataclasses.dataclass
+class Encoder:
+    """A frozen encoder: ``encoder(spectrogram [B, T, M]) -> [B, D]`` float32."""
+
+    model: ModelConfig
+    features: Features
+    batch_size: int
+    identity: str
+    params: dict[str, Any]
+    """``{"encoder": ...}``: the encoder's weights alone."""
+
+    def __post_init__(self) -> None:
+        import jax
+
+        from birdjepa.model.vit import encoder_apply
+
+        self._apply = jax.jit(encoder_apply(self.model))
+
+    def __call__(self, spectrogram: np.ndarray) -> np.ndarray:
+        x = np.asarray(spectrogram, np.float32)
+        out = []
+        for start in range(0, len(x), self.batch_size):
+            chunk = x[start : start + self.batch_size]
+            n = len(chunk)
+            if n < self.batch_size:
+                chunk = np.concatenate([chunk, np.zeros((self.batch_size - n, *chunk.shape[1:]), np.float32)])
+            out.append(np.asarray(self._apply(self.params, chunk), np.float32)[:n])
+        return np.concatenate(out) if out else np.zeros((0, self.model.dim), np.float32)
+
+    def embed_files(self, files: Sequence[str], *, n_workers: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        """Batches of shard rows through the eval-mode loader: ``index`` (over all shards), ``shard_id``,
+        ``row`` (in its shard), ``crop_offset`` (samples at the target rate) and ``embedding``."""
+        with Loader(list(files), batch_size=self.batch_size, n_workers=n_workers, train=False,
+                    features=self.features) as loader:  # fmt: skip
+            first_index = np.r_[0, np.cumsum(loader.shard_sizes())]
+            for batch in loader:
+                yield {
+                    "index": batch["index"],
+                    "shard_id": batch["shard_id"],
+                    "row": batch["index"] - first_index[batch["shard_id"]],
+                    "crop_offset": batch["crop_offset"],
+                    "embedding": self(batch["spectrogram"]),
+                }
+
+
+def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
+    """The encoder of an export folder (``birdjepa export``) or of a run directory (its newest
+    checkpoint, or ``step``)."""
+    source = Path(source)
+    if (source / CARD).is_file():
+        return _from_export(source)
+    if (source / "checkpoints").is_dir():
+        from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
+
+        try:
+            r = restore_checkpoint(source, step)
+        except EvaluateError as e:
+            raise ExportError(str(e)) from e
+        identity = checkpoint_identity(source, r.step, r.meta)
+        params = {"encoder": r.params["encoder"]}
+        return Encoder(r.model_cfg, r.cfg.data.features, r.cfg.data.batch_size, identity, params)
+    raise ExportError(f"{source}: neither an export (no {CARD}) nor a run directory (no checkpoints/)")
+
+
+def _from_export(folder: Path) -> Encoder:
+    from safetensors.numpy import load_file
+
+    from birdjepa.slurm.sweep import SweepError, resolve
+
+    card = json.loads((folder / CARD).read_text())
+    if card.get("format") != FORMAT or card.get("version") != FORMAT_VERSION:
+        raise ExportError(f"{folder / CARD}: format {card.get('format')} version {card.get('version')}; "
+                          f"this birdjepa reads {FORMAT} version {FORMAT_VERSION}")  # fmt: skip
+    try:
+        model = resolve(ModelConfig(), card["model"], str(folder / CARD))
+        features = resolve(Features(), card["features"], str(folder / CARD))
+    except SweepError as e:
+        raise ExportError(str(e)) from e
+    params = unflatten(load_file(str(folder / WEIGHTS)))
+    return Encoder(model, features, int(card["batch_size"]), card["identity"], params)
