@@ -3,7 +3,7 @@ size of a quick experiment, cached on first use (`ensure_demo_data`). This is it
 presets (`DEFAULT`, `SMALL`), its recordings' plan (`plan_recordings`) and the writing of its shards
 and manifest (`generate_demo_data`). Species, songs, recording channel, codecs and the shared writing
 machinery are in `synth`; the 10^5-recording scale set is in `scale_set`, the command line of both in
-`demo_data`.
+`demo_data`. `ensure_birdset_data` caches the BirdSet stand-in (`birdset_standin`) the same way.
 
 Output::
 
