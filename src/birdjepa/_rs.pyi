@@ -33,8 +33,10 @@ class Loader:
         or a wrong type raises ValueError naming it. ``state_json``: a `state_json()` to resume from."""
     def next_batch(self) -> dict[str, npt.NDArray[Any]] | None:
         """The next batch (``spectrogram``, ``crop_offset``, ``label``, ``index``, ``shard_id``,
-        ``epoch``), or None at the end of an eval pass. ``crop_offset`` (int64, ``[B]``, or ``[B, V]``
-        with ``n_views > 1``) is each view's crop start in samples at ``target_rate``."""
+        ``epoch``; ``multilabel`` too with a ``multilabel_column``), or None at the end of an eval pass.
+        ``crop_offset`` (int64, ``[B]``, or ``[B, V]`` with ``n_views > 1``) is each view's crop start in
+        samples at ``target_rate`` (a windowed row's window start). ``multilabel`` (uint8, ``[B, C]``)
+        is the multi-hot of the multilabel column; absent without one."""
     def restart(self) -> None:
         """Start a new eval pass from the beginning."""
     def state_json(self) -> str: ...

@@ -4,9 +4,12 @@
 //! index means the same recording whatever order the files were listed in.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type};
+use arrow_array::types::{
+    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
 use arrow_array::{Array, ArrayRef};
 use arrow_buffer::Buffer;
 use arrow_schema::{DataType, Field};
@@ -20,11 +23,22 @@ use crate::shard::Shard;
 pub struct ColumnConfig {
     pub audio_column: String,
     pub label_column: String,
+    /// A list column read as a multi-hot of `n_classes` (or the vocabulary's length) per row.
+    pub multilabel_column: Option<String>,
+    pub n_classes: Option<usize>,
+    /// (start, end) seconds columns; None in train mode, where rows are never cropped to a window.
+    pub window_columns: Option<(String, String)>,
 }
 
 impl ColumnConfig {
     pub fn from_options(o: &LoaderOptions) -> Self {
-        ColumnConfig { audio_column: o.audio_column.clone(), label_column: o.label_column.clone() }
+        ColumnConfig {
+            audio_column: o.audio_column.clone(),
+            label_column: o.label_column.clone(),
+            multilabel_column: o.multilabel_column.clone(),
+            n_classes: o.n_classes,
+            window_columns: (!o.train).then(|| (o.window_start_column.clone(), o.window_end_column.clone())),
+        }
     }
 }
 
@@ -51,10 +65,14 @@ enum LabelLayout {
     LargeUtf8,
 }
 
-/// One decoded row: the encoded audio (a zero-copy slice of the mapped shard) and its label.
+/// One decoded row: the encoded audio (a zero-copy slice of the mapped shard) and its labels.
 pub struct Record {
     pub audio: Buffer,
     pub label: i64,
+    /// The multi-hot row (`n_classes` bytes of 0 or 1) when a multilabel column is read.
+    pub multilabel: Option<Vec<u8>>,
+    /// The (start, end) window in seconds, where the shard has window columns and both are non-null.
+    pub window: Option<(f64, f64)>,
     pub shard: usize,
     pub row: u64,
 }
@@ -68,12 +86,37 @@ pub enum RecordError {
     Fatal(Error),
 }
 
+/// `vocab.json` beside a shard: label name -> position.
+struct Vocab {
+    index: HashMap<String, i64>,
+    /// Names listed (the multi-hot's width when `n_classes` is not given).
+    len: usize,
+    file: PathBuf,
+}
+
+impl Vocab {
+    fn lookup(&self, name: &str) -> std::result::Result<i64, String> {
+        self.index.get(name).copied().ok_or_else(|| format!("label '{name}' is not in {}", self.file.display()))
+    }
+}
+
+/// Why a shard needs its `vocab.json` (the error says so when it cannot be read).
+#[derive(Clone, Copy)]
+enum VocabNeed {
+    /// String labels map to their position in it.
+    Names,
+    /// Integer multilabels without `n_classes`: its length is the multi-hot's width.
+    Width,
+}
+
 struct ShardEntry {
     shard: Shard,
     audio: AudioLayout,
     label: LabelLayout,
+    /// Whether the shard has both window columns (eval mode only).
+    window: bool,
     /// Vocabulary for string labels (from `vocab.json` beside the shard).
-    vocab: Option<std::sync::Arc<HashMap<String, i64>>>,
+    vocab: Option<Arc<Vocab>>,
 }
 
 pub struct Dataset {
@@ -81,6 +124,8 @@ pub struct Dataset {
     /// offsets[s] = global index of shard s's first row; offsets[n] = total.
     offsets: Vec<u64>,
     columns: ColumnConfig,
+    /// The multi-hot's width when a multilabel column is read.
+    n_classes: Option<usize>,
     fingerprint: String,
 }
 
@@ -117,32 +162,63 @@ fn label_layout(path: &Path, field: &Field) -> Result<LabelLayout> {
     }
 }
 
+/// A list column of integers or strings (HF's `Sequence(ClassLabel)` is `list<int64>`): the items' layout.
+fn multilabel_layout(path: &Path, field: &Field) -> Result<LabelLayout> {
+    let items = match field.data_type() {
+        DataType::List(f) | DataType::LargeList(f) => Some(f.data_type()),
+        _ => None,
+    };
+    match items {
+        Some(t) if t.is_integer() => Ok(LabelLayout::Int),
+        Some(DataType::Utf8) => Ok(LabelLayout::Utf8),
+        Some(DataType::LargeUtf8) => Ok(LabelLayout::LargeUtf8),
+        _ => Err(Error::data(format!(
+            "{}: multilabel column '{}' has type {}; expected a list of integers or of strings",
+            path.display(),
+            field.name(),
+            field.data_type()
+        ))),
+    }
+}
+
+/// Window columns hold seconds: a float or an integer.
+fn check_seconds_column(path: &Path, field: &Field) -> Result<()> {
+    match field.data_type() {
+        t if t.is_integer() || matches!(t, DataType::Float32 | DataType::Float64) => Ok(()),
+        t => Err(Error::data(format!(
+            "{}: window column '{}' has type {t}; expected seconds as a float or an integer",
+            path.display(),
+            field.name()
+        ))),
+    }
+}
+
 /// `vocab.json` beside the shard: `{"names": [...]}` or a plain list; label = position in it.
-fn load_vocab(path: &Path, cache: &mut HashMap<PathBuf, std::sync::Arc<HashMap<String, i64>>>) -> Result<std::sync::Arc<HashMap<String, i64>>> {
+fn load_vocab(path: &Path, need: VocabNeed, cache: &mut HashMap<PathBuf, Arc<Vocab>>) -> Result<Arc<Vocab>> {
     let file = path.with_file_name("vocab.json");
     if let Some(v) = cache.get(&file) {
         return Ok(v.clone());
     }
     let text = std::fs::read_to_string(&file).map_err(|e| {
-        Error::data(format!(
-            "{}: string labels need a vocabulary, but {} cannot be read ({e}); `birdjepa prepare` writes one",
-            path.display(),
-            file.display()
-        ))
+        let (why, fix) = match need {
+            VocabNeed::Names => ("string labels need a vocabulary", "`birdjepa prepare` writes one"),
+            VocabNeed::Width => ("the multi-hot's width is the vocabulary's length", "or pass n_classes"),
+        };
+        Error::data(format!("{}: {why}, but {} cannot be read ({e}); {fix}", path.display(), file.display()))
     })?;
     let json: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::data(format!("{}: not valid JSON: {e}", file.display())))?;
     let names = json.get("names").unwrap_or(&json).as_array().ok_or_else(|| {
         Error::data(format!("{}: expected a list of label names or {{\"names\": [...]}}", file.display()))
     })?;
-    let mut map = HashMap::new();
+    let mut index = HashMap::new();
     for (i, n) in names.iter().enumerate() {
         let name = n.as_str().ok_or_else(|| Error::data(format!("{}: entry {i} is not a string: {n}", file.display())))?;
-        map.insert(name.to_string(), i as i64);
+        index.insert(name.to_string(), i as i64);
     }
-    let map = std::sync::Arc::new(map);
-    cache.insert(file, map.clone());
-    Ok(map)
+    let vocab = Arc::new(Vocab { index, len: names.len(), file: file.clone() });
+    cache.insert(file, vocab.clone());
+    Ok(vocab)
 }
 
 fn binary_slice(array: &ArrayRef, large: bool, row: usize) -> Buffer {
@@ -169,6 +245,40 @@ fn int_value(array: &ArrayRef, row: usize) -> Option<i64> {
         DataType::UInt64 => i64::try_from(array.as_primitive::<UInt64Type>().value(row)).ok()?,
         _ => return None,
     })
+}
+
+/// Seconds in a float or integer column (checked at open).
+fn seconds_value(array: &ArrayRef, row: usize) -> f64 {
+    match array.data_type() {
+        DataType::Float64 => array.as_primitive::<Float64Type>().value(row),
+        DataType::Float32 => array.as_primitive::<Float32Type>().value(row) as f64,
+        _ => int_value(array, row).map_or(f64::NAN, |v| v as f64),
+    }
+}
+
+/// Row `r` of a list column as a multi-hot of width `c`; the error says what is wrong with the row.
+fn multi_hot(column: &ArrayRef, r: usize, c: usize, vocab: Option<&Vocab>) -> std::result::Result<Vec<u8>, String> {
+    if column.is_null(r) {
+        return Err("the list is null (an empty list means no class)".into());
+    }
+    let items = match column.data_type() {
+        DataType::LargeList(_) => column.as_list::<i64>().value(r),
+        _ => column.as_list::<i32>().value(r),
+    };
+    let mut hot = vec![0u8; c];
+    for i in 0..items.len() {
+        if items.is_null(i) {
+            return Err(format!("element {i} is null"));
+        }
+        let class = match items.data_type() {
+            DataType::Utf8 => vocab.expect("vocab loaded at open").lookup(items.as_string::<i32>().value(i))?,
+            DataType::LargeUtf8 => vocab.expect("vocab loaded at open").lookup(items.as_string::<i64>().value(i))?,
+            _ => int_value(&items, i).ok_or_else(|| format!("element {i} does not fit in int64"))?,
+        };
+        let slot = usize::try_from(class).ok().filter(|&k| k < c);
+        hot[slot.ok_or_else(|| format!("class {class} (element {i}) is outside [0, {c})"))?] = 1;
+    }
+    Ok(hot)
 }
 
 impl Dataset {
@@ -198,15 +308,36 @@ impl Dataset {
             };
             let audio = audio_layout(path, &field_of(&columns.audio_column)?)?;
             let label = label_layout(path, &field_of(&columns.label_column)?)?;
-            let vocab = match label {
-                LabelLayout::Int => None,
-                _ => Some(load_vocab(path, &mut vocabs)?),
+            let multilabel =
+                columns.multilabel_column.as_deref().map(|c| multilabel_layout(path, &field_of(c)?)).transpose()?;
+            let window = match &columns.window_columns {
+                Some((start, end)) => match (shard.schema.field_with_name(start), shard.schema.field_with_name(end)) {
+                    (Ok(s), Ok(e)) => check_seconds_column(path, s).and(check_seconds_column(path, e)).map(|_| true)?,
+                    _ => false,
+                },
+                None => false,
             };
+            let strings = [Some(label), multilabel].iter().flatten().any(|l| *l != LabelLayout::Int);
+            let need = if strings {
+                Some(VocabNeed::Names)
+            } else {
+                (multilabel.is_some() && columns.n_classes.is_none()).then_some(VocabNeed::Width)
+            };
+            let vocab = need.map(|n| load_vocab(path, n, &mut vocabs)).transpose()?;
             offsets.push(offsets.last().unwrap() + shard.rows());
-            shards.push(ShardEntry { shard, audio, label, vocab });
+            shards.push(ShardEntry { shard, audio, label, window, vocab });
         }
+        let n_classes = match columns.multilabel_column {
+            Some(_) => Some(multi_hot_width(&shards, columns.n_classes)?),
+            None => None,
+        };
         let fingerprint = fingerprint(&shards, &columns);
-        Ok(Self { shards, offsets, columns, fingerprint })
+        Ok(Self { shards, offsets, columns, n_classes, fingerprint })
+    }
+
+    /// C, the width of each multi-hot row, when a multilabel column is read.
+    pub fn n_classes(&self) -> Option<usize> {
+        self.n_classes
     }
 
     pub fn len(&self) -> u64 {
@@ -270,33 +401,70 @@ impl Dataset {
         let audio = binary_slice(&bytes_col, large, r);
         entry.shard.will_need(&audio);
 
+        // Bad labels stop the loader (they are the data set's, not one recording's): one line naming the row.
+        let fatal = |what: String| RecordError::Fatal(Error::data(format!("{}: row {row}: {what}", path.display())));
         let label = if label_col.is_null(r) {
             -1
         } else {
             match entry.label {
-                LabelLayout::Int => int_value(&label_col, r).ok_or_else(|| {
-                    RecordError::Fatal(Error::data(format!(
-                        "{}: row {row}: label does not fit in int64",
-                        path.display()
-                    )))
-                })?,
+                LabelLayout::Int => {
+                    int_value(&label_col, r).ok_or_else(|| fatal("label does not fit in int64".into()))?
+                }
                 LabelLayout::Utf8 | LabelLayout::LargeUtf8 => {
                     let name = if entry.label == LabelLayout::Utf8 {
                         label_col.as_string::<i32>().value(r)
                     } else {
                         label_col.as_string::<i64>().value(r)
                     };
-                    *entry.vocab.as_ref().expect("vocab loaded at open").get(name).ok_or_else(|| {
-                        RecordError::Fatal(Error::data(format!(
-                            "{}: row {row}: label '{name}' is not in {}",
-                            path.display(),
-                            path.with_file_name("vocab.json").display()
-                        )))
-                    })?
+                    entry.vocab.as_ref().expect("vocab loaded at open").lookup(name).map_err(fatal)?
                 }
             }
         };
-        Ok(Record { audio, label, shard: s, row })
+        let multilabel = match (&self.columns.multilabel_column, self.n_classes) {
+            (Some(name), Some(c)) => {
+                let column = entry.shard.column(&batch, name).map_err(RecordError::Fatal)?;
+                let hot = multi_hot(&column, r, c, entry.vocab.as_deref());
+                Some(hot.map_err(|e| fatal(format!("multilabel column '{name}': {e}")))?)
+            }
+            _ => None,
+        };
+        let window = match (&self.columns.window_columns, entry.window) {
+            (Some((start, end)), true) => {
+                let start = entry.shard.column(&batch, start).map_err(RecordError::Fatal)?;
+                let end = entry.shard.column(&batch, end).map_err(RecordError::Fatal)?;
+                (start.is_valid(r) && end.is_valid(r)).then(|| (seconds_value(&start, r), seconds_value(&end, r)))
+            }
+            _ => None,
+        };
+        Ok(Record { audio, label, multilabel, window, shard: s, row })
+    }
+}
+
+/// The multi-hot's width: `n_classes` if given, else the length of the one vocabulary all shards share.
+fn multi_hot_width(shards: &[ShardEntry], n_classes: Option<usize>) -> Result<usize> {
+    if let Some(c) = n_classes {
+        return Ok(c);
+    }
+    let mut width: Option<(usize, &Path)> = None;
+    for e in shards {
+        let vocab = e.vocab.as_ref().expect("loaded at open when n_classes is not given");
+        match width {
+            Some((c, first)) if c != vocab.len => {
+                return Err(Error::data(format!(
+                    "{} lists {} names but {} lists {c}: the multi-hot needs one width; pass n_classes",
+                    vocab.file.display(),
+                    vocab.len,
+                    first.display()
+                )))
+            }
+            Some(_) => {}
+            None => width = Some((vocab.len, &vocab.file)),
+        }
+    }
+    match width {
+        Some((c, _)) if c > 0 => Ok(c),
+        Some((_, file)) => Err(Error::data(format!("{} lists no names; pass n_classes", file.display()))),
+        None => Err(Error::config("no shard to take n_classes from")),
     }
 }
 
@@ -324,4 +492,65 @@ fn fingerprint(shards: &[ShardEntry], columns: &ColumnConfig) -> String {
         push_bytes(&mut words, tail);
     }
     format!("{:016x}", hash_words(&words))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::builder::{ListBuilder, StringBuilder};
+    use arrow_array::types::Int64Type;
+    use arrow_array::ListArray;
+
+    fn field(t: DataType) -> Field {
+        Field::new("ebird_code_multilabel", t, true)
+    }
+
+    fn list_of(t: DataType) -> DataType {
+        DataType::List(Arc::new(Field::new("item", t, true)))
+    }
+
+    #[test]
+    fn multilabel_columns_are_lists_of_integers_or_strings() {
+        let path = Path::new("/data/a.arrow");
+        assert_eq!(multilabel_layout(path, &field(list_of(DataType::Int64))).unwrap(), LabelLayout::Int);
+        assert_eq!(multilabel_layout(path, &field(list_of(DataType::UInt8))).unwrap(), LabelLayout::Int);
+        assert_eq!(multilabel_layout(path, &field(list_of(DataType::Utf8))).unwrap(), LabelLayout::Utf8);
+        let large = DataType::LargeList(Arc::new(Field::new("item", DataType::LargeUtf8, true)));
+        assert_eq!(multilabel_layout(path, &field(large)).unwrap(), LabelLayout::LargeUtf8);
+        for bad in [list_of(list_of(DataType::Int64)), DataType::Int64, list_of(DataType::Float64)] {
+            let e = multilabel_layout(path, &field(bad)).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::Data);
+            assert!(e.message.starts_with("/data/a.arrow: multilabel column 'ebird_code_multilabel' has type"), "{e}");
+            assert!(!e.message.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn multi_hot_rows_of_integer_lists() {
+        let rows =
+            vec![Some(vec![Some(0), Some(2)]), Some(vec![]), None, Some(vec![Some(1), None]), Some(vec![Some(3)])];
+        let column: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows));
+        assert_eq!(multi_hot(&column, 0, 3, None).unwrap(), vec![1, 0, 1]);
+        assert_eq!(multi_hot(&column, 1, 3, None).unwrap(), vec![0, 0, 0]);
+        assert!(multi_hot(&column, 2, 3, None).unwrap_err().contains("the list is null"));
+        assert_eq!(multi_hot(&column, 3, 3, None).unwrap_err(), "element 1 is null");
+        assert_eq!(multi_hot(&column, 4, 3, None).unwrap_err(), "class 3 (element 0) is outside [0, 3)");
+        assert_eq!(multi_hot(&column, 4, 4, None).unwrap(), vec![0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn multi_hot_rows_of_string_lists_map_through_the_vocabulary() {
+        let names = ["amecro", "blujay", "norcar"];
+        let index = names.iter().enumerate().map(|(i, n)| (n.to_string(), i as i64)).collect();
+        let vocab = Vocab { index, len: 3, file: PathBuf::from("/data/vocab.json") };
+        let mut b = ListBuilder::new(StringBuilder::new());
+        b.append_value([Some("norcar"), Some("amecro")]);
+        b.append_value([Some("nosuch")]);
+        b.append_value([Some("norcar")]);
+        let column: ArrayRef = Arc::new(b.finish());
+        assert_eq!(multi_hot(&column, 0, 3, Some(&vocab)).unwrap(), vec![1, 0, 1]);
+        assert_eq!(multi_hot(&column, 1, 3, Some(&vocab)).unwrap_err(), "label 'nosuch' is not in /data/vocab.json");
+        // A name whose position is past n_classes is out of range like an integer.
+        assert_eq!(multi_hot(&column, 2, 2, Some(&vocab)).unwrap_err(), "class 2 (element 0) is outside [0, 2)");
+    }
 }

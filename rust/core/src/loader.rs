@@ -117,11 +117,17 @@ impl LoaderConfig {
         Planner::new(self.plan_config(shard_rows), shard_rows, state)
     }
 
-    fn crop_mode(&self) -> CropMode {
-        if self.train && self.augment {
-            CropMode::Random
-        } else {
-            CropMode::Center
+    /// How a record is cropped: its own window where it has one (eval mode reads windows only), else
+    /// random or centred. A window that cannot be cut is the record's skip reason.
+    fn crop_mode(
+        &self,
+        extractor: &ClipExtractor,
+        window: Option<(f64, f64)>,
+    ) -> std::result::Result<CropMode, AudioError> {
+        match window {
+            Some((start, end)) => extractor.window(start, end),
+            None if self.train && self.augment => Ok(CropMode::Random),
+            None => Ok(CropMode::Center),
         }
     }
 
@@ -148,6 +154,19 @@ impl LoaderConfig {
         }
         m.insert("audio_column".into(), self.columns.audio_column.clone());
         m.insert("label_column".into(), self.columns.label_column.clone());
+        // Multilabel and window options only where they change the stream, like `shuffle_initial`: states
+        // saved without them still match.
+        if let Some(column) = &self.columns.multilabel_column {
+            m.insert("multilabel_column".into(), column.clone());
+            m.insert("n_classes".into(), self.columns.n_classes.map_or("vocab".into(), |c| c.to_string()));
+        }
+        let defaults = LoaderOptions::default();
+        if let Some((start, end)) = &self.columns.window_columns {
+            if (start, end) != (&defaults.window_start_column, &defaults.window_end_column) {
+                m.insert("window_start_column".into(), start.clone());
+                m.insert("window_end_column".into(), end.clone());
+            }
+        }
         m.insert("clip".into(), format!("{:?}", self.clip));
         if self.debug_crop_shift_index >= 0 {
             // Only when on, like `shuffle_initial`: the states of runs without it still match.
@@ -166,7 +185,10 @@ impl LoaderConfig {
         check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")?;
         let initial_ok = self.shuffle_initial.is_none_or(|i| (1..=self.shuffle_buffer).contains(&i));
         check(initial_ok, "shuffle_initial must be in 1..=shuffle_buffer")?;
-        check(self.debug_crop_shift_index >= -1, "debug_crop_shift_index must be >= -1 (-1: off)")
+        check(self.debug_crop_shift_index >= -1, "debug_crop_shift_index must be >= -1 (-1: off)")?;
+        check(self.columns.n_classes != Some(0), "n_classes must be >= 1")?;
+        let orphan = self.columns.n_classes.is_some() && self.columns.multilabel_column.is_none();
+        check(!orphan, "n_classes is the width of multilabel_column's multi-hot: set multilabel_column too")
     }
 }
 
@@ -218,9 +240,11 @@ pub struct Batch {
     pub n: usize,
     pub spectrogram: Vec<f32>,
     /// Each view's crop offset in output samples at the target rate (0 for a recording shorter than a
-    /// clip; the centre crop's in eval mode).
+    /// clip; the centre crop's in eval mode, or the start of the row's own window).
     pub crop_offset: Vec<i64>,
     pub label: Vec<i64>,
+    /// With a multilabel column: the `[n, n_classes]` multi-hot, flattened (0 or 1); else empty.
+    pub multilabel: Vec<u8>,
     pub index: Vec<i64>,
     pub shard_id: Vec<i64>,
     pub epoch: Vec<i64>,
@@ -233,6 +257,7 @@ impl Batch {
             spectrogram: Vec::with_capacity(b * n_views * frame_len),
             crop_offset: Vec::with_capacity(b * n_views),
             label: Vec::with_capacity(b),
+            multilabel: Vec::new(),
             index: Vec::with_capacity(b),
             shard_id: Vec::with_capacity(b),
             epoch: Vec::with_capacity(b),
@@ -254,6 +279,7 @@ struct Decoded {
     /// One per view.
     crop_offset: Vec<u64>,
     label: i64,
+    multilabel: Option<Vec<u8>>,
     shard: usize,
 }
 
@@ -480,6 +506,7 @@ impl Loader {
                 b.spectrogram.extend_from_slice(&d.features);
                 b.crop_offset.extend(d.crop_offset.iter().map(|&o| o as i64));
                 b.label.push(d.label);
+                b.multilabel.extend(d.multilabel.iter().flatten());
                 b.index.push(item.index as i64);
                 b.shard_id.push(d.shard as i64);
                 b.epoch.push(item.epoch as i64);
@@ -653,9 +680,15 @@ fn process(shared: &Shared, item: PlanItem) -> Outcome {
     let len = shared.cfg.n_views * shared.extractor.frame_len();
     let mut features = shared.spare.lock().unwrap().pop().unwrap_or_else(|| vec![0f32; len]);
     let key = SampleKey { seed: shared.cfg.seed, epoch: item.epoch, index: item.index };
-    let (mode, shift) = (shared.cfg.crop_mode(), shared.cfg.shifts_crop(item.index));
-    match shared.extractor.extract(record.audio, mode, key, shared.cfg.n_views, shift, &mut features) {
-        Ok(crop_offset) => Outcome::Sample(Decoded { features, crop_offset, label: record.label, shard }),
+    let shift = shared.cfg.shifts_crop(item.index);
+    let extracted = shared.cfg.crop_mode(&shared.extractor, record.window).and_then(|mode| {
+        shared.extractor.extract(record.audio, mode, key, shared.cfg.n_views, shift, &mut features)
+    });
+    match extracted {
+        Ok(crop_offset) => {
+            let (label, multilabel) = (record.label, record.multilabel);
+            Outcome::Sample(Decoded { features, crop_offset, label, multilabel, shard })
+        }
         Err(AudioError(reason)) => Outcome::Skip { shard, row, reason },
     }
 }
@@ -693,6 +726,28 @@ mod tests {
     }
 
     #[test]
+    fn multilabel_and_window_options_are_in_the_stream_signature_only_where_they_change_it() {
+        let plain = LoaderConfig::default().stream_signature();
+        let eval = LoaderConfig::from_options(&LoaderOptions { train: false, ..Default::default() });
+        assert_eq!(eval.columns.window_columns, Some(("start_time".into(), "end_time".into())));
+        for sig in [&plain, &eval.stream_signature()] {
+            let new = |k: &String| ["multilabel", "n_classes", "window"].iter().any(|p| k.starts_with(p));
+            assert!(!sig.keys().any(new), "{sig:?}");
+        }
+        let o = LoaderOptions { multilabel_column: Some("ebird_code_multilabel".into()), ..Default::default() };
+        let sig = LoaderConfig::from_options(&o).stream_signature();
+        assert_eq!((sig["multilabel_column"].as_str(), sig["n_classes"].as_str()), ("ebird_code_multilabel", "vocab"));
+        let sig = LoaderConfig::from_options(&LoaderOptions { n_classes: Some(21), ..o }).stream_signature();
+        assert_eq!(sig["n_classes"], "21");
+        // Window columns are read in eval mode only: in train mode they change nothing.
+        let renamed = LoaderOptions { window_start_column: "t0".into(), ..Default::default() };
+        let train = LoaderConfig::from_options(&renamed);
+        assert_eq!((train.columns.window_columns.clone(), train.stream_signature()), (None, plain));
+        let sig = LoaderConfig::from_options(&LoaderOptions { train: false, ..renamed }).stream_signature();
+        assert_eq!((sig["window_start_column"].as_str(), sig["window_end_column"].as_str()), ("t0", "end_time"));
+    }
+
+    #[test]
     fn check_names_the_first_option_out_of_range_and_passes_the_defaults() {
         LoaderConfig::from_options(&LoaderOptions::default()).check().unwrap();
         for (json, name) in [
@@ -700,6 +755,8 @@ mod tests {
             (r#"{"shuffle_buffer": 8, "shuffle_initial": 9}"#, "shuffle_initial must be in"),
             (r#"{"hop_length": 0}"#, "hop_length must be > 0"),
             (r#"{"debug_crop_shift_index": -2}"#, "debug_crop_shift_index must be >= -1"),
+            (r#"{"multilabel_column": "m", "n_classes": 0}"#, "n_classes must be >= 1"),
+            (r#"{"n_classes": 3}"#, "set multilabel_column too"),
         ] {
             let e = LoaderConfig::from_options(&LoaderOptions::from_json(json).unwrap()).check().unwrap_err();
             assert_eq!(e.kind, ErrorKind::Config);

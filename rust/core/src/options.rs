@@ -32,6 +32,15 @@ pub struct LoaderOptions {
     pub augment: bool,
     pub audio_column: String,
     pub label_column: String,
+    /// A list column of class ids or names (BirdSet's `ebird_code_multilabel`): batches then carry a
+    /// `[B, C]` multi-hot beside `label`. None: off.
+    pub multilabel_column: Option<String>,
+    /// C, the multi-hot's width; None: the number of names in `vocab.json` beside the shards.
+    pub n_classes: Option<usize>,
+    /// Eval only: a row whose shard has both columns (seconds) is cropped to that window of its
+    /// recording instead of the centre (BirdSet's soundscape segments).
+    pub window_start_column: String,
+    pub window_end_column: String,
     pub debug_panic_index: Option<u64>,
     /// Debug: the sample whose global index equals this takes every view's crop one hop further
     /// (plants a difference on purpose, e.g. for a divergence test); -1: off.
@@ -75,6 +84,10 @@ impl Default for LoaderOptions {
             augment: true,
             audio_column: "audio".into(),
             label_column: "ebird_code".into(),
+            multilabel_column: None,
+            n_classes: None,
+            window_start_column: "start_time".into(),
+            window_end_column: "end_time".into(),
             debug_panic_index: None,
             debug_crop_shift_index: -1,
             // 5 s at 32 kHz, Kaldi-style fbank: 25 ms window, 10 ms hop, 128 mel bins from 20 Hz to

@@ -65,7 +65,16 @@ struct PyLoader {
     inner: Mutex<Loader>,
 }
 
-fn batch_to_dict<'py>(py: Python<'py>, b: Batch, n_views: usize, frames: (usize, usize)) -> PyResult<Bound<'py, PyDict>> {
+/// What a batch's flat arrays are reshaped by.
+struct BatchShape {
+    n_views: usize,
+    frames: (usize, usize),
+    /// The multi-hot's width, with a multilabel column.
+    n_classes: Option<usize>,
+}
+
+fn batch_to_dict<'py>(py: Python<'py>, b: Batch, shape: &BatchShape) -> PyResult<Bound<'py, PyDict>> {
+    let (n_views, frames) = (shape.n_views, shape.frames);
     let dict = PyDict::new(py);
     let spec = PyArray1::from_vec(py, b.spectrogram);
     // Vec -> ndarray without copying; the reshape is a view of the same buffer.
@@ -79,6 +88,9 @@ fn batch_to_dict<'py>(py: Python<'py>, b: Batch, n_views: usize, frames: (usize,
     let offsets = if n_views == 1 { offsets.into_any() } else { offsets.reshape([b.n, n_views])?.into_any() };
     dict.set_item("crop_offset", offsets)?;
     dict.set_item("label", PyArray1::from_vec(py, b.label))?;
+    if let Some(c) = shape.n_classes {
+        dict.set_item("multilabel", PyArray1::from_vec(py, b.multilabel).reshape([b.n, c])?)?;
+    }
     dict.set_item("index", PyArray1::from_vec(py, b.index))?;
     dict.set_item("shard_id", PyArray1::from_vec(py, b.shard_id))?;
     dict.set_item("epoch", PyArray1::from_vec(py, b.epoch))?;
@@ -105,11 +117,12 @@ impl PyLoader {
             let polled = py.detach(|| self.inner.lock().unwrap().next_batch(POLL)).map_err(to_py)?;
             match polled {
                 Poll::Batch(b) => {
-                    let (n_views, frames) = {
+                    let shape = {
                         let l = self.inner.lock().unwrap();
-                        (l.config().n_views, l.frame_shape())
+                        let n_classes = l.dataset().n_classes();
+                        BatchShape { n_views: l.config().n_views, frames: l.frame_shape(), n_classes }
                     };
-                    return batch_to_dict(py, b, n_views, frames).map(Some);
+                    return batch_to_dict(py, b, &shape).map(Some);
                 }
                 Poll::End => return Ok(None),
                 // Gives Ctrl-C a chance: KeyboardInterrupt is raised from here.

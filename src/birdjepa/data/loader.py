@@ -123,7 +123,17 @@ class Loader:
     ``n_views > 1``), ``crop_offset`` int64 [B] (or [B, V]: where each view's crop starts, in samples
     at ``target_rate``; 0 for a recording shorter than a clip, the centre crop's in eval mode),
     ``label`` int64 (-1 when missing), ``index`` int64 (global sample index), ``shard_id`` int64 and
-    ``epoch`` int64.
+    ``epoch`` int64. With ``multilabel_column`` set, ``multilabel`` uint8 [B, C] is the multi-hot of
+    that list column (1 where the row lists class c); without it the key is absent.
+
+    BirdSet-shaped data: ``multilabel_column="ebird_code_multilabel"`` reads its ``list<int64>``
+    (HF ``Sequence(ClassLabel)``) or a list of names mapped through ``vocab.json``; an empty list is an
+    all-zero row, while a null list, a null element, or a class outside ``[0, C)`` or the vocabulary
+    stops the loader with a DataError naming the shard and row. In eval mode a row whose shard has
+    ``start_time`` and ``end_time`` (seconds) is cropped to that window: the clip starts at
+    ``round(start_time * target_rate)`` (reported in ``crop_offset``), holds the window cut to a clip,
+    and is zero after the window's end; rows with a null bound keep the centre crop, and a window
+    outside the recording is a skipped record (``diagnostics()`` lists it with its reason).
 
     ``debug_crop_shift_index`` (default -1: off) plants a difference on purpose: the sample of that
     global index takes every view's crop one hop (``hop_length`` samples) later, or earlier where the
@@ -142,14 +152,33 @@ class Loader:
         *,
         features: Features | None = None,
         state: dict[str, Any] | None = None,
+        multilabel_column: str | None = DEFAULTS["multilabel_column"],
+        n_classes: int | None = DEFAULTS["n_classes"],
+        window_start_column: str = DEFAULTS["window_start_column"],
+        window_end_column: str = DEFAULTS["window_end_column"],
         **options: Any,
     ) -> None:
         """``options`` are the Rust core's loader options (`DEFAULTS` lists them with their defaults:
         ``seed``, ``batch_size``, ``train``, ``n_views``, ``shuffle_buffer``, ...); an unknown name or a
-        wrong type is a ValueError naming it."""
+        wrong type is a ValueError naming it.
+
+        ``multilabel_column``: a list column of class ids or names (BirdSet's
+        ``ebird_code_multilabel``) read as the batches' ``multilabel`` multi-hot; None (default): off.
+        ``n_classes``: the multi-hot's width C; None (default): the number of names in ``vocab.json``
+        beside the shards (then it must exist). ``window_start_column`` / ``window_end_column``
+        (default ``start_time`` / ``end_time``): eval mode only, the seconds columns that crop a row to
+        its own window where a shard has both. A saved state is refused (StateError) when any of them
+        differs where it changes the batches."""
         self.files = resolve_files(files)
         self.train = bool(options.get("train", DEFAULTS["train"]))
-        options = {**options, **(features or Features()).options()}
+        options = {
+            **options,
+            **(features or Features()).options(),
+            "multilabel_column": multilabel_column,
+            "n_classes": n_classes,
+            "window_start_column": window_start_column,
+            "window_end_column": window_end_column,
+        }
         state_json = None if state is None else json.dumps(state)
         self._rs = _rs.Loader(self.files, json.dumps(options), state_json)
         self._passes = 0

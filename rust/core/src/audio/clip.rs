@@ -14,6 +14,10 @@
 //!
 //!    Otherwise the offset is 0 and the clip is the whole recording followed by zeros.
 //!
+//!    `Window { start, end }` (a row's own window, [`ClipExtractor::window`]) takes offset `start` at
+//!    any length and keeps output samples `[start, min(end, N_out, start + clip))`; the rest of the
+//!    clip is zeros, as for a short recording. A window starting at or past `N_out` is an error.
+//!
 //!    With `shift` (the loader's `debug_crop_shift_index`, which plants a difference on purpose), every
 //!    view's offset then moves one fbank hop forward, clamped to `N_out - clip_samples`; where that
 //!    leaves it in place (the crop already ends the recording) it moves one hop backward, clamped to 0.
@@ -100,6 +104,9 @@ pub enum CropMode {
     Random,
     /// Centred crop, no masks (evaluation); identical for every view and key.
     Center,
+    /// Output samples `[start, end)` of the recording (evaluation of a row with its own window), cut to
+    /// a clip and zero-padded after `end`; no masks.
+    Window { start: u64, end: u64 },
 }
 
 /// Identifies one draw of one sample: all its randomness derives from these words and the view index.
@@ -198,16 +205,48 @@ impl ClipExtractor {
         self.resamplers.write().unwrap_or_else(|e| e.into_inner()).entry(rate).or_insert(built).clone()
     }
 
+    /// The crop of window `[start_s, end_s)` (seconds): output samples from `round(start_s * rate)` to
+    /// `round(end_s * rate)`. A negative start, a non-finite bound or an empty window is an error.
+    pub fn window(&self, start_s: f64, end_s: f64) -> Result<CropMode, AudioError> {
+        if !(start_s.is_finite() && end_s.is_finite()) {
+            return Err(AudioError(format!("window: start_time {start_s} s, end_time {end_s} s is not finite")));
+        }
+        if start_s < 0.0 {
+            return Err(AudioError(format!("window: start_time {start_s} s is negative")));
+        }
+        let rate = self.cfg.target_rate as f64;
+        let (start, end) = ((start_s * rate).round() as u64, (end_s * rate).round() as u64);
+        if end <= start {
+            return Err(AudioError(format!("window: end_time {end_s} s is not after start_time {start_s} s")));
+        }
+        Ok(CropMode::Window { start, end })
+    }
+
     /// Crop offset (in output samples) of view `view` for a recording of `n_out` output samples.
     pub fn crop_offset(&self, n_out: u64, mode: CropMode, key: SampleKey, view: usize) -> u64 {
         let clip = self.cfg.clip_samples as u64;
-        if n_out <= clip {
-            return 0;
-        }
         match mode {
+            CropMode::Window { start, .. } => start,
+            _ if n_out <= clip => 0,
             CropMode::Center => (n_out - clip) / 2,
             CropMode::Random => Stream::new(&[key.seed, Purpose::Crop as u64, key.epoch, key.index, view as u64])
                 .range_inclusive(0, n_out - clip),
+        }
+    }
+
+    /// Where a crop's audio ends (output samples): the window's end inside the recording, else its end.
+    fn audio_end(&self, n_out: u64, mode: CropMode) -> Result<u64, AudioError> {
+        match mode {
+            CropMode::Window { start, .. } if start >= n_out => {
+                let rate = self.cfg.target_rate as f64;
+                Err(AudioError(format!(
+                    "window: start_time {} s is at or past the recording's end ({} s)",
+                    start as f64 / rate,
+                    n_out as f64 / rate
+                )))
+            }
+            CropMode::Window { end, .. } => Ok(end.min(n_out)),
+            _ => Ok(n_out),
         }
     }
 
@@ -263,13 +302,14 @@ impl ClipExtractor {
             (Some(v), n)
         };
         let n_out = rs.output_len(n_src);
+        let audio_end = self.audio_end(n_out, mode)?;
         let clip = self.cfg.clip_samples;
 
         let mut plans: Vec<ViewPlan> = (0..n_views)
             .map(|view| {
                 let offset = self.crop_offset(n_out, mode, key, view);
                 let offset = if shift { self.shift_offset(n_out, offset) } else { offset };
-                let len = (n_out.saturating_sub(offset)).min(clip as u64) as usize;
+                let len = (audio_end.saturating_sub(offset)).min(clip as u64) as usize;
                 let (lo, hi) = rs.support(offset, len);
                 ViewPlan { view, offset, len, src_lo: lo.min(n_src), src_hi: hi.min(n_src) }
             })
@@ -445,11 +485,16 @@ mod tests {
 
     /// The pipeline spelled out on the full decode: resample everything, slice, fbank, normalise.
     fn reference(ex: &ClipExtractor, full: &[f32], rate: u32, offset: u64) -> Vec<f32> {
+        reference_to(ex, full, rate, offset, u64::MAX)
+    }
+
+    /// [`reference`] with the output samples from `end` on zeroed (a window's end).
+    fn reference_to(ex: &ClipExtractor, full: &[f32], rate: u32, offset: u64, end: u64) -> Vec<f32> {
         let cfg = ex.config();
         let y = resample(full, rate, cfg.target_rate);
         let mut clip = vec![0f32; cfg.clip_samples];
         let o = offset as usize;
-        let take = y.len().saturating_sub(o).min(cfg.clip_samples);
+        let take = y.len().min(end as usize).saturating_sub(o).min(cfg.clip_samples);
         clip[..take].copy_from_slice(&y[o..o + take]);
         let fb = Fbank::new(cfg.fbank.clone()).unwrap();
         let f = fb.compute_vec(&clip);
@@ -627,6 +672,47 @@ mod tests {
             assert_eq!(ex.extract(fixture(name), CropMode::Random, key(1), 2, false, &mut a).unwrap(), vec![0, 0]);
             assert_eq!(ex.extract(fixture(name), CropMode::Random, key(1), 2, true, &mut b).unwrap(), vec![0, 0]);
             assert_bits_eq(&a, &b, name);
+        }
+    }
+
+    #[test]
+    fn windows_start_at_their_start_and_end_in_zeros() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        assert!(matches!(ex.window(1.25, 4.0), Ok(CropMode::Window { start: 40_000, end: 128_000 })));
+        for (start, end, why) in [
+            (-0.5, 2.0, "is negative"),
+            (3.0, 3.0, "is not after start_time"),
+            (3.0, 2.0, "is not after start_time"),
+            (f64::NAN, 2.0, "not finite"),
+        ] {
+            let e = ex.window(start, end).unwrap_err();
+            assert!(e.0.starts_with("window: ") && e.0.contains(why), "{start} {end}: {e}");
+        }
+        // WAV at 32 kHz (no resampling, seek path), OGG at 44.1 kHz (resampled), MP3 (decoded whole).
+        for (name, bytes) in [
+            ("wav", sweep_wav(9.0, 32_000)),
+            ("ogg", fixture("birds_44k_stereo_30s.ogg")),
+            ("mp3", fixture("birds_32k_mono.mp3")),
+        ] {
+            let (full, rate) = decode_mono(bytes.clone()).unwrap();
+            let reader = AudioReader::open(bytes.clone()).unwrap();
+            let n_src = if reader.can_seek() { reader.info().2.unwrap() } else { full.len() as u64 };
+            let full = &full[..(n_src as usize).min(full.len())];
+            let n_out = ex.resampler(rate).output_len(n_src);
+            // Shorter than a clip, a whole clip, and past the recording's end.
+            for (start_s, end_s) in [(0.5, 2.0), (1.0, 6.0), (n_out as f64 / 32_000.0 - 1.0, 1e6)] {
+                let mode = ex.window(start_s, end_s).unwrap();
+                let CropMode::Window { start, end } = mode else { unreachable!() };
+                let mut out = vec![f32::NAN; 2 * ex.frame_len()];
+                assert_eq!(ex.extract(bytes.clone(), mode, key(3), 2, false, &mut out).unwrap(), vec![start, start]);
+                let want = reference_to(&ex, full, rate, start, end);
+                assert_bits_eq(&out[..ex.frame_len()], &want, &format!("{name} [{start_s}, {end_s})"));
+                assert_bits_eq(&out[ex.frame_len()..], &want, &format!("{name} [{start_s}, {end_s}) view 1"));
+            }
+            let past = ex.window(n_out as f64 / 32_000.0, 1e6).unwrap();
+            let mut out = vec![0f32; ex.frame_len()];
+            let e = ex.extract(bytes.clone(), past, key(3), 1, false, &mut out).unwrap_err();
+            assert!(e.0.contains("at or past the recording's end"), "{name}: {e}");
         }
     }
 

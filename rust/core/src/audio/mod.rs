@@ -11,7 +11,8 @@
 //!    bank per source rate, built once and cached. Only the output samples of the crop are computed.
 //! 3. **Crop** ([`clip`]): `clip_samples` at the output rate; `Random` draws the offset uniformly in
 //!    `[0, N_out - clip]` from a counter-based stream keyed by `(seed, Crop, epoch, index, view)`;
-//!    `Center` takes `(N_out - clip) / 2`; shorter recordings start at 0 and are zero-padded.
+//!    `Center` takes `(N_out - clip) / 2`; shorter recordings start at 0 and are zero-padded; `Window`
+//!    starts at a row's own window and is zero-padded after the window's end.
 //! 4. **Log-mel** ([`fbank`]): Kaldi-compatible fbank (snip_edges framing, per-frame DC removal,
 //!    pre-emphasis, symmetric Hann window, power spectrum, Kaldi-mel triangular filters, floor, ln).
 //! 5. **Frames, normalisation, masks** ([`clip`]): pad/crop to `n_frames` rows, `(x - mean) / std`,
