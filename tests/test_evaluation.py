@@ -254,3 +254,104 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
         rows = list(zip(table.column("source").to_pylist(), table.column("row").to_pylist(), strict=True))
         assert rows == [(s, r) for s in shards for r in range(len(read_shard(Path(s))))]
         assert table.schema.metadata[b"encoder"].decode() == card["identity"]
+
+
+def hf_birdset_split(birdset_dir: Path, task: str, split: str, out: Path) -> Path:
+    """One split of the stand-in written again by HF `datasets` with BirdSet's features; returns the
+    .arrow file (with the task's vocab.json beside it)."""
+    import pyarrow as pa
+    from datasets import Audio, ClassLabel, Dataset, Sequence, Value
+    from datasets import Features as HFFeatures
+
+    from birdjepa.data.shards import read_shard
+
+    folder = birdset_dir / task / split
+    table = pa.concat_tables([read_shard(p) for p in sorted(folder.glob("*.arrow"))])
+    names = json.loads((folder / "vocab.json").read_text())["names"]
+    features = HFFeatures({
+        "audio": {"bytes": Value("binary"), "path": Value("string")},
+        "filepath": Value("string"),
+        "start_time": Value("float64"),
+        "end_time": Value("float64"),
+        "ebird_code": ClassLabel(names=names),
+        "ebird_code_multilabel": Sequence(ClassLabel(names=names)),
+    })  # fmt: skip
+    rows = {name: table.column(name).to_pylist() for name in features}
+    ds = Dataset.from_dict(rows, features=features).cast_column("audio", Audio(decode=False))
+    ds.save_to_disk(str(out))
+    (arrow,) = out.glob("*.arrow")
+    (out / "vocab.json").write_text(json.dumps({"names": names}))
+    return arrow
+
+
+def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
+    tiny_run: Path, birdset_dir: Path, tmp_path: Path, capsys, monkeypatch
+):
+    from birdjepa.benchmark import store
+    from birdjepa.cli import main
+
+    train = hf_birdset_split(birdset_dir, "SYN2", "train", tmp_path / "train")
+    test = hf_birdset_split(birdset_dir, "SYN2", "test_5s", tmp_path / "test_5s")
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "my_encoder.py").write_text("def embed(x):\n    return x.max(axis=1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "ext"))
+    results = tmp_path / "results"
+    args = ["benchmark", "--backbone", str(tiny_run), f"random:{tiny_run}", "raw", "my_encoder:embed",
+            "--train", str(train), "--test", str(test), "--task", "SYN2", "--n-train", "1", "-1",
+            "--results", str(results)]  # fmt: skip
+    main(args)
+    out = capsys.readouterr().out
+    rows = store.read(results).to_pylist()
+    assert len(rows) == 4 * 3 * 2  # backbones x probes x n
+    assert {r["backbone"].split(":")[0] for r in rows} == {"run", "random", "raw", "ext"}
+    # The run is named by its checkpoint's step and CRC.
+    assert {r["backbone"][: len("run:eval@5#")] for r in rows if r["backbone"].startswith("run:")} == {
+        "run:eval@5#"
+    }
+    for r in rows:
+        assert 0 <= r["cmap"] <= 1 and 0 <= r["auroc"] <= 1 and 0 <= r["top1"] <= 1, r
+        assert r["n_test"] == 12 and r["n_train"] == (4 if r["n"] == 1 else 8)  # 4 classes x 2 recordings
+    # The test-only class of the UHH-like task is said once and scored.
+    assert out.count("WARNING SYN2: 1 test classes have no train recording") == 1
+    assert "cmap" in out and "24 results" in out
+    # Again: everything is in the store, nothing is embedded or fitted again.
+    main(args)
+    out = capsys.readouterr().out
+    assert "probes: 0 fitted" in out and "24 already in the store" in out and "(cached)" in out
+    assert store.read(results).to_pylist() == rows
+    # The store as a table and as the few-shot figure.
+    main(["benchmark", "--table", str(results), "--plot", str(tmp_path / "curves.png")])
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys):
+    import pyarrow as pa
+
+    from birdjepa.cli import main
+    from birdjepa.data.shards import read_shard
+
+    train, test = birdset_dir / "SYN1" / "train", birdset_dir / "SYN1" / "test_5s"
+    unlabelled = tmp_path / "unlabelled"
+    unlabelled.mkdir()
+    table = read_shard(sorted(train.glob("*.arrow"))[0]).drop_columns(["ebird_code"])
+    with pa.OSFile(str(unlabelled / "a.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    (unlabelled / "vocab.json").write_text((train / "vocab.json").read_text())
+    cases = [
+        (["--backbone", "raw", "--train", str(unlabelled), "--test", str(test)], "ebird_code"),
+        (
+            ["--backbone", "raw", "--train", str(tmp_path / "nope*.arrow"), "--test", str(test)],
+            "no shard files",
+        ),
+        (
+            ["--backbone", "no_such_module:embed", "--train", str(train), "--test", str(test)],
+            "cannot be imported",
+        ),
+        (["--backbone", str(tmp_path), "--train", str(train), "--test", str(test)], "neither an export"),
+        (["--backbone", "raw", "--train", str(train), "--test", str(test), "--probe", "svm"], "probes are"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as e:
+            main(["benchmark", *args, "--results", str(tmp_path / "r")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and err.count("\n") == 1, err

@@ -107,3 +107,39 @@ def test_local_sweep_runs_each_config_here_with_a_forced_resume(
     assert [x["step"] for x in lines if x.get("event") == "stop"] == [0]
     assert [x["restart"] for x in lines if x.get("event") == "resume"] == [1]
     assert max(x["step"] for x in lines if "train/loss" in x) == 5
+
+
+def benchmark_sweep(tmp_path: Path, entries: str) -> Path:
+    path = tmp_path / "bench.py"
+    path.write_text(f"def make_benchmarks():\n    return {entries}\n")
+    return path
+
+
+def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
+    birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from birdjepa.benchmark import store
+
+    bad = benchmark_sweep(tmp_path, '[{"backbone": ["raw"], "train": "a", "test": "b"}, {"backbone": "raw"}]')
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(bad), "--dry-run"])
+    assert (
+        e.value.code == 2
+        and "entry 1: option 'backbone' = 'raw' has the wrong type" in capsys.readouterr().err
+    )
+    results = tmp_path / "results"
+    entries = [
+        {"backbone": ["raw"], "train": str(birdset_dir / t / "train"),
+         "test": str(birdset_dir / t / "test_5s"), "task": t, "probe": ["centroid"], "n_train": [1, -1],
+         "results": str(results)}
+        for t in ("SYN1", "SYN2")
+    ]  # fmt: skip
+    path = benchmark_sweep(tmp_path, repr(entries))
+    main(["sweep", str(path), "--dry-run"])
+    out = capsys.readouterr().out
+    assert out.count("#SBATCH --requeue") == 2 and "--n-train 1 -1" in out and not results.exists()
+    main(["sweep", str(path), "--local"])
+    assert capsys.readouterr().out.count("local exit 0") == 2
+    rows = store.read(results).to_pylist()
+    assert sorted((r["task"], r["n"]) for r in rows) == [("SYN1", -1), ("SYN1", 1), ("SYN2", -1), ("SYN2", 1)]
+    assert sorted(p.name for p in (results / "jobs").glob("*.sbatch")) == ["bench-0.sbatch", "bench-1.sbatch"]

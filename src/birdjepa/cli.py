@@ -26,7 +26,7 @@ COMMANDS: dict[str, CommandTarget] = {
     "pretrain": "birdjepa.pretrain.loop:cli",
     "verify-resume": "birdjepa.resume.verify:cli",
     "compare": "birdjepa.resume.compare:cli",
-    "sweep": "birdjepa.slurm.sweep:cli",
+    "sweep": "birdjepa.benchmark.sweep:cli",
     "analyze": "birdjepa.analysis.report:cli",
     "evaluate": "birdjepa.evaluation.cli:cli",
     "benchmark": "birdjepa.benchmark.cli:cli",

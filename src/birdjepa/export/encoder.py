@@ -90,7 +90,7 @@ class Encoder:
         ``row`` (in its shard), ``crop_offset`` (samples at the target rate) and ``embedding``."""
         with Loader(list(files), batch_size=self.batch_size, n_workers=n_workers, train=False,
                     features=self.features) as loader:  # fmt: skip
-            first_index = np.r_[0, np.cumsum(loader.shard_sizes())]
+            first_index = np.r_[0, np.cumsum(loader.shard_sizes)]
             for batch in loader:
                 yield {
                     "index": batch["index"],

@@ -1,0 +1,136 @@
+"""`birdjepa sweep FILE`: a pretrain sweep (``make_cfgs()``, see `birdjepa.slurm.sweep`) or a benchmark
+sweep (``make_benchmarks()``): one `birdjepa benchmark` job per dict of its options, e.g.
+
+    def make_benchmarks():
+        return [{"backbone": [f"runs/r1@{s}", "random:runs/r1", "raw"], "task": t, "train": f"{t}/train",
+                 "test": f"{t}/test_5s", "n_train": [1, 4, 16, -1], "seed": [0, 1, 2], "results": "results"}
+                for s in (1000, 2000) for t in ("S1", "S2")]
+
+Every option is checked against the benchmark's own flags (name and type) before anything is submitted;
+an error names the file, the entry and the option. A job writes into the store it names, and skips what
+the store holds: a requeued or repeated job redoes only what is missing, and jobs that share a store
+lose nothing (`birdjepa.benchmark.store`). The dispatch lives here, on the floor that sees both kinds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import shlex
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Annotated, Any
+
+import tyro
+
+from birdjepa import exit_codes
+from birdjepa.benchmark import cli as benchmark_cli
+from birdjepa.slurm import sweep as pretrain_sweep
+from birdjepa.slurm.sweep import SlurmOptions, SweepError, submit
+
+DEFAULT_SLURM = SlurmOptions()
+#: Options a job may not set: they do not run a benchmark.
+NOT_IN_JOBS = ("table", "plot")
+
+
+def load_benchmarks(path: Path) -> list[dict[str, Any]] | None:
+    """``make_benchmarks()`` of a sweep file, or None when it defines none (a pretrain sweep)."""
+    if not Path(path).is_file():
+        raise SweepError(f"{path}: no such sweep file")
+    spec = importlib.util.spec_from_file_location(f"birdjepa_sweep_{Path(path).stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    make = getattr(module, "make_benchmarks", None)
+    if make is None:
+        return None
+    entries = make()
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise SweepError(f"{path}: make_benchmarks() must return a non-empty list of dicts")
+    return entries
+
+
+def benchmark_flags(entry: dict[str, Any], where: str) -> list[str]:
+    """The `birdjepa benchmark` flags of one entry, each option checked by name and type."""
+    hints = typing.get_type_hints(benchmark_cli.cli, include_extras=True)
+    params = inspect.signature(benchmark_cli.cli).parameters
+    flags: list[str] = []
+    for key, value in entry.items():
+        if key not in params or key in NOT_IN_JOBS:
+            allowed = ", ".join(p for p in params if p not in NOT_IN_JOBS)
+            raise SweepError(f"{where}: unknown option {key!r} (one of: {allowed})")
+        hint = typing.get_args(hints[key])[0] if typing.get_origin(hints[key]) is Annotated else hints[key]
+        item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
+        ok = all(pretrain_sweep._type_ok(v, item) for v in value) if item and isinstance(value, list) \
+            else pretrain_sweep._type_ok(value, hint)  # fmt: skip
+        if not ok:
+            raise SweepError(f"{where}: option {key!r} = {value!r} has the wrong type (expected {hint})")
+        flags += [f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+    for needed in ("backbone", "train", "test"):
+        if needed not in entry:
+            raise SweepError(f"{where}: no {needed!r}: a benchmark job needs backbone, train and test")
+    return flags
+
+
+def job_script(name: str, flags: list[str], slurm: SlurmOptions, workdir: Path, log_dir: Path) -> str:
+    """A requeueable sbatch script: a preempted job starts again and skips what its store holds."""
+    minutes = max(int(round(slurm.hours * 60)), 1)
+    sbatch = [f"--job-name=birdjepa-{name}", f"--output={log_dir}/{name}-%j.out", "--open-mode=append",
+              f"--time={minutes // 60}:{minutes % 60:02d}:00", "--ntasks=1", f"--cpus-per-task={slurm.cpus}",
+              "--requeue"]  # fmt: skip
+    for opt, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos),
+                       ("mem", slurm.mem)):  # fmt: skip
+        if value:
+            sbatch.append(f"--{opt}={value}")
+    if slurm.gpus:
+        sbatch.append(f"--gpus-per-node={slurm.gpus}")
+    command = [sys.executable, "-m", "birdjepa.cli", "benchmark", *flags]
+    lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in [*sbatch, *slurm.extra]), "",
+             f"# birdjepa sweep: benchmark {name}", "set -u", f"cd {shlex.quote(str(workdir))}",
+             "export PYTHONUNBUFFERED=1", f"exec {shlex.join(command)}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def cli(
+    sweep_file: tyro.conf.Positional[Path],
+    dry_run: bool = False,
+    local: bool = False,
+    force_resume_at: int | None = None,
+    runs_dir: Path | None = None,
+    slurm: Annotated[SlurmOptions, tyro.conf.arg(name="slurm")] = DEFAULT_SLURM,
+) -> None:
+    """Submit one job per entry of a sweep file (Slurm), or run them here (--local): pretrain runs
+    (make_cfgs) or benchmarks (make_benchmarks).
+
+    --dry-run prints each job's script; --force-resume-at STEP (pretrain) makes every job stop after STEP
+    and requeue itself once; --runs-dir sets log.runs_dir where a pretrain config does not."""
+    try:
+        entries = load_benchmarks(sweep_file)
+        if entries is None:
+            return pretrain_sweep.cli(sweep_file, dry_run, local, force_resume_at, runs_dir, slurm)
+        jobs = []
+        for i, entry in enumerate(entries):
+            flags = benchmark_flags(entry, f"{sweep_file}: entry {i}")
+            jobs.append((f"{sweep_file.stem}-{i}", flags, Path(entry.get("results", "results"))))
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.USAGE) from None
+    failed = 0
+    for name, flags, results in jobs:
+        log_dir = (results / "jobs").absolute()
+        script = job_script(name, flags, slurm, Path.cwd(), log_dir)
+        if dry_run:
+            print(f"# {name}: birdjepa benchmark {shlex.join(flags)}\n{script}")
+            continue
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"{name}.sbatch").write_text(script)
+        if local:
+            code = subprocess.run([sys.executable, "-m", "birdjepa.cli", "benchmark", *flags]).returncode
+            failed += code != 0
+            print(f"{name}: local exit {code}")
+        else:
+            print(f"{name}: job {submit(log_dir / f'{name}.sbatch')}")
+    if failed:
+        raise SystemExit(1)
