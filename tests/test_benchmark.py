@@ -106,3 +106,18 @@ def test_two_writers_lose_nothing(tmp_path: Path) -> None:
     assert not list((tmp_path / store.ROWS).glob(".tmp-*"))
     assert store.has(tmp_path, store.Key("b", "t", "linear", 2, 0))
     assert not store.has(tmp_path, store.Key("b", "t", "linear", 2, 1))
+
+
+def test_single_label_probes_score_as_evaluate_predicts() -> None:
+    from birdjepa.evaluation import probes as single
+
+    rng = np.random.default_rng(1)
+    means = rng.normal(size=(4, 16)) * 2
+    y_train, y_test = np.repeat(np.arange(4), 10), np.repeat(np.arange(4), 5)
+    x_train = means[y_train] + rng.normal(size=(40, 16))
+    x_test = means[y_test] + rng.normal(size=(20, 16))
+    train_targets = np.eye(5, dtype=np.uint8)[y_train]  # a fifth class without a train recording
+    for probe, reference in (("knn", single.knn), ("softmax", single.linear_probe)):
+        scores = fit_and_score(probe, x_train, train_targets, x_test)
+        assert scores.shape == (20, 5) and (scores[:, 4] == 0).all()
+        assert np.array_equal(scores.argmax(axis=1), reference(x_train, y_train, x_test, y_test).predictions)

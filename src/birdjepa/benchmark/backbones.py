@@ -132,6 +132,9 @@ class Embedded:
     targets: np.ndarray
     """[N, C] uint8 multi-hot."""
     seconds: float
+    """Spent in this backbone's encoder."""
+    pass_seconds: float
+    """The whole pass over the split that computed it (decoding, log-mel and every backbone's encoder)."""
     cached: bool
 
 
@@ -162,7 +165,8 @@ def embed(
         path = cache / f"{hashlib.sha256(b.identity.encode()).hexdigest()[:16]}-{key}.npz"
         if path.is_file():
             with np.load(path) as z:
-                out[b.identity] = Embedded(z["features"], z["label"], z["targets"], float(z["seconds"]), True)
+                out[b.identity] = Embedded(z["features"], z["label"], z["targets"], float(z["seconds"]),
+                                           float(z["pass_seconds"]), True)  # fmt: skip
         else:
             missing.append((b, path))
     if not missing:
@@ -170,6 +174,7 @@ def embed(
     parts: dict[str, list[np.ndarray]] = {b.identity: [] for b, _ in missing}
     took = dict.fromkeys(parts, 0.0)
     labels, targets = [], []
+    start = time.perf_counter()
     with Loader(
         list(files),
         batch_size=batch_size,
@@ -188,15 +193,18 @@ def embed(
             targets.append(
                 batch["multilabel"] if "multilabel" in batch else _one_hot(batch["label"], n_classes)
             )
+    pass_seconds = time.perf_counter() - start
     label = np.concatenate(labels).astype(np.int64)
     target = np.concatenate(targets).astype(np.uint8)
     cache.mkdir(parents=True, exist_ok=True)
     for b, path in missing:
         x = np.concatenate(parts[b.identity])
         tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, features=x, label=label, targets=target, seconds=took[b.identity])
+        np.savez(
+            tmp, features=x, label=label, targets=target, seconds=took[b.identity], pass_seconds=pass_seconds
+        )
         tmp.replace(path)
-        out[b.identity] = Embedded(x, label, target, took[b.identity], False)
+        out[b.identity] = Embedded(x, label, target, took[b.identity], pass_seconds, False)
     return out
 
 

@@ -23,7 +23,7 @@ import tyro
 from birdjepa.benchmark import fewshot, store
 from birdjepa.benchmark.backbones import Backbone, BackboneError, Embedded, embed, resolve
 from birdjepa.benchmark.metrics import all_metrics
-from birdjepa.benchmark.probes import PROBES, Loss, Recipe, fit_and_score
+from birdjepa.benchmark.probes import MULTI_LABEL, PROBES, Loss, Recipe, fit_and_score
 from birdjepa.data import DataError, Features, resolve_files
 from birdjepa.data.shards import read_shard
 from birdjepa.exit_codes import USAGE
@@ -130,12 +130,16 @@ def run_task(
                     loader_options=options,
                 )
             )
+    for split in ("train", "test"):
+        fresh = {e.pass_seconds for e in embedded[split].values() if not e.cached}
+        if fresh:  # one pass per feature group
+            spent = sum(e.seconds for e in embedded[split].values() if not e.cached)
+            log(f"{split} split: one pass in {sum(fresh):.1f} s, {spent:.1f} s of it in the encoders "
+                "(the loader decodes and computes log-mel on its own threads meanwhile)")  # fmt: skip
     for b in backbones:
         tr, te = embedded["train"][b.identity], embedded["test"][b.identity]
-        log(
-            f"embedded {b.spec}: train {len(tr.features)} clips {took(tr)}, "
-            f"test {len(te.features)} clips {took(te)}"
-        )
+        log(f"embedded {b.spec}: train {len(tr.features)} clips {took(tr)}, test {len(te.features)} clips "
+            f"{took(te)}")  # fmt: skip
     first = embedded["train"][backbones[0].identity]
     test_targets = embedded["test"][backbones[0].identity].targets
     uncovered = np.flatnonzero(test_targets.any(axis=0) & ~first.targets.any(axis=0))
@@ -221,7 +225,7 @@ def cli(
     train: str | None = None,
     test: str | None = None,
     task: str | None = None,
-    probe: list[str] = list(PROBES),  # noqa: B006
+    probe: list[str] = list(MULTI_LABEL),  # noqa: B006
     n_train: list[int] = [fewshot.ALL],  # noqa: B006
     seed: list[int] = [0],  # noqa: B006
     loss: Loss = "bce",
@@ -244,7 +248,7 @@ def cli(
         train: Shards the probes are fitted on (a glob, a folder or a file), e.g. 'hsn/train/*.arrow'.
         test: Shards the probes are scored on, e.g. 'hsn/test_5s/*.arrow'.
         task: The task's name in the store (default: the test split's parent folder's name).
-        probe: Probes: linear, mlp, centroid.
+        probe: Probes: linear, mlp, centroid (multi-label); softmax, knn (evaluate's single-label probes).
         n_train: Recordings per class the probes are fitted on (-1: all); several give a few-shot curve.
         seed: Seeds of the few-shot draws and the probes' init; several give a spread.
         loss: The trained probes' loss: bce (binary cross-entropy) or asl (asymmetric loss).

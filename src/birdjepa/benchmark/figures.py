@@ -44,6 +44,8 @@ def fewshot_curves(rows: list[dict], metric: str = "cmap"):  # -> matplotlib Fig
         ax.set_ylabel(metric)
         ax.set_title(task)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    rows_of_legend = -(-len(labels) // 3)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.045 * rows_of_legend, 1, 1))  # room below for the legend
     return fig

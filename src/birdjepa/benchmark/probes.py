@@ -11,6 +11,10 @@ every backbone's row is treated alike.
   per class there is nothing to hold out, and one recipe keeps the few-shot curve comparable across n.
 - **centroid**: nothing trained; the cosine similarity to each class's mean (standardised, then
   L2-normalised) train embedding. A class with no train recording scores -1 (below every cosine).
+- **softmax** and **knn**: `birdjepa evaluate`'s single-label probes (`birdjepa.evaluation.probes`:
+  multinomial logistic regression with cross-validated L2, and weighted cosine kNN), fitted on each train
+  recording's one class; their scores are class probabilities and kNN vote weights. For single-label
+  tasks, and to compare with `evaluate`'s numbers.
 
 Train batches are padded to a power of two with zero-weight rows, so the few-shot sizes compile a
 handful of shapes, not one per n; padded rows change no sum. On CPU the scores are a deterministic
@@ -31,9 +35,11 @@ import optax
 
 from birdjepa.evaluation.probes import standardise
 
-Probe = Literal["linear", "mlp", "centroid"]
+Probe = Literal["linear", "mlp", "centroid", "softmax", "knn"]
 Loss = Literal["bce", "asl"]
-PROBES: tuple[str, ...] = ("linear", "mlp", "centroid")
+PROBES: tuple[str, ...] = ("linear", "mlp", "centroid", "softmax", "knn")
+MULTI_LABEL: tuple[str, ...] = ("linear", "mlp", "centroid")
+"""The probes a benchmark runs unless told otherwise (BirdSet's tasks are multi-label)."""
 HIDDEN = 256
 
 
@@ -123,6 +129,8 @@ def fit_and_score(
         raise ValueError(f"need one label row per train clip and at least one clip, got {train_y.shape}")
     if not (np.isfinite(train_x).all() and np.isfinite(test_x).all()):
         raise ValueError("features hold NaN or inf (a diverged encoder?)")
+    if probe in ("softmax", "knn"):
+        return _single_label(probe, train_x, train_y, test_x, seed)
     a, b = standardise(train_x, test_x)
     if probe == "centroid":
         return _centroid_scores(a, train_y, b)
@@ -147,3 +155,19 @@ def _centroid_scores(train: np.ndarray, train_y: np.ndarray, test: np.ndarray) -
     scores = test @ unit(means).T
     scores[:, counts == 0] = -1.0
     return scores
+
+
+def _single_label(
+    probe: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, seed: int
+) -> np.ndarray:
+    """`evaluate`'s probes on each train recording's first class (recordings without one left out)."""
+    from birdjepa.evaluation import probes as single
+
+    keep = train_y.any(axis=1)
+    labels = train_y[keep].argmax(axis=1)
+    if not keep.any():
+        raise ValueError("no train recording has a class")
+    n_classes = train_y.shape[1]
+    if probe == "knn":
+        return single.knn(train_x[keep], labels, test_x, None, n_classes=n_classes).scores
+    return single.linear_probe(train_x[keep], labels, test_x, None, seed=seed, n_classes=n_classes).scores

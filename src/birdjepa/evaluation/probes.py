@@ -21,6 +21,7 @@ split of each class's recall), which does not let a frequent class hide a rare o
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 import numpy as np
@@ -42,6 +43,9 @@ class ProbeResult:
     macro_acc: float
     details: dict
     """What was chosen and how it went (L2 strength, validation accuracies, iterations)."""
+    scores: np.ndarray | None = None
+    """[N_eval, n_classes]: each class's vote weight (kNN) or probability (linear); a class absent from
+    the train split scores 0."""
 
 
 def accuracies(predictions: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
@@ -64,9 +68,11 @@ def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
     return [(np.asarray(x, np.float64) - mean) / std for x in (train, *others)]
 
 
-def _check(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray) -> None:
+def _check(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray | None) -> None:
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
         raise ValueError(f"features must be [N, D] with one D, got {train_x.shape} and {test_x.shape}")
+    if test_y is None:  # scores only (a multi-label split is scored by the caller)
+        test_y = np.zeros(len(test_x), np.int64)
     if len(train_x) != len(train_y) or len(test_x) != len(test_y):
         raise ValueError("one label per clip is needed")
     if len(train_y) == 0 or len(test_y) == 0:
@@ -75,14 +81,19 @@ def _check(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y:
         raise ValueError("features hold NaN or inf (a diverged encoder?)")
 
 
+def _scored(predictions: np.ndarray, test_y: np.ndarray | None) -> tuple[float, float]:
+    return (math.nan, math.nan) if test_y is None else accuracies(predictions, test_y)
+
+
 def knn(
     train_x: np.ndarray,
     train_y: np.ndarray,
     test_x: np.ndarray,
-    test_y: np.ndarray,
+    test_y: np.ndarray | None,
     *,
     k: int = KNN_K,
     temperature: float = KNN_TEMPERATURE,
+    n_classes: int | None = None,
 ) -> ProbeResult:
     """Similarity-weighted kNN on cosine similarity of standardised features (see the module doc)."""
     _check(train_x, train_y, test_x, test_y)
@@ -94,12 +105,13 @@ def knn(
     k = min(k, len(train_y))
     nearest = np.argsort(-sims, axis=1, kind="stable")[:, :k]
     weights = np.exp(np.take_along_axis(sims, nearest, axis=1) / temperature)
-    n_classes = int(max(train_y.max(), np.max(test_y))) + 1
+    if n_classes is None:
+        n_classes = int(max(train_y.max(), -1 if test_y is None else np.max(test_y))) + 1
     votes = np.zeros((len(b), n_classes))
     np.add.at(votes, (np.arange(len(b))[:, None], train_y[nearest]), weights)
     predictions = votes.argmax(axis=1)
-    acc, macro = accuracies(predictions, test_y)
-    return ProbeResult(predictions, acc, macro, {"k": k, "temperature": temperature})
+    acc, macro = _scored(predictions, test_y)
+    return ProbeResult(predictions, acc, macro, {"k": k, "temperature": temperature}, votes)
 
 
 def _stratified_folds(labels: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
@@ -129,10 +141,11 @@ def linear_probe(
     train_x: np.ndarray,
     train_y: np.ndarray,
     test_x: np.ndarray,
-    test_y: np.ndarray,
+    test_y: np.ndarray | None,
     *,
     seed: int = 0,
     grid: tuple[float, ...] = L2_GRID,
+    n_classes: int | None = None,
 ) -> ProbeResult:
     """Multinomial logistic regression on standardised features; L2 chosen by stratified k-fold
     cross-validation on the train split (ties go to the stronger regularisation), then refit on all of it."""
@@ -155,14 +168,17 @@ def linear_probe(
     else:  # too few clips to hold any out
         best = 1.0
     a, b = standardise(train_x, test_x)
+    scores = np.zeros((len(b), n_classes or int(train_y.max()) + 1))
     if len(np.unique(train_y)) == 1:  # one class: nothing to fit
         predictions, train_predictions = np.full(len(b), train_y[0]), train_y
+        scores[:, train_y[0]] = 1.0
         iterations = 0
     else:
         model = _logistic(a, train_y, best)
         predictions, train_predictions = model.predict(b), model.predict(a)
+        scores[:, model.classes_] = model.predict_proba(b)
         iterations = int(np.max(model.n_iter_))
-    acc, macro = accuracies(predictions, test_y)
+    acc, macro = _scored(predictions, test_y)
     details = {
         "l2_c": best,
         "val_acc": val_acc,
@@ -171,4 +187,4 @@ def linear_probe(
         "converged": iterations < MAX_ITER,
         "train_acc": accuracies(train_predictions, train_y)[0],
     }
-    return ProbeResult(predictions, acc, macro, details)
+    return ProbeResult(predictions, acc, macro, details, scores)
