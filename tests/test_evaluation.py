@@ -254,6 +254,19 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
         rows = list(zip(table.column("source").to_pylist(), table.column("row").to_pylist(), strict=True))
         assert rows == [(s, r) for s in shards for r in range(len(read_shard(Path(s))))]
         assert table.schema.metadata[b"encoder"].decode() == card["identity"]
+    # Audio files and waveforms go through the loader window by window: 12 s -> 0-5, 5-10, 10-12 s.
+    import soundfile
+
+    rate = 22050
+    t = np.arange(12 * rate) / rate
+    chirp = (0.3 * np.sin(2 * np.pi * (1000 + 400 * t) * t)).astype(np.float32)
+    (tmp_path / "audio").mkdir()
+    soundfile.write(tmp_path / "audio" / "chirp.wav", chirp, rate, subtype="FLOAT")
+    windows = encoder.embed_audio([tmp_path / "audio" / "chirp.wav"])
+    assert windows["start_s"].tolist() == [0.0, 5.0, 10.0] and windows["end_s"].tolist() == [5.0, 10.0, 12.0]
+    assert np.array_equal(encoder.embed_waveform(chirp, rate), windows["embedding"])
+    assert not np.array_equal(windows["embedding"][0], windows["embedding"][1])  # the chirp moves
+    assert embed(str(tmp_path / "audio"), encoder, tmp_path / "audio.parquet") == 3
 
 
 def hf_birdset_split(birdset_dir: Path, task: str, split: str, out: Path) -> Path:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import tyro
 
@@ -90,63 +88,29 @@ def export_cli(
     print(f"exported {card['identity']} ({card['embedding_dim']}-d embeddings) to {folder}")
 
 
-def window_shards(files: list[Path], encoder: Encoder, folder: Path) -> tuple[list[str], list[tuple]]:
-    """Audio files as one Arrow shard whose rows are their consecutive clip-long windows (each row holds
-    the file's bytes and its window's start and end, as BirdSet's soundscape rows do); returns the
-    shard and, per row, (file, start s, end s)."""
-    from birdjepa._rs import decode_audio
-
-    rows, where = [], []
-    clip = encoder.features.clip_seconds
-    for f in files:
-        data = f.read_bytes()
-        try:
-            samples, rate = decode_audio(data)
-        except ValueError as e:
-            raise DataError(f"{f}: cannot decode: {e}") from e
-        seconds = len(samples) / rate
-        for k in range(max(int(np.ceil(seconds / clip - 1e-9)), 1)):
-            start = k * clip
-            rows.append({"audio": data, "start_time": start, "end_time": min(start + clip, seconds)})
-            where.append((str(f), start, min(start + clip, seconds)))
-    schema = pa.schema([("audio", pa.binary()), ("ebird_code", pa.int64()), ("start_time", pa.float64()),
-                        ("end_time", pa.float64())])  # fmt: skip
-    table = pa.Table.from_pylist([{**r, "ebird_code": None} for r in rows], schema=schema)  # no labels
-    path = folder / "windows.arrow"
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=64)
-    return [str(path)], where
-
-
 def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> int:
     """Embeds ``source`` (shards: a glob, folder or file of .arrow; or a folder or list of audio files)
     into ``out`` (Parquet, one row per clip); returns the row count."""
     audio = sorted(p for p in Path(source).rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES) \
         if Path(source).is_dir() else []  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        if audio:
-            files, where = window_shards(audio, encoder, Path(tmp))
-        else:
-            files, where = resolve_files(source), []
-        columns: dict[str, list] = {"source": [], "row": [], "start_s": [], "end_s": [], "embedding": []}
+    if audio:
+        columns = encoder.embed_audio(audio, n_workers=n_workers)
+        columns["row"] = np.full(len(columns["source"]), -1)
+    else:
+        files = resolve_files(source)
+        parts: dict[str, list] = {"source": [], "row": [], "start_s": [], "end_s": [], "embedding": []}
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
         for batch in encoder.embed_files(files, n_workers=n_workers):
-            for i, index in enumerate(batch["index"]):
-                if where:
-                    name, start, end = where[index]
-                    row = -1
-                else:
-                    name, row = files[int(batch["shard_id"][i])], int(batch["row"][i])
-                    start = float(batch["crop_offset"][i]) / rate
-                    end = start + clip
-                columns["source"].append(name)
-                columns["row"].append(row)
-                columns["start_s"].append(start)
-                columns["end_s"].append(end)
-                columns["embedding"].append(batch["embedding"][i])
+            starts = batch["crop_offset"] / rate
+            parts["source"] += [files[int(s)] for s in batch["shard_id"]]
+            parts["row"].append(batch["row"])
+            parts["start_s"].append(starts)
+            parts["end_s"].append(starts + clip)
+            parts["embedding"].append(batch["embedding"])
+        columns = {k: v if k == "source" else np.concatenate(v) for k, v in parts.items()}
     dim = encoder.model.dim
     table = pa.table({
-        "source": pa.array(columns["source"], pa.string()),
+        "source": pa.array(list(columns["source"]), pa.string()),
         "row": pa.array(columns["row"], pa.int64()),
         "start_s": pa.array(columns["start_s"], pa.float64()),
         "end_s": pa.array(columns["end_s"], pa.float64()),

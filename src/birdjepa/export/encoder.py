@@ -2,22 +2,27 @@
 
 The callable runs the same jitted encoder on the same batches as `birdjepa evaluate` (chunks of the
 run's batch size, the last one padded with zeros), so fed the loader's batches it gives evaluate's
-embeddings bit for bit. `Encoder.embed_files` runs the loader itself (eval mode, the run's features):
-from shards, one row per shard row; from audio files, one row per window (see `windows`).
+embeddings bit for bit. The loader itself (eval mode, the run's features) makes the spectrograms of
+`Encoder.embed_files` (shards: one row per shard row), `embed_audio` (audio files: every clip-long
+window) and `embed_waveform` (samples in memory), so no second feature pipeline exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.ipc  # noqa: F401 (pa.ipc)
 
-from birdjepa.data import Features, Loader
+from birdjepa.data import DataError, Features, Loader
 from birdjepa.model.config import ModelConfig
 
 CARD = "encoder.json"
@@ -99,6 +104,59 @@ class Encoder:
                     "crop_offset": batch["crop_offset"],
                     "embedding": self(batch["spectrogram"]),
                 }
+
+    def embed_audio(self, files: Sequence[str | Path], *, n_workers: int = 2) -> dict[str, Any]:
+        """Every consecutive clip-long window of each audio file (the last one zero-padded):
+        ``source``, ``start_s``, ``end_s`` (arrays, one entry per window) and ``embedding [W, D]``."""
+        named = [(str(f), Path(f).read_bytes()) for f in files]
+        return self._embed_windows(named, n_workers)
+
+    def embed_waveform(self, samples: np.ndarray, rate: int) -> np.ndarray:
+        """``[W, D]``: each clip-long window of a mono float waveform at ``rate`` Hz, through the loader's
+        resampling and log-mel (it is stored as a 32-bit float WAV, which decodes to the same samples)."""
+        import soundfile
+
+        buffer = io.BytesIO()
+        soundfile.write(buffer, np.asarray(samples, np.float32), rate, format="WAV", subtype="FLOAT")
+        return self._embed_windows([("<waveform>", buffer.getvalue())], 1)["embedding"]
+
+    def _embed_windows(self, named: list[tuple[str, bytes]], n_workers: int) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as tmp:
+            shard, where = window_shard(named, self.features.clip_seconds, Path(tmp))
+            vectors = np.zeros((len(where), self.model.dim), np.float32)
+            for batch in self.embed_files([shard], n_workers=n_workers):
+                vectors[batch["index"]] = batch["embedding"]
+        return {
+            "source": np.array([w[0] for w in where], dtype=object),
+            "start_s": np.array([w[1] for w in where]),
+            "end_s": np.array([w[2] for w in where]),
+            "embedding": vectors,
+        }
+
+
+def window_shard(named: list[tuple[str, bytes]], clip: float, folder: Path) -> tuple[str, list[tuple]]:
+    """Encoded audio as one Arrow shard whose rows are its consecutive ``clip``-second windows (each
+    row holds the file's bytes and its window's start and end, as BirdSet's soundscape rows do); returns
+    the shard and, per row, (name, start s, end s)."""
+    from birdjepa._rs import decode_audio
+
+    rows, where = [], []
+    for name, data in named:
+        try:
+            samples, rate = decode_audio(data)
+        except ValueError as e:
+            raise DataError(f"{name}: cannot decode: {e}") from e
+        seconds = len(samples) / rate
+        for k in range(max(int(np.ceil(seconds / clip - 1e-9)), 1)):
+            start, end = k * clip, min((k + 1) * clip, seconds)
+            rows.append({"audio": data, "ebird_code": None, "start_time": start, "end_time": end})
+            where.append((name, start, end))
+    schema = pa.schema([("audio", pa.binary()), ("ebird_code", pa.int64()), ("start_time", pa.float64()),
+                        ("end_time", pa.float64())])  # fmt: skip
+    path = folder / "windows.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=schema), max_chunksize=64)
+    return str(path), where
 
 
 def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
