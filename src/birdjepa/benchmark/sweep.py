@@ -14,7 +14,6 @@ lose nothing (`birdjepa.benchmark.store`). The dispatch lives here, on the floor
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import shlex
 import subprocess
@@ -37,13 +36,7 @@ NOT_IN_JOBS = ("table", "plot")
 
 def load_benchmarks(path: Path) -> list[dict[str, Any]] | None:
     """``make_benchmarks()`` of a sweep file, or None when it defines none (a pretrain sweep)."""
-    if not Path(path).is_file():
-        raise SweepError(f"{path}: no such sweep file")
-    spec = importlib.util.spec_from_file_location(f"birdjepa_sweep_{Path(path).stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    make = getattr(module, "make_benchmarks", None)
+    make = getattr(pretrain_sweep.load_module(path), "make_benchmarks", None)
     if make is None:
         return None
     entries = make()
@@ -76,18 +69,9 @@ def benchmark_flags(entry: dict[str, Any], where: str) -> list[str]:
 
 def job_script(name: str, flags: list[str], slurm: SlurmOptions, workdir: Path, log_dir: Path) -> str:
     """A requeueable sbatch script: a preempted job starts again and skips what its store holds."""
-    minutes = max(int(round(slurm.hours * 60)), 1)
-    sbatch = [f"--job-name=birdjepa-{name}", f"--output={log_dir}/{name}-%j.out", "--open-mode=append",
-              f"--time={minutes // 60}:{minutes % 60:02d}:00", "--ntasks=1", f"--cpus-per-task={slurm.cpus}",
-              "--requeue"]  # fmt: skip
-    for opt, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos),
-                       ("mem", slurm.mem)):  # fmt: skip
-        if value:
-            sbatch.append(f"--{opt}={value}")
-    if slurm.gpus:
-        sbatch.append(f"--gpus-per-node={slurm.gpus}")
+    sbatch = pretrain_sweep.sbatch_lines(f"birdjepa-{name}", f"{log_dir}/{name}-%j.out", slurm, 1)
     command = [sys.executable, "-m", "birdjepa.cli", "benchmark", *flags]
-    lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in [*sbatch, *slurm.extra]), "",
+    lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in sbatch), "",
              f"# birdjepa sweep: benchmark {name}", "set -u", f"cd {shlex.quote(str(workdir))}",
              "export PYTHONUNBUFFERED=1", f"exec {shlex.join(command)}"]  # fmt: skip
     return "\n".join(lines) + "\n"

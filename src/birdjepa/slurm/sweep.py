@@ -63,8 +63,8 @@ class SlurmOptions:
 
 
 # ----------------------------------------------------------------------------------------- sweep files
-def load_sweep(path: Path) -> list[dict[str, Any]]:
-    """``make_cfgs()`` of a sweep file, checked to be a non-empty list of dicts."""
+def load_module(path: Path) -> types.ModuleType:
+    """A sweep file, executed as a module of its own."""
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file")
@@ -72,6 +72,12 @@ def load_sweep(path: Path) -> list[dict[str, Any]]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def load_sweep(path: Path) -> list[dict[str, Any]]:
+    """``make_cfgs()`` of a sweep file, checked to be a non-empty list of dicts."""
+    module = load_module(path)
     make = getattr(module, "make_cfgs", None)
     if not callable(make):
         raise SweepError(f"{path}: defines no make_cfgs() function")
@@ -198,27 +204,27 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
 
 
 # ---------------------------------------------------------------------------------------- job scripts
-def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workdir: Path) -> str:
-    """The sbatch script of one run (see the module docstring for what it does on signals)."""
-    run_dir = job.cfg.run_dir.absolute()
+def sbatch_lines(name: str, output: str, slurm: SlurmOptions, ntasks: int, *more: str) -> list[str]:
+    """The ``#SBATCH`` options every birdjepa job has: requeueable, appending to one log, then ``more``,
+    the resources ``slurm`` asks for and its extra lines last."""
     minutes = max(int(round(slurm.hours * 60)), 1)
-    sbatch = [
-        f"--job-name=birdjepa-{job.cfg.run}",
-        f"--output={run_dir}/slurm-%j.out",
-        "--open-mode=append",
-        f"--time={minutes // 60}:{minutes % 60:02d}:00",
-        f"--ntasks={slurm.ntasks}",
-        f"--cpus-per-task={slurm.cpus}",
-        "--requeue",
-        f"--signal=B:USR1@{slurm.grace}",
-    ]
+    sbatch = [f"--job-name={name}", f"--output={output}", "--open-mode=append",
+              f"--time={minutes // 60}:{minutes % 60:02d}:00", f"--ntasks={ntasks}",
+              f"--cpus-per-task={slurm.cpus}", "--requeue", *more]  # fmt: skip
     for opt, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos),
                        ("mem", slurm.mem)):  # fmt: skip
         if value:
             sbatch.append(f"--{opt}={value}")
     if slurm.gpus:
         sbatch.append(f"--gpus-per-node={slurm.gpus}")
-    sbatch += list(slurm.extra)
+    return sbatch + list(slurm.extra)
+
+
+def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workdir: Path) -> str:
+    """The sbatch script of one run (see the module docstring for what it does on signals)."""
+    run_dir = job.cfg.run_dir.absolute()
+    sbatch = sbatch_lines(f"birdjepa-{job.cfg.run}", f"{run_dir}/slurm-%j.out", slurm, slurm.ntasks,
+                          f"--signal=B:USR1@{slurm.grace}")  # fmt: skip
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
     if slurm.ntasks > 1:  # one process per task; they find each other through Slurm's environment
         command = ["srun", "--kill-on-bad-exit=1", *command]
