@@ -185,3 +185,16 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its order
+
+
+def run_notebook(name: str, **defs: object) -> dict:
+    """Runs ``notebooks/<name>.py`` headless with ``defs`` in place of the cells that define them; returns
+    the notebook's globals."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"notebook_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _, out = module.app.run(defs=defs)
+    return dict(out)

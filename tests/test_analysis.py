@@ -6,13 +6,13 @@ command's files, and both marimo notebooks run headless."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_notebook
 from matplotlib.figure import Figure
 
 from birdjepa import analysis
@@ -20,7 +20,6 @@ from birdjepa.analysis import figures
 from birdjepa.cli import main as birdjepa_main
 from birdjepa.train.metrics_log import MetricsLog
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -232,14 +231,6 @@ def test_analyze_writes_figures_and_a_jump_table(resumed_run: Path, tmp_path: Pa
 def test_analyze_names_an_unknown_metric(resumed_run: Path) -> None:
     with pytest.raises(SystemExit, match=r"no metric\(s\) \['train/lsos'\]; it logged: .*train/loss"):
         analysis.analyze(resumed_run, metrics=("train/lsos",))
-
-
-def run_notebook(name: str, **defs: object) -> dict:
-    spec = importlib.util.spec_from_file_location(f"notebook_{name}", NOTEBOOKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _, out = module.app.run(defs=defs)
-    return dict(out)
 
 
 def assert_figure(fig: object, tmp_path: Path, panels: int) -> None:

@@ -35,6 +35,16 @@ def test_cmap_and_auroc_equal_scikit_learn(seed: int) -> None:
     assert auroc(scores, targets) == pytest.approx(np.mean(roc), abs=1e-12)
 
 
+def test_top1_on_single_label_rows_equals_scikit_learn() -> None:
+    from sklearn.metrics import top_k_accuracy_score
+
+    rng = np.random.default_rng(7)
+    labels = rng.integers(0, 6, 80)
+    scores = rng.random((80, 6)) + 0.8 * np.eye(6)[labels]
+    targets = np.eye(6, dtype=np.uint8)[labels]
+    assert top1(scores, targets) == top_k_accuracy_score(labels, scores, k=1, labels=range(6))
+
+
 def test_top1_by_hand() -> None:
     targets = np.array([[1, 0, 0], [0, 1, 1], [0, 0, 1], [0, 0, 0]])
     scores = np.array([[0.9, 0.1, 0.0], [0.5, 0.2, 0.4], [0.3, 0.3, 0.3], [1.0, 0.0, 0.0]])

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_notebook
 
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import probes
@@ -306,17 +307,25 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     train = hf_birdset_split(birdset_dir, "SYN2", "train", tmp_path / "train")
     test = hf_birdset_split(birdset_dir, "SYN2", "test_5s", tmp_path / "test_5s")
     (tmp_path / "ext").mkdir()
-    (tmp_path / "ext" / "my_encoder.py").write_text("def embed(x):\n    return x.max(axis=1)\n")
+    (tmp_path / "ext" / "my_encoder.py").write_text(
+        "import numpy as np\n"
+        "def embed(x):\n    return x.max(axis=1)\n"
+        "def wave(x, rate):\n"
+        "    assert x.shape[1] == 5 * rate == 160000, (x.shape, rate)  # the clip, at the loader's rate\n"
+        "    return np.stack([x.std(axis=1), np.abs(np.diff(x, axis=1)).mean(axis=1)], axis=1)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "ext"))
     results = tmp_path / "results"
     args = ["benchmark", "--backbone", str(tiny_run), f"random:{tiny_run}", "raw", "my_encoder:embed",
-            "--train", str(train), "--test", str(test), "--task", "SYN2", "--n-train", "1", "-1",
-            "--results", str(results)]  # fmt: skip
+            "waveform:my_encoder:wave", "--train", str(train), "--test", str(test), "--task", "SYN2",
+            "--n-train", "1", "-1", "--step", "5", "--results", str(results)]  # fmt: skip
     main(args)
     out = capsys.readouterr().out
     rows = store.read(results).to_pylist()
-    assert len(rows) == 4 * 3 * 2  # backbones x probes x n
-    assert {r["backbone"].split(":")[0] for r in rows} == {"run", "random", "raw", "ext"}
+    assert len(rows) == 5 * 3 * 2  # backbones x probes x n
+    assert {r["backbone"] for r in rows if not r["backbone"].startswith(("run:", "random:"))} == {
+        "raw:logmel-mean-std", "ext:my_encoder:embed", "ext:waveform:my_encoder:wave"
+    }  # fmt: skip
     # The run is named by its checkpoint's step and CRC.
     assert {r["backbone"][: len("run:eval@5#")] for r in rows if r["backbone"].startswith("run:")} == {
         "run:eval@5#"
@@ -326,15 +335,20 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
         assert r["n_test"] == 12 and r["n_train"] == (4 if r["n"] == 1 else 8)  # 4 classes x 2 recordings
     # The test-only class of the UHH-like task is said once and scored.
     assert out.count("WARNING SYN2: 1 test classes have no train recording") == 1
-    assert "cmap" in out and "24 results" in out
+    assert "cmap" in out and "30 results" in out
     # Again: everything is in the store, nothing is embedded or fitted again.
     main(args)
     out = capsys.readouterr().out
-    assert "probes: 0 fitted" in out and "24 already in the store" in out and "(cached)" in out
+    assert "probes: 0 fitted" in out and "30 already in the store" in out and "(cached)" in out
     assert store.read(results).to_pylist() == rows
     # The store as a table and as the few-shot figure.
     main(["benchmark", "--table", str(results), "--plot", str(tmp_path / "curves.png")])
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split() == ["backbone", "probe", "n", "SYN2"] and len(table) == 2 + 30 + 1  # + "wrote"
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # The notebook draws the same store headless.
+    figure = run_notebook("benchmark", results_path=str(results))["curves_fig"]
+    assert [ax.get_title() for ax in figure.axes] == ["SYN2"]
 
 
 def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys):

@@ -8,7 +8,10 @@ A backbone is named on the command line as one of:
 - ``module:function``: an external encoder, imported and called with a spectrogram batch
   ``float32 [B, T, M]`` (the loader's log-mel, the features of the first run named, else the
   loader's defaults) and returning ``[B, D]``: a published model or a colleague's export, scored on the
-  same clips.
+  same clips;
+- ``waveform:module:function``: the same, called with ``(waveform float32 [B, S], rate)`` instead: each
+  clip's samples at the features' rate, the window the loader cropped (its ``crop_offset``), decoded
+  and resampled by the loader's own functions (`birdjepa._rs`), zero-padded to the clip length.
 
 Its identity (the store's key) holds what makes its embeddings what they are: a run's name, step and a
 CRC-32 of its checkpoint's leaf CRC-32s (an export keeps its run's); random init's name and a CRC of
@@ -23,11 +26,12 @@ import importlib
 import json
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from birdjepa.data import Features, Loader
 from birdjepa.evaluation.embed import Encode, raw_features
@@ -44,6 +48,8 @@ class Backbone:
     encode: Encode
     features: Features | None
     """The log-mel a run was trained on (None: whichever the benchmark uses)."""
+    waveform: bool = False
+    """``encode`` takes ``(waveform [B, S], rate)``, not a spectrogram."""
 
 
 def _run(spec: str) -> Backbone:
@@ -78,7 +84,9 @@ def _random_init(run_dir: Path) -> Backbone:
 
 
 def _external(spec: str) -> Backbone:
-    module, _, attr = spec.partition(":")
+    waveform = spec.startswith("waveform:")
+    path = spec.removeprefix("waveform:")
+    module, _, attr = path.partition(":")
     try:
         function = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
@@ -86,19 +94,19 @@ def _external(spec: str) -> Backbone:
     if not callable(function):
         raise BackboneError(f"external backbone {spec!r} is not callable")
 
-    def encode(x: np.ndarray) -> np.ndarray:
-        y = np.asarray(function(x), np.float32)
-        if y.ndim != 2 or len(y) != len(x):
-            raise BackboneError(
-                f"external backbone {spec!r} returned shape {y.shape} for {len(x)} clips; expected [B, D]"
-            )
+    def encode(*x: Any) -> np.ndarray:
+        y = np.asarray(function(*x), np.float32)
+        if y.ndim != 2 or len(y) != len(x[0]):
+            raise BackboneError(f"external backbone {spec!r} returned shape {y.shape} for {len(x[0])} clips; "
+                                "expected [B, D]")  # fmt: skip
         return y
 
-    return Backbone(spec, f"ext:{spec}", encode, None)
+    return Backbone(spec, f"ext:{spec}", encode, None, waveform)
 
 
-def resolve(specs: Sequence[str]) -> list[Backbone]:
-    """The backbones named by ``specs``, in order."""
+def resolve(specs: Sequence[str], step: int | None = None) -> list[Backbone]:
+    """The backbones named by ``specs``, in order (a run named without ``@STEP`` at ``step``, or its
+    newest checkpoint)."""
     out = []
     for spec in specs:
         if spec == "raw":
@@ -108,13 +116,13 @@ def resolve(specs: Sequence[str]) -> list[Backbone]:
         elif _looks_external(spec):
             out.append(_external(spec))
         else:
-            out.append(_run(spec))
+            out.append(_run(spec if "@" in spec or step is None else f"{spec}@{step}"))
     return out
 
 
 def _looks_external(spec: str) -> bool:
-    """``module:function`` (a run directory holds no colon-separated identifier pair that imports)."""
-    module, sep, attr = spec.partition(":")
+    """``[waveform:]module:function`` (not a path that exists)."""
+    module, sep, attr = spec.removeprefix("waveform:").partition(":")
     return (
         bool(sep)
         and not Path(spec).exists()
@@ -183,11 +191,12 @@ def embed(
         features=features,
         **loader_options,
     ) as loader:
+        clips = Clips(list(files), features, loader_options) if any(b.waveform for b, _ in missing) else None
         for batch in loader:
-            spec = batch["spectrogram"]
             for b, _ in missing:
                 t0 = time.perf_counter()
-                parts[b.identity].append(np.asarray(b.encode(spec), np.float32))
+                x = (clips.waveforms(batch), features.target_rate) if b.waveform else (batch["spectrogram"],)
+                parts[b.identity].append(np.asarray(b.encode(*x), np.float32))
                 took[b.identity] += time.perf_counter() - t0
             labels.append(batch["label"])
             targets.append(
@@ -215,4 +224,32 @@ def _one_hot(label: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
-Encoder = Callable[[np.ndarray], np.ndarray]
+class Clips:
+    """The samples of each clip the loader cropped, for waveform encoders: the row's audio decoded and
+    resampled by the loader's functions, cut at the batch's ``crop_offset``."""
+
+    def __init__(self, files: list[str], features: Features, options: dict[str, Any]) -> None:
+        from birdjepa.data.shards import read_shard
+
+        column = options.get("audio_column", "audio")
+        self.audio = []
+        for f in files:
+            col = read_shard(Path(f)).column(column).combine_chunks()
+            self.audio.append(col.field("bytes") if pa.types.is_struct(col.type) else col)  # HF's struct
+        self.rate = features.target_rate
+        self.length = int(round(features.clip_seconds * features.target_rate))
+        self.first = np.r_[0, np.cumsum([len(a) for a in self.audio])]
+
+    def waveforms(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        from birdjepa._rs import decode_audio, resample
+
+        out = np.zeros((len(batch["index"]), self.length), np.float32)
+        rows = zip(batch["index"], batch["shard_id"], batch["crop_offset"], strict=True)
+        for i, (index, shard, offset) in enumerate(rows):
+            data = self.audio[shard][int(index - self.first[shard])].as_py()
+            samples, rate = decode_audio(data)
+            if rate != self.rate:
+                samples = resample(samples, rate, self.rate)
+            window = samples[int(offset) : int(offset) + self.length]
+            out[i, : len(window)] = window
+        return out

@@ -220,6 +220,35 @@ def format_table(rows: list[dict], metrics: tuple[str, ...] = ("cmap", "auroc", 
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
 
 
+def format_store(rows: list[dict], metric: str = "cmap") -> str:
+    """The store as tasks (columns) by backbone, probe and n (rows): ``metric``'s mean over seeds."""
+    if metric not in ("cmap", "auroc", "top1"):
+        raise BenchmarkError(f"--metric is cmap, auroc or top1, got {metric!r}")
+    cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        cells[(r["backbone"], r["probe"], r["n"])][r["task"]].append(r[metric])
+    tasks = sorted({r["task"] for r in rows})
+    mean = ["mean"] if len(tasks) > 1 else []
+    lines = [["backbone", "probe", "n", *tasks, *mean]]
+    for backbone, probe, n in sorted(
+        cells, key=lambda k: (k[0], k[1], k[2] if k[2] != fewshot.ALL else 1 << 62)
+    ):
+        by_task = cells[(backbone, probe, n)]
+        values = [f"{np.mean(by_task[t]):.3f}" if t in by_task else "-" for t in tasks]
+        if mean:  # over the tasks, where every task has the row
+            values.append(
+                f"{np.mean([np.mean(by_task[t]) for t in tasks]):.3f}" if len(by_task) == len(tasks) else "-"
+            )
+        lines.append([backbone, probe, "all" if n == fewshot.ALL else str(n), *values])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    title = f"{metric}, mean over seeds" + (" (mean: over the tasks)" if mean else "")
+    return (
+        title
+        + "\n"
+        + "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
+    )
+
+
 def cli(
     backbone: list[str] = [],  # noqa: B006 (tyro reads the default)
     train: str | None = None,
@@ -230,7 +259,9 @@ def cli(
     seed: list[int] = [0],  # noqa: B006
     loss: Loss = "bce",
     results: Path = Path("results"),
+    step: int | None = None,
     table: Annotated[Path | None, tyro.conf.arg(metavar="RESULTS")] = None,
+    metric: str = "cmap",
     plot: Path | None = None,
     multilabel_column: str = "ebird_code_multilabel",
     n_classes: int | None = None,
@@ -253,7 +284,9 @@ def cli(
         seed: Seeds of the few-shot draws and the probes' init; several give a spread.
         loss: The trained probes' loss: bce (binary cross-entropy) or asl (asymmetric loss).
         results: The results store (and the embedding cache, RESULTS/cache).
-        table: Print the store in RESULTS as a table and exit.
+        step: The checkpoint of every RUN named without @STEP (default: its newest).
+        table: Print the store in RESULTS as a table (tasks as columns) and exit.
+        metric: With --table: the metric shown (cmap, auroc or top1).
         plot: With --table: also draw cmAP against n per task, backbone and probe into this PNG.
         multilabel_column: The list-of-labels column (BirdSet's); where the shards have none, each clip's
             target is the one-hot of its label.
@@ -264,7 +297,7 @@ def cli(
     try:
         if table is not None:
             rows = store.read(table).to_pylist()
-            print(format_table(rows))
+            print(format_store(rows, metric))
             if plot is not None:
                 from birdjepa.benchmark.figures import fewshot_curves
 
@@ -280,7 +313,7 @@ def cli(
             )
         t = load_task(task or Path(resolve_files(test)[0]).parent.parent.name, train, test, n_classes)
         t0 = time.perf_counter()
-        backbones = resolve(backbone)
+        backbones = resolve(backbone, step)
         print(
             f"backbones ready in {time.perf_counter() - t0:.1f} s: {', '.join(b.identity for b in backbones)}"
         )
