@@ -155,7 +155,7 @@ def test_traces_of_another_architecture_compare_what_they_share(runs: Path, demo
 
 
 #: The rows that reuse run A's compiled step (only the data differs), and the clean pair.
-CHEAP = ("loader_seed", "batch_reordered", "crop_shifted", "clean")
+CHEAP = ("loader_seed", "batch_reordered", "crop_shifted", "crop_shifted_late", "clean")
 
 
 @pytest.mark.parametrize("name", CHEAP)

@@ -56,11 +56,16 @@ Plant = Literal[
     "loader_seed",
     "batch_reordered",
     "crop_shifted",
+    "crop_shifted_late",
     "dropout_key",
     "decay_skips_biases_and_norms",
 ]
 
 PLANTS: tuple[str, ...] = typing.get_args(Plant)
+
+LATE_STEP = 4
+"""``crop_shifted_late`` shifts the crop of the first sample of this step's batch: the runs agree for
+the steps before it (a late divergence, found from a common checkpoint)."""
 
 #: Where each plant first shows: (stage, tensor) of `birdjepa trace`, the tensor name or its start.
 EXPECTED_DIFFERENCE = {
@@ -70,6 +75,7 @@ EXPECTED_DIFFERENCE = {
     "loader_seed": ("batch", "index"),  # the loader's seed is the run's + 1: other samples
     "batch_reordered": ("batch", "index"),  # the same samples, each batch's rows reversed
     "crop_shifted": ("batch", "crop_offset"),  # the first sample's crop one hop later
+    "crop_shifted_late": ("batch", "crop_offset"),  # the same, for the first sample of step LATE_STEP
     "dropout_key": ("keys", "dropout_global"),  # the dropout key folded once more
     "decay_skips_biases_and_norms": ("updates", ""),  # no weight decay on 1-D parameters
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.divergence.bisect import bisect
-from birdjepa.faults import EXPECTED_DIFFERENCE
+from birdjepa.faults import EXPECTED_DIFFERENCE, LATE_STEP
 from birdjepa.pretrain.loop import pretrain
 
 STEPS = 4
@@ -38,6 +39,10 @@ class Pair:
     """Options of both runs beyond the matrix's own."""
     devices: int = 1
     """B's device count (A trains on this process's)."""
+    step: int = 0
+    """The step of the first difference."""
+    start: int | None = None
+    """The common checkpoint bisect must start from (None: the runs' start)."""
 
 
 def _plant(name: str, what: str, base: tuple[str, ...] = ()) -> Pair:
@@ -57,6 +62,15 @@ PAIRS = (
     _plant("loader_seed", "other samples in the batch (another loader seed)"),
     _plant("batch_reordered", "the same samples in another order"),
     _plant("crop_shifted", "another crop offset for one sample"),
+    Pair(
+        "crop_shifted_late",
+        f"another crop offset for one sample first drawn at step {LATE_STEP} (agree until then)",
+        ("--debug-plant", "crop_shifted_late"),
+        EXPECTED_DIFFERENCE["crop_shifted_late"],
+        base=("--steps", str(LATE_STEP + 2), "--ckpt-every", "2"),
+        step=LATE_STEP,
+        start=LATE_STEP - 1,  # checkpoints after steps 1 and 3 agree; the one after step 5 does not
+    ),
     _plant("dropout_key", "another dropout key (dropout 0.1 in both)", ("--model.dropout", "0.1")),
     Pair(
         "clip_norm",
@@ -77,12 +91,16 @@ class Row:
     step: int | None
     found: tuple[str, str] | None
     verdict: str
+    start: int | None = None
+    """The common checkpoint bisect started from (None: step 0)."""
 
     @property
     def ok(self) -> bool:
         if self.pair.expected is None:
             return self.exit_code == 0 and self.found is None
         if self.found is None or self.found[0] != self.pair.expected[0]:
+            return False
+        if (self.step, self.start) != (self.pair.step, self.pair.start):
             return False
         if self.pair.devices != 1:  # a topology difference must be called one, not a bug
             return "topology" in self.verdict and "not a bug" in self.verdict
@@ -122,7 +140,8 @@ def run_pair(pair: Pair, runs: Path, data: tuple[str, ...] = ()) -> Row:
     found = (first.stage, first.name) if first is not None else None
     step = None if d is None else d.steps[0]
     verdict = report.rsplit("VERDICT: ", 1)[-1] if "VERDICT: " in report else report.splitlines()[-1]
-    return Row(pair, code, step, found, verdict)
+    origin = re.search(r"side by side from checkpoint (\d+)", report)
+    return Row(pair, code, step, found, verdict, int(origin.group(1)) if origin else None)
 
 
 def run_matrix(runs: Path, pairs: tuple[Pair, ...] = PAIRS, data: tuple[str, ...] = ()) -> list[Row]:
@@ -132,11 +151,15 @@ def run_matrix(runs: Path, pairs: tuple[Pair, ...] = PAIRS, data: tuple[str, ...
 def format_matrix(rows: list[Row]) -> str:
     """The matrix as a markdown table: the pair, where the first difference must be, where bisect put it."""
     lines = [
-        "| pair | expected (stage: tensor) | found (step, stage: tensor) | ok |",
+        "| pair | expected (step, stage: tensor) | found (step, stage: tensor) | ok |",
         "|---|---|---|---|",
     ]
     for r in rows:
-        exp = f"{r.pair.expected[0]}: {r.pair.expected[1] or '(any)'}" if r.pair.expected else "no difference"
+        exp = (f"step {r.pair.step}, {r.pair.expected[0]}: {r.pair.expected[1] or '(any)'}"
+               if r.pair.expected else "no difference")  # fmt: skip
         found = f"step {r.step}, {r.found[0]}: {r.found[1]}" if r.found else "no difference"
+        if r.start is not None or r.pair.start is not None:
+            exp += f" (from checkpoint {r.pair.start})"
+            found += f" (from checkpoint {r.start})"
         lines.append(f"| {r.pair.what} | {exp} | {found} | {'yes' if r.ok else 'MISS'} |")
     return "\n".join(lines)

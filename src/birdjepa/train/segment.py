@@ -10,6 +10,7 @@ the loop, from the same functions.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
 from birdjepa.data.demo import ensure_demo_data
 from birdjepa.diagnostics.monitor import check_due
+from birdjepa.faults import LATE_STEP
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
 from birdjepa.slurm import distributed
@@ -124,12 +126,13 @@ def open_loader(
     seed = cfg.seed + 1 if cfg.debug_plant == "loader_seed" else cfg.seed
     augment = not cfg.debug_disable_stochastic
     extra: dict[str, Any] = {}
-    if cfg.debug_plant == "crop_shifted":  # the stream's first sample
+    if cfg.debug_plant in ("crop_shifted", "crop_shifted_late"):  # the first sample of step 0 or LATE_STEP
         first, _ = open_train_loader(
             train_files, cfg.data, seed=seed, augment=augment, state=None, resumed=False
         )
         with first:
-            extra["debug_crop_shift_index"] = int(next(first)["index"][0])
+            skip = LATE_STEP if cfg.debug_plant == "crop_shifted_late" else 0
+            extra["debug_crop_shift_index"] = int(next(itertools.islice(first, skip, None))["index"][0])
     loader, error = open_train_loader(
         train_files, cfg.data, seed=seed, augment=augment, state=state, resumed=resumed, **extra
     )
