@@ -149,7 +149,7 @@ def test_traces_of_another_architecture_compare_what_they_share(runs: Path, demo
     assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
     d = diff_traces(trace_step(runs / "A", 0), trace_step(runs / "deeper", 0))
     forward = next(s for s in d.stages if s.stage == "forward")
-    assert any(n.startswith("global/encoder/block_2/") for n in forward.only_b)
+    assert any(n.startswith("global/encoder/block_2.") for n in forward.only_b)
     assert not d.identical and "model.depth:None->3" in d.config[1]
     assert next(s for s in d.stages if s.stage == "batch").identical
 
@@ -191,3 +191,53 @@ def test_bisect_names_the_last_bits_that_another_adam_beta2_changes_in_the_first
     assert "checkpoint CRC-32s: first differ at checkpoint 1" in report
     identical = {st.stage for st in d.stages if st.identical}
     assert {"batch", "keys", "params_in", "opt_state_in", "forward", "loss", "gradients"} <= identical
+
+
+# The calls of one block as `birdjepa.train.calls` records them, in the order they ran.
+BLOCK = [
+    f"global/encoder/block_0{path}.__call__#{k}/{io}"
+    for path, k, io in [
+        ("", 0, "in/0"), ("/norm1", 0, "in/0"), ("/norm1", 0, "out"), ("/attn", 0, "in/0"),
+        ("/attn/qkv", 0, "in/0"), ("/attn/qkv", 0, "out"), ("/attn", 0, "out"), ("/DropPath_0", 0, "in/0"),
+        ("/DropPath_0", 0, "out"), ("/mlp", 0, "in/0"), ("/mlp/fc1", 0, "in/0"), ("/mlp/fc1", 0, "out"),
+        ("/mlp/fc2", 0, "in/0"), ("/mlp/fc2", 0, "out"), ("/mlp", 0, "out"), ("/DropPath_0", 1, "in/0"),
+        ("/DropPath_0", 1, "out"), ("", 0, "out"),
+    ]
+]  # fmt: skip
+SITES = {
+    "encoder/block_0/mlp.__call__": {"function": "Mlp.__call__", "file": "vit.py", "line": 133},
+    "encoder/block_0.__call__": {"function": "Block.__call__", "file": "vit.py", "line": 148},
+}
+
+
+@pytest.mark.parametrize(
+    ("first", "params", "expected"),
+    [
+        ("mlp/fc2.__call__#0/in/0", [],
+         "the inputs of `encoder/block_0/mlp/fc2` differ while the output of `encoder/block_0/mlp/fc1` is "
+         "equal: the difference arises in `Mlp.__call__` (vit.py:133) between those calls"),
+        ("DropPath_0.__call__#1/in/0", [],  # the second call of a module called twice
+         "the inputs of `encoder/block_0/DropPath_0` differ while the output of `encoder/block_0/mlp` is "
+         "equal: the difference arises in `Block.__call__` (vit.py:148) between those calls"),
+        ("mlp.__call__#0/in/0", [],  # right after the first DropPath call
+         "the inputs of `encoder/block_0/mlp` differ while the output of `encoder/block_0/DropPath_0` is "
+         "equal"),
+        ("norm1.__call__#0/out", [],
+         "`encoder/block_0/norm1` gets equal inputs and gives different outputs, its parameters are equal: "
+         "the module itself differs, in `encoder/block_0/norm1.__call__`"),
+        ("norm1.__call__#0/out", ["encoder/block_0/norm1"],
+         "its parameters differ (encoder/block_0/norm1)"),
+        ("mlp.__call__#0/out", [],  # after its last call, inside its own method
+         "`encoder/block_0/mlp` gets equal inputs and gives different outputs, its parameters are equal: the "
+         "difference arises in `Mlp.__call__` (vit.py:133) after its call of `encoder/block_0/mlp/fc2`"),
+        ("norm1.__call__#0/in/0", [],
+         "the inputs of `encoder/block_0/norm1` differ while those of `encoder/block_0` are equal: the "
+         "difference arises in `Block.__call__` (vit.py:148) before it calls `encoder/block_0/norm1`"),
+    ],
+)  # fmt: skip
+def test_the_region_names_the_code_between_the_last_equal_call_and_the_first_differing_one(
+    first: str, params: list[str], expected: str
+) -> None:
+    from birdjepa.divergence.region import describe
+
+    assert expected in describe(BLOCK, f"global/encoder/block_0/{first}", SITES, params)

@@ -59,6 +59,8 @@ Plant = Literal[
     "crop_shifted_late",
     "dropout_key",
     "decay_skips_biases_and_norms",
+    "mlp_between_fc1_and_fc2",
+    "block_residual_scale",
 ]
 
 PLANTS: tuple[str, ...] = typing.get_args(Plant)
@@ -71,11 +73,25 @@ the steps before it (a late divergence, found from a common checkpoint)."""
 EXPECTED_DIFFERENCE = {
     "lr_schedule_shifted": ("optimizer", "lr"),  # the scheduler advanced before the update: schedule(u + 1)
     "first_update_at_peak": ("optimizer", "lr"),  # update 0 at the peak LR, not schedule(0)
-    "pos_embed_bf16": ("forward", "global/encoder/block_0/norm1"),  # the position embedding in bfloat16
+    "pos_embed_bf16": ("forward", "global/encoder/block_0.__call__#0/in"),  # the position embedding in bf16
     "loader_seed": ("batch", "index"),  # the loader's seed is the run's + 1: other samples
     "batch_reordered": ("batch", "index"),  # the same samples, each batch's rows reversed
     "crop_shifted": ("batch", "crop_offset"),  # the first sample's crop one hop later
     "crop_shifted_late": ("batch", "crop_offset"),  # the same, for the first sample of step LATE_STEP
     "dropout_key": ("keys", "dropout_global"),  # the dropout key folded once more
     "decay_skips_biases_and_norms": ("updates", ""),  # no weight decay on 1-D parameters
+    # Code changes inside a module whose submodules are unchanged (`birdjepa.train.step.planted`):
+    "mlp_between_fc1_and_fc2": (
+        "forward",
+        "global/encoder/block_0/mlp/fc2.__call__#0/in",
+    ),  # Mlp's activation
+    "block_residual_scale": ("forward", "global/encoder/block_0/DropPath_0.__call__#1/in"),  # 2nd call only
+}
+
+#: Where in the code bisect must say a forward difference arose (a piece of its verdict).
+EXPECTED_REGION = {
+    "pos_embed_bf16": "arises in `Encoder.__call__`",
+    "mlp_between_fc1_and_fc2": "the output of `encoder/block_0/mlp/fc1` is equal: the difference arises in "
+    "`Mlp.__call__`",
+    "block_residual_scale": "arises in `Block.__call__`",
 }

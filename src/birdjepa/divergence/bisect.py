@@ -177,6 +177,8 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
     before = [st.stage for st in d.stages[: order.index(first.stage)] if st.identical and st.compared]
     same = f"; {', '.join(before)} identical" if before else ""
     where = f"first difference at step {step}, stage {first.stage}: {first.line()}{same}."
+    if d.region:
+        where += f" Where: {d.region}."
     if first.stage == "batch" and first.name == "index":
         xa, xb = ta.by_key()["batch/index"].array, tb.by_key()["batch/index"].array
         if sorted(xa.tolist()) == sorted(xb.tolist()):

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from birdjepa.divergence.region import describe, module_of_param
 from birdjepa.divergence.trace_file import Entry, Trace
 from birdjepa.resume.checks import config_diff
 
@@ -84,6 +85,8 @@ class TraceDiff:
     """(harmless, breaking) config differences, as ``key:a->b``."""
     steps: tuple[int, int]
     stages: list[StageDiff]
+    region: str | None = None
+    """Where in the code a first difference in the forward pass arose (`birdjepa.divergence.region`)."""
 
     @property
     def first(self) -> TensorDiff | None:
@@ -108,6 +111,8 @@ class TraceDiff:
             lines.append("first difference: none" + (f" (tensors in one trace only: {only})" if only else ""))
         else:
             lines.append(f"first difference: stage {first.stage}, {first.line()}")
+            if self.region:
+                lines.append(f"where: {self.region}")
         lines.append("")
         lines.extend(s.line() for s in self.stages)
         return "\n".join(lines)
@@ -166,4 +171,17 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         compared = sum(1 for e in in_a if e.key in eb)
         stages.append(StageDiff(stage, compared, differing, only_a, only_b))
     config = config_diff(a.manifest.get("config", {}), b.manifest.get("config", {}))
-    return TraceDiff(config, (a.manifest.get("step", -1), b.manifest.get("step", -1)), stages)
+    d = TraceDiff(config, (a.manifest.get("step", -1), b.manifest.get("step", -1)), stages)
+    first = d.first
+    if first is not None and first.stage == "forward":
+        order = [e.name for e in a.entries if e.stage == "forward"]
+        sites = {**b.manifest.get("calls", {}), **a.manifest.get("calls", {})}
+        params = [
+            module_of_param(t.name)
+            for st in stages
+            if st.stage == "params_in"
+            for t in st.differing
+            if t.real
+        ]
+        d = dataclasses.replace(d, region=describe(order, first.name, sites, params))
+    return d

@@ -9,8 +9,9 @@ the trace shows is the step that trained.
 
 Stages, in the order the step computes them (`STAGES`): the resolved config (manifest only); the batch;
 the step's key and every sub-key; what each draw produced; the update count, accumulation progress and
-LR of the update; every parameter and optimizer-state leaf going in; every module's output for each call
-of the model; every loss term; the gradients, the gradients after clipping and every leaf's update; the
+LR of the update; every parameter and optimizer-state leaf going in; every module call of the model,
+its inputs at its start and its outputs at its end, in the order they ran (`birdjepa.train.calls`);
+every loss term; the gradients, the gradients after clipping and every leaf's update; the
 parameters and optimizer state coming out; the step's metrics.
 """
 
@@ -32,6 +33,7 @@ from birdjepa.divergence.replay import OpenRun, ReplayError, first_mismatch, ope
 from birdjepa.divergence.trace_file import Entry, Trace
 from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
+from birdjepa.train.calls import CALL_SITES
 from birdjepa.train.compiled import recording
 from birdjepa.train.optim import accumulation_progress, lr_table, update_count
 from birdjepa.train.segment import advance, step_inputs, total_updates
@@ -162,6 +164,7 @@ def manifest(run: OpenRun, step: int) -> dict[str, Any]:
         "restored_from": run.restored_from,
         "replayed": [run.replayed[0], run.replayed[-1]] if run.replayed else [],
         "stages": list(STAGES),
+        "calls": dict(sorted(CALL_SITES.items())),  # where each recorded module method is written
     }
 
 

@@ -21,7 +21,7 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.divergence.bisect import bisect
-from birdjepa.faults import EXPECTED_DIFFERENCE, LATE_STEP
+from birdjepa.faults import EXPECTED_DIFFERENCE, EXPECTED_REGION, LATE_STEP
 from birdjepa.pretrain.loop import pretrain
 
 STEPS = 4
@@ -43,10 +43,13 @@ class Pair:
     """The step of the first difference."""
     start: int | None = None
     """The common checkpoint bisect must start from (None: the runs' start)."""
+    region: str = ""
+    """A piece of the verdict that says where in the code the difference arose."""
 
 
 def _plant(name: str, what: str, base: tuple[str, ...] = ()) -> Pair:
-    return Pair(name, what, ("--debug-plant", name), EXPECTED_DIFFERENCE[name], base)
+    return Pair(name, what, ("--debug-plant", name), EXPECTED_DIFFERENCE[name], base,
+                region=EXPECTED_REGION.get(name, ""))  # fmt: skip
 
 
 PAIRS = (
@@ -58,6 +61,7 @@ PAIRS = (
         "another LayerNorm epsilon (1e-5)",
         ("--model.ln-epsilon", "1e-5"),
         ("forward", "global/encoder/block_0/norm1"),
+        region="the module itself differs",
     ),  # fmt: skip
     _plant("loader_seed", "other samples in the batch (another loader seed)"),
     _plant("batch_reordered", "the same samples in another order"),
@@ -79,6 +83,8 @@ PAIRS = (
         ("gradients_clipped", ""),
     ),  # fmt: skip
     _plant("decay_skips_biases_and_norms", "weight decay on biases and norms in one run only"),
+    _plant("mlp_between_fc1_and_fc2", "a code change in Mlp between fc1 and fc2 (its activation)"),
+    _plant("block_residual_scale", "a residual scale on a block's MLP branch (its drop-path's 2nd call)"),
     Pair("devices", "1 device against 4 simulated devices", (), ("forward", ""), devices=4),
     Pair("clean", "the same run twice", (), None),
 )
@@ -100,7 +106,8 @@ class Row:
             return self.exit_code == 0 and self.found is None
         if self.found is None or self.found[0] != self.pair.expected[0]:
             return False
-        if (self.step, self.start) != (self.pair.step, self.pair.start):
+        where = (self.step, self.start) == (self.pair.step, self.pair.start)
+        if not where or self.pair.region not in self.verdict:
             return False
         if self.pair.devices != 1:  # a topology difference must be called one, not a bug
             return "topology" in self.verdict and "not a bug" in self.verdict

@@ -6,10 +6,12 @@ so adding a consumer never shifts another's randomness and a resumed step draws 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -21,6 +23,7 @@ from birdjepa.diagnostics.monitor import maybe_update_stats
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa
 from birdjepa.train.augment import augment_views, local_crops
+from birdjepa.train.calls import recorded
 from birdjepa.train.objectives import (
     lejepa_loss,
     probe_metrics,
@@ -83,9 +86,8 @@ class StepConfig:
 
 
 def ordered_leaves(tree: Any, prefix: str) -> list[tuple[str, Any]]:
-    """``(path, leaf)`` of nested dicts and tuples in their own order: for flax's intermediates, the
-    order the modules ran in (a module's own output after its children's). One-element tuples (how
-    flax keeps a call's output) are not a level of the path."""
+    """``(path, leaf)`` of nested dicts and tuples in their own order (the loss terms in the order the
+    objective returns them). One-element tuples are not a level of the path."""
     if isinstance(tree, Mapping):
         return [kv for k, v in tree.items() for kv in ordered_leaves(v, f"{prefix}/{k}")]
     if isinstance(tree, (tuple, list)):
@@ -107,12 +109,42 @@ def plant_pos_embed_bf16(params: Any) -> Any:
     return {**params, "encoder": encoder}
 
 
+PLANT_SCALE = 1.0 + 2.0**-10
+"""How much the forward plants scale one call's input: a few hundred ulps, as a changed constant would."""
+
+
+@contextlib.contextmanager
+def planted(plant: str | None) -> Iterator[None]:
+    """``--debug-plant`` of a code change inside a module (`birdjepa.faults`): one call's input scaled
+    by `PLANT_SCALE` on its way from the caller, as if the caller's code between two calls changed."""
+    target = {"mlp_between_fc1_and_fc2": ("fc2", 0), "block_residual_scale": ("DropPath_0", 1)}.get(
+        plant or ""
+    )
+    if target is None:
+        yield
+        return
+    calls: dict[tuple, int] = {}
+
+    def interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
+        module = context.module
+        if module.name == target[0] and context.method_name == "__call__":
+            k = calls.get(module.path, 0)
+            calls[module.path] = k + 1
+            if k == target[1]:  # this module's k-th call
+                args = (args[0] * PLANT_SCALE, *args[1:])
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+        yield
+
+
 def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
     """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy.
 
     ``record`` (`birdjepa trace`): ``aux["record"]`` also holds, in the order the step computes them,
-    every sub-key and what its draw produced, and the output of every module for each call of the
-    model (global views, local views, masked views). Off, the function is the training one unchanged."""
+    every sub-key and what its draw produced, and the inputs and outputs of every module call of the
+    model (global views, local views, masked views; `birdjepa.train.calls`). Off, the function is the
+    training one unchanged."""
     model = BirdJepa(spec.model)
     deterministic, augment = spec.deterministic, spec.augment
     lej = spec.objective.lejepa
@@ -125,13 +157,16 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
             params = plant_pos_embed_bf16(params)
 
         def apply(call: str, x: jax.Array, dropout: jax.Array, **kw: Any) -> dict[str, jax.Array]:
-            variables = {"params": params}
-            if not record:
-                return model.apply(variables, x, deterministic=deterministic, rngs={"dropout": dropout}, **kw)
-            rec.append((f"keys/dropout_{call}", jax.random.key_data(dropout)))
-            out, state = model.apply(variables, x, deterministic=deterministic, rngs={"dropout": dropout},
-                                     capture_intermediates=True, mutable=["intermediates"], **kw)  # fmt: skip
-            rec.extend(ordered_leaves(state["intermediates"], f"forward/{call}"))
+            def run() -> dict[str, jax.Array]:
+                rngs = {"dropout": dropout}
+                return model.apply({"params": params}, x, deterministic=deterministic, rngs=rngs, **kw)
+
+            with planted(spec.plant):  # outside the recording: it records what each module received
+                if not record:
+                    return run()
+                rec.append((f"keys/dropout_{call}", jax.random.key_data(dropout)))
+                out, calls = recorded(run)
+            rec.extend((f"forward/{call}/{name}", value) for name, value in calls)
             return out
 
         dropout_key, sigreg_key = jax.random.split(key)
