@@ -111,3 +111,37 @@ def test_noise_adds_power_at_the_views_own_floor_by_a_level_per_view():
     np.testing.assert_allclose(per_view, per_view[:, :, :1].repeat(per_view.shape[2], 2), atol=0.05)
     assert np.all((per_view >= -0.05) & (per_view <= 10.05))
     assert len(np.unique(np.round(per_view[:, :, 0], 2))) == 4
+
+
+def test_debug_disable_stochastic_draws_nothing_from_the_step_key() -> None:
+    """The same batch under two step keys: with the flag every view, crop, mask, dropout draw and
+    the loss are identical (==); without it they are not. Dropout, drop-path, augmentation, local
+    views and the masked-span term are all on, so each draw has a chance to differ."""
+    import tyro
+
+    from birdjepa.config import PretrainConfig
+    from birdjepa.model.vit import init_params
+    from birdjepa.train.segment import model_config
+    from birdjepa.train.step import StepConfig, init_key, make_loss_fn
+
+    args = ["--model.preset", "tiny", "--model.dropout", "0.1", "--model.drop-path", "0.1",
+            "--objective.lejepa.local-views", "2", "--objective.lejepa.span-weight", "0.5",
+            "--model.predictor-depth", "1", "--augment.gain-db", "3"]  # fmt: skip
+    batch = {
+        "spectrogram": jax.random.normal(jax.random.key(3), (2, 2, 512, 128)),
+        "label": jnp.array([0, 1]),
+    }
+    keys = jax.random.key(1), jax.random.key(2)
+    for disabled in (True, False):
+        cfg = tyro.cli(PretrainConfig, args=[*args, *(["--debug-disable-stochastic"] if disabled else [])])
+        model_cfg = model_config(cfg, 4)
+        params = init_params(model_cfg, init_key(cfg))["params"]
+        loss = jax.jit(make_loss_fn(StepConfig.of(cfg, model_cfg), record=disabled))
+        (la, aux_a), (lb, aux_b) = (loss(params, batch, k) for k in keys)
+        if disabled:
+            ra, rb = aux_a["record"], aux_b["record"]
+            assert {k.split("|")[1].split("/")[0] for k in ra} >= {"keys", "draws", "forward"}
+            assert [k for k in ra if not np.array_equal(np.asarray(ra[k]), np.asarray(rb[k]))] == []
+            assert float(la) == float(lb)
+        else:
+            assert float(la) != float(lb)

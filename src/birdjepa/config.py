@@ -48,6 +48,10 @@ class AugmentConfig:
         return any(x > 0 for x in on)
 
 
+NO_AUGMENT = AugmentConfig(pitch_bins=0.0, stretch=0.0)
+"""Every augmentation off (the defaults warp pitch and tempo): ``--debug-disable-stochastic``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     name: Literal["adamw", "muon"] = "adamw"
@@ -175,7 +179,8 @@ class PretrainConfig:
     debug_roundtrip_steps: tuple[int, ...] = ()
     """After each listed step: save, restore into fresh objects, assert every leaf bit-identical."""
     debug_disable_stochastic: bool = False
-    """Centre crops, no masks, no dropout: only the data order remains random."""
+    """Centre crops, no augmentation, no dropout or drop-path, and the loss's draws (local crops, span
+    masks, SIGReg's directions) the same at every step: only the data order remains random."""
     debug_nonfinite_steps: tuple[int, ...] = ()
     """Make the loss of each listed step NaN (a NaN in its batch), to see --on-nonfinite act."""
     debug_inject_fault: Fault | None = None

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from birdjepa.config import AugmentConfig, ObjectiveConfig, PretrainConfig
+from birdjepa.config import NO_AUGMENT, AugmentConfig, ObjectiveConfig, PretrainConfig
 from birdjepa.data import Features
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.diagnostics.monitor import maybe_update_stats
@@ -71,6 +71,9 @@ class StepConfig:
     """No dropout or drop-path draws (``--debug-disable-stochastic`` or both rates 0)."""
     plant: str | None = None
     """``--debug-plant`` (`birdjepa.faults`), None in every real run."""
+    fixed_draws: bool = False
+    """``--debug-disable-stochastic``: every draw of the loss (local crops, span masks, SIGReg's
+    directions) from one fixed key, the same at every step."""
 
     @classmethod
     def of(cls, cfg: PretrainConfig, model_cfg: ModelConfig) -> StepConfig:
@@ -78,10 +81,11 @@ class StepConfig:
         return cls(
             model=model_cfg,
             objective=cfg.objective,
-            augment=AugmentConfig() if off else cfg.augment,
+            augment=NO_AUGMENT if off else cfg.augment,
             features=cfg.data.features,
             deterministic=off or (cfg.model.dropout == 0 and cfg.model.drop_path == 0),
             plant=cfg.debug_plant,
+            fixed_draws=off,
         )
 
 
@@ -153,6 +157,8 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
 
     def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
         rec: list[tuple[str, Any]] = []  # stays empty unless recording
+        if spec.fixed_draws:  # --debug-disable-stochastic: the step's key changes nothing
+            key = jax.random.key(0)
         if spec.plant == "pos_embed_bf16":  # --debug-plant: one parameter computed in bfloat16
             params = plant_pos_embed_bf16(params)
 
