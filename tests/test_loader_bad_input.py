@@ -237,7 +237,9 @@ except KeyboardInterrupt:
 """
 
 
-def test_ctrl_c_interrupts_within_a_second(demo_dir: Path) -> None:
+def test_ctrl_c_interrupts_within_a_quarter_second(demo_dir: Path) -> None:
+    # The README's figure is about 0.1 s (one 100 ms poll of the Rust wait); measured 0-12 ms over 12
+    # tries beside three test suites on 2 cores. 0.25 s leaves room for a loaded machine.
     proc = subprocess.Popen(
         [sys.executable, "-c", CTRL_C_SCRIPT, str(demo_dir / "train")], stdout=subprocess.PIPE, text=True
     )
@@ -249,4 +251,4 @@ def test_ctrl_c_interrupts_within_a_second(demo_dir: Path) -> None:
     out, _ = proc.communicate(timeout=10)
     words = out.split()
     assert words[0] == "interrupted", out
-    assert float(words[1]) - sent < 1.0
+    assert float(words[1]) - sent < 0.25
