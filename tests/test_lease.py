@@ -88,3 +88,56 @@ def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(tmp_path: Path
     assert taken.took_over is not None and "no heartbeat for" in taken.took_over["why"]
     taken.release()
     assert not (run / LEASE_FILE).exists()
+
+
+def test_the_heartbeat_is_renewed_and_stops_once_taken_over(tmp_path: Path, monkeypatch) -> None:
+    from birdjepa.train import lease as lease_lib
+
+    monkeypatch.setattr(lease_lib, "HEARTBEAT_S", 0.05)
+    run = tmp_path / "r"
+    held = acquire(run)
+    beats = []
+    for _ in range(4):
+        time.sleep(0.2)
+        beats.append(json.loads((run / LEASE_FILE).read_text())["heartbeat"])
+    assert beats == sorted(beats) and len(set(beats)) == 4  # renewed between every two reads
+    # Another process took the run over (this one was presumed dead): the heartbeat leaves its lease be.
+    other = {**json.loads((run / LEASE_FILE).read_text()), "token": "f" * 16, "heartbeat": 1.0}
+    (run / LEASE_FILE).write_text(json.dumps(other))
+    time.sleep(0.3)
+    assert json.loads((run / LEASE_FILE).read_text()) == other
+    held.release()  # not its lease any more: it stays
+    assert json.loads((run / LEASE_FILE).read_text()) == other
+
+
+RACER = """
+import sys, time
+from pathlib import Path
+from birdjepa.train.lease import LeaseHeld, acquire
+run, start = Path(sys.argv[1]), float(sys.argv[2])
+time.sleep(max(start - time.time(), 0))  # every racer starts at the same instant
+try:
+    held = acquire(run)
+except LeaseHeld:
+    print("held", flush=True)
+else:
+    print("won", flush=True)
+    time.sleep(1.5)  # hold it while the others look
+    held.release()
+"""
+
+
+@pytest.mark.parametrize("state", ["free", "stale"])
+def test_racers_for_a_free_or_stale_lease_give_exactly_one_winner(tmp_path: Path, state: str) -> None:
+    run = tmp_path / "r"
+    if state == "stale":  # a holder on a node that went silent an hour ago
+        held_by(1, run)
+        lease = json.loads((run / LEASE_FILE).read_text())
+        lease["host"], lease["heartbeat"] = "another-node", time.time() - 3600
+        (run / LEASE_FILE).write_text(json.dumps(lease))
+    start = time.time() + 3.0  # after every interpreter has started
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(run), str(start)], stdout=subprocess.PIPE,
+                               text=True) for _ in range(4)]  # fmt: skip
+    outcomes = sorted(p.communicate(timeout=60)[0].strip().splitlines()[-1] for p in racers)
+    assert outcomes == ["held", "held", "held", "won"]  # the winner's WARNING (a takeover) comes before
+    assert not (run / LEASE_FILE).exists()  # the winner let go

@@ -2,11 +2,12 @@
 
 ``flock`` is not honoured on every file system clusters use (NFS without lockd, some Lustre/GPFS
 mounts), so the lock is a file: ``<run_dir>/lease.json`` naming the holder (host, pid, Slurm job id,
-start time, a random token) and its last heartbeat. It is created with ``O_CREAT | O_EXCL`` (atomic on
-local disks and NFSv3+), renewed every `HEARTBEAT_S` seconds by a daemon thread (write to a temporary
-file, then rename: readers never see half a lease), and removed on release. A lease is stale when its
-holder is a process of this host that no longer exists, or when its heartbeat is older than
-`STALE_AFTER_S`; a stale lease is taken over (rename over it, then read back to see who won).
+start time, a random token) and its last heartbeat. It is created whole, written aside and hard-linked
+into place (``link`` fails if the name exists: atomic on local disks and NFS), renewed every
+`HEARTBEAT_S` seconds by a daemon thread (write aside, then rename: readers never see half a lease),
+and removed on release. A lease is stale when its holder is a process of this host that no longer
+exists, or when its heartbeat is older than `STALE_AFTER_S`; a stale lease is taken over by the one
+taker that creates the takeover marker first, after checking the lease is still the stale one.
 
 Read-only commands (`compare`, `analyze`, `trace`, `bisect`) take no lease and work on a live run.
 """
@@ -30,6 +31,8 @@ LEASE_WAIT_ENV = "BIRDJEPA_LEASE_WAIT_S"
 HEARTBEAT_S = 15.0
 #: Four missed heartbeats: the holder is gone (or its node is cut off and will not write again).
 STALE_AFTER_S = 4 * HEARTBEAT_S
+#: A takeover marker older than this was left by a taker that died mid-takeover.
+TAKEOVER_MARKER_S = 30.0
 
 
 class LeaseHeld(RuntimeError):
@@ -63,7 +66,7 @@ def _read(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (ValueError, OSError):  # half-written by a writer that died between create and write
+    except (ValueError, OSError):  # damaged (every writer writes aside and renames or links)
         return {"heartbeat": 0.0}
 
 
@@ -71,6 +74,46 @@ def _write(path: Path, lease: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{lease['token']}")
     tmp.write_text(json.dumps(lease))
     os.replace(tmp, path)
+
+
+def _create(path: Path, lease: dict[str, Any]) -> bool:
+    """Creates the lease whole or not at all: written aside, then hard-linked into place (``link`` fails
+    if the name exists, atomically, on local disks and NFS). A file created empty and written after
+    would let a racer read it half-written and take it for stale."""
+    tmp = path.with_name(f".{path.name}.{lease['token']}")
+    tmp.write_text(json.dumps(lease))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _take_over(path: Path, holder: dict[str, Any], lease: dict[str, Any]) -> bool:
+    """Replaces the stale ``holder`` by ``lease``, if no other taker is at it and the lease is still that
+    holder's: takers first create a marker exclusively, so two never both replace what each read as
+    stale (the second would replace the first's fresh lease). A marker left by a taker that died is
+    removed after `TAKEOVER_MARKER_S`."""
+    marker = path.with_name(f"{path.name}.takeover")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        try:
+            if time.time() - marker.stat().st_mtime > TAKEOVER_MARKER_S:
+                marker.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        return False
+    try:
+        current = _read(path)
+        if current is None or current.get("token") != holder.get("token"):
+            return False  # released or taken meanwhile
+        _write(path, lease)
+        return True
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 def stale(holder: dict[str, Any], now: float | None = None) -> str | None:
@@ -127,28 +170,22 @@ def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease
     said = False  # that it waits, once
     while True:
         mine = {**me, "heartbeat": time.time()}
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _read(path)
-            if holder is None:
-                continue  # released between the two calls
-            why = stale(holder)
-            if why is not None:
-                _write(path, mine)
-                time.sleep(0.2)  # two takers may rename at once: the last rename wins, both read back
-                if (_read(path) or {}).get("token") == me["token"]:
-                    print(f"WARNING {path}: took over a stale lease of pid {holder.get('pid')} on "
-                          f"{holder.get('host')} ({why})", flush=True)  # fmt: skip
-                    return Lease(path, me, {**holder, "why": why})
-                continue
-            if time.monotonic() >= deadline:
-                raise LeaseHeld(run_dir, holder) from None
-            if not said:
-                said = True
-                print(f"{held_by(run_dir, holder)}: waiting up to {wait_s:.0f} s for it to end", flush=True)
-            time.sleep(poll_s)
+        if _create(path, mine):
+            return Lease(path, me)
+        holder = _read(path)
+        if holder is None:
+            continue  # released between the two calls
+        why = stale(holder)
+        if why is not None:
+            if _take_over(path, holder, mine):
+                print(f"WARNING {path}: took over a stale lease of pid {holder.get('pid')} on "
+                      f"{holder.get('host')} ({why})", flush=True)  # fmt: skip
+                return Lease(path, me, {**holder, "why": why})
+            time.sleep(0.05)  # another taker is at it: look again
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(mine))
-        return Lease(path, me)
+        if time.monotonic() >= deadline:
+            raise LeaseHeld(run_dir, holder) from None
+        if not said:
+            said = True
+            print(f"{held_by(run_dir, holder)}: waiting up to {wait_s:.0f} s for it to end", flush=True)
+        time.sleep(poll_s)
