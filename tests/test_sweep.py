@@ -4,8 +4,11 @@ parses back to exactly its config, and the job script does what a preemptible jo
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,47 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
     rows = store.read(results).to_pylist()
     assert sorted((r["task"], r["n"]) for r in rows) == [("SYN1", -1), ("SYN1", 1), ("SYN2", -1), ("SYN2", 1)]
     assert sorted(p.name for p in (results / "jobs").glob("*.sbatch")) == ["bench-0.sbatch", "bench-1.sbatch"]
+
+
+def run_job_script(tmp_path: Path, trainer: str, signal_name: str | None = None) -> tuple[int, list[str]]:
+    """The sweep's real job script under bash, its trainer replaced by ``trainer`` (a bash command) and
+    a stub ``scontrol`` on PATH that records its calls; ``signal_name`` is sent to the script's shell
+    as Slurm sends it. Returns the script's exit code and the scontrol calls."""
+    import re
+    import signal as signals
+
+    (job, _) = plan(REPO / "sweeps" / "tiny.py", tmp_path)
+    script = job_script(job, SlurmOptions(grace=90), None, tmp_path)
+    script, n = re.subn(r"^cmd=\(.*\)$", f"cmd=(bash -c {shlex.quote(trainer)})", script, flags=re.M)
+    assert n == 1
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    calls = tmp_path / "scontrol.calls"
+    (stub / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
+    (stub / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    proc = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    if signal_name is not None:
+        time.sleep(1.0)  # the trainer runs and the traps are set
+        proc.send_signal(getattr(signals, signal_name))
+    proc.communicate(timeout=60)
+    return proc.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("trainer", "signal_name", "code", "requeued"),
+    [
+        ("exit 75", None, 0, True),  # the trainer saved on a signal: requeue, the job ends 0
+        ("exit 0", None, 0, False),  # finished
+        ("exit 65", None, 65, False),  # a failed resume check: a requeue would fail again
+        ("exit 70", None, 70, False),  # non-finite
+        ("exit 74", None, 74, False),  # a full disk: not requeued onto the same disk
+        ("sleep 30", "SIGUSR1", 0, True),  # killed by the forwarded signal before its handler: 138 -> 75
+        ("sleep 30", "SIGTERM", 0, True),  # a preemption's TERM: 143 -> 75
+    ],
+)  # fmt: skip
+def test_the_job_script_requeues_exactly_on_75_and_on_a_forwarded_signal(
+    tmp_path: Path, trainer: str, signal_name: str | None, code: int, requeued: bool
+) -> None:
+    exit_code, calls = run_job_script(tmp_path, trainer, signal_name)
+    assert (exit_code, calls) == (code, ["requeue 4242"] if requeued else [])
