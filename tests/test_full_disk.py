@@ -56,3 +56,44 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly
     assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, moved))) == 0  # on the larger disk
     diffs = compare_runs(tmp_path / "straight" / "r", run)
     assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
+
+
+def test_a_log_that_cannot_be_written_stops_the_run_in_one_line_and_it_resumes_exactly(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    """metrics.jsonl alone on a full disk (a symlink into an 8 KiB tmpfs): the run stops in one ERROR line
+    with exit 74, its checkpoints intact; the log copied back beside them, the same command resumes and
+    the run equals the straight one."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from birdjepa.train.metrics_log import METRICS_FILE
+
+    straight = tmp_path / "straight" / "r"
+    if not straight.exists():
+        assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path / "straight"))) == 0
+    runs, disk, saved = tmp_path / "runs", tmp_path / "logdisk", tmp_path / "saved.jsonl"
+    (runs / "r").mkdir(parents=True)
+    disk.mkdir()
+    (runs / "r" / METRICS_FILE).symlink_to(disk / METRICS_FILE)
+    cmd = shlex.join([sys.executable, "-m", "birdjepa.cli", "pretrain", *flags(demo_dir, runs)])
+    script = (f"mount -t tmpfs -o size=8192 tmpfs {disk} && {{ {cmd}; code=$?; "
+              f"cp {disk}/{METRICS_FILE} {saved}; exit $code; }}")  # fmt: skip
+    namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    done = subprocess.run([*namespace, "sh", "-c", script], capture_output=True, text=True, timeout=900)
+
+    assert done.returncode == exit_codes.IOERR, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stdout.splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert len(said) == 1 and said[0].startswith("ERROR: could not write ") and METRICS_FILE in said[0], said
+    assert "No space left on device" in said[0] and said[0].endswith("exit 74")
+    run = runs / "r"
+    kept = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    assert kept and kept == list(range(len(kept)))  # every step's checkpoint up to the failure
+    (run / METRICS_FILE).unlink()  # the log moved to a disk with room, as a user would
+    (run / METRICS_FILE).write_bytes(saved.read_bytes())
+    assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, runs))) == 0
+    diffs = compare_runs(straight, run)
+    assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]

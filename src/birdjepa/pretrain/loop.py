@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import jax
@@ -103,7 +104,8 @@ def pretrain(cfg: PretrainConfig) -> int:
         if e.errno not in WRITE_ERRNOS:
             raise
         what = e.filename or f"to {cfg.run_dir}"
-        print(f"ERROR: could not write {what}: {e.strerror} ({mib(free_bytes(cfg.run_dir))} free there); "
+        where = Path(e.filename).parent if e.filename else cfg.run_dir
+        print(f"ERROR: could not write {what}: {e.strerror} ({mib(free_bytes(where))} free there); "
               "the checkpoints already written are intact. Free space or move the run directory, then "
               f"resume; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
         return exit_codes.IOERR

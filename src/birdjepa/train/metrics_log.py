@@ -51,17 +51,26 @@ class MetricsLog:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         line = {"step": step, "restart": self.restart, "time": time.time()}
         line.update({k: _plain(v) for k, v in metrics.items()})
-        self._file.write(json.dumps(line) + "\n")
+        self._write(line)
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in line.items() if k not in ("step", "time")}, step=step)
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         line = {"event": kind, "step": step, "restart": self.restart, "time": time.time()}
         line.update({k: _plain(v) for k, v in fields.items()})
-        self._file.write(json.dumps(line) + "\n")
+        self._write(line)
+
+    def _write(self, line: dict[str, Any]) -> None:
+        try:
+            self._file.write(json.dumps(line) + "\n")
+        except OSError as e:  # a full disk: the error names the log, so the one line that stops the run does
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the last buffered bytes on a full disk: the write before already said so
+            pass
 
 
 class NullLog(MetricsLog):
