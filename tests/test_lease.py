@@ -141,3 +141,52 @@ def test_racers_for_a_free_or_stale_lease_give_exactly_one_winner(tmp_path: Path
     outcomes = sorted(p.communicate(timeout=60)[0].strip().splitlines()[-1] for p in racers)
     assert outcomes == ["held", "held", "held", "won"]  # the winner's WARNING (a takeover) comes before
     assert not (run / LEASE_FILE).exists()  # the winner let go
+
+
+@pytest.mark.slow  # two trainings and a trace: a minute; CI runs it beside the suite
+def test_read_only_commands_answer_on_a_live_run_take_no_lease_and_change_nothing(
+    demo_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """compare, analyze, trace and bisect on a run whose trainer is mid-run (stopped with SIGSTOP after
+    its checkpoint 1, so the commands meet it there every time): each answers, the lease stays the
+    trainer's, and the run, resumed with SIGCONT, equals its straight run."""
+    import signal
+
+    from birdjepa.cli import main
+    from birdjepa.resume.compare import compare_runs
+
+    steps = ("--ckpt-every", "2")
+    assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path / "straight", 8, *steps))) == 0
+    straight, run = tmp_path / "straight" / "r", tmp_path / "live" / "r"
+    cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", *flags(demo_dir, tmp_path / "live", 8, *steps)]
+    trainer = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "1").is_dir() and time.monotonic() < deadline and trainer.poll() is None:
+        time.sleep(0.05)
+    trainer.send_signal(signal.SIGSTOP)
+    try:
+        lease = json.loads((run / LEASE_FILE).read_text())
+        assert lease["pid"] == trainer.pid
+        codes = {}
+        for name, args in [
+            ("compare", [str(run), str(straight)]),
+            ("analyze", [str(run), "--out", str(tmp_path / "analysis")]),
+            ("trace", [str(run), "--step", "1", "--out", str(tmp_path / "t.npz")]),
+            ("bisect", [str(run), str(straight)]),
+        ]:
+            try:
+                main([name, *args])
+                codes[name] = 0
+            except SystemExit as e:
+                codes[name] = e.code
+        out = capsys.readouterr()
+        said = out.out[-3000:] + out.err[-3000:]
+        # compare: the live run has not logged steps 3-7 yet, and a step only one run logged differs.
+        assert codes == {"compare": 1, "analyze": 0, "trace": 0, "bisect": 0}, said
+        assert "step 3: (None, " in out.out and "step 2: (" not in out.out and "Traceback" not in said
+        assert json.loads((run / LEASE_FILE).read_text()) == lease  # still the trainer's, untouched
+    finally:
+        trainer.send_signal(signal.SIGCONT)
+    assert trainer.wait(timeout=600) == 0, trainer.stdout.read()[-3000:]
+    diffs = compare_runs(straight, run)
+    assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
