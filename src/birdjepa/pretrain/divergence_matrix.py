@@ -165,8 +165,8 @@ def format_matrix(rows: list[Row]) -> str:
         exp = (f"step {r.pair.step}, {r.pair.expected[0]}: {r.pair.expected[1] or '(any)'}"
                if r.pair.expected else "no difference")  # fmt: skip
         found = f"step {r.step}, {r.found[0]}: {r.found[1]}" if r.found else "no difference"
-        if r.start is not None or r.pair.start is not None:
-            exp += f" (from checkpoint {r.pair.start})"
-            found += f" (from checkpoint {r.start})"
+        if r.pair.start is not None:  # a late pair: where bisect must start, and where it did
+            exp += f", from checkpoint {r.pair.start}"
+            found += f", from checkpoint {r.start}"
         lines.append(f"| {r.pair.what} | {exp} | {found} | {'yes' if r.ok else 'MISS'} |")
     return "\n".join(lines)
