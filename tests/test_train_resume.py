@@ -257,3 +257,20 @@ def test_bfloat16_compute_resumes_exactly(demo_dir: Path, straight: Path, tmp_pa
     # The arithmetic was bfloat16: the first loss differs from the float32 run's, a little.
     loss16, loss32 = (metrics_by_step(run)[0]["train/loss"] for run in (tmp_path / "straight", straight))
     assert loss16 != loss32 and abs(loss16 - loss32) < 0.05 * abs(loss32), (loss16, loss32)
+
+
+@pytest.mark.slow  # three processes compiling at the default level: 2 min on 2 cores; CI runs it
+def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path, tmp_path: Path) -> None:
+    """`verify-resume` in processes whose environment carries none of the suite's XLA flags (so XLA's
+    default optimisation level, and the determinism flags the command sets itself): a stop
+    mid-accumulation and a SIGTERM, compared with == (max_abs_diff=0.0)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    args = ["verify-resume", "--run", "v", "--log.runs-dir", str(tmp_path), "--data.batch-size", "4",
+            *data_flags(demo_dir), "--steps", "10", "--optim.grad-accum", "2", *NO_EVAL, "--ckpt-every", "0",
+            "--sequential", "--resume-at", "2", "--signal-at", "6"]  # fmt: skip
+    done = birdjepa(*args, env=env)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "max_abs_diff=0.0"
+    resumed = tmp_path / "verify-v" / "resumed"
+    assert [e["reason"] for e in events(resumed, "stop")] == ["stop_at_step", "signal 15"]
+    assert metrics_by_step(resumed)[2]["train/accum_progress"] == 1.0  # stopped with half an update
