@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import tyro
 
 from birdjepa import exit_codes
@@ -28,11 +29,18 @@ def flags(demo_dir: Path, runs: Path) -> list[str]:
             "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval")]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run both faults must end up equal to."""
+    runs = tmp_path_factory.mktemp("straight")
+    assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, runs))) == 0
+    return runs / "r"
+
+
 def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly(
-    demo_dir: Path, tmp_path: Path
+    demo_dir: Path, straight: Path, tmp_path: Path
 ) -> None:
-    assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path / "straight"))) == 0
-    checkpoint = folder_bytes(tmp_path / "straight" / "r" / "checkpoints" / "0")
+    checkpoint = folder_bytes(straight / "checkpoints" / "0")
     moved = tmp_path / "moved"
     moved.mkdir()
     # Room for four checkpoints and a half: saves 0-3 fit, save 3 leaves fewer than two, save 4 fails.
@@ -54,12 +62,13 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly
     assert events["disk_low"]["step"] == 3 and events["save_failed"]["exit_code"] == exit_codes.IOERR
 
     assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, moved))) == 0  # on the larger disk
-    diffs = compare_runs(tmp_path / "straight" / "r", run)
+    diffs = compare_runs(straight, run)
     assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
 
 
+@pytest.mark.slow  # a minute; CI runs it beside the suite
 def test_a_log_that_cannot_be_written_stops_the_run_in_one_line_and_it_resumes_exactly(
-    demo_dir: Path, tmp_path: Path
+    demo_dir: Path, straight: Path, tmp_path: Path
 ) -> None:
     """metrics.jsonl alone on a full disk (a symlink into an 8 KiB tmpfs): the run stops in one ERROR line
     with exit 74, its checkpoints intact; the log copied back beside them, the same command resumes and
@@ -71,9 +80,6 @@ def test_a_log_that_cannot_be_written_stops_the_run_in_one_line_and_it_resumes_e
 
     from birdjepa.train.metrics_log import METRICS_FILE
 
-    straight = tmp_path / "straight" / "r"
-    if not straight.exists():
-        assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path / "straight"))) == 0
     runs, disk, saved = tmp_path / "runs", tmp_path / "logdisk", tmp_path / "saved.jsonl"
     (runs / "r").mkdir(parents=True)
     disk.mkdir()
