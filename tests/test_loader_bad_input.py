@@ -200,7 +200,6 @@ def test_dropping_the_loader_joins_its_threads(demo_dir: Path) -> None:
 
 
 def test_gil_is_released_while_waiting(demo_dir: Path) -> None:
-    ld = loader(demo_dir / "train", batch_size=24, n_workers=1)
     ticks = 0
     stop = threading.Event()
 
@@ -211,6 +210,10 @@ def test_gil_is_released_while_waiting(demo_dir: Path) -> None:
 
     t = threading.Thread(target=spin)
     t.start()
+    # The loader opens once the spinner runs, and its batch is large: its worker starts decoding at once,
+    # so a slow thread start on a loaded machine must not leave the batch ready before it is asked for
+    # (CI once measured an 11 ms wait with 24 clips opened before the spinner started).
+    ld = loader(demo_dir / "train", batch_size=96, n_workers=1)
     start = time.perf_counter()
     take(ld, 1)
     elapsed = time.perf_counter() - start
