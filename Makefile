@@ -4,22 +4,42 @@ BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo loader-demo test build lint bench clean
+.PHONY: demo loader-demo test build lint bench clean lock wheel
 
-# uv installs the Python dependencies (maturin --uv): a fresh venv in ~15 s where pip takes ~60 s.
-# Unlike pip, uv writes no bytecode unless asked; where PYTHONDONTWRITEBYTECODE is set (as on CI) every
-# Python process would then compile JAX, sklearn & co. from source: ~4 s of CPU per process.
+# The build tools, pinned (the versions uv.lock holds for maturin): uv installs the locked Python
+# dependencies, a fresh venv in ~15 s where pip takes ~60 s. Unlike pip, uv writes no bytecode unless
+# asked; where PYTHONDONTWRITEBYTECODE is set (as on CI) every Python process would then compile JAX,
+# sklearn & co. from source: ~4 s of CPU per process.
+UV_VERSION := 0.13.9
+MATURIN_VERSION := 1.16.0
 $(BIN)/uv:
 	test -x $(BIN)/python || python3 -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip 'maturin>=1.7,<2' 'uv>=0.4'
+	$(BIN)/pip install -q 'maturin==$(MATURIN_VERSION)' 'uv==$(UV_VERSION)'
 
-# Builds the Rust extension (release, incremental) and installs the package with its dev extras;
-# again only when a Rust source, a manifest, pyproject.toml or this recipe changed (the Python package
-# is editable).
-BUILD_INPUTS := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml Makefile
+# Installs every Python dependency at the version uv.lock pins (--locked: refuses a lock that no longer
+# matches pyproject.toml), then builds the Rust extension (release, incremental) and installs the package
+# editable, its dependencies already satisfied. Again only when a Rust source, a manifest, the lock or
+# this recipe changed. To upgrade deliberately: `make lock` (or `.venv/bin/uv lock --upgrade-package jax`),
+# then commit uv.lock.
+BUILD_INPUTS := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml uv.lock Makefile
 $(VENV)/.built: $(BIN)/uv $(BUILD_INPUTS)
+	UV_PROJECT_ENVIRONMENT=$(abspath $(VENV)) UV_COMPILE_BYTECODE=1 $(BIN)/uv sync --locked --inexact --extra dev --no-install-project --quiet
 	UV_COMPILE_BYTECODE=1 $(BIN)/maturin develop --release --extras dev --quiet --uv
 	touch $@
+
+lock: $(BIN)/uv
+	$(BIN)/uv lock --upgrade
+
+# A wheel for machines without Rust: manylinux2014 (glibc 2.17+, linked through zig, pinned), abi3 (any
+# CPython 3.10+), beside requirements.txt, the locked versions of its dependencies. On the node:
+#   python3 -m venv .venv && .venv/bin/pip install -r dist/requirements.txt dist/birdjepa-*.whl
+ZIG_VERSION := 0.17.1
+WHEEL_DIR ?= dist
+wheel: $(BIN)/uv
+	$(BIN)/pip install -q 'ziglang==$(ZIG_VERSION)'
+	rm -f $(WHEEL_DIR)/birdjepa-*.whl
+	$(BIN)/maturin build --release --zig --compatibility manylinux2014 --quiet --out $(WHEEL_DIR)
+	$(BIN)/uv export --locked --no-emit-project --no-hashes --quiet --output-file $(WHEEL_DIR)/requirements.txt
 
 build: $(VENV)/.built
 

@@ -152,6 +152,13 @@ def test_machine_changes_name_what_differs_and_nothing_for_a_checkpoint_that_did
     assert resume_check.describe_changes(moved) == (
         "device: Intel Xeon (avx2) -> AMD EPYC (avx512f); jaxlib: 0.10.1 -> 0.10.2"
     )
+    # A field recorded only now (the lock, since this version) has nothing to compare with; one recorded
+    # then and changed is named.
+    locked = {**here, "lock": "a" * 12}
+    assert resume_check.machine_changes(here, locked) == {}
+    assert resume_check.machine_changes({**locked, "lock": "b" * 12}, locked) == {
+        "lock": ("b" * 12, "a" * 12)
+    }
 
 
 def test_breaking_config_change_fails_unless_allowed() -> None:

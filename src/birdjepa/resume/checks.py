@@ -278,15 +278,12 @@ def check_resume(
 
 
 def machine_changes(saved: Mapping[str, str] | None, now: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-    """What of `determinism.machine_kind` differs between the save and now: {name: (saved, now)}. Empty
-    for a checkpoint written before checkpoints recorded it (nothing to compare with)."""
+    """What of `determinism.machine_kind` differs between the save and now: {name: (saved, now)}. Only
+    what the checkpoint recorded is compared (one written before a field was recorded has nothing to
+    compare it with)."""
     if not saved:
         return {}
-    return {
-        k: (saved.get(k, "?"), now.get(k, "?"))
-        for k in sorted(set(saved) | set(now))
-        if saved.get(k) != now.get(k)
-    }
+    return {k: (saved[k], now.get(k, "?")) for k in sorted(saved) if saved[k] != now.get(k)}
 
 
 def describe_changes(changes: Mapping[str, tuple[str, str]]) -> str:

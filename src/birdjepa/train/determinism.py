@@ -14,6 +14,7 @@ record it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 from pathlib import Path
@@ -45,12 +46,25 @@ def cpu_model() -> str:
     return f"{fields.get('model name', platform.machine())} ({isa})"
 
 
+#: The lock of every Python dependency, in the source tree this package runs from (`make build`).
+LOCK_FILE = Path(__file__).resolve().parents[3] / "uv.lock"
+
+
+def lock_hash() -> str:
+    """The first 12 hex digits of uv.lock's SHA-256, or "none" (installed without the source tree)."""
+    try:
+        return hashlib.sha256(LOCK_FILE.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "none"
+
+
 def machine_kind() -> dict[str, str]:
-    """What a step's last bits depend on besides its inputs and flags: the JAX and jaxlib versions and
-    the device (the GPU's name; on CPU, the host's model and instruction set)."""
+    """What a step's last bits depend on besides its inputs and flags: the JAX and jaxlib versions, the
+    device (the GPU's name; on CPU, the host's model and instruction set), and the dependency lock the
+    environment was installed from (another lock can bring another XLA)."""
     import jax
     import jaxlib
 
     device = jax.devices()[0]
     kind = cpu_model() if device.platform == "cpu" else device.device_kind
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "device": kind}
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "device": kind, "lock": lock_hash()}

@@ -1,0 +1,47 @@
+"""The wheel for machines without Rust (`make wheel`): installed into a fresh virtual environment whose
+PATH holds no cargo and no rustc, with the README's two commands, it answers --help, reads the demo
+shards through its Rust loader and trains two steps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from birdjepa.resume.compare import metrics_by_step
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow  # a release build linked through zig, and a venv installed from PyPI: minutes
+def test_the_wheel_trains_where_no_rust_toolchain_exists(demo_dir: Path, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    made = subprocess.run(["make", "wheel", f"WHEEL_DIR={dist}"], cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    (wheel,) = dist.glob("birdjepa-*.whl")
+    assert "-cp310-abi3-manylinux" in wheel.name and "2_17" in wheel.name, wheel.name
+    venv = tmp_path / "node"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # The node's PATH: the venv and the system's basic tools, none of which is a Rust toolchain.
+    path = os.pathsep.join([str(venv / "bin"), "/usr/bin", "/bin"])
+    assert shutil.which("cargo", path=path) is None and shutil.which("rustc", path=path) is None
+    env = {"PATH": path, "HOME": str(tmp_path), "BIRDJEPA_CACHE": os.environ.get("BIRDJEPA_CACHE", "")}
+    env = {k: v for k, v in env.items() if v} | {"PIP_CACHE_DIR": str(Path.home() / ".cache" / "pip")}
+
+    def run(*cmd: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{cmd}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done
+
+    run("pip", "install", "-q", "-r", str(dist / "requirements.txt"), str(wheel))  # the README's command
+    assert "pretrain" in run("birdjepa", "--help").stdout
+    loaded = run("birdjepa", "loader-demo", "--data", str(demo_dir / "train"), "--batches", "3")
+    assert "recordings in" in loaded.stdout
+    data = ["--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval")]
+    run("birdjepa", "pretrain", "--run", "w", "--log.runs-dir", str(tmp_path / "runs"),
+                  "--steps", "2", "--data.batch-size", "4", "--eval-every", "0", *data)  # fmt: skip
+    assert sorted(metrics_by_step(tmp_path / "runs" / "w")) == [0, 1]
