@@ -31,7 +31,8 @@ lock: $(BIN)/uv
 	$(BIN)/uv lock --upgrade
 
 # A wheel for machines without Rust: manylinux2014 (glibc 2.17+, linked through zig, pinned), abi3 (any
-# CPython 3.11+ (the lock's jax needs 3.11)), beside requirements.txt, the locked versions of its dependencies. On the node:
+# CPython 3.11+, as the lock's jax needs), beside requirements.txt, the locked versions of its
+# dependencies. On the node:
 #   python3 -m venv .venv && .venv/bin/pip install -r dist/requirements.txt dist/birdjepa-*.whl
 ZIG_VERSION := 0.17.1
 WHEEL_DIR ?= dist
