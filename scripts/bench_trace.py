@@ -1,14 +1,16 @@
 """What `birdjepa trace` costs beside the training it re-executes, measured side by side in one run.
 
-    python scripts/bench_trace.py [--preset small] [--batch-size 4]
+    python scripts/bench_trace.py [--preset base] [--batch-size 32]
 
 Trains a 2-step run (checkpoint after step 0) of the preset on the demo set, then traces step 1 in a
-new process: whole, again (its compiled steps now in the cache), and with ``--only optimizer metrics``
-(the option for large models). Every process shares one JAX compilation cache, as a user's processes
-do with ``JAX_COMPILATION_CACHE_DIR`` set: the first trace finds the training step the run compiled
-and compiles only the recording step. The table gives each process's wall time and peak resident
-memory (``ru_maxrss``), and the ratio to the training process's. Targets (issue 26): the small preset at
-batch 4 traces in at most 30 s with at most 2x the training step's peak memory.
+new process (digests of every tensor, the default), again (its compiled steps now in the cache), and
+once more keeping one block's module calls whole (``--keep``). Every process shares one JAX
+compilation cache, as a user's processes do with ``JAX_COMPILATION_CACHE_DIR`` set: the first trace
+finds the training step the run compiled and compiles only the recording step. The table gives each
+process's wall time and peak resident memory (``ru_maxrss``), and the ratio to the training process's;
+then the trace file's size against what a trace holding every tensor whole (the format before digests)
+would take, from the shapes in its manifest. Targets (issue 33): at most 1.5x the training step's peak
+memory, a file under 1 % of the whole trace.
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--batch-size", type=int, default=32)
     a = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
@@ -64,16 +66,35 @@ def main() -> None:
         rows = {"pretrain, 2 steps (compile, step, save)": measured(train, env)}
         trace = ["trace", str(runs / "r"), "--step", "1", "--out", str(Path(tmp) / "t.npz")]
         rows["trace step 1 (restore, compile the recording step, record)"] = measured(trace, env)
-        size = (Path(tmp) / "t.npz").stat().st_size / 2**20
+        size = (Path(tmp) / "t.npz").stat().st_size
+        whole = whole_size(Path(tmp) / "t.npz")
         rows["trace step 1 again (both steps cached)"] = measured(trace, env)
-        only = [*trace, "--only", "optimizer", "metrics"]
-        rows["trace step 1 --only optimizer metrics (cached)"] = measured(only, env)
+        block = [*trace, "--keep", "forward/global/encoder/block_0/*"]
+        rows["trace step 1 --keep 'forward/global/encoder/block_0/*'"] = measured(block, env)
+        kept = (Path(tmp) / "t.npz").stat().st_size
     base_wall, base_rss = next(iter(rows.values()))
-    print(f"preset {a.preset}, batch {a.batch_size} x 2 views; the whole trace file: {size:.1f} MiB\n")
+    print(f"preset {a.preset}, batch {a.batch_size} x 2 views\n")
     print("| process | wall s | peak RSS MiB | RSS vs pretrain |")
     print("|---|---:|---:|---:|")
     for name, (wall, rss) in rows.items():
         print(f"| {name} | {wall:.1f} | {rss:.0f} | {rss / base_rss:.2f}x |")
+    print(
+        f"\ntrace file: {size / 2**20:.2f} MiB (with block 0 kept whole: {kept / 2**20:.1f} MiB); every "
+        f"tensor whole: {whole / 2**20:.0f} MiB; ratio {size / whole:.4%}"
+    )
+
+
+def whole_size(path: Path) -> int:
+    """Bytes of every tensor of a trace, as a trace that keeps them all whole stores them."""
+    import numpy as np
+
+    from birdjepa.divergence.trace_file import read
+
+    return sum(int(np.prod(e.shape)) * np.dtype(_np_dtype(e.dtype)).itemsize for e in read(path).entries)
+
+
+def _np_dtype(name: str) -> str:
+    return "uint16" if name == "bfloat16" else name
 
 
 if __name__ == "__main__":

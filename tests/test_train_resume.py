@@ -19,6 +19,7 @@ import tyro
 from birdjepa.analysis import analyze
 from birdjepa.cli import main
 from birdjepa.config import OptimConfig, PretrainConfig
+from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain import loop as train_loop
 from birdjepa.resume.compare import compare_runs, metrics_by_step
 from birdjepa.train.checkpoint import Checkpointer
@@ -257,6 +258,13 @@ def test_bfloat16_compute_resumes_exactly(demo_dir: Path, straight: Path, tmp_pa
     # The arithmetic was bfloat16: the first loss differs from the float32 run's, a little.
     loss16, loss32 = (metrics_by_step(run)[0]["train/loss"] for run in (tmp_path / "straight", straight))
     assert loss16 != loss32 and abs(loss16 - loss32) < 0.05 * abs(loss32), (loss16, loss32)
+    # The trace of a bfloat16 step: its outputs are the training step's (what the run logged), and it
+    # says that its recorded tensors are not bit for bit the training step's (XLA's bfloat16 rounding).
+    t = trace_step(tmp_path / "resumed", 3, keep=("params_out",))
+    matched = t.manifest["matches_run"]
+    assert matched["logged_metrics_equal"] is True and False not in matched.values(), matched
+    assert any(e.dtype == "bfloat16" for e in t.entries if e.stage == "forward")
+    assert t.manifest["inexact"] is not None and t.manifest["inexact"].startswith("[0]")  # a parameter
 
 
 @pytest.mark.slow  # three processes compiling at the default level: 2 min on 2 cores; CI runs it
@@ -274,3 +282,8 @@ def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path,
     resumed = tmp_path / "verify-v" / "resumed"
     assert [e["reason"] for e in events(resumed, "stop")] == ["stop_at_step", "signal 15"]
     assert metrics_by_step(resumed)[2]["train/accum_progress"] == 1.0  # stopped with half an update
+    # At this level too, the trace's recording step computes the step that trained, bit for bit (the
+    # trace warns where its outputs' digests differ), and its outputs equal what the run logged.
+    done = birdjepa("trace", str(resumed), "--step", "7", "--out", str(tmp_path / "t.npz"), env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "outputs equal its logged metrics" in done.stdout and "WARNING" not in done.stdout, done.stdout

@@ -12,9 +12,11 @@ top level; the rest are grouped (`--data.batch-size`, `--optim.lr`, `--model.pre
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from birdjepa.data import DataConfig
 from birdjepa.faults import Fault, Plant
@@ -228,3 +230,74 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[prefix + k] = v
     return out
+
+
+# ------------------------------------------------------------------------------ dicts into configs
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A dict does not describe a config (the message names where it came from and the key)."""
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False
+        item = args[0] if args else Any
+        return all(_type_ok(v, item) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is Path:
+        return isinstance(value, (str, Path))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return False
+
+
+def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any:
+    """``obj`` (a frozen dataclass) with the field at ``path`` set to ``value``, type-checked."""
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    name = path[0]
+    if name not in fields:
+        options = ", ".join(sorted(fields))
+        raise ConfigError(f"{where}: unknown key {key!r} ({name!r} is not one of: {options})")
+    hint = typing.get_type_hints(type(obj))[name]
+    current = getattr(obj, name)
+    if len(path) > 1:
+        if not dataclasses.is_dataclass(current):
+            raise ConfigError(f"{where}: unknown key {key!r} ({name!r} has no sub-options)")
+        return dataclasses.replace(obj, **{name: _replace(current, path[1:], value, where, key)})
+    if dataclasses.is_dataclass(current):
+        raise ConfigError(f"{where}: key {key!r} is a group; set its fields ({key}.<field>)")
+    if not _type_ok(value, hint):
+        raise ConfigError(f"{where}: key {key!r} = {value!r} has the wrong type (expected {hint})")
+    if isinstance(value, list):
+        value = tuple(value)
+    if hint is Path:
+        value = Path(value)
+    return dataclasses.replace(obj, **{name: value})
+
+
+def resolve(base: T, overrides: Mapping[str, Any], where: str) -> T:
+    """``base`` (a frozen dataclass) with ``overrides`` set: nested dicts or dotted keys
+    (``{"optim": {"lr": 1e-3}}`` or ``{"optim.lr": 1e-3}``), each type-checked against its field.
+    Raises `ConfigError` naming ``where`` and the key. The one way a dict becomes a config: sweep
+    files, configs recorded in checkpoints, exported encoder cards."""
+    cfg = base
+    for key, value in flatten(overrides).items():
+        cfg = _replace(cfg, key.split("."), value, where, key)
+    return cfg

@@ -5,8 +5,11 @@
    still agrees). The newest common checkpoint before both that still agrees is where the search starts.
 2. Side by side: both runs are restored there and stepped together; the first step whose batch, key,
    outputs or metrics differ in any bit is the step that made them differ.
-3. Both runs are traced at that step (`birdjepa.divergence.trace`), the traces diffed, and the verdict
-   names the stage and tensor of the first real difference (above the noise floor of ``--repeat``).
+3. Both runs are traced at that step (`birdjepa.divergence.trace`), digests only, and the traces
+   diffed; then traced again with the first differing tensors and their inputs kept whole, and the
+   verdict names the stage and tensor of the first real difference (above the noise floor of
+   ``--repeat``), with its values. A model small enough that its whole trace is a few MiB is traced
+   whole at once (`WHOLE_FIRST_BELOW`).
 
 Runs trained on different device counts cannot be stepped side by side in one process: each is traced in
 a process of its own with its device count, and the search relies on the logs and checkpoints alone.
@@ -15,18 +18,30 @@ a process of its own with its device count, and the search relies on the logs an
 from __future__ import annotations
 
 import dataclasses
+import glob
+import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 
 from birdjepa.divergence.diff import TraceDiff, diff_traces
-from birdjepa.divergence.replay import ReplayError, compared_keys, first_mismatch, is_run_dir, open_at
+from birdjepa.divergence.region import event
+from birdjepa.divergence.replay import (
+    CONFIG_FILE,
+    ReplayError,
+    compared_keys,
+    first_mismatch,
+    is_run_dir,
+    open_at,
+    read_config,
+)
 from birdjepa.divergence.trace import trace_step
 from birdjepa.divergence.trace_file import Trace, read, write
 from birdjepa.resume.compare import metrics_by_step
@@ -132,11 +147,13 @@ def _differ(x: Any, y: Any) -> bool:
     return False
 
 
-def trace_apart(run: Path, step: int, devices: int, repeat: int, out: Path) -> Trace:
+def trace_apart(
+    run: Path, step: int, devices: int, repeat: int, out: Path, keep: Sequence[str] = ()
+) -> Trace:
     """Trace in a process of its own with ``devices`` CPU devices (another topology than this one's)."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     cmd = [sys.executable, "-m", "birdjepa.cli", "trace", str(run), "--step", str(step), "--out", str(out),
-           "--repeat", str(repeat)]  # fmt: skip
+           "--repeat", str(repeat), *(["--keep", *keep] if keep else [])]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         why = done.stderr.strip().splitlines()[-1:] or ["no output"]
@@ -144,15 +161,46 @@ def trace_apart(run: Path, step: int, devices: int, repeat: int, out: Path) -> T
     return read(out)
 
 
-def trace_both(a: Path, b: Path, step: int, s: Search, repeat: int) -> tuple[Trace, Trace]:
+def trace_both(
+    a: Path, b: Path, step: int, s: Search, repeat: int, keep: Sequence[str] = ()
+) -> tuple[Trace, Trace]:
     here = jax.device_count()
     if all(d in (None, here) for d in s.devices):
-        return trace_step(a, step, repeat=repeat), trace_step(b, step, repeat=repeat)
+        return trace_step(a, step, repeat=repeat, keep=keep), trace_step(b, step, repeat=repeat, keep=keep)
     with tempfile.TemporaryDirectory() as tmp:
         return tuple(  # type: ignore[return-value]
-            trace_apart(r, step, d or here, repeat, Path(tmp) / f"{i}.npz")
+            trace_apart(r, step, d or here, repeat, Path(tmp) / f"{i}.npz", keep)
             for i, (r, d) in enumerate(((a, s.devices[0]), (b, s.devices[1])))
         )
+
+
+#: How many of the first differing tensors the second pass keeps whole, to measure them exactly.
+KEPT_DIFFERENCES = 8
+#: Below this many encoder parameters a whole trace is a few MiB: the first pass keeps every tensor and
+#: no second pass is needed (compiling the recording step again costs more than the bytes it saves).
+WHOLE_FIRST_BELOW = 2_000_000
+
+
+def encoder_params(run: Path) -> int | None:
+    """About how many parameters the run's encoder blocks hold (12 dim^2 a block), from its config."""
+    try:
+        cfg = read_config(json.loads((run / CONFIG_FILE).read_text()), str(run / CONFIG_FILE))
+    except (OSError, ValueError, ReplayError):
+        return None
+    m = cfg.model.resolved()
+    return 12 * m.depth * m.dim**2
+
+
+def to_keep(d: TraceDiff) -> list[str]:
+    """What the second pass re-executes in full: the first differing tensors (whose digests alone say
+    only that they differ) and the inputs of the module calls among them."""
+    first = [t for st in d.stages for t in st.differing if not t.exact][:KEPT_DIFFERENCES]
+    keep = [glob.escape(f"{t.stage}/{t.name}") for t in first]
+    for t in first:
+        e = event(t.name) if t.stage == "forward" else None
+        if e is not None and e.io == "out":
+            keep.append(glob.escape(f"forward/{e.call}/in") + "*")
+    return keep
 
 
 #: A first difference this small (relative to the tensor's largest magnitude: a few float32 ulps), where
@@ -199,15 +247,20 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
             )
         else:
             where += f"{devices}, but this is more than a topology's last bits."
+    if ta.manifest.get("inexact") or tb.manifest.get("inexact"):
+        where += (" The recorded tensors are within bfloat16 rounding of the training steps' own (XLA rounds "
+                  "otherwise when it records them); the outputs are exact.")  # fmt: skip
     later = [st.stage for st in d.stages if not st.identical and st.stage != first.stage]
     consequence = f" Later stages that differ (consequences): {', '.join(later)}." if later else ""
     return where[0].upper() + where[1:] + changed + consequence
 
 
 def bisect(
-    a: Path, b: Path, *, repeat: int = 1, save: Path | None = None
+    a: Path, b: Path, *, repeat: int = 1, save: Path | None = None, whole_first: bool | None = None
 ) -> tuple[int, str, TraceDiff | None]:
-    """``(exit code, report, diff)``: 0 when the runs do not differ, 1 when they do."""
+    """``(exit code, report, diff)``: 0 when the runs do not differ, 1 when they do. ``whole_first``:
+    the first pass keeps every tensor whole (default: for encoders under `WHOLE_FIRST_BELOW`
+    parameters), else it records digests and a second pass keeps what differs."""
     for r in (a, b):
         if not is_run_dir(r):
             raise ReplayError(f"{r}: not a run directory (no {METRICS_FILE}, checkpoints/ or config.json)")
@@ -234,16 +287,25 @@ def bisect(
         step = min(known) if known else None
     if step is None:
         return 0, "\n".join([*lines, f"No difference between the runs up to step {s.last}."]), None
-    ta, tb = trace_both(a, b, step, s, repeat)
+    if whole_first is None:
+        sizes = [encoder_params(r) for r in (a, b)]
+        whole_first = all(n is not None and n < WHOLE_FIRST_BELOW for n in sizes)
+    first = ("*",) if whole_first else ()
+    ta, tb = trace_both(a, b, step, s, repeat, first)
     floor = s.start + 1 if s.start is not None else 0
     while step > floor and _state_in_differs(diff_traces(ta, tb)):  # made to differ by an earlier step
         step -= 1
         lines.append(f"the state going into step {step + 1} already differs: stepping back to {step}")
-        ta, tb = trace_both(a, b, step, s, repeat)
+        ta, tb = trace_both(a, b, step, s, repeat, first)
+    d = diff_traces(ta, tb)
+    keep = to_keep(d)
+    if keep:  # digests first; now the differing tensors, and what went into them, whole
+        lines.append(f"digests differ at step {step}: re-executing it with {len(keep)} tensors kept whole")
+        ta, tb = trace_both(a, b, step, s, repeat, keep)
+        d = diff_traces(ta, tb)
     if save is not None:
         save.mkdir(parents=True, exist_ok=True)
         write(ta, save / f"A-step{step}.npz")
         write(tb, save / f"B-step{step}.npz")
-    d = diff_traces(ta, tb)
     lines += ["", d.report(), "", "VERDICT: " + verdict(step, d, s, repeat, ta, tb)]
     return 1, "\n".join(lines), d

@@ -26,15 +26,18 @@ def trace(
     run: RUN,
     step: int,
     out: Path | None = None,
+    keep: tuple[str, ...] = (),
     only: tuple[str, ...] = (),
     repeat: int = 1,
 ) -> None:
     """Re-execute step STEP of the run in RUN exactly as it ran and record everything it computes, in
     order, into one file (default: trace-<run>-<step>.npz here).
 
-    --only keeps some stages or tensors (fnmatch on stage/name, e.g. --only optimizer 'forward/global/*'),
-    for large models; --repeat K runs the step K times and records what differs between executions
-    (the noise floor)."""
+    Every tensor is recorded as its shape, dtype, an exact digest and statistics (min, max, mean, norm,
+    non-finite count); --keep stores some whole (fnmatch on stage/name, e.g. --keep gradients
+    'forward/global/encoder/block_0/*'; --keep '*' keeps all). --only records only some stages or
+    tensors; --repeat K runs the step K times and records what differs between executions (the noise
+    floor)."""
     from birdjepa.divergence import trace_file
     from birdjepa.divergence.replay import ReplayError
     from birdjepa.divergence.trace import trace_step
@@ -44,7 +47,7 @@ def trace(
     if repeat < 1:
         _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
     try:
-        t = trace_step(run, step, only=only, repeat=repeat)
+        t = trace_step(run, step, only=only, keep=keep, repeat=repeat)
     except ReplayError as e:
         _fail(e)
     path = out or Path(f"trace-{run.name}-{step}.npz")
@@ -66,14 +69,16 @@ def summary(t: Any, path: Path) -> str:
         else f"outputs DIFFER from {' and '.join(missed)}" if missed
         else "outputs from the training step (nothing logged or saved for it to compare)"
     )  # fmt: skip
-    faithful = m["faithful"]
-    recording = (
-        "the recording step equals the training step"
-        if faithful["equal"]
-        else f"the recording step is within {faithful['max_abs']:.2g} of the training step (compiled apart)"
-    )
+    whole = sum(e.array is not None for e in t.entries)
+    if m["inexact"] is not None:
+        trained += (
+            f"; WARNING: the recording step's {m['inexact']} differs from the training step's in its last "
+            "bits (bfloat16 on CPU: XLA rounds otherwise once intermediates are recorded), so the recorded "
+            "tensors are within rounding of the training step's, not its own"
+        )
     noise = f"; {len(m['noise'])} tensors differ between {m['repeat']} executions" if m["repeat"] > 1 else ""
-    return f"{path}: step {m['step']} from {origin}; {len(t.entries)} tensors; {trained}; {recording}{noise}"
+    return (f"{path}: step {m['step']} from {origin}; {len(t.entries)} tensors ({whole} whole, the rest as "
+            f"digests); {trained}{noise}")  # fmt: skip
 
 
 def diff_trace(a: RUN, b: RUN) -> None:

@@ -34,12 +34,22 @@ class TensorDiff:
     rel_to_scale: float = math.inf
     """``max_abs`` over the tensor's largest magnitude: how many of its last bits moved, whatever the
     size of the element where it happened (an elementwise relative difference near 0 says little)."""
+    exact: bool = True
+    """False where one trace holds only the tensor's digest and statistics: ``max_abs`` is then the
+    largest difference of its min, max and mean, a lower bound (``--keep`` it for the values)."""
 
     @property
     def real(self) -> bool:
+        if not self.exact:  # the size is unknown: real unless the tensor varies between executions
+            return self.floor == 0.0
         return not self.max_abs <= self.floor  # NaN and inf are real
 
     def line(self) -> str:
+        if not self.exact:
+            noisy = "; it varies between executions" if self.floor else ""
+            return (f"{self.stage}/{self.name}: digest differs (shape {self.shape[0]}; min, max, mean, norm "
+                    f"{_stats(self.values)}; max abs at least {self.max_abs:.3g}{noisy}; --keep it for "
+                    "the values)")  # fmt: skip
         if self.index is None:
             return f"{self.stage}/{self.name}: shape or dtype {self.shape[0]} vs {self.shape[1]}"
         at = f"[{', '.join(map(str, self.index))}]" if self.index else ""
@@ -124,17 +134,29 @@ def _fmt(v: Any) -> str:
     return repr(v)
 
 
+def _stats(values: tuple[Any, Any] | None) -> str:
+    a, b = values or ((), ())
+    return ", ".join(f"{_fmt(x)} vs {_fmt(y)}" for x, y in zip(a[:4], b[:4], strict=True))
+
+
 def _only(a: list[str], b: list[str]) -> str:
     parts = [f"{len(a)} in A only" if a else "", f"{len(b)} in B only" if b else ""]
     return "".join(f", {p}" for p in parts if p)
 
 
 def tensor_diff(x: Entry, y: Entry, floor: float) -> TensorDiff | None:
-    a, b = x.array, y.array
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return TensorDiff(x.stage, x.name, (a.shape, b.shape), math.inf, math.inf, None, None, floor)
-    if a.tobytes() == b.tobytes():
+    """How ``y`` differs from ``x`` (None: the same bits): exactly where both were kept whole, else
+    from their digests and statistics."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return TensorDiff(x.stage, x.name, (x.shape, y.shape), math.inf, math.inf, None, None, floor)
+    if x.digest == y.digest:
         return None
+    if x.array is None or y.array is None:
+        bound = max(abs(p - q) for p, q in zip(x.stats[:3], y.stats[:3], strict=True))
+        bound = math.inf if math.isnan(bound) else bound
+        return TensorDiff(x.stage, x.name, (x.shape, y.shape), bound, math.inf, None, (x.stats, y.stats),
+                          floor, math.inf, exact=False)  # fmt: skip
+    a, b = x.array, y.array
     fa, fb = a.astype(np.float64), b.astype(np.float64)
     d = np.abs(fa - fb)
     d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
@@ -153,9 +175,10 @@ def tensor_diff(x: Entry, y: Entry, floor: float) -> TensorDiff | None:
 
 def diff_traces(a: Trace, b: Trace) -> TraceDiff:
     """Stage by stage in A's computation order (then the stages only B has)."""
-    noise = {**b.manifest.get("noise", {})}
-    for k, v in a.manifest.get("noise", {}).items():
-        noise[k] = max(noise.get(k, 0.0), v)
+    noise: dict[str, float] = {}
+    for t in (a, b):  # None: it varied, by how much was not recorded
+        for k, v in t.manifest.get("noise", {}).items():
+            noise[k] = max(noise.get(k, 0.0), math.inf if v is None else v)
     ea, eb = a.by_key(), b.by_key()
     stages = []
     for stage in dict.fromkeys([*a.stages(), *b.stages()]):

@@ -18,13 +18,12 @@ from typing import Any
 
 import jax
 
-from birdjepa.config import PretrainConfig
+from birdjepa import multihost
+from birdjepa.config import ConfigError, PretrainConfig, resolve
 from birdjepa.data import Batch, DataError, Loader
 from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.resume.compare import metrics_by_step
-from birdjepa.slurm import distributed
-from birdjepa.slurm.sweep import SweepError, resolve
 from birdjepa.train import checkpoint
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled, compiled
@@ -82,8 +81,8 @@ def replayable(state: TrainState, metrics: dict[str, Any], batch: Batch) -> dict
     """The metrics a replay compares, computed as the loop logs them."""
     out = {k: float(v) for k, v in metrics.items()}
     out["train/skipped_updates"] = float(state.skipped)
-    out["dataloader/index_crc32"] = distributed.index_crc32(batch["index"])
-    norms = tree_norms(distributed.host(state.params), "param_norm")
+    out["dataloader/index_crc32"] = multihost.index_crc32(batch["index"])
+    norms = tree_norms(multihost.host(state.params), "param_norm")
     out.update({f"train/{k}": v for k, v in norms.items()})
     return out
 
@@ -115,7 +114,7 @@ def is_run_dir(run_dir: Path) -> bool:
 def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
     try:
         return resolve(PretrainConfig(), config, where)
-    except (SweepError, KeyError) as e:
+    except (ConfigError, KeyError) as e:
         raise ReplayError(f"{where}: its configuration cannot be read by this version: {e}") from e
 
 

@@ -1,11 +1,17 @@
 """`birdjepa trace RUN --step N`: re-execute step N of a run and record everything it computes, in order.
 
 The run is restored to just before step N (`birdjepa.divergence.replay`). The step then runs twice on
-the same inputs: first the recording step (`birdjepa.train.compiled.recording`: the training step with
-the same shardings, also returning what it computed on the way), then the training step itself, the
-one compiled executable the loop runs. Their outputs are compared with ``==`` (``faithful`` in the
-manifest), and so are the training step's with what the run logged and checkpointed for step N: what
-the trace shows is the step that trained.
+the same inputs: first the recording step (`birdjepa.train.recording`: the training step's own
+function and shardings, also summarizing on the device every tensor it computes), then the training
+step itself, the executable the loop runs, whose outputs become the run's next state and the trace's
+outputs. Their outputs' digests are compared (``inexact`` in the manifest: None where they agree bit
+for bit, so the recorded tensors are the training step's own); in float32 they agree at every
+optimisation level the project runs (the tests hold it). The training step's outputs are compared with
+what the run logged and checkpointed for step N: what the trace shows is the step that trained.
+
+Each tensor is recorded as its shape, dtype, exact digest and statistics (`birdjepa.train.digest`),
+and whole only where ``keep`` asks (or where it is small): a trace of a large model stays small, and
+no activation leaves the device unless asked for.
 
 Stages, in the order the step computes them (`STAGES`): the resolved config (manifest only); the batch;
 the step's key and every sub-key; what each draw produced; the update count, accumulation progress and
@@ -18,26 +24,27 @@ parameters and optimizer state coming out; the step's metrics.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from birdjepa import multihost
 from birdjepa.config import to_dict
 from birdjepa.divergence.diff import diff_traces
 from birdjepa.divergence.replay import OpenRun, ReplayError, first_mismatch, open_at, replayable
 from birdjepa.divergence.trace_file import Entry, Trace
-from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train.calls import CALL_SITES
-from birdjepa.train.compiled import recording
+from birdjepa.train.digest import hex_digest, summarize
 from birdjepa.train.optim import accumulation_progress, lr_table, update_count
+from birdjepa.train.recording import Recording, leaves, matches, recording
 from birdjepa.train.segment import advance, step_inputs, total_updates
-from birdjepa.train.step import StepConfig, ordered_leaves
+from birdjepa.train.step import StepConfig
 
 STAGES = (
     "batch",
@@ -58,100 +65,99 @@ STAGES = (
 BATCH_ARRAYS = ("index", "shard_id", "epoch", "label", "crop_offset", "spectrogram")
 
 
-def leaves(tree: Any) -> list[tuple[str, Any]]:
-    """``(path, leaf)`` in `jax.tree` order, named as the checkpoint names them (``['encoder']...``)."""
-    return [(jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
-
-
-def _host(x: Any) -> np.ndarray:
-    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        x = jax.random.key_data(x)
-    return np.asarray(distributed.host(x))
-
-
-def record_step(run: OpenRun, *, repeat: int = 1) -> tuple[Trace, dict[str, float]]:
-    """Run step ``run.state.step`` recorded and as it trained, on the same inputs; returns the trace and,
-    for ``repeat`` > 1, the noise floor: ``stage/name`` -> the largest difference between executions of
-    the same thing (only what differed). Afterwards ``run.state`` is the state after the step."""
+def record_step(
+    run: OpenRun, *, repeat: int = 1, keep: Sequence[str] = ()
+) -> tuple[Trace, dict[str, float | None]]:
+    """Run step ``run.state.step`` recorded, then as it trained, on the same inputs; returns the trace
+    and, for ``repeat`` > 1, the noise floor: ``stage/name`` -> the largest difference between
+    executions of the same thing (only what differed; None where only the digests were recorded).
+    Afterwards ``run.state`` is the state after the step."""
     cfg, state = run.cfg, run.state
     batch = run.batch()
     x = step_inputs(run.fns, cfg, state, batch)
-    traced = recording(StepConfig.of(cfg, run.model_cfg), cfg.optim, total_updates(cfg))
-    traces, first = [], None
-    # The training step donates its inputs: it gets copies placed from the host (a transfer, where a
-    # copy on the device would compile one small executable per leaf shape), and the state stays.
-    host_state = distributed.host((state.params, state.opt_state))
+    rec = recording(StepConfig.of(cfg, run.model_cfg), cfg.optim, total_updates(cfg), keep)
+    traces, after = [], state
     for _ in range(max(repeat, 1)):
-        recorded = distributed.host(traced(state.params, state.opt_state, x.batch, x.key, x.check))
-        copy = run.fns.place(dataclasses.replace(state, params=host_state[0], opt_state=host_state[1]))
-        trained = distributed.host(run.fns.train_step(copy.params, copy.opt_state, x.batch, x.key, x.check))
-        first = first or (recorded, trained)
-        traces.append(Trace(manifest(run, state.step), entries(run, batch, x.key, recorded, trained)))
-    noise: dict[str, float] = {}
+        outputs, summaries = jax.device_get(rec.step(state.params, state.opt_state, x.batch, x.key, x.check))
+        # The training step donates its inputs: it gets a copy, and the state stays for the next repeat.
+        params, opt_state = _copy((state.params, state.opt_state))
+        copy = dataclasses.replace(state, params=params, opt_state=opt_state)
+        after, metrics, stats, guard = advance(run.fns, cfg, copy, batch)
+        trained = (after.params, after.opt_state, metrics, stats, guard)
+        built = entries(run, state, batch, x.key, rec, summaries, after, metrics, guard, keep)
+        traces.append(Trace(manifest(run, state.step), built))
+        # None: the recorded tensors are the training step's own; else its first output they do not give.
+        traces[-1].manifest["inexact"] = _first_inexact(outputs, trained)
+    noise: dict[str, float | None] = {}
     for other in traces[1:]:
         for stage in diff_traces(traces[0], other).stages:
             for d in stage.differing:
-                key = f"{d.stage}/{d.name}"
-                noise[key] = max(noise.get(key, 0.0), d.max_abs)
-    recorded, trained = first
-    traces[0].manifest["faithful"] = _faithful(recorded[:3], trained[:3])
-    run.state, _, _, _ = advance(run.fns, cfg, state, batch)
+                key, was = f"{d.stage}/{d.name}", noise.get(f"{d.stage}/{d.name}", 0.0)
+                noise[key] = None if not d.exact or was is None else max(was, d.max_abs)
+    run.state = after
     return traces[0], noise
 
 
-def entries(run: OpenRun, batch: Any, key: jax.Array, recorded: tuple, trained: tuple) -> list[Entry]:
+_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one executable; new buffers (nothing donated)
+
+
+def _first_inexact(recorded: list[np.ndarray], trained: tuple) -> str | None:
+    """The first of the training step's outputs whose bits the recording step did not reproduce (None:
+    all equal). Float32 steps agree at every optimisation level the project runs (the tests hold it);
+    bfloat16 on CPU does not: XLA rounds some bfloat16 intermediates otherwise once the recording step
+    reads them (measured: recording the encoder's output tokens moves the last bits of the gradients)."""
+    named = leaves(trained)
+    got = summarize([a for _, a in named], [False] * len(named))
+    for (name, _), d, s in zip(named, recorded, got, strict=True):
+        if hex_digest(d) != hex_digest(s["digest"]):
+            return name
+    return None
+
+
+def entries(
+    run: OpenRun, state: Any, batch: Any, key: jax.Array, rec: Recording, summaries: list[dict],
+    after: Any, metrics: dict[str, Any], guard: dict[str, Any], keep: Sequence[str],
+) -> list[Entry]:  # fmt: skip
     """The trace's entries, in `STAGES` order: what the step computed on the way from the recording
-    step, its outputs (parameters, optimizer state, metrics) from the training step."""
-    cfg, state = run.cfg, run.state
-    rec = recorded[5]
-    params, opt_state, metrics, _, guard = trained
-    update = int(distributed.host(update_count(state.opt_state)))
-    t = Trace({})
-    for name in BATCH_ARRAYS:
-        if name in batch:
-            t.add("batch", name, batch[name])
-    t.add("keys", "step", _host(key))
-    record = {k.split("|", 1)[1]: v for k, v in sorted(rec.items()) if "|" in k}
-    for stage in ("keys", "draws"):
-        for name, value in record.items():
-            if name.startswith(stage + "/"):
-                t.add(stage, name.partition("/")[2], value)
-    t.add("optimizer", "update_count", update)
-    t.add("optimizer", "accumulation", int(distributed.host(accumulation_progress(state.opt_state))))
-    t.add("optimizer", "lr", metrics["train/lr"])
+    step (summarized on the device), the rest (batch, state in and out, metrics) summarized here."""
+    cfg = run.cfg
+    rows: list[tuple[str, str, Any] | int] = []  # (stage, name, value), or the index of a recorded one
+    rows += [("batch", name, batch[name]) for name in BATCH_ARRAYS if name in batch]
+    rows.append(("keys", "step", jax.random.key_data(key)))
+    recorded = {stage: [i for i, c in enumerate(rec.computed) if c[0] == stage] for stage in STAGES}
+    rows += recorded["keys"] + recorded["draws"]
+    update = int(multihost.host(update_count(state.opt_state)))
     table = lr_table(cfg.optim, total_updates(cfg), cfg.debug_plant)  # schedule(u), read on the host
-    t.add("optimizer", "schedule_lr", table[min(update, len(table) - 1)])
-    for stage, tree in (("params_in", state.params), ("opt_state_in", state.opt_state)):
-        for name, value in leaves(distributed.host(tree)):
-            t.add(stage, name, value)
-    for name, value in record.items():
-        if name.startswith("forward/"):
-            t.add("forward", name.partition("/")[2], value)
-    for name, value in ordered_leaves(rec.get("loss", {}), ""):
-        t.add("loss", name.lstrip("/"), value)
-    for stage in ("gradients", "gradients_clipped", "updates"):
-        for name, value in leaves(rec.get(stage, {})):
-            t.add(stage, name, value)
-    for stage, tree in (("params_out", params), ("opt_state_out", opt_state)):
-        for name, value in leaves(tree):
-            t.add(stage, name, value)
-    for name in sorted(metrics):
-        t.add("metrics", name, metrics[name])
-    t.add("metrics", "finite", guard["finite"])
-    return t.entries
-
-
-def _faithful(recorded: tuple, trained: tuple) -> dict[str, Any]:
-    """How far the recording step's outputs are from the training step's (the trace's outputs): XLA
-    compiles the two apart, and may fuse the recording one differently (last bits on CPU)."""
-    worst, first = 0.0, None
-    for (name, a), (_, b) in zip(leaves(recorded), leaves(trained), strict=True):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.tobytes() != b.tobytes():
-            d = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
-            first = first or name
-            worst = max(worst, d)
-    return {"equal": first is None, "first": first, "max_abs": worst}
+    rows += [
+        ("optimizer", "update_count", np.int32(update)),
+        ("optimizer", "accumulation", multihost.host(accumulation_progress(state.opt_state))),
+        ("optimizer", "lr", metrics["train/lr"]),
+        ("optimizer", "schedule_lr", np.float32(table[min(update, len(table) - 1)])),
+    ]
+    rows += [("params_in", n, v) for n, v in leaves(state.params)]
+    rows += [("opt_state_in", n, v) for n, v in leaves(state.opt_state)]
+    for stage in ("forward", "loss", "gradients", "gradients_clipped", "updates"):
+        rows += recorded[stage]
+    rows += [("params_out", n, v) for n, v in leaves(after.params)]
+    rows += [("opt_state_out", n, v) for n, v in leaves(after.opt_state)]
+    rows += [("metrics", n, metrics[n]) for n in sorted(metrics)]
+    rows.append(("metrics", "finite", guard["finite"]))
+    here = [r for r in rows if not isinstance(r, int)]
+    # The batch's indices, labels and crops are a few numbers per clip: always whole (`bisect` reads them).
+    whole = [matches(f"{s}/{n}", keep) or (s == "batch" and n != "spectrogram") for s, n, _ in here]
+    summarized = iter(summarize([v for _, _, v in here], whole))
+    out = []
+    for r in rows:
+        if isinstance(r, int):
+            stage, name, shape, dtype = rec.computed[r]
+            s = summaries[r]
+        else:
+            stage, name, value = r
+            shape, dtype, s = tuple(np.shape(value)), np.dtype(value.dtype).name, next(summarized)
+        array = None if s.get("array") is None else np.asarray(s["array"])
+        stats = tuple(float(v) for v in s["stats"])
+        out.append(Entry(stage, name, shape, dtype, hex_digest(s["digest"]), stats, array))
+    return out
 
 
 def manifest(run: OpenRun, step: int) -> dict[str, Any]:
@@ -169,11 +175,10 @@ def manifest(run: OpenRun, step: int) -> dict[str, Any]:
 
 
 def keep_only(trace: Trace, patterns: Sequence[str]) -> Trace:
-    """The entries whose ``stage/name`` matches any of ``patterns`` (fnmatch; a bare stage keeps it)."""
+    """The entries whose ``stage/name`` matches any of ``patterns`` (see `matches`)."""
     if not patterns:
         return trace
-    pats = [p if any(c in p for c in "*?[/") else f"{p}/*" for p in patterns]
-    kept = [e for e in trace.entries if any(fnmatch.fnmatchcase(e.key, p) for p in pats)]
+    kept = [e for e in trace.entries if matches(e.key, patterns)]
     return Trace({**trace.manifest, "only": list(patterns)}, kept)
 
 
@@ -201,17 +206,21 @@ def trace_metrics(trace: Trace) -> dict[str, Any]:
     return {e.name: e.array for e in trace.entries if e.stage == "metrics" and e.name != "finite"}
 
 
-def trace_step(run_dir: Path, step: int, *, only: Sequence[str] = (), repeat: int = 1) -> Trace:
-    """Step ``step`` of ``run_dir`` re-executed and recorded (see the module doc). Raises `ReplayError`."""
+def trace_step(
+    run_dir: Path, step: int, *, only: Sequence[str] = (), keep: Sequence[str] = (), repeat: int = 1
+) -> Trace:
+    """Step ``step`` of ``run_dir`` re-executed and recorded (see the module doc), the tensors matching
+    ``keep`` whole; only the entries matching ``only``, if given. Raises `ReplayError`."""
     t0 = time.perf_counter()
     run = open_at(Path(run_dir), step)
     try:
-        trace, noise = record_step(run, repeat=repeat)
+        trace, noise = record_step(run, repeat=repeat, keep=keep)
         trace.manifest["matches_run"] = check_against_run(run, trace)
     finally:
         run.close()
     trace.manifest["repeat"] = repeat
     trace.manifest["noise"] = noise
+    trace.manifest["kept"] = list(keep)
     print(f"traced step {step} of {run_dir} in {time.perf_counter() - t0:.1f} s", flush=True)
     return keep_only(trace, only)
 

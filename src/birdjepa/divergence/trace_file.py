@@ -1,10 +1,12 @@
-"""A trace on disk: one zip file (readable with ``np.load``) of a JSON manifest and one ``.npy`` per tensor.
+"""A trace on disk: one zip file (readable with ``np.load``) of a JSON manifest and one ``.npy`` per
+tensor kept whole.
 
 The manifest keeps the order the step computes things in: ``entries`` lists every tensor as
-``{"stage", "name", "file", "shape", "dtype", "crc32"}`` in that order, beside the run, the step, the
-resolved config and how the step was re-executed. Every zip member has a fixed timestamp and the
-manifest holds no wall-clock time, so the same step traced twice gives the same bytes. bfloat16 and
-PRNG keys are stored as their bits (uint16 / uint32), with the real dtype in the manifest.
+``{"stage", "name", "shape", "dtype", "digest", "stats"}`` in that order (`birdjepa.train.digest`),
+with ``"file"`` where the tensor itself is stored, beside the run, the step, the resolved config and
+how the step was re-executed. Every zip member has a fixed timestamp and the manifest holds no
+wall-clock time, so the same step traced twice gives the same bytes. bfloat16 and PRNG keys are stored
+as their bits (uint16 / uint32), with the real dtype in the manifest.
 """
 
 from __future__ import annotations
@@ -18,10 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from birdjepa.train.checkpoint import leaf_hash
-
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2  # 1: every tensor whole, with a CRC-32 (birdjepa before digests)
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no wall clock in the file
 
 
@@ -33,7 +33,14 @@ class TraceFileError(ValueError):
 class Entry:
     stage: str
     name: str
-    array: np.ndarray
+    shape: tuple[int, ...]
+    dtype: str
+    digest: str
+    """16 hex digits (`birdjepa.train.digest`): equal exactly when the bits are."""
+    stats: tuple[float, ...]
+    """`birdjepa.train.digest.STATS`."""
+    array: np.ndarray | None = None
+    """The tensor, where it was kept whole (``--keep``, or small)."""
 
     @property
     def key(self) -> str:
@@ -45,9 +52,6 @@ class Trace:
     manifest: dict[str, Any]
     """Run, step, config, how it was re-executed (no tensors)."""
     entries: list[Entry] = dataclasses.field(default_factory=list)
-
-    def add(self, stage: str, name: str, value: Any) -> None:
-        self.entries.append(Entry(stage, name, np.asarray(value)))
 
     def stages(self) -> list[str]:
         return list(dict.fromkeys(e.stage for e in self.entries))
@@ -79,13 +83,15 @@ def write(trace: Trace, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
         for i, e in enumerate(trace.entries):
-            stored, dtype = _stored(np.ascontiguousarray(e.array))
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, stored, allow_pickle=False)
-            member = f"{i:05d}.npy"
-            z.writestr(zipfile.ZipInfo(member, _EPOCH), buf.getvalue())
-            rows.append({"stage": e.stage, "name": e.name, "file": member, "shape": list(e.array.shape),
-                         "dtype": dtype, "crc32": leaf_hash(stored)})  # fmt: skip
+            row = {"stage": e.stage, "name": e.name, "shape": list(e.shape), "dtype": e.dtype,
+                   "digest": e.digest, "stats": list(e.stats)}  # fmt: skip
+            if e.array is not None:
+                stored, _ = _stored(np.ascontiguousarray(e.array))
+                buf = io.BytesIO()
+                np.lib.format.write_array(buf, stored, allow_pickle=False)
+                row["file"] = f"{i:05d}.npy"
+                z.writestr(zipfile.ZipInfo(row["file"], _EPOCH), buf.getvalue())
+            rows.append(row)
         manifest = {"format": FORMAT, **trace.manifest, "entries": rows}
         z.writestr(zipfile.ZipInfo(MANIFEST, _EPOCH), json.dumps(manifest, indent=1, sort_keys=False) + "\n")
     tmp.replace(path)
@@ -97,11 +103,19 @@ def read(path: Path) -> Trace:
     try:
         with zipfile.ZipFile(path) as z:
             manifest = json.loads(z.read(MANIFEST))
+            if manifest.get("format") != FORMAT:
+                raise TraceFileError(f"{path}: trace format {manifest.get('format')}, this birdjepa reads "
+                                     f"format {FORMAT}: trace the step again")  # fmt: skip
             trace = Trace({k: v for k, v in manifest.items() if k != "entries"})
             for row in manifest["entries"]:
-                with z.open(row["file"]) as f:
-                    a = np.lib.format.read_array(f, allow_pickle=False)
-                trace.entries.append(Entry(row["stage"], row["name"], _restored(a, row["dtype"])))
+                a = None
+                if "file" in row:
+                    with z.open(row["file"]) as f:
+                        a = _restored(np.lib.format.read_array(f, allow_pickle=False), row["dtype"])
+                trace.entries.append(Entry(row["stage"], row["name"], tuple(row["shape"]), row["dtype"],
+                                           row["digest"], tuple(row["stats"]), a))  # fmt: skip
+    except TraceFileError:
+        raise
     except FileNotFoundError:
         raise TraceFileError(f"{path}: no such file") from None
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, ValueError) as e:

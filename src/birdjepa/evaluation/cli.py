@@ -45,11 +45,11 @@ class EvalData:
 
 def run_config(meta: dict[str, Any], where: str) -> PretrainConfig:
     """The `PretrainConfig` a checkpoint was written with."""
-    from birdjepa.slurm.sweep import SweepError, resolve
+    from birdjepa.config import ConfigError, resolve
 
     try:
         return resolve(PretrainConfig(), meta["config"], where)
-    except (SweepError, KeyError) as e:
+    except (ConfigError, KeyError) as e:
         raise EvaluateError(f"{where}: its configuration cannot be read by this version: {e}") from e
 
 

@@ -181,7 +181,7 @@ def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
 def _from_export(folder: Path) -> Encoder:
     from safetensors.numpy import load_file
 
-    from birdjepa.slurm.sweep import SweepError, resolve
+    from birdjepa.config import ConfigError, resolve
 
     card = json.loads((folder / CARD).read_text())
     if card.get("format") != FORMAT or card.get("version") != FORMAT_VERSION:
@@ -190,7 +190,7 @@ def _from_export(folder: Path) -> Encoder:
     try:
         model = resolve(ModelConfig(), card["model"], str(folder / CARD))
         features = resolve(Features(), card["features"], str(folder / CARD))
-    except SweepError as e:
+    except ConfigError as e:
         raise ExportError(str(e)) from e
     params = unflatten(load_file(str(folder / WEIGHTS)))
     return Encoder(model, features, int(card["batch_size"]), card["identity"], params)

@@ -99,6 +99,8 @@ class Row:
     verdict: str
     start: int | None = None
     """The common checkpoint bisect started from (None: step 0)."""
+    report: str = ""
+    """Bisect's whole report."""
 
     @property
     def ok(self) -> bool:
@@ -137,18 +139,20 @@ def train(runs: Path, run: str, data: tuple[str, ...], options: tuple[str, ...],
     return runs / run
 
 
-def run_pair(pair: Pair, runs: Path, data: tuple[str, ...] = ()) -> Row:
+def run_pair(pair: Pair, runs: Path, data: tuple[str, ...] = (), whole_first: bool | None = None) -> Row:
+    """Train the pair (run A once for all pairs that share it) and bisect it (``whole_first``: see
+    `birdjepa.divergence.bisect.bisect`)."""
     a = runs / (f"A-{pair.name}" if pair.base else "A")
     if not (a / "config.json").exists():
         train(runs, a.name, data, pair.base)
     b = train(runs, f"B-{pair.name}", data, (*pair.base, *pair.variant), pair.devices)
-    code, report, d = bisect(a, b)
+    code, report, d = bisect(a, b, whole_first=whole_first)
     first = d.first if d is not None else None
     found = (first.stage, first.name) if first is not None else None
     step = None if d is None else d.steps[0]
     verdict = report.rsplit("VERDICT: ", 1)[-1] if "VERDICT: " in report else report.splitlines()[-1]
     origin = re.search(r"side by side from checkpoint (\d+)", report)
-    return Row(pair, code, step, found, verdict, int(origin.group(1)) if origin else None)
+    return Row(pair, code, step, found, verdict, int(origin.group(1)) if origin else None, report)
 
 
 def run_matrix(runs: Path, pairs: tuple[Pair, ...] = PAIRS, data: tuple[str, ...] = ()) -> list[Row]:

@@ -30,8 +30,8 @@ from typing import Annotated, Any
 import jax
 import tyro
 
-from birdjepa import exit_codes, validation
-from birdjepa.config import PretrainConfig, to_dict
+from birdjepa import exit_codes, multihost, validation
+from birdjepa.config import ConfigError, PretrainConfig, to_dict
 from birdjepa.data import Batch
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
@@ -40,7 +40,6 @@ from birdjepa.pretrain.trainer import Trainer, make_callbacks
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.slurm import distributed
-from birdjepa.slurm.sweep import SweepError
 from birdjepa.train import checkpoint
 from birdjepa.train.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.train.compiled import compiled
@@ -90,7 +89,7 @@ def pretrain(cfg: PretrainConfig) -> int:
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     validation.check(cfg)  # before anything touches the run directory
     lease: Lease | None = None
-    if distributed.is_main():
+    if multihost.is_main():
         slurm = bool(os.environ.get("SLURM_JOB_ID"))  # a requeue may race its predecessor's last save
         try:
             lease = acquire(cfg.run_dir, wait_s=float(os.environ.get(LEASE_WAIT_ENV, 120)) if slurm else 0.0)
@@ -162,7 +161,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             print(f"WARNING {note}", flush=True)
         pending = next(loader)
         exit_code = t.check_resume(state, meta, pending, loader, loader_error)
-    if exit_code == 0 and distributed.is_main():  # the segment that trains (a refused one leaves it)
+    if exit_code == 0 and multihost.is_main():  # the segment that trains (a refused one leaves it)
         (cfg.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
 
     # Loop: step, evaluate, save.
@@ -188,7 +187,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         metrics["train/skipped_updates"] = float(state.skipped)
         metrics["train/step_time"] = time.perf_counter() - t0
         metrics["train/data_wait"] = t_data
-        metrics["dataloader/index_crc32"] = distributed.index_crc32(batch["index"][t.rows])
+        metrics["dataloader/index_crc32"] = multihost.index_crc32(batch["index"][t.rows])
         report = callbacks.step_end(StepEnd(step, batch, stats))
         metrics.update(report.metrics)
         for warning in report.warnings:
@@ -197,7 +196,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         if due(step, cfg.log_every, last) or report.must_log:
             # Post-update norms on host float64, as the checkpoint computes them; only when logged,
             # since it copies every parameter off the device.
-            norms = tree_norms(distributed.host(state.params), "param_norm")
+            norms = tree_norms(multihost.host(state.params), "param_norm")
             metrics.update({f"train/{k}": v for k, v in norms.items()})
             t.log.log(step, metrics)
         progress.step(step, metrics)
@@ -216,7 +215,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             )
 
         # Every process must stop at the same step: a signal seen by one is acted on by all.
-        stopping = step == cfg.stop_at_step or distributed.any_process(stop.signal is not None)
+        stopping = step == cfg.stop_at_step or multihost.any_process(stop.signal is not None)
         if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug_roundtrip_steps:
             try:
                 pending, saved = t.save(state, loader, callbacks, metrics)
@@ -280,7 +279,7 @@ def parse(args: Sequence[str]) -> PretrainConfig:
     where = f"{cfg.run_dir / 'checkpoints' / str(step)}"
     try:
         defaults, kept = resume_defaults(saved, where)
-    except SweepError as e:  # an option whose type changed: this birdjepa cannot take the run's value
+    except ConfigError as e:  # an option whose type changed: this birdjepa cannot take the run's value
         print(f"error: {e}; set it on the command line", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
     cfg = tyro.cli(PretrainConfig, args=args, default=defaults, prog="birdjepa pretrain")
@@ -295,7 +294,7 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
     deterministic_xla()
     distributed.initialize()
-    if not distributed.is_main():  # one console: process 0 speaks for the group
+    if not multihost.is_main():  # one console: process 0 speaks for the group
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     try:
         code = pretrain(cfg)

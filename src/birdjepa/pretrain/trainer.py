@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from birdjepa import exit_codes
+from birdjepa import exit_codes, multihost
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader
 from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, UpdateMonitorCallback
@@ -28,7 +28,6 @@ from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
 from birdjepa.pretrain.wandb_mirror import open_run
 from birdjepa.resume import checks as resume_check
-from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train import state as state_lib
 from birdjepa.train.checkpoint.space import mib
@@ -57,7 +56,7 @@ def git_commit() -> dict[str, Any]:
 
 def online_probe_metrics(probe_params: Any, held_out: Split) -> dict[str, float]:
     """The online probe (a health signal, not evidence of learning) on the held-out embeddings."""
-    head = distributed.host(probe_params["head"])
+    head = multihost.host(probe_params["head"])
     logits = held_out.features[ENCODER].astype(np.float64) @ head["kernel"] + head["bias"]
     m = probe_metrics(logits, held_out.labels)
     return {"eval/probe_ce": float(m["probe_ce"]), "eval/probe_acc": float(m["probe_acc"])}
@@ -86,7 +85,7 @@ class Trainer:
         self.cfg, self.model_cfg, self.ckpt = cfg, model_cfg, ckpt
         self.train_files, self.eval_files = files
         self.schedule = make_schedule(cfg.optim, total_updates(cfg), cfg.debug_plant)
-        self.main = distributed.is_main()
+        self.main = multihost.is_main()
         # What every checkpoint's meta repeats, computed once for the segment.
         self.config, self.git, self.machine = to_dict(cfg), git_commit(), machine_kind()
         devices = jax.devices()
@@ -96,7 +95,7 @@ class Trainer:
         self.n_devices = len(devices)
         print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
         self.fns = fns
-        self.rows = distributed.local_rows(fns.sharded, cfg.data.batch_size)
+        self.rows = multihost.local_rows(fns.sharded, cfg.data.batch_size)
         self.leaf_names: list[str] = []  # of the parameters, for the non-finite guard's report
         self.disk_warned = False
         self.evaluator = PeriodicEval(
@@ -113,8 +112,8 @@ class Trainer:
         """Embeddings of a host batch of spectrograms under ``params`` (sharded like a train batch)."""
 
         def apply(x: np.ndarray) -> np.ndarray:
-            return distributed.host(
-                self.fns.encode(params, distributed.global_batch({"s": x}, self.fns.sharded)["s"])
+            return multihost.host(
+                self.fns.encode(params, multihost.global_batch({"s": x}, self.fns.sharded)["s"])
             )
 
         return batched(apply, self.cfg.data.batch_size)
@@ -126,9 +125,9 @@ class Trainer:
     def next_step(self, state: TrainState, batch: Batch) -> resume_check.NextStep:
         """What step ``state.step`` will do with ``batch`` (recorded at save, re-derived on resume)."""
         key, _ = step_key(self.cfg, state.chain, state.step)
-        update = int(distributed.host(update_count(state.opt_state)))
-        accumulated = int(distributed.host(accumulation_progress(state.opt_state)))
-        loss = float(distributed.host(self.fns.loss_only(state.params, self.fns.on_device(batch), key)))
+        update = int(multihost.host(update_count(state.opt_state)))
+        accumulated = int(multihost.host(accumulation_progress(state.opt_state)))
+        loss = float(multihost.host(self.fns.loss_only(state.params, self.fns.on_device(batch), key)))
         return resume_check.NextStep.of(
             state.step, batch, key, update, float(self.schedule(update)), accumulated, loss, self.n_devices
         )

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from birdjepa.config import PretrainConfig, flatten, to_dict
-from birdjepa.slurm.sweep import resolve
+from birdjepa.config import PretrainConfig, flatten, resolve, to_dict
 from birdjepa.train.checkpoint import Checkpointer, CheckpointError
 
 #: What steers one segment, not the run: where it is, whether and how to resume, where to stop, the
@@ -55,7 +54,7 @@ def resume_defaults(saved: Mapping[str, Any], where: str) -> tuple[PretrainConfi
     """The defaults a resumed segment parses its command line against: this birdjepa's, with every
     option but `SEGMENT_ONLY` as ``saved`` (the config recorded at ``where``) holds it; and, as
     ``key=saved (default now X)``, the options where the two differ. Options this birdjepa no longer
-    has are left out; a value of another type raises `birdjepa.slurm.sweep.SweepError`."""
+    has are left out; a value of another type raises `birdjepa.config.ConfigError`."""
     defaults = flatten(to_dict(PretrainConfig()))
     recorded = {k: v for k, v in flatten(saved).items() if k not in SEGMENT_ONLY and k in defaults}
     kept = [f"{k}={recorded[k]} (default now {defaults[k]})" for k in sorted(recorded) if

@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,11 +32,11 @@ from typing import Annotated, Any
 import tyro
 
 from birdjepa import exit_codes, validation
-from birdjepa.config import PretrainConfig, flatten, to_dict
+from birdjepa.config import ConfigError, PretrainConfig, flatten, resolve, to_dict
 from birdjepa.validation import OptionError
 
 
-class SweepError(ValueError):
+class SweepError(ConfigError):
     """A sweep file or one of its configs is invalid (the message names file, config and key)."""
 
 
@@ -92,65 +91,6 @@ def load_sweep(path: Path) -> list[dict[str, Any]]:
     return [dict(c) for c in cfgs]
 
 
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in args)
-    if origin is typing.Literal:
-        return value in args
-    if origin is tuple:
-        if not isinstance(value, (tuple, list)):
-            return False
-        item = args[0] if args else Any
-        return all(_type_ok(v, item) for v in value)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is Path:
-        return isinstance(value, (str, Path))
-    if isinstance(hint, type):
-        return isinstance(value, hint)
-    return False
-
-
-def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any:
-    """``obj`` (a frozen dataclass) with the field at ``path`` set to ``value``, type-checked."""
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    name = path[0]
-    if name not in fields:
-        options = ", ".join(sorted(fields))
-        raise SweepError(f"{where}: unknown key {key!r} ({name!r} is not one of: {options})")
-    hint = typing.get_type_hints(type(obj))[name]
-    current = getattr(obj, name)
-    if len(path) > 1:
-        if not dataclasses.is_dataclass(current):
-            raise SweepError(f"{where}: unknown key {key!r} ({name!r} has no sub-options)")
-        return dataclasses.replace(obj, **{name: _replace(current, path[1:], value, where, key)})
-    if dataclasses.is_dataclass(current):
-        raise SweepError(f"{where}: key {key!r} is a group; set its fields ({key}.<field>)")
-    if not _type_ok(value, hint):
-        raise SweepError(f"{where}: key {key!r} = {value!r} has the wrong type (expected {hint})")
-    if isinstance(value, list):
-        value = tuple(value)
-    if hint is Path:
-        value = Path(value)
-    return dataclasses.replace(obj, **{name: value})
-
-
-def resolve(base: PretrainConfig, overrides: Mapping[str, Any], where: str) -> PretrainConfig:
-    cfg = base
-    for key, value in flatten(overrides).items():
-        cfg = _replace(cfg, key.split("."), value, where, key)
-    return cfg
-
-
 def to_flags(overrides: Mapping[str, Any]) -> list[str]:
     """`birdjepa pretrain` flags that set ``overrides`` (tyro's spelling: dashes, --flag/--no-flag)."""
     out: list[str] = []
@@ -183,7 +123,10 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
         overrides.setdefault("run", f"{Path(path).stem}-{i}")
         if runs_dir is not None:
             overrides.setdefault("log.runs_dir", str(Path(runs_dir).absolute()))
-        cfg = resolve(PretrainConfig(), overrides, where)
+        try:
+            cfg = resolve(PretrainConfig(), overrides, where)
+        except ConfigError as e:
+            raise SweepError(str(e)) from None
         flags = to_flags(overrides)
         parsed = tyro.cli(PretrainConfig, args=flags)
         if parsed != cfg:  # the job's command line must mean exactly this config

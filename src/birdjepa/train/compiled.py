@@ -17,9 +17,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from birdjepa import multihost
 from birdjepa.config import OptimConfig
 from birdjepa.model.vit import encoder_apply
-from birdjepa.slurm import distributed
 from birdjepa.train.optim import make_optimizer
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
@@ -50,7 +50,7 @@ class Compiled:
     def on_device(self, batch: Mapping[str, np.ndarray], *, nan: bool = False) -> dict[str, jax.Array]:
         """The global batch as arrays sharded over every process's devices (each gives its rows);
         ``nan``: its spectrograms made NaN (``--debug-nonfinite-steps``)."""
-        arrays = distributed.global_batch({k: batch[k] for k in BATCH_KEYS}, self.sharded)
+        arrays = multihost.global_batch({k: batch[k] for k in BATCH_KEYS}, self.sharded)
         if nan:
             arrays["spectrogram"] = arrays["spectrogram"] * np.float32(np.nan)
         return arrays
@@ -78,19 +78,3 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
     return Compiled(tx, replicated, sharded, train_step, loss_only, encode)
-
-
-def recording(spec: StepConfig, optim: OptimConfig, total_updates: int) -> Callable:
-    """The step that `birdjepa trace` runs beside the training one: the same function, with the same
-    shardings, that also returns what it computed on the way (`make_train_step`'s record). Nothing is
-    donated, so the training step can run after it on the same inputs. Built once per process."""
-    return _recording(spec, optim, total_updates, tuple(jax.devices()))
-
-
-@functools.lru_cache(maxsize=4)
-def _recording(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tuple) -> Callable:
-    fns = _build(spec, optim, total_updates, devices)
-    batch = {k: fns.sharded for k in BATCH_KEYS}
-    clip = optim.clip_norm if optim.grad_accum == 1 else 0.0  # accumulating: clipped at the update only
-    step = make_train_step(make_loss_fn(spec, record=True), fns.tx, clip_norm=clip)
-    return jax.jit(step, in_shardings=(fns.replicated, fns.replicated, batch, fns.replicated, None))

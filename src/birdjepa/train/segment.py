@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import optax
 
+from birdjepa import multihost
 from birdjepa.config import PretrainConfig
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
 from birdjepa.data.demo import ensure_demo_data
@@ -25,7 +26,6 @@ from birdjepa.diagnostics.monitor import check_due
 from birdjepa.faults import LATE_STEP
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
-from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled
@@ -109,7 +109,7 @@ def advance(
     params, opt_state, metrics, stats, guard = fns.train_step(
         state.params, state.opt_state, x.batch, x.key, x.check
     )
-    metrics, stats, guard = distributed.host((metrics, stats, guard))
+    metrics, stats, guard = multihost.host((metrics, stats, guard))
     finite = bool(guard["finite"])  # if not, params and opt_state are the ones given
     state = dataclasses.replace(
         state, step=state.step + 1, params=params, opt_state=opt_state, chain=x.chain,

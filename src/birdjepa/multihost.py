@@ -1,0 +1,66 @@
+"""The devices of every process of a run, seen from the host: a global batch made of each process's rows,
+arrays brought to the host, and the few values all processes must agree on.
+
+Every process runs the same loader over the same global batch stream and keeps the rows of its own
+devices (`local_rows`): the global batch, its indices and the loader state are the same for any process
+count. Each process decodes the whole global batch: a record that cannot be decoded shifts the batch
+boundaries, so a process cannot know which positions form its slice without decoding the others. Only
+process 0 writes logs and prints; every process takes part in checkpoint saves (Orbax writes once).
+Joining a group of processes is `birdjepa.slurm.distributed`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+
+def is_main() -> bool:
+    return jax.process_index() == 0
+
+
+def host(tree: Any) -> Any:
+    """Numpy copies of a tree of replicated (or local) arrays, readable in every process."""
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return np.asarray(x.addressable_data(0) if x.is_fully_replicated else x)
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
+def local_rows(sharding: NamedSharding, batch_size: int) -> slice:
+    """The rows of a global batch that this process's devices hold under a batch-sharded ``sharding``."""
+    devices = list(sharding.mesh.devices.flat)
+    per = batch_size // len(devices)
+    mine = sorted(i for i, d in enumerate(devices) if d.process_index == jax.process_index())
+    if mine != list(range(mine[0], mine[-1] + 1)):
+        raise ValueError(f"process {jax.process_index()} holds non-contiguous mesh positions {mine}")
+    return slice(mine[0] * per, (mine[-1] + 1) * per)
+
+
+def global_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """A global batch-sharded array per entry, each process contributing only its own rows."""
+    rows = local_rows(sharding, len(next(iter(batch.values()))))
+    return {k: jax.make_array_from_process_local_data(sharding, v[rows]) for k, v in batch.items()}
+
+
+def any_process(flag: bool) -> bool:
+    """True in every process if it is true in any (a stop request must be acted on by all together)."""
+    if jax.process_count() == 1:
+        return flag
+    return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], np.int32))))
+
+
+def index_crc32(local_index: np.ndarray) -> float:
+    """crc32 of the global batch's sample indices, put together from every process's rows (a
+    collective): equal across process counts exactly when the global batches are."""
+    if jax.process_count() > 1:
+        local_index = np.asarray(multihost_utils.process_allgather(local_index)).reshape(-1)
+    return float(zlib.crc32(np.ascontiguousarray(local_index, np.int64).tobytes()))
