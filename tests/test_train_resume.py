@@ -282,8 +282,10 @@ def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path,
     resumed = tmp_path / "verify-v" / "resumed"
     assert [e["reason"] for e in events(resumed, "stop")] == ["stop_at_step", "signal 15"]
     assert metrics_by_step(resumed)[2]["train/accum_progress"] == 1.0  # stopped with half an update
-    # At this level too, the trace's recording step computes the step that trained, bit for bit (the
-    # trace warns where its outputs' digests differ), and its outputs equal what the run logged.
+    # A trace at this level: its outputs (the training step's) equal what the run logged and saved. Its
+    # recording step, compiled apart, is not bit for bit the training step here (measured: a last bit of
+    # a gradient), and the trace says which output differs rather than call itself exact.
     done = birdjepa("trace", str(resumed), "--step", "7", "--out", str(tmp_path / "t.npz"), env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "outputs equal its logged metrics" in done.stdout and "WARNING" not in done.stdout, done.stdout
+    assert "outputs equal its logged metrics and its checkpoint" in done.stdout, done.stdout
+    assert "WARNING: the recording step's [0]['encoder']" in done.stdout, done.stdout

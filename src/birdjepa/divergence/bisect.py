@@ -248,8 +248,8 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
         else:
             where += f"{devices}, but this is more than a topology's last bits."
     if ta.manifest.get("inexact") or tb.manifest.get("inexact"):
-        where += (" The recorded tensors are within bfloat16 rounding of the training steps' own (XLA rounds "
-                  "otherwise when it records them); the outputs are exact.")  # fmt: skip
+        where += (" The recorded tensors are within rounding of the training steps' own (XLA fuses the "
+                  "recording step otherwise); the outputs are exact.")  # fmt: skip
     later = [st.stage for st in d.stages if not st.identical and st.stage != first.stage]
     consequence = f" Later stages that differ (consequences): {', '.join(later)}." if later else ""
     return where[0].upper() + where[1:] + changed + consequence

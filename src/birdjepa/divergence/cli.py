@@ -73,8 +73,8 @@ def summary(t: Any, path: Path) -> str:
     if m["inexact"] is not None:
         trained += (
             f"; WARNING: the recording step's {m['inexact']} differs from the training step's in its last "
-            "bits (bfloat16 on CPU: XLA rounds otherwise once intermediates are recorded), so the recorded "
-            "tensors are within rounding of the training step's, not its own"
+            "bits (XLA compiles the two apart and fuses the recording one otherwise at this optimisation "
+            "level or dtype), so the recorded tensors are within rounding of the training step's, not its own"
         )
     noise = f"; {len(m['noise'])} tensors differ between {m['repeat']} executions" if m["repeat"] > 1 else ""
     return (f"{path}: step {m['step']} from {origin}; {len(t.entries)} tensors ({whole} whole, the rest as "

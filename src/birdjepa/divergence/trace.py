@@ -5,9 +5,8 @@ the same inputs: first the recording step (`birdjepa.train.recording`: the train
 function and shardings, also summarizing on the device every tensor it computes), then the training
 step itself, the executable the loop runs, whose outputs become the run's next state and the trace's
 outputs. Their outputs' digests are compared (``inexact`` in the manifest: None where they agree bit
-for bit, so the recorded tensors are the training step's own); in float32 they agree at every
-optimisation level the project runs (the tests hold it). The training step's outputs are compared with
-what the run logged and checkpointed for step N: what the trace shows is the step that trained.
+for bit, so the recorded tensors are the training step's own; see `_first_inexact` for where they do
+not). The training step's outputs are compared with what the run logged and checkpointed for step N.
 
 Each tensor is recorded as its shape, dtype, exact digest and statistics (`birdjepa.train.digest`),
 and whole only where ``keep`` asks (or where it is small): a trace of a large model stays small, and
@@ -103,9 +102,9 @@ _copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one executable; ne
 
 def _first_inexact(recorded: list[np.ndarray], trained: tuple) -> str | None:
     """The first of the training step's outputs whose bits the recording step did not reproduce (None:
-    all equal). Float32 steps agree at every optimisation level the project runs (the tests hold it);
-    bfloat16 on CPU does not: XLA rounds some bfloat16 intermediates otherwise once the recording step
-    reads them (measured: recording the encoder's output tokens moves the last bits of the gradients)."""
+    all equal). On CPU they agree in float32 at the suite's -O0 (tested); at XLA's default level, and in
+    bfloat16 at any level, they do not: XLA fuses the recording executable otherwise once intermediates
+    are its outputs (measured: recording the encoder's output tokens moves the last bits of a gradient)."""
     named = leaves(trained)
     got = summarize([a for _, a in named], [False] * len(named))
     for (name, _), d, s in zip(named, recorded, got, strict=True):
