@@ -240,19 +240,20 @@ class ConfigError(ValueError):
     """A dict does not describe a config (the message names where it came from and the key)."""
 
 
-def _type_ok(value: Any, hint: Any) -> bool:
+def type_ok(value: Any, hint: Any) -> bool:
+    """Whether ``value`` (from JSON or a sweep file) can be a field annotated ``hint``."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return True
     if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in args)
+        return any(type_ok(value, a) for a in args)
     if origin is typing.Literal:
         return value in args
     if origin is tuple:
         if not isinstance(value, (tuple, list)):
             return False
         item = args[0] if args else Any
-        return all(_type_ok(v, item) for v in value)
+        return all(type_ok(v, item) for v in value)
     if hint is type(None):
         return value is None
     if hint is bool:
@@ -283,7 +284,7 @@ def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any
         return dataclasses.replace(obj, **{name: _replace(current, path[1:], value, where, key)})
     if dataclasses.is_dataclass(current):
         raise ConfigError(f"{where}: key {key!r} is a group; set its fields ({key}.<field>)")
-    if not _type_ok(value, hint):
+    if not type_ok(value, hint):
         raise ConfigError(f"{where}: key {key!r} = {value!r} has the wrong type (expected {hint})")
     if isinstance(value, list):
         value = tuple(value)

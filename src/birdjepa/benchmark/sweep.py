@@ -26,6 +26,7 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.benchmark import cli as benchmark_cli
+from birdjepa.config import type_ok
 from birdjepa.slurm import sweep as pretrain_sweep
 from birdjepa.slurm.sweep import SlurmOptions, SweepError, submit
 
@@ -56,8 +57,8 @@ def benchmark_flags(entry: dict[str, Any], where: str) -> list[str]:
             raise SweepError(f"{where}: unknown option {key!r} (one of: {allowed})")
         hint = typing.get_args(hints[key])[0] if typing.get_origin(hints[key]) is Annotated else hints[key]
         item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
-        ok = all(pretrain_sweep._type_ok(v, item) for v in value) if item and isinstance(value, list) \
-            else pretrain_sweep._type_ok(value, hint)  # fmt: skip
+        ok = all(type_ok(v, item) for v in value) if item and isinstance(value, list) \
+            else type_ok(value, hint)  # fmt: skip
         if not ok:
             raise SweepError(f"{where}: option {key!r} = {value!r} has the wrong type (expected {hint})")
         flags += [f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
