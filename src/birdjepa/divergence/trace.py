@@ -82,16 +82,22 @@ def record_step(
         params, opt_state = _copy((state.params, state.opt_state))
         copy = dataclasses.replace(state, params=params, opt_state=opt_state)
         after, metrics, stats, guard = advance(run.fns, cfg, copy, batch)
-        trained = (after.params, after.opt_state, metrics, stats, guard)
-        built = entries(run, state, batch, x.key, rec, summaries, after, metrics, guard, keep)
+        # The training step's outputs, summarized once: for the trace and for the check against the
+        # recording step's.
+        named = trained_outputs(after, metrics, stats, guard)
+        whole = [matches(f"{stage}/{name}", keep) for stage, name, _ in named]
+        done = list(zip(named, summarize([v for _, _, v in named], whole), strict=True))
+        built = entries(run, state, batch, x.key, rec, summaries, done, keep)
         traces.append(Trace(manifest(run, state.step), built))
         # None: the recorded tensors are the training step's own; else its first output they do not give.
-        traces[-1].manifest["inexact"] = _first_inexact(outputs, trained)
+        where = [name for name, _ in leaves((after.params, after.opt_state, metrics, stats, guard))]
+        traces[-1].manifest["inexact"] = _first_inexact(outputs, done, where)
     noise: dict[str, float | None] = {}
     for other in traces[1:]:
         for stage in diff_traces(traces[0], other).stages:
             for d in stage.differing:
-                key, was = f"{d.stage}/{d.name}", noise.get(f"{d.stage}/{d.name}", 0.0)
+                key = f"{d.stage}/{d.name}"
+                was = noise.get(key, 0.0)
                 noise[key] = None if not d.exact or was is None else max(was, d.max_abs)
     run.state = after
     return traces[0], noise
@@ -100,14 +106,29 @@ def record_step(
 _copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one executable; new buffers (nothing donated)
 
 
-def _first_inexact(recorded: list[np.ndarray], trained: tuple) -> str | None:
+def trained_outputs(after: Any, metrics: dict, stats: Any, guard: dict) -> list[tuple[str, str, Any]]:
+    """The training step's outputs as ``(stage, name, value)``, in `jax.tree` order of the step's
+    ``(params, opt_state, metrics, stats, guard)`` (dicts by sorted key), as the recording step digests
+    them. The monitor's statistics and the guard are checked, not traced (but ``finite``)."""
+    return [
+        *(("params_out", n, v) for n, v in leaves(after.params)),
+        *(("opt_state_out", n, v) for n, v in leaves(after.opt_state)),
+        *(("metrics", n, metrics[n]) for n in sorted(metrics)),
+        *(("monitor", n, v) for n, v in leaves(stats)),
+        *(("guard", n.strip("[]'"), v) for n, v in leaves(guard)),
+    ]
+
+
+#: A training step output with its summary: ``((stage, name, value), summary)``.
+Summarized = tuple[tuple[str, str, Any], dict]
+
+
+def _first_inexact(recorded: list[np.ndarray], trained: list[Summarized], names: list[str]) -> str | None:
     """The first of the training step's outputs whose bits the recording step did not reproduce (None:
     all equal). On CPU they agree in float32 at the suite's -O0 (tested); at XLA's default level, and in
     bfloat16 at any level, they do not: XLA fuses the recording executable otherwise once intermediates
     are its outputs (measured: recording the encoder's output tokens moves the last bits of a gradient)."""
-    named = leaves(trained)
-    got = summarize([a for _, a in named], [False] * len(named))
-    for (name, _), d, s in zip(named, recorded, got, strict=True):
+    for (_, s), d, name in zip(trained, recorded, names, strict=True):  # named as the step's output tuple
         if hex_digest(d) != hex_digest(s["digest"]):
             return name
     return None
@@ -115,44 +136,48 @@ def _first_inexact(recorded: list[np.ndarray], trained: tuple) -> str | None:
 
 def entries(
     run: OpenRun, state: Any, batch: Any, key: jax.Array, rec: Recording, summaries: list[dict],
-    after: Any, metrics: dict[str, Any], guard: dict[str, Any], keep: Sequence[str],
+    trained: list[Summarized], keep: Sequence[str],
 ) -> list[Entry]:  # fmt: skip
     """The trace's entries, in `STAGES` order: what the step computed on the way from the recording
-    step (summarized on the device), the rest (batch, state in and out, metrics) summarized here."""
+    step (summarized on the device), the step's outputs as `trained_outputs` summarized them, and the
+    rest (batch, keys, optimizer, state going in) summarized here."""
     cfg = run.cfg
-    rows: list[tuple[str, str, Any] | int] = []  # (stage, name, value), or the index of a recorded one
-    rows += [("batch", name, batch[name]) for name in BATCH_ARRAYS if name in batch]
-    rows.append(("keys", "step", jax.random.key_data(key)))
+    metrics = {name: value for (stage, name, value), _ in trained if stage == "metrics"}
+    # Each row: (stage, name, value, its summary, or None until summarized below), or the index of a
+    # tensor the recording step summarized.
+    rows: list[tuple[str, str, Any, dict | None] | int] = []
+    rows += [("batch", name, batch[name], None) for name in BATCH_ARRAYS if name in batch]
+    rows.append(("keys", "step", jax.random.key_data(key), None))
     recorded = {stage: [i for i, c in enumerate(rec.computed) if c[0] == stage] for stage in STAGES}
     rows += recorded["keys"] + recorded["draws"]
     update = int(multihost.host(update_count(state.opt_state)))
     table = lr_table(cfg.optim, total_updates(cfg), cfg.debug_plant)  # schedule(u), read on the host
     rows += [
-        ("optimizer", "update_count", np.int32(update)),
-        ("optimizer", "accumulation", multihost.host(accumulation_progress(state.opt_state))),
-        ("optimizer", "lr", metrics["train/lr"]),
-        ("optimizer", "schedule_lr", np.float32(table[min(update, len(table) - 1)])),
+        ("optimizer", "update_count", np.int32(update), None),
+        ("optimizer", "accumulation", multihost.host(accumulation_progress(state.opt_state)), None),
+        ("optimizer", "lr", metrics["train/lr"], None),
+        ("optimizer", "schedule_lr", np.float32(table[min(update, len(table) - 1)]), None),
     ]
-    rows += [("params_in", n, v) for n, v in leaves(state.params)]
-    rows += [("opt_state_in", n, v) for n, v in leaves(state.opt_state)]
+    rows += [("params_in", n, v, None) for n, v in leaves(state.params)]
+    rows += [("opt_state_in", n, v, None) for n, v in leaves(state.opt_state)]
     for stage in ("forward", "loss", "gradients", "gradients_clipped", "updates"):
         rows += recorded[stage]
-    rows += [("params_out", n, v) for n, v in leaves(after.params)]
-    rows += [("opt_state_out", n, v) for n, v in leaves(after.opt_state)]
-    rows += [("metrics", n, metrics[n]) for n in sorted(metrics)]
-    rows.append(("metrics", "finite", guard["finite"]))
-    here = [r for r in rows if not isinstance(r, int)]
+    for (stage, name, value), summary in trained:
+        if stage in ("params_out", "opt_state_out", "metrics") or (stage, name) == ("guard", "finite"):
+            rows.append(("metrics" if stage == "guard" else stage, name, value, summary))
+    pending = [r for r in rows if not isinstance(r, int) and r[3] is None]
     # The batch's indices, labels and crops are a few numbers per clip: always whole (`bisect` reads them).
-    whole = [matches(f"{s}/{n}", keep) or (s == "batch" and n != "spectrogram") for s, n, _ in here]
-    summarized = iter(summarize([v for _, _, v in here], whole))
+    whole = [matches(f"{s}/{n}", keep) or (s == "batch" and n != "spectrogram") for s, n, _, _ in pending]
+    summarized = iter(summarize([v for _, _, v, _ in pending], whole))
     out = []
     for r in rows:
         if isinstance(r, int):
             stage, name, shape, dtype = rec.computed[r]
             s = summaries[r]
         else:
-            stage, name, value = r
-            shape, dtype, s = tuple(np.shape(value)), np.dtype(value.dtype).name, next(summarized)
+            stage, name, value, s = r
+            s = s if s is not None else next(summarized)
+            shape, dtype = tuple(np.shape(value)), np.dtype(value.dtype).name
         array = None if s.get("array") is None else np.asarray(s["array"])
         stats = tuple(float(v) for v in s["stats"])
         out.append(Entry(stage, name, shape, dtype, hex_digest(s["digest"]), stats, array))
