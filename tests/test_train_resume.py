@@ -280,12 +280,15 @@ def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path,
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "max_abs_diff=0.0"
     resumed = tmp_path / "verify-v" / "resumed"
-    assert [e["reason"] for e in events(resumed, "stop")] == ["stop_at_step", "signal 15"]
+    stops = events(resumed, "stop")
+    assert [e["reason"] for e in stops] == ["stop_at_step", "signal 15"]
     assert metrics_by_step(resumed)[2]["train/accum_progress"] == 1.0  # stopped with half an update
-    # A trace at this level: its outputs (the training step's) equal what the run logged and saved. Its
-    # recording step, compiled apart, is not bit for bit the training step here (measured: a last bit of
-    # a gradient), and the trace says which output differs rather than call itself exact.
-    done = birdjepa("trace", str(resumed), "--step", "7", "--out", str(tmp_path / "t.npz"), env=env)
+    # A trace at this level of the step the SIGTERM's checkpoint saved (6 or later, as the signal lands):
+    # its outputs (the training step's) equal what the run logged and saved. Its recording step, compiled
+    # apart, is not bit for bit the training step here (measured: a last bit of a gradient), and the trace
+    # says which output differs rather than call itself exact.
+    signalled = str(stops[1]["step"])
+    done = birdjepa("trace", str(resumed), "--step", signalled, "--out", str(tmp_path / "t.npz"), env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "outputs equal its logged metrics and its checkpoint" in done.stdout, done.stdout
     assert "WARNING: the recording step's [0]['encoder']" in done.stdout, done.stdout
