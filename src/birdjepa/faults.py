@@ -61,6 +61,7 @@ Plant = Literal[
     "decay_skips_biases_and_norms",
     "mlp_between_fc1_and_fc2",
     "block_residual_scale",
+    "noisy_execution",
 ]
 
 PLANTS: tuple[str, ...] = typing.get_args(Plant)
@@ -87,6 +88,11 @@ EXPECTED_DIFFERENCE = {
     ),  # Mlp's activation
     "block_residual_scale": ("forward", "global/encoder/block_0/DropPath_0.__call__#1/in"),  # 2nd call only
 }
+
+#: ``noisy_execution`` has no entry above: it makes a run differ from *itself*, one execution from the next
+#: (the first block's input scaled by `PLANT_SCALE` on every other one, `train.step.execution_parity`),
+#: as a GPU's non-deterministic reductions do. Twin runs started in another phase differ, and `bisect
+#: --repeat 2` must call that difference noise, not a bug.
 
 #: Where in the code bisect must say a forward difference arose (a piece of its verdict).
 EXPECTED_REGION = {

@@ -105,34 +105,57 @@ def _differs(x: Any, y: Any) -> bool:
     return x != y and not both_nan
 
 
-def first_differing_step(a: Path, b: Path, s: Search) -> int | None:
-    """Step both runs side by side from ``s.start`` until anything differs: batch, key, outputs."""
+def first_differing_step(a: Path, b: Path, s: Search) -> tuple[int | None, str | None]:
+    """Step both runs side by side from ``s.start`` until anything differs: batch, key, outputs. Returns
+    ``(step, noisy)``: ``noisy`` says how a run's step there differed between two executions here (then
+    its replays mean nothing, and its difference from the other run is to be measured against the noise
+    floor), else None."""
     begin = 0 if s.start is None else s.start + 1
     end = min(x for x in (s.first_logged, s.first_ckpt, s.last) if x is not None)
     if begin > end:  # the newest agreeing checkpoint is the last step both ran
-        return None
+        return None, None
     ra, rb = open_at(a, begin), open_at(b, begin)
     try:
         for step in range(begin, end + 1):
             ba, bb = ra.batch(), rb.batch()
             if _differ(ba, bb) or _differ(_key(ra), _key(rb)):
-                return step
-            ma, mb = ra.step(ba), rb.step(bb)
-            for run, metrics in ((ra, ma), (rb, mb)):
-                mismatch = first_mismatch(run.logged.get(step, {}), metrics)
-                if mismatch is not None:  # this code does not compute what trained that run
+                return step, None
+            metrics = []
+            for run, batch in ((ra, ba), (rb, bb)):
+                metrics.append(run.step(batch))
+                mismatch = first_mismatch(run.logged.get(step, {}), metrics[-1])
+                if mismatch is not None:  # other code, another machine, or a step that varies
+                    noisy = varies_between_executions(run.run_dir, step, metrics[-1])
+                    if noisy is not None:
+                        return step, f"{run.run_dir}: {noisy}"
                     name, logged, now = mismatch
                     raise ReplayError(
                         f"{run.run_dir}: step {step} does not re-execute as it ran ({name} logged "
                         f"{logged!r}, now {now!r}): it was trained by other code or on another machine; "
                         "trace each run from its own checkout and compare with `birdjepa diff-trace`"
                     )
+            ma, mb = metrics
             if ma != mb or _differ(ra.state.arrays(), rb.state.arrays()):
-                return step
+                return step, None
     finally:
         ra.close()
         rb.close()
-    return None
+    return None, None
+
+
+def varies_between_executions(run_dir: Path, step: int, first: dict[str, float]) -> str | None:
+    """How step ``step`` differs when executed once more on the same inputs (None: it does not): a step
+    that is not deterministic on this machine."""
+    again = open_at(run_dir, step)
+    try:
+        second = again.step(again.batch())
+    finally:
+        again.close()
+    mismatch = first_mismatch(first, second)
+    if mismatch is None:
+        return None
+    name, x, y = mismatch
+    return f"step {step} is not the same in two executions on its inputs here ({name}: {x!r}, then {y!r})"
 
 
 def _key(run: Any) -> Any:
@@ -220,6 +243,13 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
     harmless, breaking = d.config
     changed = f" Config: {'; '.join(breaking)}." if breaking else " The configs agree."
     if first is None:
+        noise = {k for t in (ta, tb) for k in t.manifest.get("noise", {})}
+        if noise:
+            return (
+                f"No tensor differs at step {step} beyond what the step itself varies: {len(noise)} tensors "
+                f"differ between executions of it on the same inputs (measured with --repeat {repeat}). The "
+                f"runs' difference is at the noise floor: not a bug.{changed}"
+            )
         return f"No tensor differs at step {step}.{changed}"
     order = [st.stage for st in d.stages]
     before = [st.stage for st in d.stages[: order.index(first.stage)] if st.identical and st.compared]
@@ -278,10 +308,13 @@ def bisect(
     )
     here = jax.device_count()
     if all(d in (None, here) for d in s.devices):
-        step = first_differing_step(a, b, s)
+        step, noisy = first_differing_step(a, b, s)
         origin = f"checkpoint {s.start}" if s.start is not None else "step 0"
         found = f"first differ at step {step}" if step is not None else "no step differs"
         lines.append(f"side by side from {origin}: {found}")
+        if noisy is not None:  # the noise floor decides what of the difference is real
+            repeat = max(repeat, 2)
+            lines.append(f"{noisy}: tracing it with --repeat {repeat} to measure its noise floor")
     else:  # another topology: each run is re-executed in its own process, at the first logged difference
         known = [x for x in (s.first_logged, s.first_ckpt) if x is not None]
         step = min(known) if known else None

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from birdjepa.config import NO_AUGMENT, AugmentConfig, ObjectiveConfig, PretrainConfig
@@ -116,17 +119,34 @@ def plant_pos_embed_bf16(params: Any) -> Any:
 PLANT_SCALE = 1.0 + 2.0**-10
 """How much the forward plants scale one call's input: a few hundred ulps, as a changed constant would."""
 
+NOISE_PHASE_ENV = "BIRDJEPA_DEBUG_NOISE_PHASE"
+"""``--debug-plant noisy_execution``: whether a process's first execution of a step is the scaled one
+(1) or not (0, the default); this stands in for what makes a GPU's atomics differ from run to run."""
+
+
+def execution_parity() -> jax.Array:
+    """0 or 1, alternating on every execution of the function being compiled (its own count, starting at
+    $BIRDJEPA_DEBUG_NOISE_PHASE): a host callback, so no two consecutive executions are the same. One
+    device only (each device would count)."""
+    count = itertools.count(int(os.environ.get(NOISE_PHASE_ENV, "0")))
+    return jax.pure_callback(lambda: np.float32(next(count) % 2), jax.ShapeDtypeStruct((), jnp.float32))
+
 
 @contextlib.contextmanager
 def planted(plant: str | None) -> Iterator[None]:
     """``--debug-plant`` of a code change inside a module (`birdjepa.faults`): one call's input scaled
-    by `PLANT_SCALE` on its way from the caller, as if the caller's code between two calls changed."""
-    target = {"mlp_between_fc1_and_fc2": ("fc2", 0), "block_residual_scale": ("DropPath_0", 1)}.get(
-        plant or ""
-    )
+    by `PLANT_SCALE` on its way from the caller, as if the caller's code between two calls changed;
+    ``noisy_execution``: the first block's input scaled on every other execution (`execution_parity`)."""
+    targets = {
+        "mlp_between_fc1_and_fc2": ("fc2", 0),
+        "block_residual_scale": ("DropPath_0", 1),
+        "noisy_execution": ("block_0", 0),
+    }
+    target = targets.get(plant or "")
     if target is None:
         yield
         return
+    scale = 1.0 + (PLANT_SCALE - 1.0) * execution_parity() if plant == "noisy_execution" else PLANT_SCALE
     calls: dict[tuple, int] = {}
 
     def interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
@@ -135,7 +155,7 @@ def planted(plant: str | None) -> Iterator[None]:
             k = calls.get(module.path, 0)
             calls[module.path] = k + 1
             if k == target[1]:  # this module's k-th call
-                args = (args[0] * PLANT_SCALE, *args[1:])
+                args = (args[0] * jnp.asarray(scale, args[0].dtype), *args[1:])
         return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(interceptor):
