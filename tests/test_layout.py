@@ -3,13 +3,16 @@
 Python: the package's folders (and top-level modules) form floors, listed top first in `FLOORS`; a
 module imports only from its own floor or below, no two modules import each other through any chain,
 and no module is over 600 lines. Rust: no circle among the core crate's top-level modules
-(``use crate::x`` / ``crate::x::``). No JAX is imported; the files are read as text.
+(``use crate::x`` / ``crate::x::``). The files are read as text; one test imports the modules that
+must load without JAX, in a process of its own.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,3 +143,38 @@ def test_the_checker_sees_a_circle_and_an_import_that_runs_up() -> None:
     """The rules above on a made-up graph, so a green run means the tree obeys them."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert floor("birdjepa.train.step") > floor("birdjepa.pretrain.loop")
+
+
+def test_the_options_and_their_checks_import_no_jax() -> None:
+    """`birdjepa sweep` checks a sweep file's options before anything trains: config, validation, the
+    fault catalogue and the exit codes load without JAX (seconds of import on a login node)."""
+    code = (
+        "import sys, birdjepa.config, birdjepa.validation, birdjepa.faults, birdjepa.exit_codes; "
+        "print(sorted(m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_every_exit_code_is_spelled_once_in_exit_codes() -> None:
+    """No command exits with a number written in place: `SystemExit(2)` elsewhere would be a second
+    definition of what 2 means (a message, `SystemExit("...")`, exits `FAILED`)."""
+    literal = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "exit_codes.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "SystemExit",
+                "exit",
+                "_exit",
+            ):
+                codes = [x for x in node.args if not isinstance(x, ast.JoinedStr)]  # not a message's numbers
+                ints = [
+                    a
+                    for x in codes
+                    for a in ast.walk(x)
+                    if isinstance(a, ast.Constant) and type(a.value) is int
+                ]
+                literal += [f"{path.relative_to(PACKAGE)}:{node.lineno}" for a in ints if a.value != 0]
+    assert not literal, literal

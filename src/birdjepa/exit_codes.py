@@ -6,6 +6,9 @@ fail the same way".
 
 from __future__ import annotations
 
+#: The command's answer is no (two runs or traces differ) or its input could not be used; also what
+#: ``SystemExit("message")`` exits with.
+FAILED = 1
 #: A command line that cannot work (the shell's and argparse's usage error).
 USAGE = 2
 #: A resume check failed or no checkpoint verifies: requeueing would fail the same way (EX_DATAERR).

@@ -18,6 +18,7 @@ from birdjepa.data.birdset_standin import DEFAULT_BIRDSET, generate_birdset
 from birdjepa.data.demo import DEFAULT, generate_demo_data
 from birdjepa.data.scale_set import ScaleConfig, generate_scale_set
 from birdjepa.data.synth.config import DemoConfig
+from birdjepa.exit_codes import FAILED
 
 
 def cli(
@@ -64,7 +65,7 @@ def cli(
             generate_scale_set(out, scale, workers=workers, overwrite=overwrite, verbose=True)
     except (FileExistsError, ValueError) as e:
         print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(FAILED) from None
 
 
 def print_birdset(out: Path, seconds: float) -> None:

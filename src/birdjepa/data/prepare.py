@@ -29,6 +29,7 @@ import soundfile as sf
 import tyro
 
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardFormat, ShardWriter, write_vocab
+from birdjepa.exit_codes import FAILED
 
 AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
 """Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3)."""
@@ -266,4 +267,4 @@ def cli(
         )
     except (PrepareError, FileExistsError) as e:
         print(f"birdjepa prepare: error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(FAILED) from None

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import tyro
 
 from birdjepa import exit_codes
+from birdjepa.exit_codes import FAILED
 
 RUN = Annotated[Path, tyro.conf.Positional]
 
@@ -93,7 +94,7 @@ def diff_trace(a: RUN, b: RUN) -> None:
         _fail(e)
     d = diff_traces(ta, tb)
     print(f"A {a}\nB {b}\n{d.report()}", flush=True)
-    raise SystemExit(0 if d.identical else 1)
+    raise SystemExit(0 if d.identical else FAILED)
 
 
 def bisect(

@@ -23,7 +23,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, Features, Loader, resolve_files
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
-from birdjepa.exit_codes import USAGE
+from birdjepa.exit_codes import FAILED, USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply, init_params
 from birdjepa.train import checkpoint
@@ -229,7 +229,7 @@ def cli(
         rows, doc = evaluate_checkpoint(run, step, data, batch_size=batch_size, n_workers=n_workers, out=out)
     except (EvaluateError, DataError, checkpoint.CheckpointError) as e:
         print(f"birdjepa evaluate: error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(FAILED) from None
     finally:
         if lease is not None:
             lease.release()
