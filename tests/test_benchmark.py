@@ -131,3 +131,20 @@ def test_single_label_probes_score_as_evaluate_predicts() -> None:
         scores = fit_and_score(probe, x_train, train_targets, x_test)
         assert scores.shape == (20, 5) and (scores[:, 4] == 0).all()
         assert np.array_equal(scores.argmax(axis=1), reference(x_train, y_train, x_test, y_test).predictions)
+
+
+def test_the_table_gives_each_metric_s_mean_over_seeds_and_half_their_spread() -> None:
+    from birdjepa.benchmark.cli import format_table
+
+    base = {"task": "T", "backbone": "raw", "probe": "linear", "n": 1, "auroc": 0.5, "top1": 0.25}
+    text = format_table([{**base, "seed": 0, "cmap": 0.5}, {**base, "seed": 1, "cmap": 0.75}])
+    head, row = (line.split() for line in text.splitlines())
+    assert head == ["task", "backbone", "probe", "n", "cmap", "auroc", "top1", "seeds"]
+    assert row == ["T", "raw", "linear", "1", "0.625", "±0.125", "0.500", "±0.000", "0.250", "±0.000", "2"]
+
+
+def test_a_split_without_a_list_column_is_scored_on_the_one_hot_of_its_label() -> None:
+    from birdjepa.benchmark.backbones import _one_hot
+
+    expected = np.array([[0, 0, 1], [0, 0, 0], [1, 0, 0]], np.uint8)  # a missing label (-1): no class
+    assert np.array_equal(_one_hot(np.array([2, -1, 0]), 3), expected)

@@ -242,6 +242,10 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     folder = export(tiny_run, tmp_path / "export")
     card = json.loads((folder / "encoder.json").read_text())
     assert card["identity"].startswith("run:eval@5#") and card["checkpoint"]["step"] == 5
+    from safetensors.numpy import load_file
+
+    names = set(load_file(folder / "model.safetensors"))  # as the README shows them
+    assert "encoder/block_0/attn/qkv/kernel" in names and all(n.startswith("encoder/") for n in names)
     for source in (folder, tiny_run):  # an export, and the run itself
         encoder = birdjepa.load_encoder(source)
         assert encoder.identity == card["identity"]
@@ -301,8 +305,11 @@ def hf_birdset_split(birdset_dir: Path, task: str, split: str, out: Path) -> Pat
 def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     tiny_run: Path, birdset_dir: Path, tmp_path: Path, capsys, monkeypatch
 ):
+    import pyarrow.dataset
+
     from birdjepa.benchmark import store
     from birdjepa.cli import main
+    from birdjepa.export.cli import export
 
     train = hf_birdset_split(birdset_dir, "SYN2", "train", tmp_path / "train")
     test = hf_birdset_split(birdset_dir, "SYN2", "test_5s", tmp_path / "test_5s")
@@ -336,16 +343,27 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     # The test-only class of the UHH-like task is said once and scored.
     assert out.count("WARNING SYN2: 1 test classes have no train recording") == 1
     assert "cmap" in out and "30 results" in out
+    # Where the time went: the backbones, each embedding pass (and its encoders' share), the probes.
+    assert "backbones ready in " in out and "probes: 30 fitted in " in out, out
+    assert "train split: one pass in " in out and " s of it in the encoders" in out, out
     # Again: everything is in the store, nothing is embedded or fitted again.
     main(args)
     out = capsys.readouterr().out
     assert "probes: 0 fitted" in out and "30 already in the store" in out and "(cached)" in out
     assert store.read(results).to_pylist() == rows
+    assert pyarrow.dataset.dataset(results / "rows").count_rows() == 30  # the README's way to read it
+    # The run's export, and the run named at its step, are the same backbone: already in the store.
+    for backbone in (str(export(tiny_run, tmp_path / "export")), f"{tiny_run}@5"):
+        main(["benchmark", "--backbone", backbone, *args[args.index("--train") : args.index("--step")],
+              "--results", str(results)])  # fmt: skip
+        assert "6 already in the store" in capsys.readouterr().out
     # The store as a table and as the few-shot figure.
     main(["benchmark", "--table", str(results), "--plot", str(tmp_path / "curves.png")])
     table = capsys.readouterr().out.splitlines()
     assert table[1].split() == ["backbone", "probe", "n", "SYN2"] and len(table) == 2 + 30 + 1  # + "wrote"
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    main(["benchmark", "--table", str(results), "--metric", "auroc"])
+    assert capsys.readouterr().out.startswith("auroc, mean over seeds")
     # The notebook draws the same store headless.
     figure = run_notebook("benchmark", results_path=str(results))["curves_fig"]
     assert [ax.get_title() for ax in figure.axes] == ["SYN2"]

@@ -147,9 +147,9 @@ def test_racers_for_a_free_or_stale_lease_give_exactly_one_winner(tmp_path: Path
 def test_read_only_commands_answer_on_a_live_run_take_no_lease_and_change_nothing(
     demo_dir: Path, tmp_path: Path, capsys
 ) -> None:
-    """compare, analyze, trace and bisect on a run whose trainer is mid-run (stopped with SIGSTOP after
-    its checkpoint 1, so the commands meet it there every time): each answers, the lease stays the
-    trainer's, and the run, resumed with SIGCONT, equals its straight run."""
+    """compare, analyze, trace, bisect and evaluate --out on a run whose trainer is mid-run (stopped with
+    SIGSTOP after its checkpoint 1, so the commands meet it there every time): each answers, the lease
+    stays the trainer's, and the run, resumed with SIGCONT, equals its straight run."""
     import signal
 
     from birdjepa.cli import main
@@ -173,6 +173,7 @@ def test_read_only_commands_answer_on_a_live_run_take_no_lease_and_change_nothin
             ("analyze", [str(run), "--out", str(tmp_path / "analysis")]),
             ("trace", [str(run), "--step", "1", "--out", str(tmp_path / "t.npz")]),
             ("bisect", [str(run), str(straight)]),
+            ("evaluate", [str(run), "--out", str(tmp_path / "eval.json")]),
         ]:
             try:
                 main([name, *args])
@@ -187,7 +188,12 @@ def test_read_only_commands_answer_on_a_live_run_take_no_lease_and_change_nothin
 
         first_missing = max(metrics_by_step(run)) + 1
         assert first_missing < 8, "the trainer finished before it was stopped: nothing live to meet"
-        assert codes == {"compare": 1, "analyze": 0, "trace": 0, "bisect": 0}, said
+        assert codes == {"compare": 1, "analyze": 0, "trace": 0, "bisect": 0, "evaluate": 0}, said
+        assert set(json.loads((tmp_path / "eval.json").read_text())["rows"]) == {
+            "encoder",
+            "random_init",
+            "raw",
+        }
         assert f"step {first_missing}: (None, " in out.out, said
         assert f"step {first_missing - 1}: (" not in out.out and "Traceback" not in said
         assert json.loads((run / LEASE_FILE).read_text()) == lease  # still the trainer's, untouched

@@ -164,3 +164,30 @@ def test_restore_rejects_other_data_and_stream_config(demo_dir: Path) -> None:
         train_loader(demo_dir, seed=4, state=state)
     # n_workers only changes speed, so it may change across a resume.
     take(train_loader(demo_dir, n_workers=1, state=state), 1)
+
+
+def test_a_folder_a_glob_and_a_list_of_its_shards_are_one_data_set(demo_dir: Path) -> None:
+    shards = sorted(str(p) for p in (demo_dir / "train").glob("*.arrow"))
+    assert len(shards) > 1
+    folder = take(Loader(demo_dir / "train", seed=3, batch_size=4), 3)
+    pattern = str(demo_dir / "train" / "*.arrow")
+    assert_same_batches(folder, take(Loader(pattern, seed=3, batch_size=4), 3))
+    assert_same_batches(folder, take(Loader(shards[::-1], seed=3, batch_size=4), 3))  # sorted first
+
+
+def test_a_shard_index_that_cannot_be_written_beside_its_shard_goes_under_the_cache_folder(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shard's row index is cached beside it (``.NAME.bjindex.json``) or, where that cannot be
+    written (a read-only data folder; here the name is taken by a folder, as root writes anywhere),
+    under ``$BIRDJEPA_CACHE/index``: the next start finds it there."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for shard in sorted((demo_dir / "train").glob("*.arrow"))[:2]:
+        (data / shard.name).write_bytes(shard.read_bytes())
+        (data / f".{shard.name}.bjindex.json" / "taken").mkdir(parents=True)
+    monkeypatch.setenv("BIRDJEPA_CACHE", str(tmp_path / "cache"))
+    first = take(Loader(data, seed=3, batch_size=4), 2)
+    cached = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "cache" / "index").glob("*.json"))
+    assert cached == sorted(f"{p.name}.json" for p in data.glob("*.arrow"))
+    assert_same_batches(first, take(Loader(data, seed=3, batch_size=4), 2))

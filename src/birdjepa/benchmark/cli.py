@@ -200,8 +200,8 @@ def run_task(
 
 
 def format_table(rows: list[dict], metrics: tuple[str, ...] = ("cmap", "auroc", "top1")) -> str:
-    """One line per (task, backbone, probe, n): each metric's mean over seeds (± the spread, max - min,
-    when there are several)."""
+    """One line per (task, backbone, probe, n): each metric's mean over seeds (± half the spread,
+    (max - min) / 2, when there are several)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["backbone"], r["probe"], r["n"])].append(r)
