@@ -11,7 +11,9 @@ of the demo set for each preset, at XLA's default optimisation level:
 
 * ``plain``: the training step as the loop runs it (`make_train_step` over the training loss);
 * ``record off``: the step with the ``lax.cond``, recording off, as training would run it;
-* ``record on``: the same executable with recording on, as `birdjepa trace` would.
+* ``record on``: the same executable with recording on, as `birdjepa trace` would;
+* ``staged off`` / ``on``: the same with the forward pass's record summarized in a cond of its own,
+  inside the loss (`staged`).
 
 It prints the median step time of each (steps interleaved, so drifts of the machine hit all three), the
 compile time, XLA's temporary-buffer size (`memory_analysis`, the step's working memory beyond its
@@ -64,6 +66,34 @@ def summarized(step: Callable) -> Callable:
     return run
 
 
+def staged(spec: StepConfig, tx: Any, clip: float) -> Callable:
+    """As `summarized`, the forward pass's record summarized in a cond inside the loss, on stop-gradient
+    operands (so it can run as soon as the forward pass is done, and the activations die when the
+    backward pass is done with them), the loss terms, gradients and updates in a cond at the end."""
+    base = make_loss_fn(spec, record=True)
+
+    def on(vs: list[jax.Array]) -> list[dict[str, jax.Array]]:
+        return [summary(v) for v in vs]
+
+    def off(vs: list[jax.Array]) -> list[dict[str, jax.Array]]:
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(on, vs))
+
+    def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
+        loss, aux = base(params, batch, key)
+        rec = aux.pop("record")
+        values = [jax.lax.stop_gradient(rec[k]) for k in sorted(rec)]
+        return loss, {**aux, "forward": jax.lax.cond(batch["record"], on, off, values), "record": {}}
+
+    step = make_train_step(loss_fn, tx, clip_norm=clip)
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        params, opt_state, batch, key, check, record = args
+        *out, trace = step(params, opt_state, {**batch, "record": record}, key, check)
+        return (*out, jax.lax.cond(record, on, off, [v for _, _, v in computed(trace)]))
+
+    return run
+
+
 def bench(preset: str, batch_size: int, repeats: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", "r", "--log.runs-dir", tmp,
@@ -79,7 +109,9 @@ def bench(preset: str, batch_size: int, repeats: int) -> str:
     shardings = (fns.replicated, fns.replicated, {k: fns.sharded for k in BATCH_KEYS}, fns.replicated, None)
     one = jax.jit(recording, in_shardings=(*shardings, None), donate_argnums=(0, 1))
     args = (state.params, state.opt_state, x.batch, x.key, x.check)
-    steps = {"plain": (fns.train_step, ()), "record off": (one, (False,)), "record on": (one, (True,))}
+    two = jax.jit(staged(spec, fns.tx, clip), in_shardings=(*shardings, None), donate_argnums=(0, 1))
+    steps = {"plain": (fns.train_step, ()), "record off": (one, (False,)), "record on": (one, (True,)),
+             "staged off": (two, (False,)), "staged on": (two, (True,))}  # fmt: skip
     compile_s, temp_mib, executables = {}, {}, {}
     for name, (fn, extra) in steps.items():
         t0 = time.perf_counter()
@@ -98,12 +130,14 @@ def bench(preset: str, batch_size: int, repeats: int) -> str:
             out = executables[name](params, opt_state, x.batch, x.key, x.check, *extra)
             jax.block_until_ready(out)
             times[name].append(time.perf_counter() - t0)
-            outputs[name] = jax.device_get((out[0], out[1], out[2]))  # params, opt_state, metrics
+            metrics = {k: v for k, v in out[2].items() if k != "train/forward"}  # staged: its summaries
+            outputs[name] = jax.device_get((out[0], out[1], metrics))
     median = {name: float(np.median(t[1:])) * 1e3 for name, t in times.items()}
     same = {
         name: all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(outputs[name]),
                                                        jax.tree.leaves(outputs["plain"]), strict=True))
-        for name in ("record off", "record on")
+        for name in steps
+        if name != "plain"
     }  # fmt: skip
     rows = [
         f"| {preset} | {name} | {median[name]:.1f} | {median[name] / median['plain']:.2f}x | "
