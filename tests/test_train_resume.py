@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -291,4 +292,6 @@ def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path,
     done = birdjepa("trace", str(resumed), "--step", signalled, "--out", str(tmp_path / "t.npz"), env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "outputs equal its logged metrics and its checkpoint" in done.stdout, done.stdout
-    assert "WARNING: the recording step's [0]['encoder']" in done.stdout, done.stdout
+    # The first output that differs: a parameter where the step applies an update, the accumulated
+    # gradient where it only accumulates (which, as the signal lands, the traced step may do).
+    assert re.search(r"WARNING: the recording step's \[[01]\]\S*\['encoder'\]", done.stdout), done.stdout
