@@ -27,7 +27,6 @@ import tyro
 from birdjepa import exit_codes
 from birdjepa.benchmark import cli as benchmark_cli
 from birdjepa.config import type_ok
-from birdjepa.exit_codes import FAILED
 from birdjepa.slurm import sweep as pretrain_sweep
 from birdjepa.slurm.sweep import SlurmOptions, SweepError, submit
 
@@ -119,4 +118,4 @@ def cli(
         else:
             print(f"{name}: job {submit(log_dir / f'{name}.sbatch')}")
     if failed:
-        raise SystemExit(FAILED)
+        raise SystemExit(exit_codes.FAILED)

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import tyro
 
 from birdjepa import exit_codes
-from birdjepa.exit_codes import FAILED
 
 RUN = Annotated[Path, tyro.conf.Positional]
 
@@ -94,7 +93,7 @@ def diff_trace(a: RUN, b: RUN) -> None:
         _fail(e)
     d = diff_traces(ta, tb)
     print(f"A {a}\nB {b}\n{d.report()}", flush=True)
-    raise SystemExit(0 if d.identical else FAILED)
+    raise SystemExit(0 if d.identical else exit_codes.FAILED)
 
 
 def bisect(

@@ -14,7 +14,6 @@ from pathlib import Path
 import tyro
 
 from birdjepa import exit_codes
-from birdjepa.exit_codes import FAILED
 from birdjepa.train.metrics_log import MetricsFileError, read_metrics
 
 #: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
@@ -100,4 +99,4 @@ def cli(
         raise SystemExit(exit_codes.USAGE) from None
     print(f"max_abs_diff={worst}")
     if worst != 0.0:
-        raise SystemExit(FAILED)
+        raise SystemExit(exit_codes.FAILED)

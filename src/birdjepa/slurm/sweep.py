@@ -33,7 +33,6 @@ import tyro
 
 from birdjepa import exit_codes, validation
 from birdjepa.config import ConfigError, PretrainConfig, flatten, resolve, to_dict
-from birdjepa.exit_codes import FAILED
 from birdjepa.validation import OptionError
 
 
@@ -281,4 +280,4 @@ def cli(
         for i, job_id, run_dir in rows:
             print(f"{i:>6}  {job_id:<14}  {run_dir}")
     if local and any(not str(r[1]).endswith(" 0") for r in rows):
-        raise SystemExit(FAILED)
+        raise SystemExit(exit_codes.FAILED)
