@@ -24,6 +24,7 @@ from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain.divergence_matrix import PAIRS, flags, format_matrix, run_pair
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import metrics_by_step
+from birdjepa.train.calls import CALL_SITES
 from birdjepa.train.checkpoint import Checkpointer
 from birdjepa.train.digest import SMALL
 
@@ -67,13 +68,23 @@ def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoin
     )
 
 
-def test_the_same_step_traced_in_two_processes_gives_the_same_file(runs: Path, tmp_path: Path) -> None:
+def test_the_same_step_traced_in_two_processes_gives_the_same_file(
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process has traced other models before (a CI run with tests spread per test, not per file,
+    # failed here): their call sites must not reach this step's manifest.
+    site = {"function": "Predictor.__call__", "file": "birdjepa/model/vit.py", "line": 1}
+    monkeypatch.setitem(CALL_SITES, "predictor.__call__", site)
     here = tmp_path / "here.npz"
     trace_file.write(trace_step(runs / "A", 1), here)
     there = tmp_path / "there.npz"
     cmd = [sys.executable, "-m", "birdjepa.cli", "trace", str(runs / "A"), "--step", "1", "--out", str(there)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+    a, b = trace_file.read(here), trace_file.read(there)
+    manifests = {k: (a.manifest[k], b.manifest.get(k)) for k in a.manifest if a.manifest[k] != b.manifest.get(k)}
+    assert not manifests, manifests
+    assert diff_traces(a, b).first is None, diff_traces(a, b).first
     assert here.read_bytes() == there.read_bytes()
 
 

@@ -88,7 +88,7 @@ def record_step(
         whole = [matches(f"{stage}/{name}", keep) for stage, name, _ in named]
         done = list(zip(named, summarize([v for _, _, v in named], whole), strict=True))
         built = entries(run, state, batch, x.key, rec, summaries, done, keep)
-        traces.append(Trace(manifest(run, state.step), built))
+        traces.append(Trace(manifest(run, state.step, built), built))
         # None: the recorded tensors are the training step's own; else its first output they do not give.
         where = [name for name, _ in leaves((after.params, after.opt_state, metrics, stats, guard))]
         traces[-1].manifest["inexact"] = _first_inexact(outputs, done, where)
@@ -184,7 +184,9 @@ def entries(
     return out
 
 
-def manifest(run: OpenRun, step: int) -> dict[str, Any]:
+def manifest(run: OpenRun, step: int, entries: list[Entry]) -> dict[str, Any]:
+    # The sites of the calls this step made only: `CALL_SITES` holds every model this process traced.
+    sites = {e.name.split("/", 1)[1].split("#")[0] for e in entries if e.stage == "forward"}
     return {
         "run": str(run.run_dir),
         "step": step,
@@ -194,7 +196,7 @@ def manifest(run: OpenRun, step: int) -> dict[str, Any]:
         "restored_from": run.restored_from,
         "replayed": [run.replayed[0], run.replayed[-1]] if run.replayed else [],
         "stages": list(STAGES),
-        "calls": dict(sorted(CALL_SITES.items())),  # where each recorded module method is written
+        "calls": {site: CALL_SITES[site] for site in sorted(sites)},  # where each module method is written
     }
 
 
