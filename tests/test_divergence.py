@@ -82,8 +82,8 @@ def test_the_same_step_traced_in_two_processes_gives_the_same_file(
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     a, b = trace_file.read(here), trace_file.read(there)
-    manifests = {k: (a.manifest[k], b.manifest.get(k)) for k in a.manifest if a.manifest[k] != b.manifest.get(k)}
-    assert not manifests, manifests
+    differing = {k: (v, b.manifest.get(k)) for k, v in a.manifest.items() if v != b.manifest.get(k)}
+    assert not differing, differing
     assert diff_traces(a, b).first is None, diff_traces(a, b).first
     assert here.read_bytes() == there.read_bytes()
 

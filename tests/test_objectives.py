@@ -211,3 +211,34 @@ def test_span_loss_counts_hidden_tokens_only():
     prediction = jnp.array([[[1.0, 1.0], [2.0, 2.0], [100.0, 100.0]]])
     mask = jnp.array([[True, True, False]])
     assert float(span_loss(prediction, target, mask)) == 2.5  # (1 + 4) / 2; the visible 100s ignored
+
+
+@pytest.mark.parametrize("per_view", [False, True])
+def test_sigreg_of_summed_shard_statistics_and_its_surrogate_gradient_are_the_batchs(per_view: bool) -> None:
+    """What the virtual-shard step computes (`birdjepa.train.virtual_shards`): SIGReg from the sums of
+    four shards' statistics is the whole batch's SIGReg, and the shards' surrogates ``<G, sums>`` give
+    its gradient. Not bit for bit: the batch's mean adds its N terms in another order (float32, 1e-5)."""
+    from birdjepa.train.objectives import sigreg, sigreg_from_sums, sigreg_partial_sums
+
+    z = jax.random.normal(jax.random.key(0), (16, 3, 8)) * 1.3 + 0.2
+    key = jax.random.key(1)
+    kw = {"num_directions": 32, "num_knots": 17, "t_max": 3.0}
+    shards = jnp.split(z, 4)
+
+    def parts(shard: jax.Array) -> jax.Array:
+        return sigreg_partial_sums(shard, key, per_view=per_view, **kw)
+
+    sums = sum(parts(s) for s in shards)
+    n = 16 if per_view else 16 * 3
+    reg = lambda s: sigreg_from_sums(s, n, num_knots=17, t_max=3.0)  # noqa: E731
+    value, g = jax.value_and_grad(reg)(sums)
+    whole = sigreg(z, key, per_view=per_view, **kw)
+    np.testing.assert_allclose(value, whole, rtol=1e-5)
+
+    surrogate = [jax.grad(lambda s: jnp.sum(g * parts(s)))(s) for s in shards]
+    np.testing.assert_allclose(
+        jnp.concatenate(surrogate),
+        jax.grad(lambda x: sigreg(x, key, per_view=per_view, **kw))(z),
+        rtol=1e-4,
+        atol=1e-6,
+    )

@@ -135,6 +135,15 @@ class LogConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    virtual_shards: int = 0
+    """Cut each batch into this many shards by position (0 = off, the default step): the step computes
+    them one at a time, each at the same shape, and adds what they give in one fixed order, so the run
+    is bit-identical on every device count that divides it (and a step can be re-executed on one
+    device). Must divide --data.batch-size; a breaking change for a resume."""
+
+
+@dataclasses.dataclass(frozen=True)
 class PretrainConfig:
     run: str = "demo"
     """Run id: the run directory is <log.runs-dir>/<run>."""
@@ -198,6 +207,7 @@ class PretrainConfig:
     model: ModelConfig = ModelConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
     log: LogConfig = LogConfig()
 
     @property

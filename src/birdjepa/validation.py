@@ -57,7 +57,8 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
     ),
     (
         ("eval_every", "ckpt_every", "monitor_interval", "max_skips", "optim.warmup_steps",
-         "objective.lejepa.local_views", "model.proj_layers", "model.predictor_depth"),
+         "objective.lejepa.local_views", "model.proj_layers", "model.predictor_depth",
+         "train.virtual_shards"),
         lambda v: v >= 0, "must be >= 0 (0 = off)",
     ),
     (("stop_at_step",), lambda v: v >= 0, "must be >= 0"),
@@ -100,6 +101,7 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
     _check_loader(cfg)
     _check_model(cfg)
     _check_objective(cfg)
+    _check_virtual_shards(cfg)
     if data:
         check_data(cfg)
 
@@ -158,6 +160,15 @@ def _check_objective(cfg: PretrainConfig) -> None:
             "objective.lejepa.local_frames", lej.local_frames,
             f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames",
         )  # fmt: skip
+
+
+def _check_virtual_shards(cfg: PretrainConfig) -> None:
+    shards = cfg.train.virtual_shards
+    if shards and cfg.data.batch_size % shards:
+        batch = cfg.data.batch_size
+        raise OptionError("train.virtual_shards", shards, f"must divide --data.batch-size ({batch})")
+    if shards and cfg.model.proj_norm == "batch":  # its statistics would be a shard's, not the batch's
+        raise OptionError("train.virtual_shards", shards, "needs --model.proj-norm layer (batch statistics)")
 
 
 def check_data(cfg: PretrainConfig) -> None:

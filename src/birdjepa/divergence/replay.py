@@ -157,7 +157,10 @@ def open_at(
         except (DataError, FileNotFoundError, ValueError) as e:
             raise ReplayError(f"{run_dir}: its train data cannot be read: {e}") from e
         model_cfg = model_config(cfg, n_classes)
-        fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg))
+        try:
+            fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg))
+        except ValueError as e:  # --train.virtual-shards that this process's devices do not divide
+            raise ReplayError(f"{where}: {e}") from e
         fresh = fresh_state(cfg, model_cfg, fns.tx)
         meta: dict[str, Any] | None = None
         if base is None:
@@ -210,10 +213,12 @@ def replay_to(
 
 
 def check_devices(run_dir: Path, meta: dict[str, Any] | None) -> None:
-    """A step re-executes exactly only on as many devices as it ran on."""
+    """A step re-executes exactly only on as many devices as it ran on; with ``--train.virtual-shards``
+    on any device count that divides it (checked where the step is built)."""
     want = (meta or {}).get("next_step", {}).get("n_devices")
     have = jax.device_count()
-    if want is not None and want != have:
+    virtual = (meta or {}).get("config", {}).get("train", {}).get("virtual_shards")
+    if want is not None and want != have and not virtual:
         raise ReplayError(
             f"{run_dir}: it trained on {want} devices and this process has {have}; re-run with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={want} (CPU) or on {want} devices"

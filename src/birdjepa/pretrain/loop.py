@@ -36,7 +36,7 @@ from birdjepa.data import Batch
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
-from birdjepa.pretrain.trainer import Trainer, make_callbacks
+from birdjepa.pretrain.trainer import Trainer, check_virtual_shards, make_callbacks
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.slurm import distributed
@@ -120,6 +120,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     requested.run_dir.mkdir(parents=True, exist_ok=True)
     found_files, eval_files = data_files(requested)
     model_cfg = model_config(requested, label_count(found_files))
+    check_virtual_shards(requested)
     fns = compiled(StepConfig.of(requested, model_cfg), requested.optim, total_updates(requested))
     ckpt = checkpoint.Checkpointer(
         requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async

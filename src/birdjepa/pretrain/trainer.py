@@ -69,6 +69,16 @@ def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callback
     return Callbacks(items)
 
 
+def check_virtual_shards(cfg: PretrainConfig) -> None:
+    """``--train.virtual-shards``: this process's devices must divide it, and it runs in one process
+    (its step moves each shard's results between devices of one process)."""
+    shards, devices = cfg.train.virtual_shards, jax.device_count()
+    if shards and jax.process_count() > 1:
+        raise OptionError("train.virtual_shards", shards, f"runs in one process, not {jax.process_count()}")
+    if shards and shards % devices:
+        raise OptionError("train.virtual_shards", shards, f"the {devices} devices must divide it")
+
+
 class Trainer:
     """What stays fixed while a run segment trains: the data, the model, the optimizer, the devices, the
     compiled functions, the checkpointer and the log. It advances a `TrainState`."""

@@ -10,8 +10,9 @@ line and a ``resume/<name>`` metric (1 ok, 0 failed).
 
 The one tolerance: the loss is compared exactly when the device count and the kind of machine
 (`determinism.machine_kind`) are the same as at save. On another device count the data-parallel
-reductions run in another order, and on another device, CPU or JAX version XLA compiles the step
-otherwise; then it is compared to a relative ``LOSS_RTOL_ELSEWHERE`` and the line says why.
+reductions run in another order (unless ``--train.virtual-shards`` is set: then the device count
+changes nothing), and on another device, CPU or JAX version XLA compiles the step otherwise; then it
+is compared to a relative ``LOSS_RTOL_ELSEWHERE`` and the line says why.
 """
 
 from __future__ import annotations
@@ -264,7 +265,11 @@ def check_resume(
     out.append(_norm_check("param_norms", "param_norm", meta["norms"], norms))
     out.append(_norm_check("opt_state_norms", "opt_state_norm", meta["norms"], norms))
 
-    elsewhere = [f"devices:{rec.n_devices}->{now.n_devices}"] if now.n_devices != rec.n_devices else []
+    # With virtual shards (the same V on both sides, else the config check fails) the device count
+    # changes nothing: the loss is compared exactly.
+    virtual = bool(config.get("train", {}).get("virtual_shards"))
+    moved = now.n_devices != rec.n_devices and not virtual
+    elsewhere = [f"devices:{rec.n_devices}->{now.n_devices}"] if moved else []
     elsewhere += [f"machine:{'+'.join(machine_changed)}"] if machine_changed else []
     if not elsewhere:
         loss_ok = now.loss == rec.loss or (math.isnan(now.loss) and math.isnan(rec.loss))

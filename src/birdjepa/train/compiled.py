@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from birdjepa import multihost
 from birdjepa.config import OptimConfig
 from birdjepa.model.vit import encoder_apply
+from birdjepa.train import virtual_shards
 from birdjepa.train.optim import make_optimizer
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
@@ -68,6 +69,9 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     sharded = NamedSharding(mesh, PartitionSpec("data"))
     batch = {k: sharded for k in BATCH_KEYS}
     tx = make_optimizer(optim, total_updates, plant=spec.plant)
+    if spec.virtual_shards:  # its own executables, one device each (see there)
+        step = virtual_shards.VirtualShardStep(spec, tx, devices)
+        return Compiled(tx, replicated, sharded, step, step.loss, step.encode)
     loss_fn = make_loss_fn(spec)
     train_step = jax.jit(
         make_train_step(loss_fn, tx),

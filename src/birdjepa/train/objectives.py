@@ -82,10 +82,16 @@ def invariance_loss(z: Array, n_global: int | None = None) -> Array:
     global views make the centre, and every view is pulled to it."""
     if z.ndim != 3:
         raise ValueError(f"invariance expects z of shape [B, V, P], got {z.shape}")
+    return jnp.mean(invariance_residuals(z, n_global))
+
+
+def invariance_residuals(z: Array, n_global: int | None = None) -> Array:
+    """``(z[b, v, p] - c[b, p])²``, what `invariance_loss` averages (per sample: it adds up over the
+    parts of a batch)."""
     z = z.astype(jnp.float32)
     # Centre computed relative to view 0 (same value mathematically): exactly 0 when all views are equal.
     rel = z - z[:, :1]
-    return jnp.mean(jnp.square(rel - rel[:, :n_global].mean(axis=1, keepdims=True)))
+    return jnp.square(rel - rel[:, :n_global].mean(axis=1, keepdims=True))
 
 
 def sigreg_directions(key: Array, dim: int, num_directions: int = DEFAULT_NUM_DIRECTIONS) -> Array:
@@ -111,9 +117,53 @@ def epps_pulley_integrand(x: Array, t: Array) -> Array:
     """``|φ_emp(t) - e^{-t²/2}|² e^{-t²/2}`` for samples ``x [N, K]`` at knots ``t [J]`` -> ``[K, J]``."""
     x = x.astype(jnp.float32)
     tx = x[:, :, None] * t[None, None, :]  # [N, K, J]
+    return ecf_integrand(jnp.cos(tx).mean(axis=0), jnp.sin(tx).mean(axis=0), t)
+
+
+def ecf_integrand(re: Array, im: Array, t: Array) -> Array:
+    """``|φ(t) - e^{-t²/2}|² e^{-t²/2}`` of an empirical characteristic function ``φ = re + i im``
+    (``[K, J]``, at knots ``t [J]``)."""
     gauss = jnp.exp(-0.5 * jnp.square(t))
-    err = jnp.square(jnp.cos(tx).mean(axis=0) - gauss) + jnp.square(jnp.sin(tx).mean(axis=0))
+    err = jnp.square(re - gauss) + jnp.square(im)
     return err * gauss
+
+
+def ecf_sums(x: Array, t: Array) -> Array:
+    """``[2, K, J]``: the sums over the samples of ``cos(t x)`` and ``sin(t x)`` for ``x [N, K]``: the
+    empirical characteristic function before its division by N, a statistic of a batch that adds up
+    over the parts it is cut into (`birdjepa.train.virtual_shards`)."""
+    tx = x.astype(jnp.float32)[:, :, None] * t[None, None, :]
+    return jnp.stack([jnp.cos(tx).sum(axis=0), jnp.sin(tx).sum(axis=0)])
+
+
+def sigreg_directions_and_knots(
+    key: Array, dim: int, num_directions: int, num_knots: int, t_max: float
+) -> tuple[Array, Array, Array]:
+    """SIGReg's directions ``[dim, K]``, knots ``[J]`` and weights ``[J]``."""
+    return (sigreg_directions(key, dim, num_directions), *epps_pulley_knots(num_knots, t_max))
+
+
+def sigreg_partial_sums(
+    z: Array, key: Array, *, num_directions: int, num_knots: int, t_max: float, per_view: bool
+) -> Array:
+    """`ecf_sums` of a part of a batch's projections ``z [b, V, P]`` on SIGReg's directions: ``[2, K,
+    J]`` pooled over views, ``[V, 2, K, J]`` per view. Summed over every part of the batch, they give
+    `sigreg_from_sums` the batch's SIGReg."""
+    a, t, _ = sigreg_directions_and_knots(key, z.shape[-1], num_directions, num_knots, t_max)
+    if per_view:
+        return jax.vmap(lambda zv: ecf_sums(zv @ a, t))(jnp.swapaxes(z.astype(jnp.float32), 0, 1))
+    return ecf_sums(z.reshape(-1, z.shape[-1]).astype(jnp.float32) @ a, t)
+
+
+def sigreg_from_sums(sums: Array, n: int, *, num_knots: int, t_max: float) -> Array:
+    """SIGReg from the batch's `sigreg_partial_sums` (``n``: samples per statistic, B*V pooled, B per
+    view): the same statistic as `sigreg` computes from the whole batch at once."""
+    t, w = epps_pulley_knots(num_knots, t_max)
+
+    def mean_ep(s: Array) -> Array:
+        return (n * (ecf_integrand(s[0] / n, s[1] / n, t) @ w)).mean()
+
+    return jax.vmap(mean_ep)(sums).mean() if sums.ndim == 4 else mean_ep(sums)
 
 
 def epps_pulley(x: Array, num_knots: int = DEFAULT_NUM_KNOTS, t_max: float = DEFAULT_T_MAX) -> Array:
@@ -187,16 +237,28 @@ def span_loss(prediction: Array, target: Array, mask: Array) -> Array:
     """Mean squared error of ``prediction`` against the standardised ``target`` (both ``[.., N, D]``;
     each target token scaled to zero mean and unit variance over D, so shrinking the encoder's tokens
     cannot shrink the error) over the hidden tokens of ``mask [.., N]`` only."""
+    return jnp.sum(span_errors(prediction, target) * mask) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def span_errors(prediction: Array, target: Array) -> Array:
+    """``[.., N]``: each token's squared error against its standardised target (see `span_loss`)."""
     target = target.astype(jnp.float32)
     target = (target - target.mean(axis=-1, keepdims=True)) / jnp.sqrt(
         target.var(axis=-1, keepdims=True) + 1e-6
     )
-    err = jnp.square(prediction.astype(jnp.float32) - target).mean(axis=-1)
-    return jnp.sum(err * mask) / jnp.maximum(jnp.sum(mask), 1)
+    return jnp.square(prediction.astype(jnp.float32) - target).mean(axis=-1)
 
 
 def _masked_ce_acc(logits: Array, labels: Array) -> tuple[Array, Array, Array]:
     """Mean CE, mean accuracy over samples with ``label >= 0``, and their count (float)."""
+    ce_sum, correct, n = masked_ce_sums(logits, labels)
+    denom = jnp.maximum(n, 1.0)
+    return ce_sum / denom, correct / denom, n
+
+
+def masked_ce_sums(logits: Array, labels: Array) -> tuple[Array, Array, Array]:
+    """Summed CE, the number correct and the number of samples with ``label >= 0`` (floats): what
+    `_masked_ce_acc` divides, and what adds up over the parts of a batch."""
     labels = jnp.asarray(labels)
     if logits.ndim == labels.ndim + 2:  # [B, V, C] logits with [B] labels: one label for all views
         labels = jnp.broadcast_to(labels[:, None], logits.shape[:-1])
@@ -209,10 +271,8 @@ def _masked_ce_acc(logits: Array, labels: Array) -> tuple[Array, Array, Array]:
     nll = -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
     correct = jnp.argmax(logits, axis=-1) == labels
     n = mask.sum().astype(jnp.float32)
-    denom = jnp.maximum(n, 1.0)
-    ce = jnp.where(mask, nll, 0.0).sum() / denom
-    acc = jnp.where(mask, correct, False).sum().astype(jnp.float32) / denom
-    return ce, acc, n
+    ce_sum = jnp.where(mask, nll, 0.0).sum()
+    return ce_sum, jnp.where(mask, correct, False).sum().astype(jnp.float32), n
 
 
 def supervised_loss(logits: Array, labels: Array) -> dict[str, Array]:

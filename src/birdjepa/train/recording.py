@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from birdjepa.config import OptimConfig
+from birdjepa.train import virtual_shards
 from birdjepa.train.compiled import BATCH_KEYS, compiled
 from birdjepa.train.digest import digest, summary
 from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step, ordered_leaves
@@ -70,15 +71,28 @@ def _recording(
     fns = compiled(spec, optim, total_updates)  # the training step's shardings, on these devices
     batch = {k: fns.sharded for k in BATCH_KEYS}
     clip = optim.clip_norm if optim.grad_accum == 1 else 0.0  # accumulating: clipped at the update only
-    step = make_train_step(make_loss_fn(spec, record=True), fns.tx, clip_norm=clip)
     names: list[tuple[str, str, tuple[int, ...], str]] = []
 
-    def recorded_step(*args: Any) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
-        *out, trace = step(*args)
+    def summarized(out: list, trace: dict) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
         items = computed(trace)
         names[:] = [(s, n, tuple(v.shape), np.dtype(v.dtype).name) for s, n, v in items]  # at trace time
         outputs = [digest(x) for x in jax.tree.leaves(out)]
         return outputs, [summary(v, whole=matches(f"{s}/{n}", keep)) for s, n, v in items]
+
+    if spec.virtual_shards:  # the training step's executables, recording each shard's pass ([V, ...])
+        sharded_step = virtual_shards.VirtualShardStep(spec, fns.tx, devices, record=True, clip_norm=clip)
+        summarize = jax.jit(summarized)
+
+        def run(*args: Any) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
+            *out, trace = sharded_step.on_first_device(*args)
+            return summarize(out, trace)
+
+        return Recording(run, names)
+    step = make_train_step(make_loss_fn(spec, record=True), fns.tx, clip_norm=clip)
+
+    def recorded_step(*args: Any) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
+        *out, trace = step(*args)
+        return summarized(out, trace)
 
     shardings = (fns.replicated, fns.replicated, batch, fns.replicated, None)
     jitted = jax.jit(recorded_step, in_shardings=shardings)

@@ -77,6 +77,8 @@ class StepConfig:
     fixed_draws: bool = False
     """``--debug-disable-stochastic``: every draw of the loss (local crops, span masks, SIGReg's
     directions) from one fixed key, the same at every step."""
+    virtual_shards: int = 0
+    """``--train.virtual-shards``: the step of `birdjepa.train.virtual_shards` (0: the default step)."""
 
     @classmethod
     def of(cls, cfg: PretrainConfig, model_cfg: ModelConfig) -> StepConfig:
@@ -89,6 +91,7 @@ class StepConfig:
             deterministic=off or (cfg.model.dropout == 0 and cfg.model.drop_path == 0),
             plant=cfg.debug_plant,
             fixed_draws=off,
+            virtual_shards=cfg.train.virtual_shards,
         )
 
 
@@ -162,8 +165,52 @@ def planted(plant: str | None) -> Iterator[None]:
         yield
 
 
-def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
-    """``(params, batch, key) -> (loss, aux)``: the objective plus the online probe's cross-entropy.
+class BatchTerms:
+    """The loss's terms over the whole batch the loss function is given (the default step). The
+    virtual-shard step (`birdjepa.train.virtual_shards`) gives the same loss function terms over one
+    shard instead, each a shard's part of the batch's term."""
+
+    def __init__(self, spec: StepConfig) -> None:
+        self.lej = spec.objective.lejepa
+
+    def lejepa(self, z: jax.Array, key: jax.Array, n_global: int) -> dict[str, jax.Array]:
+        lej = self.lej
+        return lejepa_loss(
+            z,
+            key,
+            lam=lej.lam,
+            num_directions=lej.num_directions,
+            num_knots=lej.num_knots,
+            t_max=lej.t_max,
+            sigreg_per_view=lej.sigreg_per_view,
+            n_global=n_global,
+        )
+
+    def span(self, prediction: jax.Array, target: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+        return {"span": span_loss(prediction, target, mask)}
+
+    def supervised(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
+        return supervised_loss(logits, labels)
+
+    def probe(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
+        return probe_metrics(logits, labels)
+
+    def collapse(self, embedding: jax.Array, projection: jax.Array) -> dict[str, jax.Array]:
+        return {"embedding_rank": effective_rank(embedding), "projection_rank": effective_rank(projection)}
+
+
+def step_keys(spec: StepConfig, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(the key the loss draws from, its dropout key, its SIGReg key) for a step's ``key``."""
+    if spec.fixed_draws:  # --debug-disable-stochastic: the step's key changes nothing
+        key = jax.random.key(0)
+    dropout_key, sigreg_key = jax.random.split(key)
+    return key, dropout_key, sigreg_key
+
+
+def make_loss_fn(spec: StepConfig, *, record: bool = False, terms: Any = None) -> Callable:
+    """``(params, batch, key, sigreg_key=None) -> (loss, aux)``: the objective plus the online probe's
+    cross-entropy, its terms from ``terms`` (default `BatchTerms`); ``sigreg_key`` replaces the one
+    the key gives (a virtual shard's loss draws SIGReg's directions from the step's key).
 
     ``record`` (`birdjepa trace`): ``aux["record"]`` also holds, in the order the step computes them,
     every sub-key and what its draw produced, and the inputs and outputs of every module call of the
@@ -174,11 +221,14 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
     lej = spec.objective.lejepa
     model_cfg = spec.model.resolved()
     norm = {"mean": spec.features.mean, "std": spec.features.std}
+    terms = BatchTerms(spec) if terms is None else terms
 
-    def loss_fn(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
+    def loss_fn(
+        params: Any, batch: dict[str, jax.Array], key: jax.Array, sigreg_key: jax.Array | None = None
+    ) -> tuple[jax.Array, dict]:
         rec: list[tuple[str, Any]] = []  # stays empty unless recording
-        if spec.fixed_draws:  # --debug-disable-stochastic: the step's key changes nothing
-            key = jax.random.key(0)
+        key, dropout_key, own_sigreg_key = step_keys(spec, key)
+        sigreg_key = own_sigreg_key if sigreg_key is None else sigreg_key
         if spec.plant == "pos_embed_bf16":  # --debug-plant: one parameter computed in bfloat16
             params = plant_pos_embed_bf16(params)
 
@@ -195,7 +245,6 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
             rec.extend((f"forward/{call}/{name}", value) for name, value in calls)
             return out
 
-        dropout_key, sigreg_key = jax.random.split(key)
         if spec.plant == "dropout_key":  # --debug-plant: another dropout key
             dropout_key = jax.random.fold_in(dropout_key, 1)
         views = batch["spectrogram"]
@@ -222,16 +271,7 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
                     ("keys/sigreg", jax.random.key_data(sigreg_key)),
                     ("draws/sigreg_directions", directions),
                 ]
-            obj = lejepa_loss(
-                z,
-                sigreg_key,
-                lam=lej.lam,
-                num_directions=lej.num_directions,
-                num_knots=lej.num_knots,
-                t_max=lej.t_max,
-                sigreg_per_view=lej.sigreg_per_view,
-                n_global=views.shape[1],
-            )
+            obj = terms.lejepa(z, sigreg_key, views.shape[1])
             if lej.span_weight:  # JEPA: a masked copy of the views predicts their tokens at the hidden spans
                 span_key = jax.random.fold_in(key, _SPAN_KEY)
                 mask = span_mask(span_key, views.shape[:2], model_cfg.grid, lej.span_tokens, lej.span_ratio)
@@ -239,15 +279,12 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False) -> Callable:
                     rec.append(("keys/span", jax.random.key_data(span_key)))
                     rec.append(("draws/span_mask", mask))
                 masked = apply("masked", views, jax.random.fold_in(span_key, 1), mask=mask)
-                span = span_loss(masked["prediction"], jax.lax.stop_gradient(out["tokens"]), mask)
-                obj = {**obj, "loss": obj["loss"] + lej.span_weight * span, "span": span}
+                span = terms.span(masked["prediction"], jax.lax.stop_gradient(out["tokens"]), mask)
+                obj = {**obj, "loss": obj["loss"] + lej.span_weight * span["span"], **span}
         else:
-            obj = supervised_loss(out["projection"], batch["label"])
-        probe = probe_metrics(out["probe_logits"], batch["label"])
-        collapse = {
-            "embedding_rank": effective_rank(out["embedding"]),
-            "projection_rank": effective_rank(out["projection"]),
-        }
+            obj = terms.supervised(out["projection"], batch["label"])
+        probe = terms.probe(out["probe_logits"], batch["label"])
+        collapse = terms.collapse(out["embedding"], out["projection"])
         # The probe sees stop_gradient(embedding): adding its loss trains the probe head only.
         aux = {**obj, **probe, **collapse}
         return obj["loss"] + probe["probe_ce"], {**aux, "record": numbered(rec)} if record else aux
@@ -259,22 +296,39 @@ def make_train_step(
     loss_fn: Callable, tx: optax.GradientTransformation, *, clip_norm: float = 0.0
 ) -> Callable:
     """The pure step ``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats,
-    guard)``; ``stats`` are the weight-update monitor's per-parameter statistics when ``check`` (raw
-    gradients, before clipping, and the change actually applied), else its placeholder.
+    guard)``: ``loss_fn``'s gradients, then `make_update`'s update (see there for what each output is).
+    With a recording ``loss_fn`` (``make_loss_fn(..., record=True)``) the step returns a sixth value for
+    `birdjepa trace`."""
+    update = make_update(tx, clip_norm=clip_norm)
+
+    def step(
+        params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: jax.Array
+    ) -> tuple[Any, ...]:
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+        return update(params, opt_state, loss, aux, grads, check)
+
+    return step
+
+
+def make_update(tx: optax.GradientTransformation, *, clip_norm: float = 0.0) -> Callable:
+    """``(params, opt_state, loss, aux, grads, check) -> (params, opt_state, metrics, stats, guard)``:
+    the update of a step whose loss function gave ``(loss, aux)`` and ``grads``. ``stats`` are the
+    weight-update monitor's per-parameter statistics when ``check`` (raw gradients, before clipping,
+    and the change actually applied), else its placeholder.
 
     The non-finite guard: a step whose loss or gradients hold a NaN or an inf returns the params and
     optimizer state it was given (its gradient accumulation too), and ``guard`` says so: ``finite``
     (bool) and ``bad`` (per parameter, in `jax.tree` order: its gradient is not finite). The loop decides
     what follows (``--on-nonfinite``); a state that still overflows is refused by the checkpoint.
 
-    With a recording ``loss_fn`` (``make_loss_fn(..., record=True)``) the step returns a sixth value for
-    `birdjepa trace`: the loss function's record, every loss term, the gradients, the gradients after
-    global-norm clipping at ``clip_norm`` (when > 0) and every leaf's update, in that order."""
+    With ``aux["record"]`` (a recording loss function) it returns a sixth value for `birdjepa trace`:
+    the loss function's record, every loss term, the gradients, the gradients after global-norm
+    clipping at ``clip_norm`` (when > 0) and every leaf's update, in that order."""
 
-    def step(
-        params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: jax.Array
+    def update(
+        params: Any, opt_state: Any, loss: jax.Array, aux: dict, grads: Any, check: jax.Array
     ) -> tuple[Any, ...]:
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+        aux = dict(aux)
         record = aux.pop("record", None)
         # Known before the update, so XLA fuses the select below into the update's own pass over the
         # state instead of reading and writing it again (measured: +26 % on the small preset otherwise).
@@ -303,4 +357,4 @@ def make_train_step(
         trace["updates"] = updates
         return (*out, trace)
 
-    return step
+    return update

@@ -1,0 +1,141 @@
+"""``--train.virtual-shards V``: training that is the same, bit for bit, on every device count that
+divides V (simulated host devices here), resumed across device counts, and re-executed on one device."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tyro
+
+from birdjepa import exit_codes
+from birdjepa.config import PretrainConfig
+from birdjepa.divergence.trace import trace_step
+from birdjepa.pretrain.loop import pretrain
+from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.train.checkpoint import Checkpointer
+from birdjepa.validation import OptionError, check
+
+HERE = Path(__file__).parent
+
+#: Every stochastic part of the LeJEPA step on: dropout, drop-path, augmentation, two local crops, the
+#: masked-span predictor; and an update every second step.
+LEJEPA = ["--model.dropout", "0.1", "--model.drop-path", "0.1", "--augment.gain-db", "3",
+          "--objective.lejepa.local-views", "2", "--objective.lejepa.span-weight", "0.5",
+          "--model.predictor-depth", "1", "--optim.grad-accum", "2"]  # fmt: skip
+
+
+def devices_env(n: int) -> dict[str, str]:
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}"}
+
+
+def steps_on(counts: list[int], args: list[str], out: Path) -> dict[int, dict[str, np.ndarray]]:
+    """Two steps on each device count (`virtual_shard_steps.py`, one process with 4 devices)."""
+    cmd = [sys.executable, str(HERE / "virtual_shard_steps.py"), str(out), ",".join(map(str, counts)), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=devices_env(max(counts)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {d: dict(np.load(out / f"{d}.npz")) for d in counts}
+
+
+@pytest.mark.slow  # 3 device counts x 3 configurations, each device compiling its own executables
+@pytest.mark.parametrize(
+    "config",
+    [LEJEPA, ["--objective.kind", "supervised", "--optim.grad-accum", "2"], ["--model.dtype", "bfloat16"]],
+    ids=["lejepa-local-span-accum", "supervised-accum", "bfloat16"],
+)
+def test_one_two_and_four_devices_compute_the_same_bits(config: list[str], tmp_path: Path) -> None:
+    args = ["--model.preset", "tiny", "--data.batch-size", "8", "--train.virtual-shards", "4", *config]
+    runs = steps_on([1, 2, 4], args, tmp_path)
+    names = sorted(runs[1])
+    assert any("train/loss" in n for n in names) and any("['encoder']" in n for n in names)
+    for d in (2, 4):
+        assert sorted(runs[d]) == names
+        differing = [n for n in names if not np.array_equal(runs[1][n], runs[d][n], equal_nan=True)]
+        assert differing == [], (d, differing[:5])
+
+
+def run_flags(demo_dir: Path, runs: Path, run: str, *extra: str) -> list[str]:
+    return [
+        "--run", run, "--log.runs-dir", str(runs), "--steps", "6", "--eval-every", "0", "--ckpt-every", "2",
+        "--ckpt-keep", "10",
+        "--data.batch-size", "8", "--data.train", str(demo_dir / "train"), "--data.eval",
+        str(demo_dir / "eval"), "--train.virtual-shards", "8", *extra,
+    ]  # fmt: skip
+
+
+def birdjepa(*args: str, devices: int) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "birdjepa.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=devices_env(devices))
+
+
+@pytest.mark.slow  # five processes on 1, 2 and 4 devices
+def test_a_run_trained_on_four_devices_resumed_on_one_and_finished_on_two_equals_its_straight_run(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    knn = ("--eval-every", "2", "--no-eval-linear")  # the frozen-encoder kNN, logged every 2 steps
+    straight = birdjepa("pretrain", *run_flags(demo_dir, tmp_path, "straight", *LEJEPA, *knn), devices=1)
+    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+    for devices, stop in ((4, "2"), (1, "4"), (2, None)):
+        extra = ["--stop-at-step", stop] if stop else []
+        args = run_flags(demo_dir, tmp_path, "moved", *LEJEPA, *knn, *extra)
+        done = birdjepa("pretrain", *args, devices=devices)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert f"devices={devices}" in done.stdout
+        # The resume checks compare the next loss with == across device counts: nothing to allow for.
+        assert "rtol" not in done.stdout and "ok=False" not in done.stdout, done.stdout
+    assert [d.name for d in compare_runs(tmp_path / "straight", tmp_path / "moved") if d.max_abs] == []
+    steps = metrics_by_step(tmp_path / "moved")
+    assert sorted(steps) == list(range(6)) and "eval/knn_acc" in steps[5], steps[5]
+    with Checkpointer(tmp_path / "straight", keep=None, async_save=False) as a:
+        with Checkpointer(tmp_path / "moved", keep=None, async_save=False) as b:
+            assert a.all_steps()[-1] == b.all_steps()[-1] == 5  # the last step's
+            assert a.read_meta(5)["hashes"] == b.read_meta(5)["hashes"]  # every parameter and optimizer leaf
+
+    # Step 2 was trained on 4 devices (and checkpointed as that segment stopped): re-executed here, on
+    # one, it is what the run logged and checkpointed.
+    t = trace_step(tmp_path / "moved", 2)
+    assert t.manifest["devices"] == 1
+    assert t.manifest["matches_run"] == {"logged_metrics_equal": True, "checkpoint_equal": True}
+
+
+@pytest.mark.slow  # two segments compiling the virtual-shard step (about 40 s)
+def test_changing_the_virtual_shards_between_segments_is_refused_in_one_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    def segment(shards: str, *extra: str) -> int:
+        args = run_flags(demo_dir, tmp_path, "v", "--steps", "3", *extra)
+        args[args.index("--train.virtual-shards") + 1] = shards
+        return pretrain(tyro.cli(PretrainConfig, args=args))
+
+    assert segment("2", "--stop-at-step", "1") == 0
+    capsys.readouterr()
+    assert segment("4") == exit_codes.RESUME_CHECK
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("RESUME_CHECK name=config")]
+    assert "ok=False" in line and "train.virtual_shards:2->4" in line, line
+
+
+def test_virtual_shards_that_cannot_cut_the_batch_are_refused_before_the_run() -> None:
+    def refused(*args: str) -> str:
+        with pytest.raises(OptionError) as e:
+            check(tyro.cli(PretrainConfig, args=list(args)), data=False)
+        return str(e.value)
+
+    assert refused("--data.batch-size", "8", "--train.virtual-shards", "3").startswith(
+        "--train.virtual-shards 3: must divide --data.batch-size (8)"
+    )
+    assert "proj-norm layer" in refused("--train.virtual-shards", "2", "--model.proj-norm", "batch")
+    assert refused("--train.virtual-shards", "-1").startswith("--train.virtual-shards -1: must be >= 0")
+
+
+def test_a_device_count_that_does_not_divide_the_virtual_shards_is_refused(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    done = birdjepa("pretrain", *run_flags(demo_dir, tmp_path, "r"), "--data.batch-size", "24", devices=3)
+    assert done.returncode == exit_codes.USAGE
+    assert "--train.virtual-shards 8: the 3 devices must divide it" in done.stderr, done.stderr[-2000:]
