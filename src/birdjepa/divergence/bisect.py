@@ -174,7 +174,9 @@ def trace_apart(
     run: Path, step: int, devices: int, repeat: int, out: Path, keep: Sequence[str] = ()
 ) -> Trace:
     """Trace in a process of its own with ``devices`` CPU devices (another topology than this one's)."""
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    # This process's XLA flags too (its optimisation level, say): only the device count is another.
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    env = {**os.environ, "XLA_FLAGS": flags.strip()}
     cmd = [sys.executable, "-m", "birdjepa.cli", "trace", str(run), "--step", str(step), "--out", str(out),
            "--repeat", str(repeat), *(["--keep", *keep] if keep else [])]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -86,6 +86,14 @@ PAIRS = (
     _plant("mlp_between_fc1_and_fc2", "a code change in Mlp between fc1 and fc2 (its activation)"),
     _plant("block_residual_scale", "a residual scale on a block's MLP branch (its drop-path's 2nd call)"),
     Pair("devices", "1 device against 4 simulated devices", (), ("forward", ""), devices=4),
+    Pair(  # its twin: the device count changes nothing with virtual shards (birdjepa.train.virtual_shards)
+        "devices_virtual_shards",
+        "1 device against 4, both with --train.virtual-shards 4",
+        (),
+        None,
+        base=("--train.virtual-shards", "4"),
+        devices=4,
+    ),
     Pair("clean", "the same run twice", (), None),
 )
 
@@ -130,7 +138,9 @@ def train(runs: Path, run: str, data: tuple[str, ...], options: tuple[str, ...],
     if devices == 1:
         code = pretrain(tyro.cli(PretrainConfig, args=args))
     else:
-        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        # This process's XLA flags too: its optimisation level and the twin's must be the same.
+        xla = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+        env = {**os.environ, "XLA_FLAGS": xla.strip()}
         done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "pretrain", *args], env=env,
                               capture_output=True, text=True)  # fmt: skip
         code = done.returncode
