@@ -2,11 +2,12 @@
 divides V.
 
 The global batch of B rows is cut by position into V shards of B/V rows. Each of D devices holds V/D
-consecutive shards and computes them one after the other (`jax.lax.map`), each at the shape B/V: no
-kernel ever sees a batch shape that depends on D. Nothing summed over the batch is summed by a
-collective, whose order of addition depends on D: each shard's part (its gradients, its loss terms,
-its statistics) moves whole, by an all-gather, and every device adds the V parts in the order 0, 1,
-..., V-1 (`in_order`). What reaches the optimizer is then the same on every D, and so is the update.
+consecutive shards and computes them one after the other, each by the same executable compiled for one
+device, at the shape B/V (`VirtualShardStep`): no kernel ever sees a batch shape that depends on D.
+Nothing summed over the batch is summed by a collective, whose order of addition depends on D: each
+shard's part (its gradients, its loss terms, its statistics) moves whole to the first device, which
+adds the V parts in the order 0, 1, ..., V-1. What reaches the optimizer is then the same on every D,
+and so is the update.
 
 Each shard draws from its own key, ``fold_in(step key, shard)`` (dropout, augmentation, local crops,
 span masks); SIGReg's directions are one draw of the step's, shared by every shard.
@@ -189,12 +190,15 @@ class VirtualShardStep:
             (_, aux), grads = grad(params, batch, jax.random.fold_in(key, shard), step_keys(spec, key)[2])
             return aux, grads
 
-        def combined(parts: list, grads: list, totals: dict) -> tuple:
-            return combine(spec, _stack(parts), totals), jax.tree.map(in_order, _stack(grads))
+        def combined(parts: list, totals: dict) -> tuple:
+            return combine(spec, _stack(parts), totals)
 
         self._first, self._second = jax.jit(first), jax.jit(second)
         self._totals = jax.jit(lambda stats: batch_totals(spec, _stack(stats)))
         self._combined = jax.jit(combined)
+        # Gradients added as they come, in shard order: the first device holds the sum and one shard's,
+        # not V shards' at once (the same additions, in the same order, as adding them all at the end).
+        self._add = jax.jit(lambda total, grads: jax.tree.map(jnp.add, total, grads), donate_argnums=0)
         self._update = jax.jit(make_update(tx, clip_norm=clip_norm))
         self._split = jax.jit(lambda x: tuple(jnp.split(x, self.per_device)))
         self._encode = jax.jit(encoder_apply(spec.model))
@@ -218,12 +222,13 @@ class VirtualShardStep:
         stats = [self._first(params_on[d], shards[i], key_on[d], ids[i]) for i, d in enumerate(self.where)]
         totals = self._totals(jax.device_put(stats, first))
         totals_on = {d: jax.device_put(totals, d) for d in self.devices}
-        out = [
-            self._second(params_on[d], shards[i], key_on[d], ids[i], totals_on[d])
-            for i, d in enumerate(self.where)
-        ]
-        parts, grads = jax.device_put(([a for a, _ in out], [g for _, g in out]), first)
-        return self._combined(parts, grads, totals)
+        parts, total = [], None
+        for i, d in enumerate(self.where):  # dispatched in shard order: each device runs its own in turn
+            aux, grads = self._second(params_on[d], shards[i], key_on[d], ids[i], totals_on[d])
+            parts.append(jax.device_put(aux, first))
+            grads = jax.device_put(grads, first)
+            total = grads if total is None else self._add(total, grads)
+        return self._combined(parts, totals), total
 
     def encode(self, params: Any, spectrogram: jax.Array) -> np.ndarray:
         """The encoder's embeddings of a sharded batch, shard by shard as the step cuts it: the
