@@ -17,6 +17,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.slurm.sweep import launch_local
 from birdjepa.train.checkpoint import Checkpointer
 from birdjepa.validation import OptionError, check
 
@@ -133,9 +134,15 @@ def test_virtual_shards_that_cannot_cut_the_batch_are_refused_before_the_run() -
     assert refused("--train.virtual-shards", "-1").startswith("--train.virtual-shards -1: must be >= 0")
 
 
-def test_a_device_count_that_does_not_divide_the_virtual_shards_is_refused(
-    demo_dir: Path, tmp_path: Path
+def test_a_device_count_that_does_not_divide_the_virtual_shards_and_several_processes_are_refused(
+    demo_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
     done = birdjepa("pretrain", *run_flags(demo_dir, tmp_path, "r"), "--data.batch-size", "24", devices=3)
     assert done.returncode == exit_codes.USAGE
     assert "--train.virtual-shards 8: the 3 devices must divide it" in done.stderr, done.stderr[-2000:]
+    # Two processes (a group over gloo, as `birdjepa sweep --local --slurm.ntasks 2` forms it): refused
+    # before anything compiles, since the step moves each shard's results within one process.
+    argv = [sys.executable, "-m", "birdjepa.cli", "pretrain", *run_flags(demo_dir, tmp_path, "p")]
+    capfd.readouterr()
+    assert launch_local(argv, ntasks=2) == exit_codes.USAGE
+    assert "--train.virtual-shards 8: runs in one process, not 2" in capfd.readouterr().err
