@@ -36,8 +36,9 @@ class Compiled:
     sharded: NamedSharding
     """Split along the batch axis over every device (of every process)."""
     train_step: Callable
-    """``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats, guard)``; donates
-    the first two (see `make_train_step`)."""
+    """``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats, guard)``; the
+    default step donates the first two (see `make_train_step`), the virtual-shard step
+    (`birdjepa.train.virtual_shards.VirtualShardStep`) leaves them."""
     loss_only: Callable
     """``(params, batch, key) -> loss``: what the resume checks re-derive for the next step."""
     encode: Callable
