@@ -113,7 +113,8 @@ def resume_windows(
     for ax in axes[n:]:  # the grid's unused cells (n is 1 with no resumes: the note's panel)
         ax.set_visible(False)
     axes[0].set_ylabel(metric)
-    axes[0].legend(fontsize=7, loc="best")
+    if axes[0].get_legend_handles_labels()[0]:  # a run with no resume yet has nothing labelled
+        axes[0].legend(fontsize=7, loc="best")
     fig.suptitle(f"{log.name}\n{metric} around each resume (±{width} steps)", fontsize=10)
     return fig
 
