@@ -85,34 +85,17 @@ def worker(preset: str, devices: int, kind: str, shards: int, batch_size: int, s
 
 
 def _phases(step, params, opt_state, batch, key) -> dict[str, float]:  # noqa: ANN001
-    """The virtual-shard step run piece by piece, each piece waited for (see `VirtualShardStep`)."""
+    """The virtual-shard step run pass by pass (`VirtualShardStep`), each pass waited for."""
     import jax
 
-    from birdjepa.train.virtual_shards import _on
-
     t0 = time.perf_counter()
-    params_on = {d: _on(params, d) for d in step.devices}
-    key_on = {d: jax.device_put(key, d) for d in step.devices}
-    shards = step._shards(batch)
-    ids = [jax.device_put(jax.numpy.int32(i), d) for i, d in enumerate(step.where)]
-    first = step.devices[0]
-    stats = [step._first(params_on[d], shards[i], key_on[d], ids[i]) for i, d in enumerate(step.where)]
-    jax.block_until_ready(stats)
+    inputs = step.inputs(params, batch, key)
+    totals = jax.block_until_ready(step.first_pass(inputs))
     t1 = time.perf_counter()
-    totals = step._totals(jax.device_put(stats, first))
-    totals_on = {d: jax.device_put(totals, d) for d in step.devices}
-    parts, grads = [], None
-    for i, d in enumerate(step.where):
-        aux, g = step._second(params_on[d], shards[i], key_on[d], ids[i], totals_on[d])
-        parts.append(jax.device_put(aux, first))
-        g = jax.device_put(g, first)
-        grads = g if grads is None else step._add(grads, g)
-    jax.block_until_ready((parts, grads))
+    (loss, aux), grads = jax.block_until_ready(step.second_pass(inputs, totals))
     t2 = time.perf_counter()
-    (loss, aux) = step._combined(parts, totals)
-    result = step._update(_on(params, first), _on(opt_state, first), loss, aux, grads, False)
-    jax.block_until_ready(jax.device_put(result[:2], jax.sharding.NamedSharding(
-        jax.sharding.Mesh(step.devices, ("data",)), jax.sharding.PartitionSpec())))  # fmt: skip
+    out = step.update(params, opt_state, loss, aux, grads, False)
+    jax.block_until_ready(jax.device_put(out[:2], step._replicated))
     t3 = time.perf_counter()
     return {"first_pass": t1 - t0, "second_pass": t2 - t1, "combine_update_copy": t3 - t2}
 

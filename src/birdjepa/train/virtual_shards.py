@@ -204,6 +204,7 @@ class VirtualShardStep:
         self._encode = jax.jit(encoder_apply(spec.model))
         self.where = [devices[i // self.per_device] for i in range(n)]
         """The device of each shard."""
+        self._replicated = NamedSharding(Mesh(np.array(devices), (AXIS,)), PartitionSpec())
 
     def _shards(self, batch: dict[str, jax.Array]) -> list[dict[str, jax.Array]]:
         """Each shard's rows, on the device that holds them (in shard order)."""
@@ -214,17 +215,31 @@ class VirtualShardStep:
 
     def gradients(self, params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple:
         """``((loss, aux), grads)`` of the whole batch, on the first device."""
-        params_on = {d: _on(params, d) for d in self.devices}
+        inputs = self.inputs(params, batch, key)
+        return self.second_pass(inputs, self.first_pass(inputs))
+
+    def inputs(self, params: Any, batch: dict[str, jax.Array], key: jax.Array) -> list[tuple]:
+        """Each shard's ``(device, params, rows, key, index)``, on its device."""
+        params_on, shards = _per_device(params), self._shards(batch)
         key_on = {d: jax.device_put(key, d) for d in self.devices}
-        shards = self._shards(batch)
-        ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.where)]
+        return [
+            (d, params_on[d], shards[i], key_on[d], jax.device_put(np.int32(i), d))
+            for i, d in enumerate(self.where)
+        ]
+
+    def first_pass(self, inputs: list[tuple]) -> dict[str, jax.Array]:
+        """The batch's statistics (SIGReg's and its gradient, the counts), on the first device."""
+        stats = [self._first(*x[1:]) for x in inputs]
+        return self._totals(jax.device_put(stats, self.devices[0]))
+
+    def second_pass(self, inputs: list[tuple], totals: dict[str, jax.Array]) -> tuple:
+        """``((loss, aux), grads)``: each shard's loss and gradients, the gradients added on the first
+        device as they come (dispatched in shard order: each device runs its own in turn)."""
         first = self.devices[0]
-        stats = [self._first(params_on[d], shards[i], key_on[d], ids[i]) for i, d in enumerate(self.where)]
-        totals = self._totals(jax.device_put(stats, first))
         totals_on = {d: jax.device_put(totals, d) for d in self.devices}
         parts, total = [], None
-        for i, d in enumerate(self.where):  # dispatched in shard order: each device runs its own in turn
-            aux, grads = self._second(params_on[d], shards[i], key_on[d], ids[i], totals_on[d])
+        for d, *shard in inputs:
+            aux, grads = self._second(*shard, totals_on[d])
             parts.append(jax.device_put(aux, first))
             grads = jax.device_put(grads, first)
             total = grads if total is None else self._add(total, grads)
@@ -233,7 +248,7 @@ class VirtualShardStep:
     def encode(self, params: Any, spectrogram: jax.Array) -> np.ndarray:
         """The encoder's embeddings of a sharded batch, shard by shard as the step cuts it: the
         evaluations logged during training do not depend on D either."""
-        params_on = {d: _on(params, d) for d in self.devices}
+        params_on = _per_device(params)
         shards = self._shards({"spectrogram": spectrogram})
         out = [self._encode(params_on[d], shards[i]["spectrogram"]) for i, d in enumerate(self.where)]
         return np.concatenate(jax.device_get(out))
@@ -247,15 +262,22 @@ class VirtualShardStep:
     ) -> tuple[Any, ...]:
         """The step's outputs, all on the first device."""
         (loss, aux), grads = self.gradients(params, batch, key)
-        first = self.devices[0]
-        return self._update(_on(params, first), _on(opt_state, first), loss, aux, grads, check)
+        return self.update(params, opt_state, loss, aux, grads, check)
+
+    def update(
+        self, params: Any, opt_state: Any, loss: jax.Array, aux: dict, grads: Any, check: bool
+    ) -> tuple:
+        """`step.make_update`'s outputs, on the first device."""
+        state = _per_device((params, opt_state))[self.devices[0]]
+        return self._update(*state, loss, aux, grads, check)
 
     def __call__(
         self, params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: bool
     ) -> tuple[Any, ...]:
         out = self.on_first_device(params, opt_state, batch, key, check)
-        replicated = NamedSharding(Mesh(np.array(self.devices), (AXIS,)), PartitionSpec())
-        new_params, new_opt_state = jax.device_put(out[:2], replicated)  # copies: the same bits everywhere
+        new_params, new_opt_state = jax.device_put(
+            out[:2], self._replicated
+        )  # copies: the same bits everywhere
         return (new_params, new_opt_state, *out[2:])
 
 
@@ -263,6 +285,9 @@ def _stack(trees: list) -> Any:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def _on(tree: Any, device: Any) -> Any:
-    """The copy on ``device`` of each replicated array of ``tree``."""
-    return jax.tree.map(lambda x: next(s.data for s in x.addressable_shards if s.device == device), tree)
+def _per_device(tree: Any) -> dict[Any, Any]:
+    """``{device: tree}``: the copy on each device of each replicated array of ``tree``."""
+    leaves, treedef = jax.tree.flatten(tree)
+    copies = [{s.device: s.data for s in x.addressable_shards} for x in leaves]
+    devices = copies[0] if copies else {}
+    return {d: jax.tree.unflatten(treedef, [c[d] for c in copies]) for d in devices}
