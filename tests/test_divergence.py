@@ -172,8 +172,10 @@ def test_traces_of_another_architecture_compare_what_they_share(runs: Path, demo
     assert next(s for s in d.stages if s.stage == "batch").identical
 
 
-#: The rows that reuse run A's compiled step (only the data differs), and the clean pair.
-CHEAP = ("loader_seed", "batch_reordered", "crop_shifted", "crop_shifted_late", "clean")
+#: The rows that reuse run A's compiled step (only the data differs), and the clean pair. The loader-seed
+#: row also reuses it, but its verdict is the batch stage's, as batch_reordered's is: it runs with the
+#: slow rows, keeping the suite within its time.
+CHEAP = ("batch_reordered", "crop_shifted", "crop_shifted_late", "clean")
 
 
 @pytest.mark.parametrize("name", CHEAP)

@@ -1,6 +1,5 @@
 """The noise floor of `birdjepa trace --repeat` and `bisect` on a step that is not the same in two
-executions (``--debug-plant noisy_execution``). A file of its own, so the suite runs it beside
-`test_divergence.py` rather than after it."""
+executions (``--debug-plant noisy_execution``). Slow: CI runs it with the divergence matrix."""
 
 from __future__ import annotations
 
@@ -8,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from birdjepa.divergence import trace_file
 from birdjepa.divergence.bisect import bisect
@@ -20,6 +21,7 @@ def data(demo_dir: Path) -> tuple[str, ...]:
     return ("--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval"))
 
 
+@pytest.mark.slow  # two runs and four traces of their own: a minute, the suite's most expensive test
 def test_bisect_calls_a_step_that_varies_between_executions_noise(demo_dir: Path, tmp_path: Path) -> None:
     """``--debug-plant noisy_execution`` scales the first block's input on every other execution of the
     step, from a phase the environment gives (as a GPU's scheduling would): twin runs started in
