@@ -202,7 +202,8 @@ def trace_both(
 #: How many of the first differing tensors the second pass keeps whole, to measure them exactly.
 KEPT_DIFFERENCES = 8
 #: Below this many encoder parameters a whole trace is a few MiB: the first pass keeps every tensor and
-#: no second pass is needed (compiling the recording step again costs more than the bytes it saves).
+#: no second pass is needed (compiling the step that keeps tensors whole again costs more than the bytes
+#: it saves).
 WHOLE_FIRST_BELOW = 2_000_000
 
 
@@ -280,8 +281,8 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
         else:
             where += f"{devices}, but this is more than a topology's last bits."
     if ta.manifest.get("inexact") or tb.manifest.get("inexact"):
-        where += (" The recorded tensors are within rounding of the training steps' own (XLA fuses the "
-                  "recording step otherwise); the outputs are exact.")  # fmt: skip
+        where += (" What a step compiled apart recorded is within rounding of the training steps' own (XLA "
+                  "fuses it otherwise); the digests of the tensors and the outputs are exact.")  # fmt: skip
     later = [st.stage for st in d.stages if not st.identical and st.stage != first.stage]
     consequence = f" Later stages that differ (consequences): {', '.join(later)}." if later else ""
     return where[0].upper() + where[1:] + changed + consequence

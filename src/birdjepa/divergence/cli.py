@@ -72,9 +72,9 @@ def summary(t: Any, path: Path) -> str:
     whole = sum(e.array is not None for e in t.entries)
     if m["inexact"] is not None:
         trained += (
-            f"; WARNING: the recording step's {m['inexact']} differs from the training step's in its last "
-            "bits (XLA compiles the two apart and fuses the recording one otherwise at this optimisation "
-            "level or dtype), so the recorded tensors are within rounding of the training step's, not its own"
+            f"; WARNING: {m['inexact']} differs in its last bits between the training step and the step "
+            f"compiled apart to record {m['recorded_apart']} (XLA fuses the two otherwise), so what that "
+            "step recorded is within rounding of the training step's, not its own"
         )
     noise = f"; {len(m['noise'])} tensors differ between {m['repeat']} executions" if m["repeat"] > 1 else ""
     return (f"{path}: step {m['step']} from {origin}; {len(t.entries)} tensors ({whole} whole, the rest as "

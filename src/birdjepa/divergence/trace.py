@@ -1,12 +1,13 @@
 """`birdjepa trace RUN --step N`: re-execute step N of a run and record everything it computes, in order.
 
-The run is restored to just before step N (`birdjepa.divergence.replay`). The step then runs twice on
-the same inputs: first the recording step (`birdjepa.train.recording`: the training step's own
-function and shardings, also summarizing on the device every tensor it computes), then the training
-step itself, the executable the loop runs, whose outputs become the run's next state and the trace's
-outputs. Their outputs' digests are compared (``inexact`` in the manifest: None where they agree bit
-for bit, so the recorded tensors are the training step's own; see `_first_inexact` for where they do
-not). The training step's outputs are compared with what the run logged and checkpointed for step N.
+The run is restored to just before step N (`birdjepa.divergence.replay`). The step then runs as it
+trained, in the executable the loop runs, recording (`birdjepa.train.recording`): the recorded tensors
+are the training step's own by construction, and its outputs become the run's next state and the
+trace's outputs, which are compared with what the run logged and checkpointed for step N.
+
+Two things come from a recording step compiled apart (`birdjepa.divergence.recording_apart`), checked
+against the training step by digest (``inexact`` in the manifest: None where they agree bit for bit):
+tensors kept whole (``keep``), and the whole record of the virtual-shard step.
 
 Each tensor is recorded as its shape, dtype, exact digest and statistics (`birdjepa.train.digest`),
 and whole only where ``keep`` asks (or where it is small): a trace of a large model stays small, and
@@ -22,7 +23,6 @@ parameters and optimizer state coming out; the step's metrics.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,14 +35,15 @@ import numpy as np
 from birdjepa import multihost
 from birdjepa.config import to_dict
 from birdjepa.divergence.diff import diff_traces
+from birdjepa.divergence.recording_apart import recording
 from birdjepa.divergence.replay import OpenRun, ReplayError, first_mismatch, open_at, replayable
 from birdjepa.divergence.trace_file import Entry, Trace
 from birdjepa.train import checkpoint
 from birdjepa.train.calls import CALL_SITES
 from birdjepa.train.digest import hex_digest, summarize
 from birdjepa.train.optim import accumulation_progress, lr_table, update_count
-from birdjepa.train.recording import Recording, leaves, matches, recording
-from birdjepa.train.segment import advance, step_inputs, total_updates
+from birdjepa.train.recording import Computed, RecordableStep, leaves, matches
+from birdjepa.train.segment import step_inputs, stepped, total_updates
 from birdjepa.train.step import StepConfig
 
 STAGES = (
@@ -67,31 +68,51 @@ BATCH_ARRAYS = ("index", "shard_id", "epoch", "label", "crop_offset", "spectrogr
 def record_step(
     run: OpenRun, *, repeat: int = 1, keep: Sequence[str] = ()
 ) -> tuple[Trace, dict[str, float | None]]:
-    """Run step ``run.state.step`` recorded, then as it trained, on the same inputs; returns the trace
-    and, for ``repeat`` > 1, the noise floor: ``stage/name`` -> the largest difference between
-    executions of the same thing (only what differed; None where only the digests were recorded).
-    Afterwards ``run.state`` is the state after the step."""
+    """Run step ``run.state.step`` as it trained, recording; returns the trace and, for ``repeat`` > 1,
+    the noise floor: ``stage/name`` -> the largest difference between executions of the same thing
+    (only what differed; None where only the digests were recorded). Afterwards ``run.state`` is the
+    state after the step."""
     cfg, state = run.cfg, run.state
     batch = run.batch()
     x = step_inputs(run.fns, cfg, state, batch)
-    rec = recording(StepConfig.of(cfg, run.model_cfg), cfg.optim, total_updates(cfg), keep)
+    step = run.fns.train_step
+    exact = isinstance(step, RecordableStep)  # else the virtual-shard step: recorded apart
+    apart = None if exact else recording(StepConfig.of(cfg, run.model_cfg), cfg.optim, total_updates(cfg))
     traces, after = [], state
     for _ in range(max(repeat, 1)):
-        outputs, summaries = jax.device_get(rec.step(state.params, state.opt_state, x.batch, x.key, x.check))
-        # The training step donates its inputs: it gets a copy, and the state stays for the next repeat.
+        # The step donates its inputs: it gets a copy, and the state stays for the next repeat.
         params, opt_state = _copy((state.params, state.opt_state))
-        copy = dataclasses.replace(state, params=params, opt_state=opt_state)
-        after, metrics, stats, guard = advance(run.fns, cfg, copy, batch)
-        # The training step's outputs, summarized once: for the trace and for the check against the
-        # recording step's.
+        if exact:
+            outputs, summaries = step.recorded(params, opt_state, x.batch, x.key, x.check)
+            summaries, computed = jax.device_get(summaries), step.computed
+            if keep and apart is None and any(matches(f"{c[0]}/{c[1]}", keep) for c in computed):
+                apart = recording(StepConfig.of(cfg, run.model_cfg), cfg.optim, total_updates(cfg), keep)
+        else:
+            outputs = step(params, opt_state, x.batch, x.key, x.check)
+        if apart is not None:  # nothing donated: on the inputs the training step had
+            recorded = apart.step(state.params, state.opt_state, x.batch, x.key, x.check)
+            out_digests, kept = jax.device_get(recorded)
+        if not exact:
+            summaries, computed = kept, apart.computed
+        after, metrics, stats, guard = stepped(state, x, outputs)
+        # The training step's outputs, summarized once: for the trace (and the check of a step recorded
+        # apart against them).
         named = trained_outputs(after, metrics, stats, guard)
         whole = [matches(f"{stage}/{name}", keep) for stage, name, _ in named]
         done = list(zip(named, summarize([v for _, _, v in named], whole), strict=True))
-        built = entries(run, state, batch, x.key, rec, summaries, done, keep)
+        if exact and apart is not None:  # the kept tensors, where their bits are the step's own
+            inexact = _kept(summaries, kept, computed)
+        elif apart is not None:
+            where = [name for name, _ in leaves((after.params, after.opt_state, metrics, stats, guard))]
+            inexact = _first_inexact(out_digests, done, where)
+        else:
+            inexact = None
+        built = entries(run, state, batch, x.key, computed, summaries, done, keep)
         traces.append(Trace(manifest(run, state.step, built), built))
-        # None: the recorded tensors are the training step's own; else its first output they do not give.
-        where = [name for name, _ in leaves((after.params, after.opt_state, metrics, stats, guard))]
-        traces[-1].manifest["inexact"] = _first_inexact(outputs, done, where)
+        traces[-1].manifest["inexact"] = inexact
+        traces[-1].manifest["recorded_apart"] = (
+            "the virtual-shard step" if not exact else "the tensors kept whole" if apart is not None else None
+        )
     noise: dict[str, float | None] = {}
     for other in traces[1:]:
         for stage in diff_traces(traces[0], other).stages:
@@ -101,6 +122,19 @@ def record_step(
                 noise[key] = None if not d.exact or was is None else max(was, d.max_abs)
     run.state = after
     return traces[0], noise
+
+
+def _kept(summaries: list[dict], kept: list[dict], computed: Computed) -> str | None:
+    """Gives ``summaries`` (the training step's own) the whole tensors of ``kept`` (the step recorded
+    apart), where their digests agree; the first kept tensor whose bits the step apart did not
+    reproduce (it keeps its values, within rounding), or None."""
+    first = None
+    for (stage, name, *_), own, apart in zip(computed, summaries, kept, strict=True):
+        if "array" in apart and "array" not in own:
+            own["array"] = apart["array"]
+            if first is None and hex_digest(own["digest"]) != hex_digest(apart["digest"]):
+                first = f"{stage}/{name}"
+    return first
 
 
 _copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one executable; new buffers (nothing donated)
@@ -124,10 +158,9 @@ Summarized = tuple[tuple[str, str, Any], dict]
 
 
 def _first_inexact(recorded: list[np.ndarray], trained: list[Summarized], names: list[str]) -> str | None:
-    """The first of the training step's outputs whose bits the recording step did not reproduce (None:
-    all equal). On CPU they agree in float32 at the suite's -O0 (tested); at XLA's default level, and in
-    bfloat16 at any level, they do not: XLA fuses the recording executable otherwise once intermediates
-    are its outputs (measured: recording the encoder's output tokens moves the last bits of a gradient)."""
+    """The first of the training step's outputs whose bits the step recorded apart did not reproduce
+    (None: all equal). XLA compiles another executable otherwise; measured on CPU, recording the
+    encoder's output tokens moves last bits of the embedding at XLA's default level and in bfloat16."""
     for (_, s), d, name in zip(trained, recorded, names, strict=True):  # named as the step's output tuple
         if hex_digest(d) != hex_digest(s["digest"]):
             return name
@@ -135,7 +168,7 @@ def _first_inexact(recorded: list[np.ndarray], trained: list[Summarized], names:
 
 
 def entries(
-    run: OpenRun, state: Any, batch: Any, key: jax.Array, rec: Recording, summaries: list[dict],
+    run: OpenRun, state: Any, batch: Any, key: jax.Array, computed: Computed, summaries: list[dict],
     trained: list[Summarized], keep: Sequence[str],
 ) -> list[Entry]:  # fmt: skip
     """The trace's entries, in `STAGES` order: what the step computed on the way from the recording
@@ -148,7 +181,7 @@ def entries(
     rows: list[tuple[str, str, Any, dict | None] | int] = []
     rows += [("batch", name, batch[name], None) for name in BATCH_ARRAYS if name in batch]
     rows.append(("keys", "step", jax.random.key_data(key), None))
-    recorded = {stage: [i for i, c in enumerate(rec.computed) if c[0] == stage] for stage in STAGES}
+    recorded = {stage: [i for i, c in enumerate(computed) if c[0] == stage] for stage in STAGES}
     rows += recorded["keys"] + recorded["draws"]
     update = int(multihost.host(update_count(state.opt_state)))
     table = lr_table(cfg.optim, total_updates(cfg), cfg.debug_plant)  # schedule(u), read on the host
@@ -172,7 +205,7 @@ def entries(
     out = []
     for r in rows:
         if isinstance(r, int):
-            stage, name, shape, dtype = rec.computed[r]
+            stage, name, shape, dtype = computed[r]
             s = summaries[r]
         else:
             stage, name, value, s = r

@@ -22,6 +22,7 @@ from birdjepa.config import OptimConfig
 from birdjepa.model.vit import encoder_apply
 from birdjepa.train import virtual_shards
 from birdjepa.train.optim import make_optimizer
+from birdjepa.train.recording import RecordableStep, recordable
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
 
@@ -37,8 +38,8 @@ class Compiled:
     """Split along the batch axis over every device (of every process)."""
     train_step: Callable
     """``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats, guard)``; the
-    default step donates the first two (see `make_train_step`), the virtual-shard step
-    (`birdjepa.train.virtual_shards.VirtualShardStep`) leaves them."""
+    default step (`birdjepa.train.recording.RecordableStep`, which can also record itself) donates the
+    first two, the virtual-shard step (`birdjepa.train.virtual_shards.VirtualShardStep`) leaves them."""
     loss_only: Callable
     """``(params, batch, key) -> loss``: what the resume checks re-derive for the next step."""
     encode: Callable
@@ -73,13 +74,19 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     if spec.virtual_shards:  # its own executables, one device each (see there)
         step = virtual_shards.VirtualShardStep(spec, tx, devices)
         return Compiled(tx, replicated, sharded, step, step.loss, step.encode)
-    loss_fn = make_loss_fn(spec)
-    train_step = jax.jit(
-        make_train_step(loss_fn, tx),
-        in_shardings=(replicated, replicated, batch, replicated, None),
-        out_shardings=(replicated, replicated, replicated, replicated, replicated),
-        donate_argnums=(0, 1),
+    # The step that can record itself (`birdjepa trace` runs this executable); the loop records nothing.
+    clip = optim.clip_norm if optim.grad_accum == 1 else 0.0  # traced only: accumulating clips at the update
+    step, names = recordable(make_train_step(make_loss_fn(spec, record=True), tx, clip_norm=clip))
+    train_step = RecordableStep(
+        jax.jit(
+            step,
+            in_shardings=(replicated, replicated, batch, replicated, None, None),
+            out_shardings=replicated,
+            donate_argnums=(0, 1),
+        ),
+        names,
     )
+    loss_fn = make_loss_fn(spec)
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
     return Compiled(tx, replicated, sharded, train_step, loss_only, encode)

@@ -1,28 +1,39 @@
-"""The step that `birdjepa trace` runs: the training step, also recording what it computes on the way.
+"""The training step that can record itself: `birdjepa trace`'s record is the training executable's own.
 
-It is the training step's own function (`make_train_step` with a recording loss, the same shardings),
-built into one executable that returns, beside the step's outputs, a `birdjepa.train.digest.summary`
-of every tensor the step computed, in the order it computed them: the whole tensor only for the names
-asked for (``keep``), a digest and statistics for the rest, computed on the device. So a trace never
-holds every activation on the host, and its memory stays near the step's.
+The default step is built once as ``(params, opt_state, batch, key, check, record)``: the training step
+(`make_train_step` over a recording loss), and beside it a `birdjepa.train.digest.summary` of every
+tensor the step computed on the way, in the order it computed them, each in a ``lax.cond`` on
+``record`` of its own (`RecordableStep`). The loop runs it with ``record`` False, and `birdjepa trace`
+runs the same executable with ``record`` True: the recorded digests are the training step's own
+tensors by construction, at any optimisation level and dtype, and its outputs are the training step's
+because they are the same computation.
+
+A cond per tensor, not one cond over all of them: XLA compiles a cond's operand as a buffer the cond
+reads when it runs, so each summary runs as soon as its tensor exists and the tensor dies when its
+other consumers are done with it. One cond over every tensor kept them all alive to the end of the step
+(XLA's working memory 4.9x at the small preset; a cond per tensor 1.00x, `scripts/bench_record.py`).
+
+What a summary holds: a digest and five statistics, and the whole tensor only where it is small
+(`birdjepa.train.digest.SMALL`). Whole tensors (``--keep``) cannot come from the training executable,
+whose outputs are fixed: `birdjepa.divergence.recording_apart` records them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from birdjepa.config import OptimConfig
-from birdjepa.train import virtual_shards
-from birdjepa.train.compiled import BATCH_KEYS, compiled
-from birdjepa.train.digest import digest, summary
-from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step, ordered_leaves
+from birdjepa.train.digest import summary
+from birdjepa.train.step import ordered_leaves
+
+#: ``(stage, name, shape, dtype)`` of each recorded tensor, in the order the step computed them.
+Computed = list[tuple[str, str, tuple[int, ...], str]]
 
 
 def leaves(tree: Any) -> list[tuple[str, Any]]:
@@ -46,54 +57,71 @@ def computed(trace: dict[str, Any]) -> list[tuple[str, str, Any]]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Recording:
-    step: Callable
-    """``(params, opt_state, batch, key, check) -> (digests, summaries)``: the digest of each of the
-    training step's outputs (`jax.tree` order), and a summary of each tensor it computed on the way."""
-    computed: list[tuple[str, str, tuple[int, ...], str]]
-    """``(stage, name, shape, dtype)`` of each summary, in order (known once ``step`` has run)."""
+def when(record: jax.Array, summarize: Callable[[Any], Any], x: Any) -> Any:
+    """``summarize(x)`` in a ``lax.cond`` of its own on ``record`` (zeros where not; see the module doc)."""
+
+    def off(v: jax.Array) -> Any:
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(summarize, v))
+
+    return jax.lax.cond(record, summarize, off, x)
 
 
-def recording(
-    spec: StepConfig, optim: OptimConfig, total_updates: int, keep: Sequence[str] = ()
-) -> Recording:
-    """The recording step for this configuration on this process's devices, keeping ``keep`` whole
-    (patterns as in `matches`). Nothing is donated, so the training step can run after it on the same
-    inputs. Built once per process and ``keep``."""
-    return _recording(spec, optim, total_updates, tuple(jax.devices()), tuple(keep))
+def summaries(
+    trace: dict[str, Any], record: jax.Array, names: Computed, keep: Sequence[str] = ()
+) -> list[dict[str, jax.Array]]:
+    """A summary of each tensor in a recording step's ``trace`` (`computed`), whole where ``keep``
+    matches; fills ``names`` (at trace time)."""
+    items = computed(trace)
+    names[:] = [(s, n, tuple(v.shape), np.dtype(v.dtype).name) for s, n, v in items]
+    # A module's input is often the output recorded just before (the same traced value): one cond for
+    # both, which cuts what XLA compiles. The gradients all exist together before the update: one cond
+    # for all of them (measured at the small preset: 558 MiB of XLA working memory against 587 with a
+    # cond each; the updates and clipped gradients in one cond each: 1358).
+    made: dict[tuple[int, bool], dict[str, jax.Array]] = {}
+    together = [(v, matches(f"{s}/{n}", keep)) for s, n, v in items if s == "gradients"]
+    if together:
+
+        def summarized(vs: list[jax.Array]) -> list[dict[str, jax.Array]]:
+            return [summary(v, whole=whole) for v, (_, whole) in zip(vs, together, strict=True)]
+
+        for (v, whole), r in zip(together, when(record, summarized, [v for v, _ in together]), strict=True):
+            made[id(v), whole] = r
+    out = []
+    for s, n, v in items:
+        whole = matches(f"{s}/{n}", keep)
+        if (id(v), whole) not in made:
+            made[id(v), whole] = when(record, functools.partial(summary, whole=whole), v)
+        out.append(made[id(v), whole])
+    return out
 
 
-@functools.lru_cache(maxsize=4)
-def _recording(
-    spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tuple, keep: tuple[str, ...]
-) -> Recording:
-    fns = compiled(spec, optim, total_updates)  # the training step's shardings, on these devices
-    batch = {k: fns.sharded for k in BATCH_KEYS}
-    clip = optim.clip_norm if optim.grad_accum == 1 else 0.0  # accumulating: clipped at the update only
-    names: list[tuple[str, str, tuple[int, ...], str]] = []
+def recordable(step: Callable) -> tuple[Callable, Computed]:
+    """``step`` (`make_train_step` over a recording loss) as ``(params, opt_state, batch, key, check,
+    record) -> (params, opt_state, metrics, stats, guard, summaries)``, and the names of its summaries
+    (known once it has been traced)."""
+    names: Computed = []
 
-    def summarized(out: list, trace: dict) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
-        items = computed(trace)
-        names[:] = [(s, n, tuple(v.shape), np.dtype(v.dtype).name) for s, n, v in items]  # at trace time
-        outputs = [digest(x) for x in jax.tree.leaves(out)]
-        return outputs, [summary(v, whole=matches(f"{s}/{n}", keep)) for s, n, v in items]
+    def run(*args: Any) -> tuple[Any, ...]:
+        *inputs, record = args
+        *out, trace = step(*inputs)
+        return (*out, summaries(trace, record, names))
 
-    if spec.virtual_shards:  # the training step's executables, recording each shard's pass ([V, ...])
-        sharded_step = virtual_shards.VirtualShardStep(spec, fns.tx, devices, record=True, clip_norm=clip)
-        summarize = jax.jit(summarized)
+    return run, names
 
-        def run(*args: Any) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
-            *out, trace = sharded_step.on_first_device(*args)
-            return summarize(out, trace)
 
-        return Recording(run, names)
-    step = make_train_step(make_loss_fn(spec, record=True), fns.tx, clip_norm=clip)
+class RecordableStep:
+    """The default training step (``jitted``: `recordable`'s function, jitted): called as the loop calls
+    a step, ``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats, guard)``,
+    it records nothing; `recorded` runs the same executable recording. Both donate params and
+    optimizer state."""
 
-    def recorded_step(*args: Any) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
-        *out, trace = step(*args)
-        return summarized(out, trace)
+    def __init__(self, jitted: Callable, names: Computed) -> None:
+        self.jitted, self.computed = jitted, names
 
-    shardings = (fns.replicated, fns.replicated, batch, fns.replicated, None)
-    jitted = jax.jit(recorded_step, in_shardings=shardings)
-    return Recording(jitted, names)
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        return self.jitted(*args, False)[:5]
+
+    def recorded(self, *args: Any) -> tuple[tuple[Any, ...], list[dict[str, jax.Array]]]:
+        """The step's outputs, and the summary of each tensor it computed (named by `computed`)."""
+        *out, record = self.jitted(*args, True)
+        return tuple(out), record

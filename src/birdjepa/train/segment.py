@@ -106,9 +106,15 @@ def advance(
     non-finite guard on the host. A step that is not finite leaves params and optimizer state as they
     were (the guard says so) and counts as skipped."""
     x = step_inputs(fns, cfg, state, batch)
-    params, opt_state, metrics, stats, guard = fns.train_step(
-        state.params, state.opt_state, x.batch, x.key, x.check
-    )
+    outputs = fns.train_step(state.params, state.opt_state, x.batch, x.key, x.check)
+    return stepped(state, x, outputs)
+
+
+def stepped(
+    state: TrainState, x: StepInputs, outputs: tuple[Any, ...]
+) -> tuple[TrainState, dict[str, Any], Any, dict[str, Any]]:
+    """`advance`'s result from the step's ``outputs`` on ``x`` (`birdjepa trace` runs the step itself)."""
+    params, opt_state, metrics, stats, guard = outputs
     metrics, stats, guard = multihost.host((metrics, stats, guard))
     finite = bool(guard["finite"])  # if not, params and opt_state are the ones given
     state = dataclasses.replace(
