@@ -5,12 +5,12 @@
 Trains a 2-step run (checkpoint after step 0) of the preset on the demo set, then traces step 1 in a
 new process (digests of every tensor, the default), again (its compiled steps now in the cache), and
 once more keeping one block's module calls whole (``--keep``). Every process shares one JAX
-compilation cache, as a user's processes do with ``JAX_COMPILATION_CACHE_DIR`` set: the first trace
-finds the training step the run compiled and compiles only the recording step. The table gives each
-process's wall time and peak resident memory (``ru_maxrss``), and the ratio to the training process's;
-then the trace file's size against what a trace holding every tensor whole (the format before digests)
-would take, from the shapes in its manifest. Targets (issue 33): at most 1.5x the training step's peak
-memory, a file under 1 % of the whole trace.
+compilation cache, as a user's processes do with ``JAX_COMPILATION_CACHE_DIR`` set: a trace runs the
+training step the run compiled (it records itself), and compiles a step apart only for ``--keep``.
+The table gives each process's wall time and peak resident memory (``ru_maxrss``), and the ratio to
+the training process's; then the trace file's size against what a trace holding every tensor whole
+(the format before digests) would take, from the shapes in its manifest. Targets (issue 33): at most
+1.5x the training step's peak memory, a file under 1 % of the whole trace.
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def main() -> None:
                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # fmt: skip
         rows = {"pretrain, 2 steps (compile, step, save)": measured(train, env)}
         trace = ["trace", str(runs / "r"), "--step", "1", "--out", str(Path(tmp) / "t.npz")]
-        rows["trace step 1 (restore, compile the recording step, record)"] = measured(trace, env)
+        rows["trace step 1 (restore, record in the training step)"] = measured(trace, env)
         size = (Path(tmp) / "t.npz").stat().st_size
         whole = whole_size(Path(tmp) / "t.npz")
-        rows["trace step 1 again (both steps cached)"] = measured(trace, env)
+        rows["trace step 1 again"] = measured(trace, env)
         block = [*trace, "--keep", "forward/global/encoder/block_0/*"]
         rows["trace step 1 --keep 'forward/global/encoder/block_0/*'"] = measured(block, env)
         kept = (Path(tmp) / "t.npz").stat().st_size
