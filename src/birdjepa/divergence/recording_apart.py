@@ -21,8 +21,8 @@ from birdjepa.config import OptimConfig
 from birdjepa.train import virtual_shards
 from birdjepa.train.compiled import BATCH_KEYS, compiled
 from birdjepa.train.digest import digest
-from birdjepa.train.recording import Computed, summaries, when
-from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
+from birdjepa.train.recording import Computed, recordable, summaries, traced_clip, when
+from birdjepa.train.step import StepConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,27 +48,25 @@ def _recording(
     spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tuple, keep: tuple[str, ...]
 ) -> Recording:
     fns = compiled(spec, optim, total_updates)  # the training step's shardings, on these devices
-    clip = optim.clip_norm if optim.grad_accum == 1 else 0.0  # accumulating: clipped at the update only
-    names: Computed = []
-
-    def summarized(out: list, trace: dict, record: jax.Array) -> tuple[list, list]:
-        return [when(record, digest, x) for x in jax.tree.leaves(out)], summaries(trace, record, names, keep)
-
     if spec.virtual_shards:  # the training step's executables, recording each shard's pass ([V, ...])
+        clip = traced_clip(optim)
         sharded_step = virtual_shards.VirtualShardStep(spec, fns.tx, devices, record=True, clip_norm=clip)
-        summarize = jax.jit(summarized)
+        names: Computed = []
+
+        @jax.jit
+        def summarize(out: list, trace: dict) -> tuple[list, list]:
+            return [digest(x) for x in jax.tree.leaves(out)], summaries(trace, True, names, keep)
 
         def run(*args: Any) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
             *out, trace = sharded_step.on_first_device(*args)
-            return summarize(out, trace, True)
+            return summarize(out, trace)
 
         return Recording(run, names)
-    step = make_train_step(make_loss_fn(spec, record=True), fns.tx, clip_norm=clip)
+    step, names = recordable(spec, fns.tx, optim, keep)
 
     def recorded_step(*args: Any) -> tuple[list[jax.Array], list[dict[str, jax.Array]]]:
-        *inputs, record = args
-        *out, trace = step(*inputs)
-        return summarized(out, trace, record)
+        *out, record = step(*args)
+        return [when(args[-1], digest, x) for x in jax.tree.leaves(out)], record
 
     batch = {k: fns.sharded for k in BATCH_KEYS}
     shardings = (fns.replicated, fns.replicated, batch, fns.replicated, None, None)

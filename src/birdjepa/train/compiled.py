@@ -24,7 +24,7 @@ from birdjepa.train import virtual_shards
 from birdjepa.train.optim import make_optimizer
 from birdjepa.train.recording import RecordableStep, recordable
 from birdjepa.train.state import TrainState
-from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
+from birdjepa.train.step import StepConfig, make_loss_fn
 
 #: The batch arrays a step reads, sharded over the devices along the batch axis.
 BATCH_KEYS = ("spectrogram", "label")
@@ -75,8 +75,7 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
         step = virtual_shards.VirtualShardStep(spec, tx, devices)
         return Compiled(tx, replicated, sharded, step, step.loss, step.encode)
     # The step that can record itself (`birdjepa trace` runs this executable); the loop records nothing.
-    clip = optim.clip_norm if optim.grad_accum == 1 else 0.0  # traced only: accumulating clips at the update
-    step, names = recordable(make_train_step(make_loss_fn(spec, record=True), tx, clip_norm=clip))
+    step, names = recordable(spec, tx, optim)
     train_step = RecordableStep(
         jax.jit(
             step,

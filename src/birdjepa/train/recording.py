@@ -28,9 +28,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from birdjepa.config import OptimConfig
 from birdjepa.train.digest import summary
-from birdjepa.train.step import ordered_leaves
+from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step, ordered_leaves
 
 #: ``(stage, name, shape, dtype)`` of each recorded tensor, in the order the step computed them.
 Computed = list[tuple[str, str, tuple[int, ...], str]]
@@ -105,18 +107,27 @@ def summaries(
     return out
 
 
-def recordable(step: Callable) -> tuple[Callable, Computed]:
-    """``step`` (`make_train_step` over a recording loss) as ``(params, opt_state, batch, key, check,
-    record) -> (params, opt_state, metrics, stats, guard, summaries)``, and the names of its summaries
-    (known once it has been traced)."""
+def recordable(
+    spec: StepConfig, tx: optax.GradientTransformation, optim: OptimConfig, keep: Sequence[str] = ()
+) -> tuple[Callable, Computed]:
+    """The training step of ``spec`` over a recording loss as ``(params, opt_state, batch, key, check,
+    record) -> (params, opt_state, metrics, stats, guard, summaries)`` (whole where ``keep`` matches), and
+    the names of its summaries (known once it has been traced)."""
+    step = make_train_step(make_loss_fn(spec, record=True), tx, clip_norm=traced_clip(optim))
     names: Computed = []
 
     def run(*args: Any) -> tuple[Any, ...]:
         *inputs, record = args
         *out, trace = step(*inputs)
-        return (*out, summaries(trace, record, names))
+        return (*out, summaries(trace, record, names, keep))
 
     return run, names
+
+
+def traced_clip(optim: OptimConfig) -> float:
+    """The norm the record's clipped gradients are clipped at: the optimizer's, where it clips each
+    step's gradients (accumulating, it clips only the summed ones at the update)."""
+    return optim.clip_norm if optim.grad_accum == 1 else 0.0
 
 
 class RecordableStep:
