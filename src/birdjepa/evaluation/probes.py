@@ -21,6 +21,7 @@ split of each class's recall), which does not let a frequent class hide a rare o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -125,13 +126,22 @@ def _stratified_folds(labels: np.ndarray, k: int, seed: int) -> list[np.ndarray]
     return [np.flatnonzero(fold == f) for f in range(k)]
 
 
+@functools.cache
+def _blas():  # -> threadpoolctl.ThreadpoolController
+    """The BLAS libraries loaded with scikit-learn, found once: `threadpool_limits` looks them up in the
+    process's memory map at every call (3.5 s of the test suite's CPU, over its probes' fits)."""
+    import sklearn.linear_model  # noqa: F401  (loads the BLAS it uses)
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
 def _logistic(x: np.ndarray, y: np.ndarray, c: float):  # -> LogisticRegression
     from sklearn.linear_model import LogisticRegression
-    from threadpoolctl import threadpool_limits
 
     # One BLAS thread: on a small problem OpenBLAS's threads only contend (measured 15x slower with 2
     # threads on 2 cores beside the loader), and one thread sums in one fixed order.
-    with warnings.catch_warnings(), threadpool_limits(1):
+    with warnings.catch_warnings(), _blas().limit(limits=1):
         # Non-convergence is reported through n_iter_ (see `linear_probe`), not as a warning.
         warnings.simplefilter("ignore")
         return LogisticRegression(C=c, max_iter=MAX_ITER, tol=TOL).fit(x, y)
