@@ -59,22 +59,14 @@ def computed(trace: dict[str, Any]) -> list[tuple[str, str, Any]]:
     return out
 
 
-def when(record: jax.Array, summarize: Callable[[Any], Any], x: Any, shapes: Any = None) -> Any:
-    """``summarize(x)`` in a ``lax.cond`` of its own on ``record`` (zeros where not; see the module doc).
-    ``shapes``: what ``summarize`` returns, if known (else traced once more to find out)."""
-    shapes = jax.eval_shape(summarize, x) if shapes is None else shapes
+def when(record: jax.Array, summarize: Callable[[Any], Any], x: Any) -> Any:
+    """``summarize(x)`` in a ``lax.cond`` of its own on ``record`` (zeros where not; see the module doc)."""
+    shapes = jax.eval_shape(summarize, x)  # `summary` is jitted: traced once per shape and dtype
 
     def off(v: Any) -> Any:
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     return jax.lax.cond(record, summarize, off, x)
-
-
-@functools.cache
-def _summary_shapes(shape: tuple[int, ...], dtype: Any, whole: bool) -> Any:
-    """What `summary` returns for a tensor of ``shape`` and ``dtype`` (a model's tensors come in a few
-    dozen shapes: tracing it once for each saves a second of every process's trace of the step)."""
-    return jax.eval_shape(functools.partial(summary, whole=whole), jax.ShapeDtypeStruct(shape, dtype))
 
 
 def summaries(
@@ -101,8 +93,7 @@ def summaries(
     for s, n, v in items:
         whole = matches(f"{s}/{n}", keep)
         if (id(v), whole) not in made:
-            shapes = _summary_shapes(tuple(v.shape), v.dtype, whole)
-            made[id(v), whole] = when(record, functools.partial(summary, whole=whole), v, shapes)
+            made[id(v), whole] = when(record, functools.partial(summary, whole=whole), v)
         out.append(made[id(v), whole])
     return out
 
