@@ -75,4 +75,4 @@ bench: build
 	$(BIN)/python scripts/bench_trace.py
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target .cache/test-jax

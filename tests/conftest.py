@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import hashlib
 import os
 import shutil
 import sys
@@ -32,7 +33,7 @@ from birdjepa.data.birdset_standin import BIRDSET_SMALL
 from birdjepa.data.demo import SMALL, ensure_birdset_data, ensure_demo_data
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
 from birdjepa.data.synth.codecs import CODECS, encode_audio
-from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.determinism import cpu_model, deterministic_xla
 
 TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
 
@@ -44,17 +45,27 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".s
 deterministic_xla()
 
 # One folder for the session, shared by this process, the xdist workers and every `birdjepa` subprocess
-# (the first process, pytest itself, makes it and removes it):
-# - a JAX compilation cache: the tests train the same tiny model again and again, and a step that was
-#   compiled once loads in a fraction of the time. A cached executable is the one XLA compiled, so
-#   results stay bit-identical;
-# - the demo set, generated once for all workers.
+# (the first process, pytest itself, makes it and removes it): the demo set, generated once for all
+# workers.
 if "BIRDJEPA_TEST_TMP" not in os.environ:
     os.environ["BIRDJEPA_TEST_TMP"] = tempfile.mkdtemp(prefix="birdjepa-tests-")
     atexit.register(shutil.rmtree, os.environ["BIRDJEPA_TEST_TMP"], ignore_errors=True)
 SHARED = Path(os.environ["BIRDJEPA_TEST_TMP"])
+REPO = Path(__file__).resolve().parents[1]
+
+# A JAX compilation cache that outlives the session, in the checkout (`.cache/`, ignored by git): the
+# tests train the same tiny models again and again, and XLA compiling their steps is ~160 s of the
+# suite's CPU time on a fresh checkout; a developer's next `make test` loads them instead. A cached
+# executable is the one XLA compiled (JAX keys it by the module, the XLA flags and jaxlib's version),
+# so results stay bit-identical; the folder is per CPU model, for a checkout shared by machines. A
+# session adds ~26 MB where code changed a step; past 1 GiB the first process starts the folder over
+# (JAX's own size cap locks and stamps every entry it reads: a fresh run took 5:07 with it, 4:30 without).
+JAX_CACHE = REPO / ".cache" / "test-jax" / hashlib.sha1(cpu_model().encode()).hexdigest()[:12]
+if "PYTEST_XDIST_WORKER" not in os.environ and JAX_CACHE.is_dir():
+    if sum(f.stat().st_size for f in JAX_CACHE.iterdir() if f.is_file()) > 1 << 30:
+        shutil.rmtree(JAX_CACHE, ignore_errors=True)
 os.environ.update(
-    JAX_COMPILATION_CACHE_DIR=str(SHARED / "jax-cache"),
+    JAX_COMPILATION_CACHE_DIR=str(JAX_CACHE),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
