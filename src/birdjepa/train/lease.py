@@ -7,13 +7,16 @@ into place (``link`` fails if the name exists: atomic on local disks and NFS), r
 `HEARTBEAT_S` seconds by a daemon thread (write aside, then rename: readers never see half a lease),
 and removed on release. A lease is stale when its holder is a process of this host that no longer
 exists, or when its heartbeat is older than `STALE_AFTER_S`; a stale lease is taken over by the one
-taker that creates the takeover marker first, after checking the lease is still the stale one.
+taker that creates the takeover marker first, after checking the lease is still the stale one. The
+heartbeat renews under the same marker: a holder presumed dead that wakes never writes its lease back
+over the taker's.
 
 Read-only commands (`compare`, `analyze`, `trace`, `bisect`) take no lease and work on a live run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,6 +24,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +95,12 @@ def _create(path: Path, lease: dict[str, Any]) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-def _take_over(path: Path, holder: dict[str, Any], lease: dict[str, Any]) -> bool:
-    """Replaces the stale ``holder`` by ``lease``, if no other taker is at it and the lease is still that
-    holder's: takers first create a marker exclusively, so two never both replace what each read as
-    stale (the second would replace the first's fresh lease). A marker left by a taker that died is
-    removed after `TAKEOVER_MARKER_S`."""
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[bool]:
+    """Whether this process may change the lease now: the one that creates ``lease.json.takeover``
+    exclusively (``O_EXCL``: atomic on local disks and NFS) until it leaves. Takers and the holder's
+    heartbeat both read, check and write the lease under it, so neither replaces what the other just
+    wrote. A marker left by a process that died is removed after `TAKEOVER_MARKER_S`."""
     marker = path.with_name(f"{path.name}.takeover")
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
@@ -105,15 +110,26 @@ def _take_over(path: Path, holder: dict[str, Any], lease: dict[str, Any]) -> boo
                 marker.unlink(missing_ok=True)
         except FileNotFoundError:
             pass
-        return False
+        yield False
+        return
     try:
+        yield True
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _take_over(path: Path, holder: dict[str, Any], lease: dict[str, Any]) -> bool:
+    """Replaces the stale ``holder`` by ``lease``, if no other process is changing the lease and it is
+    still that holder's: two takers never both replace what each read as stale (the second would replace
+    the first's fresh lease), and a holder's heartbeat never writes its lease back over a taker's."""
+    with _exclusive(path) as mine:
+        if not mine:
+            return False
         current = _read(path)
         if current is None or current.get("token") != holder.get("token"):
             return False  # released or taken meanwhile
         _write(path, lease)
         return True
-    finally:
-        marker.unlink(missing_ok=True)
 
 
 def stale(holder: dict[str, Any], now: float | None = None) -> str | None:
@@ -148,10 +164,13 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            current = _read(self.path)
-            if current is None or current.get("token") != self.holder["token"]:
-                return  # taken over (this process was presumed dead): stop renewing
-            _write(self.path, {**self.holder, "heartbeat": time.time()})
+            with _exclusive(self.path) as mine:
+                if not mine:
+                    continue  # a taker is at it: look again at the next beat
+                current = _read(self.path)
+                if current is None or current.get("token") != self.holder["token"]:
+                    return  # taken over (this process was presumed dead): stop renewing
+                _write(self.path, {**self.holder, "heartbeat": time.time()})
 
     def release(self) -> None:
         self._stop.set()
