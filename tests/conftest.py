@@ -203,7 +203,7 @@ def run_notebook(name: str, **defs: object) -> dict:
     the notebook's globals."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "notebooks" / f"{name}.py"
+    path = REPO / "notebooks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"notebook_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
