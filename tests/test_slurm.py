@@ -22,8 +22,8 @@ import pytest
 from birdjepa.resume.compare import compare_runs, metrics_by_step
 from birdjepa.train.metrics_log import read_metrics
 
-# One worker starts the one cluster and runs them all (.ci/run: --dist loadgroup).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+# One worker starts the one cluster and runs them all: .ci/run hands out whole files (--dist loadfile).
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
