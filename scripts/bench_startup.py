@@ -1,5 +1,6 @@
 """What a new Python process costs before it trains, with and without bytecode for the installed
-packages: every figure measured side by side in this one run.
+packages, and with CPython's default garbage-collection threshold against the `birdjepa` command's:
+every figure measured side by side in this one run.
 
     python scripts/bench_startup.py [--repeats 3]
 
@@ -14,6 +15,10 @@ Two commands, alternated `--repeats` times per mode, median wall and CPU (user +
 - `import birdjepa.pretrain.loop` (what every trainer process imports);
 - `birdjepa pretrain` of 6 steps (batch 8, no evaluation) on the SMALL demo set, with the compiled step
   in a JAX compilation cache that a first run filled (as the test suite's runs find it).
+
+Then the same pretrain, with bytecode, as the command runs it (`birdjepa.cli.fewer_collections`: the
+youngest generation collected every `GC_YOUNG_THRESHOLD` allocations) against CPython's default (700),
+by the same entry point with `fewer_collections` replaced by a no-op.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from birdjepa.data.demo import SMALL, ensure_demo_data
@@ -66,27 +72,34 @@ def main() -> None:
             "--data.train", str(demo / "train"), "--data.eval", str(demo / "eval"),
         ]  # fmt: skip
         timed([*pretrain, "--run", "warm-up"], base)  # fills the compilation cache
-        commands = {
-            "import birdjepa.pretrain.loop": lambda run: [
-                sys.executable,
-                "-c",
-                "import birdjepa.pretrain.loop",
-            ],
-            "pretrain, 6 steps (cached step)": lambda run: [*pretrain, "--run", run],
-        }
         print(f"python {sys.version.split()[0]}; {args.repeats} runs per mode, alternated; median seconds")
         print("| command | wall with bytecode | wall without | ratio | CPU with | CPU without | ratio |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for name, cmd in commands.items():
-            got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
-            for i in range(args.repeats):
-                for k, (mode, env) in enumerate(modes.items()):
-                    got[mode].append(timed(cmd(f"m{k}-{i}"), env))  # a new run directory each time
-            (w1, c1), (w0, c0) = (
-                (statistics.median(x[0] for x in got[m]), statistics.median(x[1] for x in got[m]))
-                for m in modes
-            )
-            print(f"| {name} | {w1:.2f} | {w0:.2f} | {w0 / w1:.2f}x | {c1:.2f} | {c0:.2f} | {c0 / c1:.2f}x |")
+        import_loop = [sys.executable, "-c", "import birdjepa.pretrain.loop"]
+        importing = {m: (import_loop, env) for m, env in modes.items()}
+        print(row("import birdjepa.pretrain.loop", importing, args.repeats))
+        runs = {m: ([*pretrain, "--run"], env) for m, env in modes.items()}
+        print(row("pretrain, 6 steps (cached step)", runs, args.repeats))
+
+        default_gc = "import birdjepa.cli as c; c.fewer_collections = lambda: None; c.main()"
+        entries = {"as shipped": pretrain[:3], "default": [sys.executable, "-c", default_gc]}
+        print("\n| collections | wall shipped | wall default | ratio | CPU shipped | CPU default | ratio |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        runs = {m: ([*entry, *pretrain[3:], "--run"], base) for m, entry in entries.items()}
+        print(row("pretrain, 6 steps (cached step)", runs, args.repeats))
+
+
+def row(name: str, modes: dict[str, tuple[list[str], dict[str, str]]], repeats: int) -> str:
+    """A table row: two modes' commands alternated ``repeats`` times; the second's median over the first's.
+    A command ending in ``--run`` gets a new run directory each time (a finished run would only say so)."""
+    got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode, (cmd, env) in modes.items():
+            got[mode].append(timed([*cmd, uuid.uuid4().hex] if cmd[-1] == "--run" else cmd, env))
+    (w1, c1), (w0, c0) = (
+        (statistics.median(x[0] for x in got[m]), statistics.median(x[1] for x in got[m])) for m in modes
+    )
+    return f"| {name} | {w1:.2f} | {w0:.2f} | {w0 / w1:.2f}x | {c1:.2f} | {c0:.2f} | {c0 / c1:.2f}x |"
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ try:
 except ImportError:  # running from a plain checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from birdjepa.cli import fewer_collections
 from birdjepa.data.birdset_standin import BIRDSET_SMALL
 from birdjepa.data.demo import SMALL, ensure_birdset_data, ensure_demo_data
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
@@ -43,6 +44,7 @@ TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
 # level; the slow test trains the demo as users do, without it (`test_learning.py`).
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
 deterministic_xla()
+fewer_collections()  # as the `birdjepa` command does: the workers train in-process too
 
 # One folder for the session, shared by this process, the xdist workers and every `birdjepa` subprocess
 # (the first process, pytest itself, makes it and removes it): the demo set, generated once for all
