@@ -66,6 +66,10 @@ Plant = Literal[
 
 PLANTS: tuple[str, ...] = typing.get_args(Plant)
 
+#: The plants the loader applies (`birdjepa.train.segment`): the step is the twin's own, and so is its
+#: compilation (`birdjepa.train.step.StepConfig` leaves them out).
+DATA_PLANTS: tuple[str, ...] = ("loader_seed", "batch_reordered", "crop_shifted", "crop_shifted_late")
+
 LATE_STEP = 4
 """``crop_shifted_late`` shifts the crop of the first sample of this step's batch: the runs agree for
 the steps before it (a late divergence, found from a common checkpoint)."""

@@ -23,6 +23,7 @@ from birdjepa.config import NO_AUGMENT, AugmentConfig, ObjectiveConfig, Pretrain
 from birdjepa.data import Features
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.diagnostics.monitor import maybe_update_stats
+from birdjepa.faults import DATA_PLANTS
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa
 from birdjepa.train.augment import augment_views, local_crops
@@ -73,7 +74,8 @@ class StepConfig:
     deterministic: bool
     """No dropout or drop-path draws (``--debug-disable-stochastic`` or both rates 0)."""
     plant: str | None = None
-    """``--debug-plant`` (`birdjepa.faults`), None in every real run."""
+    """``--debug-plant`` (`birdjepa.faults`) where it is in the step, None in every real run and for the
+    plants the loader applies (`birdjepa.faults.DATA_PLANTS`)."""
     fixed_draws: bool = False
     """``--debug-disable-stochastic``: every draw of the loss (local crops, span masks, SIGReg's
     directions) from one fixed key, the same at every step."""
@@ -89,7 +91,7 @@ class StepConfig:
             augment=NO_AUGMENT if off else cfg.augment,
             features=cfg.data.features,
             deterministic=off or (cfg.model.dropout == 0 and cfg.model.drop_path == 0),
-            plant=cfg.debug_plant,
+            plant=None if cfg.debug_plant in DATA_PLANTS else cfg.debug_plant,
             fixed_draws=off,
             virtual_shards=cfg.train.virtual_shards,
         )
