@@ -58,7 +58,7 @@ loader-demo: build
 # module fixtures are trained once); the 10 slowest tests are printed.
 test: build
 	cargo test --release --workspace --quiet
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=10
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=10
 
 lint: build
 	cargo clippy --all-targets -- -D warnings
