@@ -70,10 +70,7 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
     """AdamW (or Muon) on the scheduled LR after global-norm clipping; ``plant``: ``--debug-plant``."""
     schedule = make_schedule(cfg, total_updates, plant)
-    # --debug-plant decay_skips_biases_and_norms: the common variant that decays matrices only.
-    decay_mask = (
-        (lambda p: jax.tree.map(lambda x: x.ndim > 1, p)) if plant == "decay_skips_biases_and_norms" else None
-    )
+    decay_mask = _matrices_only if plant == "decay_skips_biases_and_norms" else None
 
     def scheduled(learning_rate: jax.Array) -> optax.GradientTransformation:
         if cfg.name == "adamw":
