@@ -69,3 +69,22 @@ def test_pretrain_help_lists_every_option_with_its_default(capsys: pytest.Captur
     for f in dataclasses.fields(PretrainConfig):
         assert f"--{f.name.replace('_', '-')}" in out or f"{f.name}." in out, f.name
     assert "--steps INT" in out and "(default: 600)" in out
+
+
+def test_make_test_hands_out_the_longest_files_first() -> None:
+    # What the README's tests line says of `make test`: xdist hands out whole files in collection order
+    # (no reordering by test count), and the collection puts conftest's LONGEST_FIRST at its head.
+    from types import SimpleNamespace
+
+    from conftest import LONGEST_FIRST, pytest_collection_modifyitems
+
+    recipe = (REPO / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "--dist loadfile --no-loadscope-reorder" in recipe
+    collected = sorted((REPO / "tests").glob("test_*.py"))  # pytest's order: by name, two items a file
+    items = [SimpleNamespace(path=path, n=n) for path in collected for n in range(2)]
+    pytest_collection_modifyitems(items)
+    files = list(dict.fromkeys(item.path.name for item in items))
+    assert set(LONGEST_FIRST) <= set(files)
+    assert files[: len(LONGEST_FIRST)] == list(LONGEST_FIRST)
+    assert files[len(LONGEST_FIRST) :] == sorted(files[len(LONGEST_FIRST) :])  # the rest as collected
+    assert [item.n for item in items] == [0, 1] * len(files)  # a file keeps its own order

@@ -1,11 +1,11 @@
 """Sweeps and preemption against a real Slurm controller (scripts/slurm_local.sh: slurmctld + slurmd +
 munge on this machine, partitions `low` and `high`, where `high` preempts `low` by requeue).
 
-They are slow tests (a cluster's start and 24-step jobs: ~2.5 min of `make test` on 2 cores), run by
-.ci/run's `pytest -m slow`, under CI=true (set by .ci/run) or BIRDJEPA_SLURM_TESTS=1, and then a
-cluster that does not come up fails them. Elsewhere they skip, because starting one installs Slurm and
-munge with apt and writes /etc/slurm: a test run never does that to a machine merely because its user
-is root."""
+They are slow tests (a cluster's start and 24-step jobs: ~2.5 min on 2 cores, with which `make
+test` took 6:26), run by .ci/run's `pytest -m slow`, under CI=true (set by .ci/run) or
+BIRDJEPA_SLURM_TESTS=1, and then a cluster that does not come up fails them. Elsewhere they skip,
+because starting one installs Slurm and munge with apt and writes /etc/slurm: a test run never does
+that to a machine merely because its user is root."""
 
 from __future__ import annotations
 
