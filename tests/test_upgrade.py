@@ -76,11 +76,14 @@ def test_a_segment_on_another_kind_of_machine_is_said_and_its_resume_checks_allo
     meta_file = tmp_path / "m" / "checkpoints" / "1" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
     here = meta["machine"]
-    assert set(here) == {"jax", "jaxlib", "device", "lock"} and here["jax"] == jax.__version__
+    assert set(here) == {"jax", "jaxlib", "device", "lock", "cpu_threads"} and here["jax"] == jax.__version__
+    assert here["cpu_threads"] == os.environ["PJRT_NPROC"]  # the pool deterministic_xla fixed
     lock = hashlib.sha256((Path(__file__).parents[1] / "uv.lock").read_bytes()).hexdigest()[:12]
     assert here["lock"] == lock  # the dependency lock this checkout installs from
-    # As if checkpoint 1 had been written by a job on another partition, under an older jaxlib and lock.
+    # As if checkpoint 1 had been written by a job on another partition, under an older jaxlib and lock,
+    # by a birdjepa that did not record the CPU thread pool yet.
     other = {**here, "device": "Other CPU (avx2)", "jaxlib": "0.1", "lock": "0123456789ab"}
+    del other["cpu_threads"]
     meta_file.write_text(json.dumps({**meta, "machine": other}))
 
     code, out = command(capsys, "pretrain", "--run", "m", "--log.runs-dir", tmp_path)
@@ -88,12 +91,12 @@ def test_a_segment_on_another_kind_of_machine_is_said_and_its_resume_checks_allo
     warning = [line for line in out.splitlines() if line.startswith("WARNING resumed on another kind")]
     assert warning == [
         f"WARNING resumed on another kind of machine than checkpoint 1 was written on (device: Other CPU "
-        f"(avx2) -> {here['device']}; jaxlib: 0.1 -> {here['jaxlib']}; lock: 0123456789ab -> {lock}): XLA "
-        f"compiles for the device and its version, so from here the run can differ from an uninterrupted "
-        f"one in the last bits"
+        f"(avx2) -> {here['device']}; jaxlib: 0.1 -> {here['jaxlib']}; lock: 0123456789ab -> {lock}; "
+        f"cpu_threads: unrecorded -> {here['cpu_threads']}): XLA compiles for the device and its version, "
+        f"so from here the run can differ from an uninterrupted one in the last bits"
     ]
     assert "RESUME_CHECK name=next_loss ok=True expected=" in out
-    assert "(rtol=1e-05,machine:device+jaxlib+lock)" in out, out
+    assert "(rtol=1e-05,machine:device+jaxlib+lock+cpu_threads)" in out, out
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "machine_changed"]
     assert event["step"] == 2 and event["device"] == ["Other CPU (avx2)", here["device"]]
 

@@ -285,10 +285,15 @@ def check_resume(
 def machine_changes(saved: Mapping[str, str] | None, now: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """What of `determinism.machine_kind` differs between the save and now: {name: (saved, now)}. Only
     what the checkpoint recorded is compared (one written before a field was recorded has nothing to
-    compare it with)."""
+    compare it with), but for the CPU thread pool: a CPU checkpoint written before it was recorded
+    says ``unrecorded``: its pool followed the core and device counts then, and another pool moves the
+    last bits."""
     if not saved:
         return {}
-    return {k: (saved[k], now.get(k, "?")) for k in sorted(saved) if saved[k] != now.get(k)}
+    changed = {k: (saved[k], now.get(k, "?")) for k in sorted(saved) if saved[k] != now.get(k)}
+    if "cpu_threads" in now and "cpu_threads" not in saved:
+        changed["cpu_threads"] = ("unrecorded", now["cpu_threads"])
+    return changed
 
 
 def describe_changes(changes: Mapping[str, tuple[str, str]]) -> str:

@@ -6,10 +6,20 @@ steps (measured: the first resumed step's invariance loss differed at 3e-7 relat
 Eigen makes every step bit-reproducible; on GPU the deterministic-ops flag plays the same role.
 The flags are read when JAX first initialises its backend, so call this before any computation.
 
+On CPU, the size of XLA's intra-op thread pool is an input to the arithmetic too. XLA sizes it
+max($PJRT_NPROC or the schedulable cores, the process's device count) and splits work over it, and
+the split of some reductions and matrix products changes their order of addition. Measured at XLA's
+default level on 2 cores: the same one-device executable gave other bits in a process with 4
+simulated devices (a pool of 4) than in one with 1 (a pool of 2), from the clip normalisation's mean
+(a YNNPACK reduction) onwards; with YNNPACK off, from the patch embedding's matrix product (Eigen).
+`deterministic_xla` therefore sets $PJRT_NPROC, unless the user did, to at least `MIN_CPU_THREADS`:
+1, 2, 4 or 8 devices then share one pool (`--train.virtual-shards`, `birdjepa trace` on one device).
+The suite's -O0 hid it: at -O0 neither kernel library takes these ops.
+
 They make a step reproducible on one kind of machine. XLA compiles for the device it runs on (on CPU,
-for the host's instruction set), and another JAX or XLA version may compile a step otherwise, so the
-last bits can differ between machines: `machine_kind` names what they depend on, and checkpoints
-record it.
+for the host's instruction set and its thread pool), and another JAX or XLA version may compile a step
+otherwise, so the last bits can differ between machines: `machine_kind` names what they depend on,
+and checkpoints record it.
 """
 
 from __future__ import annotations
@@ -21,13 +31,31 @@ from pathlib import Path
 
 FLAGS = ("--xla_cpu_multi_thread_eigen=false", "--xla_gpu_deterministic_ops=true")
 
+MIN_CPU_THREADS = 8
+"""The CPU thread pool's least size: the device counts a virtual-shard run moves between (1, 2, 4, 8)
+all fit under it, on any machine. More threads than cores costs little (measured in
+docs/benchmarks.md, "The CPU thread pool")."""
+
+
+def schedulable_cpus() -> int:
+    """The cores this process may run on (its affinity mask: a Slurm allocation, a taskset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
 
 def deterministic_xla() -> None:
-    """Add the determinism flags to XLA_FLAGS (keeping whatever the user set)."""
+    """Add the determinism flags to XLA_FLAGS and fix the CPU thread pool (``PJRT_NPROC``: at least
+    `MIN_CPU_THREADS`, more where there are more cores), keeping whatever the user set."""
     current = os.environ.get("XLA_FLAGS", "")
     missing = [f for f in FLAGS if f.split("=")[0] not in current]
     if missing:
         os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
+    os.environ.setdefault("PJRT_NPROC", str(max(schedulable_cpus(), MIN_CPU_THREADS)))
+
+
+def cpu_threads(n_devices: int) -> int:
+    """The size of XLA's CPU thread pool in a process with ``n_devices`` CPU devices."""
+    nproc = os.environ.get("PJRT_NPROC", "")
+    return max(int(nproc) if nproc.isdigit() else schedulable_cpus(), n_devices)
 
 
 #: Widest first: the vector instruction set XLA's CPU code can use on this host.
@@ -60,11 +88,14 @@ def lock_hash() -> str:
 
 def machine_kind() -> dict[str, str]:
     """What a step's last bits depend on besides its inputs and flags: the JAX and jaxlib versions, the
-    device (the GPU's name; on CPU, the host's model and instruction set), and the dependency lock the
-    environment was installed from (another lock can bring another XLA)."""
+    device (the GPU's name; on CPU, the host's model and instruction set, and its thread pool's size),
+    and the dependency lock the environment was installed from (another lock can bring another XLA)."""
     import jax
     import jaxlib
 
     device = jax.devices()[0]
-    kind = cpu_model() if device.platform == "cpu" else device.device_kind
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "device": kind, "lock": lock_hash()}
+    kind = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    if device.platform != "cpu":
+        return {**kind, "device": device.device_kind, "lock": lock_hash()}
+    threads = str(cpu_threads(jax.local_device_count()))
+    return {**kind, "device": cpu_model(), "lock": lock_hash(), "cpu_threads": threads}
