@@ -1,7 +1,7 @@
 """Multi-process data parallel on this machine (2 processes over gloo, the group formed through
 BIRDJEPA_* variables as `birdjepa sweep --local --slurm.ntasks 2` does): two processes train and
-checkpoint, one process with as many devices resumes, and the whole run equals the one-process run
-bit for bit."""
+checkpoint, one process with as many devices resumes, two processes resume again (a requeued
+two-task job), and the whole run equals the one-process run bit for bit."""
 
 from __future__ import annotations
 
@@ -38,14 +38,19 @@ def differing(a: Path, b: Path) -> list[str]:
     return [f"{d.name} at step {d.first_step}: {d.first_values}" for d in compare_runs(a, b) if d.max_abs]
 
 
-def test_two_processes_train_the_one_process_run_and_resume_in_one(demo_dir: Path, tmp_path: Path) -> None:
+def test_two_processes_train_the_one_process_run_and_resume_in_one_and_in_two(
+    demo_dir: Path, tmp_path: Path
+) -> None:
     one_process_two_devices(flags(demo_dir, tmp_path, "one"))
     # Two processes train steps 0-2 (with a kNN evaluation at step 2) and checkpoint; one process with
-    # two devices resumes from that checkpoint: the whole run equals the one-process run bit for bit.
+    # two devices resumes from that checkpoint for step 3; two processes resume again (reading the run's
+    # checkpoint before they join their group would start JAX too early) and finish: the whole run
+    # equals the one-process run bit for bit.
     assert launch_local(flags(demo_dir, tmp_path, "mixed", "--stop-at-step", "2"), ntasks=2) == 0
     # The global batches of the two processes (their indices, put together from both processes' rows).
     crc = [m["dataloader/index_crc32"] for _, m in sorted(metrics_by_step(tmp_path / "mixed").items())]
     assert len(crc) == 3 and len(set(crc)) == 3
     assert "eval/knn_acc" in metrics_by_step(tmp_path / "mixed")[2]
-    one_process_two_devices(flags(demo_dir, tmp_path, "mixed"))
+    one_process_two_devices(flags(demo_dir, tmp_path, "mixed", "--stop-at-step", "3"))
+    assert launch_local(flags(demo_dir, tmp_path, "mixed"), ntasks=2) == 0
     assert differing(tmp_path / "one", tmp_path / "mixed") == []

@@ -33,28 +33,50 @@ def test_each_prng_mode_keeps_what_it_says() -> None:
 
 
 FLAGS_SCRIPT = """
-import os, sys
-os.environ.pop("XLA_FLAGS", None)  # none of the test suite's flags
+import json, os, sys
+for name in ("XLA_FLAGS", "PJRT_NPROC"):
+    os.environ.pop(name, None)  # none of the test suite's settings
+import jax._src.xla_bridge as xla_bridge
 import birdjepa.pretrain.loop as loop
 seen = {}
-loop.pretrain = lambda cfg: seen.setdefault("flags", os.environ.get("XLA_FLAGS", "")) and 0
+
+def parse(args):  # where a resume reads its checkpoint, which starts JAX's backend
+    seen.update(flags=os.environ.get("XLA_FLAGS", ""), pool=os.environ.get("PJRT_NPROC"),
+                started=xla_bridge.backends_are_initialized())
+    raise SystemExit(0)
+
+loop.cli.parse = parse
 from birdjepa.cli import main
-main(["pretrain", "--run", "x", "--log.runs-dir", sys.argv[1]])
-print(seen["flags"])
+try:
+    main(["pretrain", "--run", "x", "--log.runs-dir", sys.argv[1]])
+except SystemExit:
+    pass
+print(json.dumps(seen))
 """
 
 
-def test_the_pretrain_command_sets_its_own_determinism_flags(tmp_path) -> None:
-    """The command a user runs turns on XLA's determinism flags itself, before training starts, with no
-    XLA_FLAGS in its environment (the suite's conftest sets its own; this must not rely on them)."""
+def test_the_birdjepa_command_sets_its_determinism_flags_and_cpu_pool_before_anything_starts_jax(
+    tmp_path,
+) -> None:
+    """The command a user runs sets XLA's determinism flags and fixes its CPU thread pool itself, with
+    none of them in its environment (the suite's conftest sets its own; this must not rely on them),
+    before a command parses its options: `birdjepa pretrain`'s parse reads the run's checkpoint, which
+    starts JAX's backend, and XLA reads its flags and sizes its pool only then."""
+    import json
     import os
     import subprocess
     import sys
 
-    from birdjepa.train.determinism import FLAGS
+    from birdjepa.train.determinism import FLAGS, MIN_CPU_THREADS
 
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run([sys.executable, "-c", FLAGS_SCRIPT, str(tmp_path)], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", FLAGS_SCRIPT, str(tmp_path)], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert set(done.stdout.split()[-len(FLAGS) :]) == set(FLAGS), done.stdout
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(seen["flags"].split()) == set(FLAGS) and seen["started"] is False, seen
+    assert seen["pool"] == str(max(len(os.sched_getaffinity(0)), MIN_CPU_THREADS)), seen
+    # A pool the user sets is kept.
+    script = FLAGS_SCRIPT.replace('for name in ("XLA_FLAGS", "PJRT_NPROC")', 'for name in ("XLA_FLAGS",)')
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PJRT_NPROC": "3"})  # fmt: skip
+    assert json.loads(done.stdout.strip().splitlines()[-1])["pool"] == "3", done.stdout + done.stderr

@@ -18,6 +18,8 @@ from typing import Any
 
 import tyro
 
+from birdjepa.train.determinism import deterministic_xla
+
 CommandTarget = str | Callable[..., Any]
 
 COMMANDS: dict[str, CommandTarget] = {
@@ -80,6 +82,9 @@ def fewer_collections() -> None:
 def main(argv: Sequence[str] | None = None) -> Any:
     """Entry point of the `birdjepa` console script."""
     fewer_collections()
+    # Before anything can start JAX's backend (reading a run's checkpoint does): XLA reads its flags
+    # and sizes its CPU thread pool once, when the backend starts.
+    deterministic_xla()
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in COMMANDS:  # import only the subcommand asked for
         function = resolve(COMMANDS[args[0]])

@@ -41,9 +41,7 @@ def trace(
     from birdjepa.divergence import trace_file
     from birdjepa.divergence.replay import ReplayError
     from birdjepa.divergence.trace import trace_step
-    from birdjepa.train.determinism import deterministic_xla
 
-    deterministic_xla()
     if repeat < 1:
         _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
     try:
@@ -109,9 +107,7 @@ def bisect(
     1 if they do."""
     from birdjepa.divergence.bisect import bisect as run_bisect
     from birdjepa.divergence.replay import ReplayError
-    from birdjepa.train.determinism import deterministic_xla
 
-    deterministic_xla()
     if repeat < 1:
         _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
     try:

@@ -27,7 +27,6 @@ from birdjepa.exit_codes import FAILED, USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply, init_params
 from birdjepa.train import checkpoint
-from birdjepa.train.determinism import deterministic_xla
 from birdjepa.train.lease import LeaseHeld, acquire
 
 
@@ -211,7 +210,6 @@ def cli(
         n_workers: Loader decode threads (the result does not depend on it).
         out: Where to write the JSON (default: RUN/eval/<step>.json).
     """
-    deterministic_xla()
     lease = None
     try:
         if out is None and Path(run, "checkpoints").is_dir():  # it writes into the run: one writer per run

@@ -43,7 +43,6 @@ from birdjepa.slurm import distributed
 from birdjepa.train import checkpoint
 from birdjepa.train.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.train.compiled import compiled
-from birdjepa.train.determinism import deterministic_xla
 from birdjepa.train.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
 from birdjepa.train.norms import tree_norms
 from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
@@ -271,7 +270,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
 def parse(args: Sequence[str]) -> PretrainConfig:
     """The config of ``birdjepa pretrain ARGS``. A run with a checkpoint is resumed with its options
     taken from the checkpoint's config unless ``args`` set them (`birdjepa.resume.options`), so a requeue
-    needs no options retyped and a newer default does not change it."""
+    needs no options retyped and a newer default does not change it. Joins the process group first
+    (`birdjepa.slurm.distributed`): reading the checkpoint starts JAX's backend, and a process group can
+    only be joined before that."""
+    distributed.initialize()
     cfg = tyro.cli(PretrainConfig, args=args, prog="birdjepa pretrain", description=cli.__doc__)
     found = saved_config(cfg.run_dir) if cfg.resume == "auto" else None
     if found is None:
@@ -293,8 +295,6 @@ def parse(args: Sequence[str]) -> PretrainConfig:
 
 def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
-    deterministic_xla()
-    distributed.initialize()
     if not multihost.is_main():  # one console: process 0 speaks for the group
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     try:

@@ -46,8 +46,12 @@ class Compiled:
     """``(params, spectrogram) -> embedding`` of the encoder alone (evaluation)."""
 
     def place(self, state: TrainState) -> TrainState:
-        """``state`` with its arrays replicated over the devices."""
-        params, opt_state = jax.device_put((state.params, state.opt_state), self.replicated)
+        """``state`` with its arrays replicated over the devices. In a group of processes each gives its
+        own host copy: an array restored onto one device cannot be sent to another process's devices."""
+        arrays = (state.params, state.opt_state)
+        if jax.process_count() > 1:
+            arrays = multihost.host(arrays)
+        params, opt_state = jax.device_put(arrays, self.replicated)
         return dataclasses.replace(state, params=params, opt_state=opt_state)
 
     def on_device(self, batch: Mapping[str, np.ndarray], *, nan: bool = False) -> dict[str, jax.Array]:
