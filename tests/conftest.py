@@ -37,12 +37,18 @@ from birdjepa.data.synth.codecs import CODECS, encode_audio
 from birdjepa.train.determinism import cpu_model, deterministic_xla
 
 TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
+DEFAULT_LEVEL_ENV = "BIRDJEPA_TEST_XLA_DEFAULT"
+"""Set to 1, the tests compile at XLA's default level, as users run (`.ci/run`: `pytest -m default_level`)."""
+AT_DEFAULT_LEVEL = os.environ.get(DEFAULT_LEVEL_ENV) == "1"
 
-# Before any test runs a JAX computation: thread-timing-independent XLA kernels, and LLVM at -O0.
-# The suite compiles far more than it runs (tiny models, a few steps each): -O0 cuts its CPU time by
-# a fifth. Every property it checks (exact resume, equal device counts) holds at any optimisation
-# level; the slow test trains the demo as users do, without it (`test_learning.py`).
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
+# Before any test runs a JAX computation: thread-timing-independent XLA kernels, a fixed CPU thread
+# pool, and LLVM at -O0. `make test` compiles far more than it runs (tiny models, a few steps each):
+# -O0 cuts its CPU time by a fifth. -O0 also keeps XLA from handing reductions and matrix products to
+# its kernel libraries, whose split follows the thread pool: what depends on arithmetic (exact resume,
+# equal device counts, the trace, bisect's noise floor) is proved again at the default level by the
+# tests marked default_level, which CI runs with BIRDJEPA_TEST_XLA_DEFAULT=1.
+if not AT_DEFAULT_LEVEL:
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
 deterministic_xla()
 fewer_collections()  # as the `birdjepa` command does: the workers train in-process too
 
@@ -59,10 +65,12 @@ REPO = Path(__file__).resolve().parents[1]
 # tests train the same tiny models again and again, and XLA compiling their steps is ~160 s of the
 # suite's CPU time on a fresh checkout; a developer's next `make test` loads them instead. A cached
 # executable is the one XLA compiled (JAX keys it by the module, the XLA flags and jaxlib's version),
-# so results stay bit-identical; the folder is per CPU model, for a checkout shared by machines. A
+# so results stay bit-identical; the folder is per CPU model and CPU thread pool (JAX's key leaves the
+# pool out, and XLA compiles its loop partitions for it), for a checkout shared by machines. A
 # session adds ~26 MB where code changed a step; past 1 GiB the first process starts the folder over
 # (JAX's own size cap locks and stamps every entry it reads: a fresh run took 5:07 with it, 4:30 without).
-JAX_CACHE = REPO / ".cache" / "test-jax" / hashlib.sha1(cpu_model().encode()).hexdigest()[:12]
+MACHINE = f"{cpu_model()} threads={os.environ['PJRT_NPROC']}"
+JAX_CACHE = REPO / ".cache" / "test-jax" / hashlib.sha1(MACHINE.encode()).hexdigest()[:12]
 if "PYTEST_XDIST_WORKER" not in os.environ and JAX_CACHE.is_dir():
     if sum(f.stat().st_size for f in JAX_CACHE.iterdir() if f.is_file()) > 1 << 30:
         shutil.rmtree(JAX_CACHE, ignore_errors=True)
@@ -201,6 +209,14 @@ LONGEST_FIRST = (
     "test_augment.py",
     "test_fail_safe.py",
 )
+
+
+@pytest.fixture(autouse=True)
+def _at_the_level_the_test_asserts(request: pytest.FixtureRequest) -> None:
+    """A ``default_level`` test at the suite's -O0 would prove nothing about the level users run (and
+    may fail where -O0 computes otherwise): it fails, saying how to run it."""
+    if request.node.get_closest_marker("default_level") and not AT_DEFAULT_LEVEL:
+        pytest.fail(f"asserts at XLA's default level: run it with {DEFAULT_LEVEL_ENV}=1 (as .ci/run does)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,5 +1,6 @@
 """The noise floor of `birdjepa trace --repeat` and `bisect` on a step that is not the same in two
-executions (``--debug-plant noisy_execution``). Slow: CI runs it with the divergence matrix."""
+executions (``--debug-plant noisy_execution``), at XLA's default level (CI runs it with
+BIRDJEPA_TEST_XLA_DEFAULT=1)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def data(demo_dir: Path) -> tuple[str, ...]:
     return ("--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval"))
 
 
-@pytest.mark.slow  # two runs and four traces of their own: a minute, the suite's most expensive test
+@pytest.mark.slow  # two runs and four traces of their own, compiling at the default level: ~4 min
+@pytest.mark.default_level
 def test_bisect_calls_a_step_that_varies_between_executions_noise(demo_dir: Path, tmp_path: Path) -> None:
     """``--debug-plant noisy_execution`` scales the first block's input on every other execution of the
     step, from a phase the environment gives (as a GPU's scheduling would): twin runs started in

@@ -272,7 +272,8 @@ def test_bfloat16_compute_resumes_exactly(demo_dir: Path, straight: Path, tmp_pa
     assert t.manifest["inexact"] is None and t.manifest["recorded_apart"] is None, t.manifest["inexact"]
 
 
-@pytest.mark.slow  # three processes compiling at the default level: 2 min on 2 cores; CI runs it
+@pytest.mark.slow  # three processes compiling at the default level: 2 min on 2 cores
+@pytest.mark.default_level
 def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path, tmp_path: Path) -> None:
     """`verify-resume` in processes whose environment carries none of the suite's XLA flags (so XLA's
     default optimisation level, and the determinism flags the command sets itself): a stop

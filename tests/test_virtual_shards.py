@@ -1,5 +1,10 @@
 """``--train.virtual-shards V``: training that is the same, bit for bit, on every device count that
-divides V (simulated host devices here), resumed across device counts, and re-executed on one device."""
+divides V (simulated host devices here), resumed across device counts, and re-executed on one device.
+
+The resume across device counts runs at XLA's default level, as users run (``default_level``: CI runs
+it with BIRDJEPA_TEST_XLA_DEFAULT=1): at the suite's -O0 a process with 4 devices and one with 1
+computed the same bits even while at the default level they did not (the CPU thread pool followed the
+device count)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
-from birdjepa.divergence.trace import trace_step
+from birdjepa.divergence import trace_file
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs, metrics_by_step
 from birdjepa.slurm.sweep import launch_local
@@ -32,7 +37,7 @@ LEJEPA = ["--model.dropout", "0.1", "--model.drop-path", "0.1", "--augment.gain-
 
 def devices_env(n: int) -> dict[str, str]:
     flags = os.environ.get("XLA_FLAGS", "")
-    return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}"}
+    return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}".strip()}
 
 
 def steps_on(counts: list[int], args: list[str], out: Path) -> dict[int, dict[str, np.ndarray]]:
@@ -74,33 +79,50 @@ def birdjepa(*args: str, devices: int) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=devices_env(devices))
 
 
-@pytest.mark.slow  # five processes on 1, 2 and 4 devices
+@pytest.mark.slow  # five processes on 4, 1 and 2 devices, compiling at the default level
+@pytest.mark.default_level
 def test_a_run_trained_on_four_devices_resumed_on_one_and_finished_on_two_equals_its_straight_run(
     demo_dir: Path, tmp_path: Path
 ) -> None:
-    knn = ("--eval-every", "2", "--no-eval-linear")  # the frozen-encoder kNN, logged every 2 steps
-    straight = birdjepa("pretrain", *run_flags(demo_dir, tmp_path, "straight", *LEJEPA, *knn), devices=1)
-    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
-    for devices, stop in ((4, "2"), (1, "4"), (2, None)):
-        extra = ["--stop-at-step", stop] if stop else []
-        args = run_flags(demo_dir, tmp_path, "moved", *LEJEPA, *knn, *extra)
+    """At XLA's default level: 12 steps on 4 devices, straight; the same run stopped at step 6 (mid
+    accumulation, between the checkpoints every 5 steps), resumed on 1 device, stopped at 8, finished on
+    2. `compare` gives 0.0, and step 9 of the 4-device run, re-executed on 1 device, equals what the run
+    logged and checkpointed. Dropout, augmentation and accumulation on (the local crops and masked spans,
+    which triple the compiling, are the one-process test's)."""
+    stochastic = ("--model.dropout", "0.1", "--augment.gain-db", "3", "--optim.grad-accum", "2")
+    knn = ("--eval-every", "4", "--no-eval-linear")  # the frozen-encoder kNN, logged every 4 steps
+    length = ("--steps", "12", "--ckpt-every", "5")
+
+    def segment(run: str, devices: int, *extra: str) -> str:
+        args = run_flags(demo_dir, tmp_path, run, *stochastic, *knn, *length, *extra)
         done = birdjepa("pretrain", *args, devices=devices)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert f"devices={devices}" in done.stdout
         # The resume checks compare the next loss with == across device counts: nothing to allow for.
         assert "rtol" not in done.stdout and "ok=False" not in done.stdout, done.stdout
+        return done.stdout
+
+    segment("straight", 4)
+    for devices, stop in ((4, "6"), (1, "8"), (2, None)):
+        segment("moved", devices, *(["--stop-at-step", stop] if stop else []))
     assert [d.name for d in compare_runs(tmp_path / "straight", tmp_path / "moved") if d.max_abs] == []
     steps = metrics_by_step(tmp_path / "moved")
-    assert sorted(steps) == list(range(6)) and "eval/knn_acc" in steps[5], steps[5]
+    assert sorted(steps) == list(range(12)) and "eval/knn_acc" in steps[11], steps[11]
+    assert steps[6]["train/accum_progress"] == 1.0  # stopped with half an update
     with Checkpointer(tmp_path / "straight", keep=None, async_save=False) as a:
         with Checkpointer(tmp_path / "moved", keep=None, async_save=False) as b:
-            assert a.all_steps()[-1] == b.all_steps()[-1] == 5  # the last step's
-            assert a.read_meta(5)["hashes"] == b.read_meta(5)["hashes"]  # every parameter and optimizer leaf
+            assert a.all_steps()[-1] == b.all_steps()[-1] == 11  # the last step's
+            # every parameter and optimizer leaf
+            assert a.read_meta(11)["hashes"] == b.read_meta(11)["hashes"]
 
-    # Step 2 was trained on 4 devices (and checkpointed as that segment stopped): re-executed here, on
-    # one, it is what the run logged and checkpointed.
-    t = trace_step(tmp_path / "moved", 2)
-    assert t.manifest["devices"] == 1
+    # Step 9 of the 4-device run, replayed from its checkpoint 4 and re-executed on one device: what the
+    # run logged and checkpointed.
+    out = tmp_path / "t9.npz"
+    done = birdjepa("trace", str(tmp_path / "straight"), "--step", "9", "--out", str(out), devices=1)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "outputs equal its logged metrics and its checkpoint" in done.stdout, done.stdout
+    t = trace_file.read(out)
+    assert t.manifest["devices"] == 1 and t.manifest["restored_from"] == 4
     assert t.manifest["matches_run"] == {"logged_metrics_equal": True, "checkpoint_equal": True}
 
 
