@@ -133,7 +133,7 @@ def test_effective_rank_of_known_batches():
 
 
 def test_sigreg_is_about_1_06_on_gaussians_and_grows_with_n_when_collapsed():
-    from birdjepa.train.objectives import sigreg
+    from birdjepa.objectives.sigreg import sigreg
 
     f = jax.jit(sigreg)
     # E[EP] = ∫(1 - e^{-t²}) e^{-t²/2} dt = √(2π) - √(2π/3) = 1.0594 for i.i.d. N(0, I), for any N.
@@ -155,12 +155,16 @@ def test_sigreg_is_about_1_06_on_gaussians_and_grows_with_n_when_collapsed():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
     from birdjepa.config import DataConfig, LogConfig, PretrainConfig
+    from birdjepa.model.config import ModelConfig
     from birdjepa.pretrain.loop import pretrain
 
+    # Every encoder option on (test_encoder_options.py): the export must carry each, and embed with it.
+    model = ModelConfig(rope=True, qk_norm=True, swiglu=True, layer_scale=0.1, registers=2)
     runs = tmp_path_factory.mktemp("runs")
     cfg = PretrainConfig(
         run="eval", steps=6, eval_every=3, ckpt_every=3, log=LogConfig(runs_dir=runs, print_every=100),
         data=DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8),
+        model=model,
     )  # fmt: skip
     assert pretrain(cfg) == 0
     return runs / "eval"
@@ -246,6 +250,8 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
 
     names = set(load_file(folder / "model.safetensors"))  # as the README shows them
     assert "encoder/block_0/attn/qkv/kernel" in names and all(n.startswith("encoder/") for n in names)
+    assert {"encoder/registers", "encoder/block_0/mlp/gate/kernel", "encoder/block_0/scale1/scale"} <= names
+    assert card["model"]["rope"] and card["model"]["qk_norm"] and card["model"]["registers"] == 2
     for source in (folder, tiny_run):  # an export, and the run itself
         encoder = birdjepa.load_encoder(source)
         assert encoder.identity == card["identity"]

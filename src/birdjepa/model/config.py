@@ -15,7 +15,17 @@ PRESETS: dict[str, dict[str, int]] = {
 
 
 GROUPS: tuple[str, ...] = ("encoder", "projector", "probe")
-OPTIONAL_GROUPS: tuple[str, ...] = ("predictor",)  # only with predictor_depth > 0
+OPTIONAL_GROUPS: tuple[str, ...] = ("predictor", "decoder")  # predictor_depth > 0; an objective's decoder
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """A decoder of patch values from the encoder's visible tokens (the MAE objective's; its options
+    are the objective's, `birdjepa.objectives.options.MaeConfig`)."""
+
+    dim: int
+    depth: int
+    heads: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +84,23 @@ class ModelConfig:
     """Transformer blocks of the masked-span predictor (0 = no predictor): from the tokens of a view
     whose time spans were replaced by a learned mask token, it predicts the encoder's tokens of the
     whole view at those spans (the JEPA term, see ``objectives.span_loss``)."""
+
+    rope: bool = False
+    """2-D rotary position embeddings in every attention, in place of the learned position embedding:
+    half of each head's channels rotate with the patch's time index, half with its frequency index
+    (the axial form of Heo et al. 2024; the head width must be a multiple of 4)."""
+    qk_norm: bool = False
+    """LayerNorm of each head's queries and keys before attention (bounds the attention logits;
+    Dehghani et al. 2023, ViT-22B)."""
+    swiglu: bool = False
+    """SwiGLU MLP, ``(silu(x W_gate) * x W_fc1) W_fc2``, hidden width 2/3 of ``mlp_ratio * dim`` (the
+    parameter count of the GELU MLP; Shazeer 2020)."""
+    layer_scale: float = 0.0
+    """LayerScale: a learned per-channel scale on each residual branch, initialised to this value
+    (0 = off; Touvron et al. 2021 use 1e-5 to 0.1)."""
+    registers: int = 0
+    """Learned register tokens appended to the patch tokens (Darcet et al. 2024): attention may park
+    global information there. They leave the embedding and the returned tokens."""
 
     def resolved(self) -> ModelConfig:
         """This config with the preset's value in every field left at None (what the model is built from)."""

@@ -40,6 +40,7 @@ Parameter names (stable; the monitor reports stats by these '/'-joined paths)::
     projector/dense_{j}/...  projector/norm_{j}/...  projector/out/...
     probe/head/{kernel,bias}
     encoder/mask_token  predictor/block_{i}/...  predictor/norm/...  predictor/out/...  (predictor_depth > 0)
+    decoder/embed/...  decoder/mask_token  decoder/pos_embed  decoder/block_{i}/...  decoder/out/...  (MAE)
 
 ``param_groups`` splits a params tree into the "encoder", "projector" and "probe" groups (and
 "predictor", when there is one).
@@ -47,6 +48,7 @@ Parameter names (stable; the monitor reports stats by these '/'-joined paths)::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -56,7 +58,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from birdjepa.model.config import GROUPS, OPTIONAL_GROUPS, ModelConfig
+from birdjepa.model.config import GROUPS, OPTIONAL_GROUPS, DecoderConfig, ModelConfig
 
 Array = jax.Array
 PyTree = Any
@@ -85,6 +87,18 @@ def noise_floor(x: Array, window: int = NOISE_FLOOR_WINDOW) -> Array:
     return jnp.quantile(means, 0.2, axis=1, keepdims=True)
 
 
+def input_patches(cfg: ModelConfig, x: Array) -> Array:
+    """What the encoder embeds: ``x [B, T, M]`` normalised (``cfg.input_norm``) and cut into patches
+    ``[B, N, patch * patch_mels]`` (`patchify`; also the MAE objective's targets)."""
+    x = x.astype(jnp.float32)
+    if cfg.input_norm == "floor":  # log domain: a channel's gain per bin is an offset per bin
+        x = x - noise_floor(x)
+    if cfg.input_norm in ("clip", "floor"):
+        mean = x.mean(axis=(1, 2), keepdims=True)
+        x = (x - mean) / jnp.sqrt(jnp.square(x - mean).mean(axis=(1, 2), keepdims=True) + 1e-6)
+    return patchify(x, cfg.patch, cfg.patch_mels)
+
+
 def compute_dtype(cfg: ModelConfig) -> Any:
     """The dtype the model computes in (``cfg.dtype``); parameters are float32 either way."""
     return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
@@ -104,15 +118,43 @@ class DropPath(nn.Module):
         return jnp.where(mask, x / keep, jnp.zeros_like(x))
 
 
+def rope_angles(positions: Array, head_dim: int) -> Array:
+    """``[.., N, head_dim / 2]`` rotation angles of tokens at ``positions [.., N, 2]`` (time, frequency
+    index): the first half of the pairs turns with time, the second with frequency, each at the
+    frequencies ``10000^(-i / (head_dim / 4))``."""
+    quarter = head_dim // 4
+    freqs = 10000.0 ** (-jnp.arange(quarter, dtype=jnp.float32) / quarter)
+    return jnp.concatenate([positions[..., :1] * freqs, positions[..., 1:] * freqs], axis=-1)
+
+
+def rotate(x: Array, angles: Array) -> Array:
+    """``x [B, N, H, Dh]`` with channel pairs ``(c, c + Dh/2)`` turned by ``angles [B, N, Dh/2]``."""
+    cos, sin = jnp.cos(angles)[:, :, None].astype(x.dtype), jnp.sin(angles)[:, :, None].astype(x.dtype)
+    a, b = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def token_angles(cfg: ModelConfig, index: Array, registers: int = 0) -> Array:
+    """The rotary angles of patch tokens ``index [B, N]`` (time-major patch indices), then of
+    ``registers`` tokens that turn by nothing."""
+    n_freq = cfg.grid[1]
+    positions = jnp.stack([index // n_freq, index % n_freq], axis=-1).astype(jnp.float32)
+    positions = jnp.pad(positions, ((0, 0), (0, registers), (0, 0)))
+    return rope_angles(positions, cfg.dim // cfg.heads)
+
+
 class Attention(nn.Module):
-    """Multi-head self-attention: one fused ``qkv`` Dense, scaled dot-product attention, ``proj`` Dense."""
+    """Multi-head self-attention: one fused ``qkv`` Dense, scaled dot-product attention, ``proj`` Dense
+    (with ``qk_norm``: a LayerNorm of each head's queries and keys; with ``angles``: rotary embeddings)."""
 
     dim: int
     heads: int
     dtype: Any = jnp.float32
+    qk_norm: bool = False
+    ln_epsilon: float = 1e-6
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, angles: Array | None = None) -> Array:
         b, n, _ = x.shape
         head_dim = self.dim // self.heads
         dense = dict(
@@ -120,22 +162,45 @@ class Attention(nn.Module):
         )
         qkv = nn.Dense(3 * self.dim, name="qkv", **dense)(x).reshape(b, n, 3, self.heads, head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        if self.qk_norm:
+            q = nn.LayerNorm(self.ln_epsilon, name="q_norm", dtype=self.dtype)(q)
+            k = nn.LayerNorm(self.ln_epsilon, name="k_norm", dtype=self.dtype)(k)
+        if angles is not None:
+            q, k = rotate(q, angles), rotate(k, angles)
         out = jax.nn.dot_product_attention(q, k, v)  # [B, N, H, Dh], scale 1/sqrt(Dh)
         return nn.Dense(self.dim, name="proj", **dense)(out.reshape(b, n, self.dim))
 
 
 class Mlp(nn.Module):
+    """``fc1 -> GELU -> fc2``; ``swiglu``: ``(silu(gate(x)) * fc1(x)) -> fc2`` at 2/3 of the hidden width."""
+
     hidden: int
     dim: int
     dtype: Any = jnp.float32
+    swiglu: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         dense = dict(
             kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.zeros, dtype=self.dtype
         )
-        x = nn.gelu(nn.Dense(self.hidden, name="fc1", **dense)(x))
+        if self.swiglu:
+            hidden = 2 * self.hidden // 3
+            x = nn.silu(nn.Dense(hidden, name="gate", **dense)(x)) * nn.Dense(hidden, name="fc1", **dense)(x)
+        else:
+            x = nn.gelu(nn.Dense(self.hidden, name="fc1", **dense)(x))
         return nn.Dense(self.dim, name="fc2", **dense)(x)
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale, initialised to ``init`` (Touvron et al. 2021)."""
+
+    init: float
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = self.param("scale", nn.initializers.constant(self.init), (x.shape[-1],))
+        return x * scale.astype(x.dtype)
 
 
 class Block(nn.Module):
@@ -145,17 +210,22 @@ class Block(nn.Module):
     drop_path: float
 
     @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
+    def __call__(self, x: Array, deterministic: bool, angles: Array | None = None) -> Array:
+        """``angles``: the tokens' rotary angles (`rope_angles`; with ``rope``)."""
         cfg = self.cfg.resolved()
         dt = compute_dtype(cfg)
         drop = DropPath(self.drop_path)
-        h = Attention(cfg.dim, cfg.heads, dt, name="attn")(
-            nn.LayerNorm(cfg.ln_epsilon, name="norm1", dtype=dt)(x)
+        h = Attention(cfg.dim, cfg.heads, dt, cfg.qk_norm, cfg.ln_epsilon, name="attn")(
+            nn.LayerNorm(cfg.ln_epsilon, name="norm1", dtype=dt)(x), angles
         )
+        if cfg.layer_scale:
+            h = LayerScale(cfg.layer_scale, name="scale1")(h)
         x = x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
-        h = Mlp(cfg.mlp_ratio * cfg.dim, cfg.dim, dt, name="mlp")(
+        h = Mlp(cfg.mlp_ratio * cfg.dim, cfg.dim, dt, cfg.swiglu, name="mlp")(
             nn.LayerNorm(cfg.ln_epsilon, name="norm2", dtype=dt)(x)
         )
+        if cfg.layer_scale:
+            h = LayerScale(cfg.layer_scale, name="scale2")(h)
         return x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
 
 
@@ -165,9 +235,13 @@ class Encoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array, *, deterministic: bool, mask: Array | None = None) -> tuple[Array, Array]:
+    def __call__(
+        self, x: Array, *, deterministic: bool, mask: Array | None = None, keep: Array | None = None
+    ) -> tuple[Array, Array]:
         """``mask [B, N]`` (True = hidden): those patch tokens are replaced by the learned mask token
-        before the position embedding (the masked-span predictor's context)."""
+        before the position embedding (the masked-span predictor's context). ``keep [B, K]`` (patch
+        indices): only those tokens, with their positions, enter the blocks (MAE's visible patches;
+        the embedding is their mean)."""
         cfg = self.cfg.resolved()
         t = x.shape[1] if x.ndim == 3 else -1
         if x.ndim != 3 or x.shape[2] != cfg.n_mels or not 0 < t <= cfg.n_frames or t % cfg.patch:
@@ -175,12 +249,6 @@ class Encoder(nn.Module):
                 f"encoder expects [B, T, M={cfg.n_mels}] spectrograms with T={cfg.n_frames} (or a shorter "
                 f"local crop, a multiple of patch={cfg.patch}), got shape {x.shape}"
             )
-        x = x.astype(jnp.float32)
-        if cfg.input_norm == "floor":  # log domain: a channel's gain per bin is an offset per bin
-            x = x - noise_floor(x)
-        if cfg.input_norm in ("clip", "floor"):
-            mean = x.mean(axis=(1, 2), keepdims=True)
-            x = (x - mean) / jnp.sqrt(jnp.square(x - mean).mean(axis=(1, 2), keepdims=True) + 1e-6)
         dt = compute_dtype(cfg)
         tokens = nn.Dense(
             cfg.dim,
@@ -188,18 +256,29 @@ class Encoder(nn.Module):
             kernel_init=nn.initializers.xavier_uniform(),
             bias_init=nn.initializers.zeros,
             dtype=dt,
-        )(patchify(x, cfg.patch, cfg.patch_mels))
+        )(input_patches(cfg, x))
         if cfg.predictor_depth:
             mask_token = self.param("mask_token", nn.initializers.normal(0.02), (cfg.dim,))
             if mask is not None:
                 tokens = jnp.where(mask[..., None], mask_token, tokens)
-        pos = self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, cfg.dim))
         # Patches are time-major: a crop of T frames takes the positions of the first T / patch rows.
-        tokens = tokens + pos[:, : tokens.shape[1]].astype(dt)
+        index = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape[:2])
+        if not cfg.rope:
+            pos = self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, cfg.dim))
+            tokens = tokens + pos[:, : tokens.shape[1]].astype(dt)
+        if keep is not None:
+            tokens, index = jnp.take_along_axis(tokens, keep[..., None], axis=1), keep
+        n = tokens.shape[1]
+        if cfg.registers:
+            registers = self.param("registers", nn.initializers.normal(0.02), (cfg.registers, cfg.dim))
+            tokens = jnp.concatenate(
+                [tokens, jnp.broadcast_to(registers.astype(tokens.dtype), (len(tokens), *registers.shape))], 1
+            )
+        angles = token_angles(cfg, index, cfg.registers) if cfg.rope else None
         for i in range(cfg.depth):
             rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
-            tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic)
-        tokens = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)
+            tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic, angles)
+        tokens = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)[:, :n]  # registers leave
         return tokens.mean(axis=1), tokens
 
 
@@ -251,11 +330,41 @@ class Predictor(nn.Module):
     def __call__(self, tokens: Array) -> Array:
         cfg = self.cfg
         dt = compute_dtype(cfg)
+        every = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape[:2])
+        angles = token_angles(cfg, every) if cfg.rope else None
         for i in range(cfg.predictor_depth):
-            tokens = Block(cfg, 0.0, name=f"block_{i}")(tokens, True)
+            tokens = Block(cfg, 0.0, name=f"block_{i}")(tokens, True, angles)
         return nn.Dense(cfg.dim, name="out", dtype=dt)(
             nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)
         )
+
+
+class Decoder(nn.Module):
+    """Visible tokens ``[B, K, D]`` at patch indices ``keep [B, K]`` -> every patch's values ``[B, N,
+    patch * patch_mels]``: a linear map to the decoder's width, a learned mask token at the hidden
+    patches, a learned position embedding, ``depth`` transformer blocks (no dropout), a LayerNorm and
+    a linear read-out (He et al.'s MAE decoder)."""
+
+    cfg: ModelConfig
+    decoder: DecoderConfig
+
+    @nn.compact
+    def __call__(self, visible: Array, keep: Array) -> Array:
+        cfg, dec = self.cfg, self.decoder
+        dt = compute_dtype(cfg)
+        x = nn.Dense(dec.dim, name="embed", dtype=dt)(visible)
+        mask_token = self.param("mask_token", nn.initializers.normal(0.02), (dec.dim,))
+        full = jnp.broadcast_to(mask_token.astype(x.dtype), (x.shape[0], cfg.n_patches, dec.dim))
+        full = full.at[jnp.arange(x.shape[0])[:, None], keep].set(x)  # indices are distinct: no sums
+        if not cfg.rope:  # with rope the blocks below turn the tokens by their positions instead
+            full = full + self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, dec.dim))
+        blocks = dataclasses.replace(cfg, dim=dec.dim, heads=dec.heads, dropout=0.0, drop_path=0.0)
+        every = jnp.broadcast_to(jnp.arange(cfg.n_patches), full.shape[:2])
+        angles = token_angles(blocks, every) if cfg.rope else None
+        for i in range(dec.depth):
+            full = Block(blocks, 0.0, name=f"block_{i}")(full, True, angles)
+        full = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(full)
+        return nn.Dense(cfg.patch * cfg.patch_mels, name="out", dtype=dt)(full)
 
 
 class Probe(nn.Module):
@@ -278,13 +387,23 @@ class BirdJepa(nn.Module):
     """
 
     cfg: ModelConfig
+    decoder: DecoderConfig | None = None
+    """The objective's decoder (`Decoder`; None: none)."""
 
     @nn.compact
     def __call__(
-        self, spectrogram: Array, *, deterministic: bool, mask: Array | None = None
+        self,
+        spectrogram: Array,
+        *,
+        deterministic: bool,
+        mask: Array | None = None,
+        keep: Array | None = None,
     ) -> dict[str, Array]:
         """``mask`` (``[.., N]``, True = hidden; needs ``predictor_depth > 0``) adds ``"prediction"``
-        ``[.., N, D]``: the predictor's tokens from the masked view's."""
+        ``[.., N, D]``: the predictor's tokens from the masked view's. ``keep`` (``[.., K]`` patch
+        indices; needs a decoder) encodes those patches only and adds ``"reconstruction"`` ``[.., N,
+        P]``, the decoder's values of every patch, and ``"patches"``, the patches the encoder was
+        given (`input_patches`)."""
         lead = spectrogram.shape[:-2]
         if len(lead) not in (1, 2):
             raise ValueError(
@@ -294,8 +413,13 @@ class BirdJepa(nn.Module):
         cfg = self.cfg.resolved()
         if mask is not None and not cfg.predictor_depth:  # else the mask would be ignored silently
             raise ValueError("a mask needs a predictor (predictor_depth >= 1)")
+        if keep is not None and self.decoder is None:
+            raise ValueError("visible patches (keep) need a decoder")
         flat_mask = None if mask is None else mask.reshape(-1, mask.shape[-1])
-        embedding, tokens = Encoder(cfg, name="encoder")(x, deterministic=deterministic, mask=flat_mask)
+        flat_keep = None if keep is None else keep.reshape(-1, keep.shape[-1])
+        embedding, tokens = Encoder(cfg, name="encoder")(
+            x, deterministic=deterministic, mask=flat_mask, keep=flat_keep
+        )
         dt = compute_dtype(cfg)
         projector = Projector(
             cfg.proj_hidden,
@@ -310,19 +434,26 @@ class BirdJepa(nn.Module):
         out = {"embedding": embedding, "tokens": tokens, "projection": projection}
         if cfg.predictor_depth and (mask is not None or self.is_initializing()):
             out["prediction"] = Predictor(cfg, name="predictor")(tokens)
+        if self.decoder is not None and (keep is not None or self.is_initializing()):
+            every = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape[:2])  # at init: no mask
+            where = every if flat_keep is None else flat_keep
+            out["reconstruction"] = Decoder(cfg, self.decoder, name="decoder")(tokens, where)
+            if flat_keep is not None:
+                out["patches"] = input_patches(cfg, x)
         # Every loss and the probe see float32, whatever the compute dtype.
         out = {k: v.astype(jnp.float32) for k, v in out.items()}
         out["probe_logits"] = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(out["embedding"]))
         return {k: v.reshape(lead + v.shape[1:]) for k, v in out.items()}
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def init_params(cfg: ModelConfig, key: Array) -> PyTree:
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def init_params(cfg: ModelConfig, key: Array, decoder: DecoderConfig | None = None) -> PyTree:
     """Initial params ``{"params": {"encoder": ..., "projector": ..., "probe": ...}}`` from ``key``
-    (traced with a batch of one zero spectrogram; no dropout key needed; jitted: one compile instead of
-    dispatching every init op eagerly)."""
+    (and ``"decoder"`` with one; traced with a batch of one zero spectrogram; no dropout key needed;
+    jitted: one compile instead of dispatching every init op eagerly). Flax draws each module's
+    parameters from its own path, so a decoder leaves the others' as they were."""
     x = jnp.zeros((1, cfg.n_frames, cfg.n_mels), jnp.float32)
-    return BirdJepa(cfg).init({"params": key}, x, deterministic=True)
+    return BirdJepa(cfg, decoder).init({"params": key}, x, deterministic=True)
 
 
 def encode_views(

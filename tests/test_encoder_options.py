@@ -1,0 +1,68 @@
+"""The encoder options bird-audio ViTs use (`birdjepa.model.config.ModelConfig`: rope, qk_norm, swiglu,
+layer_scale, registers), each off by default: what each builds, and a run with all five on resuming
+bit for bit. One run proves it for the five: each is arithmetic inside the encoder's forward pass
+(a parameter, a function of the tokens), and the resume restores the parameters and replays the step.
+With them on, `test_evaluation.py`'s run is exported and embeds as `evaluate` does, and
+`test_virtual_shards.py` computes the same bits on 1, 2 and 4 devices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from test_train_resume import NO_EVAL, differing, events, pretrain_here
+
+from birdjepa.model.config import preset
+from birdjepa.model.vit import BirdJepa, init_params, rope_angles, rotate
+from birdjepa.resume.compare import metrics_by_step
+
+ALL_ON = ("--model.rope", "--model.qk-norm", "--model.swiglu", "--model.layer-scale", "0.1",
+          "--model.registers", "2")  # fmt: skip
+
+
+def test_rotary_attention_scores_depend_on_relative_positions_only() -> None:
+    q, k = jax.random.normal(jax.random.key(0), (2, 1, 5, 1, 16))
+    pos = jnp.array([[[0, 0], [1, 0], [3, 2], [7, 1], [2, 5]]], jnp.float32)
+
+    def scores(shift: jax.Array) -> np.ndarray:
+        angles = rope_angles(pos + shift, 16)
+        return np.asarray(jnp.einsum("bnhd,bmhd->bnm", rotate(q, angles), rotate(k, angles)))
+
+    base = scores(jnp.zeros(2))
+    assert np.allclose(scores(jnp.array([5.0, 0.0])), base, atol=1e-4)  # float rotations: not exact
+    assert np.allclose(scores(jnp.array([0.0, 3.0])), base, atol=1e-4)
+    assert not np.allclose(scores(jnp.array([[0.0, 0.0]] * 4 + [[1.0, 0.0]])), base, atol=1e-2)
+
+
+def test_each_option_builds_what_it_says() -> None:
+    base = preset("tiny", n_frames=64)
+    on = preset("tiny", n_frames=64, rope=True, qk_norm=True, swiglu=True, layer_scale=0.1, registers=3)
+    p0 = init_params(base, jax.random.key(0))["params"]["encoder"]
+    p1 = init_params(on, jax.random.key(0))["params"]["encoder"]
+    assert "pos_embed" in p0 and "pos_embed" not in p1  # rope replaces the learned positions
+    assert p1["registers"].shape == (3, base.dim)
+    block = p1["block_0"]
+    assert {"q_norm", "k_norm"} <= set(block["attn"]) and set(block["mlp"]) == {"gate", "fc1", "fc2"}
+    assert np.array_equal(block["scale1"]["scale"], np.full(base.dim, 0.1, np.float32))
+    # SwiGLU's three matrices hold as many weights as GELU's two (hidden 2/3 as wide).
+    size = lambda tree: sum(x.size for n, x in tree.items() if n != "fc2" for x in jax.tree.leaves(x))  # noqa: E731
+    assert abs(size(block["mlp"]) - size(p0["block_0"]["mlp"])) <= 3 * base.dim
+    # The registers leave the tokens and the embedding.
+    x = jax.random.normal(jax.random.key(1), (2, 64, 128))
+    out = BirdJepa(on).apply({"params": init_params(on, jax.random.key(0))["params"]}, x, deterministic=True)
+    assert out["tokens"].shape == (2, 4, base.dim)
+    assert np.allclose(out["embedding"], out["tokens"].mean(1), atol=0)
+
+
+def test_a_run_with_every_encoder_option_on_resumes_exactly(demo_dir: Path, tmp_path: Path) -> None:
+    args = (*ALL_ON, *NO_EVAL, "--optim.grad-accum", "2")
+    assert pretrain_here(demo_dir, tmp_path, "straight", *args) == 0
+    assert pretrain_here(demo_dir, tmp_path, "resumed", *args, "--stop-at-step", "2") == 0
+    assert pretrain_here(demo_dir, tmp_path, "resumed", *args) == 0
+    assert (
+        events(tmp_path / "resumed", "resume")
+        and differing(tmp_path / "straight", tmp_path / "resumed") == []
+    )
+    assert metrics_by_step(tmp_path / "straight")[2]["train/accum_progress"] == 1.0  # stopped mid-update
