@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from birdjepa.config import AugmentConfig
-from birdjepa.train.augment import _warp, augment_views, local_crops
+from birdjepa.objectives.lejepa import local_crops
+from birdjepa.train.augment import _warp, augment_views
 
 MEAN, STD = -4.0, 4.0
 DB = math.log(10) / 10

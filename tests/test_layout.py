@@ -34,6 +34,7 @@ FLOORS = (
     "multihost",
     "validation",
     "config",
+    "objectives",
     "diagnostics",
     "model",
     "data",

@@ -24,7 +24,7 @@ from birdjepa.model.vit import (
     param_groups,
     patchify,
 )
-from birdjepa.train.objectives import probe_metrics
+from birdjepa.objectives.supervised import probe_metrics
 
 T, M = 512, 128
 

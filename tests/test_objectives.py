@@ -7,19 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from birdjepa.train.objectives import (
+from birdjepa.objectives.lejepa import invariance_loss, lejepa_loss
+from birdjepa.objectives.sigreg import (
     epps_pulley,
     epps_pulley_integrand,
     epps_pulley_knots,
-    invariance_loss,
-    lejepa_loss,
-    probe_metrics,
     sigreg,
     sigreg_directions,
-    span_loss,
-    span_mask,
-    supervised_loss,
 )
+from birdjepa.objectives.span import span_loss, span_mask
+from birdjepa.objectives.supervised import probe_metrics, supervised_loss
 
 
 def np_trapezoid_doubled(f: np.ndarray, t: np.ndarray) -> float:
@@ -218,7 +215,7 @@ def test_sigreg_of_summed_shard_statistics_and_its_surrogate_gradient_are_the_ba
     """What the virtual-shard step computes (`birdjepa.train.virtual_shards`): SIGReg from the sums of
     four shards' statistics is the whole batch's SIGReg, and the shards' surrogates ``<G, sums>`` give
     its gradient. Not bit for bit: the batch's mean adds its N terms in another order (float32, 1e-5)."""
-    from birdjepa.train.objectives import sigreg, sigreg_from_sums, sigreg_partial_sums
+    from birdjepa.objectives.sigreg import sigreg, sigreg_from_sums, sigreg_partial_sums
 
     z = jax.random.normal(jax.random.key(0), (16, 3, 8)) * 1.3 + 0.2
     key = jax.random.key(1)
@@ -242,3 +239,46 @@ def test_sigreg_of_summed_shard_statistics_and_its_surrogate_gradient_are_the_ba
         rtol=1e-4,
         atol=1e-6,
     )
+
+
+def test_every_registered_objective_is_a_unit() -> None:
+    """`--objective.kind` offers exactly the registry's names, each with its options group, and each
+    class has the protocol's methods (`birdjepa.objectives.base.Objective`)."""
+    import dataclasses
+    import importlib
+    import typing
+
+    from birdjepa.objectives.base import Objective
+    from birdjepa.objectives.options import REGISTRY, ObjectiveConfig, Options
+
+    kinds = typing.get_args(typing.get_type_hints(ObjectiveConfig)["kind"])
+    assert set(kinds) == set(REGISTRY)
+    fields = {f.name: f.type for f in dataclasses.fields(ObjectiveConfig)}
+    methods = [m for m in dir(Objective) if not m.startswith("_")]
+    assert sorted(methods) == ["combine", "forward", "parts", "statistics", "terms", "totals"]
+    for name, registration in REGISTRY.items():
+        assert name in fields and isinstance(getattr(ObjectiveConfig(), name), registration.options)
+        assert issubclass(registration.options, Options)
+        module, cls = registration.implementation.split(":")
+        implementation = getattr(importlib.import_module(module), cls)
+        assert all(callable(getattr(implementation, m, None)) for m in methods), name
+
+
+def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units() -> None:
+    """Two steps (an accumulation, then an update, recorded as `trace` records it) of LeJEPA with every
+    draw on, of the supervised objective, and of LeJEPA's virtual-shard step: every output, every
+    recorded tensor's summary, as sha256 digests, equal to those the code before the objective
+    registry computed (`step_digests.py` wrote the fixture, at the suite's settings, on the CI machine;
+    another CPU or jaxlib compiles other kernels, so there the test cannot compare and says so)."""
+    import json
+    from pathlib import Path
+
+    from step_digests import CONFIGS, machine, step_digests
+
+    recorded = json.loads((Path(__file__).parent / "fixtures" / "step_digests.json").read_text())
+    if recorded["machine"] != machine():
+        pytest.skip(f"digests recorded on {recorded['machine']}, this machine is {machine()}")
+    for name, args in CONFIGS.items():
+        now, then = step_digests(args), recorded["digests"][name]
+        assert sorted(now) == sorted(then), (name, set(now) ^ set(then))
+        assert [k for k in then if now[k] != then[k]] == [], name

@@ -48,11 +48,34 @@ def steps_on(counts: list[int], args: list[str], out: Path) -> dict[int, dict[st
     return {d: dict(np.load(out / f"{d}.npz")) for d in counts}
 
 
-@pytest.mark.slow  # 3 device counts x 3 configurations, each device compiling its own executables
+@pytest.mark.slow  # 3 device counts x 5 configurations, each device compiling its own executables
 @pytest.mark.parametrize(
     "config",
-    [LEJEPA, ["--objective.kind", "supervised", "--optim.grad-accum", "2"], ["--model.dtype", "bfloat16"]],
-    ids=["lejepa-local-span-accum", "supervised-accum", "bfloat16"],
+    [
+        LEJEPA,
+        ["--objective.kind", "supervised", "--optim.grad-accum", "2"],
+        ["--model.dtype", "bfloat16"],
+        [
+            "--objective.kind",
+            "mae",
+            "--objective.mae.masking",
+            "time",
+            "--model.dropout",
+            "0.1",
+            "--optim.grad-accum",
+            "2",
+        ],
+        [
+            "--model.rope",
+            "--model.qk-norm",
+            "--model.swiglu",
+            "--model.layer-scale",
+            "0.1",
+            "--model.registers",
+            "2",
+        ],
+    ],  # fmt: skip
+    ids=["lejepa-local-span-accum", "supervised-accum", "bfloat16", "mae-accum", "encoder-options"],
 )
 def test_one_two_and_four_devices_compute_the_same_bits(config: list[str], tmp_path: Path) -> None:
     args = ["--model.preset", "tiny", "--data.batch-size", "8", "--train.virtual-shards", "4", *config]

@@ -1,7 +1,8 @@
 """The pretrain configuration: frozen dataclasses, one group per concern, composed here (no JAX).
 
-The training recipe's groups (optimizer, view augmentations, LeJEPA objective) are defined here; the
-data's and the model's come from `birdjepa.data` and `birdjepa.model.config`. Their ranges are checked
+The training recipe's groups (optimizer, view augmentations) are defined here; the data's, the
+model's and the objectives' come from `birdjepa.data`, `birdjepa.model.config` and
+`birdjepa.objectives.options`. Their ranges are checked
 by `birdjepa.validation`.
 
 `birdjepa pretrain --help` is generated from these fields and their docstrings (tyro). The options
@@ -21,6 +22,7 @@ from typing import Any, Literal, TypeVar
 from birdjepa.data import DataConfig
 from birdjepa.faults import Fault, Plant
 from birdjepa.model.config import ModelConfig
+from birdjepa.objectives.options import ObjectiveConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,49 +80,6 @@ class OptimConfig:
     """LR multiplier of the online probe head: a linear probe on a moving encoder needs a much faster
     LR than the encoder to converge within a short run (demo defaults, 600 steps: held-out accuracy
     0.33 at x100, 0.27 at x30)."""
-
-
-DEFAULT_LAMBDA = 0.05
-DEFAULT_NUM_DIRECTIONS = 256
-DEFAULT_NUM_KNOTS = 17
-DEFAULT_T_MAX = 3.0
-
-
-@dataclasses.dataclass(frozen=True)
-class LeJepaConfig:
-    """LeJEPA loss settings (see `birdjepa.train.objectives`)."""
-
-    lam: float = DEFAULT_LAMBDA
-    """Weight λ of SIGReg in ``(1 - λ) * invariance + λ * SIGReg``."""
-    num_directions: int = DEFAULT_NUM_DIRECTIONS
-    """K random 1-D projections per step."""
-    num_knots: int = DEFAULT_NUM_KNOTS
-    """Trapezoid knots on [0, t_max]."""
-    t_max: float = DEFAULT_T_MAX
-    sigreg_per_view: bool = False
-    """SIGReg of each view's B projections, averaged over views (as LeJEPA's reference code), instead
-    of one test of all B*V pooled."""
-    local_views: int = 0
-    """Multi-crop: local views per sample, cut from the global views (0 = off). The invariance pulls
-    every view to the centre of the global views."""
-    local_frames: int = 128
-    """Frames of a local view (a multiple of the patch size)."""
-    span_weight: float = 0.0
-    """Weight of the masked-span (JEPA) term added to the loss (0 = off; needs
-    ``--model.predictor-depth`` > 0): hide time spans of each view's tokens and predict the encoder's
-    tokens there from the rest."""
-    span_tokens: int = 4
-    """Length of a hidden span in time tokens (it must divide the token grid's time side)."""
-    span_ratio: float = 0.5
-    """Fraction of the spans hidden in each view."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ObjectiveConfig:
-    kind: Literal["lejepa", "supervised"] = "lejepa"
-    """lejepa: invariance + SIGReg on projections; supervised: cross-entropy on labels."""
-    lejepa: LeJepaConfig = LeJepaConfig()
-    """Invariance + SIGReg (λ = 0.05, the paper's)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,6 +61,7 @@ Plant = Literal[
     "decay_skips_biases_and_norms",
     "mlp_between_fc1_and_fc2",
     "block_residual_scale",
+    "decoder_input_scaled",
     "noisy_execution",
 ]
 
@@ -91,6 +92,7 @@ EXPECTED_DIFFERENCE = {
         "global/encoder/block_0/mlp/fc2.__call__#0/in",
     ),  # Mlp's activation
     "block_residual_scale": ("forward", "global/encoder/block_0/DropPath_0.__call__#1/in"),  # 2nd call only
+    "decoder_input_scaled": ("forward", "global/decoder/embed.__call__#0/in"),  # MAE: in Decoder
 }
 
 #: ``noisy_execution`` has no entry above: it makes a run differ from *itself*, one execution from the next
@@ -104,4 +106,5 @@ EXPECTED_REGION = {
     "mlp_between_fc1_and_fc2": "the output of `encoder/block_0/mlp/fc1` is equal: the difference arises in "
     "`Mlp.__call__`",
     "block_residual_scale": "arises in `Block.__call__`",
+    "decoder_input_scaled": "arises in `Decoder.__call__`",
 }

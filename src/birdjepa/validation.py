@@ -25,6 +25,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, resolve_files
 from birdjepa.data.shards import VOCAB_FILE, read_shard
 from birdjepa.model.config import PRESETS
+from birdjepa.objectives.options import REGISTRY
 
 
 class OptionError(ValueError):
@@ -46,38 +47,50 @@ def _get(cfg: Any, option: str) -> Any:
     return cfg
 
 
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    ">=0": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
+    ">=1": (lambda v: v >= 1, "must be >= 1"),
+    ">=2": (lambda v: v >= 2, "must be >= 2"),
+    ">0": (lambda v: v > 0, "must be > 0"),
+    "[0,1]": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "(0,1)": (lambda v: 0 < v < 1, "must be in (0, 1)"),
+}
+"""The rules an objective's ``RANGES`` name (`birdjepa.objectives.options.Options`)."""
+
 # (options, predicate, what is allowed); an option left at None means "the default" and is not checked.
 _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
     (
         ("steps", "log_every", "ckpt_keep", "iid_window", "optim.grad_accum",
-         "objective.lejepa.num_directions", "objective.lejepa.span_tokens", "objective.lejepa.local_frames",
          "model.patch", "model.n_frames", "model.n_mels", "model.n_classes", "model.dim", "model.depth",
          "model.heads", "model.mlp_ratio", "model.patch_freq", "model.proj_hidden", "model.proj_dim"),
         lambda v: v >= 1, "must be >= 1",
     ),
     (
         ("eval_every", "ckpt_every", "monitor_interval", "max_skips", "optim.warmup_steps",
-         "objective.lejepa.local_views", "model.proj_layers", "model.predictor_depth",
+         "model.proj_layers", "model.predictor_depth", "model.registers", "model.layer_scale",
          "train.virtual_shards"),
         lambda v: v >= 0, "must be >= 0 (0 = off)",
     ),
     (("stop_at_step",), lambda v: v >= 0, "must be >= 0"),
-    (("objective.lejepa.num_knots",), lambda v: v >= 2, "must be >= 2"),
     (
-        ("optim.lr", "optim.probe_lr_scale", "objective.lejepa.t_max", "data.features.std"),
+        ("optim.lr", "optim.probe_lr_scale", "data.features.std"),
         lambda v: v > 0, "must be > 0",
     ),
     (
-        ("optim.weight_decay", "optim.clip_norm", "objective.lejepa.span_weight", "augment.gain_db",
+        ("optim.weight_decay", "optim.clip_norm", "augment.gain_db",
          "augment.tilt_db", "augment.noise_db", "augment.pitch_bins", "augment.stretch"),
         lambda v: v >= 0, "must be >= 0 (0 = off)",
     ),
     (("optim.b1", "optim.b2", "model.dropout", "model.drop_path"), lambda v: 0 <= v < 1, "must be in [0, 1)"),
     (
-        ("optim.decay_fraction", "optim.min_lr_ratio", "objective.lejepa.lam", "augment.mix_prob"),
+        ("optim.decay_fraction", "optim.min_lr_ratio", "augment.mix_prob"),
         lambda v: 0 <= v <= 1, "must be in [0, 1]",
     ),
-    (("objective.lejepa.span_ratio",), lambda v: 0 < v < 1, "must be in (0, 1)"),
+    *(
+        (tuple(f"objective.{name}.{f}" for f in fields), *_RULES[rule])
+        for name, r in REGISTRY.items()
+        for fields, rule in r.options.RANGES
+    ),
 ]  # fmt: skip
 
 
@@ -128,6 +141,10 @@ def _check_model(cfg: PretrainConfig) -> None:
     r = m.resolved()
     if r.dim % r.heads:
         raise OptionError("model.heads", r.heads, f"must divide --model.dim ({r.dim})")
+    if m.rope and (r.dim // r.heads) % 4:
+        raise OptionError(
+            "model.rope", m.rope, f"needs a head width that 4 divides (it is {r.dim // r.heads})"
+        )
     if m.n_frames % m.patch:
         raise OptionError("model.patch", m.patch, f"must divide --model.n-frames ({m.n_frames})")
     if m.n_mels % m.patch_mels:
@@ -142,24 +159,10 @@ def _check_model(cfg: PretrainConfig) -> None:
 
 
 def _check_objective(cfg: PretrainConfig) -> None:
-    lej, m = cfg.objective.lejepa, cfg.model
-    if cfg.objective.kind == "lejepa" and cfg.data.n_views < 2:
-        raise OptionError("data.n_views", cfg.data.n_views, "the lejepa objective compares views: need >= 2")
-    if lej.span_weight and not m.predictor_depth:
-        raise OptionError(
-            "objective.lejepa.span_weight", lej.span_weight,
-            "needs a predictor: set --model.predictor-depth >= 1",
-        )  # fmt: skip
-    time_tokens = m.n_frames // m.patch
-    if lej.span_weight and time_tokens % lej.span_tokens:
-        raise OptionError(
-            "objective.lejepa.span_tokens", lej.span_tokens, f"must divide the {time_tokens} time tokens"
-        )
-    if lej.local_views and (lej.local_frames % m.patch or lej.local_frames > m.n_frames):
-        raise OptionError(
-            "objective.lejepa.local_frames", lej.local_frames,
-            f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames",
-        )  # fmt: skip
+    """The chosen objective's own combinations (`birdjepa.objectives.options.Options.problems`)."""
+    for option, value, allowed in cfg.objective.options.problems(cfg):
+        where = "data" if option == "n_views" else f"objective.{cfg.objective.kind}"
+        raise OptionError(f"{where}.{option}", value, allowed)
 
 
 def _check_virtual_shards(cfg: PretrainConfig) -> None:

@@ -85,6 +85,11 @@ PAIRS = (
     _plant("decay_skips_biases_and_norms", "weight decay on biases and norms in one run only"),
     _plant("mlp_between_fc1_and_fc2", "a code change in Mlp between fc1 and fc2 (its activation)"),
     _plant("block_residual_scale", "a residual scale on a block's MLP branch (its drop-path's 2nd call)"),
+    _plant(
+        "decoder_input_scaled",
+        "MAE: a code change in the decoder before its first layer",
+        ("--objective.kind", "mae"),
+    ),  # fmt: skip
     # Each device's forward pass is its rows' alone: the first stage that adds across the devices is
     # the loss (at XLA's default level; at -O0 the forward's kernels already differ by batch shape).
     Pair("devices", "1 device against 4 simulated devices", (), ("loss", ""), devices=4),

@@ -26,6 +26,7 @@ from birdjepa.evaluation.periodic import PeriodicEval
 from birdjepa.evaluation.report import ENCODER, Row
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
+from birdjepa.objectives.supervised import probe_metrics
 from birdjepa.pretrain.wandb_mirror import open_run
 from birdjepa.resume import checks as resume_check
 from birdjepa.train import checkpoint
@@ -34,7 +35,6 @@ from birdjepa.train.checkpoint.space import mib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
 from birdjepa.train.metrics_log import MetricsLog, NullLog
-from birdjepa.train.objectives import probe_metrics
 from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
 from birdjepa.train.segment import total_updates
 from birdjepa.train.state import TrainState

@@ -98,19 +98,3 @@ def _warp(x: Array, shift: Array, stretch: Array) -> Array:
         return _interp(view, jnp.arange(t, dtype=jnp.float32) / r, axis=0)
 
     return jax.vmap(jax.vmap(one))(x, shift, stretch)
-
-
-def local_crops(x: Array, key: Array, count: int, frames: int) -> Array:
-    """``count`` local views per sample: windows of ``frames`` frames, each from a random one of the
-    sample's views at a random start (``x`` ``[B, V, T, M]`` -> ``[B, count, frames, M]``)."""
-    b, v, t, m = x.shape
-    if not 0 < frames <= t:
-        raise ValueError(f"local crops of {frames} frames from views of {t}")
-    k_view, k_start = jax.random.split(key)
-    source = jax.random.randint(k_view, (b, count), 0, v)
-    start = jax.random.randint(k_start, (b, count), 0, t - frames + 1)
-
-    def crop(sample: Array, view: Array, s: Array) -> Array:  # [V, T, M], scalars -> [frames, M]
-        return jax.lax.dynamic_slice(sample[view], (s, 0), (frames, m))
-
-    return jax.vmap(jax.vmap(crop, in_axes=(None, 0, 0)))(x, source, start)

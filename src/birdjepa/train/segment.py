@@ -43,10 +43,7 @@ def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
 
 def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
     """The model a run builds: the configured one with the data set's class count (for the probe)."""
-    model_cfg = dataclasses.replace(cfg.model, n_classes=n_classes).resolved()
-    if cfg.objective.kind == "supervised":  # the projector becomes the classifier
-        model_cfg = dataclasses.replace(model_cfg, proj_dim=n_classes, proj_layers=0)
-    return model_cfg
+    return cfg.objective.options.model(dataclasses.replace(cfg.model, n_classes=n_classes).resolved())
 
 
 def total_updates(cfg: PretrainConfig) -> int:
@@ -56,7 +53,8 @@ def total_updates(cfg: PretrainConfig) -> int:
 
 def fresh_state(cfg: PretrainConfig, model_cfg: ModelConfig, tx: optax.GradientTransformation) -> TrainState:
     """The state of step 0: params from the seed's init key, a fresh optimizer state and key chain."""
-    params = init_params(model_cfg, init_key(cfg))["params"]
+    decoder = cfg.objective.options.decoder(model_cfg)
+    params = init_params(model_cfg, init_key(cfg), decoder)["params"]
     return TrainState(step=0, restart=0, params=params, opt_state=tx.init(params), chain=fresh_chain(cfg))
 
 

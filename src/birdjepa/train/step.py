@@ -19,28 +19,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from birdjepa.config import NO_AUGMENT, AugmentConfig, ObjectiveConfig, PretrainConfig
+from birdjepa.config import NO_AUGMENT, AugmentConfig, PretrainConfig
 from birdjepa.data import Features
-from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.diagnostics.monitor import maybe_update_stats
 from birdjepa.faults import DATA_PLANTS
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa
-from birdjepa.train.augment import augment_views, local_crops
+from birdjepa.objectives import health
+from birdjepa.objectives.base import Objective, build
+from birdjepa.objectives.options import ObjectiveConfig
+from birdjepa.train.augment import augment_views
 from birdjepa.train.calls import recorded
-from birdjepa.train.objectives import (
-    lejepa_loss,
-    probe_metrics,
-    sigreg_directions,
-    span_loss,
-    span_mask,
-    supervised_loss,
-)
 from birdjepa.train.optim import accumulation_progress, applied_lr, update_count
 
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
 _INIT_KEY, _STEP_KEY = 0, 1
-_AUGMENT_KEY, _LOCAL_KEY, _SPAN_KEY = 2, 3, 4  # folded into a step's key
+_AUGMENT_KEY = 2  # folded into a step's key (the objectives' draws: 3 and up, in their modules)
 
 
 def init_key(cfg: PretrainConfig) -> jax.Array:
@@ -145,6 +139,7 @@ def planted(plant: str | None) -> Iterator[None]:
     targets = {
         "mlp_between_fc1_and_fc2": ("fc2", 0),
         "block_residual_scale": ("DropPath_0", 1),
+        "decoder_input_scaled": ("embed", 0),  # the MAE decoder's first layer
         "noisy_execution": ("block_0", 0),
     }
     target = targets.get(plant or "")
@@ -167,129 +162,95 @@ def planted(plant: str | None) -> Iterator[None]:
         yield
 
 
-class BatchTerms:
-    """The loss's terms over the whole batch the loss function is given (the default step). The
-    virtual-shard step (`birdjepa.train.virtual_shards`) gives the same loss function terms over one
-    shard instead, each a shard's part of the batch's term."""
-
-    def __init__(self, spec: StepConfig) -> None:
-        self.lej = spec.objective.lejepa
-
-    def lejepa(self, z: jax.Array, key: jax.Array, n_global: int) -> dict[str, jax.Array]:
-        lej = self.lej
-        return lejepa_loss(
-            z,
-            key,
-            lam=lej.lam,
-            num_directions=lej.num_directions,
-            num_knots=lej.num_knots,
-            t_max=lej.t_max,
-            sigreg_per_view=lej.sigreg_per_view,
-            n_global=n_global,
-        )
-
-    def span(self, prediction: jax.Array, target: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-        return {"span": span_loss(prediction, target, mask)}
-
-    def supervised(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-        return supervised_loss(logits, labels)
-
-    def probe(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-        return probe_metrics(logits, labels)
-
-    def collapse(self, embedding: jax.Array, projection: jax.Array) -> dict[str, jax.Array]:
-        return {"embedding_rank": effective_rank(embedding), "projection_rank": effective_rank(projection)}
-
-
 def step_keys(spec: StepConfig, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(the key the loss draws from, its dropout key, its SIGReg key) for a step's ``key``."""
+    """(the key the loss draws from, its dropout key, the key of draws every shard shares) for a
+    step's ``key``."""
     if spec.fixed_draws:  # --debug-disable-stochastic: the step's key changes nothing
         key = jax.random.key(0)
-    dropout_key, sigreg_key = jax.random.split(key)
-    return key, dropout_key, sigreg_key
+    dropout_key, shared_key = jax.random.split(key)
+    return key, dropout_key, shared_key
 
 
-def make_loss_fn(spec: StepConfig, *, record: bool = False, terms: Any = None) -> Callable:
-    """``(params, batch, key, sigreg_key=None) -> (loss, aux)``: the objective plus the online probe's
-    cross-entropy, its terms from ``terms`` (default `BatchTerms`); ``sigreg_key`` replaces the one
-    the key gives (a virtual shard's loss draws SIGReg's directions from the step's key).
+class ModelCalls:
+    """The `birdjepa.objectives.base.Model` an objective's forward sees: the model's calls and the
+    step's draws, with the divergence plants (`planted`) and the recording of `birdjepa trace`
+    around them."""
+
+    def __init__(
+        self, spec: StepConfig, model: BirdJepa, params: Any, keys: tuple, record: list | None
+    ) -> None:
+        self.spec, self.model, self.params, self.rec = spec, model, params, record
+        self.key, self.dropout, self.shared_key = keys
+        self.model_cfg = spec.model.resolved()
+        self.recording = record is not None
+
+    def apply(self, call: str, x: jax.Array, dropout: jax.Array, **kw: Any) -> dict[str, jax.Array]:
+        def run() -> dict[str, jax.Array]:
+            rngs = {"dropout": dropout}
+            return self.model.apply(
+                {"params": self.params}, x, deterministic=self.spec.deterministic, rngs=rngs, **kw
+            )
+
+        with planted(self.spec.plant):  # outside the recording: it records what each module received
+            if self.rec is None:
+                return run()
+            self.rec.append((f"keys/dropout_{call}", jax.random.key_data(dropout)))
+            out, calls = recorded(run)
+        self.rec.extend((f"forward/{call}/{name}", value) for name, value in calls)
+        return out
+
+    def draw(self, name: str, constant: int) -> jax.Array:
+        key = jax.random.fold_in(self.key, constant)
+        self.note(f"keys/{name}", jax.random.key_data(key))
+        return key
+
+    def note(self, name: str, value: jax.Array) -> None:
+        if self.rec is not None:
+            self.rec.append((name, value))
+
+
+Terms = Callable[[Objective, Mapping[str, Any], dict[str, jax.Array]], tuple[jax.Array, dict]]
+"""How a loss function turns an objective's forward into ``(loss, aux)``: `whole_batch` (the default
+step) or a virtual shard's passes (`birdjepa.train.virtual_shards`)."""
+
+
+def whole_batch(objective: Objective, out: Mapping[str, Any], batch: dict[str, jax.Array]) -> tuple:
+    """The objective's terms of the whole batch, the online probe's and the collapse ranks; the probe
+    sees stop_gradient(embedding): adding its loss trains the probe head only."""
+    obj, probe = objective.terms(out, batch), health.terms(out, batch)
+    return obj["loss"] + probe["probe_ce"], {**obj, **probe}
+
+
+def make_loss_fn(spec: StepConfig, *, record: bool = False, terms: Terms = whole_batch) -> Callable:
+    """``(params, batch, key, shared_key=None) -> (loss, aux)``: the objective's forward (with the
+    augmented views) and its ``terms``; ``shared_key`` replaces the one the key gives (a virtual
+    shard's loss draws SIGReg's directions from the step's key).
 
     ``record`` (`birdjepa trace`): ``aux["record"]`` also holds, in the order the step computes them,
     every sub-key and what its draw produced, and the inputs and outputs of every module call of the
-    model (global views, local views, masked views; `birdjepa.train.calls`). Off, the function is the
-    training one unchanged."""
-    model = BirdJepa(spec.model)
-    deterministic, augment = spec.deterministic, spec.augment
-    lej = spec.objective.lejepa
-    model_cfg = spec.model.resolved()
+    model (`birdjepa.train.calls`). Off, the function is the training one unchanged."""
+    objective = build(spec.objective, spec.model.resolved())
+    model = BirdJepa(spec.model, spec.objective.options.decoder(spec.model))
+    augment = spec.augment
     norm = {"mean": spec.features.mean, "std": spec.features.std}
-    terms = BatchTerms(spec) if terms is None else terms
 
     def loss_fn(
-        params: Any, batch: dict[str, jax.Array], key: jax.Array, sigreg_key: jax.Array | None = None
+        params: Any, batch: dict[str, jax.Array], key: jax.Array, shared_key: jax.Array | None = None
     ) -> tuple[jax.Array, dict]:
-        rec: list[tuple[str, Any]] = []  # stays empty unless recording
-        key, dropout_key, own_sigreg_key = step_keys(spec, key)
-        sigreg_key = own_sigreg_key if sigreg_key is None else sigreg_key
+        rec: list[tuple[str, Any]] | None = [] if record else None
+        key, dropout_key, own_shared_key = step_keys(spec, key)
+        shared_key = own_shared_key if shared_key is None else shared_key
         if spec.plant == "pos_embed_bf16":  # --debug-plant: one parameter computed in bfloat16
             params = plant_pos_embed_bf16(params)
-
-        def apply(call: str, x: jax.Array, dropout: jax.Array, **kw: Any) -> dict[str, jax.Array]:
-            def run() -> dict[str, jax.Array]:
-                rngs = {"dropout": dropout}
-                return model.apply({"params": params}, x, deterministic=deterministic, rngs=rngs, **kw)
-
-            with planted(spec.plant):  # outside the recording: it records what each module received
-                if not record:
-                    return run()
-                rec.append((f"keys/dropout_{call}", jax.random.key_data(dropout)))
-                out, calls = recorded(run)
-            rec.extend((f"forward/{call}/{name}", value) for name, value in calls)
-            return out
-
         if spec.plant == "dropout_key":  # --debug-plant: another dropout key
             dropout_key = jax.random.fold_in(dropout_key, 1)
+        calls = ModelCalls(spec, model, params, (key, dropout_key, shared_key), rec)
         views = batch["spectrogram"]
         if augment.active:  # its own sub-key, so turning it on leaves the other draws as they were
-            augment_key = jax.random.fold_in(key, _AUGMENT_KEY)
-            views = augment_views(views, augment_key, augment, **norm)
-            if record:
-                rec.append(("keys/augment", jax.random.key_data(augment_key)))
-                rec.append(("draws/augmented_views", views))
-        out = apply("global", views, dropout_key)
-        if spec.objective.kind == "lejepa":
-            z = out["projection"]
-            if lej.local_views:  # multi-crop: short views cut from the global ones, encoded apart
-                local_key = jax.random.fold_in(key, _LOCAL_KEY)
-                local = local_crops(views, local_key, lej.local_views, lej.local_frames)
-                if record:
-                    rec.append(("keys/local", jax.random.key_data(local_key)))
-                    rec.append(("draws/local_views", local))
-                local_out = apply("local", local, jax.random.fold_in(local_key, 1))
-                z = jnp.concatenate([z, local_out["projection"]], axis=1)
-            if record:
-                directions = sigreg_directions(sigreg_key, z.shape[-1], lej.num_directions)
-                rec += [
-                    ("keys/sigreg", jax.random.key_data(sigreg_key)),
-                    ("draws/sigreg_directions", directions),
-                ]
-            obj = terms.lejepa(z, sigreg_key, views.shape[1])
-            if lej.span_weight:  # JEPA: a masked copy of the views predicts their tokens at the hidden spans
-                span_key = jax.random.fold_in(key, _SPAN_KEY)
-                mask = span_mask(span_key, views.shape[:2], model_cfg.grid, lej.span_tokens, lej.span_ratio)
-                if record:
-                    rec.append(("keys/span", jax.random.key_data(span_key)))
-                    rec.append(("draws/span_mask", mask))
-                masked = apply("masked", views, jax.random.fold_in(span_key, 1), mask=mask)
-                span = terms.span(masked["prediction"], jax.lax.stop_gradient(out["tokens"]), mask)
-                obj = {**obj, "loss": obj["loss"] + lej.span_weight * span["span"], **span}
-        else:
-            obj = terms.supervised(out["projection"], batch["label"])
-        probe = terms.probe(out["probe_logits"], batch["label"])
-        collapse = terms.collapse(out["embedding"], out["projection"])
-        # The probe sees stop_gradient(embedding): adding its loss trains the probe head only.
-        aux = {**obj, **probe, **collapse}
-        return obj["loss"] + probe["probe_ce"], {**aux, "record": numbered(rec)} if record else aux
+            views = augment_views(views, calls.draw("augment", _AUGMENT_KEY), augment, **norm)
+            calls.note("draws/augmented_views", views)
+        loss, aux = terms(objective, objective.forward(calls, views, batch), batch)
+        return loss, {**aux, "record": numbered(rec)} if rec is not None else aux
 
     return loss_fn
 

@@ -12,14 +12,16 @@ and so is the update.
 Each shard draws from its own key, ``fold_in(step key, shard)`` (dropout, augmentation, local crops,
 span masks); SIGReg's directions are one draw of the step's, shared by every shard.
 
-The loss's terms are written as parts that add up (`ShardTerms`): a mean over the batch is each
-shard's sum divided by the batch's count. SIGReg is not a mean: it is a function of the empirical
-characteristic function of all the batch's projections. So the step makes two passes. The first
-(`ShardStatistics`) encodes every shard and gathers what the whole batch's terms need: SIGReg's sums of
-cos and sin and the label and mask counts. Added in shard order, they give SIGReg and its gradient
-``G`` with respect to the sums. The second encodes each shard again under autodiff, with the
-surrogate ``<G, the shard's sums>``, whose gradient is the shard's share of SIGReg's gradient. No
-collective sits inside autodiff.
+The loss's terms are written as parts that add up (each objective's ``parts``,
+`birdjepa.objectives.base`): a mean over the batch is each shard's sum divided by the batch's count.
+SIGReg is not a mean: it is a function of the empirical characteristic function of all the batch's
+projections. So the step makes two passes. The first (`first_pass_terms`) encodes every shard and
+gathers what the whole batch's terms need (the objective's ``statistics``: SIGReg's sums of cos and
+sin, the label and mask counts). Added in shard order, they give SIGReg and its gradient ``G`` with
+respect to the sums (LeJEPA's ``totals``). The second (`second_pass_terms`) encodes each shard again
+under autodiff, with the surrogate ``<G, the shard's sums>``, whose gradient is the shard's share of
+SIGReg's gradient. No collective sits inside autodiff. For an objective with no statistics (MAE) the
+first pass gives only the label count, and XLA drops the model from it.
 
 What stays topology-dependent: another kind of device or another XLA compiles other kernels; V itself
 (another V cuts other shards, so another run).
@@ -27,6 +29,7 @@ What stays topology-dependent: another kind of device or another XLA compiles ot
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -34,122 +37,44 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.model.vit import encoder_apply
-from birdjepa.train.objectives import (
-    invariance_residuals,
-    masked_ce_sums,
-    sigreg_from_sums,
-    sigreg_partial_sums,
-    span_errors,
-)
-from birdjepa.train.step import StepConfig, make_loss_fn, make_update, step_keys
+from birdjepa.objectives import health
+from birdjepa.objectives.base import Objective, build, in_order
+from birdjepa.train.step import StepConfig, Terms, make_loss_fn, make_update, step_keys
 
 AXIS = "data"
 """The mesh axis the batch is sharded over (`birdjepa.train.compiled`)."""
 
 
-def in_order(parts: jax.Array) -> jax.Array:
-    """The sum of ``parts [V, ...]`` over its first axis, added in the order 0, 1, ..., V-1."""
-    total = parts[0]
-    for i in range(1, parts.shape[0]):
-        total = total + parts[i]
-    return total
+def first_pass_terms(objective: Objective, out: Mapping[str, Any], batch: dict[str, jax.Array]) -> tuple:
+    """The first pass: a shard's statistics (the objective's and the probe's), no loss."""
+    stats = {"objective": objective.statistics(out, batch), "health": health.statistics(out, batch)}
+    return jnp.zeros(()), stats
 
 
-class ShardStatistics:
-    """First pass: one shard's parts of what the whole batch's terms need."""
-
-    def __init__(self, spec: StepConfig) -> None:
-        self.lej = spec.objective.lejepa
-
-    def lejepa(self, z: jax.Array, key: jax.Array, n_global: int) -> dict[str, jax.Array]:
-        lej = self.lej
-        sums = sigreg_partial_sums(
-            z, key, num_directions=lej.num_directions, num_knots=lej.num_knots, t_max=lej.t_max,
-            per_view=lej.sigreg_per_view,
-        )  # fmt: skip
-        samples = z.shape[0] if lej.sigreg_per_view else z.shape[0] * z.shape[1]
-        return {"loss": jnp.zeros(()), "ecf": sums, "ecf_samples": jnp.float32(samples)}
-
-    def span(self, prediction: jax.Array, target: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-        return {"span": jnp.zeros(()), "span_count": jnp.sum(mask).astype(jnp.float32)}
-
-    def supervised(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-        return {"loss": jnp.zeros(()), "n_labelled": masked_ce_sums(logits, labels)[2]}
-
-    def probe(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-        return {"probe_ce": jnp.zeros(()), "probe_n_labelled": masked_ce_sums(logits, labels)[2]}
-
-    def collapse(self, embedding: jax.Array, projection: jax.Array) -> dict[str, jax.Array]:
-        return {}
+def batch_totals(objective: Objective, stats: dict[str, Any]) -> dict[str, Any]:
+    """What every shard's second pass needs of the batch, from every shard's statistics (``[V, ...]``)
+    added in shard order."""
+    sums = jax.tree.map(in_order, stats)
+    return {"objective": objective.totals(sums["objective"]), "health": sums["health"]}
 
 
-def batch_totals(spec: StepConfig, stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """The batch's statistics from every shard's (``[V, ...]``), added in shard order, with SIGReg and
-    its gradient with respect to its sums."""
-    total = {k: in_order(v) for k, v in stats.items() if k not in ("loss", "probe_ce", "span")}
-    if "ecf" in total:
-        lej = spec.objective.lejepa
-        n = total.pop("ecf_samples")
-        reg = lambda s: sigreg_from_sums(s, n, num_knots=lej.num_knots, t_max=lej.t_max)  # noqa: E731
-        total["sigreg"], total["sigreg_grad"] = jax.value_and_grad(reg)(total.pop("ecf"))
-    return total
+def second_pass_terms(totals: dict[str, Any], batch_size: int) -> Terms:
+    """The second pass: a shard's part of each term (its loss's gradient is the shard's share)."""
+
+    def terms(objective: Objective, out: Mapping[str, Any], batch: dict[str, jax.Array]) -> tuple:
+        obj = objective.parts(out, batch, totals["objective"], batch_size)
+        probe = health.parts(out, batch, totals["health"])
+        return obj["loss"] + probe["probe_ce"], {"objective": obj, "health": probe}
+
+    return terms
 
 
-class ShardTerms:
-    """Second pass: one shard's part of each term, so that the parts of the V shards add up to the
-    batch's term (and their gradients to its gradient)."""
-
-    def __init__(self, spec: StepConfig, totals: dict[str, jax.Array], batch_size: int) -> None:
-        self.lej, self.totals, self.batch_size = spec.objective.lejepa, totals, batch_size
-
-    def lejepa(self, z: jax.Array, key: jax.Array, n_global: int) -> dict[str, jax.Array]:
-        lej = self.lej
-        inv = jnp.sum(invariance_residuals(z, n_global)) / (self.batch_size * z.shape[1] * z.shape[2])
-        sums = sigreg_partial_sums(
-            z, key, num_directions=lej.num_directions, num_knots=lej.num_knots, t_max=lej.t_max,
-            per_view=lej.sigreg_per_view,
-        )  # fmt: skip
-        surrogate = jnp.sum(self.totals["sigreg_grad"] * sums)  # its gradient: the shard's share of SIGReg's
-        return {"loss": (1.0 - lej.lam) * inv + lej.lam * surrogate, "invariance": inv}
-
-    def span(self, prediction: jax.Array, target: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-        count = jnp.maximum(self.totals["span_count"], 1.0)
-        return {"span": jnp.sum(span_errors(prediction, target) * mask) / count}
-
-    def supervised(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-        ce, correct, n = masked_ce_sums(logits, labels)
-        d = jnp.maximum(self.totals["n_labelled"], 1.0)
-        return {"loss": ce / d, "ce": ce / d, "acc": correct / d, "n_labelled": n}
-
-    def probe(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-        ce, correct, n = masked_ce_sums(logits, labels)
-        d = jnp.maximum(self.totals["probe_n_labelled"], 1.0)
-        return {"probe_ce": ce / d, "probe_acc": correct / d, "probe_n_labelled": n}
-
-    def collapse(self, embedding: jax.Array, projection: jax.Array) -> dict[str, jax.Array]:
-        return {"embedding": embedding, "projection": projection}  # the ranks are taken of the whole batch
-
-
-def combine(spec: StepConfig, parts: dict[str, Any], totals: dict[str, jax.Array]) -> tuple[jax.Array, dict]:
+def combine(objective: Objective, parts: dict[str, Any], totals: dict[str, Any]) -> tuple[jax.Array, dict]:
     """The step's loss and aux (as `step.make_loss_fn` returns them) from every shard's parts."""
-    whole = ("loss", "embedding", "projection", "record")  # not added up
-    added = {k: in_order(v) for k, v in parts.items() if k not in whole}
-    if spec.objective.kind == "lejepa":
-        lej = spec.objective.lejepa
-        inv, reg = added["invariance"], totals["sigreg"]
-        obj = {"loss": (1.0 - lej.lam) * inv + lej.lam * reg, "invariance": inv, "sigreg": reg}
-        if lej.span_weight:
-            obj = {**obj, "loss": obj["loss"] + lej.span_weight * added["span"], "span": added["span"]}
-    else:
-        obj = {"loss": added["ce"], **{k: added[k] for k in ("ce", "acc", "n_labelled")}}
-    probe = {k: added[k] for k in ("probe_ce", "probe_acc", "probe_n_labelled")}
-    collapse = {
-        "embedding_rank": effective_rank(parts["embedding"]),
-        "projection_rank": effective_rank(parts["projection"]),
-    }
-    aux = {**obj, **probe, **collapse}
+    obj = objective.combine(parts["objective"], totals["objective"])
+    probe = health.combine(parts["health"])
+    aux = {**obj, **probe}
     if "record" in parts:  # each shard's, [V, ...]
         aux["record"] = parts["record"]
     return obj["loss"] + probe["probe_ce"], aux
@@ -177,24 +102,25 @@ class VirtualShardStep:
             raise ValueError(f"--train.virtual-shards {n}: the {len(devices)} devices must divide it")
         self.n_shards, self.devices = n, devices
         self.per_device = n // len(devices)
-        statistics = make_loss_fn(spec, terms=ShardStatistics(spec))
+        objective = build(spec.objective, spec.model.resolved())
+        statistics = make_loss_fn(spec, terms=first_pass_terms)
 
         def first(params: Any, batch: dict, key: jax.Array, shard: jax.Array) -> dict:
-            sigreg_key = step_keys(spec, key)[2]  # the step's: every shard projects on the same directions
-            return statistics(params, batch, jax.random.fold_in(key, shard), sigreg_key)[1]
+            shared = step_keys(spec, key)[2]  # the step's: every shard projects on the same directions
+            return statistics(params, batch, jax.random.fold_in(key, shard), shared)[1]
 
         def second(params: Any, batch: dict, key: jax.Array, shard: jax.Array, totals: dict) -> tuple:
             batch_size = batch["label"].shape[0] * n
-            loss_fn = make_loss_fn(spec, record=record, terms=ShardTerms(spec, totals, batch_size))
+            loss_fn = make_loss_fn(spec, record=record, terms=second_pass_terms(totals, batch_size))
             grad = jax.value_and_grad(loss_fn, has_aux=True)
             (_, aux), grads = grad(params, batch, jax.random.fold_in(key, shard), step_keys(spec, key)[2])
             return aux, grads
 
         def combined(parts: list, totals: dict) -> tuple:
-            return combine(spec, _stack(parts), totals)
+            return combine(objective, _stack(parts), totals)
 
         self._first, self._second = jax.jit(first), jax.jit(second)
-        self._totals = jax.jit(lambda stats: batch_totals(spec, _stack(stats)))
+        self._totals = jax.jit(lambda stats: batch_totals(objective, _stack(stats)))
         self._combined = jax.jit(combined)
         # Gradients added as they come, in shard order: the first device holds the sum and one shard's,
         # not V shards' at once (the same additions, in the same order, as adding them all at the end).

@@ -1,0 +1,193 @@
+"""The objectives' options, their checks and the registry (no JAX here: `birdjepa.config` and
+`birdjepa.validation` import it).
+
+An objective is registered by one entry of `REGISTRY`: its name (``--objective.kind``), its options
+(the group ``--objective.<name>.*``, a field of `ObjectiveConfig`) and the class that computes it
+(``"module:Class"``, imported only when a step is built). `docs/extending.md` walks through adding one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
+
+from birdjepa.model.config import DecoderConfig, ModelConfig
+
+PretrainConfig = Any
+"""`birdjepa.config.PretrainConfig`, which imports this module (a floor below it)."""
+
+Problem = tuple[str, Any, str]
+"""(option under the objective's group, its value, what is allowed)."""
+
+
+class Options:
+    """What every objective's options provide besides their fields (each a no-op by default)."""
+
+    RANGES: ClassVar[tuple[tuple[tuple[str, ...], str], ...]] = ()
+    """(fields, rule): rule one of ">=0", ">=1", ">=2", ">0", "[0,1]", "(0,1)" (`birdjepa.validation`)."""
+
+    def problems(self, cfg: PretrainConfig) -> Iterator[Problem]:
+        """Options of this group that cannot work with the rest of ``cfg`` (the chosen objective only)."""
+        return iter(())
+
+    def model(self, model_cfg: ModelConfig) -> ModelConfig:
+        """The model this objective trains, from the configured one (with the data's class count)."""
+        return model_cfg
+
+    def decoder(self, model_cfg: ModelConfig) -> DecoderConfig | None:
+        """The decoder the model builds for this objective (None: none)."""
+        return None
+
+
+DEFAULT_LAMBDA = 0.05
+DEFAULT_NUM_DIRECTIONS = 256
+DEFAULT_NUM_KNOTS = 17
+DEFAULT_T_MAX = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LeJepaConfig(Options):
+    """LeJEPA loss settings (see `birdjepa.objectives.lejepa`)."""
+
+    lam: float = DEFAULT_LAMBDA
+    """Weight λ of SIGReg in ``(1 - λ) * invariance + λ * SIGReg``."""
+    num_directions: int = DEFAULT_NUM_DIRECTIONS
+    """K random 1-D projections per step."""
+    num_knots: int = DEFAULT_NUM_KNOTS
+    """Trapezoid knots on [0, t_max]."""
+    t_max: float = DEFAULT_T_MAX
+    sigreg_per_view: bool = False
+    """SIGReg of each view's B projections, averaged over views (as LeJEPA's reference code), instead
+    of one test of all B*V pooled."""
+    local_views: int = 0
+    """Multi-crop: local views per sample, cut from the global views (0 = off). The invariance pulls
+    every view to the centre of the global views."""
+    local_frames: int = 128
+    """Frames of a local view (a multiple of the patch size)."""
+    span_weight: float = 0.0
+    """Weight of the masked-span (JEPA) term added to the loss (0 = off; needs
+    ``--model.predictor-depth`` > 0): hide time spans of each view's tokens and predict the encoder's
+    tokens there from the rest (`birdjepa.objectives.span`)."""
+    span_tokens: int = 4
+    """Length of a hidden span in time tokens (it must divide the token grid's time side)."""
+    span_ratio: float = 0.5
+    """Fraction of the spans hidden in each view."""
+
+    RANGES: ClassVar = (
+        (("num_directions", "span_tokens", "local_frames"), ">=1"),
+        (("local_views",), ">=0"),
+        (("num_knots",), ">=2"),
+        (("t_max",), ">0"),
+        (("span_weight",), ">=0"),
+        (("lam",), "[0,1]"),
+        (("span_ratio",), "(0,1)"),
+    )
+
+    def problems(self, cfg: PretrainConfig) -> Iterator[Problem]:
+        m = cfg.model
+        if cfg.data.n_views < 2:
+            yield "n_views", cfg.data.n_views, "the lejepa objective compares views: need >= 2"
+        if self.span_weight and not m.predictor_depth:
+            yield "span_weight", self.span_weight, "needs a predictor: set --model.predictor-depth >= 1"
+        time_tokens = m.n_frames // m.patch
+        if self.span_weight and time_tokens % self.span_tokens:
+            yield "span_tokens", self.span_tokens, f"must divide the {time_tokens} time tokens"
+        if self.local_views and (self.local_frames % m.patch or self.local_frames > m.n_frames):
+            allowed = f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames"
+            yield "local_frames", self.local_frames, allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class MaeConfig(Options):
+    """Masked autoencoder settings (see `birdjepa.objectives.mae`)."""
+
+    mask_ratio: float = 0.75
+    """Fraction of each view's patches hidden from the encoder (He et al.'s and Audio-MAE's 0.75)."""
+    masking: Literal["random", "time", "freq", "block"] = "random"
+    """Which patches are hidden together: random (each patch on its own), time (spans of
+    ``block_time`` time steps, every band), freq (bands of ``block_freq`` patch rows, every time step)
+    or block (``block_time`` x ``block_freq`` rectangles)."""
+    block_time: int = 2
+    """Time side of a masked block, in patches (time and block masking)."""
+    block_freq: int = 2
+    """Frequency side of a masked block, in patches (freq and block masking; needs
+    ``--model.patch-freq`` smaller than the mel bins)."""
+    norm_pix: bool = True
+    """Targets: each patch standardised over its own values (He et al.: better features), else the
+    patches as the encoder receives them."""
+    decoder_dim: int | None = None
+    """Width of the decoder's tokens (None: the encoder's)."""
+    decoder_depth: int = 2
+    """Transformer blocks of the decoder (a light one: the encoder does the work)."""
+    decoder_heads: int | None = None
+    """Attention heads of the decoder (None: the encoder's)."""
+
+    RANGES: ClassVar = (
+        (("block_time", "block_freq", "decoder_dim", "decoder_depth", "decoder_heads"), ">=1"),
+        (("mask_ratio",), "(0,1)"),
+    )
+
+    def problems(self, cfg: PretrainConfig) -> Iterator[Problem]:
+        m = cfg.model.resolved()
+        n_time, n_freq = m.grid
+        if self.masking in ("time", "block") and n_time % self.block_time:
+            yield "block_time", self.block_time, f"must divide the {n_time} time patches"
+        if self.masking in ("freq", "block") and (n_freq == 1 or n_freq % self.block_freq):
+            allowed = f"must divide the {n_freq} frequency patches (set --model.patch-freq to cut bands)"
+            yield "block_freq", self.block_freq, allowed
+        hidden = round(self.mask_ratio * m.n_patches)
+        if not 0 < hidden < m.n_patches:
+            yield "mask_ratio", self.mask_ratio, f"must hide some but not all of the {m.n_patches} patches"
+        decoder = self.decoder(m)
+        if decoder.dim % decoder.heads:
+            yield "decoder_heads", decoder.heads, f"must divide the decoder's width ({decoder.dim})"
+
+    def model(self, model_cfg: ModelConfig) -> ModelConfig:
+        # No loss reads the projector: one linear layer (the model always has one) is all it costs.
+        return dataclasses.replace(model_cfg, proj_layers=0)
+
+    def decoder(self, model_cfg: ModelConfig) -> DecoderConfig:
+        m = model_cfg.resolved()
+        dim = self.decoder_dim or m.dim
+        return DecoderConfig(dim=dim, depth=self.decoder_depth, heads=self.decoder_heads or m.heads)
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisedConfig(Options):
+    """Cross-entropy on the labels (see `birdjepa.objectives.supervised`): no options of its own."""
+
+    def model(self, model_cfg: ModelConfig) -> ModelConfig:
+        # The projector becomes the classifier.
+        return dataclasses.replace(model_cfg, proj_dim=model_cfg.n_classes, proj_layers=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    options: type[Options]
+    implementation: str
+    """``"module:Class"``: the `birdjepa.objectives.base.Objective` that computes it."""
+
+
+REGISTRY: dict[str, Registration] = {
+    "lejepa": Registration(LeJepaConfig, "birdjepa.objectives.lejepa:LeJepa"),
+    "mae": Registration(MaeConfig, "birdjepa.objectives.mae:Mae"),
+    "supervised": Registration(SupervisedConfig, "birdjepa.objectives.supervised:Supervised"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+    kind: Literal["lejepa", "mae", "supervised"] = "lejepa"
+    """lejepa: invariance + SIGReg on projections; mae: reconstruct masked patches from visible ones;
+    supervised: cross-entropy on labels."""
+    lejepa: LeJepaConfig = LeJepaConfig()
+    """Invariance + SIGReg (λ = 0.05, the paper's)."""
+    mae: MaeConfig = MaeConfig()
+    """Masked autoencoder (ratio 0.75, a 2-block decoder)."""
+    supervised: SupervisedConfig = SupervisedConfig()
+
+    @property
+    def options(self) -> Options:
+        """The chosen objective's options."""
+        return getattr(self, self.kind)

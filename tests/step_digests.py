@@ -1,0 +1,85 @@
+"""The bits of two training steps, as sha256 digests: `test_objectives.py` compares them with
+``fixtures/step_digests.json``, which the code before objectives became units wrote (run as a script:
+``python tests/step_digests.py OUT.json``, in the suite's XLA settings). A digest that moves means a
+step's arithmetic, its outputs or its recording changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CONFIGS = {
+    # Everything the LeJEPA step draws or adds: dropout, augmentation, local crops, the span term, an
+    # accumulation step then an update (the second is recorded, as `birdjepa trace` records it).
+    "lejepa": ["--model.dropout", "0.1", "--model.drop-path", "0.1", "--augment.gain-db", "3",
+               "--objective.lejepa.local-views", "2", "--objective.lejepa.span-weight", "0.5",
+               "--model.predictor-depth", "1", "--optim.grad-accum", "2"],
+    "supervised": ["--objective.kind", "supervised", "--optim.grad-accum", "2"],
+    "lejepa_virtual_shards": ["--train.virtual-shards", "2", "--objective.lejepa.local-views", "2",
+                              "--objective.lejepa.span-weight", "0.5", "--model.predictor-depth", "1"],
+}  # fmt: skip
+
+
+def digest(value: Any) -> str:
+    a = np.asarray(value)
+    return hashlib.sha256(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()[:16]
+
+
+def step_digests(args: list[str]) -> dict[str, str]:
+    """``{output name: digest}`` of two steps of ``args``'s tiny model (batch 4, random batches)."""
+    import jax
+    import tyro
+
+    from birdjepa.config import PretrainConfig
+    from birdjepa.train.compiled import compiled
+    from birdjepa.train.recording import leaves
+    from birdjepa.train.segment import fresh_state, model_config
+    from birdjepa.train.step import StepConfig
+
+    cfg = tyro.cli(PretrainConfig, args=["--model.preset", "tiny", "--data.batch-size", "4", *args])
+    model_cfg = model_config(cfg, 4)
+    fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, 10)
+    state = fns.place(fresh_state(cfg, model_cfg, fns.tx))
+    params, opt_state = state.params, state.opt_state
+    rng = np.random.default_rng(0)
+    out: dict[str, str] = {}
+    for step in range(2):
+        shape = (4, cfg.data.n_views, cfg.model.n_frames, cfg.model.n_mels)
+        batch = fns.on_device({
+            "spectrogram": rng.normal(size=shape).astype(np.float32),
+            "label": rng.integers(-1, 4, size=4),
+        })  # fmt: skip
+        inputs = (params, opt_state, batch, jax.random.key(step), step == 1)
+        recorded = step == 1 and hasattr(fns.train_step, "recorded")
+        res, record = fns.train_step.recorded(*inputs) if recorded else (fns.train_step(*inputs), None)
+        params, opt_state = res[0], res[1]
+        out.update({f"{step}{name}": digest(v) for name, v in leaves(res)})
+        if record is not None:
+            for (stage, name, _, _), summary in zip(fns.train_step.computed, record, strict=True):
+                out.update({f"{step}/trace/{stage}/{name}/{k}": digest(v) for k, v in summary.items()})
+    return out
+
+
+def machine() -> dict[str, str]:
+    """What the digests depend on besides the code: the CPU, jaxlib, the thread pool, the XLA flags."""
+    import jaxlib
+
+    from birdjepa.train.determinism import cpu_model
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {"cpu": cpu_model(), "jaxlib": jaxlib.__version__, "threads": os.environ.get("PJRT_NPROC", ""),
+            "xla_flags": " ".join(sorted(set(flags.split())))}  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    import conftest  # noqa: F401  (the suite's XLA settings)
+
+    found = {name: step_digests(args) for name, args in CONFIGS.items()}
+    Path(sys.argv[1]).write_text(json.dumps({"machine": machine(), "digests": found}, indent=1) + "\n")
