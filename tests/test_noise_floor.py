@@ -15,7 +15,7 @@ from birdjepa.divergence import trace_file
 from birdjepa.divergence.bisect import bisect
 from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain.divergence_matrix import flags
-from birdjepa.train.step import NOISE_PHASE_ENV
+from birdjepa.train.model_calls import NOISE_PHASE_ENV
 
 
 def data(demo_dir: Path) -> tuple[str, ...]:

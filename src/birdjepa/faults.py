@@ -86,7 +86,7 @@ EXPECTED_DIFFERENCE = {
     "crop_shifted_late": ("batch", "crop_offset"),  # the same, for the first sample of step LATE_STEP
     "dropout_key": ("keys", "dropout_global"),  # the dropout key folded once more
     "decay_skips_biases_and_norms": ("updates", ""),  # no weight decay on 1-D parameters
-    # Code changes inside a module whose submodules are unchanged (`birdjepa.train.step.planted`):
+    # Code changes inside a module whose submodules are unchanged (`birdjepa.train.model_calls.planted`):
     "mlp_between_fc1_and_fc2": (
         "forward",
         "global/encoder/block_0/mlp/fc2.__call__#0/in",
@@ -96,7 +96,7 @@ EXPECTED_DIFFERENCE = {
 }
 
 #: ``noisy_execution`` has no entry above: it makes a run differ from *itself*, one execution from the next
-#: (the first block's input scaled by `PLANT_SCALE` on every other one, `train.step.execution_parity`),
+#: (the first block's input scaled by `PLANT_SCALE` on every other one, `train.model_calls.execution_parity`),
 #: as a GPU's non-deterministic reductions do. Twin runs started in another phase differ, and `bisect
 #: --repeat 2` must call that difference noise, not a bug.
 

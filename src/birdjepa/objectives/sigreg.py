@@ -1,9 +1,9 @@
 """SIGReg (Sketched Isotropic Gaussian Regularisation, LeJEPA's, Balestriero & LeCun 2025): pure
 functions, deterministic given their inputs (the only randomness, the directions, comes from a key).
 
-The ``N = B*V`` embeddings ``Z [N, P]`` should be distributed as N(0, I_P). Draw K = ``num_directions`` (default 256) directions ``a_k = g_k / ||g_k||`` with
-``g_k ~ N(0, I_P)`` from the step key, project ``x[n, k] = <Z[n], a_k>`` and for each direction compute the
-Epps–Pulley statistic against N(0, 1)::
+The ``N = B*V`` embeddings ``Z [N, P]`` should be distributed as N(0, I_P). Draw K = ``num_directions``
+(default 256) directions ``a_k = g_k / ||g_k||`` with ``g_k ~ N(0, I_P)`` from the step key, project
+``x[n, k] = <Z[n], a_k>`` and for each direction compute the Epps–Pulley statistic against N(0, 1)::
 
     EP_k = N * ∫_R | φ_k(t) - exp(-t²/2) |² w(t) dt,    φ_k(t) = 1/N sum_n exp(i t x[n, k]),
     w(t) = exp(-t²/2)
