@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from test_train_resume import differing, events, pretrain_here
 
+import birdjepa
 from birdjepa.divergence.trace import trace_step
 from birdjepa.model.config import preset
 from birdjepa.model.vit import BirdJepa, init_params
@@ -134,6 +135,9 @@ def test_an_mae_run_resumes_exactly_mid_accumulation_and_its_trace_replays(
     t = trace_step(tmp_path / "resumed", 3, keep=("draws",))
     matched = t.manifest["matches_run"]
     assert matched["logged_metrics_equal"] is True and False not in matched.values(), matched
+    # Its checkpoints restore for `evaluate`, `export` and `benchmark` (the decoder is in their state).
+    encoder = birdjepa.load_encoder(tmp_path / "resumed")
+    assert encoder.identity.startswith("run:resumed@5#")
     names = {e.name for e in t.entries}
     assert "patch_mask" in names and any(n.startswith("global/decoder/") for n in names), sorted(names)[:20]
 

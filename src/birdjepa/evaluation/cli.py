@@ -25,7 +25,7 @@ from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
 from birdjepa.exit_codes import FAILED, USAGE
 from birdjepa.model.config import ModelConfig
-from birdjepa.model.vit import encoder_apply, init_params
+from birdjepa.model.vit import encoder_apply
 from birdjepa.train import checkpoint
 from birdjepa.train.lease import LeaseHeld, acquire
 
@@ -104,8 +104,7 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
     architecture comes from the checkpoint alone (its config, and its probe head's class count), so the
     run's data need not be on this machine."""
     from birdjepa.train.optim import make_optimizer
-    from birdjepa.train.segment import model_config, total_updates
-    from birdjepa.train.step import init_key
+    from birdjepa.train.segment import initial_params, model_config, total_updates
 
     if not (run_dir / "checkpoints").is_dir():
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
@@ -123,7 +122,7 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
         if PROBE_HEAD not in shapes:
             raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
         model_cfg = model_config(cfg, shapes[PROBE_HEAD][-1])
-        random_init = init_params(model_cfg, init_key(cfg))["params"]
+        random_init = initial_params(cfg, model_cfg)
         tx = make_optimizer(cfg.optim, total_updates(cfg))
         state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
     return RestoredCheckpoint(step, cfg, model_cfg, state["params"], random_init, meta)

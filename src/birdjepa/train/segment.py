@@ -51,10 +51,15 @@ def total_updates(cfg: PretrainConfig) -> int:
     return max(cfg.steps // cfg.optim.grad_accum, 1)
 
 
+def initial_params(cfg: PretrainConfig, model_cfg: ModelConfig) -> Any:
+    """The parameters of step 0 from the seed's init key: the model, with the objective's decoder if it
+    has one (the template every restore of the run's checkpoints fills)."""
+    return init_params(model_cfg, init_key(cfg), cfg.objective.options.decoder(model_cfg))["params"]
+
+
 def fresh_state(cfg: PretrainConfig, model_cfg: ModelConfig, tx: optax.GradientTransformation) -> TrainState:
     """The state of step 0: params from the seed's init key, a fresh optimizer state and key chain."""
-    decoder = cfg.objective.options.decoder(model_cfg)
-    params = init_params(model_cfg, init_key(cfg), decoder)["params"]
+    params = initial_params(cfg, model_cfg)
     return TrainState(step=0, restart=0, params=params, opt_state=tx.init(params), chain=fresh_chain(cfg))
 
 
