@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from test_train_resume import NO_EVAL, differing, events, pretrain_here
+from test_train_resume import NO_EVAL, resumed_differs
 
 from birdjepa.model.config import preset
 from birdjepa.model.vit import BirdJepa, init_params, rope_angles, rotate
@@ -58,11 +58,5 @@ def test_each_option_builds_what_it_says() -> None:
 
 def test_a_run_with_every_encoder_option_on_resumes_exactly(demo_dir: Path, tmp_path: Path) -> None:
     args = (*ALL_ON, *NO_EVAL, "--optim.grad-accum", "2")
-    assert pretrain_here(demo_dir, tmp_path, "straight", *args) == 0
-    assert pretrain_here(demo_dir, tmp_path, "resumed", *args, "--stop-at-step", "2") == 0
-    assert pretrain_here(demo_dir, tmp_path, "resumed", *args) == 0
-    assert (
-        events(tmp_path / "resumed", "resume")
-        and differing(tmp_path / "straight", tmp_path / "resumed") == []
-    )
+    assert resumed_differs(demo_dir, tmp_path, *args) == []
     assert metrics_by_step(tmp_path / "straight")[2]["train/accum_progress"] == 1.0  # stopped mid-update

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_train_resume import differing, events, pretrain_here
+from test_train_resume import resumed_differs
 
 import birdjepa
 from birdjepa.divergence.trace import trace_step
@@ -115,13 +115,7 @@ def test_an_mae_run_resumes_exactly_mid_accumulation_and_its_trace_replays(
     """6 steps with kNN evaluations at steps 2 and 5 and the linear probe at the end, an update every 2
     steps, the weight-update monitor at every update, a NaN batch at step 4 skipped; resumed after
     step 2 (half an update done). Every logged metric is equal, evaluations included."""
-    assert pretrain_here(demo_dir, tmp_path, "straight", *MAE) == 0
-    assert pretrain_here(demo_dir, tmp_path, "resumed", *MAE, "--stop-at-step", "2") == 0
-    assert pretrain_here(demo_dir, tmp_path, "resumed", *MAE) == 0
-    assert (
-        events(tmp_path / "resumed", "resume")
-        and differing(tmp_path / "straight", tmp_path / "resumed") == []
-    )
+    assert resumed_differs(demo_dir, tmp_path, *MAE) == []
     logged = metrics_by_step(tmp_path / "straight")
     assert logged[2]["train/accum_progress"] == 1.0  # the stop fell mid-update
     assert {"train/mse", "train/probe_acc", "train/embedding_rank", "eval/knn_acc"} <= set(

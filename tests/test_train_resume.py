@@ -68,6 +68,16 @@ def differing(a: Path, b: Path) -> list[str]:
     ]
 
 
+def resumed_differs(demo_dir: Path, runs: Path, *args: str, stop: int = 2) -> list[str]:
+    """Trains ``straight`` and ``resumed`` (stopped after step ``stop``, then resumed) in this process
+    with ``args``; the metrics that differ between them (empty: an exact resume)."""
+    assert pretrain_here(demo_dir, runs, "straight", *args) == 0
+    assert pretrain_here(demo_dir, runs, "resumed", *args, "--stop-at-step", str(stop)) == 0
+    assert pretrain_here(demo_dir, runs, "resumed", *args) == 0
+    assert events(runs / "resumed", "resume")
+    return differing(runs / "straight", runs / "resumed")
+
+
 def events(run_dir: Path, kind: str) -> list[dict]:
     return [x for x in read_metrics(run_dir) if x.get("event") == kind]
 
@@ -252,13 +262,7 @@ def test_resume_on_another_device_count_with_the_wandb_mirror(demo_dir: Path, tm
 
 def test_bfloat16_compute_resumes_exactly(demo_dir: Path, straight: Path, tmp_path: Path) -> None:
     bf16 = ("--model.dtype", "bfloat16", *NO_EVAL)
-    assert pretrain_here(demo_dir, tmp_path, "straight", *bf16) == 0
-    assert pretrain_here(demo_dir, tmp_path, "resumed", *bf16, "--stop-at-step", "2") == 0
-    assert pretrain_here(demo_dir, tmp_path, "resumed", *bf16) == 0
-    assert (
-        events(tmp_path / "resumed", "resume")
-        and differing(tmp_path / "straight", tmp_path / "resumed") == []
-    )
+    assert resumed_differs(demo_dir, tmp_path, *bf16) == []
     # The arithmetic was bfloat16: the first loss differs from the float32 run's, a little.
     loss16, loss32 = (metrics_by_step(run)[0]["train/loss"] for run in (tmp_path / "straight", straight))
     assert loss16 != loss32 and abs(loss16 - loss32) < 0.05 * abs(loss32), (loss16, loss32)
