@@ -109,6 +109,8 @@ MAE = ("--objective.kind", "mae", "--optim.grad-accum", "2", "--monitor-interval
        "--debug-nonfinite-steps", "4", "--on-nonfinite", "skip")  # fmt: skip
 
 
+@pytest.mark.slow  # three segments and a trace, compiling at the default level (CI's last stage)
+@pytest.mark.default_level
 def test_an_mae_run_resumes_exactly_mid_accumulation_and_its_trace_replays(
     demo_dir: Path, tmp_path: Path
 ) -> None:
