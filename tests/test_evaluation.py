@@ -265,6 +265,11 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
         rows = list(zip(table.column("source").to_pylist(), table.column("row").to_pylist(), strict=True))
         assert rows == [(s, r) for s in shards for r in range(len(read_shard(Path(s))))]
         assert table.schema.metadata[b"encoder"].decode() == card["identity"]
+    # Its patch tokens, beside the same embedding bits (the registers leave).
+    m = encoder.model.resolved()
+    x = np.random.default_rng(0).normal(size=(3, m.n_frames, m.n_mels)).astype(np.float32)
+    pooled, tokens = encoder.with_tokens(x)
+    assert np.array_equal(pooled, encoder(x)) and tokens.shape == (3, m.n_patches, m.dim)
     # Audio files and waveforms go through the loader window by window: 12 s -> 0-5, 5-10, 10-12 s.
     import soundfile
 
@@ -323,6 +328,8 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     (tmp_path / "ext" / "my_encoder.py").write_text(
         "import numpy as np\n"
         "def embed(x):\n    return x.max(axis=1)\n"
+        "def tokens(x):  # a published model's shape: [B, N, D] patch tokens\n"
+        "    return x.reshape(len(x), -1, 16, x.shape[2]).max(axis=2)\n"
         "def wave(x, rate):\n"
         "    assert x.shape[1] == 5 * rate == 160000, (x.shape, rate)  # the clip, at the loader's rate\n"
         "    return np.stack([x.std(axis=1), np.abs(np.diff(x, axis=1)).mean(axis=1)], axis=1)\n"
@@ -336,9 +343,11 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     out = capsys.readouterr().out
     rows = store.read(results).to_pylist()
     assert len(rows) == 5 * 3 * 2  # backbones x probes x n
+    raw = next(r["backbone"] for r in rows if r["backbone"].startswith("raw:"))
     assert {r["backbone"] for r in rows if not r["backbone"].startswith(("run:", "random:"))} == {
-        "raw:logmel-mean-std", "ext:my_encoder:embed", "ext:waveform:my_encoder:wave"
+        raw, "ext:my_encoder:embed", "ext:waveform:my_encoder:wave"
     }  # fmt: skip
+    assert raw.startswith("raw:logmel-mean-std+patches")  # its tokens: the run's patch grid
     # The run is named by its checkpoint's step and CRC.
     assert {r["backbone"][: len("run:eval@5#")] for r in rows if r["backbone"].startswith("run:")} == {
         "run:eval@5#"
@@ -363,10 +372,33 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
         main(["benchmark", "--backbone", backbone, *args[args.index("--train") : args.index("--step")],
               "--results", str(results)])  # fmt: skip
         assert "6 already in the store" in capsys.readouterr().out
+    # Every probe on tokens too: the run, its random init, raw's patches and an external encoder that
+    # returns tokens; the waveform encoder gives embeddings only, so the token probes skip it, and say so.
+    backbones = [str(tiny_run), f"random:{tiny_run}", "raw", "my_encoder:tokens", "waveform:my_encoder:wave"]
+    token_args = ["benchmark", "--backbone", *backbones, *args[args.index("--train") :]]
+    token_args[token_args.index("--n-train") + 1 : token_args.index("--n-train") + 3] = ["-1"]
+    token_args += ["--probe-steps", "50", "--prototypes", "4"]  # cheap; the recipe is in each row
+    main([*token_args, "--probe", "linear", "mlp", "centroid", "proto", "attentive"])
+    out = capsys.readouterr().out
+    assert "waveform:my_encoder:wave gives embeddings [B, D], no tokens" in out
+    assert "proto, attentive skipped for it" in out
+    assert "embedded my_encoder:tokens: tokens [32 x 128] and embeddings [128]" in out, out
+    # New: the token external's 3 pooled probes, and 2 token probes x 4 backbones; the rest are stored.
+    assert "probes: 11 fitted in " in out and "(linear " in out and "12 already in the store" in out, out
+    token_rows = [r for r in store.read(results).to_pylist() if r["probe"] in ("proto", "attentive")]
+    ours = {r["backbone"] for r in rows if r["backbone"].startswith(("run:", "random:", "raw:"))}
+    assert {r["backbone"] for r in token_rows} == ours | {"ext:my_encoder:tokens"}
+    assert all(
+        0 <= r["cmap"] <= 1 and json.loads(r["config"])["recipe"]["prototypes"] == 4 for r in token_rows
+    )
+    main([*token_args, "--probe", "proto", "attentive"])  # tokens cached (float16), every row stored
+    out = capsys.readouterr().out
+    assert out.count("(cached)") == 10 and "8 already in the store" in out, out
     # The store as a table and as the few-shot figure.
     main(["benchmark", "--table", str(results), "--plot", str(tmp_path / "curves.png")])
     table = capsys.readouterr().out.splitlines()
-    assert table[1].split() == ["backbone", "probe", "n", "SYN2"] and len(table) == 2 + 30 + 1  # + "wrote"
+    assert table[1].split() == ["backbone", "probe", "n", "SYN2"]
+    assert len(table) == 2 + 30 + 11 + 1  # title, head, rows, "wrote"
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     main(["benchmark", "--table", str(results), "--metric", "auroc"])
     assert capsys.readouterr().out.startswith("auroc, mean over seeds")
@@ -400,6 +432,7 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
         ),
         (["--backbone", str(tmp_path), "--train", str(train), "--test", str(test)], "neither an export"),
         (["--backbone", "raw", "--train", str(train), "--test", str(test), "--probe", "svm"], "probes are"),
+        (["--backbone", "raw", "--train", str(train), "--test", str(test), "--prototypes", "0"], "are >= 1"),
     ]
     for args, message in cases:
         with pytest.raises(SystemExit) as e:

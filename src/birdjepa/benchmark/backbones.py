@@ -4,18 +4,24 @@ A backbone is named on the command line as one of:
 - ``RUN`` or ``RUN@STEP``: a run directory at its newest checkpoint (or that step), restored and
   verified as the trainer restores it; or an export folder (``birdjepa export``);
 - ``random:RUN``: the same architecture at the run's random init (the baseline of every claim);
-- ``raw``: per clip, the mean and std over time of every log-mel bin (nothing learned);
+- ``raw``: per clip, the mean and std over time of every log-mel bin (nothing learned); as tokens,
+  every log-mel patch of the ViT's patch grid (the first run's, else the model's default: 16 frames by
+  every mel bin), flattened: the spectrum's own patches, beside the encoder's tokens;
 - ``module:function``: an external encoder, imported and called with a spectrogram batch
   ``float32 [B, T, M]`` (the loader's log-mel, the features of the first run named, else the
-  loader's defaults) and returning ``[B, D]``: a published model or a colleague's export, scored on the
-  same clips;
+  loader's defaults) and returning ``[B, D]`` embeddings or ``[B, N, D]`` tokens (their mean is its
+  embedding): a published model or a colleague's export, scored on the same clips;
 - ``waveform:module:function``: the same, called with ``(waveform float32 [B, S], rate)`` instead: each
   clip's samples at the features' rate, the window the loader cropped (its ``crop_offset``), decoded
   and resampled by the loader's own functions (`birdjepa._rs`), zero-padded to the clip length.
 
 Its identity (the store's key) holds what makes its embeddings what they are: a run's name, step and a
 CRC-32 of its checkpoint's leaf CRC-32s (an export keeps its run's); random init's name and a CRC of
-the init; an external encoder's import path.
+the init; raw's patch grid; an external encoder's import path.
+
+Every backbone gives patch tokens beside its embedding, but an external one that returns ``[B, D]``:
+the token probes (`token_probes`) skip it, and say so. Tokens are computed and cached (float16:
+``N x D x 2`` bytes a clip) only where a token probe asks for them.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import importlib
 import json
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +40,11 @@ import numpy as np
 import pyarrow as pa
 
 from birdjepa.data import Features, Loader
-from birdjepa.evaluation.embed import Encode, raw_features
+from birdjepa.evaluation.embed import raw_features
+from birdjepa.model.config import ModelConfig
+
+#: ``(*inputs, tokens) -> (embedding [B, D], tokens [B, N, D] or None)``.
+Encode = Callable[..., tuple[np.ndarray, np.ndarray | None]]
 
 
 class BackboneError(ValueError):
@@ -50,6 +60,10 @@ class Backbone:
     """The log-mel a run was trained on (None: whichever the benchmark uses)."""
     waveform: bool = False
     """``encode`` takes ``(waveform [B, S], rate)``, not a spectrogram."""
+    tokens: bool | None = True
+    """It gives patch tokens (None: an external one, known once it has been called)."""
+    model: ModelConfig | None = None
+    """A run's architecture (its patch grid is raw's token grid)."""
 
 
 def _run(spec: str) -> Backbone:
@@ -60,7 +74,28 @@ def _run(spec: str) -> Backbone:
         encoder = load_encoder(Path(path), int(step) if step else None)
     except ExportError as e:
         raise BackboneError(str(e)) from e
-    return Backbone(spec, encoder.identity, encoder, encoder.features)
+    return Backbone(spec, encoder.identity, _encoder_call(encoder), encoder.features, model=encoder.model)
+
+
+def _encoder_call(encoder: Any) -> Encode:
+    def encode(x: np.ndarray, *, tokens: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        return encoder.with_tokens(x) if tokens else (encoder(x), None)
+
+    return encode
+
+
+def _raw(model: ModelConfig) -> Backbone:
+    """Log-mel mean and std per bin; as tokens, the log-mel cut into ``model``'s patches."""
+    from birdjepa.model.vit import patchify
+
+    m = model.resolved()
+
+    def encode(x: np.ndarray, *, tokens: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        patches = np.asarray(patchify(np.asarray(x, np.float32), m.patch, m.patch_mels)) if tokens else None
+        return raw_features(x), patches
+
+    grid = f"{m.patch}x{m.patch_mels}"
+    return Backbone("raw", f"raw:logmel-mean-std+patches{grid}", encode, None, model=m)
 
 
 def _random_init(run_dir: Path) -> Backbone:
@@ -80,7 +115,8 @@ def _random_init(run_dir: Path) -> Backbone:
     identity = f"random:{run_dir.name}#{crc:08x}"
     encoder = Encoder(r.model_cfg, r.cfg.data.features, r.cfg.data.batch_size, identity,
                       {"encoder": r.random_init["encoder"]})  # fmt: skip
-    return Backbone(f"random:{run_dir}", identity, encoder, encoder.features)
+    spec = f"random:{run_dir}"
+    return Backbone(spec, identity, _encoder_call(encoder), encoder.features, model=encoder.model)
 
 
 def _external(spec: str) -> Backbone:
@@ -94,30 +130,34 @@ def _external(spec: str) -> Backbone:
     if not callable(function):
         raise BackboneError(f"external backbone {spec!r} is not callable")
 
-    def encode(*x: Any) -> np.ndarray:
+    def encode(*x: Any, tokens: bool) -> tuple[np.ndarray, np.ndarray | None]:
         y = np.asarray(function(*x), np.float32)
-        if y.ndim != 2 or len(y) != len(x[0]):
+        if y.ndim not in (2, 3) or len(y) != len(x[0]):
             raise BackboneError(f"external backbone {spec!r} returned shape {y.shape} for {len(x[0])} clips; "
-                                "expected [B, D]")  # fmt: skip
-        return y
+                                "expected [B, D] embeddings or [B, N, D] tokens")  # fmt: skip
+        if y.ndim == 2:
+            return y, None
+        pooled = y.astype(np.float64).mean(axis=1).astype(np.float32)
+        return pooled, (y if tokens else None)
 
-    return Backbone(spec, f"ext:{spec}", encode, None, waveform)
+    return Backbone(spec, f"ext:{spec}", encode, None, waveform, tokens=None)
 
 
 def resolve(specs: Sequence[str], step: int | None = None) -> list[Backbone]:
     """The backbones named by ``specs``, in order (a run named without ``@STEP`` at ``step``, or its
     newest checkpoint)."""
-    out = []
+    out: list[Backbone | None] = []
     for spec in specs:
         if spec == "raw":
-            out.append(Backbone("raw", "raw:logmel-mean-std", raw_features, None))
+            out.append(None)  # once the runs' patch grid is known
         elif spec.startswith("random:"):
             out.append(_random_init(Path(spec.removeprefix("random:"))))
         elif _looks_external(spec):
             out.append(_external(spec))
         else:
             out.append(_run(spec if "@" in spec or step is None else f"{spec}@{step}"))
-    return out
+    model = next((b.model for b in out if b is not None and b.model is not None), ModelConfig())
+    return [b if b is not None else _raw(model) for b in out]
 
 
 def _looks_external(spec: str) -> bool:
@@ -144,6 +184,8 @@ class Embedded:
     pass_seconds: float
     """The whole pass over the split that computed it (decoding, log-mel and every backbone's encoder)."""
     cached: bool
+    tokens: np.ndarray | None = None
+    """[N, T, D] float16 patch tokens, where asked for and the backbone gives them."""
 
 
 def split_key(files: Sequence[str], features: Features, loader_options: dict[str, Any]) -> str:
@@ -151,6 +193,26 @@ def split_key(files: Sequence[str], features: Features, loader_options: dict[str
     stats = [(f, Path(f).stat().st_size) for f in files]
     text = json.dumps([stats, dataclasses.asdict(features), loader_options], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+TOKEN_DTYPE = np.float16
+"""Tokens in the cache and in memory: half a float32's bytes; the probes compute in float32."""
+
+
+def _cached(path: Path, b: Backbone, tokens: bool) -> Embedded | None:
+    """The cached embedding at ``path``, or None where there is none, or where it lacks the tokens asked
+    for and ``b`` gives them (a file written before tokens were asked for)."""
+    if not path.is_file():
+        return None
+    with np.load(path) as z:
+        has = "tokens" in z.files
+        gives = bool(z["gives_tokens"]) if "gives_tokens" in z.files else None
+        if tokens and not has and gives is not False:
+            return None
+        if b.tokens is None and gives is not None:
+            b.tokens = gives
+        return Embedded(z["features"], z["label"], z["targets"], float(z["seconds"]),
+                        float(z["pass_seconds"]), True, z["tokens"] if tokens and has else None)  # fmt: skip
 
 
 def embed(
@@ -163,23 +225,25 @@ def embed(
     batch_size: int,
     n_workers: int,
     loader_options: dict[str, Any],
+    tokens: bool = False,
 ) -> dict[str, Embedded]:
-    """Every backbone's embedding of every clip of ``files`` (identity -> `Embedded`), from the cache
-    where it is there, else from one ordered eval-mode pass that feeds every missing backbone."""
+    """Every backbone's embedding of every clip of ``files`` (identity -> `Embedded`; with ``tokens``,
+    its patch tokens too), from the cache where it is there, else from one ordered eval-mode pass that
+    feeds every missing backbone."""
     key = split_key(files, features, {**loader_options, "n_classes": n_classes})
     out: dict[str, Embedded] = {}
     missing = []
     for b in backbones:
         path = cache / f"{hashlib.sha256(b.identity.encode()).hexdigest()[:16]}-{key}.npz"
-        if path.is_file():
-            with np.load(path) as z:
-                out[b.identity] = Embedded(z["features"], z["label"], z["targets"], float(z["seconds"]),
-                                           float(z["pass_seconds"]), True)  # fmt: skip
-        else:
+        hit = _cached(path, b, tokens)
+        if hit is None:
             missing.append((b, path))
+        else:
+            out[b.identity] = hit
     if not missing:
         return out
     parts: dict[str, list[np.ndarray]] = {b.identity: [] for b, _ in missing}
+    token_parts: dict[str, list[np.ndarray]] = {b.identity: [] for b, _ in missing}
     took = dict.fromkeys(parts, 0.0)
     labels, targets = [], []
     start = time.perf_counter()
@@ -196,7 +260,10 @@ def embed(
             for b, _ in missing:
                 t0 = time.perf_counter()
                 x = (clips.waveforms(batch), features.target_rate) if b.waveform else (batch["spectrogram"],)
-                parts[b.identity].append(np.asarray(b.encode(*x), np.float32))
+                pooled, toks = b.encode(*x, tokens=tokens)
+                parts[b.identity].append(np.asarray(pooled, np.float32))
+                if toks is not None:
+                    token_parts[b.identity].append(np.asarray(toks, TOKEN_DTYPE))
                 took[b.identity] += time.perf_counter() - t0
             labels.append(batch["label"])
             targets.append(
@@ -208,12 +275,17 @@ def embed(
     cache.mkdir(parents=True, exist_ok=True)
     for b, path in missing:
         x = np.concatenate(parts[b.identity])
+        t = np.concatenate(token_parts[b.identity]) if token_parts[b.identity] else None
+        if tokens and b.tokens is None:  # an external backbone says what it gives by giving it
+            b.tokens = t is not None
+        extra: dict[str, Any] = {"tokens": t} if t is not None else {}
+        if b.tokens is not None:
+            extra["gives_tokens"] = b.tokens
         tmp = path.with_suffix(".tmp.npz")
-        np.savez(
-            tmp, features=x, label=label, targets=target, seconds=took[b.identity], pass_seconds=pass_seconds
-        )
+        np.savez(tmp, features=x, label=label, targets=target, seconds=took[b.identity],
+                 pass_seconds=pass_seconds, **extra)  # fmt: skip
         tmp.replace(path)
-        out[b.identity] = Embedded(x, label, target, took[b.identity], pass_seconds, False)
+        out[b.identity] = Embedded(x, label, target, took[b.identity], pass_seconds, False, t)
     return out
 
 

@@ -23,7 +23,7 @@ import tyro
 from birdjepa.benchmark import fewshot, store
 from birdjepa.benchmark.backbones import Backbone, BackboneError, Embedded, embed, resolve
 from birdjepa.benchmark.metrics import all_metrics
-from birdjepa.benchmark.probes import MULTI_LABEL, PROBES, Loss, Recipe, fit_and_score
+from birdjepa.benchmark.probes import MULTI_LABEL, PROBES, TOKEN_PROBES, Loss, Recipe, fit_and_score
 from birdjepa.data import DataError, Features, resolve_files
 from birdjepa.data.shards import read_shard
 from birdjepa.exit_codes import USAGE
@@ -115,6 +115,7 @@ def run_task(
             f"{task.name}: no {multilabel_column!r} column in its shards; each clip's target is its one label"
         )
     embedded: dict[str, dict[str, Embedded]] = {"train": {}, "test": {}}
+    tokens = any(p in TOKEN_PROBES for p in probes)
     for features in {b.features or default for b in backbones}:
         group = [b for b in backbones if (b.features or default) == features]
         for split, files in (("train", task.train), ("test", task.test)):
@@ -128,6 +129,7 @@ def run_task(
                     batch_size=batch_size,
                     n_workers=n_workers,
                     loader_options=options,
+                    tokens=tokens,
                 )
             )
     for split in ("train", "test"):
@@ -138,8 +140,15 @@ def run_task(
                 "(the loader decodes and computes log-mel on its own threads meanwhile)")  # fmt: skip
     for b in backbones:
         tr, te = embedded["train"][b.identity], embedded["test"][b.identity]
-        log(f"embedded {b.spec}: train {len(tr.features)} clips {took(tr)}, test {len(te.features)} clips "
-            f"{took(te)}")  # fmt: skip
+        shape = f"embeddings [{tr.features.shape[1]}]"
+        if tr.tokens is not None:
+            shape = f"tokens [{tr.tokens.shape[1]} x {tr.tokens.shape[2]}] and " + shape
+        log(f"embedded {b.spec}: {shape}; train {len(tr.features)} clips {took(tr)}, test "
+            f"{len(te.features)} clips {took(te)}")  # fmt: skip
+        if tokens and tr.tokens is None:
+            log(f"{b.spec} gives embeddings [B, D], no tokens: it takes the pooled probes "
+                f"({', '.join(p for p in PROBES if p not in TOKEN_PROBES)}); "
+                f"{', '.join(p for p in probes if p in TOKEN_PROBES)} skipped for it")  # fmt: skip
     first = embedded["train"][backbones[0].identity]
     test_targets = embedded["test"][backbones[0].identity].targets
     uncovered = np.flatnonzero(test_targets.any(axis=0) & ~first.targets.any(axis=0))
@@ -150,11 +159,15 @@ def run_task(
             "as BirdSet scores them (their AP counts in cmAP)"
         )
     done = skipped = 0
-    t_fit = 0.0
+    t_fit: dict[str, float] = defaultdict(float)
     for b in backbones:
         tr, te = embedded["train"][b.identity], embedded["test"][b.identity]
         classes = train_labels(tr)
         for probe in probes:
+            on_tokens = probe in TOKEN_PROBES
+            if on_tokens and tr.tokens is None:
+                continue
+            train_x, test_x = (tr.tokens, te.tokens) if on_tokens else (tr.features, te.features)
             for n in n_train:
                 for seed in seeds:
                     key = store.Key(b.identity, task.name, probe, n, seed)
@@ -164,10 +177,10 @@ def run_task(
                     keep = fewshot.draw(classes, n, seed)
                     t0 = time.perf_counter()
                     scores = fit_and_score(
-                        probe, tr.features[keep], tr.targets[keep], te.features, seed=seed, recipe=recipe
+                        probe, train_x[keep], tr.targets[keep], test_x, seed=seed, recipe=recipe
                     )
                     fit_s = time.perf_counter() - t0
-                    t_fit += fit_s
+                    t_fit[probe] += fit_s
                     config = {
                         "recipe": dataclasses.asdict(recipe),
                         "train": task.train,
@@ -185,7 +198,9 @@ def run_task(
                         config=config,
                     )
                     done += 1
-    log(f"probes: {done} fitted in {t_fit:.1f} s, {skipped} already in the store")
+    per_probe = ", ".join(f"{p} {t_fit[p]:.1f} s" for p in probes if p in t_fit)
+    log(f"probes: {done} fitted in {sum(t_fit.values()):.1f} s{f' ({per_probe})' if done else ''}, "
+        f"{skipped} already in the store")  # fmt: skip
     table = store.read(results).to_pylist()
     ids = {b.identity for b in backbones}
     return [
@@ -258,6 +273,8 @@ def cli(
     n_train: list[int] = [fewshot.ALL],  # noqa: B006
     seed: list[int] = [0],  # noqa: B006
     loss: Loss = "bce",
+    prototypes: int = Recipe.prototypes,
+    probe_steps: int = Recipe.steps,
     results: Path = Path("results"),
     step: int | None = None,
     table: Annotated[Path | None, tyro.conf.arg(metavar="RESULTS")] = None,
@@ -279,10 +296,14 @@ def cli(
         train: Shards the probes are fitted on (a glob, a folder or a file), e.g. 'hsn/train/*.arrow'.
         test: Shards the probes are scored on, e.g. 'hsn/test_5s/*.arrow'.
         task: The task's name in the store (default: the test split's parent folder's name).
-        probe: Probes: linear, mlp, centroid (multi-label); softmax, knn (evaluate's single-label probes).
+        probe: Probes: linear, mlp, centroid (multi-label, on embeddings); proto (Bird-MAE's prototypical
+            probe) and attentive (cross-attention pooling), on patch tokens; softmax, knn (evaluate's
+            single-label probes).
         n_train: Recordings per class the probes are fitted on (-1: all); several give a few-shot curve.
         seed: Seeds of the few-shot draws and the probes' init; several give a spread.
         loss: The trained probes' loss: bce (binary cross-entropy) or asl (asymmetric loss).
+        prototypes: J, the proto probe's prototypes per class.
+        probe_steps: AdamW steps of the trained probes (linear, mlp, proto, attentive).
         results: The results store (and the embedding cache, RESULTS/cache).
         step: The checkpoint of every RUN named without @STEP (default: its newest).
         table: Print the store in RESULTS as a table (tasks as columns) and exit.
@@ -307,6 +328,8 @@ def cli(
         if not backbone or train is None or test is None:
             raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
         bad = [p for p in probe if p not in PROBES]
+        if prototypes < 1 or probe_steps < 1:
+            raise BenchmarkError(f"--prototypes and --probe-steps are >= 1, got {prototypes}, {probe_steps}")
         if bad or any(n != fewshot.ALL and n < 1 for n in n_train):
             raise BenchmarkError(
                 f"probes are {', '.join(PROBES)} and n is -1 (all) or >= 1; got {probe}, {n_train}"
@@ -323,7 +346,7 @@ def cli(
             probes=probe,
             n_train=n_train,
             seeds=seed,
-            recipe=Recipe(loss=loss),
+            recipe=Recipe(loss=loss, prototypes=prototypes, steps=probe_steps),
             results=results,
             batch_size=batch_size,
             n_workers=n_workers,

@@ -9,6 +9,7 @@ every backbone's row is treated alike.
   cross-entropy or the asymmetric loss (ASL, Ridnik et al. 2021: gamma- = 4, gamma+ = 0, clip 0.05;
   several BirdSet baselines train with it). A fixed recipe and no validation split: at n = 1 recording
   per class there is nothing to hold out, and one recipe keeps the few-shot curve comparable across n.
+- **proto** and **attentive** read patch tokens, not embeddings: `token_probes`.
 - **centroid**: nothing trained; the cosine similarity to each class's mean (standardised, then
   L2-normalised) train embedding. A class with no train recording scores -1 (below every cosine).
 - **softmax** and **knn**: `birdjepa evaluate`'s single-label probes (`birdjepa.evaluation.probes`:
@@ -23,8 +24,6 @@ function of (features, labels, seed, recipe).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
@@ -33,41 +32,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from birdjepa.benchmark.recipe import Loss, Recipe
+from birdjepa.benchmark.token_probes import TOKEN_PROBES, fit_and_score_tokens
 from birdjepa.evaluation.probes import standardise
 
-Probe = Literal["linear", "mlp", "centroid", "softmax", "knn"]
-Loss = Literal["bce", "asl"]
-PROBES: tuple[str, ...] = ("linear", "mlp", "centroid", "softmax", "knn")
+Probe = Literal["linear", "mlp", "centroid", "proto", "attentive", "softmax", "knn"]
+PROBES: tuple[str, ...] = ("linear", "mlp", "centroid", "proto", "attentive", "softmax", "knn")
 MULTI_LABEL: tuple[str, ...] = ("linear", "mlp", "centroid")
 """The probes a benchmark runs unless told otherwise (BirdSet's tasks are multi-label)."""
 HIDDEN = 256
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """How the trained probes are fitted (written into every result's config)."""
-
-    loss: Loss = "bce"
-    steps: int = 500
-    lr: float = 3e-3
-    weight_decay: float = 1e-3
-    asl_gamma_neg: float = 4.0
-    asl_gamma_pos: float = 0.0
-    asl_clip: float = 0.05
-
-
-def _bce(logits: jax.Array, y: jax.Array) -> jax.Array:
-    return optax.sigmoid_binary_cross_entropy(logits, y)
-
-
-def _asl(logits: jax.Array, y: jax.Array, r: Recipe) -> jax.Array:
-    p = jax.nn.sigmoid(logits)
-    p_neg = jnp.clip(p - r.asl_clip, 0.0, 1.0)  # easy negatives below the margin cost nothing
-    log_p = jax.nn.log_sigmoid(logits)
-    log_1mp_neg = jnp.log(jnp.clip(1.0 - p_neg, 1e-8, 1.0))
-    pos = -((1.0 - p) ** r.asl_gamma_pos) * log_p
-    neg = -(p_neg**r.asl_gamma_neg) * log_1mp_neg
-    return y * pos + (1.0 - y) * neg
+__all__ = ["HIDDEN", "MULTI_LABEL", "PROBES", "TOKEN_PROBES", "Loss", "Probe", "Recipe", "fit_and_score"]
 
 
 def _init(kind: str, d: int, c: int, key: jax.Array) -> dict:
@@ -90,7 +64,7 @@ def _apply(params: dict, x: jax.Array) -> jax.Array:
 
 @partial(jax.jit, static_argnames=("kind", "recipe"))
 def _fit(kind: str, recipe: Recipe, x: jax.Array, y: jax.Array, weight: jax.Array, key: jax.Array) -> dict:
-    loss_fn: Callable = _bce if recipe.loss == "bce" else partial(_asl, r=recipe)
+    loss_fn = recipe.loss_fn()
     tx = optax.adamw(recipe.lr, weight_decay=recipe.weight_decay)
     params = _init(kind, x.shape[1], y.shape[1], key)
 
@@ -121,10 +95,14 @@ def fit_and_score(
     seed: int = 0,
     recipe: Recipe = Recipe(),
 ) -> np.ndarray:
-    """Scores of ``test_x`` for every class of ``train_y [N, C]`` (multi-hot) after fitting ``probe``."""
+    """Scores of ``test_x`` for every class of ``train_y [N, C]`` (multi-hot) after fitting ``probe``:
+    on embeddings ``[N, D]``, or, for a token probe (`TOKEN_PROBES`), patch tokens ``[N, T, D]``."""
     train_y = np.asarray(train_y, np.float32)
+    if probe in TOKEN_PROBES:
+        return fit_and_score_tokens(probe, train_x, train_y, test_x, seed=seed, recipe=recipe)
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
-        raise ValueError(f"features must be [N, D] with one D, got {train_x.shape} and {test_x.shape}")
+        raise ValueError(f"the {probe} probe reads embeddings [N, D] with one D, got {train_x.shape} and "
+                         f"{test_x.shape}")  # fmt: skip
     if len(train_x) != len(train_y) or len(train_x) == 0:
         raise ValueError(f"need one label row per train clip and at least one clip, got {train_y.shape}")
     if not (np.isfinite(train_x).all() and np.isfinite(test_x).all()):

@@ -78,17 +78,32 @@ class Encoder:
         from birdjepa.model.vit import encoder_apply
 
         self._apply = jax.jit(encoder_apply(self.model))
+        self._apply_tokens = jax.jit(encoder_apply(self.model, tokens=True))
 
     def __call__(self, spectrogram: np.ndarray) -> np.ndarray:
+        return self._chunks(self._apply, spectrogram)[0]
+
+    def with_tokens(self, spectrogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(embedding [B, D], patch tokens [B, N, D])``: the embedding is the tokens' mean, the same
+        bits as ``encoder(spectrogram)`` (a test holds it)."""
+        return self._chunks(self._apply_tokens, spectrogram)  # type: ignore[return-value]
+
+    def _chunks(self, apply: Any, spectrogram: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``apply`` on chunks of the batch size, the last one padded with zeros (one compiled shape)."""
         x = np.asarray(spectrogram, np.float32)
-        out = []
+        parts: list[tuple[np.ndarray, ...]] = []
         for start in range(0, len(x), self.batch_size):
             chunk = x[start : start + self.batch_size]
             n = len(chunk)
             if n < self.batch_size:
                 chunk = np.concatenate([chunk, np.zeros((self.batch_size - n, *chunk.shape[1:]), np.float32)])
-            out.append(np.asarray(self._apply(self.params, chunk), np.float32)[:n])
-        return np.concatenate(out) if out else np.zeros((0, self.model.dim), np.float32)
+            out = apply(self.params, chunk)
+            outs = out if isinstance(out, tuple) else (out,)
+            parts.append(tuple(np.asarray(o, np.float32)[:n] for o in outs))
+        if not parts:
+            m = self.model.resolved()
+            return np.zeros((0, m.dim), np.float32), np.zeros((0, m.n_patches, m.dim), np.float32)
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))
 
     def embed_files(self, files: Sequence[str], *, n_workers: int = 2) -> Iterator[dict[str, np.ndarray]]:
         """Batches of shard rows through the eval-mode loader: ``index`` (over all shards), ``shard_id``,

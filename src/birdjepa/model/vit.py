@@ -477,13 +477,15 @@ def encode_views(
     return {k: a.reshape((b, v) + a.shape[1:]) for k, a in out.items()}
 
 
-def encoder_apply(cfg: ModelConfig) -> Callable[[Any, jax.Array], jax.Array]:
+def encoder_apply(cfg: ModelConfig, *, tokens: bool = False) -> Callable[[Any, jax.Array], Any]:
     """``(params, spectrogram) -> embedding``: the encoder alone of a `BirdJepa` params tree
-    (``{"encoder": ..., "projector": ..., "probe": ...}``), deterministic (no dropout)."""
+    (``{"encoder": ..., "projector": ..., "probe": ...}``), deterministic (no dropout); with ``tokens``,
+    ``(embedding [B, D], patch tokens [B, N, D])`` (the registers left out)."""
     encoder = Encoder(cfg.resolved())
 
-    def apply(params: Any, x: jax.Array) -> jax.Array:
-        return encoder.apply({"params": params["encoder"]}, x, deterministic=True)[0]
+    def apply(params: Any, x: jax.Array) -> Any:
+        out = encoder.apply({"params": params["encoder"]}, x, deterministic=True)
+        return out if tokens else out[0]
 
     return apply
 

@@ -1,0 +1,53 @@
+"""How the trained probes are fitted: the recipe (written into every result's config) and its losses."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import partial
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import optax
+
+Loss = Literal["bce", "asl"]
+PROTOTYPES = 20
+"""J, prototypes per class of the prototypical probe: the Bird-MAE paper's (and AudioProtoPNet's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How the trained probes are fitted (written into every result's config)."""
+
+    loss: Loss = "bce"
+    steps: int = 500
+    lr: float = 3e-3
+    weight_decay: float = 1e-3
+    asl_gamma_neg: float = 4.0
+    asl_gamma_pos: float = 0.0
+    asl_clip: float = 0.05
+    prototypes: int = PROTOTYPES
+    """J of the prototypical probe."""
+    token_batch: int = 32
+    """Clips per step of the token probes (drawn with replacement, seeded); the pooled probes take every
+    clip at every step."""
+
+    def loss_fn(self) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        """Per-class loss of logits against multi-hot targets."""
+        return _bce if self.loss == "bce" else partial(_asl, r=self)
+
+
+def _bce(logits: jax.Array, y: jax.Array) -> jax.Array:
+    return optax.sigmoid_binary_cross_entropy(logits, y)
+
+
+def _asl(logits: jax.Array, y: jax.Array, r: Recipe) -> jax.Array:
+    p = jax.nn.sigmoid(logits)
+    p_neg = jnp.clip(p - r.asl_clip, 0.0, 1.0)  # easy negatives below the margin cost nothing
+    log_p = jax.nn.log_sigmoid(logits)
+    log_1mp_neg = jnp.log(jnp.clip(1.0 - p_neg, 1e-8, 1.0))
+    # gamma+ = 0 leaves the power out: d/dp (1 - p)^0 is 0 * inf = NaN where a logit saturates (p = 1.0).
+    pos = -log_p if r.asl_gamma_pos == 0 else -((1.0 - p) ** r.asl_gamma_pos) * log_p
+    neg = -(p_neg**r.asl_gamma_neg) * log_1mp_neg
+    return y * pos + (1.0 - y) * neg

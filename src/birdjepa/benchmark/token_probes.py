@@ -1,0 +1,174 @@
+"""Multi-label probes on frozen patch tokens ``[N, T, D]``: each returns ``scores [N_test, C]``.
+
+The mean over a clip's tokens blurs what a probe needs where several species call at once; these two
+read every token.
+
+- **proto**, the prototypical probe of Bird-MAE (Rauch et al. 2025, arXiv 2504.12880, after
+  ProtoPNet): ``J`` learned prototypes ``p[c, j]`` per class; each scores its best match over the
+  clip's tokens, ``s[c, j] = max_t cos(x_t, p[c, j])``, and a class's logit is their weighted sum,
+  ``logit[c] = sum_j w[c, j] s[c, j] + b[c]`` (``w`` starts at ``1 / J``: the mean match). ``J`` is
+  ``Recipe.prototypes`` (the paper's 20).
+- **attentive**, the JEPA papers' attentive probe: one cross-attention pooling layer, ``HEADS``
+  learned queries (one per head) over the tokens' keys and values (``WIDTH`` channels in all), then a
+  linear head. A query's score of a token is ``q . (W_k x)``, computed as ``(W_k^T q) . x``: the same
+  number, without projecting every token, which is what makes it cheap on 2,048-wide raw patches.
+
+Tokens are standardised per channel with the train tokens' statistics (as the pooled probes
+standardise embeddings). Both train with the pooled probes' recipe (loss, AdamW, steps, learning rate),
+on ``Recipe.token_batch`` clips per step drawn with replacement from a generator seeded by the seed,
+so memory and time per step do not grow with the train split. On CPU the scores are a deterministic
+function of (tokens, labels, seed, recipe).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from birdjepa.benchmark.recipe import Recipe
+
+TOKEN_PROBES: tuple[str, ...] = ("proto", "attentive")
+HEADS = 4
+WIDTH = 256
+"""The attentive probe's value channels (HEADS x WIDTH / HEADS), as the MLP probe's hidden width."""
+SCORE_CHUNK = 64
+"""Test clips scored at once (bounds the [chunk, C, J, T] similarities)."""
+
+
+def _unit(x: jax.Array) -> jax.Array:
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def proto_init(d: int, c: int, key: jax.Array, prototypes: int) -> dict:
+    return {
+        "prototypes": jax.random.normal(key, (c, prototypes, d)),
+        "w": jnp.full((c, prototypes), 1.0 / prototypes),
+        "b": jnp.zeros(c),
+    }
+
+
+def proto_similarities(params: dict, x: jax.Array) -> jax.Array:
+    """``s[b, c, j]``: each prototype's best cosine similarity over the tokens of ``x [B, T, D]``."""
+    sims = jnp.einsum("btd,cjd->bcjt", _unit(x), _unit(params["prototypes"]))
+    return sims.max(axis=-1)
+
+
+def proto_apply(params: dict, x: jax.Array) -> jax.Array:
+    return (proto_similarities(params, x) * params["w"]).sum(axis=-1) + params["b"]
+
+
+def attentive_init(d: int, c: int, key: jax.Array) -> dict:
+    kq, kk, kv = jax.random.split(key, 3)
+    head = WIDTH // HEADS
+    return {
+        "query": jax.random.normal(kq, (HEADS, head)),
+        "w_k": jax.random.normal(kk, (d, HEADS, head)) * jnp.sqrt(1.0 / d),
+        "w_v": jax.random.normal(kv, (d, HEADS, head)) * jnp.sqrt(1.0 / d),
+        "b_v": jnp.zeros((HEADS, head)),
+        "w": jnp.zeros((WIDTH, c)),
+        "b": jnp.zeros(c),
+    }
+
+
+def attentive_pool(params: dict, x: jax.Array) -> jax.Array:
+    """``[B, WIDTH]``: each head's softmax(q . k_t / sqrt(head)) average of the values ``W_v x_t``."""
+    head = params["query"].shape[1]
+    direction = jnp.einsum("dhk,hk->hd", params["w_k"], params["query"]) / jnp.sqrt(head)
+    weights = jax.nn.softmax(jnp.einsum("btd,hd->bht", x, direction), axis=-1)
+    pooled = jnp.einsum("bht,btd->bhd", weights, x)  # values are linear: average first, project after
+    values = jnp.einsum("bhd,dhk->bhk", pooled, params["w_v"]) + params["b_v"]
+    return values.reshape(len(x), -1)
+
+
+def attentive_apply(params: dict, x: jax.Array) -> jax.Array:
+    return attentive_pool(params, x) @ params["w"] + params["b"]
+
+
+def _init(kind: str, d: int, c: int, key: jax.Array, recipe: Recipe) -> dict:
+    return proto_init(d, c, key, recipe.prototypes) if kind == "proto" else attentive_init(d, c, key)
+
+
+def _apply(kind: str, params: dict, x: jax.Array) -> jax.Array:
+    return proto_apply(params, x) if kind == "proto" else attentive_apply(params, x)
+
+
+@partial(jax.jit, static_argnames=("kind", "recipe"))
+def _fit(kind: str, recipe: Recipe, x: jax.Array, y: jax.Array, n: jax.Array, key: jax.Array) -> dict:
+    """``recipe.steps`` AdamW steps, each on ``recipe.token_batch`` of the first ``n`` rows of ``x``."""
+    init_key, draw_key = jax.random.split(key)
+    loss_fn = recipe.loss_fn()
+    tx = optax.adamw(recipe.lr, weight_decay=recipe.weight_decay)
+    params = _init(kind, x.shape[2], y.shape[1], init_key, recipe)
+
+    def step(carry: tuple, step_key: jax.Array) -> tuple:
+        p, opt = carry
+        rows = jax.random.randint(step_key, (recipe.token_batch,), 0, n)
+        xb, yb = x[rows].astype(jnp.float32), y[rows]
+        grads = jax.grad(lambda q: loss_fn(_apply(kind, q, xb), yb).sum(axis=1).mean())(p)
+        updates, opt = tx.update(grads, opt, p)
+        return (optax.apply_updates(p, updates), opt), None
+
+    keys = jax.random.split(draw_key, recipe.steps)
+    (params, _), _ = jax.lax.scan(step, (params, tx.init(params)), keys)
+    return params
+
+
+@partial(jax.jit, static_argnames=("kind",))
+def _scores(kind: str, params: dict, x: jax.Array) -> jax.Array:
+    return _apply(kind, params, x.astype(jnp.float32))
+
+
+def standardise_tokens(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Tokens centred and scaled per channel by the train tokens' mean and std (float32 out; a constant
+    channel keeps scale 1)."""
+    flat = np.asarray(train, np.float64).reshape(-1, train.shape[-1])
+    mean, std = flat.mean(axis=0), flat.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    return [((np.asarray(x, np.float64) - mean) / std).astype(np.float32) for x in (train, *others)]
+
+
+def _padded(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def fit_and_score_tokens(
+    probe: str,
+    train_tokens: np.ndarray,
+    train_y: np.ndarray,
+    test_tokens: np.ndarray,
+    *,
+    seed: int = 0,
+    recipe: Recipe = Recipe(),
+) -> np.ndarray:
+    """Scores of ``test_tokens [N_test, T, D]`` for every class of ``train_y [N, C]`` (multi-hot) after
+    fitting ``probe`` (proto or attentive) on ``train_tokens [N, T, D]``."""
+    if probe not in TOKEN_PROBES:
+        raise ValueError(f"{probe!r} is not a token probe ({', '.join(TOKEN_PROBES)})")
+    if train_tokens.ndim != 3 or test_tokens.ndim != 3 or train_tokens.shape[2] != test_tokens.shape[2]:
+        raise ValueError(
+            f"the {probe} probe reads patch tokens [N, T, D] with one D, got {train_tokens.shape} and "
+            f"{test_tokens.shape}"
+        )
+    if len(train_tokens) != len(train_y) or len(train_tokens) == 0:
+        raise ValueError(f"need one label row per train clip and at least one clip, got {train_y.shape}")
+    if recipe.prototypes < 1:
+        raise ValueError(f"the proto probe needs at least one prototype per class, got {recipe.prototypes}")
+    a, b = standardise_tokens(train_tokens, test_tokens)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("tokens hold NaN or inf (a diverged encoder?)")
+    n, size = len(a), _padded(len(a))
+    x = np.zeros((size, *a.shape[1:]), np.float32)
+    y = np.zeros((size, train_y.shape[1]), np.float32)
+    x[:n], y[:n] = a, train_y
+    params = _fit(probe, recipe, jnp.asarray(x), jnp.asarray(y), jnp.asarray(n), jax.random.key(seed))
+    out = []
+    for start in range(0, len(b), SCORE_CHUNK):
+        chunk = b[start : start + SCORE_CHUNK]
+        pad = np.zeros((SCORE_CHUNK - len(chunk), *chunk.shape[1:]), np.float32)
+        scores = _scores(probe, params, jnp.asarray(np.concatenate([chunk, pad])))
+        out.append(np.asarray(scores)[: len(chunk)])
+    return np.concatenate(out).astype(np.float64) if out else np.zeros((0, train_y.shape[1]))

@@ -1,0 +1,106 @@
+"""The token probes without a model: the prototypical probe's formula by hand, the attentive probe
+against attention computed the textbook way, learning what the mean over tokens hides, bad shapes,
+and raw's tokens as the spectrum's own patches."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from birdjepa.benchmark.metrics import all_metrics
+from birdjepa.benchmark.probes import Recipe, fit_and_score
+from birdjepa.benchmark.token_probes import HEADS, attentive_init, attentive_pool, proto_apply
+
+
+def test_proto_scores_as_the_paper_s_formula_on_a_hand_computed_example() -> None:
+    # One clip of three tokens; two classes of J = 2 prototypes. cos(token, prototype), best over tokens:
+    #   class 0: [1, 0] -> max(1, 0, 1/sqrt2) = 1;   [0, 1] -> max(0, 1, 1/sqrt2) = 1
+    #   class 1: [-1, 0] -> max(-1, 0, -1/sqrt2) = 0; [1, 1] -> max(1/sqrt2, 1/sqrt2, 1) = 1
+    # logit[c] = sum_j w[c, j] s[c, j] + b[c] = [0.5 + 2 + 0.1, 0 - 1 - 0.2] = [2.6, -1.2]
+    tokens = jnp.array([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
+    params = {
+        "prototypes": jnp.array([[[1.0, 0.0], [0.0, 1.0]], [[-1.0, 0.0], [1.0, 1.0]]]),
+        "w": jnp.array([[0.5, 2.0], [3.0, -1.0]]),
+        "b": jnp.array([0.1, -0.2]),
+    }
+    np.testing.assert_allclose(np.asarray(proto_apply(params, tokens)), [[2.6, -1.2]], rtol=1e-6)
+
+
+def test_attentive_pooling_is_cross_attention_with_a_learned_query_per_head() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5, 12)).astype(np.float32)
+    params = {k: np.asarray(v) for k, v in attentive_init(12, 2, jax.random.key(1)).items()}
+    params["b_v"] = rng.normal(size=params["b_v"].shape).astype(np.float32)
+    head = params["query"].shape[1]
+    # The textbook way: project every token to keys and values, softmax(q . k / sqrt(d)), average values.
+    keys = np.einsum("btd,dhk->bhtk", x, params["w_k"])
+    values = np.einsum("btd,dhk->bhtk", x, params["w_v"]) + params["b_v"][None, :, None]
+    logits = np.einsum("bhtk,hk->bht", keys, params["query"]) / np.sqrt(head)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = np.einsum("bht,bhtk->bhk", weights, values).reshape(3, HEADS * head)
+    got = np.asarray(attentive_pool(params, jnp.asarray(x)))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)  # float32 sums in another order
+
+
+def hidden_by_the_mean(seed: int, n: int, c: int = 4, t: int = 8, d: int = 16) -> tuple[np.ndarray, ...]:
+    """Clips of ``t`` noise tokens where each present class adds its signature to one token and takes it
+    from another: the mean over tokens holds nothing of the classes."""
+    rng = np.random.default_rng(seed)
+    signature = np.random.default_rng(99).normal(size=(c, d)) * 3
+    y = (rng.random((n, c)) < 0.35).astype(np.uint8)
+    x = rng.normal(size=(n, t, d))
+    for i in range(n):
+        slots = rng.permutation(t)
+        for k, cls in enumerate(np.flatnonzero(y[i])):
+            x[i, slots[2 * k]] += signature[cls]
+            x[i, slots[2 * k + 1]] -= signature[cls]
+    return x.astype(np.float32), y
+
+
+def test_token_probes_learn_what_the_mean_over_tokens_hides_deterministically() -> None:
+    x_train, y_train = hidden_by_the_mean(0, 64)
+    x_test, y_test = hidden_by_the_mean(1, 64)
+    pooled = fit_and_score("linear", x_train.mean(axis=1), y_train, x_test.mean(axis=1))
+    # Chance: a cmAP of about the share of positives (0.35) and an AUROC of 0.5.
+    assert all_metrics(pooled, y_test)["auroc"] < 0.65
+    for probe, loss in (("proto", "bce"), ("attentive", "bce"), ("attentive", "asl")):
+        recipe = Recipe(loss=loss)
+        scores = fit_and_score(probe, x_train, y_train, x_test, seed=3, recipe=recipe)
+        m = all_metrics(scores, y_test)
+        assert m["cmap"] > 0.75 and m["auroc"] > 0.8, (probe, loss, m)
+        assert np.array_equal(scores, fit_and_score(probe, x_train, y_train, x_test, seed=3, recipe=recipe))
+
+
+def test_bad_shapes_are_said_in_one_line() -> None:
+    x, y = hidden_by_the_mean(0, 8)
+    cases = [
+        ("proto", x.mean(axis=1), x, "the proto probe reads patch tokens [N, T, D]"),
+        ("attentive", x, x[:, :, :5], "the attentive probe reads patch tokens [N, T, D] with one D"),
+        ("linear", x, x, "the linear probe reads embeddings [N, D]"),
+    ]
+    for probe, train, test, message in cases:
+        with pytest.raises(ValueError, match=r"^" + message.replace("[", r"\[").replace("]", r"\]")) as e:
+            fit_and_score(probe, train, y, test)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="NaN"):
+        fit_and_score("proto", np.full_like(x, np.nan), y, x)
+
+
+def test_raw_tokens_are_the_log_mel_patches_of_the_vit_grid() -> None:
+    from birdjepa.benchmark.backbones import _raw
+    from birdjepa.evaluation.embed import raw_features
+    from birdjepa.model.config import ModelConfig
+
+    x = np.random.default_rng(0).normal(size=(2, 64, 32)).astype(np.float32)
+    frames = _raw(ModelConfig(n_frames=64, n_mels=32, patch=16))  # a token: 16 frames of every mel bin
+    pooled, tokens = frames.encode(x, tokens=True)
+    assert frames.identity == "raw:logmel-mean-std+patches16x32" and np.array_equal(pooled, raw_features(x))
+    assert tokens.shape == (2, 4, 16 * 32) and np.array_equal(tokens[1, 2], x[1, 32:48].ravel())
+    square = _raw(ModelConfig(n_frames=64, n_mels=32, patch=16, patch_freq=8))
+    _, tokens = square.encode(x, tokens=True)
+    # Time-major: token (time 2, band 3) is the 11th; inside it, (frame, mel) order.
+    assert tokens.shape == (2, 16, 128) and np.array_equal(tokens[0, 2 * 4 + 3], x[0, 32:48, 24:32].ravel())
+    assert square.encode(x, tokens=False)[1] is None
