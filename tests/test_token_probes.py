@@ -11,21 +11,23 @@ import pytest
 
 from birdjepa.benchmark.metrics import all_metrics
 from birdjepa.benchmark.probes import Recipe, fit_and_score
-from birdjepa.benchmark.token_probes import HEADS, attentive_init, attentive_pool, proto_apply
+from birdjepa.benchmark.token_probes import HEADS, attentive_init, attentive_pool, proto_apply, proto_weights
 
 
 def test_proto_scores_as_the_paper_s_formula_on_a_hand_computed_example() -> None:
     # One clip of three tokens; two classes of J = 2 prototypes. cos(token, prototype), best over tokens:
     #   class 0: [1, 0] -> max(1, 0, 1/sqrt2) = 1;   [0, 1] -> max(0, 1, 1/sqrt2) = 1
     #   class 1: [-1, 0] -> max(-1, 0, -1/sqrt2) = 0; [1, 1] -> max(1/sqrt2, 1/sqrt2, 1) = 1
-    # logit[c] = sum_j w[c, j] s[c, j] + b[c] = [0.5 + 2 + 0.1, 0 - 1 - 0.2] = [2.6, -1.2]
+    # logit[c] = sum_j w[c, j] s[c, j] + b[c] = [0.5 + 2 + 0.1, 0 + 1 - 0.2] = [2.6, 0.8]
     tokens = jnp.array([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
+    w = np.array([[0.5, 2.0], [3.0, 1.0]])
     params = {
         "prototypes": jnp.array([[[1.0, 0.0], [0.0, 1.0]], [[-1.0, 0.0], [1.0, 1.0]]]),
-        "w": jnp.array([[0.5, 2.0], [3.0, -1.0]]),
+        "v": jnp.asarray(np.log(np.expm1(w))),  # w = softplus(v): kept >= 0
         "b": jnp.array([0.1, -0.2]),
     }
-    np.testing.assert_allclose(np.asarray(proto_apply(params, tokens)), [[2.6, -1.2]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(proto_weights(params)), w, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(proto_apply(params, tokens)), [[2.6, 0.8]], rtol=1e-6)
 
 
 def test_attentive_pooling_is_cross_attention_with_a_learned_query_per_head() -> None:

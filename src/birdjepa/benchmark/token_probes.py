@@ -6,12 +6,17 @@ read every token.
 - **proto**, the prototypical probe of Bird-MAE (Rauch et al. 2025, arXiv 2504.12880, after
   ProtoPNet): ``J`` learned prototypes ``p[c, j]`` per class; each scores its best match over the
   clip's tokens, ``s[c, j] = max_t cos(x_t, p[c, j])``, and a class's logit is their weighted sum,
-  ``logit[c] = sum_j w[c, j] s[c, j] + b[c]`` (``w`` starts at ``1 / J``: the mean match). ``J`` is
-  ``Recipe.prototypes`` (the paper's 20).
+  ``logit[c] = sum_j w[c, j] s[c, j] + b[c]``. ``J`` is ``Recipe.prototypes`` (the paper's 20). Two
+  choices of ours, measured on SYN1 (docs/issues/006-token-probes): the weights are kept non-negative
+  (``w = softplus(v)``, starting at ``1 / J``), since learned freely they turned negative and
+  inverted the ranking (cmAP 0.07 after 100 steps, from 0.62 at the start); and each class's
+  prototypes start as unit-length tokens of its own train clips (clip and token drawn from the seed),
+  a template matcher from the first step, where noise-initialised ones stayed at chance on raw patches.
 - **attentive**, the JEPA papers' attentive probe: one cross-attention pooling layer, ``HEADS``
-  learned queries (one per head) over the tokens' keys and values (``WIDTH`` channels in all), then a
-  linear head. A query's score of a token is ``q . (W_k x)``, computed as ``(W_k^T q) . x``: the same
-  number, without projecting every token, which is what makes it cheap on 2,048-wide raw patches.
+  learned queries (one per head; initialised at std 0.02 as V-JEPA's, so attention starts near the
+  mean) over the tokens' keys and values (``WIDTH`` channels in all), then a linear head. A query's
+  score of a token is ``q . (W_k x)``, computed as ``(W_k^T q) . x``: the same number, without
+  projecting every token, which is what makes it cheap on 2,048-wide raw patches.
 
 Tokens are standardised per channel with the train tokens' statistics (as the pooled probes
 standardise embeddings). Both train with the pooled probes' recipe (loss, AdamW, steps, learning rate),
@@ -43,10 +48,21 @@ def _unit(x: jax.Array) -> jax.Array:
     return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def proto_init(d: int, c: int, key: jax.Array, prototypes: int) -> dict:
+def proto_init(x: jax.Array, y: jax.Array, n: jax.Array, key: jax.Array, prototypes: int) -> dict:
+    """Each class's prototypes start as tokens of its own train clips (clip and token drawn with the
+    key), a template matcher from the first step; a class without train clips starts from noise."""
+    c, (rows, t, d) = y.shape[1], x.shape
+    k_clip, k_token, k_noise = jax.random.split(key, 3)
+    positive = (y > 0) & (jnp.arange(rows) < n)[:, None]  # [N, C]
+    clip = jax.random.categorical(k_clip, jnp.where(positive.T, 0.0, -jnp.inf), shape=(prototypes, c)).T
+    token = jax.random.randint(k_token, (c, prototypes), 0, t)
+    drawn = x[jnp.clip(clip, 0, rows - 1), token].astype(jnp.float32)
+    noise = jax.random.normal(k_noise, (c, prototypes, d))
     return {
-        "prototypes": jax.random.normal(key, (c, prototypes, d)),
-        "w": jnp.full((c, prototypes), 1.0 / prototypes),
+        "prototypes": _unit(jnp.where(positive.any(axis=0)[:, None, None], drawn, noise)),
+        # w = softplus(v) >= 0: a match is evidence for its class, never against it (learned freely, the
+        # weights turned negative: with sparse positives every similarity is mostly a negative's).
+        "v": jnp.full((c, prototypes), jnp.log(jnp.expm1(1.0 / prototypes))),
         "b": jnp.zeros(c),
     }
 
@@ -57,15 +73,20 @@ def proto_similarities(params: dict, x: jax.Array) -> jax.Array:
     return sims.max(axis=-1)
 
 
+def proto_weights(params: dict) -> jax.Array:
+    """``w[c, j]``: how much prototype ``j``'s best match counts for class ``c``."""
+    return jax.nn.softplus(params["v"])
+
+
 def proto_apply(params: dict, x: jax.Array) -> jax.Array:
-    return (proto_similarities(params, x) * params["w"]).sum(axis=-1) + params["b"]
+    return (proto_similarities(params, x) * proto_weights(params)).sum(axis=-1) + params["b"]
 
 
 def attentive_init(d: int, c: int, key: jax.Array) -> dict:
     kq, kk, kv = jax.random.split(key, 3)
     head = WIDTH // HEADS
     return {
-        "query": jax.random.normal(kq, (HEADS, head)),
+        "query": jax.random.normal(kq, (HEADS, head)) * 0.02,
         "w_k": jax.random.normal(kk, (d, HEADS, head)) * jnp.sqrt(1.0 / d),
         "w_v": jax.random.normal(kv, (d, HEADS, head)) * jnp.sqrt(1.0 / d),
         "b_v": jnp.zeros((HEADS, head)),
@@ -88,8 +109,10 @@ def attentive_apply(params: dict, x: jax.Array) -> jax.Array:
     return attentive_pool(params, x) @ params["w"] + params["b"]
 
 
-def _init(kind: str, d: int, c: int, key: jax.Array, recipe: Recipe) -> dict:
-    return proto_init(d, c, key, recipe.prototypes) if kind == "proto" else attentive_init(d, c, key)
+def _init(kind: str, x: jax.Array, y: jax.Array, n: jax.Array, key: jax.Array, recipe: Recipe) -> dict:
+    if kind == "proto":
+        return proto_init(x, y, n, key, recipe.prototypes)
+    return attentive_init(x.shape[2], y.shape[1], key)
 
 
 def _apply(kind: str, params: dict, x: jax.Array) -> jax.Array:
@@ -102,7 +125,7 @@ def _fit(kind: str, recipe: Recipe, x: jax.Array, y: jax.Array, n: jax.Array, ke
     init_key, draw_key = jax.random.split(key)
     loss_fn = recipe.loss_fn()
     tx = optax.adamw(recipe.lr, weight_decay=recipe.weight_decay)
-    params = _init(kind, x.shape[2], y.shape[1], init_key, recipe)
+    params = _init(kind, x, y, n, init_key, recipe)
 
     def step(carry: tuple, step_key: jax.Array) -> tuple:
         p, opt = carry
