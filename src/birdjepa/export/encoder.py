@@ -81,29 +81,27 @@ class Encoder:
         self._apply_tokens = jax.jit(encoder_apply(self.model, tokens=True))
 
     def __call__(self, spectrogram: np.ndarray) -> np.ndarray:
-        return self._chunks(self._apply, spectrogram)[0]
+        return self._chunks(self._apply, spectrogram)
 
     def with_tokens(self, spectrogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(embedding [B, D], patch tokens [B, N, D])``: the embedding is the tokens' mean, the same
-        bits as ``encoder(spectrogram)`` (a test holds it)."""
-        return self._chunks(self._apply_tokens, spectrogram)  # type: ignore[return-value]
+        """``(embedding [B, D], patch tokens [B, N, D])``: the embedding is ``encoder(spectrogram)``'s,
+        bit for bit (the same program), and the mean of the tokens (to float32 rounding)."""
+        return self(spectrogram), self._chunks(self._apply_tokens, spectrogram)
 
-    def _chunks(self, apply: Any, spectrogram: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _chunks(self, apply: Any, spectrogram: np.ndarray) -> np.ndarray:
         """``apply`` on chunks of the batch size, the last one padded with zeros (one compiled shape)."""
         x = np.asarray(spectrogram, np.float32)
-        parts: list[tuple[np.ndarray, ...]] = []
+        parts: list[np.ndarray] = []
         for start in range(0, len(x), self.batch_size):
             chunk = x[start : start + self.batch_size]
             n = len(chunk)
             if n < self.batch_size:
                 chunk = np.concatenate([chunk, np.zeros((self.batch_size - n, *chunk.shape[1:]), np.float32)])
-            out = apply(self.params, chunk)
-            outs = out if isinstance(out, tuple) else (out,)
-            parts.append(tuple(np.asarray(o, np.float32)[:n] for o in outs))
+            parts.append(np.asarray(apply(self.params, chunk), np.float32)[:n])
         if not parts:
             m = self.model.resolved()
-            return np.zeros((0, m.dim), np.float32), np.zeros((0, m.n_patches, m.dim), np.float32)
-        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))
+            return np.zeros((0, m.dim) if apply is self._apply else (0, m.n_patches, m.dim), np.float32)
+        return np.concatenate(parts)
 
     def embed_files(self, files: Sequence[str], *, n_workers: int = 2) -> Iterator[dict[str, np.ndarray]]:
         """Batches of shard rows through the eval-mode loader: ``index`` (over all shards), ``shard_id``,

@@ -480,12 +480,13 @@ def encode_views(
 def encoder_apply(cfg: ModelConfig, *, tokens: bool = False) -> Callable[[Any, jax.Array], Any]:
     """``(params, spectrogram) -> embedding``: the encoder alone of a `BirdJepa` params tree
     (``{"encoder": ..., "projector": ..., "probe": ...}``), deterministic (no dropout); with ``tokens``,
-    ``(embedding [B, D], patch tokens [B, N, D])`` (the registers left out)."""
+    the patch tokens ``[B, N, D]`` instead (the registers left out). Two programs, not one with both
+    outputs: with the harness's XLA flags, a program that also returns the tokens fuses their mean
+    otherwise, and the embedding's last bits move."""
     encoder = Encoder(cfg.resolved())
 
-    def apply(params: Any, x: jax.Array) -> Any:
-        out = encoder.apply({"params": params["encoder"]}, x, deterministic=True)
-        return out if tokens else out[0]
+    def apply(params: Any, x: jax.Array) -> jax.Array:
+        return encoder.apply({"params": params["encoder"]}, x, deterministic=True)[1 if tokens else 0]
 
     return apply
 
