@@ -285,14 +285,16 @@ def cli(
     batch_size: int = 16,
     n_workers: int = 2,
 ) -> None:
-    """Score frozen backbones on one task the way BirdSet does: linear, MLP and centroid probes on all or
-    n recordings per class, cmAP, AUROC and top-1 on the test split; every result one row of the Parquet
-    store in --results, skipped when already there.
+    """Score frozen backbones on one task the way BirdSet does: linear, MLP and centroid probes on the
+    embeddings (and prototypical and attentive probes on the patch tokens, with --probe proto attentive)
+    on all or n recordings per class, cmAP, AUROC and top-1 on the test split; every result one row of
+    the Parquet store in --results, skipped when already there.
 
     Args:
         backbone: What to score, side by side: RUN or RUN@STEP (a run's checkpoint) or an export folder,
-            random:RUN (its architecture at random init), raw (log-mel mean and std), module:function
-            (an external encoder: spectrogram [B, T, M] in, [B, D] out).
+            random:RUN (its architecture at random init), raw (log-mel mean and std; as tokens, its
+            patches), module:function (an external encoder: spectrogram [B, T, M] in, [B, D]
+            embeddings or [B, N, D] tokens out).
         train: Shards the probes are fitted on (a glob, a folder or a file), e.g. 'hsn/train/*.arrow'.
         test: Shards the probes are scored on, e.g. 'hsn/test_5s/*.arrow'.
         task: The task's name in the store (default: the test split's parent folder's name).
