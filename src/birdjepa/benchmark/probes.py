@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from birdjepa.benchmark.recipe import Loss, Recipe
+from birdjepa.benchmark.recipe import Loss, Recipe, padded
 from birdjepa.benchmark.token_probes import TOKEN_PROBES, fit_and_score_tokens
 from birdjepa.evaluation.probes import standardise
 
@@ -82,10 +82,6 @@ def _fit(kind: str, recipe: Recipe, x: jax.Array, y: jax.Array, weight: jax.Arra
     return params
 
 
-def _padded(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def fit_and_score(
     probe: Probe,
     train_x: np.ndarray,
@@ -114,7 +110,7 @@ def fit_and_score(
         return _centroid_scores(a, train_y, b)
     if probe not in ("linear", "mlp"):
         raise ValueError(f"unknown probe {probe!r}; choose from {', '.join(PROBES)}")
-    n, size = len(a), _padded(len(a))
+    n, size = len(a), padded(len(a))
     x = np.zeros((size, a.shape[1]), np.float32)
     y = np.zeros((size, train_y.shape[1]), np.float32)
     weight = np.zeros(size, np.float32)

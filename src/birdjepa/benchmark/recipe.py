@@ -51,3 +51,9 @@ def _asl(logits: jax.Array, y: jax.Array, r: Recipe) -> jax.Array:
     pos = -log_p if r.asl_gamma_pos == 0 else -((1.0 - p) ** r.asl_gamma_pos) * log_p
     neg = -(p_neg**r.asl_gamma_neg) * log_1mp_neg
     return y * pos + (1.0 - y) * neg
+
+
+def padded(n: int) -> int:
+    """``n`` rounded up to a power of two: train sets padded to it compile a handful of shapes across the
+    few-shot sizes, not one per n."""
+    return 1 << max(n - 1, 0).bit_length()

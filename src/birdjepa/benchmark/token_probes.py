@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from birdjepa.benchmark.recipe import Recipe
+from birdjepa.benchmark.recipe import Recipe, padded
+from birdjepa.evaluation.probes import standardise
 
 TOKEN_PROBES: tuple[str, ...] = ("proto", "attentive")
 HEADS = 4
@@ -148,14 +149,9 @@ def _scores(kind: str, params: dict, x: jax.Array) -> jax.Array:
 def standardise_tokens(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
     """Tokens centred and scaled per channel by the train tokens' mean and std (float32 out; a constant
     channel keeps scale 1)."""
-    flat = np.asarray(train, np.float64).reshape(-1, train.shape[-1])
-    mean, std = flat.mean(axis=0), flat.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-    return [((np.asarray(x, np.float64) - mean) / std).astype(np.float32) for x in (train, *others)]
-
-
-def _padded(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+    arrays = (train, *others)
+    flat = standardise(*(x.reshape(-1, x.shape[-1]) for x in arrays))  # every token a row
+    return [f.reshape(x.shape).astype(np.float32) for f, x in zip(flat, arrays, strict=True)]
 
 
 def fit_and_score_tokens(
@@ -183,7 +179,7 @@ def fit_and_score_tokens(
     a, b = standardise_tokens(train_tokens, test_tokens)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("tokens hold NaN or inf (a diverged encoder?)")
-    n, size = len(a), _padded(len(a))
+    n, size = len(a), padded(len(a))
     x = np.zeros((size, *a.shape[1:]), np.float32)
     y = np.zeros((size, train_y.shape[1]), np.float32)
     x[:n], y[:n] = a, train_y
