@@ -394,6 +394,8 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     main([*token_args, "--probe", "proto", "attentive"])  # tokens cached (float16), every row stored
     out = capsys.readouterr().out
     assert out.count("(cached)") == 10 and "8 already in the store" in out, out
+    cached = [np.load(f) for f in (results / "cache").glob("*.npz")]
+    assert {str(z["tokens"].dtype) for z in cached if "tokens" in z.files} == {"float16"}
     # The store as a table and as the few-shot figure.
     main(["benchmark", "--table", str(results), "--plot", str(tmp_path / "curves.png")])
     table = capsys.readouterr().out.splitlines()

@@ -106,3 +106,30 @@ def test_raw_tokens_are_the_log_mel_patches_of_the_vit_grid() -> None:
     # Time-major: token (time 2, band 3) is the 11th; inside it, (frame, mel) order.
     assert tokens.shape == (2, 16, 128) and np.array_equal(tokens[0, 2 * 4 + 3], x[0, 32:48, 24:32].ravel())
     assert square.encode(x, tokens=False)[1] is None
+
+
+@pytest.mark.slow  # compiles at the default level: CI's last stage
+@pytest.mark.default_level
+def test_an_encoder_s_tokens_leave_its_embedding_bits_and_probes_repeat_at_the_default_level() -> None:
+    """At XLA's default level with the harness's flags, as users run: `with_tokens`'s embedding is
+    `encoder(x)`'s, bit for bit (one program returning both once moved its last bit), and a token probe
+    fitted twice scores the same bits."""
+    from birdjepa.data import Features
+    from birdjepa.export.encoder import Encoder
+    from birdjepa.model.config import preset
+    from birdjepa.model.vit import Encoder as VisionEncoder
+
+    cfg = preset("tiny")
+    x = np.random.default_rng(0).normal(size=(16, cfg.n_frames, cfg.n_mels)).astype(np.float32)
+    params = VisionEncoder(cfg).init(jax.random.key(0), x[:1], deterministic=True)["params"]
+    # Weights off their init, as trained ones are: at init (zero biases, unit scales) both programs
+    # happened to agree, and the one-program version went unnoticed; with these it differs.
+    rng = np.random.default_rng(1)
+    params = jax.tree_util.tree_map(lambda a: a + 0.05 * rng.normal(size=a.shape).astype(np.float32), params)
+    encoder = Encoder(cfg, Features(), 16, "test", {"encoder": params})  # the demo's batch
+    embedding, tokens = encoder.with_tokens(x)
+    assert np.array_equal(embedding, encoder(x)) and tokens.shape == (16, cfg.n_patches, cfg.dim)
+    y = np.eye(3, dtype=np.uint8)[np.arange(16) % 3]
+    for probe in ("proto", "attentive"):
+        first = fit_and_score(probe, tokens, y, tokens, seed=0, recipe=Recipe(steps=20))
+        assert np.array_equal(first, fit_and_score(probe, tokens, y, tokens, seed=0, recipe=Recipe(steps=20)))
