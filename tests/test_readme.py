@@ -1,5 +1,6 @@
-"""The README names, beside each promise, the test that holds it or the script that measures it: every
-name it gives must exist, so a renamed or deleted test cannot leave a promise pointing at nothing."""
+"""The README and the pages of docs/ name, beside each promise, the test that holds it or the script that
+measures it: every name they give must exist, so a renamed or deleted test cannot leave a promise pointing at
+nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ from birdjepa.slurm.sweep import SlurmOptions
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+#: The pages beside the README: every docs/*.md (docs/issues/ holds investigations, each with its own README).
+PAGES = {p.relative_to(REPO).as_posix(): p.read_text() for p in sorted((REPO / "docs").glob("*.md"))}
+#: Pages whose sections are not a command's promises: design.md states the invariants (each names its test
+#: in brackets), benchmarks.md holds the measurements, extending.md is a how-to. Every other page is a user
+#: guide that left the README, and each of its sections says what holds its promises, as the README's do.
+REFERENCE = ("docs/design.md", "docs/benchmarks.md", "docs/extending.md")
+GUIDES = {path: text for path, text in PAGES.items() if path not in REFERENCE}
+ALL = "\n".join([README, *PAGES.values()])
 
 
 def defined(path: Path) -> set[str]:
@@ -29,22 +38,38 @@ def _text(path: Path) -> str:
 
 
 def test_every_test_and_script_the_readme_names_exists() -> None:
-    named = set(re.findall(r"(tests/[\w/]+\.py)::(\w+)", README))
-    rust = set(re.findall(r"(rust/[\w/]+\.rs)::(\w+)", README))
-    assert len(named) > 100  # the README names its tests beside its promises
+    named = set(re.findall(r"(tests/[\w/]+\.py)::(\w+)", ALL))
+    rust = set(re.findall(r"(rust/[\w/]+\.rs)::(\w+)", ALL))
+    assert len(named) > 100  # the README and its pages name their tests beside their promises
     missing = [f"{f}::{name}" for f, name in sorted(named) if not (REPO / f).is_file()]
     missing += [
         f"{f}::{name}" for f, name in sorted(named) if (REPO / f).is_file() and name not in defined(REPO / f)
     ]
     missing += [f"{f}::{name}" for f, name in sorted(rust) if f"fn {name}(" not in _text(REPO / f)]
-    files = set(re.findall(r"\b((?:tests|scripts|docs/issues/[\w-]+)/[\w/]+\.py)\b", README))
+    files = set(re.findall(r"\b((?:tests|scripts|notebooks|docs/issues/[\w-]+)/[\w/]+\.py)\b", ALL))
     missing += [f for f in sorted(files) if not (REPO / f).is_file()]
     assert not missing, missing
 
 
+def sections(text: str) -> list[str]:
+    """A page's sections, each from its heading (``#`` to ``###``) to the next; code blocks, whose
+    comments start with ``#`` too, are left out."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    return re.split(r"\n(?=#{1,3} )", "\n" + prose)[1:]
+
+
 def test_every_section_says_what_holds_its_promises() -> None:
-    sections = re.split(r"\n(?=#{2,3} )", README)[1:]  # the text before the first section is the intro
-    bare = [s.splitlines()[0] for s in sections if "**Tests:**" not in s and "**Measured by:**" not in s]
+    # The README's text before its first `##` (title, the two set-up commands, what birdjepa is) is the
+    # intro; a guide's title says what the page holds, and its text up to the first `##` is a section.
+    # A title with no text of its own under it (a page of several sections) promises nothing.
+    found = [("README.md", s) for s in sections(README) if not s.startswith("# ")]
+    found += [(path, s) for path, text in GUIDES.items() for s in sections(text)]
+    assert len(found) > 10 and len(GUIDES) >= len(PAGES) - len(REFERENCE)
+    bare = [
+        f"{path}: {s.splitlines()[0]}"
+        for path, s in found
+        if "**Tests:**" not in s and "**Measured by:**" not in s and s.strip().count("\n") > 0
+    ]
     assert not bare, bare
 
 
