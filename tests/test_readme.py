@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from birdjepa.cli import main
+from birdjepa.cli import COMMANDS, main
 from birdjepa.config import PretrainConfig
 from birdjepa.slurm.sweep import SlurmOptions
 
@@ -113,3 +115,94 @@ def test_make_test_hands_out_the_longest_files_first() -> None:
     assert files[: len(LONGEST_FIRST)] == list(LONGEST_FIRST)
     assert files[len(LONGEST_FIRST) :] == sorted(files[len(LONGEST_FIRST) :])  # the rest as collected
     assert [item.n for item in items] == [0, 1] * len(files)  # a file keeps its own order
+
+
+def bash_lines(text: str) -> list[str]:
+    """The command lines of a page's ```bash blocks: continuations joined, comments cut."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", text, flags=re.M | re.S)
+    joined = "\n".join(blocks).replace("\\\n", " ")
+    return [re.sub(r"(^|\s)#.*", "", line).strip() for line in joined.splitlines()]
+
+
+def words(line: str) -> list[str]:
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split, lex.commenters = True, ""
+    return list(lex)
+
+
+def test_every_command_the_pages_show_exists_with_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each `birdjepa <command> ...` line of a bash block in the README or a page names a command that
+    exists, with options its `--help` lists; each `make <target>` (there or in the text) is a target of the
+    Makefile. Reading `--help` runs no command: a second for every command together."""
+    shown: dict[str, set[str]] = {}
+    targets = set(re.findall(r"`make ([\w-]+)", ALL))
+    for text in (README, *PAGES.values()):
+        for line in bash_lines(text):
+            tokens = words(line)
+            for i, token in enumerate(tokens):
+                after = list(
+                    itertools.takewhile(lambda t: t not in ("&&", "||", ";", "|", "(", ")"), tokens[i + 1 :])
+                )
+                if token == "make":
+                    targets.update(after[:1])
+                if Path(token).name == "birdjepa" and after and not after[0].startswith("-"):
+                    options = {t.split("=", 1)[0] for t in after[1:] if t.startswith("--") and t != "--"}
+                    shown.setdefault(after[0], set()).update(options)
+    assert set(shown) == set(COMMANDS), sorted(set(COMMANDS) ^ set(shown))  # every command has an example
+    unknown = []
+    for command, options in sorted(shown.items()):
+        with pytest.raises(SystemExit) as e:
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert e.value.code == 0, command
+        unknown += [
+            f"birdjepa {command} {o}"
+            for o in sorted(options)
+            if not re.search(re.escape(o) + r"(?![\w.-])", out)
+        ]
+    assert not unknown, unknown
+    makefile = (REPO / "Makefile").read_text()
+    assert {"demo", "test"} <= targets
+    assert not [t for t in sorted(targets) if not re.search(rf"^{re.escape(t)}:", makefile, flags=re.M)]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_resolves_inside_the_repository() -> None:
+    """Every link of the README and its pages leads to a file of the repository (and a heading there, if it
+    names one), and no text cites a path above the repository."""
+    broken = []
+    for path, text in {"README.md": README, **PAGES}.items():
+        here = (REPO / path).parent
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"\w+:", target):  # https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            resolved = (here / file).resolve() if file else REPO / path
+            if not resolved.is_relative_to(REPO) or not resolved.exists():
+                broken.append(f"{path}: {target}")
+            elif anchor and resolved.suffix == ".md":
+                headings = re.findall(
+                    r"^#{1,6} (.*)",
+                    re.sub(r"^```.*?^```", "", resolved.read_text(), flags=re.M | re.S),
+                    flags=re.M,
+                )
+                if anchor not in {slug(h) for h in headings}:
+                    broken.append(f"{path}: {target} (no such heading)")
+        depth = len(Path(path).parent.parts)  # a path with more `../` than that leaves the repository
+        if re.search(r"(?<![.\w])" + r"\.\./" * (depth + 1), text):
+            broken.append(f"{path}: a path above the repository")
+    assert not broken, broken
+
+
+def test_every_command_has_a_row_and_every_page_is_one_link_away() -> None:
+    """The README's table has one row per command, linking a page that shows it; every page of docs/ is
+    linked from the README itself."""
+    rows = re.findall(r"^\| `([\w-]+)` \|.*\]\((docs/[\w-]+\.md)\) \|$", README, flags=re.M)
+    assert sorted(c for c, _ in rows) == sorted(COMMANDS)
+    assert not [(c, page) for c, page in rows if f"birdjepa {c}" not in PAGES.get(page, "")]
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)[)#]", README))
+    assert not sorted(set(PAGES) - linked), "pages no link of the README reaches"
