@@ -4,7 +4,8 @@ Python: the package's folders (and top-level modules) form floors, listed top fi
 module imports only from its own floor or below, no two modules import each other through any chain,
 and no module is over 600 lines. Rust: no circle among the core crate's top-level modules
 (``use crate::x`` / ``crate::x::``). The files are read as text; one test imports the modules that
-must load without JAX, in a process of its own.
+must load without JAX, in a process of its own. The layout is described once, in docs/design.md's
+"Layout", and one test holds that description to the tree.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "birdjepa"
 RUST_CORE = ROOT / "rust" / "core" / "src"
+DESIGN = ROOT / "docs" / "design.md"
 
 #: Top floor first. A module may import from its own floor and every floor below it.
 FLOORS = (
@@ -138,6 +140,39 @@ def test_the_rust_core_has_no_circle_among_its_top_level_modules() -> None:
         edges.setdefault(top, set()).update(used - {top})
     assert {"loader", "dataset", "options", "audio"} <= set(edges)
     assert not cycles(edges), f"circles: {cycles(edges)}"
+
+
+def layout_entries(indent: str) -> dict[str, str]:
+    """The entries of docs/design.md's layout tree whose name starts after ``indent``: name -> its
+    description (the rest of its line and the deeper-indented lines under it)."""
+    section = DESIGN.read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    tree = section.split("```\n", 1)[1].split("\n```", 1)[0]
+    found = re.findall(rf"^{indent}([\w/]+?)(?:/|\.py)? +(.*(?:\n {{4,}}.*)*)", tree, flags=re.M)
+    return dict(found)
+
+
+def test_the_layout_in_the_design_names_every_floor_top_first_and_every_module() -> None:
+    """docs/design.md describes the layout once: its tree lists the package's floors in the order of
+    `FLOORS`, each a folder or module that exists, every module of a folder named in its description,
+    and every top-level module of the Rust core."""
+    floors = layout_entries("  ")  # the package's entries, two spaces in
+    assert list(floors) == list(FLOORS), "the layout's floors, top first, are FLOORS"
+    unnamed = []
+    for name, said in floors.items():
+        folder = PACKAGE / name
+        if name == EXTENSION.split(".")[-1]:
+            assert (PACKAGE / f"{name}.pyi").is_file()  # the extension's stub
+        elif folder.is_dir():
+            words = set(re.findall(r"\w+", said))
+            stems = sorted({p.stem for p in folder.rglob("*.py")} - {"__init__"})
+            unnamed += [f"{name}/{stem}" for stem in stems if stem not in words]
+        else:
+            assert (PACKAGE / f"{name}.py").is_file(), f"the layout names {name}, which does not exist"
+    rust = set(re.findall(r"\w+", layout_entries("")["rust/core"]))
+    unnamed += [
+        f"rust/core/src/{p.stem}" for p in sorted(RUST_CORE.glob("*")) if p.stem not in rust | {"lib", "main"}
+    ]
+    assert not unnamed, f"modules the layout in docs/design.md does not name: {unnamed}"
 
 
 def test_the_checker_sees_a_circle_and_an_import_that_runs_up() -> None:
