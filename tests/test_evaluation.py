@@ -248,7 +248,7 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     assert card["identity"].startswith("run:eval@5#") and card["checkpoint"]["step"] == 5
     from safetensors.numpy import load_file
 
-    names = set(load_file(folder / "model.safetensors"))  # as the README shows them
+    names = set(load_file(folder / "model.safetensors"))  # as docs/export.md shows them
     assert "encoder/block_0/attn/qkv/kernel" in names and all(n.startswith("encoder/") for n in names)
     assert {"encoder/registers", "encoder/block_0/mlp/gate/kernel", "encoder/block_0/scale1/scale"} <= names
     assert card["model"]["rope"] and card["model"]["qk_norm"] and card["model"]["registers"] == 2
@@ -366,7 +366,7 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     out = capsys.readouterr().out
     assert "probes: 0 fitted" in out and "30 already in the store" in out and "(cached)" in out
     assert store.read(results).to_pylist() == rows
-    assert pyarrow.dataset.dataset(results / "rows").count_rows() == 30  # the README's way to read it
+    assert pyarrow.dataset.dataset(results / "rows").count_rows() == 30  # docs/benchmark.md's way to read it
     # The run's export, and the run named at its step, are the same backbone: already in the store.
     for backbone in (str(export(tiny_run, tmp_path / "export")), f"{tiny_run}@5"):
         main(["benchmark", "--backbone", backbone, *args[args.index("--train") : args.index("--step")],

@@ -241,7 +241,7 @@ except KeyboardInterrupt:
 
 
 def test_ctrl_c_interrupts_within_a_quarter_second(demo_dir: Path) -> None:
-    # The README's figure is about 0.1 s (one 100 ms poll of the Rust wait); measured 0-12 ms over 12
+    # docs/data-loader.md's figure is about 0.1 s (one 100 ms poll of the Rust wait); measured 0-12 ms over 12
     # tries beside three test suites on 2 cores. 0.25 s leaves room for a loaded machine.
     proc = subprocess.Popen(
         [sys.executable, "-c", CTRL_C_SCRIPT, str(demo_dir / "train")], stdout=subprocess.PIPE, text=True

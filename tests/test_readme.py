@@ -76,6 +76,8 @@ def test_every_section_says_what_holds_its_promises() -> None:
 
 
 def test_the_defaults_the_readme_states() -> None:
+    # Stated by the README's quickstart and by docs/pretraining.md, data-loader.md, diagnostics.md,
+    # sweeps-and-slurm.md and design.md, each naming this test beside the default.
     c = PretrainConfig()
     # `make demo`: LeJEPA with lambda = 0.05, the tiny ViT, a pitch/tempo warp, 600 steps of 16 x 2 views.
     assert (c.objective.kind, c.objective.lejepa.lam, c.model.preset) == ("lejepa", 0.05, "tiny")
@@ -99,7 +101,7 @@ def test_pretrain_help_lists_every_option_with_its_default(capsys: pytest.Captur
 
 
 def test_make_test_hands_out_the_longest_files_first() -> None:
-    # What the README's tests line says of `make test`: xdist hands out whole files in collection order
+    # What docs/design.md's layout says of `make test`: xdist hands out whole files in collection order
     # (no reordering by test count), and the collection puts conftest's LONGEST_FIRST at its head.
     from types import SimpleNamespace
 

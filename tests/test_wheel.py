@@ -1,5 +1,5 @@
 """The wheel for machines without Rust (`make wheel`): installed into a fresh virtual environment whose
-PATH holds no cargo and no rustc, with the README's two commands, it answers --help, reads the demo
+PATH holds no cargo and no rustc, with docs/install.md's two commands, it answers --help, reads the demo
 shards through its Rust loader and trains two steps."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_the_wheel_trains_where_no_rust_toolchain_exists(demo_dir: Path, tmp_pat
         assert done.returncode == 0, f"{cmd}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         return done
 
-    run("pip", "install", "-q", "-r", str(dist / "requirements.txt"), str(wheel))  # the README's command
+    run("pip", "install", "-q", "-r", str(dist / "requirements.txt"), str(wheel))  # docs/install.md's command
     assert "pretrain" in run("birdjepa", "--help").stdout
     loaded = run("birdjepa", "loader-demo", "--data", str(demo_dir / "train"), "--batches", "3")
     assert "recordings in" in loaded.stdout

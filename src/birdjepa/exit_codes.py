@@ -1,4 +1,5 @@
-"""The exit codes of birdjepa's commands, each defined once (the README's exit-code table lists them).
+"""The exit codes of birdjepa's commands, each defined once (docs/pretraining.md's exit-code table lists
+them).
 
 They follow sysexits.h where one fits, so a job script can tell "requeue me" from "requeueing would
 fail the same way".

@@ -84,8 +84,8 @@ class DataConfig:
     (webdataset's `initial`); None: fill the whole buffer first. Either way the stream resumes exactly."""
     interleave: int | None = DEFAULTS["interleave"]
     """Shards read round-robin at once; None (default): all of them, so every batch draws from every
-    shard (near-IID at any data set size: see the README's "Mixing"). A number reads fewer shards at a
-    time (more sequential I/O, less mixed batches)."""
+    shard (near-IID at any data set size: see docs/data-loader.md, "Mixing at scale"). A number reads
+    fewer shards at a time (more sequential I/O, less mixed batches)."""
     n_views: int = TRAIN_VIEWS
     """Views per recording (LeJEPA needs >= 2)."""
     features: Features = Features()
