@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,18 @@ def test_a_split_without_a_list_column_is_scored_on_the_one_hot_of_its_label() -
 
     expected = np.array([[0, 0, 1], [0, 0, 0], [1, 0, 0]], np.uint8)  # a missing label (-1): no class
     assert np.array_equal(_one_hot(np.array([2, -1, 0]), 3), expected)
+
+
+def test_a_result_fitted_with_another_recipe_is_not_taken_as_done(tmp_path: Path) -> None:
+    stored = Recipe()
+    config = {"recipe": dataclasses.asdict(stored)}
+    for probe in ("linear", "proto", "centroid"):
+        store.put(tmp_path, store.Key("b", "t", probe, 1, 0), {"cmap": 0.5, "auroc": 0.5, "top1": 0.5},
+                  n_train=1, n_test=1, fit_s=0.0, config=config)  # fmt: skip
+    cheaper = Recipe(token_batch=8)
+    # The token batch is read by the token probes only; the learning rate by every trained probe.
+    assert store.has(tmp_path, store.Key("b", "t", "linear", 1, 0), cheaper.read_by("linear"))
+    assert not store.has(tmp_path, store.Key("b", "t", "proto", 1, 0), cheaper.read_by("proto"))
+    assert store.has(tmp_path, store.Key("b", "t", "proto", 1, 0), stored.read_by("proto"))
+    assert not store.has(tmp_path, store.Key("b", "t", "linear", 1, 0), Recipe(lr=1e-2).read_by("linear"))
+    assert store.has(tmp_path, store.Key("b", "t", "centroid", 1, 0), Recipe(lr=1e-2).read_by("centroid"))

@@ -3,8 +3,8 @@
 For one task (a train split to fit probes on, a test split to score them on), every backbone embeds
 both splits once (cached under ``RESULTS/cache``), then every probe is fitted for every ``n`` (recordings
 per class, -1 = all) and seed, and scored with cmAP, AUROC and top-1 (`metrics`). Each result is a row
-of the Parquet store under ``RESULTS`` (`store`); a key already there is skipped. ``--table RESULTS``
-prints the store.
+of the Parquet store under ``RESULTS`` (`store`); a key already there is skipped, unless it was fitted
+with another recipe (then it is fitted again and replaced). ``--table RESULTS`` prints the store.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def run_task(
             f"({', '.join(task.class_names[c] for c in uncovered)}); they are scored all the same, "
             "as BirdSet scores them (their AP counts in cmAP)"
         )
-    done = skipped = 0
+    done = skipped = refitted = 0
     t_fit: dict[str, float] = defaultdict(float)
     for b in backbones:
         tr, te = embedded["train"][b.identity], embedded["test"][b.identity]
@@ -171,9 +171,11 @@ def run_task(
             for n in n_train:
                 for seed in seeds:
                     key = store.Key(b.identity, task.name, probe, n, seed)
-                    if store.has(results, key):
+                    if store.has(results, key, recipe.read_by(probe)):
                         skipped += 1
                         continue
+                    if store.has(results, key):
+                        refitted += 1
                     keep = fewshot.draw(classes, n, seed)
                     t0 = time.perf_counter()
                     scores = fit_and_score(
@@ -200,7 +202,8 @@ def run_task(
                     done += 1
     per_probe = ", ".join(f"{p} {t_fit[p]:.1f} s" for p in probes if p in t_fit)
     log(f"probes: {done} fitted in {sum(t_fit.values()):.1f} s{f' ({per_probe})' if done else ''}, "
-        f"{skipped} already in the store")  # fmt: skip
+        f"{skipped} already in the store"
+        f"{f', {refitted} of them replaced (stored with another recipe)' if refitted else ''}")  # fmt: skip
     table = store.read(results).to_pylist()
     ids = {b.identity for b in backbones}
     return [
@@ -275,6 +278,8 @@ def cli(
     loss: Loss = "bce",
     prototypes: int = Recipe.prototypes,
     probe_steps: int = Recipe.steps,
+    probe_lr: float = Recipe.lr,
+    token_batch: int = Recipe.token_batch,
     results: Path = Path("results"),
     step: int | None = None,
     table: Annotated[Path | None, tyro.conf.arg(metavar="RESULTS")] = None,
@@ -288,7 +293,7 @@ def cli(
     """Score frozen backbones on one task the way BirdSet does: linear, MLP and centroid probes on the
     embeddings (and prototypical and attentive probes on the patch tokens, with --probe proto attentive)
     on all or n recordings per class, cmAP, AUROC and top-1 on the test split; every result one row of
-    the Parquet store in --results, skipped when already there.
+    the Parquet store in --results, skipped when already there with the same recipe.
 
     Args:
         backbone: What to score, side by side: RUN or RUN@STEP (a run's checkpoint) or an export folder,
@@ -306,6 +311,8 @@ def cli(
         loss: The trained probes' loss: bce (binary cross-entropy) or asl (asymmetric loss).
         prototypes: J, the proto probe's prototypes per class.
         probe_steps: AdamW steps of the trained probes (linear, mlp, proto, attentive).
+        probe_lr: Their learning rate.
+        token_batch: Clips per step of the token probes (proto, attentive).
         results: The results store (and the embedding cache, RESULTS/cache).
         step: The checkpoint of every RUN named without @STEP (default: its newest).
         table: Print the store in RESULTS as a table (tasks as columns) and exit.
@@ -330,8 +337,11 @@ def cli(
         if not backbone or train is None or test is None:
             raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
         bad = [p for p in probe if p not in PROBES]
-        if prototypes < 1 or probe_steps < 1:
-            raise BenchmarkError(f"--prototypes and --probe-steps are >= 1, got {prototypes}, {probe_steps}")
+        if min(prototypes, probe_steps, token_batch) < 1 or not probe_lr > 0:
+            raise BenchmarkError(
+                f"--prototypes, --probe-steps and --token-batch are >= 1 and --probe-lr > 0, got "
+                f"{prototypes}, {probe_steps}, {token_batch}, {probe_lr}"
+            )
         if bad or any(n != fewshot.ALL and n < 1 for n in n_train):
             raise BenchmarkError(
                 f"probes are {', '.join(PROBES)} and n is -1 (all) or >= 1; got {probe}, {n_train}"
@@ -348,7 +358,7 @@ def cli(
             probes=probe,
             n_train=n_train,
             seeds=seed,
-            recipe=Recipe(loss=loss, prototypes=prototypes, steps=probe_steps),
+            recipe=Recipe(loss, probe_steps, probe_lr, prototypes=prototypes, token_batch=token_batch),
             results=results,
             batch_size=batch_size,
             n_workers=n_workers,

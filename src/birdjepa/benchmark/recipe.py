@@ -33,6 +33,16 @@ class Recipe:
     """Clips per step of the token probes (drawn with replacement, seeded); the pooled probes take every
     clip at every step."""
 
+    def read_by(self, probe: str) -> dict[str, object]:
+        """The fields ``probe``'s fit reads: a stored result fitted with other values of these is stale."""
+        fields = dataclasses.asdict(self)
+        if probe in ("centroid", "softmax", "knn"):
+            return {}
+        keep = set(fields) - {"prototypes", "token_batch"}
+        keep |= {"token_batch"} if probe in ("proto", "attentive") else set()
+        keep |= {"prototypes"} if probe == "proto" else set()
+        return {k: v for k, v in fields.items() if k in keep}
+
     def loss_fn(self) -> Callable[[jax.Array, jax.Array], jax.Array]:
         """Per-class loss of logits against multi-hot targets."""
         return _bce if self.loss == "bce" else partial(_asl, r=self)

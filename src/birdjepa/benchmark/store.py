@@ -3,7 +3,8 @@
 A result is keyed by (backbone, task, probe, n, seed); the backbone's identity carries the checkpoint's
 step and CRC, so a retrained run is a new key. Its file is named by a hash of the key and written
 whole under a temporary name, then renamed, so:
-- a second run skips every key whose file exists (`has`);
+- a second run skips every key whose file exists (`has`), unless it was fitted with another recipe
+  (the fields its probe reads: `Recipe.read_by`), which is fitted again and replaced;
 - two writers, on one machine or two Slurm nodes over a shared file system, never write the same
   file name half-way: distinct keys are distinct files, and the same key written twice holds the same
   metrics (the scores are deterministic) and the last rename wins;
@@ -61,8 +62,15 @@ SCHEMA = pa.schema(
 )
 
 
-def has(results: Path, key: Key) -> bool:
-    return (results / ROWS / key.file_name()).is_file()
+def has(results: Path, key: Key, recipe: dict[str, Any] | None = None) -> bool:
+    """Whether ``key``'s result is stored, and, given ``recipe``, fitted with those recipe fields."""
+    path = results / ROWS / key.file_name()
+    if not path.is_file():
+        return False
+    if not recipe:
+        return True
+    stored = json.loads(pq.read_table(path, columns=["config"]).column("config")[0].as_py())
+    return all(stored.get("recipe", {}).get(k, None) == v for k, v in recipe.items())
 
 
 def put(results: Path, key: Key, metrics: dict[str, float], *, n_train: int, n_test: int, fit_s: float,
