@@ -201,9 +201,9 @@ def run_task(
                     )
                     done += 1
     per_probe = ", ".join(f"{p} {t_fit[p]:.1f} s" for p in probes if p in t_fit)
-    log(f"probes: {done} fitted in {sum(t_fit.values()):.1f} s{f' ({per_probe})' if done else ''}, "
-        f"{skipped} already in the store"
-        f"{f', {refitted} of them replaced (stored with another recipe)' if refitted else ''}")  # fmt: skip
+    replaced = f" ({refitted} of them replacing results stored with another recipe)" if refitted else ""
+    log(f"probes: {done} fitted in {sum(t_fit.values()):.1f} s{f' ({per_probe})' if done else ''}{replaced}, "
+        f"{skipped} already in the store")  # fmt: skip
     table = store.read(results).to_pylist()
     ids = {b.identity for b in backbones}
     return [
