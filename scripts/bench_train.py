@@ -9,7 +9,7 @@ Per model preset, through the real ``birdjepa pretrain`` command on the demo set
 * time from process start to the first step, fresh and resumed (a run stopped with ``--stop-at-step``
   and started again: imports, restore, the resume checks, compiling, one step);
 
-and in this process, on the preset's real parameters and optimizer state (``birdjepa.train.checkpoint``):
+and in this process, on the preset's real parameters and optimizer state (``birdjepa.rundir.checkpoint``):
 
 * checkpoint save time, synchronous and asynchronous (until ``save`` returns, and until it is on disk),
   and restore time (read, verified against the recorded norms), median of ``--repeats``.
@@ -41,9 +41,9 @@ from birdjepa.data import resolve_files
 from birdjepa.data.demo import ensure_demo_data
 from birdjepa.model.config import preset
 from birdjepa.model.vit import init_params
-from birdjepa.train.checkpoint import Checkpointer
+from birdjepa.rundir.checkpoint import Checkpointer
+from birdjepa.rundir.metrics_log import read_metrics
 from birdjepa.train.determinism import deterministic_xla
-from birdjepa.train.metrics_log import read_metrics
 from birdjepa.train.optim import make_optimizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -207,7 +207,7 @@ def main() -> None:
           f"{t.resume_start_s / t.fresh_start_s:.2f}", f"{t.restore_s:.1f}") for t in train],
     )  # fmt: skip
 
-    print(f"\n## Checkpoint of params + AdamW state (birdjepa.train.checkpoint, median of {args.repeats})")
+    print(f"\n## Checkpoint of params + AdamW state (birdjepa.rundir.checkpoint, median of {args.repeats})")
     table(
         ("preset", "MiB", "sync s", "async return s", "async total s", "return/sync", "restore s",
          "restore/sync"),

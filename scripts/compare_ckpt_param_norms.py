@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from birdjepa.resume.compare import metrics_by_step
-from birdjepa.train.checkpoint import Checkpointer
-from birdjepa.train.norms import tree_norms
+from birdjepa.rundir.checkpoint import Checkpointer
+from birdjepa.rundir.checkpoint.norms import tree_norms
+from birdjepa.rundir.metrics_log import metrics_by_step
 
 _KEY = re.compile(r"\['([^']*)'\]")
 

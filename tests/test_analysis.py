@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from birdjepa import analysis
 from birdjepa.analysis import figures
 from birdjepa.cli import main as birdjepa_main
-from birdjepa.train.metrics_log import MetricsLog
+from birdjepa.rundir.metrics_log import MetricsLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -21,8 +21,8 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from birdjepa.train import checkpoint as ck
-from birdjepa.train.norms import tree_norms
+from birdjepa.rundir import checkpoint as ck
+from birdjepa.rundir.checkpoint.norms import tree_norms
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -174,7 +174,7 @@ def test_debug_roundtrip_helpers(tmp_path):
 SAVE_REPLICATED = """
 import sys, pathlib
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from birdjepa.train import checkpoint as ck
+from birdjepa.rundir import checkpoint as ck
 assert jax.device_count() == 4, jax.devices()
 mesh = Mesh(np.array(jax.devices()), ("data",))
 repl = NamedSharding(mesh, P())
@@ -199,8 +199,8 @@ print("SAVED_OK", repr(meta["norms"]["param_norm"]))
 
 RESTORE_ONE_DEVICE = """
 import sys, pathlib
-from birdjepa.train import checkpoint as ck
-from birdjepa.train.norms import tree_norms
+from birdjepa.rundir import checkpoint as ck
+from birdjepa.rundir.checkpoint.norms import tree_norms
 assert jax.device_count() == 1, jax.devices()
 state = make_state()
 c = ck.Checkpointer(pathlib.Path(sys.argv[1]))
@@ -318,7 +318,7 @@ def test_latest_step_ignores_incomplete_checkpoints(tmp_path):
 
 CRASH_MID_SAVE = """
 import os, sys, pathlib
-from birdjepa.train import checkpoint as ck
+from birdjepa.rundir import checkpoint as ck
 c = ck.Checkpointer(pathlib.Path(sys.argv[1]), async_save=True)
 state = make_state()
 c.save(1, state, {})

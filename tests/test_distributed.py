@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.resume.compare import compare_runs
+from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.slurm.sweep import launch_local
 
 STEPS = 6

@@ -23,9 +23,9 @@ from birdjepa.divergence.diff import diff_traces
 from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain.divergence_matrix import PAIRS, flags, format_matrix, run_pair
 from birdjepa.pretrain.loop import pretrain
-from birdjepa.resume.compare import metrics_by_step
+from birdjepa.rundir.checkpoint import Checkpointer
+from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.train.calls import CALL_SITES
-from birdjepa.train.checkpoint import Checkpointer
 from birdjepa.train.digest import SMALL
 
 

@@ -16,7 +16,7 @@ from test_train_resume import NO_EVAL, resumed_differs
 
 from birdjepa.model.config import preset
 from birdjepa.model.vit import BirdJepa, init_params, rope_angles, rotate
-from birdjepa.resume.compare import metrics_by_step
+from birdjepa.rundir.metrics_log import metrics_by_step
 
 ALL_ON = ("--model.rope", "--model.qk-norm", "--model.swiglu", "--model.layer-scale", "0.1",
           "--model.registers", "2")  # fmt: skip

@@ -19,7 +19,7 @@ from conftest import run_notebook
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import probes
 from birdjepa.evaluation.embed import raw_features
-from birdjepa.train.lease import LEASE_FILE
+from birdjepa.rundir.layout import LEASE_FILE
 
 
 def separable(seed: int, n_classes: int = 5, per_class: int = 30, dim: int = 8, offset: float = 0.0):
@@ -383,8 +383,10 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     assert "waveform:my_encoder:wave gives embeddings [B, D], no tokens" in out
     assert "proto, attentive skipped for it" in out
     assert "embedded my_encoder:tokens: tokens [32 x 128] and embeddings [128]" in out, out
-    # New: the token external's 3 pooled probes, and 2 token probes x 4 backbones; the rest are stored.
-    assert "probes: 11 fitted in " in out and "(linear " in out and "12 already in the store" in out, out
+    # New: the token external's 3 pooled probes, and 2 token probes x 4 backbones. Of the 12 stored rows,
+    # the 8 linear and MLP ones were fitted with 500 steps, not 50: fitted again; the centroids are kept.
+    assert "probes: 19 fitted in " in out and "(linear " in out, out
+    assert "(8 of them replacing results stored with another recipe), 4 already in the store" in out, out
     token_rows = [r for r in store.read(results).to_pylist() if r["probe"] in ("proto", "attentive")]
     ours = {r["backbone"] for r in rows if r["backbone"].startswith(("run:", "random:", "raw:"))}
     assert {r["backbone"] for r in token_rows} == ours | {"ext:my_encoder:tokens"}

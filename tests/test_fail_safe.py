@@ -13,9 +13,9 @@ import pytest
 from birdjepa import exit_codes
 from birdjepa.config import DataConfig, LogConfig, PretrainConfig
 from birdjepa.pretrain.loop import pretrain
-from birdjepa.resume.compare import compare_runs, metrics_by_step
-from birdjepa.train.checkpoint import DAMAGED_DIR, Checkpointer
-from birdjepa.train.metrics_log import read_metrics
+from birdjepa.resume.compare import compare_runs
+from birdjepa.rundir.checkpoint import DAMAGED_DIR, Checkpointer
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 
 STEPS = 6
 

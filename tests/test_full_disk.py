@@ -23,8 +23,8 @@ from birdjepa.config import PretrainConfig
 from birdjepa.pretrain.fs_fault_matrix import on_small_disk
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
-from birdjepa.train.checkpoint.space import TMP_SUFFIX, folder_bytes, quiet_orbax_errors
-from birdjepa.train.metrics_log import read_metrics
+from birdjepa.rundir.checkpoint.space import TMP_SUFFIX, folder_bytes, quiet_orbax_errors
+from birdjepa.rundir.metrics_log import read_metrics
 
 
 def flags(demo_dir: Path, runs: Path) -> list[str]:
@@ -82,7 +82,7 @@ def test_a_log_that_cannot_be_written_stops_the_run_in_one_line_and_it_resumes_e
     import subprocess
     import sys
 
-    from birdjepa.train.metrics_log import METRICS_FILE
+    from birdjepa.rundir.layout import METRICS_FILE
 
     runs, disk, saved = tmp_path / "runs", tmp_path / "logdisk", tmp_path / "saved.jsonl"
     (runs / "r").mkdir(parents=True)

@@ -33,6 +33,7 @@ FLOORS = (
     "evaluation",
     "resume",
     "train",
+    "rundir",
     "multihost",
     "validation",
     "config",
@@ -64,7 +65,7 @@ def imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("birdjepa"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("birdjepa"):
-            for a in node.names:  # `from birdjepa.train import checkpoint` names a module
+            for a in node.names:  # `from birdjepa.rundir import checkpoint` names a module
                 sub = f"{node.module}.{a.name}"
                 out.add(sub if sub in known | {EXTENSION} else node.module)
     return {m for m in out if m in known | {EXTENSION}}

@@ -19,8 +19,9 @@ import tyro
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
 from birdjepa.pretrain.loop import pretrain
-from birdjepa.train.lease import LEASE_FILE, LEASE_WAIT_ENV, _take_over, acquire
-from birdjepa.train.metrics_log import METRICS_FILE, read_metrics
+from birdjepa.rundir.layout import LEASE_FILE, METRICS_FILE
+from birdjepa.rundir.lease import LEASE_WAIT_ENV, _take_over, acquire
+from birdjepa.rundir.metrics_log import read_metrics
 
 
 def flags(demo_dir: Path, runs: Path, steps: int, *extra: str) -> list[str]:
@@ -92,7 +93,7 @@ def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(tmp_path: Path
 
 
 def test_the_heartbeat_is_renewed_and_stops_once_taken_over(tmp_path: Path, monkeypatch) -> None:
-    from birdjepa.train import lease as lease_lib
+    from birdjepa.rundir import lease as lease_lib
 
     monkeypatch.setattr(lease_lib, "HEARTBEAT_S", 0.05)
     run = tmp_path / "r"
@@ -117,7 +118,7 @@ def test_a_takeover_is_never_written_back_over_by_the_holders_heartbeat(tmp_path
     # The heartbeat reads its lease, then writes it renewed. A taker replacing it in between (a thread of
     # the holder keeping the CPU, as a training step does) was written back over in 34 of 50 takeovers
     # and once in CI; both now change the lease only under the takeover marker.
-    from birdjepa.train import lease as lease_lib
+    from birdjepa.rundir import lease as lease_lib
 
     monkeypatch.setattr(lease_lib, "HEARTBEAT_S", 0.002)
     stop = threading.Event()
@@ -147,7 +148,7 @@ def test_a_takeover_is_never_written_back_over_by_the_holders_heartbeat(tmp_path
 RACER = """
 import sys, time
 from pathlib import Path
-from birdjepa.train.lease import LeaseHeld, acquire
+from birdjepa.rundir.lease import LeaseHeld, acquire
 run, start = Path(sys.argv[1]), float(sys.argv[2])
 time.sleep(max(start - time.time(), 0))  # every racer starts at the same instant
 try:
@@ -218,7 +219,7 @@ def test_read_only_commands_answer_on_a_live_run_take_no_lease_and_change_nothin
         said = out.out[-3000:] + out.err[-3000:]
         # compare: a step only the straight run logged differs. Where the trainer stopped past checkpoint
         # 1 depends on the machine's load (an async save lands while later steps run), so read it.
-        from birdjepa.resume.compare import metrics_by_step
+        from birdjepa.rundir.metrics_log import metrics_by_step
 
         first_missing = max(metrics_by_step(run)) + 1
         assert first_missing < 8, "the trainer finished before it was stopped: nothing live to meet"

@@ -20,7 +20,7 @@ from birdjepa.model.config import preset
 from birdjepa.model.vit import BirdJepa, init_params
 from birdjepa.objectives.mae import Mae, block_shape, patch_errors, patch_masks
 from birdjepa.objectives.options import MaeConfig
-from birdjepa.resume.compare import metrics_by_step
+from birdjepa.rundir.metrics_log import metrics_by_step
 
 
 @pytest.mark.parametrize(

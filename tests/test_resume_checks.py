@@ -19,10 +19,10 @@ from birdjepa.pretrain.fault_matrix import CLEAN, Row, not_as_expected, resume_w
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume import checks as resume_check
 from birdjepa.resume.checks import CHECKS, NextStep, check_resume, config_diff
-from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.resume.compare import compare_runs
 from birdjepa.resume.inject import Restored, inject
-from birdjepa.train.checkpoint import Checkpointer
-from birdjepa.train.metrics_log import read_metrics
+from birdjepa.rundir.checkpoint import Checkpointer
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 from birdjepa.train.state import TrainState
 
 RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into update 2

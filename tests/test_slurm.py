@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from birdjepa.resume.compare import compare_runs, metrics_by_step
-from birdjepa.train.metrics_log import read_metrics
+from birdjepa.resume.compare import compare_runs
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 
 # One worker starts the one cluster and runs them all: .ci/run hands out whole files (--dist loadfile).
 pytestmark = pytest.mark.slow

@@ -14,7 +14,8 @@ from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
-from birdjepa.train.metrics_log import METRICS_FILE, MetricsFileError, read_metrics
+from birdjepa.rundir.layout import METRICS_FILE
+from birdjepa.rundir.metrics_log import MetricsFileError, read_metrics
 
 TORN = b'{"step": 2, "restart": 0, "time": 1.5, "train/lo'
 

@@ -22,10 +22,10 @@ from birdjepa.config import OptimConfig, PretrainConfig
 from birdjepa.divergence import trace_file
 from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain import loop as train_loop
-from birdjepa.resume.compare import compare_runs, metrics_by_step
-from birdjepa.train.checkpoint import Checkpointer
+from birdjepa.resume.compare import compare_runs
+from birdjepa.rundir.checkpoint import Checkpointer
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 from birdjepa.train.digest import SMALL, hex_digest, summarize
-from birdjepa.train.metrics_log import read_metrics
 from birdjepa.train.optim import make_schedule
 
 STEPS = 6

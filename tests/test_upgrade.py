@@ -23,10 +23,9 @@ from birdjepa import exit_codes
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
 from birdjepa.pretrain.fs_fault_matrix import continues_old_run
-from birdjepa.resume.compare import metrics_by_step
 from birdjepa.resume.options import SEGMENT_ONLY, resume_defaults
-from birdjepa.train.checkpoint import FORMAT_VERSION
-from birdjepa.train.metrics_log import read_metrics
+from birdjepa.rundir.checkpoint import FORMAT_VERSION
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 
 FORMAT1 = Path(__file__).parent / "fixtures" / "format1"
 

@@ -21,9 +21,10 @@ from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
 from birdjepa.divergence import trace_file
 from birdjepa.pretrain.loop import pretrain
-from birdjepa.resume.compare import compare_runs, metrics_by_step
+from birdjepa.resume.compare import compare_runs
+from birdjepa.rundir.checkpoint import Checkpointer
+from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.slurm.sweep import launch_local
-from birdjepa.train.checkpoint import Checkpointer
 from birdjepa.validation import OptionError, check
 
 HERE = Path(__file__).parent

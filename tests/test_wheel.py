@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from birdjepa.resume.compare import metrics_by_step
+from birdjepa.rundir.metrics_log import metrics_by_step
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from birdjepa.train.metrics_log import METRICS_FILE, read_metrics_file
+from birdjepa.rundir import layout
+from birdjepa.rundir.metrics_log import read_metrics_file
 
 #: Rows further apart than this (seconds) in a log without resume events start a new segment.
 DEFAULT_GAP_S = 600.0
@@ -190,7 +191,7 @@ def load_run(path: str | Path, *, gap_s: float = DEFAULT_GAP_S, name: str | None
     path = Path(path)
     if path.is_dir():
         name = name or path.name
-        path = path / METRICS_FILE
+        path = layout.metrics_file(path)
     name = name or path.stem
     if not path.exists():
         raise FileNotFoundError(f"{path}: no metrics log")

@@ -14,7 +14,8 @@ from birdjepa import exit_codes
 from birdjepa.analysis import figures
 from birdjepa.analysis.load import DEFAULT_GAP_S, RunLog, load_run
 from birdjepa.analysis.windows import Jump, jumps, max_abs_diff
-from birdjepa.train.metrics_log import MetricsFileError
+from birdjepa.rundir import layout
+from birdjepa.rundir.metrics_log import MetricsFileError
 
 #: Plotted when --metrics is not given (those the run logged).
 DEFAULT_METRICS = (
@@ -114,7 +115,7 @@ def analyze(
         if missing:
             raise SystemExit(f"{run}: no metric(s) {missing}; it logged: {', '.join(sorted(log.metrics))}")
         chosen = list(metrics)
-    out = Path(out) if out is not None else (run if run.is_dir() else run.parent) / "analysis"
+    out = Path(out) if out is not None else layout.analysis_dir(run if run.is_dir() else run.parent)
     out.mkdir(parents=True, exist_ok=True)
 
     found = jumps(log, chosen, window, ref)

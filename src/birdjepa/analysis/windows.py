@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from birdjepa.analysis.load import RunLog
-from birdjepa.resume.compare import compared
+from birdjepa.rundir.metrics_log import compared
 
 
 def ema(values: np.ndarray, halflife: float) -> np.ndarray:

@@ -104,7 +104,7 @@ def _random_init(run_dir: Path) -> Backbone:
 
     from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
     from birdjepa.export.encoder import Encoder
-    from birdjepa.train.checkpoint.integrity import leaf_hash
+    from birdjepa.rundir.checkpoint.integrity import leaf_hash
 
     try:
         r = restore_checkpoint(run_dir)

@@ -69,7 +69,8 @@ COUNT_STATS: tuple[str, ...] = ("vanishing", "exploding")
 
 
 def _key_name(key: Any) -> str:
-    """One path element: dict key, attribute name or sequence index (the rule of ``birdjepa.train.norms``)."""
+    """One path element: dict key, attribute name or sequence index (the rule of
+    ``birdjepa.rundir.checkpoint.norms``)."""
     for attr in ("key", "name", "idx"):
         if hasattr(key, attr):
             return str(getattr(key, attr))

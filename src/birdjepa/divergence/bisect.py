@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import math
 import os
 import subprocess
@@ -34,19 +33,16 @@ import jax
 from birdjepa.divergence.diff import TraceDiff, diff_traces
 from birdjepa.divergence.region import event
 from birdjepa.divergence.replay import (
-    CONFIG_FILE,
     ReplayError,
     compared_keys,
     first_mismatch,
-    is_run_dir,
     open_at,
     read_config,
 )
 from birdjepa.divergence.trace import trace_step
 from birdjepa.divergence.trace_file import Trace, read, write
-from birdjepa.resume.compare import metrics_by_step
-from birdjepa.train import checkpoint
-from birdjepa.train.metrics_log import METRICS_FILE
+from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.train.step import step_key
 
 
@@ -77,8 +73,8 @@ def _devices(ckpts: dict[int, dict[str, Any]]) -> int | None:
 
 
 def search(a: Path, b: Path) -> Search:
-    la = metrics_by_step(a, everything=True) if (a / METRICS_FILE).exists() else {}
-    lb = metrics_by_step(b, everything=True) if (b / METRICS_FILE).exists() else {}
+    la = metrics_by_step(a, everything=True) if layout.metrics_file(a).exists() else {}
+    lb = metrics_by_step(b, everything=True) if layout.metrics_file(b).exists() else {}
     first_logged, metric = None, None
     for s in sorted(set(la) | set(lb)):
         if s not in la or s not in lb:
@@ -210,7 +206,7 @@ WHOLE_FIRST_BELOW = 2_000_000
 def encoder_params(run: Path) -> int | None:
     """About how many parameters the run's encoder blocks hold (12 dim^2 a block), from its config."""
     try:
-        cfg = read_config(json.loads((run / CONFIG_FILE).read_text()), str(run / CONFIG_FILE))
+        cfg = read_config(layout.read_config(run), str(layout.config_file(run)))
     except (OSError, ValueError, ReplayError):
         return None
     m = cfg.model.resolved()
@@ -295,8 +291,8 @@ def bisect(
     the first pass keeps every tensor whole (default: for encoders under `WHOLE_FIRST_BELOW`
     parameters), else it records digests and a second pass keeps what differs."""
     for r in (a, b):
-        if not is_run_dir(r):
-            raise ReplayError(f"{r}: not a run directory (no {METRICS_FILE}, checkpoints/ or config.json)")
+        if not layout.is_run(r):
+            raise ReplayError(f"{r}: not a run directory (no {layout.RUN_MARKERS})")
     s = search(a, b)
     lines = [f"A {a}", f"B {b}"]
     if s.first_logged is not None:

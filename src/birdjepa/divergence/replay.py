@@ -10,7 +10,6 @@ traced after that point could be trusted.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -23,19 +22,17 @@ from birdjepa.config import ConfigError, PretrainConfig, resolve
 from birdjepa.data import Batch, DataError, Loader
 from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
-from birdjepa.resume.compare import metrics_by_step
-from birdjepa.train import checkpoint
+from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir.checkpoint.norms import tree_norms
+from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled, compiled
 from birdjepa.train.determinism import machine_kind
-from birdjepa.train.metrics_log import METRICS_FILE
-from birdjepa.train.norms import tree_norms
 from birdjepa.train.segment import advance, data_files, fresh_state, model_config, open_loader, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig
 from birdjepa.validation import label_count
 
-CONFIG_FILE = "config.json"
 #: Logged metrics that a replay recomputes and compares with ``==``: what the step returns, the loader's
 #: index checksum and the parameter norms. Timings, diagnostics and evaluations are not re-run.
 REPLAYED_PREFIXES = ("train/",)
@@ -105,12 +102,6 @@ def first_mismatch(logged: dict[str, Any], replayed: dict[str, float]) -> tuple[
     return None
 
 
-def is_run_dir(run_dir: Path) -> bool:
-    return run_dir.is_dir() and any(
-        (run_dir / n).exists() for n in (METRICS_FILE, "checkpoints", CONFIG_FILE)
-    )
-
-
 def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
     try:
         return resolve(PretrainConfig(), config, where)
@@ -120,7 +111,7 @@ def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
 
 def last_step(run_dir: Path, steps: list[int]) -> int | None:
     """The last step the run ran: the newest logged or checkpointed one."""
-    logged = metrics_by_step(run_dir) if (run_dir / METRICS_FILE).exists() else {}
+    logged = metrics_by_step(run_dir) if layout.metrics_file(run_dir).exists() else {}
     known = [*logged, *steps]
     return max(known) if known else None
 
@@ -131,10 +122,8 @@ def open_at(
     """``run_dir`` restored to just before ``step`` (checkpoint ``step - 1``, or the newest before it and
     the steps in between replayed; ``on_step(s, metrics)`` after each). Raises `ReplayError`."""
     run_dir = Path(run_dir)
-    if not is_run_dir(run_dir):
-        raise ReplayError(
-            f"{run_dir}: not a run directory (no {METRICS_FILE}, checkpoints/ or {CONFIG_FILE})"
-        )
+    if not layout.is_run(run_dir):
+        raise ReplayError(f"{run_dir}: not a run directory (no {layout.RUN_MARKERS})")
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
         steps = ckpt.all_steps()
         last = last_step(run_dir, steps)
@@ -142,14 +131,14 @@ def open_at(
             ran = f"it ran steps 0-{last}" if last is not None else "it ran no step"
             raise ReplayError(f"{run_dir}: step {step} was never run ({ran})")
         base = max((s for s in steps if s < step), default=None)
-        where = str(run_dir / "checkpoints" / str(base)) if base is not None else str(run_dir / CONFIG_FILE)
+        where = str(layout.checkpoint(run_dir, base) if base is not None else layout.config_file(run_dir))
         if base is not None:
             cfg = read_config(ckpt.read_meta(base)["config"], where)
-        elif (run_dir / CONFIG_FILE).exists():
-            cfg = read_config(json.loads((run_dir / CONFIG_FILE).read_text()), where)
+        elif layout.config_file(run_dir).exists():
+            cfg = read_config(layout.read_config(run_dir), where)
         else:
             raise ReplayError(
-                f"{run_dir}: no checkpoint before step {step} and no {CONFIG_FILE} to start from"
+                f"{run_dir}: no checkpoint before step {step} and no {layout.CONFIG_FILE} to start from"
             )
         try:
             train_files, _ = data_files(cfg)
@@ -179,7 +168,7 @@ def open_at(
     if meta is not None and meta.get("dataset_fingerprint") not in (None, loader.fingerprint):
         loader.close()
         raise ReplayError(f"{where}: the train data changed since this checkpoint (another fingerprint)")
-    logged = metrics_by_step(run_dir, everything=True) if (run_dir / METRICS_FILE).exists() else {}
+    logged = metrics_by_step(run_dir, everything=True) if layout.metrics_file(run_dir).exists() else {}
     trained_on = (meta or {}).get("machine")
     run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged, trained_on)
     try:

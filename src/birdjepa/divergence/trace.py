@@ -38,7 +38,7 @@ from birdjepa.divergence.diff import diff_traces
 from birdjepa.divergence.recording_apart import recording
 from birdjepa.divergence.replay import OpenRun, ReplayError, first_mismatch, open_at, replayable
 from birdjepa.divergence.trace_file import Entry, Trace
-from birdjepa.train import checkpoint
+from birdjepa.rundir import checkpoint
 from birdjepa.train.calls import CALL_SITES
 from birdjepa.train.digest import hex_digest, summarize
 from birdjepa.train.optim import accumulation_progress, lr_table, update_count

@@ -5,7 +5,7 @@ The checkpoint's own configuration says which model, seed and data the run used;
 ``vocab.json`` beside them). The restore is the trainer's, verified against the saved norms.
 
 Writing into the run (``RUN/eval/<step>.json``, the default) holds the run's lease, as a trainer does
-(`birdjepa.train.lease`): a live trainer's run is evaluated with ``--out`` elsewhere, which reads only.
+(`birdjepa.rundir.lease`): a live trainer's run is evaluated with ``--out`` elsewhere, which reads only.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, t
 from birdjepa.exit_codes import FAILED, USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply
-from birdjepa.train import checkpoint
-from birdjepa.train.lease import LeaseHeld, acquire
+from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir.lease import LeaseHeld, acquire
 
 
 class EvaluateError(RuntimeError):
@@ -106,7 +106,7 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
     from birdjepa.train.optim import make_optimizer
     from birdjepa.train.segment import initial_params, model_config, total_updates
 
-    if not (run_dir / "checkpoints").is_dir():
+    if not layout.has_checkpoints(run_dir):
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
         steps = ckpt.all_steps()
@@ -115,7 +115,7 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
         step = steps[-1] if step is None else step
         if step not in steps:
             raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {step}; there are {steps}")
-        where = str(run_dir / "checkpoints" / str(step))
+        where = str(layout.checkpoint(run_dir, step))
         meta = ckpt.read_meta(step)
         cfg = run_config(meta, where)
         shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
@@ -177,7 +177,7 @@ def evaluate_checkpoint(
     files, splits = (train_files, eval_files), (train, held_out)
     doc = info(run_dir, run.step, cfg.seed, model_cfg, files, splits, run.n_classes)
     doc["timing_s"] = {"embed": t_embed, "probes": time.perf_counter() - t0 - t_embed}
-    doc["written_to"] = str(write_json(out or run_dir / "eval" / f"{run.step}.json", rows, doc))
+    doc["written_to"] = str(write_json(out or layout.eval_report(run_dir, run.step), rows, doc))
     return rows, doc
 
 
@@ -211,7 +211,7 @@ def cli(
     """
     lease = None
     try:
-        if out is None and Path(run, "checkpoints").is_dir():  # it writes into the run: one writer per run
+        if out is None and layout.has_checkpoints(Path(run)):  # it writes into the run: one writer per run
             lease = acquire(Path(run))
     except LeaseHeld as e:
         print(f"birdjepa evaluate: error: {e}; evaluate it with --out FILE to leave the run untouched",

@@ -15,6 +15,7 @@ from typing import Any
 
 from birdjepa.evaluation import probes
 from birdjepa.evaluation.embed import RAW, Split
+from birdjepa.rundir import layout
 
 ENCODER, RANDOM_INIT = "encoder", "random_init"
 ROW_TITLES = {ENCODER: "encoder", RANDOM_INIT: "random init", RAW: "raw log-mel mean+std"}
@@ -87,7 +88,7 @@ def info(
     return {
         "run": str(run_dir),
         "step": step,
-        "checkpoint": str(run_dir / "checkpoints" / str(step)),
+        "checkpoint": str(layout.checkpoint(run_dir, step)),
         "seed": seed,
         "model": dataclasses.asdict(model),
         "data": {

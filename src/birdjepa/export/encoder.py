@@ -24,6 +24,7 @@ import pyarrow.ipc  # noqa: F401 (pa.ipc)
 
 from birdjepa.data import DataError, Features, Loader
 from birdjepa.model.config import ModelConfig
+from birdjepa.rundir import layout
 
 CARD = "encoder.json"
 WEIGHTS = "model.safetensors"
@@ -178,7 +179,7 @@ def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
     source = Path(source)
     if (source / CARD).is_file():
         return _from_export(source)
-    if (source / "checkpoints").is_dir():
+    if layout.has_checkpoints(source):
         from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
 
         try:

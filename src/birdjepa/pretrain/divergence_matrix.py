@@ -23,6 +23,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.divergence.bisect import bisect
 from birdjepa.faults import EXPECTED_DIFFERENCE, EXPECTED_REGION, LATE_STEP
 from birdjepa.pretrain.loop import pretrain
+from birdjepa.rundir import layout
 
 STEPS = 4
 
@@ -160,7 +161,7 @@ def run_pair(pair: Pair, runs: Path, data: tuple[str, ...] = (), whole_first: bo
     """Train the pair (run A once for all pairs that share it) and bisect it (``whole_first``: see
     `birdjepa.divergence.bisect.bisect`)."""
     a = runs / (f"A-{pair.name}" if pair.base else "A")
-    if not (a / "config.json").exists():
+    if not layout.config_file(a).exists():
         train(runs, a.name, data, pair.base)
     b = train(runs, f"B-{pair.name}", data, (*pair.base, *pair.variant), pair.devices)
     code, report, d = bisect(a, b, whole_first=whole_first)

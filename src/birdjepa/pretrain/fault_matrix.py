@@ -16,8 +16,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.faults import EXPECTED_CHECK, FAULTS
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.checks import CHECKS
-from birdjepa.resume.compare import metrics_by_step
-from birdjepa.train.metrics_log import read_metrics
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 
 CLEAN = "none"
 

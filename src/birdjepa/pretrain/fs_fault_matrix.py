@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from birdjepa import exit_codes
-from birdjepa.resume.compare import MetricDiff, compare_runs, metrics_by_step
-from birdjepa.train.checkpoint.space import TMP_SUFFIX, folder_bytes
-from birdjepa.train.lease import LEASE_FILE
-from birdjepa.train.metrics_log import METRICS_FILE, read_metrics
+from birdjepa.resume.compare import MetricDiff, compare_runs
+from birdjepa.rundir import layout
+from birdjepa.rundir.checkpoint.space import TMP_SUFFIX, folder_bytes
+from birdjepa.rundir.metrics_log import TORN_SUFFIX, metrics_by_step, read_metrics
 
 #: A log line cut off by a node that died mid-append.
 TORN = b'{"step": 31, "restart": 0, "time": 1.5, "train/lo'
@@ -126,7 +126,7 @@ class Matrix:
         first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while (
-            not (self.runs / run / LEASE_FILE).exists()
+            not layout.lease_file(self.runs / run).exists()
             and first.poll() is None
             and time.monotonic() < deadline
         ):
@@ -149,7 +149,7 @@ class Matrix:
     def full_disk(self) -> FsRow:
         disk, moved = self.runs / "disk", self.runs / "moved"
         moved.mkdir()
-        size = int(4.5 * folder_bytes(next((self.runs / "straight" / "checkpoints").iterdir())))
+        size = int(4.5 * folder_bytes(next(layout.checkpoints(self.runs / "straight").iterdir())))
         args = ["pretrain", "--run", "full", *self.flags, "--log.runs-dir", str(disk), "--ckpt-keep", "10"]
         done = on_small_disk(args, disk, size, moved)
         errors, warnings = said(done, "ERROR"), said(done, "WARNING")
@@ -174,11 +174,13 @@ class Matrix:
 
     def torn_log(self) -> FsRow:
         run = self._stopped("torn")
-        with (run / METRICS_FILE).open("ab") as f:
+        with layout.metrics_file(run).open("ab") as f:
             f.write(TORN)
         done = self.resume("torn")
         events = [r for r in read_metrics(run) if r.get("event") == "torn_log"]
-        moved = (run / (METRICS_FILE + ".torn")).read_bytes() == TORN + b"\n"
+        moved = (
+            layout.metrics_file(run).with_name(layout.METRICS_FILE + TORN_SUFFIX).read_bytes() == TORN + b"\n"
+        )
         return FsRow(
             "torn last log line",
             "cut off into metrics.jsonl.torn with a WARNING and an event; appends start on a new line",
@@ -194,7 +196,7 @@ class Matrix:
         gone.wait()
         lease = {"host": socket.gethostname(), "pid": gone.pid, "job": None, "started": time.time() - 600,
                  "token": "0123456789abcdef", "heartbeat": time.time() - 1}  # fmt: skip
-        (run / LEASE_FILE).write_text(json.dumps(lease))
+        layout.lease_file(run).write_text(json.dumps(lease))
         done = self.resume("stale")
         events = [r for r in read_metrics(run) if r.get("event") == "lease_taken_over"]
         took = any("took over a stale lease" in line for line in said(done, "WARNING"))
@@ -215,8 +217,8 @@ class Matrix:
         shutil.copytree(self.format1 / "run", run)
         done = self.resume("format1")
         line = (said(done, "CKPT_FORMAT") or ["(no CKPT_FORMAT line)"])[0]
-        newest = max(int(p.name) for p in (run / "checkpoints").iterdir())
-        meta = json.loads((run / "checkpoints" / str(newest) / "meta" / "metadata").read_text())
+        newest = max(layout.checkpoint_steps(run))
+        meta = json.loads((layout.checkpoint(run, newest) / "meta" / "metadata").read_text())
         return FsRow(
             "format-1 checkpoint (old code)",
             "read and verified by its norms, said in one line; the next save writes format 2",

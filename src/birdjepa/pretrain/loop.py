@@ -18,7 +18,6 @@ optimizer state.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -39,12 +38,12 @@ from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, check_virtual_shards, make_callbacks
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.resume.options import resume_defaults, saved_config
+from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir.checkpoint.norms import tree_norms
+from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
+from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
 from birdjepa.slurm import distributed
-from birdjepa.train import checkpoint
-from birdjepa.train.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.train.compiled import compiled
-from birdjepa.train.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
-from birdjepa.train.norms import tree_norms
 from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, fresh_chain
@@ -84,7 +83,7 @@ def debug_roundtrip(t: Trainer, state: TrainState, meta: dict[str, Any]) -> Trai
 def pretrain(cfg: PretrainConfig) -> int:
     """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code. The signal
     handlers it installs are removed again when it returns (a process may train several runs), and
-    so is the run's lease (process 0 holds it: one writer per run, `birdjepa.train.lease`)."""
+    so is the run's lease (process 0 holds it: one writer per run, `birdjepa.rundir.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     validation.check(cfg)  # before anything touches the run directory
     lease: Lease | None = None
@@ -162,7 +161,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         pending = next(loader)
         exit_code = t.check_resume(state, meta, pending, loader, loader_error)
     if exit_code == 0 and multihost.is_main():  # the segment that trains (a refused one leaves it)
-        (cfg.run_dir / "config.json").write_text(json.dumps(to_dict(requested), indent=1) + "\n")
+        layout.write_config(cfg.run_dir, to_dict(requested))
 
     # Loop: step, evaluate, save.
     stop = StopRequest()

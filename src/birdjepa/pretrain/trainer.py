@@ -29,12 +29,12 @@ from birdjepa.model.vit import init_params
 from birdjepa.objectives.supervised import probe_metrics
 from birdjepa.pretrain.wandb_mirror import open_run
 from birdjepa.resume import checks as resume_check
-from birdjepa.train import checkpoint
+from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir.checkpoint.space import mib
+from birdjepa.rundir.metrics_log import MetricsLog, NullLog
 from birdjepa.train import state as state_lib
-from birdjepa.train.checkpoint.space import mib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
-from birdjepa.train.metrics_log import MetricsLog, NullLog
 from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
 from birdjepa.train.segment import total_updates
 from birdjepa.train.state import TrainState
@@ -230,7 +230,7 @@ class Trainer:
             doc = eval_report.info(
                 cfg.run_dir, step, cfg.seed, self.model_cfg, files, splits, self.model_cfg.n_classes
             )
-            eval_report.write_json(cfg.run_dir / "eval" / f"{step}.json", rows, doc)
+            eval_report.write_json(layout.eval_report(cfg.run_dir, step), rows, doc)
         return evals, rows
 
     def save(

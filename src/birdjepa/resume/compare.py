@@ -14,27 +14,7 @@ from pathlib import Path
 import tyro
 
 from birdjepa import exit_codes
-from birdjepa.train.metrics_log import MetricsFileError, read_metrics
-
-#: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
-NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/data_wait"})
-#: The resume checks' results exist only in resumed segments: they describe the resume, not the run.
-NOT_COMPARED_PREFIXES = ("resume/",)
-
-
-def compared(key: str) -> bool:
-    return key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIXES)
-
-
-def metrics_by_step(run_dir: Path, *, everything: bool = False) -> dict[int, dict[str, float]]:
-    """step -> {metric: value} over every segment of a run (event lines skipped); only the compared
-    metrics unless ``everything``."""
-    out: dict[int, dict[str, float]] = {}
-    for line in read_metrics(run_dir):
-        if "event" in line:
-            continue
-        out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if everything or compared(k)})
-    return out
+from birdjepa.rundir.metrics_log import MetricsFileError, metrics_by_step
 
 
 @dataclasses.dataclass

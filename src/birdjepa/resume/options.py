@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from birdjepa.config import PretrainConfig, flatten, resolve, to_dict
-from birdjepa.train.checkpoint import Checkpointer, CheckpointError
+from birdjepa.rundir import layout
+from birdjepa.rundir.checkpoint import Checkpointer, CheckpointError
 
 #: What steers one segment, not the run: where it is, whether and how to resume, where to stop, the
 #: debug actions at listed steps, this machine's worker count.
@@ -36,7 +37,7 @@ SEGMENT_ONLY = (
 def saved_config(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
     """``(step, config)`` of the newest checkpoint in ``run_dir`` whose meta reads, or None (a fresh run).
     Its arrays are verified later, by the restore; a damaged newest one is passed over there too."""
-    if not (run_dir / "checkpoints").is_dir():
+    if not layout.has_checkpoints(run_dir):
         return None
     ckpt = Checkpointer(run_dir, async_save=False)
     try:

@@ -34,7 +34,8 @@ import tyro
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
 from birdjepa.resume.compare import compare_runs, print_table
-from birdjepa.train.metrics_log import METRICS_FILE, read_metrics
+from birdjepa.rundir import layout
+from birdjepa.rundir.metrics_log import read_metrics
 
 # The options of this command; everything else on the command line is passed to `pretrain` as given.
 _OWN_FLAGS = ("--resume-at", "--signal-at", "--workers-after-resume", "--sequential", "--no-sequential")
@@ -96,7 +97,7 @@ def _pump(stream: object, prefix: str, log_file: Path) -> None:
 
 
 def _last_logged_step(run_dir: Path) -> int:
-    if not (run_dir / METRICS_FILE).exists():
+    if not layout.metrics_file(run_dir).exists():
         return -1
     return max((line["step"] for line in read_metrics(run_dir)), default=-1)
 
@@ -172,10 +173,10 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     straight_job.join()
     if straight_code != [0]:
         problems.insert(0, f"the straight run exited {straight_code[0] if straight_code else 'nothing'}")
-    resumes = _events(resumed, "resume") if (resumed / METRICS_FILE).exists() else []
+    resumes = _events(resumed, "resume") if layout.metrics_file(resumed).exists() else []
     if not problems and len(resumes) != len(stops):
         problems.append(f"{len(resumes)} resume events for {len(stops)} interruptions")
-    both_logged = all((r / METRICS_FILE).exists() for r in (straight, resumed))
+    both_logged = all(layout.metrics_file(r).exists() for r in (straight, resumed))
     diffs = compare_runs(straight, resumed) if both_logged else []
     worst = print_table(diffs)
     (root / "verify.json").write_text(

@@ -26,7 +26,7 @@ from birdjepa.diagnostics.monitor import check_due
 from birdjepa.faults import LATE_STEP
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
-from birdjepa.train import checkpoint
+from birdjepa.rundir import checkpoint
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.state import TrainState

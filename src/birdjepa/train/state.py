@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from birdjepa.train.checkpoint import Checkpointer
+from birdjepa.rundir.checkpoint import Checkpointer
 
 
 @dataclasses.dataclass(frozen=True)

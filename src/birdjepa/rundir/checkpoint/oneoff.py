@@ -12,9 +12,9 @@ from typing import Any
 
 import jax
 
-from birdjepa.train.checkpoint.format import CheckpointError
-from birdjepa.train.checkpoint.integrity import assert_trees_identical
-from birdjepa.train.checkpoint.store import Checkpointer
+from birdjepa.rundir.checkpoint.format import CheckpointError
+from birdjepa.rundir.checkpoint.integrity import assert_trees_identical
+from birdjepa.rundir.checkpoint.store import Checkpointer
 
 
 def save_sync(directory: str | Path, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> float:

@@ -8,7 +8,7 @@ line and clean-up), `oneoff` (a synchronous save and load, the debug roundtrip).
 This face re-exports what the rest of birdjepa uses.
 """
 
-from birdjepa.train.checkpoint.format import (
+from birdjepa.rundir.checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
     IntegrityError,
@@ -16,11 +16,11 @@ from birdjepa.train.checkpoint.format import (
     NoValidCheckpointError,
     to_host,
 )
-from birdjepa.train.checkpoint.integrity import assert_trees_identical, leaf_hash, state_norms
-from birdjepa.train.checkpoint.oneoff import load, roundtrip, save_sync
-from birdjepa.train.checkpoint.retention import DAMAGED_DIR
-from birdjepa.train.checkpoint.space import CheckpointWriteError
-from birdjepa.train.checkpoint.store import Checkpointer
+from birdjepa.rundir.checkpoint.integrity import assert_trees_identical, leaf_hash, state_norms
+from birdjepa.rundir.checkpoint.oneoff import load, roundtrip, save_sync
+from birdjepa.rundir.checkpoint.retention import DAMAGED_DIR
+from birdjepa.rundir.checkpoint.space import CheckpointWriteError
+from birdjepa.rundir.checkpoint.store import Checkpointer
 
 __all__ = [
     "DAMAGED_DIR",

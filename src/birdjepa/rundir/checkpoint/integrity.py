@@ -1,6 +1,6 @@
 """Checkpoint integrity: a CRC-32 of every leaf and the norms of every group, recorded at save and
 compared with ``==`` on restore, so a restore that verifies is the saved state bit for bit (a norm alone
-misses a flipped low mantissa bit). Pure functions over host arrays; `birdjepa.train.checkpoint.store`
+misses a flipped low mantissa bit). Pure functions over host arrays; `birdjepa.rundir.checkpoint.store`
 calls them.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from birdjepa.train import norms as norms_lib
-from birdjepa.train.checkpoint.format import path_str
+from birdjepa.rundir.checkpoint import norms as norms_lib
+from birdjepa.rundir.checkpoint.format import path_str
 
 NORM_GROUPS = (("params", "param_norm"), ("opt_state", "opt_state_norm"))
 

@@ -21,7 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from birdjepa.rundir.layout import METRICS_FILE
+
 TORN_SUFFIX = ".torn"
 
 
@@ -148,3 +149,24 @@ def read_metrics_file(path: Path) -> Iterator[dict[str, Any]]:
                       flush=True)  # fmt: skip
                 return
             raise MetricsFileError(f"{path}:{i + 1}: not a JSON line ({e})") from None
+
+
+#: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
+NOT_COMPARED = frozenset({"step", "restart", "time", "train/step_time", "train/data_wait"})
+#: The resume checks' results exist only in resumed segments: they describe the resume, not the run.
+NOT_COMPARED_PREFIXES = ("resume/",)
+
+
+def compared(key: str) -> bool:
+    return key not in NOT_COMPARED and not key.startswith(NOT_COMPARED_PREFIXES)
+
+
+def metrics_by_step(run_dir: Path, *, everything: bool = False) -> dict[int, dict[str, float]]:
+    """step -> {metric: value} over every segment of a run (event lines skipped); only the compared
+    metrics unless ``everything``."""
+    out: dict[int, dict[str, float]] = {}
+    for line in read_metrics(run_dir):
+        if "event" in line:
+            continue
+        out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if everything or compared(k)})
+    return out

@@ -1,8 +1,8 @@
 """`Checkpointer`: the Orbax adapter that writes and reads checkpoints of ``(state pytree, JSON meta)``.
 
-The format is `birdjepa.train.checkpoint.format`; the hashes and norms it verifies are
-`birdjepa.train.checkpoint.integrity`'s; retention and fallback across steps come from
-`birdjepa.train.checkpoint.retention`. Saving refuses a state whose norms are not finite.
+The format is `birdjepa.rundir.checkpoint.format`; the hashes and norms it verifies are
+`birdjepa.rundir.checkpoint.integrity`'s; retention and fallback across steps come from
+`birdjepa.rundir.checkpoint.retention`. Saving refuses a state whose norms are not finite.
 
 Completeness: on a local filesystem Orbax 0.12.8 writes a step into ``<step>.orbax-checkpoint-tmp`` and
 renames it to ``<step>`` when every item is committed (it also drops ``commit_success.txt`` files, which
@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from birdjepa.train.checkpoint.format import (
+from birdjepa.rundir.checkpoint.format import (
     FORMAT_VERSION,
     FORMATS_READ,
     RESERVED_META_KEYS,
@@ -36,9 +36,9 @@ from birdjepa.train.checkpoint.format import (
     path_str,
     to_host,
 )
-from birdjepa.train.checkpoint.integrity import leaf_hash, main_norm_name, same_float, state_norms
-from birdjepa.train.checkpoint.retention import RetentionAndFallback
-from birdjepa.train.checkpoint.space import (
+from birdjepa.rundir.checkpoint.integrity import leaf_hash, main_norm_name, same_float, state_norms
+from birdjepa.rundir.checkpoint.retention import RetentionAndFallback
+from birdjepa.rundir.checkpoint.space import (
     CheckpointWriteError,
     folder_bytes,
     free_bytes,
@@ -47,6 +47,7 @@ from birdjepa.train.checkpoint.space import (
     reason,
     remove_temporaries,
 )
+from birdjepa.rundir.layout import CHECKPOINTS
 
 
 class Checkpointer(RetentionAndFallback):
@@ -58,7 +59,7 @@ class Checkpointer(RetentionAndFallback):
 
     A save that cannot be written (a full disk, any I/O error) raises `CheckpointWriteError` from
     ``save`` or, written in the background, from the next ``wait`` or ``save``; after it nothing in the
-    run is deleted by the retention (`birdjepa.train.checkpoint.space`).
+    run is deleted by the retention (`birdjepa.rundir.checkpoint.space`).
     """
 
     def __init__(
@@ -67,7 +68,7 @@ class Checkpointer(RetentionAndFallback):
         *,
         keep: int | None = 3,
         async_save: bool = True,
-        subdir: str = "checkpoints",
+        subdir: str = CHECKPOINTS,
     ):
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")

@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-LEASE_FILE = "lease.json"
+from birdjepa.rundir.layout import LEASE_FILE
+
 #: Seconds a Slurm-started trainer waits for a live holder to end (the job script sets it to the
 #: preemption grace: a requeued job may start while its predecessor is still saving).
 LEASE_WAIT_ENV = "BIRDJEPA_LEASE_WAIT_S"

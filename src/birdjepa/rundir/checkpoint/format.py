@@ -1,6 +1,6 @@
 """The checkpoint format: what a checkpoint holds and how a state becomes it (format 2).
 
-Layout: ``<run_dir>/checkpoints/<step>/`` with two items (written by `birdjepa.train.checkpoint.store`):
+Layout: ``<run_dir>/checkpoints/<step>/`` with two items (written by `birdjepa.rundir.checkpoint.store`):
 
 * ``state``: the array pytree (params, opt_state, ...) as a FLAT dict ``{"leaf_000000": np.ndarray, ...}``
   in ``jax.tree_util`` flatten order. Every leaf is copied to host numpy before Orbax sees it: restoring
@@ -8,9 +8,10 @@ Layout: ``<run_dir>/checkpoints/<step>/`` with two items (written by `birdjepa.t
   sharding, so that cannot happen. Flattening also keeps Orbax away from optax namedtuples, empty nodes
   and odd dict keys: the structure comes back from the caller's target tree, not from Orbax.
 * ``meta``: JSON. The caller's dict (config, git commit, loader state, PRNG key data, monitor state, ...)
-  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see ``birdjepa.train.norms``),
+  plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see
+  ``birdjepa.rundir.checkpoint.norms``),
   ``state_leaves`` (path, shape, dtype of every leaf, so a target with another structure fails loudly)
-  and ``hashes`` (the CRC-32 of every leaf's bytes; `birdjepa.train.checkpoint.integrity`).
+  and ``hashes`` (the CRC-32 of every leaf's bytes; `birdjepa.rundir.checkpoint.integrity`).
 
 Limitations: single process (multi-host sharded arrays would need a gather first; they raise).
 """

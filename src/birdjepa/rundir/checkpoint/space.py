@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from birdjepa.train.checkpoint.format import CheckpointError
+from birdjepa.rundir.checkpoint.format import CheckpointError
 
 #: The errors of a write that retrying on the same disk would not fix.
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from birdjepa.train.checkpoint.format import CheckpointError, IntegrityError, NoValidCheckpointError
+from birdjepa.rundir.checkpoint.format import CheckpointError, IntegrityError, NoValidCheckpointError
 
 DAMAGED_DIR = "checkpoints.damaged"
 

@@ -1,0 +1,82 @@
+"""The run directory's names: every file and folder a run holds, named here and nowhere else.
+
+    <run_dir>/
+      config.json          the options the run was started with (`write_config`, `read_config`)
+      checkpoints/<step>/  Orbax checkpoints (`birdjepa.rundir.checkpoint`)
+      metrics.jsonl        one JSON line per logged step, every segment (`birdjepa.rundir.metrics_log`)
+      lease.json           the one writer's lease, while it runs (`birdjepa.rundir.lease`)
+      eval/<step>.json     `birdjepa evaluate`'s report of a checkpoint
+      analysis/            `birdjepa analyze`'s figures and report
+
+Other modules ask these functions for a path; none spells a name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "config.json"
+CHECKPOINTS = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+LEASE_FILE = "lease.json"
+EVAL = "eval"
+ANALYSIS = "analysis"
+
+
+def config_file(run_dir: Path) -> Path:
+    return Path(run_dir) / CONFIG_FILE
+
+
+def checkpoints(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def checkpoint(run_dir: Path, step: int) -> Path:
+    return checkpoints(run_dir) / str(step)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoint folders there, oldest first (not yet verified: see `Checkpointer`)."""
+    folder = checkpoints(run_dir)
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def has_checkpoints(run_dir: Path) -> bool:
+    return checkpoints(run_dir).is_dir()
+
+
+def metrics_file(run_dir: Path) -> Path:
+    return Path(run_dir) / METRICS_FILE
+
+
+def lease_file(run_dir: Path) -> Path:
+    return Path(run_dir) / LEASE_FILE
+
+
+def eval_report(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / EVAL / f"{step}.json"
+
+
+def analysis_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / ANALYSIS
+
+
+RUN_MARKERS = f"{METRICS_FILE}, {CHECKPOINTS}/ or {CONFIG_FILE}"
+"""What `is_run` looks for, as an error message says it."""
+
+
+def is_run(run_dir: Path) -> bool:
+    """Whether anything of a run is there: its metrics, checkpoints or config."""
+    return any(p.exists() for p in (metrics_file(run_dir), checkpoints(run_dir), config_file(run_dir)))
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    return json.loads(config_file(run_dir).read_text())
+
+
+def write_config(run_dir: Path, config: dict[str, Any]) -> Path:
+    path = config_file(run_dir)
+    path.write_text(json.dumps(config, indent=1) + "\n")
+    return path
