@@ -21,11 +21,11 @@ import jax
 import numpy as np
 
 from birdjepa.data import Loader, resolve_files
-from birdjepa.data.demo import ensure_demo_data
 from birdjepa.evaluation import probes
 from birdjepa.evaluation.embed import batched, raw_features
 from birdjepa.model.config import preset
 from birdjepa.model.vit import encoder_apply, init_params
+from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train.determinism import deterministic_xla
 
 BATCH = 16

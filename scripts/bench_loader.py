@@ -34,8 +34,8 @@ from scipy.signal import resample_poly
 
 from birdjepa import _rs
 from birdjepa.data import Features, Loader, resolve_files, take
-from birdjepa.data.demo import ensure_demo_data
-from birdjepa.data.synth.codecs import encode_audio
+from birdjepa.synthetic.codecs import encode_audio
+from birdjepa.synthetic.demo import ensure_demo_data
 
 # The numpy reference fbank of the parity tests is the plain pipeline's fbank (one implementation).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

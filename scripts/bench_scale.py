@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from birdjepa.data import DEFAULTS, Loader, plan_indices, resolve_files, take
-from birdjepa.data.demo import ensure_demo_data
 from birdjepa.diagnostics.iid import IidMonitor, iid_null, shard_of
+from birdjepa.synthetic.demo import ensure_demo_data
 
 BATCH = 256
 BUFFERS = (1_000, 10_000, 100_000)

@@ -34,7 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
-from birdjepa.data.demo import SMALL, ensure_demo_data
+from birdjepa.synthetic.demo import SMALL, ensure_demo_data
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:

@@ -38,11 +38,11 @@ import numpy as np
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import resolve_files
-from birdjepa.data.demo import ensure_demo_data
 from birdjepa.model.config import preset
 from birdjepa.model.vit import init_params
 from birdjepa.rundir.checkpoint import Checkpointer
 from birdjepa.rundir.metrics_log import read_metrics
+from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train.determinism import deterministic_xla
 from birdjepa.train.optim import make_optimizer
 

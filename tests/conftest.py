@@ -30,10 +30,10 @@ except ImportError:  # running from a plain checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from birdjepa.cli import fewer_collections
-from birdjepa.data.birdset_standin import BIRDSET_SMALL
-from birdjepa.data.demo import SMALL, ensure_birdset_data, ensure_demo_data
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
-from birdjepa.data.synth.codecs import CODECS, encode_audio
+from birdjepa.synthetic.birdset_standin import BIRDSET_SMALL
+from birdjepa.synthetic.codecs import CODECS, encode_audio
+from birdjepa.synthetic.demo import SMALL, ensure_birdset_data, ensure_demo_data
 from birdjepa.train.determinism import cpu_model, deterministic_xla
 
 TEST_XLA_FLAG = "--xla_backend_optimization_level=0"

@@ -16,15 +16,15 @@ import pytest
 import soundfile as sf
 from datasets import Audio, ClassLabel, Features, List, Value
 
-import birdjepa.data.demo_data as demo_data
+import birdjepa.synthetic.demo_data as demo_data
 from birdjepa._rs import decode_audio
 from birdjepa.cli import main
 from birdjepa.data import Loader
-from birdjepa.data.birdset_standin import BIRDSET_SMALL, SPLITS, BirdsetConfig, birdset_schema
-from birdjepa.data.demo import ensure_birdset_data
 from birdjepa.data.loader import DEFAULTS
 from birdjepa.data.shards import list_shards, read_shard, read_vocab
-from birdjepa.data.synth.soundscape import SAMPLE_RATE, WINDOW_SECONDS
+from birdjepa.synthetic.birdset_standin import BIRDSET_SMALL, SPLITS, BirdsetConfig, birdset_schema
+from birdjepa.synthetic.demo import ensure_birdset_data
+from birdjepa.synthetic.soundscape import SAMPLE_RATE, WINDOW_SECONDS
 
 
 def rows(folder: Path) -> list[dict]:

@@ -16,12 +16,12 @@ import pytest
 import soundfile as sf
 
 from birdjepa.cli import main
-from birdjepa.data.demo import DEFAULT, SMALL, ensure_demo_data, generate_demo_data, plan_recordings
 from birdjepa.data.shards import list_shards, read_shard, read_vocab, shard_schema
-from birdjepa.data.synth.channel import draw_nuisance, render_recording
-from birdjepa.data.synth.codecs import CODECS, canonical_ogg, canonical_wav, encode_audio
-from birdjepa.data.synth.config import DemoConfig
-from birdjepa.data.synth.songs import make_species
+from birdjepa.synthetic.channel import draw_nuisance, render_recording
+from birdjepa.synthetic.codecs import CODECS, canonical_ogg, canonical_wav, encode_audio
+from birdjepa.synthetic.config import DemoConfig
+from birdjepa.synthetic.demo import DEFAULT, SMALL, ensure_demo_data, generate_demo_data, plan_recordings
+from birdjepa.synthetic.songs import make_species
 
 TINY = DemoConfig(
     n_species=4, per_species_train=2, per_species_eval=1, min_seconds=1.0, max_seconds=2.0, shard_mb=0.05

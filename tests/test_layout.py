@@ -24,6 +24,7 @@ DESIGN = ROOT / "docs" / "design.md"
 #: Top floor first. A module may import from its own floor and every floor below it.
 FLOORS = (
     "cli",
+    "sweep",
     "analysis",
     "pretrain",
     "divergence",
@@ -40,6 +41,7 @@ FLOORS = (
     "objectives",
     "diagnostics",
     "model",
+    "synthetic",
     "data",
     "faults",
     "exit_codes",

@@ -15,7 +15,7 @@ from conftest import TINY_FREQS_HZ, TinyShards, tone
 from birdjepa.cli import main
 from birdjepa.data.prepare import PrepareError, prepare
 from birdjepa.data.shards import ShardWriter, list_shards, read_shard, read_vocab, remove_shards, shard_schema
-from birdjepa.data.synth.codecs import CODECS, encode_audio
+from birdjepa.synthetic.codecs import CODECS, encode_audio
 
 # relative path -> (codec, sample rate); labels are the first folder, root files have none
 SRC_FILES = {

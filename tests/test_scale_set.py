@@ -16,9 +16,9 @@ import pytest
 
 from birdjepa.cli import main as cli_main
 from birdjepa.data import Loader, plan_indices, take
-from birdjepa.data.scale_set import SCALE_CODEC_MIX, ScaleConfig, generate_scale_set, shard_rows
 from birdjepa.data.shards import list_shards, read_shard
-from birdjepa.data.synth.codecs import CODECS
+from birdjepa.synthetic.codecs import CODECS
+from birdjepa.synthetic.scale_set import SCALE_CODEC_MIX, ScaleConfig, generate_scale_set, shard_rows
 
 SMALL_SCALE = ScaleConfig(
     recordings=2000, shards=50, pool=32, eval_recordings=8, min_seconds=1.0, max_seconds=2.0

@@ -23,13 +23,13 @@ from birdjepa.train.determinism import deterministic_xla
 CommandTarget = str | Callable[..., Any]
 
 COMMANDS: dict[str, CommandTarget] = {
-    "demo-data": "birdjepa.data.demo_data:cli",
+    "demo-data": "birdjepa.synthetic.demo_data:cli",
     "prepare": "birdjepa.data.prepare:cli",
-    "loader-demo": "birdjepa.data.loader_demo:cli",
+    "loader-demo": "birdjepa.synthetic.loader_demo:cli",
     "pretrain": "birdjepa.pretrain.loop:cli",
     "verify-resume": "birdjepa.resume.verify:cli",
     "compare": "birdjepa.resume.compare:cli",
-    "sweep": "birdjepa.benchmark.sweep:cli",
+    "sweep": "birdjepa.sweep:cli",
     "analyze": "birdjepa.analysis.report:cli",
     "evaluate": "birdjepa.evaluation.cli:cli",
     "benchmark": "birdjepa.benchmark.cli:cli",

@@ -18,7 +18,7 @@ import numpy as np
 from reproduce import SETUPS  # this folder is on sys.path when the script runs
 
 from birdjepa.data import DataConfig, open_train_loader, resolve_files, take
-from birdjepa.data.demo import ensure_demo_data
+from birdjepa.synthetic.demo import ensure_demo_data
 
 SHOWN = ("demo", "sorted", "warming")  # epoch0 is about replayed clips, not species
 

@@ -1,7 +1,7 @@
 """Does a frozen encoder tell the band, the rhythm, or both? ``band_or_rhythm.py EVAL_DATA RUN...``
 
 The v2 demo species come in band groups of two that share band and notes and differ only in how they
-arrange the notes in time (``birdjepa.data.synth.songs``). So a probe's accuracy splits in two: how
+arrange the notes in time (``birdjepa.synthetic.songs``). So a probe's accuracy splits in two: how
 often it names the right band group, and, among those clips, how often the right species of the group
 (0.5 is a coin flip between the two partners, the score of a spectrum-only classifier).
 

@@ -20,8 +20,8 @@ import dataclasses
 from pathlib import Path
 
 from birdjepa.data import demo
-from birdjepa.data.synth.channel import Nuisance
-from birdjepa.data.synth.config import DemoConfig, RecordingPlan
+from birdjepa.synthetic.channel import Nuisance
+from birdjepa.synthetic.config import DemoConfig, RecordingPlan
 
 KINDS = {
     "background": ("background",),

@@ -34,7 +34,7 @@ def main() -> None:
     (HERE / "figures").mkdir(exist_ok=True)
     for name in ("data.log", "pretrain.log", "benchmark.log", "table.log"):
         (logs / name).unlink(missing_ok=True)
-    from birdjepa.data.demo import ensure_birdset_data
+    from birdjepa.synthetic.demo import ensure_birdset_data
 
     tasks = ensure_birdset_data()
     run = work / "runs" / "demo"

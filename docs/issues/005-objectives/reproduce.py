@@ -75,7 +75,7 @@ def main() -> None:
     work = parser.parse_args().work
     logs = HERE / "logs"
     logs.mkdir(exist_ok=True)
-    from birdjepa.data.demo import ensure_birdset_data
+    from birdjepa.synthetic.demo import ensure_birdset_data
 
     tasks = ensure_birdset_data()
     cost = {name: step_cost(work, name, logs) for name in CANDIDATES}

@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/birdjepa-006"))
     parser.add_argument("--runs", type=Path, default=Path("/tmp/birdjepa-005/runs"))
     args = parser.parse_args()
-    from birdjepa.data.demo import ensure_birdset_data, ensure_demo_data
+    from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
 
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
     splits = {t: (tasks / t / "train", tasks / t / "test_5s") for t in ("SYN1", "SYN2", "SYN3")}

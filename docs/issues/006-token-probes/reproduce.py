@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     logs = HERE / "logs"
     logs.mkdir(exist_ok=True)
-    from birdjepa.data.demo import ensure_birdset_data, ensure_demo_data
+    from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
 
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
     for name, extra in RUNS.items():

@@ -21,12 +21,12 @@ import optax
 from birdjepa import multihost
 from birdjepa.config import PretrainConfig
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
-from birdjepa.data.demo import ensure_demo_data
 from birdjepa.diagnostics.monitor import check_due
 from birdjepa.faults import LATE_STEP
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
 from birdjepa.rundir import checkpoint
+from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.state import TrainState

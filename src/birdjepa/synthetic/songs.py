@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from birdjepa.data.synth.config import SPLIT_KEY, DemoConfig, rng_for
+from birdjepa.synthetic.config import SPLIT_KEY, DemoConfig, rng_for
 
 BAND_HZ = (1500.0, 12000.0)
 SPECIES_PER_BAND = 2

@@ -14,11 +14,11 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa.data.birdset_standin import DEFAULT_BIRDSET, generate_birdset
-from birdjepa.data.demo import DEFAULT, generate_demo_data
-from birdjepa.data.scale_set import ScaleConfig, generate_scale_set
-from birdjepa.data.synth.config import DemoConfig
 from birdjepa.exit_codes import FAILED
+from birdjepa.synthetic.birdset_standin import DEFAULT_BIRDSET, generate_birdset
+from birdjepa.synthetic.config import DemoConfig
+from birdjepa.synthetic.demo import DEFAULT, generate_demo_data
+from birdjepa.synthetic.scale_set import ScaleConfig, generate_scale_set
 
 
 def cli(

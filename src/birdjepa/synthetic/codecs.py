@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 import soundfile as sf
 
-from birdjepa.data.synth.config import stratified
+from birdjepa.synthetic.config import stratified
 
 # codec name -> (soundfile format, subtype, file extension)
 CODECS: dict[str, tuple[str, str, str]] = {

@@ -1,6 +1,6 @@
 """Soundscapes: a site's background with calls of several species mixed in at known times, and the
 labels of each 5 s window, decided from where the calls were placed (the BirdSet stand-in's test_5s
-split, `birdjepa.data.birdset_standin`).
+split, `birdjepa.synthetic.birdset_standin`).
 
 Built on `songs` (the species sing as in the focal recordings) and `channel` (the site's recorder is
 a `Nuisance`: noise colour, insects or a stream, wind, clicks, microphone; its noise, rumble and clicks
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from birdjepa.data.synth.channel import (
+from birdjepa.synthetic.channel import (
     Nuisance,
     _active_power,
     _clicks,
@@ -39,9 +39,9 @@ from birdjepa.data.synth.channel import (
     _rumble,
     mic_response,
 )
-from birdjepa.data.synth.codecs import encode_audio
-from birdjepa.data.synth.config import rng_for, stratified
-from birdjepa.data.synth.songs import Species, render_song
+from birdjepa.synthetic.codecs import encode_audio
+from birdjepa.synthetic.config import rng_for, stratified
+from birdjepa.synthetic.songs import Species, render_song
 
 SAMPLE_RATE = 32000
 """BirdSet's soundscapes are stored at 32 kHz, mono, as Ogg Vorbis."""

@@ -1,4 +1,4 @@
-"""The scale set: the synthetic bird song of `birdjepa.data.synth` (the demo set's species) at the size
+"""The scale set: the synthetic bird song of `birdjepa.synthetic` (the demo set's species) at the size
 users train on (`birdjepa demo-data OUT --recordings 100000 --shards 500`). Like the demo set
 (`demo`), an entry point on top of `synth`; the command line of both is `demo_data`.
 
@@ -40,12 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
-from birdjepa.data.synth import GENERATOR, GENERATOR_VERSION
-from birdjepa.data.synth.channel import draw_nuisance
-from birdjepa.data.synth.codecs import CODECS, draw_formats
-from birdjepa.data.synth.config import DemoConfig, RecordingPlan, largest_remainder, rng_for
-from birdjepa.data.synth.songs import make_species
-from birdjepa.data.synth.writer import (
+from birdjepa.synthetic import GENERATOR, GENERATOR_VERSION
+from birdjepa.synthetic.channel import draw_nuisance
+from birdjepa.synthetic.codecs import CODECS, draw_formats
+from birdjepa.synthetic.config import DemoConfig, RecordingPlan, largest_remainder, rng_for
+from birdjepa.synthetic.songs import make_species
+from birdjepa.synthetic.writer import (
     MANIFEST_FILE,
     available_cores,
     encoded,

@@ -11,7 +11,7 @@ import numpy as np
 import tyro
 
 from birdjepa.data import Loader
-from birdjepa.data.demo import ensure_demo_data
+from birdjepa.synthetic.demo import ensure_demo_data
 
 
 @dataclasses.dataclass(frozen=True)

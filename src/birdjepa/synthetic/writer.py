@@ -1,7 +1,7 @@
 """What both synthetic sets do alike when writing: a fresh output folder (`start_set`), rendering and
 encoding recordings in worker processes (`encoded`), and the manifest's species and nuisance tables.
-Each set plans its recordings and writes its shards and manifest itself (`birdjepa.data.demo`,
-`birdjepa.data.scale_set`); a recording's waveform comes from `channel`, its bytes from `codecs`.
+Each set plans its recordings and writes its shards and manifest itself (`birdjepa.synthetic.demo`,
+`birdjepa.synthetic.scale_set`); a recording's waveform comes from `channel`, its bytes from `codecs`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from birdjepa.data.shards import remove_shards
-from birdjepa.data.synth.channel import Nuisance, render_recording
-from birdjepa.data.synth.codecs import encode_audio
-from birdjepa.data.synth.config import RecordingPlan
-from birdjepa.data.synth.songs import Species
+from birdjepa.synthetic.channel import Nuisance, render_recording
+from birdjepa.synthetic.codecs import encode_audio
+from birdjepa.synthetic.config import RecordingPlan
+from birdjepa.synthetic.songs import Species
 
 SPLITS = ("train", "eval")
 MANIFEST_FILE = "manifest.json"

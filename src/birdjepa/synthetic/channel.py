@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from birdjepa.data.synth.config import RecordingPlan, rng_for
-from birdjepa.data.synth.songs import Species, render_song
+from birdjepa.synthetic.config import RecordingPlan, rng_for
+from birdjepa.synthetic.songs import Species, render_song
 
 SNR_DB = (-10.0, 25.0)
 """Song power over the background noise's power in 1-12 kHz (v1: 0-30 dB over the whole band)."""

@@ -2,8 +2,8 @@
 its species table from one), `RecordingPlan` (one recording to render) and the seeded draws every
 module makes (`rng_for`, `largest_remainder`, `stratified`).
 
-The bottom of `birdjepa.data.synth`: `songs`, `channel`, `codecs` and `writer` build on it; the demo
-set's presets (`DEFAULT`, `SMALL`) are in `birdjepa.data.demo`.
+The bottom of `birdjepa.synthetic`: `songs`, `channel`, `codecs` and `writer` build on it; the demo
+set's presets (`DEFAULT`, `SMALL`) are in `birdjepa.synthetic.demo`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The synthetic bird song behind `birdjepa demo-data` (generator version 2): invented species, their
-songs, how each recording was recorded and how it was stored, all drawn deterministically from a seed.
+"""The synthetic data sets, in a room of their own beside `birdjepa.data` (which reads any set): the
+synthetic bird song behind `birdjepa demo-data` (generator version 2): invented species, their songs,
+how each recording was recorded and how it was stored, all drawn deterministically from a seed.
 
-One job per module; each imports only the ones listed before it:
+The song's modules, one job each; each imports only the ones listed before it:
 
 - `config`: `DemoConfig` (species count, sizes, seed), `RecordingPlan` (one recording to render) and
   the seeded draws (`rng_for`, `largest_remainder`, `stratified`);
@@ -13,8 +14,9 @@ One job per module; each imports only the ones listed before it:
 - `writer`: rendering and encoding in worker processes, and what every set writes alike (a fresh
   folder, the manifest's species and nuisance tables).
 
-Two sets are built on it: the demo set (`birdjepa.data.demo`) and the scale set
-(`birdjepa.data.scale_set`); `birdjepa.data.demo_data` is their command line. Nothing here imports them.
+The sets built on it: the demo set (`demo`), the scale set (`scale_set`) and the BirdSet stand-in
+(`birdset_standin`); `demo_data` is their command line and `loader_demo` the loader's tour of the demo
+set. The song's modules import none of them.
 
 Same config -> byte-identical files, whatever the number of worker processes: every recording draws
 from its own generators seeded by (seed, split, species, index, purpose), and the encoded bytes are
@@ -23,6 +25,6 @@ timestamp in the PEAK chunk of float WAVs; both are rewritten).
 """
 
 GENERATOR = "birdjepa.demo_data"
-"""Written into every manifest (the generator's name from before it moved into `birdjepa.data`)."""
+"""Written into every manifest (the generator's name from before it moved into a package)."""
 GENERATOR_VERSION = 2
 """Bump when the output changes: the demo set's cache folder is named after it (`ensure_demo_data`)."""

@@ -1,4 +1,4 @@
-"""The demo set (`birdjepa demo-data OUT`): the synthetic bird song of `birdjepa.data.synth` at the
+"""The demo set (`birdjepa demo-data OUT`): the synthetic bird song of `birdjepa.synthetic` at the
 size of a quick experiment, cached on first use (`ensure_demo_data`). This is its entry point: its
 presets (`DEFAULT`, `SMALL`), its recordings' plan (`plan_recordings`) and the writing of its shards
 and manifest (`generate_demo_data`). Species, songs, recording channel, codecs and the shared writing
@@ -27,15 +27,15 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from birdjepa.data.birdset_standin import DEFAULT_BIRDSET, BirdsetConfig, generate_birdset
-from birdjepa.data.birdset_standin import GENERATOR_VERSION as BIRDSET_VERSION
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
-from birdjepa.data.synth import GENERATOR, GENERATOR_VERSION
-from birdjepa.data.synth.channel import draw_nuisance
-from birdjepa.data.synth.codecs import CODEC_MIX, CODECS, draw_formats
-from birdjepa.data.synth.config import SPLIT_KEY, DemoConfig, RecordingPlan, rng_for
-from birdjepa.data.synth.songs import make_species
-from birdjepa.data.synth.writer import (
+from birdjepa.synthetic import GENERATOR, GENERATOR_VERSION
+from birdjepa.synthetic.birdset_standin import DEFAULT_BIRDSET, BirdsetConfig, generate_birdset
+from birdjepa.synthetic.birdset_standin import GENERATOR_VERSION as BIRDSET_VERSION
+from birdjepa.synthetic.channel import draw_nuisance
+from birdjepa.synthetic.codecs import CODEC_MIX, CODECS, draw_formats
+from birdjepa.synthetic.config import SPLIT_KEY, DemoConfig, RecordingPlan, rng_for
+from birdjepa.synthetic.songs import make_species
+from birdjepa.synthetic.writer import (
     MANIFEST_FILE,
     SPLITS,
     available_cores,
@@ -209,7 +209,7 @@ def ensure_birdset_data(
     workers: int | None = None,
     verbose: bool = True,
 ) -> Path:
-    """The BirdSet stand-in (`birdjepa.data.birdset_standin`) of `config` in the cache, generated on
+    """The BirdSet stand-in (`birdjepa.synthetic.birdset_standin`) of `config` in the cache, generated on
     first use, as `ensure_demo_data` does (folder `birdset-v<version>-<config hash>`): tests and
     benchmark scripts build it once."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()

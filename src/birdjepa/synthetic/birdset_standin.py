@@ -33,12 +33,12 @@ from pathlib import Path
 import pyarrow as pa
 
 from birdjepa.data.shards import AUDIO_TYPE, BATCH_ROWS, remove_shards, shard_name, write_vocab
-from birdjepa.data.synth import writer
-from birdjepa.data.synth.channel import draw_nuisance
-from birdjepa.data.synth.codecs import CODECS, draw_formats
-from birdjepa.data.synth.config import DemoConfig, RecordingPlan, rng_for
-from birdjepa.data.synth.songs import make_species
-from birdjepa.data.synth.soundscape import (
+from birdjepa.synthetic import writer
+from birdjepa.synthetic.channel import draw_nuisance
+from birdjepa.synthetic.codecs import CODECS, draw_formats
+from birdjepa.synthetic.config import DemoConfig, RecordingPlan, rng_for
+from birdjepa.synthetic.songs import make_species
+from birdjepa.synthetic.soundscape import (
     SAMPLE_RATE,
     WINDOW_SECONDS,
     SoundscapePlan,
