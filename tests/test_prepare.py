@@ -257,3 +257,31 @@ def test_cli_lists_and_dispatches_registered_subcommands(
     assert calls == [("kiwi", 2)]
     with pytest.raises(ModuleNotFoundError):
         main(["broken"])
+
+
+@pytest.mark.parametrize("form", ["object", "list", "broken"])
+def test_a_vocabulary_is_read_one_way_by_the_loader_and_every_command(
+    tmp_path: Path, tiny_shards: TinyShards, form: str
+) -> None:
+    # One reader (the Rust core's parse_vocab, the loader's own) behind the probes' class count and the
+    # benchmark's class list: a plain list and {"names": ...} give the same classes; a broken file is
+    # named by each.
+    import shutil
+
+    from birdjepa.benchmark.cli import BenchmarkError, _vocab
+    from birdjepa.data import DataError
+    from birdjepa.data.shards import label_count, vocab_names
+
+    shutil.copytree(tiny_shards.path, tmp_path / "s")
+    names = ["a", "b", "c"]
+    text = {"object": json.dumps({"names": names}), "list": json.dumps(names), "broken": '{"names": [1'}[form]
+    (tmp_path / "s" / "vocab.json").write_text(text)
+    files = [str(p) for p in list_shards(tmp_path / "s")]
+    if form == "broken":
+        for read in (lambda: vocab_names(tmp_path / "s"), lambda: label_count(files)):
+            with pytest.raises(DataError, match=f"{tmp_path / 's' / 'vocab.json'}: not valid JSON"):
+                read()
+        with pytest.raises(BenchmarkError, match="vocab.json: not valid JSON"):
+            _vocab(files)
+        return
+    assert vocab_names(tmp_path / "s") == _vocab(files) == names and label_count(files) == 3

@@ -1,5 +1,6 @@
 """Type stubs of the Rust extension (rust/py). Most code uses it through `birdjepa.data`."""
 
+import os
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,13 @@ def plan_indices(
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     """(global sample index, epoch) of output positions ``0..count`` that a loader with these options
     draws from shards of ``shard_rows`` rows: its planner alone, without reading a file."""
+
+VOCAB_FILE: str
+"""The vocabulary's file name, beside the shards whose labels it names."""
+
+def vocab_names(shard: str | os.PathLike[str]) -> list[str] | None:
+    """The label names of the ``vocab.json`` beside ``shard`` (``{"names": [...]}`` or a plain list), or
+    None where there is none; DataError naming the file for one that cannot be read or parsed."""
 
 class Loader:
     def __init__(self, files: list[str], options_json: str, state_json: str | None = None) -> None:

@@ -15,15 +15,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from birdjepa.config import PretrainConfig
-from birdjepa.data import DEFAULTS, DataError, resolve_files
-from birdjepa.data.shards import VOCAB_FILE, read_shard
+from birdjepa.data import DataError, resolve_files
+from birdjepa.data.shards import label_count
 from birdjepa.model.config import PRESETS
 from birdjepa.objectives.options import REGISTRY
 
@@ -192,24 +188,3 @@ def check_data(cfg: PretrainConfig) -> None:
                 label_count(files)
             except DataError as e:
                 raise OptionError(option, value, str(e)) from None
-
-
-def label_count(files: list[str]) -> int:
-    """Classes of the probe: the size of the `vocab.json` beside the shards; without one (integer labels
-    only) the largest label + 1. Raises `DataError` for string labels without a vocabulary."""
-    folder = Path(files[0]).parent
-    vocab = folder / VOCAB_FILE
-    if vocab.exists():
-        data = json.loads(vocab.read_text())
-        return len(data["names"] if isinstance(data, dict) else data)
-    column = DEFAULTS["label_column"]
-    largest = -1
-    for f in files:
-        table = read_shard(Path(f))
-        if column not in table.column_names:
-            raise DataError(f"{f}: no label column {column!r}")
-        labels = table.column(column)
-        if not pa.types.is_integer(labels.type):
-            raise DataError(f"{column} labels of type {labels.type} need a vocabulary: no {vocab}")
-        largest = max(largest, pc.max(labels).as_py() if labels.null_count < len(labels) else -1)
-    return largest + 1

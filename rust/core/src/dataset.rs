@@ -193,9 +193,41 @@ fn check_seconds_column(path: &Path, field: &Field) -> Result<()> {
     }
 }
 
+/// The vocabulary's file name, beside the shards it names the labels of.
+pub const VOCAB_FILE: &str = "vocab.json";
+
+/// The label names of `vocab.json` beside `shard`, or None where there is none: the one reader of a
+/// vocabulary (the loader's, and Python's through `birdjepa.data.shards.vocab_names`).
+pub fn vocab_names(shard: &Path) -> Result<Option<Vec<String>>> {
+    let file = shard.with_file_name(VOCAB_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(text) => parse_vocab(&text, &file).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::data(format!("{}: cannot be read ({e})", file.display()))),
+    }
+}
+
+/// `{"names": [...]}` (what `birdjepa prepare` writes, beside its `label_column`) or a plain list.
+fn parse_vocab(text: &str, file: &Path) -> Result<Vec<String>> {
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| Error::data(format!("{}: not valid JSON: {e}", file.display())))?;
+    let names = json.get("names").unwrap_or(&json).as_array().ok_or_else(|| {
+        Error::data(format!("{}: expected a list of label names or {{\"names\": [...]}}", file.display()))
+    })?;
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            n.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| Error::data(format!("{}: entry {i} is not a string: {n}", file.display())))
+        })
+        .collect()
+}
+
 /// `vocab.json` beside the shard: `{"names": [...]}` or a plain list; label = position in it.
 fn load_vocab(path: &Path, need: VocabNeed, cache: &mut HashMap<PathBuf, Arc<Vocab>>) -> Result<Arc<Vocab>> {
-    let file = path.with_file_name("vocab.json");
+    let file = path.with_file_name(VOCAB_FILE);
     if let Some(v) = cache.get(&file) {
         return Ok(v.clone());
     }
@@ -206,16 +238,8 @@ fn load_vocab(path: &Path, need: VocabNeed, cache: &mut HashMap<PathBuf, Arc<Voc
         };
         Error::data(format!("{}: {why}, but {} cannot be read ({e}); {fix}", path.display(), file.display()))
     })?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Error::data(format!("{}: not valid JSON: {e}", file.display())))?;
-    let names = json.get("names").unwrap_or(&json).as_array().ok_or_else(|| {
-        Error::data(format!("{}: expected a list of label names or {{\"names\": [...]}}", file.display()))
-    })?;
-    let mut index = HashMap::new();
-    for (i, n) in names.iter().enumerate() {
-        let name = n.as_str().ok_or_else(|| Error::data(format!("{}: entry {i} is not a string: {n}", file.display())))?;
-        index.insert(name.to_string(), i as i64);
-    }
+    let names = parse_vocab(&text, &file)?;
+    let index = names.iter().enumerate().map(|(i, n)| (n.clone(), i as i64)).collect();
     let vocab = Arc::new(Vocab { index, len: names.len(), file: file.clone() });
     cache.insert(file, vocab.clone());
     Ok(vocab)

@@ -157,12 +157,20 @@ impl PyLoader {
     }
 }
 
+/// The label names of the `vocab.json` beside `shard`, or None where there is none.
+#[pyfunction]
+fn vocab_names(shard: PathBuf) -> PyResult<Option<Vec<String>>> {
+    birdjepa_core::dataset::vocab_names(&shard).map_err(to_py)
+}
+
 #[pymodule]
 fn _rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(check_loader_options, m)?)?;
     m.add_function(wrap_pyfunction!(plan_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(vocab_names, m)?)?;
+    m.add("VOCAB_FILE", birdjepa_core::dataset::VOCAB_FILE)?;
     m.add("DataError", m.py().get_type::<DataError>())?;
     m.add("StateError", m.py().get_type::<StateError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;

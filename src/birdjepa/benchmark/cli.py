@@ -10,7 +10,6 @@ with another recipe (then it is fitted again and replaced). ``--table RESULTS`` 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from collections import defaultdict
@@ -25,9 +24,8 @@ from birdjepa.benchmark.backbones import Backbone, BackboneError, Embedded, embe
 from birdjepa.benchmark.metrics import all_metrics
 from birdjepa.benchmark.probes import MULTI_LABEL, PROBES, TOKEN_PROBES, Loss, Recipe, fit_and_score
 from birdjepa.data import DataError, Features, resolve_files
-from birdjepa.data.shards import read_shard
+from birdjepa.data.shards import VOCAB_FILE, read_shard, vocab_names
 from birdjepa.exit_codes import USAGE
-from birdjepa.validation import VOCAB_FILE
 
 
 class BenchmarkError(RuntimeError):
@@ -68,11 +66,10 @@ def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
 
 
 def _vocab(files: list[str]) -> list[str] | None:
-    path = Path(files[0]).parent / VOCAB_FILE
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    return list(data["names"] if isinstance(data, dict) else data)
+    try:
+        return vocab_names(Path(files[0]).parent)
+    except DataError as e:
+        raise BenchmarkError(str(e)) from e
 
 
 def has_column(shard: str, column: str) -> bool:

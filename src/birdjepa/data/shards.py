@@ -28,13 +28,17 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-DEFAULT_LABEL_COLUMN = "ebird_code"
+from birdjepa import _rs
+
+DEFAULT_LABEL_COLUMN: str = json.loads(_rs.loader_defaults())["label_column"]
+"""The loader's default label column (its defaults live in the Rust core, once)."""
 BATCH_ROWS = 64
 BATCH_BYTES = 512 << 20  # a record batch is also cut here: `binary` offsets are int32 (< 2 GiB per batch)
 MAX_ROW_BYTES = BATCH_BYTES
 SHARD_SUFFIX = ".arrow"
-VOCAB_FILE = "vocab.json"
+VOCAB_FILE: str = _rs.VOCAB_FILE
 
 ShardFormat = Literal["file", "stream"]
 
@@ -245,14 +249,42 @@ def write_vocab(out_dir: Path, names: Sequence[str], label_column: str = DEFAULT
     return path
 
 
+def vocab_names(folder: Path) -> list[str] | None:
+    """The label names of `folder/vocab.json`, or None where there is none: read by the loader's own
+    reader (Rust), so every command reads a vocabulary one way; `DataError` names a bad file."""
+    return _rs.vocab_names(str(Path(folder) / VOCAB_FILE))
+
+
 def read_vocab(folder: Path) -> tuple[str, list[str]]:
-    """Returns (label_column, names) from `folder/vocab.json`."""
-    path = Path(folder) / VOCAB_FILE
-    data = json.loads(path.read_text(encoding="utf-8"))
-    try:
-        return str(data["label_column"]), [str(n) for n in data["names"]]
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: expected keys 'label_column' and 'names', got {data!r:.200}") from e
+    """Returns (label_column, names) of `folder/vocab.json` (the label column `birdjepa prepare` wrote
+    beside the names; the default where a plain list has none)."""
+    names = vocab_names(folder)
+    if names is None:
+        raise _rs.DataError(f"{Path(folder) / VOCAB_FILE}: no such vocabulary")
+    data = json.loads((Path(folder) / VOCAB_FILE).read_text(encoding="utf-8"))
+    return str(
+        data.get("label_column", DEFAULT_LABEL_COLUMN) if isinstance(data, dict) else DEFAULT_LABEL_COLUMN
+    ), names
+
+
+def label_count(files: Sequence[str]) -> int:
+    """Classes of the probe: the length of the `vocab.json` beside the shards; without one (integer labels
+    only) the largest label + 1. Raises `DataError` for string labels without a vocabulary."""
+    folder = Path(files[0]).parent
+    names = vocab_names(folder)
+    if names is not None:
+        return len(names)
+    largest = -1
+    for f in files:
+        table = read_shard(Path(f))
+        if DEFAULT_LABEL_COLUMN not in table.column_names:
+            raise _rs.DataError(f"{f}: no label column {DEFAULT_LABEL_COLUMN!r}")
+        labels = table.column(DEFAULT_LABEL_COLUMN)
+        if not pa.types.is_integer(labels.type):
+            need = f"{DEFAULT_LABEL_COLUMN} labels of type {labels.type} need a vocabulary"
+            raise _rs.DataError(f"{need}: no {folder / VOCAB_FILE}")
+        largest = max(largest, pc.max(labels).as_py() if labels.null_count < len(labels) else -1)
+    return largest + 1
 
 
 def list_shards(folder: Path) -> list[Path]:

@@ -5,7 +5,7 @@ log, and keeps a JSON-able state that each checkpoint carries (``meta["callbacks
 step after a resume reports exactly what the uninterrupted run reports. Adding or removing a callback
 never touches the loop: the loop calls `Callbacks.step_end`, `Callbacks.save` and `Callbacks.restore`.
 
-The diagnostics themselves are pure modules (`diagnostics.iid`, `monitor.updates`); the classes here
+The diagnostics themselves are pure modules (`diagnostics.iid`, `diagnostics.monitor`); the classes here
 only adapt them to the hooks.
 """
 
@@ -30,7 +30,7 @@ class StepEnd:
     batch: Batch
     """The loader batch the step consumed (``index``, ``shard_id``, ``label``, ``spectrogram``, ...)."""
     stats: Mapping[str, Any]
-    """In-graph statistics the train step returned (``monitor.updates.update_stats`` or its placeholder)."""
+    """In-graph statistics the train step returned (``diagnostics.monitor.update_stats`` or its placeholder)."""
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ import jax
 from birdjepa import multihost
 from birdjepa.config import ConfigError, PretrainConfig, resolve
 from birdjepa.data import Batch, DataError, Loader
+from birdjepa.data.shards import label_count
 from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.rundir import checkpoint, layout
@@ -31,7 +32,6 @@ from birdjepa.train.determinism import machine_kind
 from birdjepa.train.segment import advance, data_files, fresh_state, model_config, open_loader, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig
-from birdjepa.validation import label_count
 
 #: Logged metrics that a replay recomputes and compares with ``==``: what the step returns, the loader's
 #: index checksum and the parameter norms. Timings, diagnostics and evaluations are not re-run.

@@ -130,8 +130,8 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
 
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
     """`restore_checkpoint`, with the data files it evaluates on (``data`` overrides the run's splits)."""
+    from birdjepa.data.shards import label_count
     from birdjepa.train.segment import data_files
-    from birdjepa.validation import label_count
 
     restored = restore_checkpoint(run_dir, step)
     cfg = restored.cfg

@@ -32,6 +32,7 @@ import tyro
 from birdjepa import exit_codes, multihost, validation
 from birdjepa.config import ConfigError, PretrainConfig, to_dict
 from birdjepa.data import Batch
+from birdjepa.data.shards import label_count
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
@@ -47,7 +48,7 @@ from birdjepa.train.compiled import compiled
 from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, fresh_chain
-from birdjepa.validation import OptionError, label_count
+from birdjepa.validation import OptionError
 
 #: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
