@@ -30,7 +30,8 @@ class StepEnd:
     batch: Batch
     """The loader batch the step consumed (``index``, ``shard_id``, ``label``, ``spectrogram``, ...)."""
     stats: Mapping[str, Any]
-    """In-graph statistics the train step returned (``diagnostics.monitor.update_stats`` or its placeholder)."""
+    """In-graph statistics the train step returned (``diagnostics.monitor.update_stats`` or its
+    placeholder)."""
 
 
 @dataclasses.dataclass
