@@ -186,9 +186,16 @@ def test_a_device_count_that_does_not_divide_the_virtual_shards_and_several_proc
     done = birdjepa("pretrain", *run_flags(demo_dir, tmp_path, "r"), "--data.batch-size", "24", devices=3)
     assert done.returncode == exit_codes.USAGE
     assert "--train.virtual-shards 8: the 3 devices must divide it" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "r").exists()  # refused before a run directory, a lease or a checkpointer
+    plain = run_flags(demo_dir, tmp_path, "b")
+    plain[plain.index("--train.virtual-shards") + 1] = "0"  # the batch of 8 cut over 3 devices
+    done = birdjepa("pretrain", *plain, devices=3)
+    assert done.returncode == exit_codes.USAGE and not (tmp_path / "b").exists()
+    assert "--data.batch-size 8: must divide over the 3 devices" in done.stderr, done.stderr[-2000:]
     # Two processes (a group over gloo, as `birdjepa sweep --local --slurm.ntasks 2` forms it): refused
     # before anything compiles, since the step moves each shard's results within one process.
     argv = [sys.executable, "-m", "birdjepa.cli", "pretrain", *run_flags(demo_dir, tmp_path, "p")]
     capfd.readouterr()
     assert launch_local(argv, ntasks=2) == exit_codes.USAGE
     assert "--train.virtual-shards 8: runs in one process, not 2" in capfd.readouterr().err
+    assert not (tmp_path / "p").exists()

@@ -36,7 +36,7 @@ from birdjepa.data.shards import label_count
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
-from birdjepa.pretrain.trainer import Trainer, check_virtual_shards, make_callbacks
+from birdjepa.pretrain.trainer import Trainer, check_devices, make_callbacks
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.rundir import checkpoint, layout
@@ -87,6 +87,7 @@ def pretrain(cfg: PretrainConfig) -> int:
     so is the run's lease (process 0 holds it: one writer per run, `birdjepa.rundir.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     validation.check(cfg)  # before anything touches the run directory
+    check_devices(cfg)
     lease: Lease | None = None
     if multihost.is_main():
         slurm = bool(os.environ.get("SLURM_JOB_ID"))  # a requeue may race its predecessor's last save
@@ -119,7 +120,6 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     requested.run_dir.mkdir(parents=True, exist_ok=True)
     found_files, eval_files = data_files(requested)
     model_cfg = model_config(requested, label_count(found_files))
-    check_virtual_shards(requested)
     fns = compiled(StepConfig.of(requested, model_cfg), requested.optim, total_updates(requested))
     ckpt = checkpoint.Checkpointer(
         requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async

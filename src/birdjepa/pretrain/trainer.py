@@ -69,14 +69,18 @@ def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callback
     return Callbacks(items)
 
 
-def check_virtual_shards(cfg: PretrainConfig) -> None:
-    """``--train.virtual-shards``: this process's devices must divide it, and it runs in one process
-    (its step moves each shard's results between devices of one process)."""
+def check_devices(cfg: PretrainConfig) -> None:
+    """The options the devices decide, checked with the others before a run directory, a lease or a
+    checkpointer exists (`validation.check` holds the rest; it imports no JAX): the batch divides over
+    the devices, and ``--train.virtual-shards`` runs in one process (its step moves each shard's results
+    between devices of one process), whose devices divide it."""
     shards, devices = cfg.train.virtual_shards, jax.device_count()
     if shards and jax.process_count() > 1:
         raise OptionError("train.virtual_shards", shards, f"runs in one process, not {jax.process_count()}")
     if shards and shards % devices:
         raise OptionError("train.virtual_shards", shards, f"the {devices} devices must divide it")
+    if cfg.data.batch_size % devices:
+        raise OptionError("data.batch_size", cfg.data.batch_size, f"must divide over the {devices} devices")
 
 
 class Trainer:
@@ -99,9 +103,6 @@ class Trainer:
         # What every checkpoint's meta repeats, computed once for the segment.
         self.config, self.git, self.machine = to_dict(cfg), git_commit(), machine_kind()
         devices = jax.devices()
-        if cfg.data.batch_size % len(devices):
-            n = len(devices)
-            raise OptionError("data.batch_size", cfg.data.batch_size, f"must divide over the {n} devices")
         self.n_devices = len(devices)
         print(f"devices={len(devices)} ({devices[0].platform}) processes={jax.process_count()}", flush=True)
         self.fns = fns
