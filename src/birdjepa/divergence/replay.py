@@ -20,18 +20,15 @@ import jax
 from birdjepa import multihost
 from birdjepa.config import ConfigError, PretrainConfig, resolve
 from birdjepa.data import Batch, DataError, Loader
-from birdjepa.data.shards import label_count
 from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.metrics_log import metrics_by_step
-from birdjepa.train import state as state_lib
-from birdjepa.train.compiled import Compiled, compiled
+from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
-from birdjepa.train.segment import advance, data_files, fresh_state, model_config, open_loader, total_updates
+from birdjepa.train.segment import advance, open_loader, open_segment
 from birdjepa.train.state import TrainState
-from birdjepa.train.step import StepConfig
 
 #: Logged metrics that a replay recomputes and compares with ``==``: what the step returns, the loader's
 #: index checksum and the parameter norms. Timings, diagnostics and evaluations are not re-run.
@@ -141,25 +138,14 @@ def open_at(
                 f"{run_dir}: no checkpoint before step {step} and no {layout.CONFIG_FILE} to start from"
             )
         try:
-            train_files, _ = data_files(cfg)
-            n_classes = label_count(train_files)
-        except (DataError, FileNotFoundError, ValueError) as e:
+            seg = open_segment(cfg, ckpt, at=base)
+        except checkpoint.CheckpointError as e:
+            raise ReplayError(f"{where}: {e}") from e
+        except (DataError, FileNotFoundError) as e:
             raise ReplayError(f"{run_dir}: its train data cannot be read: {e}") from e
-        model_cfg = model_config(cfg, n_classes)
-        try:
-            fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg))
         except ValueError as e:  # --train.virtual-shards that this process's devices do not divide
             raise ReplayError(f"{where}: {e}") from e
-        fresh = fresh_state(cfg, model_cfg, fns.tx)
-        meta: dict[str, Any] | None = None
-        if base is None:
-            state = fresh
-        else:
-            try:
-                restored, meta = state_lib.restore_at(ckpt, fresh, base)
-            except checkpoint.CheckpointError as e:
-                raise ReplayError(f"{where}: {e}") from e
-            state = state_lib.for_prng_mode(restored, cfg.prng, fresh.chain)
+    (train_files, _), model_cfg, fns, state, meta = seg.files, seg.model_cfg, seg.fns, seg.state, seg.meta
     check_devices(run_dir, meta)
     loader, error = open_loader(cfg, train_files, state.loader_state, resumed=base is not None)
     if error is not None:

@@ -103,8 +103,7 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
     """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it. The
     architecture comes from the checkpoint alone (its config, and its probe head's class count), so the
     run's data need not be on this machine."""
-    from birdjepa.train.optim import make_optimizer
-    from birdjepa.train.segment import initial_params, model_config, total_updates
+    from birdjepa.train.segment import open_segment
 
     if not layout.has_checkpoints(run_dir):
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
@@ -121,11 +120,8 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
         shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
         if PROBE_HEAD not in shapes:
             raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
-        model_cfg = model_config(cfg, shapes[PROBE_HEAD][-1])
-        random_init = initial_params(cfg, model_cfg)
-        tx = make_optimizer(cfg.optim, total_updates(cfg))
-        state, _ = ckpt.restore(step, {"params": random_init, "opt_state": tx.init(random_init)})
-    return RestoredCheckpoint(step, cfg, model_cfg, state["params"], random_init, meta)
+        seg = open_segment(cfg, ckpt, at=step, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
+    return RestoredCheckpoint(step, cfg, seg.model_cfg, seg.state.params, seg.fresh.params, meta)
 
 
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:

@@ -32,7 +32,6 @@ import tyro
 from birdjepa import exit_codes, multihost, validation
 from birdjepa.config import ConfigError, PretrainConfig, to_dict
 from birdjepa.data import Batch
-from birdjepa.data.shards import label_count
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
@@ -44,10 +43,9 @@ from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
 from birdjepa.slurm import distributed
-from birdjepa.train.compiled import compiled
-from birdjepa.train.segment import advance, data_files, model_config, open_loader, start_state, total_updates
+from birdjepa.train.segment import advance, open_loader, open_segment
 from birdjepa.train.state import TrainState
-from birdjepa.train.step import StepConfig, fresh_chain
+from birdjepa.train.step import fresh_chain
 from birdjepa.validation import OptionError
 
 #: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit.
@@ -116,24 +114,22 @@ def pretrain(cfg: PretrainConfig) -> int:
 
 
 def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
-    # Open: the data, the model and the optimizer.
+    # Open: the data, the model, the compiled step, and the state: a fresh one, or the newest checkpoint.
     requested.run_dir.mkdir(parents=True, exist_ok=True)
-    found_files, eval_files = data_files(requested)
-    model_cfg = model_config(requested, label_count(found_files))
-    fns = compiled(StepConfig.of(requested, model_cfg), requested.optim, total_updates(requested))
     ckpt = checkpoint.Checkpointer(
         requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async
     )
-
-    # Restore: a fresh state, or the newest checkpoint. --debug-inject-fault breaks a restored one on
-    # purpose, and may change what the segment trains with (batch size, shards): hence `cfg` below.
     try:
-        restored, meta = start_state(requested, model_cfg, fns.tx, ckpt)
+        seg = open_segment(requested, ckpt, at="newest" if requested.resume == "auto" else None)
     except checkpoint.CheckpointError as e:  # none verifies, or the run asks for another structure
         print(f"ERROR: cannot resume: {e}; exit {exit_codes.RESUME_CHECK}", flush=True)
         ckpt.close()
         return exit_codes.RESUME_CHECK
-    r, no_effect = Restored(requested, found_files, restored), None
+    (found_files, eval_files), model_cfg, fns, meta = seg.files, seg.model_cfg, seg.fns, seg.meta
+
+    # --debug-inject-fault breaks a restored state on purpose, and may change what the segment trains
+    # with (batch size, shards): hence `cfg` below.
+    r, no_effect = Restored(requested, found_files, seg.state), None
     if meta is not None and requested.debug_inject_fault:
         r, no_effect = inject(requested.debug_inject_fault, r, fns.tx, fresh_chain(requested))
     cfg, train_files = r.cfg, r.train_files

@@ -1,10 +1,10 @@
 """What a run segment builds from its config: its data files, its model, its length, and the state it
-starts from (a fresh one, or the newest checkpoint as the ``--prng`` mode keeps it).
+starts from (a fresh one, or a checkpoint as the ``--prng`` mode keeps it).
 
-`birdjepa pretrain` (`birdjepa.pretrain.loop`) builds a segment from these and advances it with
+`birdjepa pretrain` (`birdjepa.pretrain.loop`) opens a segment with `open_segment` and advances it with
 `advance`, and so does every tool that restores or re-executes a run without training it (`birdjepa
-evaluate`, `birdjepa trace`): they build the same model, restore the same state and run the same step as
-the loop, from the same functions.
+evaluate`, `birdjepa trace`, `birdjepa bisect`): they build the same model, restore the same state and
+run the same step as the loop, from the same function.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -21,6 +21,7 @@ import optax
 from birdjepa import multihost
 from birdjepa.config import PretrainConfig
 from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
+from birdjepa.data.shards import label_count
 from birdjepa.diagnostics.monitor import check_due
 from birdjepa.faults import LATE_STEP
 from birdjepa.model.config import ModelConfig
@@ -28,9 +29,10 @@ from birdjepa.model.vit import init_params
 from birdjepa.rundir import checkpoint
 from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train import state as state_lib
-from birdjepa.train.compiled import Compiled
+from birdjepa.train.compiled import Compiled, compiled
+from birdjepa.train.optim import make_optimizer
 from birdjepa.train.state import TrainState
-from birdjepa.train.step import fresh_chain, init_key, step_key
+from birdjepa.train.step import StepConfig, fresh_chain, init_key, step_key
 
 
 def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
@@ -63,20 +65,54 @@ def fresh_state(cfg: PretrainConfig, model_cfg: ModelConfig, tx: optax.GradientT
     return TrainState(step=0, restart=0, params=params, opt_state=tx.init(params), chain=fresh_chain(cfg))
 
 
-def start_state(
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """A run segment as `open_segment` opens it: what it trains on, with what, and from which state."""
+
+    cfg: PretrainConfig
+    model_cfg: ModelConfig
+    files: tuple[list[str], list[str]] | None
+    """The train and eval shards (None where the class count was given and the data need not be here)."""
+    fns: Compiled | None
+    """The compiled step (None where not asked for)."""
+    fresh: TrainState
+    """The state of step 0 (its params are the random init)."""
+    state: TrainState
+    """The state the segment starts from: ``fresh``, or a checkpoint's as the ``--prng`` mode keeps it."""
+    meta: dict[str, Any] | None
+    """That checkpoint's meta (None for a fresh start)."""
+
+
+def open_segment(
     cfg: PretrainConfig,
-    model_cfg: ModelConfig,
-    tx: optax.GradientTransformation,
     ckpt: checkpoint.Checkpointer,
-) -> tuple[TrainState, dict[str, Any] | None]:
-    """A fresh state, or the newest complete checkpoint (if any and ``--resume auto``) as the
-    ``--prng`` mode keeps it, with that checkpoint's meta."""
+    *,
+    at: int | Literal["newest"] | None = "newest",
+    n_classes: int | None = None,
+    step_fns: bool = True,
+) -> Segment:
+    """The one way a segment is opened, by the loop, by replay (`trace`, `bisect`) and by `evaluate`: the
+    data files and their class count (or ``n_classes``, the architecture then coming from the config
+    alone), the model, the compiled step (unless not ``step_fns``), and the start state: fresh (``at``
+    None), checkpoint ``at``, or the newest that verifies ("newest", fresh where there is none), as the
+    ``--prng`` mode keeps it. The same inputs give the same state and step; the loader is
+    `open_loader`'s, at the state's loader position. Raises `checkpoint.CheckpointError` (a restore) and
+    the data's errors."""
+    files = data_files(cfg) if n_classes is None else None
+    model_cfg = model_config(cfg, n_classes if files is None else label_count(files[0]))
+    fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg)) if step_fns else None
+    tx = fns.tx if fns is not None else make_optimizer(cfg.optim, total_updates(cfg))
     fresh = fresh_state(cfg, model_cfg, tx)
-    found = state_lib.restore(ckpt, fresh) if cfg.resume == "auto" else None
+    found = None
+    if at == "newest":
+        found = state_lib.restore(ckpt, fresh)
+    elif at is not None:
+        found = state_lib.restore_at(ckpt, fresh, at)
     if found is None:
-        return fresh, None
+        return Segment(cfg, model_cfg, files, fns, fresh, fresh, None)
     restored, meta = found
-    return state_lib.for_prng_mode(restored, cfg.prng, fresh.chain), meta
+    state = state_lib.for_prng_mode(restored, cfg.prng, fresh.chain)
+    return Segment(cfg, model_cfg, files, fns, fresh, state, meta)
 
 
 @dataclasses.dataclass(frozen=True)
