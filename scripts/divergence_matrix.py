@@ -2,7 +2,7 @@
 
     python scripts/divergence_matrix.py [--runs-dir /tmp/divergence-matrix] [--only NAME ...]
 
-Each pair (see `birdjepa.pretrain.divergence_matrix.PAIRS`) trains two 4-step runs on the demo set,
+Each pair (see `birdjepa.verify.divergence_matrix.PAIRS`) trains two 4-step runs on the demo set,
 bisects them and compares the stage and tensor of the first difference with the expected ones; the
 topology pair trains its twin on 4 simulated devices. Exit status 1 on any miss.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import tyro
 
-from birdjepa.pretrain.divergence_matrix import PAIRS, format_matrix, run_pair
 from birdjepa.train.determinism import deterministic_xla
+from birdjepa.verify.divergence_matrix import PAIRS, format_matrix, run_pair
 
 
 def main(runs_dir: Path = Path("/tmp/divergence-matrix"), only: tuple[str, ...] = ()) -> None:

@@ -19,8 +19,8 @@ from typing import Annotated
 import tyro
 
 from birdjepa.config import OptimConfig, PretrainConfig
-from birdjepa.pretrain.fault_matrix import format_matrix, not_as_expected, run_matrix
 from birdjepa.train.determinism import deterministic_xla
+from birdjepa.verify.fault_matrix import format_matrix, not_as_expected, run_matrix
 
 DEFAULT = PretrainConfig(
     run="fault-matrix", steps=300, prng="checkpointed", optim=OptimConfig(grad_accum=2), eval_every=0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tyro
 
-from birdjepa.pretrain.fs_fault_matrix import Matrix, format_rows, misses
+from birdjepa.verify.fs_fault_matrix import Matrix, format_rows, misses
 
 REPO = Path(__file__).resolve().parents[1]
 

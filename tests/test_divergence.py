@@ -21,12 +21,12 @@ from birdjepa.divergence import trace_file
 from birdjepa.divergence.bisect import bisect
 from birdjepa.divergence.diff import diff_traces
 from birdjepa.divergence.trace import trace_step
-from birdjepa.pretrain.divergence_matrix import PAIRS, flags, format_matrix, run_pair
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.rundir.checkpoint import Checkpointer
 from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.train.calls import CALL_SITES
 from birdjepa.train.digest import SMALL
+from birdjepa.verify.divergence_matrix import PAIRS, flags, format_matrix, run_pair
 
 
 def data(demo_dir: Path) -> tuple[str, ...]:

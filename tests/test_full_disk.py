@@ -3,7 +3,7 @@ naming what could not be written, where, the free space and the newest intact ch
 traceback, no temporary folder, nothing deleted; and the run moved to a larger disk resumes exactly.
 
 The small disk is a real tmpfs in a private mount namespace that ends with the trainer
-(`birdjepa.pretrain.fs_fault_matrix.on_small_disk`, the matrix's full-disk row), so no mount outlives
+(`birdjepa.verify.fs_fault_matrix.on_small_disk`, the matrix's full-disk row), so no mount outlives
 the test.
 """
 
@@ -20,11 +20,11 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
-from birdjepa.pretrain.fs_fault_matrix import on_small_disk
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.checkpoint.space import TMP_SUFFIX, folder_bytes, quiet_orbax_errors
 from birdjepa.rundir.metrics_log import read_metrics
+from birdjepa.verify.fs_fault_matrix import on_small_disk
 
 
 def flags(demo_dir: Path, runs: Path) -> list[str]:

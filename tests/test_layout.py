@@ -24,6 +24,7 @@ DESIGN = ROOT / "docs" / "design.md"
 #: Top floor first. A module may import from its own floor and every floor below it.
 FLOORS = (
     "cli",
+    "verify",
     "sweep",
     "analysis",
     "pretrain",

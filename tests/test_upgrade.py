@@ -22,10 +22,10 @@ from conftest import TEST_XLA_FLAG
 from birdjepa import exit_codes
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
-from birdjepa.pretrain.fs_fault_matrix import continues_old_run
 from birdjepa.resume.options import SEGMENT_ONLY, resume_defaults
 from birdjepa.rundir.checkpoint import FORMAT_VERSION
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
+from birdjepa.verify.fs_fault_matrix import continues_old_run
 
 FORMAT1 = Path(__file__).parent / "fixtures" / "format1"
 
