@@ -45,6 +45,8 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
 def test_the_stub_declares_what_the_extension_exports() -> None:
     stub = ast.parse((Path(_rs.__file__).parent / "_rs.pyi").read_text())
     declared = {n.name for n in stub.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    constants = (n.target for n in stub.body if isinstance(n, ast.AnnAssign))
+    declared |= {t.id for t in constants if isinstance(t, ast.Name)}
     assert declared == {n for n in dir(_rs) if not n.startswith("_")}
     (loader,) = (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Loader")
     methods = {n.name for n in loader.body if isinstance(n, ast.FunctionDef)}
