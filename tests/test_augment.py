@@ -134,7 +134,7 @@ def test_debug_disable_stochastic_draws_nothing_from_the_step_key() -> None:
     }
     keys = jax.random.key(1), jax.random.key(2)
     for disabled in (True, False):
-        cfg = tyro.cli(PretrainConfig, args=[*args, *(["--debug-disable-stochastic"] if disabled else [])])
+        cfg = tyro.cli(PretrainConfig, args=[*args, *(["--debug.disable-stochastic"] if disabled else [])])
         model_cfg = model_config(cfg, 4)
         params = init_params(model_cfg, init_key(cfg))["params"]
         loss = jax.jit(make_loss_fn(StepConfig.of(cfg, model_cfg), record=disabled))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from birdjepa import exit_codes
-from birdjepa.config import DataConfig, LogConfig, PretrainConfig
+from birdjepa.config import DataConfig, DebugConfig, LogConfig, PretrainConfig
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.checkpoint import DAMAGED_DIR, Checkpointer
@@ -50,8 +50,8 @@ def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
     demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    # Step 4's batch is NaN (--debug-nonfinite-steps): its loss and every gradient are not finite.
-    cfg = config(demo_dir, tmp_path, "nan", debug_nonfinite_steps=(4,), ckpt_every=1)
+    # Step 4's batch is NaN (--debug.nonfinite-steps): its loss and every gradient are not finite.
+    cfg = config(demo_dir, tmp_path, "nan", debug=DebugConfig(nonfinite_steps=(4,)), ckpt_every=1)
     assert pretrain(cfg) == exit_codes.NONFINITE
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
     assert line.startswith("ERROR: step 4 is not finite: train/loss") and "newest checkpoint (3)" in line
@@ -64,13 +64,13 @@ def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
     logged = metrics_by_step(cfg.run_dir)
     assert logged[4]["train/loss"] == "nan" and 5 not in logged  # (JSON has no NaN: the log says 'nan')
     # The same command without the bad batch resumes from checkpoint 3 and trains the straight run.
-    assert pretrain(dataclasses.replace(cfg, debug_nonfinite_steps=())) == 0
+    assert pretrain(dataclasses.replace(cfg, debug=DebugConfig())) == 0
     assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [3]
     assert differing(straight, cfg.run_dir) == []
 
 
 def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(demo_dir: Path, tmp_path: Path) -> None:
-    skip = {"on_nonfinite": "skip", "debug_nonfinite_steps": (3,)}
+    skip = {"on_nonfinite": "skip", "debug": DebugConfig(nonfinite_steps=(3,))}
     straight = config(demo_dir, tmp_path, "skip", **skip)
     assert pretrain(straight) == 0
     logged = metrics_by_step(straight.run_dir, everything=True)
@@ -87,7 +87,12 @@ def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(demo_dir: Path
     assert differing(straight.run_dir, seg.run_dir) == []
     # Too many in a row: the run stops as it would have without skipping.
     many = config(
-        demo_dir, tmp_path, "many", on_nonfinite="skip", max_skips=2, debug_nonfinite_steps=(2, 3, 4)
+        demo_dir,
+        tmp_path,
+        "many",
+        on_nonfinite="skip",
+        max_skips=2,
+        debug=DebugConfig(nonfinite_steps=(2, 3, 4)),
     )
     assert pretrain(many) == exit_codes.NONFINITE
     assert [(e["step"], e["action"]) for e in events(many.run_dir, "nonfinite")] == [(2, "skip"), (3, "stop")]

@@ -106,7 +106,7 @@ def test_the_encoder_never_sees_the_hidden_patches() -> None:
 
 
 MAE = ("--objective.kind", "mae", "--optim.grad-accum", "2", "--monitor-interval", "1",
-       "--debug-nonfinite-steps", "4", "--on-nonfinite", "skip")  # fmt: skip
+       "--debug.nonfinite-steps", "4", "--on-nonfinite", "skip")  # fmt: skip
 
 
 @pytest.mark.slow  # three segments and a trace, compiling at the default level (CI's last stage)

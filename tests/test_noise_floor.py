@@ -1,5 +1,5 @@
 """The noise floor of `birdjepa trace --repeat` and `bisect` on a step that is not the same in two
-executions (``--debug-plant noisy_execution``), at XLA's default level (CI runs it with
+executions (``--debug.plant noisy_execution``), at XLA's default level (CI runs it with
 BIRDJEPA_TEST_XLA_DEFAULT=1)."""
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ def data(demo_dir: Path) -> tuple[str, ...]:
 @pytest.mark.slow  # two runs and four traces of their own, compiling at the default level: ~4 min
 @pytest.mark.default_level
 def test_bisect_calls_a_step_that_varies_between_executions_noise(demo_dir: Path, tmp_path: Path) -> None:
-    """``--debug-plant noisy_execution`` scales the first block's input on every other execution of the
+    """``--debug.plant noisy_execution`` scales the first block's input on every other execution of the
     step, from a phase the environment gives (as a GPU's scheduling would): twin runs started in
     opposite phases differ from step 0. The noise floor of ``--repeat`` catches it, and bisect, finding
     that run A's step 0 does not even execute the same twice, calls the difference noise, not a bug."""
     for run, phase in (("A", "1"), ("B", "0")):
-        args = flags(tmp_path, run, data(demo_dir), "--steps", "1", "--debug-plant", "noisy_execution")
+        args = flags(tmp_path, run, data(demo_dir), "--steps", "1", "--debug.plant", "noisy_execution")
         env = {**os.environ, NOISE_PHASE_ENV: phase}
         done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "pretrain", *args], env=env,
                               capture_output=True, text=True)  # fmt: skip

@@ -55,15 +55,15 @@ def test_bad_overrides_name_file_config_and_key(tmp_path: Path, body: str, messa
 
 def test_every_type_round_trips_through_the_command_line(tmp_path: Path) -> None:
     body = (
-        '[{"ckpt_async": False, "debug_roundtrip_steps": [3, 5], "stop_at_step": None, "optim.lr": 2e-3,'
+        '[{"ckpt_async": False, "debug.roundtrip_steps": [3, 5], "stop_at_step": None, "optim.lr": 2e-3,'
         ' "objective": {"kind": "supervised"}, "data.features.f_max": 8000.0, "model.preset": "small",'
-        ' "log.wandb": "offline", "debug_disable_stochastic": True}]'
+        ' "log.wandb": "offline", "debug.disable_stochastic": True}]'
     )
     (job,) = plan(sweep_file(tmp_path, body), tmp_path)
     cfg = job.cfg
-    assert cfg.ckpt_async is False and cfg.debug_roundtrip_steps == (3, 5) and cfg.optim.lr == 2e-3
+    assert cfg.ckpt_async is False and cfg.debug.roundtrip_steps == (3, 5) and cfg.optim.lr == 2e-3
     assert cfg.objective.kind == "supervised" and cfg.data.features.f_max == 8000.0
-    assert "--no-ckpt-async" in job.flags and "--debug-disable-stochastic" in job.flags
+    assert "--no-ckpt-async" in job.flags and "--debug.disable-stochastic" in job.flags
 
 
 def test_force_resume_must_fall_inside_the_run(tmp_path: Path) -> None:

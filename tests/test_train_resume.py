@@ -218,7 +218,7 @@ def test_debug_roundtrip_does_not_change_the_run(
     demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     capsys.readouterr()
-    assert pretrain_here(demo_dir, tmp_path, "rt", "--debug-roundtrip-steps", "1", "4") == 0
+    assert pretrain_here(demo_dir, tmp_path, "rt", "--debug.roundtrip-steps", "1", "4") == 0
     out = capsys.readouterr().out
     assert out.count("DEBUG_ROUNDTRIP") == 2 and "identical=True" in out
     assert differing(straight, tmp_path / "rt") == []

@@ -110,6 +110,22 @@ def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:
     assert {"run", "stop_at_step", "resume", "data.n_workers", "log.runs_dir"} <= set(SEGMENT_ONLY)
 
 
+def test_a_config_recorded_before_the_debug_options_became_a_group_reads_under_their_new_names() -> None:
+    # Checkpoints and config.json written before the debug_* options moved into --debug.*: a planted run
+    # resumes planted, a fault injected at the last segment is not carried, and the resume's config check
+    # sees no change where the values are the same.
+    from birdjepa.config import to_dict
+    from birdjepa.resume.checks import config_diff
+
+    old = to_dict(PretrainConfig())
+    old.update({f"debug_{k}": v for k, v in old.pop("debug").items()})  # as an old checkpoint holds it
+    old.update(debug_plant="loader_seed", debug_inject_fault="reset_prng")
+    defaults, _ = resume_defaults(old, "checkpoint 3")
+    assert (defaults.debug.plant, defaults.debug.inject_fault) == ("loader_seed", None)
+    now = to_dict(defaults)
+    assert config_diff({**old, "debug_inject_fault": None}, now) == ([], [])
+
+
 def test_a_format_1_checkpoint_of_the_old_code_resumes_and_continues_the_old_code_s_straight_run(
     tmp_path: Path,
 ) -> None:

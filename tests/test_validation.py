@@ -31,7 +31,7 @@ INVALID = [
     (["--eval-every", "-2"], "--eval-every -2: must be >= 0 (0 = off)"),
     (["--stop-at-step", "-1"], "--stop-at-step -1: must be >= 0"),
     (["--max-skips", "-1"], "--max-skips -1: must be >= 0 (0 = off)"),
-    (["--debug-roundtrip-steps", "700"], "--debug-roundtrip-steps 700: each must be a step in [0, 599]"),
+    (["--debug.roundtrip-steps", "700"], "--debug.roundtrip-steps 700: each must be a step in [0, 599]"),
     (["--augment.mix-prob", "1.5"], "--augment.mix-prob 1.5: must be in [0, 1]"),
     (["--augment.pitch-bins", "-1"], "--augment.pitch-bins -1.0: must be >= 0 (0 = off)"),
     (["--model.preset", "huge"], "--model.preset 'huge': must be one of base, small, tiny"),

@@ -6,7 +6,7 @@ model's and the objectives' come from `birdjepa.data`, `birdjepa.model.config` a
 by `birdjepa.validation`.
 
 `birdjepa pretrain --help` is generated from these fields and their docstrings (tyro). The options
-people type most (`--steps`, `--stop-at-step`, `--resume`, `--debug-roundtrip-steps`, ...) sit at the
+people type most (`--steps`, `--stop-at-step`, `--resume`, `--debug.roundtrip-steps`, ...) sit at the
 top level; the rest are grouped (`--data.batch-size`, `--optim.lr`, `--model.preset`, ...).
 """
 
@@ -53,7 +53,7 @@ class AugmentConfig:
 
 
 NO_AUGMENT = AugmentConfig(pitch_bins=0.0, stretch=0.0)
-"""Every augmentation off (the defaults warp pitch and tempo): ``--debug-disable-stochastic``."""
+"""Every augmentation off (the defaults warp pitch and tempo): ``--debug.disable-stochastic``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +103,31 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DebugConfig:
+    """What the verification harness does to a run on purpose, to see the harness catch it: one group,
+    so the options a user trains with stay apart from them. None is active by default."""
+
+    roundtrip_steps: tuple[int, ...] = ()
+    """After each listed step: save, restore into fresh objects, assert every leaf bit-identical."""
+    disable_stochastic: bool = False
+    """Centre crops, no augmentation, no dropout or drop-path, and the loss's draws (local crops, span
+    masks, SIGReg's directions) the same at every step: only the data order remains random."""
+    nonfinite_steps: tuple[int, ...] = ()
+    """Make the loss of each listed step NaN (a NaN in its batch), to see --on-nonfinite act."""
+    inject_fault: Fault | None = None
+    """Break the resume on purpose (applied after the restore, before the checks), to see the checks
+    catch it; see birdjepa.faults."""
+    plant: Plant | None = None
+    """Make this run differ from its twin in one planted thing (to see `birdjepa bisect` find it); see
+    birdjepa.faults."""
+
+
+RENAMED = {f"debug_{f.name}": f"debug.{f.name}" for f in dataclasses.fields(DebugConfig)}
+"""Options under the names configs recorded before they moved into a group (checkpoints' meta,
+config.json, export cards): `flatten` reads them under their new names."""
+
+
+@dataclasses.dataclass(frozen=True)
 class PretrainConfig:
     run: str = "demo"
     """Run id: the run directory is <log.runs-dir>/<run>."""
@@ -146,19 +171,6 @@ class PretrainConfig:
     optimizer state and accumulation as they were, count it (train/skipped_updates) and go on."""
     max_skips: int = 10
     """skip: stop (exit 70) after this many skipped updates in a row (0 = never)."""
-    debug_roundtrip_steps: tuple[int, ...] = ()
-    """After each listed step: save, restore into fresh objects, assert every leaf bit-identical."""
-    debug_disable_stochastic: bool = False
-    """Centre crops, no augmentation, no dropout or drop-path, and the loss's draws (local crops, span
-    masks, SIGReg's directions) the same at every step: only the data order remains random."""
-    debug_nonfinite_steps: tuple[int, ...] = ()
-    """Make the loss of each listed step NaN (a NaN in its batch), to see --on-nonfinite act."""
-    debug_inject_fault: Fault | None = None
-    """Break the resume on purpose (applied after the restore, before the checks), to see the checks
-    catch it; see birdjepa.faults."""
-    debug_plant: Plant | None = None
-    """Make this run differ from its twin in one planted thing (to see `birdjepa bisect` find it); see
-    birdjepa.faults."""
     data: DataConfig = DataConfig()
     augment: AugmentConfig = AugmentConfig()
     """Per-view augmentations applied in the step: pitch/tempo warp (on), gain, spectral tilt and
@@ -168,6 +180,8 @@ class PretrainConfig:
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
     log: LogConfig = LogConfig()
+    debug: DebugConfig = DebugConfig()
+    """The verification harness's actions on the run (`birdjepa.faults`): none unless asked for."""
 
     @property
     def run_dir(self) -> Path:
@@ -191,13 +205,14 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dicts to dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``): how config
-    differences and sweep overrides name an option."""
+    differences and sweep overrides name an option; an option recorded under an old name (`RENAMED`)
+    comes out under its new one."""
     out: dict[str, Any] = {}
     for k, v in tree.items():
         if isinstance(v, Mapping):
             out.update(flatten(v, f"{prefix}{k}."))
         else:
-            out[prefix + k] = v
+            out[RENAMED.get(prefix + k, prefix + k)] = v
     return out
 
 

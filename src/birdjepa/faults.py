@@ -1,10 +1,10 @@
 """The catalogue of faults planted on purpose by the ``--debug-*`` options; none is active by default.
 
-Divergence plants (``--debug-plant P``) make a run differ from its twin in exactly one thing that
+Divergence plants (``--debug.plant P``) make a run differ from its twin in exactly one thing that
 needs a code change (the other rows of the divergence matrix differ by an option); `EXPECTED_DIFFERENCE`
 says where `birdjepa bisect` must place the first difference (`scripts/divergence_matrix.py`).
 
-Resume faults (``--debug-inject-fault F``) prove the resume checks catch each: each imitates one way a
+Resume faults (``--debug.inject-fault F``) prove the resume checks catch each: each imitates one way a
 real resume goes wrong; `birdjepa.resume.inject` applies it to what the loop restored, before the
 checks run. `EXPECTED_CHECK` names the check that must fail on the first
 resumed step; others may fail too (a changed batch size also changes the next batch).

@@ -98,12 +98,12 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
             value = _get(cfg, option)
             if value is not None and not ok(value):
                 raise OptionError(option, value, allowed)
-    for step in cfg.debug_roundtrip_steps:
+    for step in cfg.debug.roundtrip_steps:
         if not 0 <= step < cfg.steps:
-            raise OptionError("debug_roundtrip_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")
-    for step in cfg.debug_nonfinite_steps:
+            raise OptionError("debug.roundtrip_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")
+    for step in cfg.debug.nonfinite_steps:
         if not 0 <= step < cfg.steps:
-            raise OptionError("debug_nonfinite_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")
+            raise OptionError("debug.nonfinite_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")
     low, high = cfg.augment.mix_db
     if low > high:
         raise OptionError("augment.mix_db", cfg.augment.mix_db, "must be (low, high) with low <= high")

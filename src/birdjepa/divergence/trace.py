@@ -184,7 +184,7 @@ def entries(
     recorded = {stage: [i for i, c in enumerate(computed) if c[0] == stage] for stage in STAGES}
     rows += recorded["keys"] + recorded["draws"]
     update = int(multihost.host(update_count(state.opt_state)))
-    table = lr_table(cfg.optim, total_updates(cfg), cfg.debug_plant)  # schedule(u), read on the host
+    table = lr_table(cfg.optim, total_updates(cfg), cfg.debug.plant)  # schedule(u), read on the host
     rows += [
         ("optimizer", "update_count", np.int32(update), None),
         ("optimizer", "accumulation", multihost.host(accumulation_progress(state.opt_state)), None),

@@ -70,7 +70,7 @@ def due(step: int, every: int, last: int) -> bool:
 
 
 def debug_roundtrip(t: Trainer, state: TrainState, meta: dict[str, Any]) -> TrainState:
-    """``--debug-roundtrip-steps``: save the state just checkpointed, restore it into fresh objects
+    """``--debug.roundtrip-steps``: save the state just checkpointed, restore it into fresh objects
     (asserting every leaf bit-identical) and go on from the copy with compile caches cleared. The rest of
     the run must not notice (the test compares it with an uninterrupted run)."""
     step = state.step - 1
@@ -127,11 +127,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         return exit_codes.RESUME_CHECK
     (found_files, eval_files), model_cfg, fns, meta = seg.files, seg.model_cfg, seg.fns, seg.meta
 
-    # --debug-inject-fault breaks a restored state on purpose, and may change what the segment trains
+    # --debug.inject-fault breaks a restored state on purpose, and may change what the segment trains
     # with (batch size, shards): hence `cfg` below.
     r, no_effect = Restored(requested, found_files, seg.state), None
-    if meta is not None and requested.debug_inject_fault:
-        r, no_effect = inject(requested.debug_inject_fault, r, fns.tx, fresh_chain(requested))
+    if meta is not None and requested.debug.inject_fault:
+        r, no_effect = inject(requested.debug.inject_fault, r, fns.tx, fresh_chain(requested))
     cfg, train_files = r.cfg, r.train_files
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.fns.place(r.state)
@@ -143,8 +143,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         t.log.event("lease_taken_over", state.step, **lease.took_over)
     if meta is not None:
         t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
-        if cfg.debug_inject_fault:
-            t.log.event("fault_injected", state.step, fault=cfg.debug_inject_fault, no_effect=no_effect)
+        if cfg.debug.inject_fault:
+            t.log.event("fault_injected", state.step, fault=cfg.debug.inject_fault, no_effect=no_effect)
         print(f"resumed from checkpoint {state.step - 1}: continuing at step {state.step} "
               f"(restart {state.restart})", flush=True)  # fmt: skip
     loader, loader_error = open_loader(cfg, train_files, state.loader_state, resumed=meta is not None)
@@ -212,7 +212,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
 
         # Every process must stop at the same step: a signal seen by one is acted on by all.
         stopping = step == cfg.stop_at_step or multihost.any_process(stop.signal is not None)
-        if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug_roundtrip_steps:
+        if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
             try:
                 pending, saved = t.save(state, loader, callbacks, metrics)
                 if stopping:  # on disk before the run says it stopped
@@ -221,7 +221,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
                 exit_code, line = t.save_failed(e, step)
                 progress.message(line)
                 break
-            if step in cfg.debug_roundtrip_steps:
+            if step in cfg.debug.roundtrip_steps:
                 state = debug_roundtrip(t, state, saved)
         if stopping:
             signalled = step != cfg.stop_at_step

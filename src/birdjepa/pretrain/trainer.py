@@ -98,7 +98,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.model_cfg, self.ckpt = cfg, model_cfg, ckpt
         self.train_files, self.eval_files = files
-        self.schedule = make_schedule(cfg.optim, total_updates(cfg), cfg.debug_plant)
+        self.schedule = make_schedule(cfg.optim, total_updates(cfg), cfg.debug.plant)
         self.main = multihost.is_main()
         # What every checkpoint's meta repeats, computed once for the segment.
         self.config, self.git, self.machine = to_dict(cfg), git_commit(), machine_kind()

@@ -26,9 +26,9 @@ SEGMENT_ONLY = (
     "stop_at_step",
     "resume_checks",
     "allow_config_change",
-    "debug_roundtrip_steps",
-    "debug_nonfinite_steps",
-    "debug_inject_fault",
+    "debug.roundtrip_steps",
+    "debug.nonfinite_steps",
+    "debug.inject_fault",
     "data.n_workers",
     "log.runs_dir",
 )

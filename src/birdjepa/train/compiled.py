@@ -56,7 +56,7 @@ class Compiled:
 
     def on_device(self, batch: Mapping[str, np.ndarray], *, nan: bool = False) -> dict[str, jax.Array]:
         """The global batch as arrays sharded over every process's devices (each gives its rows);
-        ``nan``: its spectrograms made NaN (``--debug-nonfinite-steps``)."""
+        ``nan``: its spectrograms made NaN (``--debug.nonfinite-steps``)."""
         arrays = multihost.global_batch({k: batch[k] for k in BATCH_KEYS}, self.sharded)
         if nan:
             arrays["spectrogram"] = arrays["spectrogram"] * np.float32(np.nan)

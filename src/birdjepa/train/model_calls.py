@@ -1,5 +1,5 @@
 """The model's calls as an objective sees them (`birdjepa.objectives.base.Model`), and what wraps them:
-the divergence plants of ``--debug-plant`` (`birdjepa.faults`) and the recording of `birdjepa trace`.
+the divergence plants of ``--debug.plant`` (`birdjepa.faults`) and the recording of `birdjepa trace`.
 Neither lives in an objective or in the loss function: an objective calls the model and draws its keys
 through `ModelCalls`, which plants and records around those calls."""
 
@@ -20,7 +20,7 @@ from birdjepa.train.calls import recorded
 
 
 def plant_pos_embed_bf16(params: Any) -> Any:
-    """``params`` with the encoder's position embedding rounded to bfloat16 (``--debug-plant``)."""
+    """``params`` with the encoder's position embedding rounded to bfloat16 (``--debug.plant``)."""
     encoder = dict(params["encoder"])
     encoder["pos_embed"] = encoder["pos_embed"].astype(jnp.bfloat16).astype(jnp.float32)
     return {**params, "encoder": encoder}
@@ -30,7 +30,7 @@ PLANT_SCALE = 1.0 + 2.0**-10
 """How much the forward plants scale one call's input: a few hundred ulps, as a changed constant would."""
 
 NOISE_PHASE_ENV = "BIRDJEPA_DEBUG_NOISE_PHASE"
-"""``--debug-plant noisy_execution``: whether a process's first execution of a step is the scaled one
+"""``--debug.plant noisy_execution``: whether a process's first execution of a step is the scaled one
 (1) or not (0, the default); this stands in for what makes a GPU's atomics differ from run to run."""
 
 
@@ -44,7 +44,7 @@ def execution_parity() -> jax.Array:
 
 @contextlib.contextmanager
 def planted(plant: str | None) -> Iterator[None]:
-    """``--debug-plant`` of a code change inside a module (`birdjepa.faults`): one call's input scaled
+    """``--debug.plant`` of a code change inside a module (`birdjepa.faults`): one call's input scaled
     by `PLANT_SCALE` on its way from the caller, as if the caller's code between two calls changed;
     ``noisy_execution``: the first block's input scaled on every other execution (`execution_parity`)."""
     targets = {
@@ -88,10 +88,10 @@ class ModelCalls:
         record: list | None,
     ) -> None:
         """``keys``: (the key of the draws, the main call's dropout key, the shared key)."""
-        if plant == "pos_embed_bf16":  # --debug-plant: one parameter computed in bfloat16
+        if plant == "pos_embed_bf16":  # --debug.plant: one parameter computed in bfloat16
             params = plant_pos_embed_bf16(params)
         key, dropout, shared_key = keys
-        if plant == "dropout_key":  # --debug-plant: another dropout key
+        if plant == "dropout_key":  # --debug.plant: another dropout key
             dropout = jax.random.fold_in(dropout, 1)
         self.plant, self.deterministic, self.model = plant, deterministic, model
         self.params, self.rec = params, record

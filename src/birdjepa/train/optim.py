@@ -43,9 +43,9 @@ def lr_table(cfg: OptimConfig, total_updates: int, plant: str | None = None) -> 
         else:
             t = min(max((s - decay_start + 1) / max(total - decay_start, 1), 0.0), 1.0)
             out[s] = peak + (floor - peak) * t
-    if plant == "lr_schedule_shifted":  # --debug-plant: the scheduler advanced before the update
+    if plant == "lr_schedule_shifted":  # --debug.plant: the scheduler advanced before the update
         out = np.append(out[1:], out[-1])
-    elif plant == "first_update_at_peak":  # --debug-plant: no warmup for the first update
+    elif plant == "first_update_at_peak":  # --debug.plant: no warmup for the first update
         out[0] = peak
     return out.astype(np.float32)
 
@@ -68,7 +68,7 @@ def make_schedule(cfg: OptimConfig, total_updates: int, plant: str | None = None
 def make_optimizer(
     cfg: OptimConfig, total_updates: int, plant: str | None = None
 ) -> optax.GradientTransformation:
-    """AdamW (or Muon) on the scheduled LR after global-norm clipping; ``plant``: ``--debug-plant``."""
+    """AdamW (or Muon) on the scheduled LR after global-norm clipping; ``plant``: ``--debug.plant``."""
     schedule = make_schedule(cfg, total_updates, plant)
     decay_mask = _matrices_only if plant == "decay_skips_biases_and_norms" else None
 
@@ -98,7 +98,7 @@ def make_optimizer(
 
 
 def _matrices_only(params: optax.Params) -> optax.Params:
-    """``--debug-plant decay_skips_biases_and_norms``: the common variant that decays matrices only."""
+    """``--debug.plant decay_skips_biases_and_norms``: the common variant that decays matrices only."""
     return jax.tree.map(lambda x: x.ndim > 1, params)
 
 

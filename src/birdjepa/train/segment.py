@@ -133,7 +133,7 @@ def step_inputs(
 ) -> StepInputs:
     step = state.step
     key, chain = step_key(cfg, state.chain, step)
-    poison = step in cfg.debug_nonfinite_steps  # --debug-nonfinite-steps: a NaN in its batch
+    poison = step in cfg.debug.nonfinite_steps  # --debug.nonfinite-steps: a NaN in its batch
     arrays = fns.on_device(batch, nan=poison)
     return StepInputs(arrays, key, chain, check_due(step, cfg.monitor_interval, cfg.optim.grad_accum))
 
@@ -167,25 +167,25 @@ def open_loader(
     cfg: PretrainConfig, train_files: list[str], state: dict[str, Any] | None, *, resumed: bool
 ) -> tuple[Loader, str | None]:
     """The segment's train loader at ``state`` (see `birdjepa.data.open_train_loader`), with the
-    ``--debug-plant`` of the data, if any, applied."""
-    seed = cfg.seed + 1 if cfg.debug_plant == "loader_seed" else cfg.seed
-    augment = not cfg.debug_disable_stochastic
+    ``--debug.plant`` of the data, if any, applied."""
+    seed = cfg.seed + 1 if cfg.debug.plant == "loader_seed" else cfg.seed
+    augment = not cfg.debug.disable_stochastic
     extra: dict[str, Any] = {}
-    if cfg.debug_plant in ("crop_shifted", "crop_shifted_late"):  # the first sample of step 0 or LATE_STEP
+    if cfg.debug.plant in ("crop_shifted", "crop_shifted_late"):  # the first sample of step 0 or LATE_STEP
         first, _ = open_train_loader(
             train_files, cfg.data, seed=seed, augment=augment, state=None, resumed=False
         )
         with first:
-            skip = LATE_STEP if cfg.debug_plant == "crop_shifted_late" else 0
+            skip = LATE_STEP if cfg.debug.plant == "crop_shifted_late" else 0
             extra["debug_crop_shift_index"] = int(next(itertools.islice(first, skip, None))["index"][0])
     loader, error = open_train_loader(
         train_files, cfg.data, seed=seed, augment=augment, state=state, resumed=resumed, **extra
     )
-    return (ReversedBatches(loader) if cfg.debug_plant == "batch_reordered" else loader), error
+    return (ReversedBatches(loader) if cfg.debug.plant == "batch_reordered" else loader), error
 
 
 class ReversedBatches(Loader):
-    """``--debug-plant batch_reordered``: the loader's batches with their rows in reverse order."""
+    """``--debug.plant batch_reordered``: the loader's batches with their rows in reverse order."""
 
     def __init__(self, loader: Loader) -> None:  # noqa: D107 (wraps, does not open)
         self.__dict__.update(loader.__dict__)

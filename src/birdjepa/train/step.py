@@ -61,26 +61,26 @@ class StepConfig:
     augment: AugmentConfig
     features: Features
     deterministic: bool
-    """No dropout or drop-path draws (``--debug-disable-stochastic`` or both rates 0)."""
+    """No dropout or drop-path draws (``--debug.disable-stochastic`` or both rates 0)."""
     plant: str | None = None
-    """``--debug-plant`` (`birdjepa.faults`) where it is in the step, None in every real run and for the
+    """``--debug.plant`` (`birdjepa.faults`) where it is in the step, None in every real run and for the
     plants the loader applies (`birdjepa.faults.DATA_PLANTS`)."""
     fixed_draws: bool = False
-    """``--debug-disable-stochastic``: every draw of the loss (local crops, span masks, SIGReg's
+    """``--debug.disable-stochastic``: every draw of the loss (local crops, span masks, SIGReg's
     directions) from one fixed key, the same at every step."""
     virtual_shards: int = 0
     """``--train.virtual-shards``: the step of `birdjepa.train.virtual_shards` (0: the default step)."""
 
     @classmethod
     def of(cls, cfg: PretrainConfig, model_cfg: ModelConfig) -> StepConfig:
-        off = cfg.debug_disable_stochastic
+        off = cfg.debug.disable_stochastic
         return cls(
             model=model_cfg,
             objective=cfg.objective,
             augment=NO_AUGMENT if off else cfg.augment,
             features=cfg.data.features,
             deterministic=off or (cfg.model.dropout == 0 and cfg.model.drop_path == 0),
-            plant=None if cfg.debug_plant in DATA_PLANTS else cfg.debug_plant,
+            plant=None if cfg.debug.plant in DATA_PLANTS else cfg.debug.plant,
             fixed_draws=off,
             virtual_shards=cfg.train.virtual_shards,
         )
@@ -106,7 +106,7 @@ def numbered(items: list[tuple[str, Any]]) -> dict[str, Any]:
 def step_keys(spec: StepConfig, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(the key the loss draws from, its dropout key, the key of draws every shard shares) for a
     step's ``key``."""
-    if spec.fixed_draws:  # --debug-disable-stochastic: the step's key changes nothing
+    if spec.fixed_draws:  # --debug.disable-stochastic: the step's key changes nothing
         key = jax.random.key(0)
     dropout_key, shared_key = jax.random.split(key)
     return key, dropout_key, shared_key

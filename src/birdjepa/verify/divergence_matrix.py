@@ -2,7 +2,7 @@
 bisect` must place their first difference.
 
 Each pair trains a run A (shared between pairs with the same base options) and its twin B with one
-option or one ``--debug-plant`` (`birdjepa.faults`) more, then bisects them in this process. The
+option or one ``--debug.plant`` (`birdjepa.faults`) more, then bisects them in this process. The
 topology pair trains B in a process of its own on 4 simulated devices. `scripts/divergence_matrix.py`
 prints the matrix; the tests assert it.
 """
@@ -49,7 +49,7 @@ class Pair:
 
 
 def _plant(name: str, what: str, base: tuple[str, ...] = ()) -> Pair:
-    return Pair(name, what, ("--debug-plant", name), EXPECTED_DIFFERENCE[name], base,
+    return Pair(name, what, ("--debug.plant", name), EXPECTED_DIFFERENCE[name], base,
                 region=EXPECTED_REGION.get(name, ""))  # fmt: skip
 
 
@@ -70,7 +70,7 @@ PAIRS = (
     Pair(
         "crop_shifted_late",
         f"another crop offset for one sample first drawn at step {LATE_STEP} (agree until then)",
-        ("--debug-plant", "crop_shifted_late"),
+        ("--debug.plant", "crop_shifted_late"),
         EXPECTED_DIFFERENCE["crop_shifted_late"],
         base=("--steps", str(LATE_STEP + 2), "--ckpt-every", "2"),
         step=LATE_STEP,

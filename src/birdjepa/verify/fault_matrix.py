@@ -39,7 +39,12 @@ def resume_with(base: PretrainConfig, fault: str | None, resume_at: int) -> Row:
     """Copy the stopped run ``base`` and resume the copy with ``fault`` (None: a clean resume)."""
     name = fault or CLEAN
     src = base.run_dir
-    cfg = dataclasses.replace(base, run=f"{base.run}-{name}", stop_at_step=None, debug_inject_fault=fault)
+    cfg = dataclasses.replace(
+        base,
+        run=f"{base.run}-{name}",
+        stop_at_step=None,
+        debug=dataclasses.replace(base.debug, inject_fault=fault),
+    )
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     shutil.copytree(src, cfg.run_dir)
     code = pretrain(cfg)
@@ -66,7 +71,9 @@ def run_matrix(cfg: PretrainConfig, resume_at: int, faults: tuple[str, ...] = FA
     """Train ``cfg`` to ``resume_at`` (in ``cfg.run_dir``, from scratch), then one clean resume and one
     resume per fault. Returns the rows, the clean one first."""
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
-    base = dataclasses.replace(cfg, stop_at_step=resume_at, resume="auto", debug_inject_fault=None)
+    base = dataclasses.replace(
+        cfg, stop_at_step=resume_at, resume="auto", debug=dataclasses.replace(cfg.debug, inject_fault=None)
+    )
     code = pretrain(base)
     if code != 0:
         raise RuntimeError(f"the base run {base.run_dir} exited {code}")

@@ -1,5 +1,5 @@
 """One-off checkpoints outside a run's retention: a synchronous save, a load, and the debug roundtrip
-(``--debug-roundtrip-steps``: save, restore into the same structure, assert bit-identical)."""
+(``--debug.roundtrip-steps``: save, restore into the same structure, assert bit-identical)."""
 
 from __future__ import annotations
 
