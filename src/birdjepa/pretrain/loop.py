@@ -35,7 +35,7 @@ from birdjepa.data import Batch
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
-from birdjepa.pretrain.trainer import Trainer, check_devices, make_callbacks
+from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
 from birdjepa.resume.inject import Restored, inject
 from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.rundir import checkpoint, layout
@@ -85,7 +85,7 @@ def pretrain(cfg: PretrainConfig) -> int:
     so is the run's lease (process 0 holds it: one writer per run, `birdjepa.rundir.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     validation.check(cfg)  # before anything touches the run directory
-    check_devices(cfg)
+    check_device_options(cfg)
     lease: Lease | None = None
     if multihost.is_main():
         slurm = bool(os.environ.get("SLURM_JOB_ID"))  # a requeue may race its predecessor's last save

@@ -69,7 +69,7 @@ def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callback
     return Callbacks(items)
 
 
-def check_devices(cfg: PretrainConfig) -> None:
+def check_device_options(cfg: PretrainConfig) -> None:
     """The options the devices decide, checked with the others before a run directory, a lease or a
     checkpointer exists (`validation.check` holds the rest; it imports no JAX): the batch divides over
     the devices, and ``--train.virtual-shards`` runs in one process (its step moves each shard's results
