@@ -35,13 +35,10 @@ class Recipe:
 
     def read_by(self, probe: str) -> dict[str, object]:
         """The fields ``probe``'s fit reads: a stored result fitted with other values of these is stale."""
-        fields = dataclasses.asdict(self)
-        if probe in ("centroid", "softmax", "knn"):
+        if probe in ("centroid", "softmax", "knn"):  # fitted without the recipe
             return {}
-        keep = set(fields) - {"prototypes", "token_batch"}
-        keep |= {"token_batch"} if probe in ("proto", "attentive") else set()
-        keep |= {"prototypes"} if probe == "proto" else set()
-        return {k: v for k, v in fields.items() if k in keep}
+        only = {"token_batch": ("proto", "attentive"), "prototypes": ("proto",)}  # the rest: every probe
+        return {k: v for k, v in dataclasses.asdict(self).items() if probe in only.get(k, (probe,))}
 
     def loss_fn(self) -> Callable[[jax.Array, jax.Array], jax.Array]:
         """Per-class loss of logits against multi-hot targets."""
