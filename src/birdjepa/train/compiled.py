@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from birdjepa import multihost
 from birdjepa.config import OptimConfig
 from birdjepa.model.vit import encoder_apply
-from birdjepa.train import virtual_shards
+from birdjepa.train import compile_cache, virtual_shards
 from birdjepa.train.optim import make_optimizer
 from birdjepa.train.recording import RecordableStep, recordable
 from birdjepa.train.state import TrainState
@@ -64,7 +64,9 @@ class Compiled:
 
 
 def compiled(spec: StepConfig, optim: OptimConfig, total_updates: int) -> Compiled:
-    """The functions for this step configuration on this process's devices (built on first use)."""
+    """The functions for this step configuration on this process's devices (built on first use); their
+    executables come from the persistent compilation cache where it has them (`compile_cache`)."""
+    compile_cache.enable()
     return _build(spec, optim, total_updates, tuple(jax.devices()))
 
 
