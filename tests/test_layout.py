@@ -28,6 +28,7 @@ FLOORS = (
     "sweep",
     "analysis",
     "pretrain",
+    "perf",
     "divergence",
     "benchmark",
     "slurm",

@@ -21,12 +21,28 @@ together (``sigreg_per_view``: the mean over views of SIGReg with N = B each, as
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
 from birdjepa.objectives.options import DEFAULT_NUM_DIRECTIONS, DEFAULT_NUM_KNOTS, DEFAULT_T_MAX
 
 Array = jax.Array
+
+
+def named_sigreg(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f`` with every operation it adds to a step named ``sigreg`` in XLA's metadata: the step's
+    profile attributes their time (`birdjepa.perf.profile`). A name only: the arithmetic is unchanged."""
+
+    @functools.wraps(f)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        with jax.named_scope("sigreg"):
+            return f(*args, **kwargs)
+
+    return scoped
 
 
 def sigreg_directions(key: Array, dim: int, num_directions: int = DEFAULT_NUM_DIRECTIONS) -> Array:
@@ -78,6 +94,7 @@ def sigreg_directions_and_knots(
     return (sigreg_directions(key, dim, num_directions), *epps_pulley_knots(num_knots, t_max))
 
 
+@named_sigreg
 def sigreg_partial_sums(
     z: Array, key: Array, *, num_directions: int, num_knots: int, t_max: float, per_view: bool
 ) -> Array:
@@ -90,6 +107,7 @@ def sigreg_partial_sums(
     return ecf_sums(z.reshape(-1, z.shape[-1]).astype(jnp.float32) @ a, t)
 
 
+@named_sigreg
 def sigreg_from_sums(sums: Array, n: int, *, num_knots: int, t_max: float) -> Array:
     """SIGReg from the batch's `sigreg_partial_sums` (``n``: samples per statistic, B*V pooled, B per
     view): the same statistic as `sigreg` computes from the whole batch at once."""
@@ -110,6 +128,7 @@ def epps_pulley(x: Array, num_knots: int = DEFAULT_NUM_KNOTS, t_max: float = DEF
     return x.shape[0] * (epps_pulley_integrand(x, t) @ w)
 
 
+@named_sigreg
 def sigreg(
     z: Array,
     key: Array,

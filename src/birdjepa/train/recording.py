@@ -66,7 +66,8 @@ def when(record: jax.Array, summarize: Callable[[Any], Any], x: Any) -> Any:
     def off(v: Any) -> Any:
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-    return jax.lax.cond(record, summarize, off, x)
+    with jax.named_scope("record"):  # the step's profile attributes these conds (birdjepa.perf.profile)
+        return jax.lax.cond(record, summarize, off, x)
 
 
 def summaries(

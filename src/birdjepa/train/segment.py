@@ -85,7 +85,7 @@ class Segment:
 
 def open_segment(
     cfg: PretrainConfig,
-    ckpt: checkpoint.Checkpointer,
+    ckpt: checkpoint.Checkpointer | None,
     *,
     at: int | Literal["newest"] | None = "newest",
     n_classes: int | None = None,
@@ -104,6 +104,8 @@ def open_segment(
     tx = fns.tx if fns is not None else make_optimizer(cfg.optim, total_updates(cfg))
     fresh = fresh_state(cfg, model_cfg, tx)
     found = None
+    if at is not None and ckpt is None:
+        raise ValueError(f"open_segment(at={at!r}) needs the run's checkpoints")
     if at == "newest":
         found = state_lib.restore(ckpt, fresh)
     elif at is not None:

@@ -1,0 +1,89 @@
+"""The training step against this machine's limit: time, FLOPs, achieved FLOP/s and MFU, per preset and dtype.
+
+    python scripts/bench_step.py [--presets tiny small base] [--dtypes float32 bfloat16] [--batch N]
+
+For each preset and dtype, the run's own step (`birdjepa.perf.step_cost.measure`: the loop's compiled
+step on a batch of the demo set, 2 views a clip): the median step time, the FLOPs of one step from
+XLA's cost analysis of the compiled step, the FLOP/s that gives, and MFU against the peak of a large
+matrix product of the same dtype measured in this run (`matmul_peak`). Beside it XLA's working memory
+of the step and its compile time. Then where each step's time goes, from an XLA profile of more steps
+(`birdjepa.perf.profile`): matrix products, attention, norms and elementwise work, SIGReg, the
+optimizer update, the guard and monitor, and what else shows (the augmentation, the input floor's
+sort, the record conds the loop runs off); "outside" is the wall time no operation of the step covers
+(dispatch, waiting).
+
+Batch sizes: 16 clips a step (the README's and `--data.batch-size`'s default) on an accelerator; on a
+CPU 16 for tiny, 4 for small and 2 for base, so that base's steps take seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from birdjepa.train.determinism import deterministic_xla
+
+deterministic_xla()
+
+import jax  # noqa: E402
+
+from birdjepa.perf.profile import PARTS  # noqa: E402
+from birdjepa.perf.step_cost import StepCost, bench_config, matmul_peak, measure  # noqa: E402
+
+CPU_BATCH = {"tiny": 16, "small": 4, "base": 2}
+DEFAULT_BATCH = 16
+
+
+def table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small", "base"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--batch", type=int, help="clips a step for every preset (default: see above)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args()
+    device = jax.devices()[0]
+    on_cpu = device.platform == "cpu"
+    print(f"jax {jax.__version__}, {device.platform}: {device.device_kind}, {jax.device_count()} device(s)",
+          flush=True)  # fmt: skip
+    peaks = {dtype: matmul_peak(dtype) for dtype in args.dtypes}
+    costs: list[StepCost] = []
+    for preset in args.presets:
+        batch = args.batch or (CPU_BATCH[preset] if on_cpu else DEFAULT_BATCH)
+        for dtype in args.dtypes:
+            cfg = bench_config(preset, dtype, batch)
+            costs.append(measure(cfg, repeats=args.repeats, warmup=2, profile=args.profile))
+            print(f"measured {preset} {dtype} batch {batch}", file=sys.stderr, flush=True)
+    print(f"\n## The step against the matrix-product peak ({device.device_kind})\n")
+    n = 2048 if on_cpu else 8192
+    table(("dtype", f"matmul peak ({n}^3)"), [(d, f"{p / 1e9:.1f} GFLOP/s") for d, p in peaks.items()])
+    print()
+    rows = [
+        (c.preset, c.dtype, str(c.batch), f"{1e3 * c.step_s:.1f}", f"{c.flops / 1e9:.1f}",
+         f"{c.flops_per_s / 1e9:.1f}", f"{100 * c.mfu(peaks[c.dtype]):.1f} %",
+         f"{c.memory_bytes / 2**20:.0f}", f"{c.compile_s:.0f}")
+        for c in costs
+    ]  # fmt: skip
+    table(("preset", "dtype", "batch", "ms/step", "GFLOP/step", "GFLOP/s", "MFU", "XLA memory MiB",
+           "compile s"), rows)  # fmt: skip
+
+    if args.profile:
+        print("\n## Where the step's time goes (ms per step, and % of the step's wall time)\n")
+        parts = [p for p, _ in PARTS] + ["outside the step's operations"]
+        head = ("preset", "dtype", "batch", *parts)
+        table(head, [(c.preset, c.dtype, str(c.batch), *(share(c, p) for p in parts)) for c in costs])
+
+
+def share(c: StepCost, part: str) -> str:
+    seconds = (c.parts or {}).get(part, 0.0)
+    return f"{1e3 * seconds:.1f} ({100 * seconds / sum((c.parts or {}).values()):.0f} %)"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Measurements of the step against the machine: `step_cost` (time, FLOPs, MFU)."""

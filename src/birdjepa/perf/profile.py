@@ -1,0 +1,131 @@
+"""Where the training step's time goes, from an XLA profile of the compiled step.
+
+JAX's profiler records every operation XLA executed (a CPU thunk, a GPU kernel) with the name of its
+HLO instruction. The compiled module's text gives each instruction's metadata, the JAX name stack of
+the code that made it (``jit(run)/jvp(BirdJepa)/encoder/block_0/attn/...``; the step names its parts
+with ``jax.named_scope``: ``optimizer``, ``guard``, ``metrics``, ``monitor``, ``record``, ``augment``,
+``sigreg``),
+and whether it is or holds a matrix product. Each operation's own time (less what it contains, a
+cond's branches) goes to the first part that claims it, in `PARTS` order.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+#: (part, test on (name stack, holds a matrix product)), the first that matches claims an operation.
+PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
+    ("SIGReg", lambda name, mm: "sigreg" in name),
+    ("optimizer update", lambda name, mm: "optimizer" in name),
+    ("guard, metrics and monitor", lambda name, mm: any(s in name for s in ("guard", "metrics", "monitor"))),
+    ("record conds (off)", lambda name, mm: "record" in name),
+    ("augmentation", lambda name, mm: "augment" in name),
+    ("input floor (a quantile: a sort)", lambda name, mm: "quantile" in name),
+    ("attention", lambda name, mm: "/attn/" in name and not re.search(r"/attn/(qkv|proj)\b", name)),
+    ("matrix products", lambda name, mm: mm),
+    ("norms and elementwise", lambda name, mm: True),
+)
+MATMUL = re.compile(r"\b(dot|convolution)\(|custom_call_target=\"[^\"]*(gemm|matmul|cublas)", re.IGNORECASE)
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*$")
+CALLS = re.compile(r"calls=%?([\w.\-]+)")
+OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    name_stack: str
+    matmul: bool
+
+
+def instructions(hlo_text: str) -> dict[str, Instruction]:
+    """Every instruction of a compiled module's text: its name stack, and whether it is a matrix
+    product or a fusion (or call) whose computation holds one."""
+    bodies: dict[str, list[str]] = {}
+    current = ""
+    for line in hlo_text.splitlines():
+        if line and not line.startswith(" ") and "{" in line:  # a computation's header
+            current = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+            bodies[current] = []
+        elif INSTRUCTION.match(line):
+            bodies.setdefault(current, []).append(line)
+
+    holds: dict[str, bool] = {}
+
+    def holds_matmul(computation: str) -> bool:
+        if computation not in holds:
+            holds[computation] = False  # a cycle cannot hold one more than once
+            lines = bodies.get(computation, [])
+            holds[computation] = any(MATMUL.search(x) for x in lines) or any(
+                holds_matmul(c) for x in lines for c in CALLS.findall(x)
+            )
+        return holds[computation]
+
+    out = {}
+    for lines in bodies.values():
+        for line in lines:
+            name = INSTRUCTION.match(line).group(1)  # type: ignore[union-attr]
+            op = OP_NAME.search(line)
+            fused = "fusion(" in line or " call(" in line
+            matmul = bool(MATMUL.search(line)) or (
+                fused and any(holds_matmul(c) for c in CALLS.findall(line))
+            )
+            out[name] = Instruction(op.group(1) if op else "", matmul)
+    return out
+
+
+def part_of(instruction: Instruction | None) -> str:
+    if instruction is None:
+        return "norms and elementwise"
+    return next(part for part, claims in PARTS if claims(instruction.name_stack, instruction.matmul))
+
+
+def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> dict[str, float]:
+    """Seconds per step of each part of `PARTS` (and "outside the step's operations": the rest of the
+    wall time), profiling ``run``: ``steps`` executions of the compiled module ``hlo_text``, outputs
+    ready."""
+    table = instructions(hlo_text)
+    module = hlo_text.split(None, 2)[1].rstrip(",")  # "HloModule jit_run, ..."
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            t0 = time.perf_counter()
+            run()
+            wall = time.perf_counter() - t0
+        (path,) = Path(tmp).rglob("*.xplane.pb")
+        data = jax.profiler.ProfileData.from_file(str(path))
+    seconds: dict[str, float] = collections.Counter()
+    for plane in data.planes:
+        if not (plane.name.startswith("/device:") or plane.name == "/host:CPU"):
+            continue
+        for line in plane.lines:
+            events = []
+            for e in line.events:
+                stats = dict(e.stats)
+                if stats.get("hlo_module") == module and "hlo_op" in stats:
+                    events.append((e.start_ns, e.end_ns, str(stats["hlo_op"])))
+            for name, own in own_times(events):
+                seconds[part_of(table.get(name))] += own / 1e9
+    seconds = {part: s / steps for part, s in seconds.items()}
+    seconds["outside the step's operations"] = max(wall / steps - sum(seconds.values()), 0.0)
+    return seconds
+
+
+def own_times(events: list[tuple[float, float, str]]) -> list[tuple[str, float]]:
+    """Each event's own time on one timeline: its duration less that of the events inside it."""
+    out: list[list] = []
+    stack: list[int] = []  # indices into out of the events still open
+    for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
+        while stack and out[stack[-1]][2] <= start:
+            stack.pop()
+        if stack:
+            out[stack[-1]][1] -= end - start
+        out.append([name, end - start, end])
+        stack.append(len(out) - 1)
+    return [(name, own) for name, own, _ in out]

@@ -1,0 +1,126 @@
+"""What the training step costs on this machine: its time, its arithmetic, and their ratio to the machine's.
+
+The step is the loop's own (`birdjepa.train.segment.open_segment`, the compiled `RecordableStep` with
+recording off, on a real batch of the run's loader). Its FLOPs are XLA's cost analysis of the step's
+program as JAX lowers it, before the backend rewrites it: every operation's arithmetic as XLA counts it
+(a matrix product of m x k by k x n is 2mkn). Not of the compiled executable: on a GPU XLA turns the
+matrix products into cuBLAS calls, which its cost analysis counts as nothing (measured on an H200: 7.8
+GFLOP for the small step at batch 16, against 144 from the lowered program; on CPU the two agree within
+1 %).
+MFU is those FLOPs over the step's time, over the peak of one large matrix product in the same dtype
+measured on the same device in the same process (`matmul_peak`): the fraction of what this machine's
+matrix units gave, not of a data sheet's figure.
+
+On CPU, birdjepa computes with XLA's single-threaded Eigen kernels (`birdjepa.train.determinism`); the
+peak is measured under the same flags, so the ratio compares like with like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from birdjepa.config import PretrainConfig, resolve
+from birdjepa.perf.profile import time_by_part
+from birdjepa.train.segment import open_loader, open_segment, step_inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    preset: str
+    dtype: str
+    batch: int
+    step_s: float
+    """Median wall time of a step, outputs ready, over the timed repeats (compilation left out)."""
+    flops: float
+    """Per step, from XLA's cost analysis of the lowered step (see the module doc)."""
+    memory_bytes: int
+    """XLA's working memory of the step: arguments, outputs and temporaries, less what outputs reuse."""
+    compile_s: float
+    """Lowering and compiling the step (or loading it from the persistent compilation cache)."""
+    parts: dict[str, float] | None = None
+    """Seconds per step of each part of the step, from a profile (`birdjepa.perf.profile`)."""
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.step_s
+
+    def mfu(self, peak_flops_per_s: float) -> float:
+        return self.flops_per_s / peak_flops_per_s
+
+
+def bench_config(preset: str, dtype: str, batch: int, **overrides: Any) -> PretrainConfig:
+    """The default run at ``preset``, computing in ``dtype``, ``batch`` clips a step (2 views each), on the
+    demo set (its shards, built on first use), with ``overrides`` (dotted keys) on top."""
+    options = {"model.preset": preset, "model.dtype": dtype, "data.batch_size": batch, **overrides}
+    return resolve(PretrainConfig(), options, "bench_config")
+
+
+def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False) -> StepCost:
+    """Compile the run's step, count its FLOPs, and time ``repeats`` steps after ``warmup`` untimed ones
+    (each on the same batch: the step's time does not depend on the values); ``profile``: then profile
+    ``repeats`` more and split their time by part of the step."""
+    segment = open_segment(cfg, None, at=None)
+    loader, _ = open_loader(cfg, segment.files[0], None, resumed=False)
+    with loader:
+        batch = next(loader)
+    fns, state = segment.fns, segment.state
+    x = step_inputs(fns, cfg, state, batch)
+    # The loop's call, check and record off: the common step (the monitor measures one in
+    # --monitor-interval), compiled once here for both the cost analysis and the timing.
+    args = (state.params, state.opt_state, x.batch, x.key, False, False)
+    t0 = time.perf_counter()
+    lowered = fns.train_step.jitted.lower(*args)
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - t0
+    flops = cost_flops(lowered)
+    memory = compiled.memory_analysis()
+    memory_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                    - memory.alias_size_in_bytes)  # fmt: skip
+    carried = [state.params, state.opt_state]  # donated to each step, taken back from its outputs
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        carried[0], carried[1], *_ = compiled(*carried, *args[2:])
+        jax.block_until_ready(carried[0])
+        return time.perf_counter() - t0
+
+    times = [step() for _ in range(warmup + repeats)]
+    parts = None
+    if profile:
+        parts = time_by_part(compiled.as_text(), lambda: [step() for _ in range(repeats)], repeats)
+    return StepCost(
+        cfg.model.preset, cfg.model.dtype, cfg.data.batch_size, statistics.median(times[warmup:]), flops,
+        int(memory_bytes), compile_s, parts,
+    )  # fmt: skip
+
+
+def cost_flops(program: Any) -> float:
+    """FLOPs of one execution of a lowered (or compiled) function, from XLA's cost analysis."""
+    analysis = program.cost_analysis()
+    if isinstance(analysis, list | tuple):  # one per device program in some JAX versions
+        analysis = analysis[0]
+    return float(analysis["flops"])
+
+
+def matmul_peak(dtype: str, n: int | None = None, repeats: int = 10) -> float:
+    """FLOP/s of an ``n`` x ``n`` by ``n`` x ``n`` matrix product in ``dtype`` on the default device
+    (median of ``repeats`` after a warm-up; n = 8192 on an accelerator, 2048 on a CPU)."""
+    if n is None:
+        n = 2048 if jax.devices()[0].platform == "cpu" else 8192
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(ka, (n, n), jnp.dtype(dtype))
+    b = jax.random.normal(kb, (n, n), jnp.dtype(dtype))
+    product = jax.jit(jnp.matmul).lower(a, b).compile()
+    jax.block_until_ready(product(a, b))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(product(a, b))
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
