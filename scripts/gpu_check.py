@@ -1,0 +1,238 @@
+"""birdjepa on a GPU in one command: exact resume, the noise floor, the step's MFU, the loader against it.
+
+    python scripts/gpu_check.py               # on a machine with one GPU: under 8 minutes
+    python scripts/gpu_check.py --quick       # the same checks at the tiny preset (a CPU: ~3 minutes)
+
+Runs with the JAX, jaxlib and CUDA plugin the machine has, from a checkout (``PYTHONPATH=src`` with the
+Rust extension built, or the venv of ``make build``); it was written against JAX 0.10 and 0.11. In order:
+
+1. **resume**: ``birdjepa verify-resume`` trains the run straight and resumed twice (three processes),
+   at the tiny preset, with the persistent compilation cache off, so every segment compiles and
+   autotunes its step afresh,
+   then ``birdjepa compare`` compares every logged metric. Then again with the cache on (the default).
+2. **noise floor**: ``birdjepa trace --repeat 3`` executes a step of the straight run three times, as
+   ``birdjepa bisect --repeat`` does: the tensors that differ between executions must be none, and the
+   traced step's outputs must equal what the run logged and saved.
+3. **step**: the small and base steps in bfloat16 at batch 128: time, FLOPs (XLA's cost analysis),
+   FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`).
+4. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
+   small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting.
+
+Prints one table. Exit 0: every check held; 1: a check failed (resume not exact, a noise floor above 0);
+2: a section could not run (its error is printed). A section that would start past ``--budget-s`` is
+skipped and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+# Before JAX starts: every process of the check shares one GPU, so none may take most of its memory.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+from birdjepa.train.determinism import deterministic_xla  # noqa: E402
+
+deterministic_xla()
+
+import jax  # noqa: E402
+import jaxlib  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loader import loader_rate  # noqa: E402  (the loader benchmark's own measurement)
+
+ROWS: list[tuple[str, str, str, str]] = []
+"""(section, setting, result, verdict: ok / FAIL / ERROR / skipped / measured)."""
+
+
+def birdjepa(*args: str, cache: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if cache is not None:
+        env["BIRDJEPA_COMPILE_CACHE"] = cache
+    cmd = [sys.executable, "-m", "birdjepa.cli", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    print(f"$ birdjepa {' '.join(args)}  -> exit {done.returncode}", flush=True)
+    if done.returncode not in (0, 1):
+        print(done.stdout[-2000:], done.stderr[-4000:], sep="\n", flush=True)
+    return done
+
+
+def resume(runs: Path, plan: Plan, cache: str) -> None:
+    name = f"resume-{'cold' if cache == 'off' else 'cached'}"
+    steps, at = plan.resume_steps, plan.resume_at
+    done = birdjepa(
+        "verify-resume", "--run", name, "--log.runs-dir", str(runs), "--steps", str(steps), "--resume-at",
+        *map(str, at), "--ckpt-every", str(at[0]), "--eval-every", "0", "--model.preset", plan.resume_preset,
+        "--model.dtype", "bfloat16", "--data.batch-size", str(plan.resume_batch), cache=cache,
+    )  # fmt: skip
+    last = [x for x in done.stdout.splitlines() if x.startswith("max_abs_diff=")]
+    base = runs / f"verify-{name}"
+    compared = birdjepa("compare", str(base / "straight"), str(base / "resumed"))
+    cached = "off" if cache == "off" else "on"
+    setting = (f"{plan.resume_preset} bf16 batch {plan.resume_batch}, {steps} steps resumed after "
+               f"{' and '.join(map(str, at))}, compile cache {cached}")  # fmt: skip
+    exact = done.returncode == 0 and compared.returncode == 0
+    result = (
+        last[-1] if last else f"verify-resume exit {done.returncode}"
+    ) + f"; compare exit {compared.returncode}"
+    ROWS.append(("resume", setting, result, "ok" if exact else "FAIL"))
+
+
+def noise_floor(runs: Path, plan: Plan) -> None:
+    from birdjepa.divergence import trace_file
+
+    run = runs / "verify-resume-cold" / "straight"
+    step = plan.resume_steps - 2
+    out = runs / "noise.npz"
+    done = birdjepa("trace", str(run), "--step", str(step), "--repeat", "3", "--out", str(out))
+    if done.returncode != 0:
+        raise RuntimeError(f"birdjepa trace exited {done.returncode}: {done.stderr[-1500:]}")
+    m = trace_file.read(out).manifest
+    equal = [k for k, v in m["matches_run"].items() if v]
+    differ = [k for k, v in m["matches_run"].items() if v is False]
+    result = f"{len(m['noise'])} tensors differ between 3 executions; equal: {', '.join(equal) or 'nothing'}"
+    if differ:
+        result += f"; DIFFER: {', '.join(differ)}"
+    ok = not m["noise"] and not differ
+    ROWS.append(("noise floor", f"trace --repeat 3, step {step} of the straight run", result,
+                 "ok" if ok else "FAIL"))  # fmt: skip
+
+
+def flop_rate(x: float) -> str:
+    return f"{x / 1e12:.1f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.1f} GFLOP/s"
+
+
+def steps(plan: Plan, consumed: dict[str, float]) -> None:
+    from birdjepa.perf.step_cost import bench_config, matmul_peak, measure
+
+    peak = matmul_peak("bfloat16")
+    ROWS.append(("matmul peak", "bf16 8192^3" if plan.on_gpu else "bf16 2048^3",
+                 flop_rate(peak), "measured"))  # fmt: skip
+    for preset in plan.step_presets:
+        for batch in plan.step_batches:
+            cfg = bench_config(preset, "bfloat16", batch, steps=plan.wait_steps)
+            c = measure(cfg, repeats=plan.repeats)
+            consumed[f"{preset}/{batch}"] = batch / c.step_s
+            ROWS.append((
+                "step", f"{preset} bf16 batch {batch} (2 views)",
+                f"{1e3 * c.step_s:.1f} ms, {c.flops / 1e9:.1f} GFLOP, {flop_rate(c.flops_per_s)}, "
+                f"MFU {100 * c.mfu(peak):.1f} %, {c.memory_bytes / 2**30:.2f} GiB, "
+                f"compile {c.compile_s:.0f} s",
+                "measured",
+            ))  # fmt: skip
+
+
+def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
+    from birdjepa.rundir.metrics_log import read_metrics
+    from birdjepa.synthetic.demo import ensure_demo_data
+
+    cores = os.cpu_count() or 1
+    preset, batch = plan.step_presets[0], plan.step_batches[-1]
+    files = sorted(str(p) for p in (ensure_demo_data() / "train").glob("*.arrow"))
+    rate = loader_rate(files, cores, plan.loader_batches, batch, n_views=2)
+    need = consumed.get(f"{preset}/{batch}")
+    versus = f", {rate / need:.1f}x what the {preset} step consumes ({need:.0f} clips/s)" if need else ""
+    ROWS.append(("loader", f"{cores} workers, batch {batch}, 2 views", f"{rate:.0f} clips/s{versus}",
+                 "measured"))  # fmt: skip
+    done = birdjepa(
+        "pretrain", "--run", "data-wait", "--log.runs-dir", str(runs), "--steps", str(plan.wait_steps),
+        "--model.preset", preset, "--model.dtype", "bfloat16", "--data.batch-size", str(batch),
+        "--data.n-workers", str(cores), "--eval-every", "0", "--ckpt-every", "1000000",
+        "--log.print-every", "1000",
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"birdjepa pretrain exited {done.returncode}")
+    rows = [x for x in read_metrics(runs / "data-wait") if "event" not in x and "train/step_time" in x][2:]
+    wait = sum(x["train/data_wait"] for x in rows) / sum(x["train/step_time"] for x in rows)
+    ms = 1e3 * sorted(x["train/step_time"] for x in rows)[len(rows) // 2]
+    ROWS.append(("data wait", f"birdjepa pretrain, {preset} bf16 batch {batch}, {cores} workers, "
+                 f"{len(rows)} steady steps", f"{100 * wait:.1f} % of step time; {ms:.1f} ms/step",
+                 "measured"))  # fmt: skip
+
+
+class Plan:
+    """What each section runs. On an H200 (2026-11-27) a cold compile of the small step at batch 128
+    took 58 s and a load from the compilation cache 7 s; verify-resume at small (four processes, each
+    compiling cold) took 318 s. Hence the resume checks at tiny (--resume-preset small for more) and
+    one batch size for the step."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.on_gpu = jax.devices()[0].platform == "gpu"
+        quick = args.quick
+        self.resume_preset = args.resume_preset or "tiny"
+        self.resume_batch = 4 if quick else 16
+        self.resume_steps, self.resume_at = (6, (2, 4)) if quick else (9, (3, 6))
+        self.step_presets = ["tiny"] if quick else ["small", "base"]
+        self.step_batches = [4] if quick else [128]
+        self.repeats = 3 if quick else 10
+        self.loader_batches = 4 if quick else 20
+        self.wait_steps = 6 if quick else 30
+        """Also the LR schedule's length of the timed steps: the data-wait run then loads the step
+        that the step section compiled from the cache instead of compiling its own."""
+
+
+def section(name: str, run: Callable[[], None], started: float, budget: float) -> bool:
+    """Runs one section unless past the budget; False if it raised (its traceback is printed)."""
+    if time.monotonic() - started > budget:
+        ROWS.append((name, "", f"not started: past --budget-s {budget:.0f}", "skipped"))
+        return True
+    t0 = time.monotonic()
+    print(f"\n== {name}", flush=True)
+    try:
+        run()
+    except Exception as e:  # report it and go on: one broken section must not hide the others
+        traceback.print_exc()
+        ROWS.append((name, "", f"{type(e).__name__}: {str(e)[:200]}", "ERROR"))
+        return False
+    finally:
+        print(f"== {name}: {time.monotonic() - t0:.0f} s", flush=True)
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the tiny preset, a few steps (a CPU smoke run)")
+    ap.add_argument("--budget-s", type=float, default=420, help="start no section after this many seconds")
+    ap.add_argument("--resume-preset", help="the resume checks' model (default: tiny)")
+    ap.add_argument("--runs", type=Path, help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--json", type=Path, help="also write the table here")
+    args = ap.parse_args()
+    started = time.monotonic()
+    device = jax.devices()[0]
+    plan = Plan(args)
+    print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {device.platform}: {device.device_kind} "
+          f"x{jax.device_count()}, {os.cpu_count()} cores, python {sys.version.split()[0]}\n"
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}", flush=True)  # fmt: skip
+    consumed: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = args.runs or Path(tmp)
+        ran = [
+            section("resume", lambda: resume(runs, plan, "off"), started, args.budget_s),
+            section("noise floor", lambda: noise_floor(runs, plan), started, args.budget_s),
+            section("step", lambda: steps(plan, consumed), started, args.budget_s),
+            section("loader", lambda: loader(runs, plan, consumed), started, args.budget_s),
+            section(
+                "resume", lambda: resume(runs, plan, str(runs / "compile-cache")), started, args.budget_s
+            ),
+        ]
+    widths = [max(len(r[i]) for r in [("check", "setting", "result", "verdict"), *ROWS]) for i in range(4)]
+    print(f"\n## gpu_check: {device.device_kind}, jax {jax.__version__}, {time.monotonic() - started:.0f} s")
+    for row in [("check", "setting", "result", "verdict"), tuple("-" * w for w in widths), *ROWS]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({"device": device.device_kind, "jax": jax.__version__, "rows": ROWS}))
+    if any(r[3] == "FAIL" for r in ROWS):
+        return 1
+    return 0 if all(ran) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

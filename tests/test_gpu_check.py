@@ -1,0 +1,30 @@
+"""`scripts/gpu_check.py` runs end to end wherever the suite runs (a CPU here), so it cannot rot before a
+GPU runs it: every section runs, and on one kind of device every check holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+
+
+@pytest.mark.slow  # about 3 minutes on 2 cores: two verify-resumes, a trace, a pretrain, timed steps
+def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> None:
+    out = tmp_path / "table.json"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--budget-s", "3000", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r[0] for r in rows] == ["resume", "noise floor", "matmul peak", "step", "loader", "data wait",
+                                    "resume"]  # fmt: skip
+    verdicts = {(section, verdict) for section, _, _, verdict in rows}
+    assert verdicts == {("resume", "ok"), ("noise floor", "ok"), ("matmul peak", "measured"),
+                        ("step", "measured"), ("loader", "measured"), ("data wait", "measured")}  # fmt: skip
+    resumes = [result for section, _, result, _ in rows if section == "resume"]
+    assert all(r.startswith("max_abs_diff=0.0;") for r in resumes), resumes
+    assert "| resume " in done.stdout and "MFU" in done.stdout  # the one table, printed
