@@ -9,8 +9,7 @@ matrix product of the same dtype measured in this run (`matmul_peak`). Beside it
 of the step and its compile time. Then where each step's time goes, from an XLA profile of more steps
 (`birdjepa.perf.profile`): matrix products, attention, norms and elementwise work, SIGReg, the
 optimizer update, the guard and monitor, and what else shows (the augmentation, the input floor's
-sort, the record conds the loop runs off); "outside" is the wall time no operation of the step covers
-(dispatch, waiting).
+sort, the record conds the loop runs off), each as a share of the time the step's operations took.
 
 Batch sizes: 16 clips a step (the README's and `--data.batch-size`'s default) on an accelerator; on a
 CPU 16 for tiny, 4 for small and 2 for base, so that base's steps take seconds, not minutes.
@@ -74,15 +73,24 @@ def main() -> None:
            "compile s"), rows)  # fmt: skip
 
     if args.profile:
-        print("\n## Where the step's time goes (ms per step, and % of the step's wall time)\n")
-        parts = [p for p, _ in PARTS] + ["outside the step's operations"]
-        head = ("preset", "dtype", "batch", *parts)
-        table(head, [(c.preset, c.dtype, str(c.batch), *(share(c, p) for p in parts)) for c in costs])
+        print("\n## Where the step's time goes: % of the step's operation time, by part\n")
+        print("XLA runs independent operations at once on its thread pool (CPU) or streams (GPU): the last "
+              "column is their summed time over the wall time of the profiled steps.\n")  # fmt: skip
+        parts = [p for p, _ in PARTS]
+        head = ("preset", "dtype", "batch", *parts, "operations / wall")
+        table(
+            head,
+            [(c.preset, c.dtype, str(c.batch), *(share(c, p) for p in parts), overlap(c)) for c in costs],
+        )
 
 
 def share(c: StepCost, part: str) -> str:
-    seconds = (c.parts or {}).get(part, 0.0)
-    return f"{1e3 * seconds:.1f} ({100 * seconds / sum((c.parts or {}).values()):.0f} %)"
+    parts = c.parts or {}
+    return f"{100 * parts.get(part, 0.0) / sum(parts.values()):.1f} %"
+
+
+def overlap(c: StepCost) -> str:
+    return f"{sum((c.parts or {}).values()) / (c.profiled_s or 1.0):.2f}"
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ class StepCost:
     compile_s: float
     """Lowering and compiling the step (or loading it from the persistent compilation cache)."""
     parts: dict[str, float] | None = None
-    """Seconds per step of each part of the step, from a profile (`birdjepa.perf.profile`)."""
+    """Operation seconds per step of each part of the step, from a profile (`birdjepa.perf.profile`)."""
+    profiled_s: float | None = None
+    """Wall seconds per step while profiled."""
 
     @property
     def flops_per_s(self) -> float:
@@ -91,12 +93,14 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
         return time.perf_counter() - t0
 
     times = [step() for _ in range(warmup + repeats)]
-    parts = None
+    parts, profiled_s = None, None
     if profile:
-        parts = time_by_part(compiled.as_text(), lambda: [step() for _ in range(repeats)], repeats)
+        parts, profiled_s = time_by_part(
+            compiled.as_text(), lambda: [step() for _ in range(repeats)], repeats
+        )
     return StepCost(
         cfg.model.preset, cfg.model.dtype, cfg.data.batch_size, statistics.median(times[warmup:]), flops,
-        int(memory_bytes), compile_s, parts,
+        int(memory_bytes), compile_s, parts, profiled_s,
     )  # fmt: skip
 
 

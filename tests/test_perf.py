@@ -1,0 +1,36 @@
+"""`birdjepa.perf`: the step's FLOPs are counted from the lowered program, and its profile puts each
+operation's own time under the part of the step that made it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from birdjepa.perf.profile import instructions, own_times, part_of, time_by_part
+from birdjepa.perf.step_cost import cost_flops
+
+
+def test_a_matrix_product_counts_2mkn_flops_in_the_lowered_program() -> None:
+    a, b = jnp.ones((64, 32)), jnp.ones((32, 16))
+    assert cost_flops(jax.jit(jnp.matmul).lower(a, b)) == 2 * 64 * 32 * 16
+
+
+def test_an_operation_s_own_time_leaves_out_the_operations_inside_it() -> None:
+    # A cond (0-10 ns) holding a fusion (2-5 ns), then a copy (10-12 ns), on one timeline.
+    events = [(10.0, 12.0, "copy"), (0.0, 10.0, "cond"), (2.0, 5.0, "fusion")]
+    assert sorted(own_times(events)) == [("cond", 7.0), ("copy", 2.0), ("fusion", 3.0)]
+
+
+def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
+    def f(x: jax.Array, w: jax.Array) -> jax.Array:
+        h = jnp.tanh(x @ w)  # a matrix product outside any named part
+        with jax.named_scope("sigreg"):
+            return jnp.cos(h @ w.T).sum()
+
+    x, w = jnp.ones((256, 128)), jnp.ones((128, 128))
+    compiled = jax.jit(f).lower(x, w).compile()
+    text = compiled.as_text()
+    parts = {part_of(i) for i in instructions(text).values()}
+    assert {"SIGReg", "matrix products"} <= parts
+    seconds, wall = time_by_part(text, lambda: [jax.block_until_ready(compiled(x, w)) for _ in range(3)], 3)
+    assert seconds["SIGReg"] > 0 and seconds["matrix products"] > 0 and wall > 0
