@@ -1,0 +1,152 @@
+"""Our LeJEPA step beside the reference implementation's (samuelstevens/birdjepa), one run, one machine.
+
+    python scripts/bench_reference.py --reference PATH [--presets small base] [--batch N]
+
+PATH is a checkout of https://github.com/samuelstevens/birdjepa (measured at ea03107). Its step runs
+in a scratch environment of its own, ``--venv`` (made on first use with pip: the JAX and optax
+versions this process runs, Equinox and the reference's other imports), through
+``scripts/reference_step.py``: both projects are called ``birdjepa``, so the two never share a
+process. Each side runs in a process of its own, one after the other, with the same XLA flags
+(birdjepa's deterministic ones) and the same devices.
+
+The same architecture, batch, views and dtype: a ViT of the preset's width, depth and heads on 512 x
+128 log-mel views cut into 16 x 16 patches (256 tokens; ``--model.patch-freq 16`` on our side), 2 views
+a clip, the LeJEPA projector of 2 hidden 2048-wide layers to 16 dimensions, SIGReg on 256 directions
+and 17 knots, an online linear probe, AdamW after global-norm clipping, float32 (the reference has no
+bfloat16). What differs, by design of each:
+
+* the reference adds a CLS token (257 tokens) and pools it; ours mean-pools the patch tokens;
+* the reference recomputes each block's activations in the backward pass (``grad_ckpt``, its
+  default) and scans over blocks; ours keeps them and unrolls;
+* ours augments the views inside the step (pitch shift and time stretch, its defaults) and takes each
+  mel bin's noise floor (``input_norm floor``: a quantile, a sort); the reference augments on the host,
+  in its data pipeline. The row "ours, same work" turns both off (``--augment.pitch-bins 0
+  --augment.stretch 0 --model.input-norm none``): the step doing what the reference's step does;
+* ours also runs the non-finite guard, the weight-update monitor's cond and the record conds
+  `birdjepa trace` uses (off), and logs more metrics.
+
+Printed: step time (median of ``--repeats`` after 2 warm-up steps), FLOPs (XLA's cost analysis of each
+lowered step), peak memory (a GPU's peak bytes in use; on a CPU the process's peak resident memory,
+which includes each framework's own), compile time, and ours over the reference's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from birdjepa.train.determinism import deterministic_xla
+
+deterministic_xla()  # in the environment both sides inherit
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"tiny": (64, 2, 2), "small": (384, 12, 6), "base": (768, 12, 12)}
+CPU_BATCH = {"tiny": 8, "small": 2, "base": 1}
+REFERENCE_NEEDS = ("equinox", "jaxtyping", "beartype", "chex", "orbax-checkpoint", "grain", "tyro", "wandb")
+SAME_WORK = {"augment.pitch_bins": 0.0, "augment.stretch": 0.0, "model.input_norm": "none"}
+
+
+def ours(preset: str, batch: int, same_work: bool, repeats: int) -> dict:
+    """This process's side: our step at the reference's architecture."""
+    import jax
+
+    from birdjepa.perf.step_cost import bench_config, measure
+
+    options = {
+        "model.patch_freq": 16,
+        "model.proj_dim": 16,
+        "model.proj_hidden": 2048,
+        "model.proj_layers": 2,
+    }
+    cfg = bench_config(preset, "float32", batch, **options, **(SAME_WORK if same_work else {}))
+    c = measure(cfg, repeats=repeats, warmup=2)
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"step_s": c.step_s, "flops": c.flops, "peak_bytes": int(peak), "compile_s": c.compile_s}
+
+
+def reference_env(venv: Path) -> Path:
+    """The reference's scratch venv (made with pip on first use); its python."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        import jax
+        import optax
+
+        print(f"making the reference's environment in {venv} (pip)", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pins = [f"jax=={jax.__version__}", f"optax=={optax.__version__}", "numpy<2.5", *REFERENCE_NEEDS]
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    return python
+
+
+def side(cmd: list[str], env: dict[str, str]) -> dict:
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reference", type=Path, help="a checkout of samuelstevens/birdjepa")
+    ap.add_argument("--venv", type=Path, default=ROOT / ".cache" / "reference-venv")
+    ap.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(SIZES))
+    ap.add_argument("--batch", type=int, help="clips a step (default: 16 on a GPU; 2 small, 1 base on a CPU)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ours", nargs=3, metavar=("PRESET", "BATCH", "SAME_WORK"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.ours:  # one side, in a process of its own (peak memory is per process)
+        preset, batch, same = args.ours
+        print(json.dumps(ours(preset, int(batch), same == "1", args.repeats)))
+        return
+    if args.reference is None:
+        ap.error("--reference PATH: a checkout of https://github.com/samuelstevens/birdjepa")
+    import jax
+
+    on_cpu = jax.devices()[0].platform == "cpu"
+    python = reference_env(args.venv)
+    ref_env = {**os.environ, "PYTHONPATH": str(args.reference.resolve() / "src")}
+    rows = []
+    for preset in args.presets:
+        batch = args.batch or (CPU_BATCH[preset] if on_cpu else 16)
+        dim, depth, heads = SIZES[preset]
+        step = str(ROOT / "scripts" / "reference_step.py")
+        theirs = side([str(python), step, "--dim", str(dim), "--depth", str(depth), "--heads", str(heads),
+                       "--batch", str(batch), "--repeats", str(args.repeats)], ref_env)  # fmt: skip
+        mine = {
+            same: side(
+                [
+                    sys.executable,
+                    __file__,
+                    "--ours",
+                    preset,
+                    str(batch),
+                    same,
+                    "--repeats",
+                    str(args.repeats),
+                ],
+                dict(os.environ),
+            )  # fmt: skip
+            for same in ("0", "1")
+        }
+        rows.append((preset, batch, mine["0"], mine["1"], theirs))
+        print(f"measured {preset}", file=sys.stderr, flush=True)
+    device = f"{jax.devices()[0].device_kind}, jax {jax.__version__}, equinox {rows[0][4]['equinox']}"
+    print(f"\n## Our LeJEPA step beside the reference's ({device}, float32, 2 views, 256 patches)\n")
+    print("| preset | batch | side | ms/step | vs reference | GFLOP/step | peak MiB | vs reference | "
+          "compile s |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for preset, batch, mine, same, theirs in rows:
+        for name, r in (("ours", mine), ("ours, same work", same), ("reference", theirs)):
+            time_ratio, memory_ratio = r["step_s"] / theirs["step_s"], r["peak_bytes"] / theirs["peak_bytes"]
+            print(f"| {preset} | {batch} | {name} | {1e3 * r['step_s']:.1f} | {time_ratio:.2f} "
+                  f"| {r['flops'] / 1e9:.1f} | {r['peak_bytes'] / 2**20:.0f} | {memory_ratio:.2f} | "
+                  f"{r['compile_s']:.0f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

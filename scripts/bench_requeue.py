@@ -1,0 +1,73 @@
+"""A requeued segment's start, with the persistent compilation cache and without it, side by side.
+
+    python scripts/bench_requeue.py [--presets small base]
+
+Per preset, through the real ``birdjepa pretrain`` command on the demo set: a first segment trains
+and stops (``--stop-at-step``), filling a fresh compilation cache; then the same checkpoint is resumed
+twice, from two copies of the run, in new processes: once with the cache (``BIRDJEPA_COMPILE_CACHE``
+set to it: the requeue as users get it) and once with it off (every segment compiling its step, as
+before). The time to first step is from the process's start to the first resumed step's logged
+time: imports, restore, the resume checks, compiling or loading the step, one step. The target
+(issue 48): with the cache, at most 0.5x without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from birdjepa.rundir.metrics_log import read_metrics
+
+#: Clips a step on a CPU (bench_step.py's): the step's own time stays small beside the start.
+BATCH = {"tiny": 16, "small": 4, "base": 2}
+STOP = 1
+
+
+def segment(runs: Path, run: str, preset: str, cache: str, *extra: str) -> float:
+    """Runs one `birdjepa pretrain` process of ``run``; returns its time to the first step it trained."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["BIRDJEPA_COMPILE_CACHE"] = cache
+    cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run, "--log.runs-dir", str(runs),
+           "--steps", str(STOP + 2), "--model.preset", preset, "--data.batch-size", str(BATCH[preset]),
+           "--eval-every", "0", "--ckpt-every", "1000000", *extra]  # fmt: skip
+    before = (
+        {x["step"] for x in read_metrics(runs / run) if "event" not in x} if (runs / run).exists() else set()
+    )
+    started = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    rows = [x for x in read_metrics(runs / run) if "event" not in x and "train/loss" in x]
+    first = min((x for x in rows if x["step"] not in before), key=lambda x: x["step"])
+    return first["time"] - started
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(BATCH))
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in args.presets:
+            runs, cache = Path(tmp) / preset, str(Path(tmp) / f"cache-{preset}")
+            first = segment(runs, "cached", preset, cache, "--stop-at-step", str(STOP))
+            shutil.copytree(runs / "cached", runs / "uncached")
+            off = segment(runs, "uncached", preset, "off")
+            warm = segment(runs, "cached", preset, cache)
+            rows.append((preset, BATCH[preset], first, off, warm))
+            print(f"measured {preset}", file=sys.stderr, flush=True)
+    print("\n## A requeued segment's time to first step (birdjepa pretrain, demo set)\n")
+    print("| preset | batch | first segment (cache cold) s | resumed, cache off s | resumed, cache warm s | "
+          "warm / off |\n|---|---|---|---|---|---|")  # fmt: skip
+    for preset, batch, first, off, warm in rows:
+        print(f"| {preset} | {batch} | {first:.1f} | {off:.1f} | {warm:.1f} | {warm / off:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
