@@ -14,7 +14,8 @@ Rust extension built, or the venv of ``make build``); it was written against JAX
    ``birdjepa bisect --repeat`` does: the tensors that differ between executions must be none, and the
    traced step's outputs must equal what the run logged and saved.
 3. **step**: the small and base steps in bfloat16 at batch 128: time, FLOPs (XLA's cost analysis),
-   FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`).
+   FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`),
+   and the five largest parts of the step's operation time, from a profile (`birdjepa.perf.profile`).
 4. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
    small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting.
 
@@ -119,7 +120,7 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
     for preset in plan.step_presets:
         for batch in plan.step_batches:
             cfg = bench_config(preset, "bfloat16", batch, steps=plan.wait_steps)
-            c = measure(cfg, repeats=plan.repeats)
+            c = measure(cfg, repeats=plan.repeats, profile=True)
             consumed[f"{preset}/{batch}"] = batch / c.step_s
             ROWS.append((
                 "step", f"{preset} bf16 batch {batch} (2 views)",
@@ -128,6 +129,12 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
                 f"compile {c.compile_s:.0f} s",
                 "measured",
             ))  # fmt: skip
+            parts = c.parts or {}
+            top = sorted(parts.items(), key=lambda kv: -kv[1])[:5]
+            shares = ", ".join(f"{name} {100 * s / sum(parts.values()):.0f} %" for name, s in top)
+            ROWS.append(
+                ("step parts", f"{preset} bf16 batch {batch}, % of operation time", shares, "measured")
+            )
 
 
 def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:

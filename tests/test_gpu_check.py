@@ -20,11 +20,12 @@ def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> N
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r[0] for r in rows] == ["resume", "noise floor", "matmul peak", "step", "loader", "data wait",
-                                    "resume"]  # fmt: skip
+    assert [r[0] for r in rows] == ["resume", "noise floor", "matmul peak", "step", "step parts", "loader",
+                                    "data wait", "resume"]  # fmt: skip
     verdicts = {(section, verdict) for section, _, _, verdict in rows}
     assert verdicts == {("resume", "ok"), ("noise floor", "ok"), ("matmul peak", "measured"),
-                        ("step", "measured"), ("loader", "measured"), ("data wait", "measured")}  # fmt: skip
+                        ("step", "measured"), ("step parts", "measured"), ("loader", "measured"),
+                        ("data wait", "measured")}  # fmt: skip
     resumes = [result for section, _, result, _ in rows if section == "resume"]
     assert all(r.startswith("max_abs_diff=0.0;") for r in resumes), resumes
     assert "| resume " in done.stdout and "MFU" in done.stdout  # the one table, printed
