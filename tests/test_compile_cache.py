@@ -29,7 +29,8 @@ def pretrain(runs: Path, run: str, cache: str, demo_dir: Path, *extra: str) -> s
     return done
 
 
-@pytest.mark.slow  # three processes, two of them compiling without any cache: ~70 s
+@pytest.mark.slow  # three processes, two of them compiling without any cache: ~70 s at -O0
+@pytest.mark.default_level  # the bits users get: CI runs it with BIRDJEPA_TEST_XLA_DEFAULT=1
 def test_a_run_is_bit_identical_with_the_cache_cold_warm_and_off(tmp_path: Path, demo_dir: Path) -> None:
     cache = tmp_path / "cache"
     cold = pretrain(tmp_path, "resumed", str(cache), demo_dir, "--stop-at-step", "1")

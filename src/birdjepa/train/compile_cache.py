@@ -24,6 +24,7 @@ is then yours to keep). A cache that JAX's own ``JAX_COMPILATION_CACHE_DIR`` nam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ from birdjepa.train.determinism import machine_kind
 ENV = "BIRDJEPA_COMPILE_CACHE"
 
 
+@functools.cache  # every open_segment asks; the machine does not change within a process
 def machine_key() -> str:
     """16 hex digits naming this machine kind (`machine_kind`)."""
     return hashlib.sha256(json.dumps(machine_kind(), sort_keys=True).encode()).hexdigest()[:16]
@@ -51,23 +53,24 @@ def cache_dir() -> Path | None:
     return Path(choice) if choice else default_cache_dir() / "xla" / machine_key()
 
 
-_enabled: list[str | None] = [None]
+_enabled: str | None = None
 """The folder this process last turned the cache on in ("off": turned off)."""
 
 
 def enable() -> Path | None:
     """Turn the cache on for the compilations that follow; returns its folder. With
     ``BIRDJEPA_COMPILE_CACHE=off`` it is off, also where ``JAX_COMPILATION_CACHE_DIR`` turned it on."""
+    global _enabled
     if os.environ.get(ENV) == "off":
-        if _enabled[0] != "off":
+        if _enabled != "off":
             jax.config.update("jax_enable_compilation_cache", False)
             compilation_cache.reset_cache()  # JAX decides once per process whether it uses a cache
-            _enabled[0] = "off"
+            _enabled = "off"
         return None
     folder = cache_dir()
-    if folder is not None and _enabled[0] != str(folder):
+    if folder is not None and _enabled != str(folder):
         folder.mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", str(folder))
         compilation_cache.reset_cache()  # an earlier compilation may have opened another folder
-        _enabled[0] = str(folder)
+        _enabled = str(folder)
     return folder
