@@ -8,8 +8,8 @@ Rust extension built, or the venv of ``make build``); it was written against JAX
 
 1. **resume**: ``birdjepa verify-resume`` trains the run straight and resumed twice (three processes),
    at the tiny preset, with the persistent compilation cache off, so every segment compiles and
-   autotunes its step afresh,
-   then ``birdjepa compare`` compares every logged metric. Then again with the cache on (the default).
+   autotunes its step afresh, and compares every logged metric (``birdjepa compare``'s code: its
+   ``max_abs_diff`` must be 0.0). Then again with the cache on (the default).
 2. **noise floor**: ``birdjepa trace --repeat 3`` executes a step of the straight run three times, as
    ``birdjepa bisect --repeat`` does: the tensors that differ between executions must be none, and the
    traced step's outputs must equal what the run logged and saved.
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,24 +68,20 @@ def birdjepa(*args: str, cache: str | None = None, timeout: float = 600) -> subp
 
 
 def resume(runs: Path, plan: Plan, cache: str) -> None:
+    cached = "off" if cache == "off" else "on"
     name = f"resume-{'cold' if cache == 'off' else 'cached'}"
     steps, at = plan.resume_steps, plan.resume_at
+    # verify-resume compares every logged metric with `birdjepa compare`'s code: its max_abs_diff line.
     done = birdjepa(
         "verify-resume", "--run", name, "--log.runs-dir", str(runs), "--steps", str(steps), "--resume-at",
         *map(str, at), "--ckpt-every", str(at[0]), "--eval-every", "0", "--model.preset", plan.resume_preset,
         "--model.dtype", "bfloat16", "--data.batch-size", str(plan.resume_batch), cache=cache,
     )  # fmt: skip
     last = [x for x in done.stdout.splitlines() if x.startswith("max_abs_diff=")]
-    base = runs / f"verify-{name}"
-    compared = birdjepa("compare", str(base / "straight"), str(base / "resumed"))
-    cached = "off" if cache == "off" else "on"
     setting = (f"{plan.resume_preset} bf16 batch {plan.resume_batch}, {steps} steps resumed after "
                f"{' and '.join(map(str, at))}, compile cache {cached}")  # fmt: skip
-    exact = done.returncode == 0 and compared.returncode == 0
-    result = (
-        last[-1] if last else f"verify-resume exit {done.returncode}"
-    ) + f"; compare exit {compared.returncode}"
-    ROWS.append(("resume", setting, result, "ok" if exact else "FAIL"))
+    result = f"{last[-1] if last else 'no max_abs_diff line'}; verify-resume exit {done.returncode}"
+    ROWS.append(("resume", setting, result, "ok" if done.returncode == 0 else "FAIL"))
 
 
 def noise_floor(runs: Path, plan: Plan) -> None:
@@ -138,12 +135,13 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
 
 
 def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
+    from birdjepa.data import resolve_files
     from birdjepa.rundir.metrics_log import read_metrics
     from birdjepa.synthetic.demo import ensure_demo_data
 
     cores = os.cpu_count() or 1
     preset, batch = plan.step_presets[0], plan.step_batches[-1]
-    files = sorted(str(p) for p in (ensure_demo_data() / "train").glob("*.arrow"))
+    files = resolve_files(str(ensure_demo_data() / "train"))
     rate = loader_rate(files, cores, plan.loader_batches, batch, n_views=2)
     need = consumed.get(f"{preset}/{batch}")
     versus = f", {rate / need:.1f}x what the {preset} step consumes ({need:.0f} clips/s)" if need else ""
@@ -159,7 +157,7 @@ def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
         raise RuntimeError(f"birdjepa pretrain exited {done.returncode}")
     rows = [x for x in read_metrics(runs / "data-wait") if "event" not in x and "train/step_time" in x][2:]
     wait = sum(x["train/data_wait"] for x in rows) / sum(x["train/step_time"] for x in rows)
-    ms = 1e3 * sorted(x["train/step_time"] for x in rows)[len(rows) // 2]
+    ms = 1e3 * statistics.median(x["train/step_time"] for x in rows)
     ROWS.append(("data wait", f"birdjepa pretrain, {preset} bf16 batch {batch}, {cores} workers, "
                  f"{len(rows)} steady steps", f"{100 * wait:.1f} % of step time; {ms:.1f} ms/step",
                  "measured"))  # fmt: skip
