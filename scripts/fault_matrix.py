@@ -4,8 +4,8 @@
 
 Trains the run (default: 300 demo steps, 2-batch gradient accumulation, checkpointed PRNG, so every
 kind of state a resume can lose exists) to ``--resume-at`` and stops; then resumes copies of it cleanly
-and with each fault of `birdjepa.resume.inject`, and prints which checks failed on the first resumed step. The
-default resume point is mid-update: after step 150, 151 micro-batches are done, one into an update.
+and with each fault of `birdjepa.verify.faults`, and prints which checks failed on the first resumed
+step. The default resume point is mid-update: after step 150, 151 micro-batches are done, one into an update.
 Exit status 1 if the clean resume raised any flag or a fault did not trip its expected check; a fault
 that cannot change anything at the resume point (e.g. dropping an empty accumulator) is shown as
 "no effect here", not as a miss.

@@ -45,7 +45,7 @@ FLOORS = (
     "model",
     "synthetic",
     "data",
-    "faults",
+    "seams",
     "exit_codes",
     "_rs",
 )
@@ -188,9 +188,10 @@ def test_the_checker_sees_a_circle_and_an_import_that_runs_up() -> None:
 
 def test_the_options_and_their_checks_import_no_jax() -> None:
     """`birdjepa sweep` checks a sweep file's options before anything trains: config, validation, the
-    fault catalogue and the exit codes load without JAX (seconds of import on a login node)."""
+    verification wing's plants and faults (which the command registers first) and the exit codes load
+    without JAX (seconds of import on a login node)."""
     code = (
-        "import sys, birdjepa.config, birdjepa.validation, birdjepa.faults, birdjepa.exit_codes; "
+        "import sys, birdjepa.config, birdjepa.validation, birdjepa.verify, birdjepa.exit_codes; "
         "print(sorted(m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,8 +14,8 @@ import pytest
 from birdjepa.divergence import trace_file
 from birdjepa.divergence.bisect import bisect
 from birdjepa.divergence.trace import trace_step
-from birdjepa.train.model_calls import NOISE_PHASE_ENV
 from birdjepa.verify.divergence_matrix import flags
+from birdjepa.verify.plants import NOISE_PHASE_ENV
 
 
 def data(demo_dir: Path) -> tuple[str, ...]:

@@ -85,7 +85,7 @@ def test_the_defaults_the_readme_states() -> None:
     assert (c.steps, c.data.batch_size, c.data.n_views) == (600, 16, 2)
     assert c.data.interleave is None  # every shard at once ("all")
     assert (c.iid_window, c.log.runs_dir, SlurmOptions().grace) == (100, Path("runs"), 120)
-    # birdjepa/faults.py: no planted fault is active unless asked for.
+    # birdjepa.verify: no planted fault is active unless asked for.
     debug = dataclasses.asdict(c.debug)  # the verification harness's options, one group
     assert len(debug) >= 5 and not any(debug.values()), debug
 

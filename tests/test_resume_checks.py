@@ -14,16 +14,17 @@ import pytest
 
 from birdjepa import exit_codes
 from birdjepa.config import DataConfig, LogConfig, OptimConfig, PretrainConfig
-from birdjepa.faults import EXPECTED_CHECK, FAULTS
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume import checks as resume_check
 from birdjepa.resume.checks import CHECKS, NextStep, check_resume, config_diff
 from birdjepa.resume.compare import compare_runs
-from birdjepa.resume.inject import Restored, inject
+from birdjepa.resume.restored import Restored
 from birdjepa.rundir.checkpoint import Checkpointer
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 from birdjepa.train.state import TrainState
+from birdjepa.verify.catalogue import EXPECTED_CHECK, FAULTS
 from birdjepa.verify.fault_matrix import CLEAN, Row, not_as_expected, resume_with, run_matrix
+from birdjepa.verify.faults import inject
 
 RESUME_AT = 4  # after step 4 of a 2-batch accumulation: one micro-batch into update 2
 

@@ -35,6 +35,15 @@ INVALID = [
     (["--augment.mix-prob", "1.5"], "--augment.mix-prob 1.5: must be in [0, 1]"),
     (["--augment.pitch-bins", "-1"], "--augment.pitch-bins -1.0: must be >= 0 (0 = off)"),
     (["--model.preset", "huge"], "--model.preset 'huge': must be one of base, small, tiny"),
+    # The verification wing's names, registered by the command (birdjepa.seams), listed when wrong.
+    (
+        ["--debug.plant", "lr_off"],
+        "--debug.plant 'lr_off': must be one of lr_schedule_shifted, first_update_at_peak,",
+    ),
+    (
+        ["--debug.inject-fault", "lr"],
+        "--debug.inject-fault 'lr': must be one of drop_loader_state, reset_prng,",
+    ),
     (["--model.heads", "3"], "--model.heads 3: must divide --model.dim (64)"),
     (["--model.patch", "7"], "--model.patch 7: must divide --model.n-frames (512)"),
     (["--model.dropout", "1"], "--model.dropout 1.0: must be in [0, 1)"),

@@ -18,6 +18,7 @@ from typing import Any
 
 import tyro
 
+import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
 from birdjepa.train.determinism import deterministic_xla
 
 CommandTarget = str | Callable[..., Any]

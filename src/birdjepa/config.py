@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from birdjepa.data import DataConfig
-from birdjepa.faults import Fault, Plant
 from birdjepa.model.config import ModelConfig
 from birdjepa.objectives.options import ObjectiveConfig
 
@@ -114,12 +113,12 @@ class DebugConfig:
     masks, SIGReg's directions) the same at every step: only the data order remains random."""
     nonfinite_steps: tuple[int, ...] = ()
     """Make the loss of each listed step NaN (a NaN in its batch), to see --on-nonfinite act."""
-    inject_fault: Fault | None = None
+    inject_fault: str | None = None
     """Break the resume on purpose (applied after the restore, before the checks), to see the checks
-    catch it; see birdjepa.faults."""
-    plant: Plant | None = None
-    """Make this run differ from its twin in one planted thing (to see `birdjepa bisect` find it); see
-    birdjepa.faults."""
+    catch it: a fault of birdjepa.verify.catalogue (another name is refused, with the list)."""
+    plant: str | None = None
+    """Make this run differ from its twin in one planted thing (to see `birdjepa bisect` find it): one
+    of birdjepa.verify.catalogue's plants (another name is refused, with the list)."""
 
 
 RENAMED = {f"debug_{f.name}": f"debug.{f.name}" for f in dataclasses.fields(DebugConfig)}
@@ -181,7 +180,7 @@ class PretrainConfig:
     train: TrainConfig = TrainConfig()
     log: LogConfig = LogConfig()
     debug: DebugConfig = DebugConfig()
-    """The verification harness's actions on the run (`birdjepa.faults`): none unless asked for."""
+    """The verification harness's actions on the run (`birdjepa.verify`): none unless asked for."""
 
     @property
     def run_dir(self) -> Path:

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from birdjepa import seams
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.shards import label_count
@@ -104,6 +105,11 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
     for step in cfg.debug.nonfinite_steps:
         if not 0 <= step < cfg.steps:
             raise OptionError("debug.nonfinite_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")
+    for kind, option in (("plant", "debug.plant"), ("fault", "debug.inject_fault")):
+        name = _get(cfg, option)  # the verification wing's, registered by the command (birdjepa.seams)
+        if name is not None and name not in seams.names(kind):
+            known = ", ".join(seams.names(kind)) or "none registered (import birdjepa.verify)"
+            raise OptionError(option, name, f"must be one of {known}")
     low, high = cfg.augment.mix_db
     if low > high:
         raise OptionError("augment.mix_db", cfg.augment.mix_db, "must be (low, high) with low <= high")

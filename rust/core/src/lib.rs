@@ -3,6 +3,7 @@
 //! No Python in here: the PyO3 layer lives in `rust/py` and only converts types.
 pub mod audio;
 pub mod dataset;
+pub mod debug_hooks;
 pub mod error;
 pub mod rng;
 pub mod shard;

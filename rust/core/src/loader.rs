@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::audio::{AudioError, ClipConfig, ClipExtractor, CropMode, SampleKey};
 use crate::dataset::{ColumnConfig, Dataset, RecordError};
+use crate::debug_hooks::DebugHooks;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::LoaderOptions;
 use crate::plan::{PlanConfig, PlanItem, PlanState, Planner};
@@ -53,11 +54,8 @@ pub struct LoaderConfig {
     pub prefetch_batches: usize,
     pub columns: ColumnConfig,
     pub clip: ClipConfig,
-    /// Test hook: a worker panics when it reaches this sample index.
-    pub debug_panic_index: Option<u64>,
-    /// Debug hook: the sample of this global index takes every view's crop one hop further
-    /// ([`ClipExtractor::shift_offset`]), planting a difference on purpose; -1: off.
-    pub debug_crop_shift_index: i64,
+    /// The verification harness's seam: off unless a `debug_*` option asks.
+    pub debug: DebugHooks,
 }
 
 impl Default for LoaderConfig {
@@ -84,8 +82,7 @@ impl LoaderConfig {
             prefetch_batches: o.prefetch_batches,
             columns: ColumnConfig::from_options(o),
             clip: ClipConfig::from_options(o),
-            debug_panic_index: o.debug_panic_index,
-            debug_crop_shift_index: o.debug_crop_shift_index,
+            debug: DebugHooks::from_options(o),
         }
     }
 
@@ -131,11 +128,6 @@ impl LoaderConfig {
         }
     }
 
-    /// Whether sample `index` takes the debug crop shift.
-    fn shifts_crop(&self, index: u64) -> bool {
-        u64::try_from(self.debug_crop_shift_index).is_ok_and(|i| i == index)
-    }
-
     /// Every option that shapes the batch stream, as printable values; `n_workers` and
     /// `prefetch_batches` are absent on purpose: they may change across a resume.
     pub fn stream_signature(&self) -> BTreeMap<String, String> {
@@ -168,10 +160,7 @@ impl LoaderConfig {
             }
         }
         m.insert("clip".into(), format!("{:?}", self.clip));
-        if self.debug_crop_shift_index >= 0 {
-            // Only when on, like `shuffle_initial`: the states of runs without it still match.
-            m.insert("debug_crop_shift_index".into(), self.debug_crop_shift_index.to_string());
-        }
+        self.debug.sign(&mut m);
         m
     }
 
@@ -185,7 +174,7 @@ impl LoaderConfig {
         check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")?;
         let initial_ok = self.shuffle_initial.is_none_or(|i| (1..=self.shuffle_buffer).contains(&i));
         check(initial_ok, "shuffle_initial must be in 1..=shuffle_buffer")?;
-        check(self.debug_crop_shift_index >= -1, "debug_crop_shift_index must be >= -1 (-1: off)")?;
+        self.debug.check()?;
         check(self.columns.n_classes != Some(0), "n_classes must be >= 1")?;
         let orphan = self.columns.n_classes.is_some() && self.columns.multilabel_column.is_none();
         check(!orphan, "n_classes is the width of multilabel_column's multi-hot: set multilabel_column too")
@@ -668,7 +657,7 @@ fn worker(shared: &Shared, tx: &Sender<Message>) {
 }
 
 fn process(shared: &Shared, item: PlanItem) -> Outcome {
-    if shared.cfg.debug_panic_index == Some(item.index) {
+    if shared.cfg.debug.panics_at(item.index) {
         panic!("debug_panic_index reached");
     }
     let (shard, row) = shared.dataset.locate(item.index);
@@ -680,7 +669,7 @@ fn process(shared: &Shared, item: PlanItem) -> Outcome {
     let len = shared.cfg.n_views * shared.extractor.frame_len();
     let mut features = shared.spare.lock().unwrap().pop().unwrap_or_else(|| vec![0f32; len]);
     let key = SampleKey { seed: shared.cfg.seed, epoch: item.epoch, index: item.index };
-    let shift = shared.cfg.shifts_crop(item.index);
+    let shift = shared.cfg.debug.shifts_crop(item.index);
     let extracted = shared.cfg.crop_mode(&shared.extractor, record.window).and_then(|mode| {
         shared.extractor.extract(record.audio, mode, key, shared.cfg.n_views, shift, &mut features)
     });
@@ -717,11 +706,9 @@ mod tests {
     #[test]
     fn the_crop_shift_is_off_by_default_and_in_the_stream_signature_only_when_on() {
         let off = LoaderConfig::default();
-        assert_eq!(off.debug_crop_shift_index, -1);
-        assert!(!(0..1000).any(|i| off.shifts_crop(i)));
+        assert_eq!(off.debug, DebugHooks::default());
         assert!(!off.stream_signature().contains_key("debug_crop_shift_index"));
-        let on = LoaderConfig { debug_crop_shift_index: 7, ..Default::default() };
-        assert!(on.shifts_crop(7) && !on.shifts_crop(6) && !on.shifts_crop(8));
+        let on = LoaderConfig { debug: DebugHooks { crop_shift_index: 7, ..Default::default() }, ..off };
         assert_eq!(on.stream_signature()["debug_crop_shift_index"], "7");
     }
 

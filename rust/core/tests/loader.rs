@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use arrow_array::{BinaryArray, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
+use birdjepa_core::debug_hooks::DebugHooks;
 use birdjepa_core::error::ErrorKind;
 use birdjepa_core::loader::{Batch, Loader, LoaderConfig, LoaderState, Poll};
 
@@ -206,7 +207,7 @@ fn batches_carry_each_views_crop_offset_and_the_debug_shift_moves_one_sample_by_
         assert!(b.crop_offset.iter().all(|&o| (0..=40_001).contains(&o)), "{:?}", b.crop_offset);
     }
     let target = plain[1].index[1];
-    let shift = LoaderConfig { debug_crop_shift_index: target, ..views };
+    let shift = LoaderConfig { debug: DebugHooks { crop_shift_index: target, ..Default::default() }, ..views };
     let shifted = take(&mut Loader::new(&files, shift, None).unwrap(), 3);
     for (p, s) in plain.iter().zip(&shifted) {
         assert_eq!((&p.index, &p.label, &p.epoch), (&s.index, &s.label, &s.epoch));
@@ -230,7 +231,7 @@ fn batches_carry_each_views_crop_offset_and_the_debug_shift_moves_one_sample_by_
         take(&mut Loader::new(&files, cfg, None).unwrap(), 3).iter().flat_map(|b| b.crop_offset.clone()).collect()
     };
     let centre = offsets(eval.clone());
-    let moved = offsets(LoaderConfig { debug_crop_shift_index: 4, ..eval });
+    let moved = offsets(LoaderConfig { debug: DebugHooks { crop_shift_index: 4, ..Default::default() }, ..eval });
     assert_eq!(centre.len(), 7);
     for i in 0..7 {
         assert_eq!(moved[i], centre[i] + if i == 4 { hop } else { 0 }, "sample {i}");

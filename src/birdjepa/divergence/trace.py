@@ -39,6 +39,7 @@ from birdjepa.divergence.recording_apart import recording
 from birdjepa.divergence.replay import OpenRun, ReplayError, first_mismatch, open_at, replayable
 from birdjepa.divergence.trace_file import Entry, Trace
 from birdjepa.rundir import checkpoint
+from birdjepa.seams import planted
 from birdjepa.train.calls import CALL_SITES
 from birdjepa.train.digest import hex_digest, summarize
 from birdjepa.train.optim import accumulation_progress, lr_table, update_count
@@ -184,7 +185,7 @@ def entries(
     recorded = {stage: [i for i, c in enumerate(computed) if c[0] == stage] for stage in STAGES}
     rows += recorded["keys"] + recorded["draws"]
     update = int(multihost.host(update_count(state.opt_state)))
-    table = lr_table(cfg.optim, total_updates(cfg), cfg.debug.plant)  # schedule(u), read on the host
+    table = lr_table(cfg.optim, total_updates(cfg), planted(cfg.debug.plant))  # schedule(u), read on the host
     rows += [
         ("optimizer", "update_count", np.int32(update), None),
         ("optimizer", "accumulation", multihost.host(accumulation_progress(state.opt_state)), None),

@@ -3,10 +3,11 @@
 `pretrain` reads: open (data, model, optimizer) -> restore (a fresh `TrainState` or the newest
 checkpoint; the resume checks) -> loop (step, evaluate, save) -> close. What stays fixed during a
 segment lives in `Trainer`; what a step changes lives in the `TrainState` it advances. The resume
-checks, fault injection, the ``--prng`` modes and the debug roundtrip are functions over the state,
-outside the loop body; `due` is the one cadence rule of logging, evaluation and checkpoints.
-The segment's set-up and the step's pieces come from below (`birdjepa.train.segment`, `.compiled`,
-`.state`); what the loop asks of a segment besides the step is `birdjepa.pretrain.trainer.Trainer`.
+checks, the verification wing's seam (an injected fault), the ``--prng`` modes and the debug roundtrip
+are functions over the state, outside the loop body; `due` is the one cadence rule of logging,
+evaluation and checkpoints. The segment's set-up and the step's pieces come from below
+(`birdjepa.train.segment`, `.compiled`, `.state`); what the loop asks of a segment besides the step
+is `birdjepa.pretrain.trainer.Trainer`.
 
 Step numbering: step ``s`` (0-based) consumes one loader batch and applies update ``s`` (or one
 micro-step of it when accumulating). Metrics logged for step ``s`` and the checkpoint labelled ``s``
@@ -36,12 +37,13 @@ from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
-from birdjepa.resume.inject import Restored, inject
 from birdjepa.resume.options import resume_defaults, saved_config
+from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
+from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train.segment import advance, open_loader, open_segment
 from birdjepa.train.state import TrainState
@@ -127,11 +129,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         return exit_codes.RESUME_CHECK
     (found_files, eval_files), model_cfg, fns, meta = seg.files, seg.model_cfg, seg.fns, seg.meta
 
-    # --debug.inject-fault breaks a restored state on purpose, and may change what the segment trains
-    # with (batch size, shards): hence `cfg` below.
+    # The verification wing's seam: --debug.inject-fault breaks a restored state on purpose, and may
+    # change what the segment trains with (batch size, shards): hence `cfg` below.
     r, no_effect = Restored(requested, found_files, seg.state), None
-    if meta is not None and requested.debug.inject_fault:
-        r, no_effect = inject(requested.debug.inject_fault, r, fns.tx, fresh_chain(requested))
+    if meta is not None:
+        r, no_effect = injected(requested.debug.inject_fault).restored(r, fns.tx, fresh_chain(requested))
     cfg, train_files = r.cfg, r.train_files
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.fns.place(r.state)

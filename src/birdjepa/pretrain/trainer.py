@@ -32,6 +32,7 @@ from birdjepa.resume import checks as resume_check
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import mib
 from birdjepa.rundir.metrics_log import MetricsLog, NullLog
+from birdjepa.seams import planted
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
@@ -98,7 +99,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.model_cfg, self.ckpt = cfg, model_cfg, ckpt
         self.train_files, self.eval_files = files
-        self.schedule = make_schedule(cfg.optim, total_updates(cfg), cfg.debug.plant)
+        self.schedule = make_schedule(cfg.optim, total_updates(cfg), planted(cfg.debug.plant))
         self.main = multihost.is_main()
         # What every checkpoint's meta repeats, computed once for the segment.
         self.config, self.git, self.machine = to_dict(cfg), git_commit(), machine_kind()

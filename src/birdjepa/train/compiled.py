@@ -76,7 +76,7 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     replicated = NamedSharding(mesh, PartitionSpec())
     sharded = NamedSharding(mesh, PartitionSpec("data"))
     batch = {k: sharded for k in BATCH_KEYS}
-    tx = make_optimizer(optim, total_updates, plant=spec.plant)
+    tx = make_optimizer(optim, total_updates, spec.seams)
     if spec.virtual_shards:  # its own executables, one device each (see there)
         step = virtual_shards.VirtualShardStep(spec, tx, devices)
         return Compiled(tx, replicated, sharded, step, step.loss, step.encode)

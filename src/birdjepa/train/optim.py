@@ -21,13 +21,15 @@ import numpy as np
 import optax
 
 from birdjepa.config import OptimConfig
+from birdjepa.seams import NONE, Seams
 
 
-def lr_table(cfg: OptimConfig, total_updates: int, plant: str | None = None) -> np.ndarray:
+def lr_table(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> np.ndarray:
     """LR of every optimizer update ``s`` in ``[0, total)``, computed on the host in float64.
 
     Warmup is ``peak * (s + 1) / warmup`` so update 0 already learns (optax's warmup starts at 0);
-    then cosine decay to ``peak * min_lr_ratio`` (``cosine``) or stable then linear decay (``wsd``).
+    then cosine decay to ``peak * min_lr_ratio`` (``cosine``) or stable then linear decay (``wsd``);
+    ``seams``: the verification wing's (`birdjepa.seams`), which may change the table.
     """
     peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
     warmup = max(cfg.warmup_steps, 0)
@@ -43,21 +45,17 @@ def lr_table(cfg: OptimConfig, total_updates: int, plant: str | None = None) -> 
         else:
             t = min(max((s - decay_start + 1) / max(total - decay_start, 1), 0.0), 1.0)
             out[s] = peak + (floor - peak) * t
-    if plant == "lr_schedule_shifted":  # --debug.plant: the scheduler advanced before the update
-        out = np.append(out[1:], out[-1])
-    elif plant == "first_update_at_peak":  # --debug.plant: no warmup for the first update
-        out[0] = peak
-    return out.astype(np.float32)
+    return seams.lr_table(out, peak).astype(np.float32)
 
 
-def make_schedule(cfg: OptimConfig, total_updates: int, plant: str | None = None) -> optax.Schedule:
+def make_schedule(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> optax.Schedule:
     """``schedule(s)`` looks the LR up in `lr_table` (the last value after the end).
 
     A table rather than arithmetic in the graph: XLA may fuse or contract float ops differently under
     ``jit`` than eagerly, and the resume checks compare the applied LR with ``schedule(s)`` using
     ``==``. A lookup returns the same bits in every context.
     """
-    table = lr_table(cfg, total_updates, plant)
+    table = lr_table(cfg, total_updates, seams)
 
     def schedule(step: jax.Array | int) -> jax.Array:
         return jnp.asarray(table)[jnp.clip(jnp.asarray(step), 0, len(table) - 1)]
@@ -65,12 +63,11 @@ def make_schedule(cfg: OptimConfig, total_updates: int, plant: str | None = None
     return schedule
 
 
-def make_optimizer(
-    cfg: OptimConfig, total_updates: int, plant: str | None = None
-) -> optax.GradientTransformation:
-    """AdamW (or Muon) on the scheduled LR after global-norm clipping; ``plant``: ``--debug.plant``."""
-    schedule = make_schedule(cfg, total_updates, plant)
-    decay_mask = _matrices_only if plant == "decay_skips_biases_and_norms" else None
+def make_optimizer(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> optax.GradientTransformation:
+    """AdamW (or Muon) on the scheduled LR after global-norm clipping; ``seams``: the verification
+    wing's (`birdjepa.seams`)."""
+    schedule = make_schedule(cfg, total_updates, seams)
+    decay_mask = seams.decay_mask()
 
     def scheduled(learning_rate: jax.Array) -> optax.GradientTransformation:
         if cfg.name == "adamw":
@@ -95,11 +92,6 @@ def make_optimizer(
     if cfg.grad_accum > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=cfg.grad_accum)
     return tx
-
-
-def _matrices_only(params: optax.Params) -> optax.Params:
-    """``--debug.plant decay_skips_biases_and_norms``: the common variant that decays matrices only."""
-    return jax.tree.map(lambda x: x.ndim > 1, params)
 
 
 def _probe_labels(params: optax.Params) -> optax.Params:

@@ -10,7 +10,6 @@ run the same step as the loop, from the same function.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -20,13 +19,13 @@ import optax
 
 from birdjepa import multihost
 from birdjepa.config import PretrainConfig
-from birdjepa.data import Batch, Loader, open_train_loader, resolve_files
+from birdjepa.data import Loader, open_train_loader, resolve_files
 from birdjepa.data.shards import label_count
 from birdjepa.diagnostics.monitor import check_due
-from birdjepa.faults import LATE_STEP
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
 from birdjepa.rundir import checkpoint
+from birdjepa.seams import planted
 from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled, compiled
@@ -168,29 +167,14 @@ def stepped(
 def open_loader(
     cfg: PretrainConfig, train_files: list[str], state: dict[str, Any] | None, *, resumed: bool
 ) -> tuple[Loader, str | None]:
-    """The segment's train loader at ``state`` (see `birdjepa.data.open_train_loader`), with the
-    ``--debug.plant`` of the data, if any, applied."""
-    seed = cfg.seed + 1 if cfg.debug.plant == "loader_seed" else cfg.seed
+    """The segment's train loader at ``state`` (see `birdjepa.data.open_train_loader`), through the
+    verification wing's seam (`birdjepa.seams.Seams.open_loader`: the loader as is in a real run)."""
     augment = not cfg.debug.disable_stochastic
-    extra: dict[str, Any] = {}
-    if cfg.debug.plant in ("crop_shifted", "crop_shifted_late"):  # the first sample of step 0 or LATE_STEP
-        first, _ = open_train_loader(
-            train_files, cfg.data, seed=seed, augment=augment, state=None, resumed=False
+
+    def open_at(seed: int, *, fresh: bool = False, **options: Any) -> tuple[Loader, str | None]:
+        at, again = (None, False) if fresh else (state, resumed)
+        return open_train_loader(
+            train_files, cfg.data, seed=seed, augment=augment, state=at, resumed=again, **options
         )
-        with first:
-            skip = LATE_STEP if cfg.debug.plant == "crop_shifted_late" else 0
-            extra["debug_crop_shift_index"] = int(next(itertools.islice(first, skip, None))["index"][0])
-    loader, error = open_train_loader(
-        train_files, cfg.data, seed=seed, augment=augment, state=state, resumed=resumed, **extra
-    )
-    return (ReversedBatches(loader) if cfg.debug.plant == "batch_reordered" else loader), error
 
-
-class ReversedBatches(Loader):
-    """``--debug.plant batch_reordered``: the loader's batches with their rows in reverse order."""
-
-    def __init__(self, loader: Loader) -> None:  # noqa: D107 (wraps, does not open)
-        self.__dict__.update(loader.__dict__)
-
-    def __next__(self) -> Batch:
-        return {k: np.ascontiguousarray(v[::-1]) for k, v in super().__next__().items()}
+    return planted(cfg.debug.plant).open_loader(open_at, cfg.seed)

@@ -17,12 +17,12 @@ import optax
 from birdjepa.config import NO_AUGMENT, AugmentConfig, PretrainConfig
 from birdjepa.data import Features
 from birdjepa.diagnostics.monitor import maybe_update_stats
-from birdjepa.faults import DATA_PLANTS
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import BirdJepa
 from birdjepa.objectives import health
 from birdjepa.objectives.base import Objective, build
 from birdjepa.objectives.options import ObjectiveConfig
+from birdjepa.seams import NONE, Seams, planted
 from birdjepa.train.augment import augment_views
 from birdjepa.train.model_calls import ModelCalls
 from birdjepa.train.optim import accumulation_progress, applied_lr, update_count
@@ -62,9 +62,9 @@ class StepConfig:
     features: Features
     deterministic: bool
     """No dropout or drop-path draws (``--debug.disable-stochastic`` or both rates 0)."""
-    plant: str | None = None
-    """``--debug.plant`` (`birdjepa.faults`) where it is in the step, None in every real run and for the
-    plants the loader applies (`birdjepa.faults.DATA_PLANTS`)."""
+    seams: Seams = NONE
+    """The verification wing's hooks in the step (`birdjepa.seams`): `NONE` in every real run, and for
+    a ``--debug.plant`` that changes only the data."""
     fixed_draws: bool = False
     """``--debug.disable-stochastic``: every draw of the loss (local crops, span masks, SIGReg's
     directions) from one fixed key, the same at every step."""
@@ -80,7 +80,7 @@ class StepConfig:
             augment=NO_AUGMENT if off else cfg.augment,
             features=cfg.data.features,
             deterministic=off or (cfg.model.dropout == 0 and cfg.model.drop_path == 0),
-            plant=None if cfg.debug.plant in DATA_PLANTS else cfg.debug.plant,
+            seams=plant if (plant := planted(cfg.debug.plant)).in_step else NONE,
             fixed_draws=off,
             virtual_shards=cfg.train.virtual_shards,
         )
@@ -143,7 +143,7 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False, terms: Terms = whole
         rec: list[tuple[str, Any]] | None = [] if record else None
         key, dropout_key, own_shared_key = step_keys(spec, key)
         shared_key = own_shared_key if shared_key is None else shared_key
-        calls = ModelCalls(spec.plant, spec.deterministic, model, params, (key, dropout_key, shared_key), rec)
+        calls = ModelCalls(spec.seams, spec.deterministic, model, params, (key, dropout_key, shared_key), rec)
         views = batch["spectrogram"]
         if augment.active:  # its own sub-key, so turning it on leaves the other draws as they were
             with jax.named_scope("augment"):  # a name in XLA's metadata only (birdjepa.perf.profile)

@@ -2,7 +2,7 @@
 bisect` must place their first difference.
 
 Each pair trains a run A (shared between pairs with the same base options) and its twin B with one
-option or one ``--debug.plant`` (`birdjepa.faults`) more, then bisects them in this process. The
+option or one ``--debug.plant`` (`birdjepa.verify.catalogue`) more, then bisects them in this process. The
 topology pair trains B in a process of its own on 4 simulated devices. `scripts/divergence_matrix.py`
 prints the matrix; the tests assert it.
 """
@@ -21,9 +21,9 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.divergence.bisect import bisect
-from birdjepa.faults import EXPECTED_DIFFERENCE, EXPECTED_REGION, LATE_STEP
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.rundir import layout
+from birdjepa.verify.catalogue import EXPECTED_DIFFERENCE, EXPECTED_REGION, LATE_STEP
 
 STEPS = 4
 
@@ -76,7 +76,7 @@ PAIRS = (
         step=LATE_STEP,
         start=LATE_STEP - 1,  # checkpoints after steps 1 and 3 agree; the one after step 5 does not
     ),
-    _plant("dropout_key", "another dropout key (dropout 0.1 in both)", ("--model.dropout", "0.1")),
+    _plant("dropout_key_folded", "another dropout key (dropout 0.1 in both)", ("--model.dropout", "0.1")),
     Pair(
         "clip_norm",
         "gradient clipping at another threshold (0.3)",

@@ -1,7 +1,7 @@
 """The fault matrix: every injected resume fault against every resume check.
 
 One run trains to ``resume_at`` and stops; then, for a clean resume and for each fault of
-`birdjepa.faults`, a copy of that run directory is resumed with the fault injected. The resume
+`birdjepa.verify.catalogue`, a copy of that run directory is resumed with the fault injected. The resume
 checks run before the first update, so each copy stops right there (or, with ``--resume-checks warn``,
 would go on); the matrix is read back from the ``resume/<check>`` metrics each copy logged for its
 first resumed step. `scripts/fault_matrix.py` prints it; the tests assert it.
@@ -13,10 +13,10 @@ import dataclasses
 import shutil
 
 from birdjepa.config import PretrainConfig
-from birdjepa.faults import EXPECTED_CHECK, FAULTS
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.checks import CHECKS
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
+from birdjepa.verify.catalogue import EXPECTED_CHECK, FAULTS
 
 CLEAN = "none"
 

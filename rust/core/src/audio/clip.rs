@@ -18,7 +18,7 @@
 //!    any length and keeps output samples `[start, min(end, N_out, start + clip))`; the rest of the
 //!    clip is zeros, as for a short recording. A window starting at or past `N_out` is an error.
 //!
-//!    With `shift` (the loader's `debug_crop_shift_index`, which plants a difference on purpose), every
+//!    With `shift` (the loader's debug seam, `debug_hooks`, which plants a difference), every
 //!    view's offset then moves one fbank hop forward, clamped to `N_out - clip_samples`; where that
 //!    leaves it in place (the crop already ends the recording) it moves one hop backward, clamped to 0.
 //!    A recording no longer than a clip keeps offset 0. `extract` returns each view's final offset.

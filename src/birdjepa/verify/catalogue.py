@@ -1,15 +1,15 @@
-"""The catalogue of faults planted on purpose by the ``--debug-*`` options; none is active by default.
+"""The catalogue of what the verification wing does to a run on purpose, and what must then happen.
 
-Divergence plants (``--debug.plant P``) make a run differ from its twin in exactly one thing that
-needs a code change (the other rows of the divergence matrix differ by an option); `EXPECTED_DIFFERENCE`
-says where `birdjepa bisect` must place the first difference (`scripts/divergence_matrix.py`).
+Divergence plants (``--debug.plant P``, `birdjepa.verify.plants`) make a run differ from its twin in
+exactly one thing that needs a code change (the other rows of the divergence matrix differ by an
+option); `EXPECTED_DIFFERENCE` says where `birdjepa bisect` must place the first difference
+(`birdjepa.verify.divergence_matrix`).
 
-Resume faults (``--debug.inject-fault F``) prove the resume checks catch each: each imitates one way a
-real resume goes wrong; `birdjepa.resume.inject` applies it to what the loop restored, before the
-checks run. `EXPECTED_CHECK` names the check that must fail on the first
-resumed step; others may fail too (a changed batch size also changes the next batch).
-`scripts/fault_matrix.py` prints them all. Plain data at the bottom of the package (no JAX):
-`birdjepa.config` imports it.
+Resume faults (``--debug.inject-fault F``, `birdjepa.verify.faults`) prove the resume checks catch
+each: each imitates one way a real resume goes wrong, applied to what the loop restored, before the
+checks run. `EXPECTED_CHECK` names the check that must fail on the first resumed step; others may fail
+too (a changed batch size also changes the next batch). `birdjepa.verify.fault_matrix` runs them all.
+Plain data (no JAX).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ Plant = Literal[
     "batch_reordered",
     "crop_shifted",
     "crop_shifted_late",
-    "dropout_key",
+    "dropout_key_folded",
     "decay_skips_biases_and_norms",
     "mlp_between_fc1_and_fc2",
     "block_residual_scale",
@@ -67,9 +67,12 @@ Plant = Literal[
 
 PLANTS: tuple[str, ...] = typing.get_args(Plant)
 
-#: The plants the loader applies (`birdjepa.train.segment`): the step is the twin's own, and so is its
-#: compilation (`birdjepa.train.step.StepConfig` leaves them out).
+#: The plants the loader applies (through the seam of `birdjepa.train.segment.open_loader`): the step is
+#: the twin's own, and so is its compilation.
 DATA_PLANTS: tuple[str, ...] = ("loader_seed", "batch_reordered", "crop_shifted", "crop_shifted_late")
+
+PLANT_SCALE = 1.0 + 2.0**-10
+"""How much the forward plants scale one call's input: a few hundred ulps, as a changed constant would."""
 
 LATE_STEP = 4
 """``crop_shifted_late`` shifts the crop of the first sample of this step's batch: the runs agree for
@@ -84,9 +87,9 @@ EXPECTED_DIFFERENCE = {
     "batch_reordered": ("batch", "index"),  # the same samples, each batch's rows reversed
     "crop_shifted": ("batch", "crop_offset"),  # the first sample's crop one hop later
     "crop_shifted_late": ("batch", "crop_offset"),  # the same, for the first sample of step LATE_STEP
-    "dropout_key": ("keys", "dropout_global"),  # the dropout key folded once more
+    "dropout_key_folded": ("keys", "dropout_global"),  # the dropout key folded once more
     "decay_skips_biases_and_norms": ("updates", ""),  # no weight decay on 1-D parameters
-    # Code changes inside a module whose submodules are unchanged (`birdjepa.train.model_calls.planted`):
+    # Code changes inside a module whose submodules are unchanged (`birdjepa.verify.plants.ScaledCall`):
     "mlp_between_fc1_and_fc2": (
         "forward",
         "global/encoder/block_0/mlp/fc2.__call__#0/in",
@@ -95,10 +98,10 @@ EXPECTED_DIFFERENCE = {
     "decoder_input_scaled": ("forward", "global/decoder/embed.__call__#0/in"),  # MAE: in Decoder
 }
 
-#: ``noisy_execution`` has no entry above: it makes a run differ from *itself*, one execution from the next
-#: (the first block's input scaled by `PLANT_SCALE` on every other one, `train.model_calls.execution_parity`),
-#: as a GPU's non-deterministic reductions do. Twin runs started in another phase differ, and `bisect
-#: --repeat 2` must call that difference noise, not a bug.
+#: ``noisy_execution`` has no entry above: it makes a run differ from *itself*, one execution from the
+#: next (the first block's input scaled by `PLANT_SCALE` on every other one,
+#: `birdjepa.verify.plants.execution_parity`), as a GPU's non-deterministic reductions do. Twin runs
+#: started in another phase differ, and `bisect --repeat 2` must call that difference noise, not a bug.
 
 #: Where in the code bisect must say a forward difference arose (a piece of its verdict).
 EXPECTED_REGION = {

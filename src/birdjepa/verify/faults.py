@@ -1,45 +1,46 @@
-"""Applies a fault of `birdjepa.faults` to what the loop restored, before the resume checks run."""
+"""The resume faults of ``--debug.inject-fault`` (`birdjepa.verify.catalogue`): each breaks what the
+loop restored, before the resume checks run (the seam `birdjepa.seams.Seams.restored`), registered under
+its name when this module is imported. JAX and optax are imported where a fault is applied."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
-import optax
-
-from birdjepa.faults import FAULTS, PERTURBATION
-from birdjepa.train.state import TrainState
+from birdjepa import seams
+from birdjepa.seams import Seams
+from birdjepa.verify.catalogue import FAULTS, PERTURBATION
 
 if TYPE_CHECKING:
-    from birdjepa.config import PretrainConfig
+    from birdjepa.resume.restored import Restored
 
 
-@dataclasses.dataclass(frozen=True)
-class Restored:
-    """What the loop restored from a checkpoint and is about to train on."""
+class Fault(Seams):
+    """One fault of the catalogue, applied by `inject`."""
 
-    cfg: PretrainConfig
-    train_files: list[str]
-    state: TrainState
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-    def with_state(self, **changes: Any) -> Restored:
-        return dataclasses.replace(self, state=dataclasses.replace(self.state, **changes))
+    def restored(self, restored: Any, tx: Any, fresh_chain: Any) -> tuple[Any, str | None]:
+        return inject(self.name, restored, tx, fresh_chain)
 
 
 def _with_count(opt_state: Any, delta: int) -> Any:
     """``opt_state`` with the schedule's step count (`optim.update_count`) moved by ``delta``."""
+    import optax
+
     if isinstance(opt_state, optax.MultiStepsState):
         return opt_state._replace(inner_opt_state=_with_count(opt_state.inner_opt_state, delta))
     return opt_state._replace(count=opt_state.count + delta)
 
 
-def inject(
-    fault: str, r: Restored, tx: optax.GradientTransformation, fresh_chain: jax.Array
-) -> tuple[Restored, str | None]:
-    """``r`` with ``fault`` applied, and why it changes nothing at this point of this run (None when it
-    does change something); prints what it did."""
+def inject(fault: str, r: Restored, tx: Any, fresh_chain: Any) -> tuple[Restored, str | None]:
+    """``r`` with ``fault`` applied (``tx``: the run's optimizer), and why it changes nothing at this
+    point of this run (None when it does change something); prints what it did."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
     no_effect, s = None, r.state
@@ -81,8 +82,14 @@ def inject(
 def _fresh_moments(opt_state: Any, fresh: Any) -> Any:
     """``opt_state`` with the inner optimizer's state (Adam moments, ...) taken from ``fresh``; counts,
     applied hyperparameters and accumulation kept."""
+    import optax
+
     if isinstance(opt_state, optax.MultiStepsState):
         return opt_state._replace(
             inner_opt_state=_fresh_moments(opt_state.inner_opt_state, fresh.inner_opt_state)
         )
     return opt_state._replace(inner_state=fresh.inner_state)
+
+
+for _name in FAULTS:
+    seams.register("fault", _name, Fault(_name))
