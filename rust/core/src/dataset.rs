@@ -14,6 +14,7 @@ use arrow_array::{Array, ArrayRef};
 use arrow_buffer::Buffer;
 use arrow_schema::{DataType, Field};
 
+use crate::audio_source::AudioLayout;
 use crate::error::{Error, Result};
 use crate::options::LoaderOptions;
 use crate::rng::hash_words;
@@ -28,6 +29,8 @@ pub struct ColumnConfig {
     pub n_classes: Option<usize>,
     /// (start, end) seconds columns; None in train mode, where rows are never cropped to a window.
     pub window_columns: Option<(String, String)>,
+    /// Where relative audio paths are resolved (`crate::audio_source`); None: each shard's folder.
+    pub audio_root: Option<PathBuf>,
 }
 
 impl ColumnConfig {
@@ -38,6 +41,7 @@ impl ColumnConfig {
             multilabel_column: o.multilabel_column.clone(),
             n_classes: o.n_classes,
             window_columns: (!o.train).then(|| (o.window_start_column.clone(), o.window_end_column.clone())),
+            audio_root: o.audio_root.as_ref().map(PathBuf::from),
         }
     }
 }
@@ -47,15 +51,6 @@ impl Default for ColumnConfig {
     fn default() -> Self {
         Self::from_options(&LoaderOptions::default())
     }
-}
-
-/// Where the encoded bytes sit: a binary column, or a struct with a `bytes` field (HF's Audio).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AudioLayout {
-    Binary,
-    LargeBinary,
-    StructBinary,
-    StructLargeBinary,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +107,8 @@ enum VocabNeed {
 struct ShardEntry {
     shard: Shard,
     audio: AudioLayout,
+    /// Where the shard's relative audio paths are resolved.
+    audio_root: PathBuf,
     label: LabelLayout,
     /// Whether the shard has both window columns (eval mode only).
     window: bool,
@@ -127,26 +124,6 @@ pub struct Dataset {
     /// The multi-hot's width when a multilabel column is read.
     n_classes: Option<usize>,
     fingerprint: String,
-}
-
-fn audio_layout(path: &Path, field: &Field) -> Result<AudioLayout> {
-    let bad = |t: &DataType| {
-        Error::data(format!(
-            "{}: column '{}' has type {t}; expected binary bytes or a struct with a binary 'bytes' field",
-            path.display(),
-            field.name()
-        ))
-    };
-    match field.data_type() {
-        DataType::Binary => Ok(AudioLayout::Binary),
-        DataType::LargeBinary => Ok(AudioLayout::LargeBinary),
-        DataType::Struct(fields) => match fields.iter().find(|f| f.name() == "bytes").map(|f| f.data_type()) {
-            Some(DataType::Binary) => Ok(AudioLayout::StructBinary),
-            Some(DataType::LargeBinary) => Ok(AudioLayout::StructLargeBinary),
-            _ => Err(bad(field.data_type())),
-        },
-        t => Err(bad(t)),
-    }
 }
 
 fn label_layout(path: &Path, field: &Field) -> Result<LabelLayout> {
@@ -245,18 +222,6 @@ fn load_vocab(path: &Path, need: VocabNeed, cache: &mut HashMap<PathBuf, Arc<Voc
     Ok(vocab)
 }
 
-fn binary_slice(array: &ArrayRef, large: bool, row: usize) -> Buffer {
-    if large {
-        let a = array.as_binary::<i64>();
-        let (start, end) = (a.value_offsets()[row] as usize, a.value_offsets()[row + 1] as usize);
-        a.values().slice_with_length(start, end - start)
-    } else {
-        let a = array.as_binary::<i32>();
-        let (start, end) = (a.value_offsets()[row] as usize, a.value_offsets()[row + 1] as usize);
-        a.values().slice_with_length(start, end - start)
-    }
-}
-
 fn int_value(array: &ArrayRef, row: usize) -> Option<i64> {
     Some(match array.data_type() {
         DataType::Int8 => array.as_primitive::<Int8Type>().value(row) as i64,
@@ -330,7 +295,9 @@ impl Dataset {
                     ))
                 })
             };
-            let audio = audio_layout(path, &field_of(&columns.audio_column)?)?;
+            let audio = AudioLayout::of(path, &field_of(&columns.audio_column)?)?;
+            let parent = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            let audio_root = columns.audio_root.clone().unwrap_or(parent);
             let label = label_layout(path, &field_of(&columns.label_column)?)?;
             let multilabel =
                 columns.multilabel_column.as_deref().map(|c| multilabel_layout(path, &field_of(c)?)).transpose()?;
@@ -349,13 +316,13 @@ impl Dataset {
             };
             let vocab = need.map(|n| load_vocab(path, n, &mut vocabs)).transpose()?;
             offsets.push(offsets.last().unwrap() + shard.rows());
-            shards.push(ShardEntry { shard, audio, label, window, vocab });
+            shards.push(ShardEntry { shard, audio, audio_root, label, window, vocab });
         }
         let n_classes = match columns.multilabel_column {
             Some(_) => Some(multi_hot_width(&shards, columns.n_classes)?),
             None => None,
         };
-        let fingerprint = fingerprint(&shards, &columns);
+        let fingerprint = fingerprint(&shards, &columns)?;
         Ok(Self { shards, offsets, columns, n_classes, fingerprint })
     }
 
@@ -408,21 +375,7 @@ impl Dataset {
         let audio_col = entry.shard.column(&batch, &self.columns.audio_column).map_err(RecordError::Fatal)?;
         let label_col = entry.shard.column(&batch, &self.columns.label_column).map_err(RecordError::Fatal)?;
 
-        let (bytes_col, large) = match entry.audio {
-            AudioLayout::Binary => (audio_col.clone(), false),
-            AudioLayout::LargeBinary => (audio_col.clone(), true),
-            AudioLayout::StructBinary | AudioLayout::StructLargeBinary => {
-                if audio_col.is_null(r) {
-                    return Err(RecordError::Skip("audio is null".into()));
-                }
-                let bytes = audio_col.as_struct().column_by_name("bytes").cloned().expect("checked at open");
-                (bytes, entry.audio == AudioLayout::StructLargeBinary)
-            }
-        };
-        if bytes_col.is_null(r) {
-            return Err(RecordError::Skip("audio bytes are null".into()));
-        }
-        let audio = binary_slice(&bytes_col, large, r);
+        let audio = entry.audio.read(&audio_col, r, &entry.audio_root).map_err(RecordError::Skip)?;
         entry.shard.will_need(&audio);
 
         // Bad labels stop the loader (they are the data set's, not one recording's): one line naming the row.
@@ -492,9 +445,10 @@ fn multi_hot_width(shards: &[ShardEntry], n_classes: Option<usize>) -> Result<us
     }
 }
 
-/// Identity of the data: names, sizes, row counts and the bytes at both ends of every shard.
-/// Paths are reduced to file names so the same data copied to node-local scratch keeps its id.
-fn fingerprint(shards: &[ShardEntry], columns: &ColumnConfig) -> String {
+/// Identity of the data: names, sizes, row counts and the bytes at both ends of every shard, and the size
+/// and modification time of every audio file a row names by path.
+/// Shard paths are reduced to file names so the same data copied to node-local scratch keeps its id.
+fn fingerprint(shards: &[ShardEntry], columns: &ColumnConfig) -> Result<String> {
     let mut words: Vec<u64> = Vec::new();
     let push_bytes = |words: &mut Vec<u64>, bytes: &[u8]| {
         words.push(bytes.len() as u64);
@@ -514,8 +468,9 @@ fn fingerprint(shards: &[ShardEntry], columns: &ColumnConfig) -> String {
         let (head, tail) = e.shard.edge_bytes(64 * 1024);
         push_bytes(&mut words, head);
         push_bytes(&mut words, tail);
+        words.extend(e.audio.stamps(&e.shard, &columns.audio_column, &e.audio_root)?);
     }
-    format!("{:016x}", hash_words(&words))
+    Ok(format!("{:016x}", hash_words(&words)))
 }
 
 #[cfg(test)]

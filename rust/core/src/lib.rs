@@ -2,6 +2,7 @@
 //!
 //! No Python in here: the PyO3 layer lives in `rust/py` and only converts types.
 pub mod audio;
+pub mod audio_source;
 pub mod dataset;
 pub mod debug_hooks;
 pub mod error;

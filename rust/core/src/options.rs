@@ -41,6 +41,9 @@ pub struct LoaderOptions {
     /// recording instead of the centre (BirdSet's soundscape segments).
     pub window_start_column: String,
     pub window_end_column: String,
+    /// Where a relative audio path (a row whose audio is a file, `audio_source`) is resolved; None: the
+    /// folder of the row's shard.
+    pub audio_root: Option<String>,
     pub debug_panic_index: Option<u64>,
     /// Debug: the sample whose global index equals this takes every view's crop one hop further
     /// (plants a difference on purpose, e.g. for a divergence test); -1: off.
@@ -88,6 +91,7 @@ impl Default for LoaderOptions {
             n_classes: None,
             window_start_column: "start_time".into(),
             window_end_column: "end_time".into(),
+            audio_root: None,
             debug_panic_index: None,
             debug_crop_shift_index: -1,
             // 5 s at 32 kHz, Kaldi-style fbank: 25 ms window, 10 ms hop, 128 mel bins from 20 Hz to

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use birdjepa_core::dataset::RecordError;
 use birdjepa_core::error::{Error, ErrorKind};
 use birdjepa_core::loader::{Batch, Loader, LoaderConfig, LoaderState, Poll};
 use birdjepa_core::options::LoaderOptions;
@@ -10,7 +11,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 mod audio_fns;
 
@@ -154,6 +155,21 @@ impl PyLoader {
     /// Rows per shard, in shard-id order (for the IID diagnostics' shard statistics).
     fn shard_rows(&self) -> Vec<u64> {
         self.inner.lock().unwrap().dataset().shard_rows()
+    }
+
+    /// The encoded audio of global sample `index`, as the loader reads it (bytes in the shard, or the
+    /// file its path names); a row the loader skips is a DataError saying why.
+    fn encoded_audio<'py>(&self, py: Python<'py>, index: u64) -> PyResult<Bound<'py, PyBytes>> {
+        let guard = self.inner.lock().unwrap();
+        let dataset = guard.dataset();
+        match dataset.record(index) {
+            Ok(record) => Ok(PyBytes::new(py, record.audio.as_slice())),
+            Err(RecordError::Skip(why)) => {
+                let (shard, row) = dataset.locate(index);
+                Err(to_py(Error::data(format!("{}: row {row}: {why}", dataset.shard_path(shard).display()))))
+            }
+            Err(RecordError::Fatal(e)) => Err(to_py(e)),
+        }
     }
 }
 

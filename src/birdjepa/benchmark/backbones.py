@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from birdjepa.data import Features, Loader
 from birdjepa.evaluation.embed import raw_features
@@ -255,7 +254,7 @@ def embed(
         features=features,
         **loader_options,
     ) as loader:
-        clips = Clips(list(files), features, loader_options) if any(b.waveform for b, _ in missing) else None
+        clips = Clips(loader, features) if any(b.waveform for b, _ in missing) else None
         for batch in loader:
             for b, _ in missing:
                 t0 = time.perf_counter()
@@ -297,29 +296,21 @@ def _one_hot(label: np.ndarray, n_classes: int) -> np.ndarray:
 
 
 class Clips:
-    """The samples of each clip the loader cropped, for waveform encoders: the row's audio decoded and
-    resampled by the loader's functions, cut at the batch's ``crop_offset``."""
+    """The samples of each clip the loader cropped, for waveform encoders: the row's audio as the loader
+    reads it (`Loader.encoded_audio`), decoded and resampled by the loader's functions, cut at the
+    batch's ``crop_offset``."""
 
-    def __init__(self, files: list[str], features: Features, options: dict[str, Any]) -> None:
-        from birdjepa.data.shards import read_shard
-
-        column = options.get("audio_column", "audio")
-        self.audio = []
-        for f in files:
-            col = read_shard(Path(f)).column(column).combine_chunks()
-            self.audio.append(col.field("bytes") if pa.types.is_struct(col.type) else col)  # HF's struct
+    def __init__(self, loader: Loader, features: Features) -> None:
+        self.loader = loader
         self.rate = features.target_rate
         self.length = int(round(features.clip_seconds * features.target_rate))
-        self.first = np.r_[0, np.cumsum([len(a) for a in self.audio])]
 
     def waveforms(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         from birdjepa._rs import decode_audio, resample
 
         out = np.zeros((len(batch["index"]), self.length), np.float32)
-        rows = zip(batch["index"], batch["shard_id"], batch["crop_offset"], strict=True)
-        for i, (index, shard, offset) in enumerate(rows):
-            data = self.audio[shard][int(index - self.first[shard])].as_py()
-            samples, rate = decode_audio(data)
+        for i, (index, offset) in enumerate(zip(batch["index"], batch["crop_offset"], strict=True)):
+            samples, rate = decode_audio(self.loader.encoded_audio(int(index)))
             if rate != self.rate:
                 samples = resample(samples, rate, self.rate)
             window = samples[int(offset) : int(offset) + self.length]

@@ -98,15 +98,16 @@ def run_task(
     batch_size: int,
     n_workers: int,
     multilabel_column: str,
+    audio_root: str | None = None,
     log=print,
 ) -> list[dict]:
     """Every (backbone, probe, n, seed) result of ``task``, from the store where it is there."""
     default = next((b.features for b in backbones if b.features is not None), Features())
-    options = {}
+    options: dict = {"audio_root": audio_root}
     if multilabel_column and all(
         has_column(files[0], multilabel_column) for files in (task.train, task.test)
     ):
-        options = {"multilabel_column": multilabel_column, "n_classes": task.n_classes}
+        options |= {"multilabel_column": multilabel_column, "n_classes": task.n_classes}
     else:
         log(
             f"{task.name}: no {multilabel_column!r} column in its shards; each clip's target is its one label"
@@ -284,6 +285,7 @@ def cli(
     plot: Path | None = None,
     multilabel_column: str = "ebird_code_multilabel",
     n_classes: int | None = None,
+    audio_root: str | None = None,
     batch_size: int = 16,
     n_workers: int = 2,
 ) -> None:
@@ -318,6 +320,8 @@ def cli(
         multilabel_column: The list-of-labels column (BirdSet's); where the shards have none, each clip's
             target is the one-hot of its label.
         n_classes: Classes (default: the vocab.json beside the shards).
+        audio_root: Where rows that name their audio by a relative path find it (default: each shard's
+            folder), for both splits.
         batch_size: Clips per forward pass.
         n_workers: Loader decode threads (the result does not depend on it).
     """
@@ -360,6 +364,7 @@ def cli(
             batch_size=batch_size,
             n_workers=n_workers,
             multilabel_column=multilabel_column,
+            audio_root=audio_root,
         )
     except (BenchmarkError, BackboneError, DataError, ValueError) as e:
         print(f"birdjepa benchmark: error: {e}", file=sys.stderr)

@@ -88,6 +88,10 @@ class DataConfig:
     fewer shards at a time (more sequential I/O, less mixed batches)."""
     n_views: int = TRAIN_VIEWS
     """Views per recording (LeJEPA needs >= 2)."""
+    audio_root: str | None = DEFAULTS["audio_root"]
+    """Where a row whose audio is a file path (HF's Audio with null bytes, as a loading script's cache
+    holds BirdSet) finds a relative path: every split's shards (train and eval); None: each shard's
+    own folder. The files' sizes and times are part of the data set's fingerprint."""
     features: Features = Features()
 
     def loader_options(self) -> dict[str, Any]:
@@ -203,6 +207,11 @@ class Loader:
     @property
     def fingerprint(self) -> str:
         return self._rs.fingerprint()
+
+    def encoded_audio(self, index: int) -> bytes:
+        """Global sample ``index``'s encoded audio as this loader reads it: its bytes in the shard, or
+        the file its path names (under ``audio_root``); a `DataError` where the loader skips the row."""
+        return self._rs.encoded_audio(index)
 
     @property
     def shard_sizes(self) -> list[int]:

@@ -62,14 +62,16 @@ def embed_splits(
     seed: int,
     batch_size: int,
     n_workers: int,
+    audio_root: str | None = None,
 ) -> tuple[Split, Split]:
-    """Both splits through every parameter set in ``params`` (name -> params tree) and the raw baseline."""
+    """Both splits through every parameter set in ``params`` (name -> params tree) and the raw baseline;
+    ``audio_root``: the run's ``--data.audio-root``."""
     apply = jax.jit(encoder_apply(model_cfg))
     encoders = {name: batched(lambda x, p=p: apply(p, x), batch_size) for name, p in params.items()}
     splits = []
     for files in (train_files, eval_files):
         with Loader(files, seed=seed, batch_size=batch_size, n_workers=n_workers, train=False,
-                    features=features) as loader:  # fmt: skip
+                    features=features, audio_root=audio_root) as loader:  # fmt: skip
             splits.append(embed_split(loader, encoders))
     return splits[0], splits[1]
 
@@ -163,6 +165,7 @@ def evaluate_checkpoint(
     train, held_out = embed_splits(
         train_files, eval_files, {ENCODER: run.params, RANDOM_INIT: run.random_init}, model_cfg,
         cfg.data.features, seed=cfg.seed, batch_size=batch_size or cfg.data.batch_size, n_workers=n_workers,
+        audio_root=cfg.data.audio_root,
     )  # fmt: skip
     for name, split in (("train", train), ("eval", held_out)):
         if len(split.labels) == 0:

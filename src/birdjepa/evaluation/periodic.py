@@ -28,12 +28,14 @@ class PeriodicEval:
         batch_size: int,
         n_workers: int,
         random_init: Callable[[], Encode],
+        audio_root: str | None = None,
     ) -> None:
-        """``random_init`` makes the random-init encoder when the baselines are first embedded."""
+        """``random_init`` makes the random-init encoder when the baselines are first embedded;
+        ``audio_root``: ``--data.audio-root``."""
 
         def loader(files: Sequence[str]) -> Loader:
             return Loader(list(files), seed=seed, batch_size=batch_size, n_workers=n_workers, train=False,
-                          features=features)  # fmt: skip
+                          features=features, audio_root=audio_root)  # fmt: skip
 
         self.train_loader, self.eval_loader = loader(train_files), loader(eval_files)
         self.seed = seed

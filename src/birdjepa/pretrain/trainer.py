@@ -113,6 +113,7 @@ class Trainer:
         self.evaluator = PeriodicEval(
             self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
             batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
+            audio_root=cfg.data.audio_root,
         )  # fmt: skip
         self.wandb_run = open_run(cfg.log.wandb if self.main else "disabled", cfg.run_dir, cfg.run,
                                   cfg.log.wandb_project, self.config, restart)  # fmt: skip

@@ -1,0 +1,127 @@
+"""Audio by path: BirdSet's rows as a `datasets` loading script caches them (HF's Audio struct with null
+``bytes`` and a ``path`` to the extracted file) give the batches of the same audio embedded in the
+shard; a relative path is found under the shard's folder or ``audio_root``; a missing file is a
+counted skip naming the shard, the row and the path; a changed file is refused at resume."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from birdjepa.data import Loader, StateError
+from birdjepa.data.shards import read_shard
+
+EXTENSIONS = {b"fLaC": ".flac", b"OggS": ".ogg", b"RIFF": ".wav"}
+
+
+def path_only(shard: Path, out: Path, audio_dir: Path, *, relative_to: Path | None = None) -> Path:
+    """``shard`` rewritten into ``out`` in its own HF schema (stream format, as `datasets` caches it)
+    with every recording written once to ``audio_dir`` and the struct's ``bytes`` null; paths relative
+    to ``relative_to`` (absolute when None)."""
+    table = read_shard(shard)
+    audio = table.column("audio").combine_chunks()
+    paths = []
+    for data in audio.field("bytes").to_pylist():
+        name = hashlib.sha256(data).hexdigest()[:16] + EXTENSIONS.get(data[:4], ".mp3")
+        file = audio_dir / name
+        if not file.exists():  # a soundscape's 5 s windows all name its one file
+            audio_dir.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(data)
+        paths.append(str(file.relative_to(relative_to) if relative_to else file))
+    by_path = pa.StructArray.from_arrays(
+        [pa.nulls(len(paths), pa.binary()), pa.array(paths, pa.string())], fields=list(audio.type)
+    )
+    table = table.set_column(table.schema.get_field_index("audio"), "audio", by_path)
+    assert table.column("audio").combine_chunks().field("bytes").null_count == len(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with pa.ipc.new_stream(str(out), table.schema) as writer:  # the schema's HF metadata kept
+        writer.write_table(table, max_chunksize=8)
+    return out
+
+
+def batches(files: list[str], *, train: bool, **options: object) -> list[dict[str, np.ndarray]]:
+    """An eval pass, or the first 4 train batches."""
+    with Loader(files, batch_size=4, n_workers=2, train=train, **options) as loader:
+        return [next(loader) for _ in range(4)] if train else list(loader)
+
+
+def assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) and len(a) > 0
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert np.array_equal(x[k], y[k]), k
+
+
+@pytest.fixture(scope="module")
+def birdset_task(birdset_dir: Path) -> Path:
+    return sorted(p for p in birdset_dir.iterdir() if p.is_dir())[0]
+
+
+def test_path_only_birdset_rows_give_the_batches_of_their_embedded_bytes(
+    birdset_task: Path, tmp_path: Path
+) -> None:
+    for split, options in (
+        ("train", {"train": True, "n_views": 2, "seed": 3}),
+        ("test_5s", {"train": False, "multilabel_column": "ebird_code_multilabel"}),
+    ):
+        shards = sorted((birdset_task / split).glob("*.arrow"))
+        # Relative to the shard's folder, where the loading script's cache would sit beside its files.
+        here = tmp_path / split
+        mine = [path_only(s, here / s.name, here / "audio", relative_to=here) for s in shards]
+        (tmp_path / split / "vocab.json").write_bytes((birdset_task / split / "vocab.json").read_bytes())
+        assert_same(batches([str(s) for s in shards], **options), batches([str(s) for s in mine], **options))
+
+
+def test_audio_root_finds_relative_paths_for_shards_kept_elsewhere(
+    birdset_task: Path, tmp_path: Path
+) -> None:
+    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
+    root = tmp_path / "archive"
+    moved = path_only(shard, tmp_path / "cache" / shard.name, root / "extracted", relative_to=root)
+    (moved.parent / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    eval_mode = {"train": False}
+    assert_same(batches([str(shard)], **eval_mode), batches([str(moved)], audio_root=str(root), **eval_mode))
+    # Without the root every path is looked for beside the shard: each row is a counted skip.
+    with Loader([str(moved)], batch_size=4, train=False) as loader:
+        assert list(loader) == []
+        assert loader.diagnostics()["counters"]["skipped"] == len(read_shard(moved))
+
+
+def test_a_missing_file_is_a_counted_skip_naming_shard_row_and_path(
+    birdset_task: Path, tmp_path: Path
+) -> None:
+    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
+    mine = path_only(shard, tmp_path / shard.name, tmp_path / "audio", relative_to=tmp_path)
+    (tmp_path / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    gone = read_shard(mine).column("audio").combine_chunks().field("path")[2].as_py()
+    (tmp_path / gone).unlink()
+    with Loader([str(mine)], batch_size=4, train=False) as loader:
+        rows = np.concatenate([b["index"] for b in loader])
+        diagnostics = loader.diagnostics()
+    assert 2 not in rows and len(rows) == len(read_shard(mine)) - 1
+    assert diagnostics["counters"]["skipped"] == 1
+    (skip,) = diagnostics["skipped"]
+    assert (skip["file"], skip["row"]) == (str(mine), 2)
+    assert gone in skip["reason"] and "No such file" in skip["reason"], skip
+
+
+def test_a_file_changed_between_segments_is_refused_at_resume(birdset_task: Path, tmp_path: Path) -> None:
+    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
+    mine = path_only(shard, tmp_path / shard.name, tmp_path / "audio", relative_to=tmp_path)
+    (tmp_path / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    with Loader([str(mine)], batch_size=4, seed=1) as loader:
+        next(loader)
+        state = loader.state()
+    with Loader([str(mine)], batch_size=4, seed=1, state=state) as same:  # unchanged: resumes
+        next(same)
+    touched = tmp_path / read_shard(mine).column("audio").combine_chunks().field("path")[0].as_py()
+    stat = touched.stat()
+    os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # same bytes, a new time
+    with pytest.raises(StateError, match="fingerprint"):
+        Loader([str(mine)], batch_size=4, seed=1, state=state)
