@@ -4,8 +4,9 @@
 
 Prints clips/s of the Rust loader with 1 and 2 workers, of a plain numpy + soundfile + scipy
 pipeline doing the same work (decode, mono, resample to 32 kHz, 5 s crop, log-mel, normalise),
-decode alone and fbank alone in both, and time to the first batch cold vs after restoring a state
-whose shuffle buffer holds 10 000 indices.
+of the loader on the same audio stored by path (HF's Audio with null bytes, one file per recording,
+on the same disk), decode alone and fbank alone in both, and time to the first batch cold vs after
+restoring a state whose shuffle buffer holds 10 000 indices.
 """
 
 # ruff: noqa: E402  (the BLAS thread count must be set before numpy is imported)
@@ -39,6 +40,7 @@ from birdjepa.synthetic.demo import ensure_demo_data
 
 # The numpy reference fbank of the parity tests is the plain pipeline's fbank (one implementation).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from path_only import path_only
 from reference_fbank import log_mel as reference_log_mel
 
 FEATURES = Features()
@@ -107,6 +109,13 @@ def write_wide_set(folder: Path, rows: int) -> list[str]:
     return paths
 
 
+def open_seconds(files: list[str]) -> float:
+    """Opening a loader: the shards' indexes and the data set's fingerprint (a stat per file by path)."""
+    start = time.perf_counter()
+    with Loader(files, batch_size=1, train=False):
+        return time.perf_counter() - start
+
+
 def first_batch_seconds(files: list[str], state: dict | None, batch_size: int) -> float:
     start = time.perf_counter()
     loader = Loader(files, seed=0, batch_size=batch_size, n_workers=2, shuffle_buffer=10_000, state=state)
@@ -140,23 +149,41 @@ def main() -> None:
     rows: list[tuple[str, str, str]] = []
     rng = np.random.default_rng(0)
     picks = rng.choice(len(audio), size=args.plain_clips, replace=True)
-    ones, twos, plains = [], [], []
+    by_path_dir = tempfile.TemporaryDirectory()
+    here = Path(by_path_dir.name)
+    by_path = [str(path_only(Path(f), here / Path(f).name, here / "audio", relative_to=here)) for f in files]
+    for f in files:  # the labels' vocabulary beside the shards, as beside the originals
+        vocab = Path(f).with_name("vocab.json")
+        if vocab.exists():
+            (here / "vocab.json").write_bytes(vocab.read_bytes())
+    ones, twos, paths, plains = [], [], [], []
     # Interleaved repeats, medians reported: drift on a shared machine hits every figure alike.
     for _ in range(args.repeats):
         ones.append(loader_rate(files, 1, args.batches, args.batch_size))
         twos.append(loader_rate(files, 2, args.batches, args.batch_size))
+        paths.append(loader_rate(by_path, 2, args.batches, args.batch_size))
         plains.append(rate(len(picks), lambda: [plain_pipeline(audio[i], rng) for i in picks])[0])
-    one, two, plain = (float(np.median(x)) for x in (ones, twos, plains))
+    one, two, by_path_rate, plain = (float(np.median(x)) for x in (ones, twos, paths, plains))
+    opens = {
+        name: min(open_seconds(f) for _ in range(3)) for name, f in (("bytes", files), ("path", by_path))
+    }
+    by_path_dir.cleanup()
     print(
         "repeats (clips/s): 1 worker",
         [round(x) for x in ones],
         "2 workers",
         [round(x) for x in twos],
+        "2 workers by path",
+        [round(x) for x in paths],
         "plain",
         [round(x, 1) for x in plains],
     )
     rows.append(("loader, 1 worker", f"{one:8.1f} clips/s", f"{one / plain:5.1f}x plain"))
     rows.append(("loader, 2 workers", f"{two:8.1f} clips/s", f"{two / one:5.2f}x 1 worker"))
+    rows.append(("loader, 2 workers, audio by path", f"{by_path_rate:8.1f} clips/s",
+                 f"{by_path_rate / two:5.2f}x bytes in the shard"))  # fmt: skip
+    rows.append(("open (fingerprint), audio by path", f"{opens['path']:8.3f} s",
+                 f"{opens['path'] - opens['bytes']:+.3f} s vs bytes"))  # fmt: skip
     rows.append(("plain numpy+soundfile+scipy, 1 core", f"{plain:8.1f} clips/s", "1.0x"))
 
     sample = [audio[i] for i in picks[:24]]

@@ -3,6 +3,7 @@ collapse metric, and `birdjepa evaluate` end to end on a tiny run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import socket
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import run_notebook
 
+from birdjepa.config import PretrainConfig
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import probes
 from birdjepa.evaluation.embed import raw_features
@@ -152,21 +154,25 @@ def test_sigreg_is_about_1_06_on_gaussians_and_grows_with_n_when_collapsed():
     assert float(f(line, jax.random.key(2))) > 10 * expected
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
+def tiny_config(demo_dir: Path, runs: Path) -> PretrainConfig:
     from birdjepa.config import DataConfig, LogConfig, PretrainConfig
     from birdjepa.model.config import ModelConfig
-    from birdjepa.pretrain.loop import pretrain
 
     # Every encoder option on (test_encoder_options.py): the export must carry each, and embed with it.
     model = ModelConfig(rope=True, qk_norm=True, swiglu=True, layer_scale=0.1, registers=2)
-    runs = tmp_path_factory.mktemp("runs")
-    cfg = PretrainConfig(
+    return PretrainConfig(
         run="eval", steps=6, eval_every=3, ckpt_every=3, log=LogConfig(runs_dir=runs, print_every=100),
         data=DataConfig(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"), batch_size=8),
         model=model,
     )  # fmt: skip
-    assert pretrain(cfg) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
+    from birdjepa.pretrain.loop import pretrain
+
+    runs = tmp_path_factory.mktemp("runs")
+    assert pretrain(tiny_config(demo_dir, runs)) == 0
     return runs / "eval"
 
 
@@ -192,6 +198,42 @@ def test_evaluate_end_to_end_matches_the_trainer(tiny_run: Path, capsys):
     assert evals[5]["eval/linear_acc_raw"] == first["metrics"]["eval/linear_acc_raw"]
     # Every step logs the collapse metric.
     assert all(0 < x["train/embedding_rank"] <= 16 for x in lines if "train/embedding_rank" in x)
+
+
+def test_overlapping_splits_are_named_and_the_table_marked(
+    tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys
+):
+    """Scores on the data the probes were fitted on are not held out: the splits sharing a shard, or
+    holding the same data under another name, give one WARNING, a marked table and a note in the JSON."""
+    from birdjepa.evaluation.cli import EvalData, cli
+    from birdjepa.evaluation.report import overlap
+    from birdjepa.pretrain.loop import pretrain
+
+    train = sorted(str(p) for p in (demo_dir / "train").glob("*.arrow"))
+    assert overlap((train, train[:1]), ("a", "b")) == (
+        f"the train and eval splits share the shard {train[0]}: the eval scores are not held out"
+    )
+    assert "share the shard" in overlap((train, [train[1], train[0]]), ("a", "b")) and "and 1 more" in (
+        overlap((train, [train[1], train[0]]), ("a", "b"))
+    )
+    assert "hold the same data (fingerprint f)" in overlap((train[:1], ["elsewhere.arrow"]), ("f", "f"))
+    assert overlap((train[:1], train[1:2]), ("f", "g")) is None
+    # pretrain (its step compiled for the run above, in this process), with no evaluation at all:
+    cfg = tiny_config(demo_dir, tmp_path)
+    cfg = dataclasses.replace(
+        cfg, eval_every=0, ckpt_every=0, data=dataclasses.replace(cfg.data, eval=train[0])
+    )
+    capsys.readouterr()
+    assert pretrain(cfg) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and f"share the shard {train[0]}" in warnings[0]
+    out = tmp_path / "overlap.json"
+    cli(tiny_run, data=EvalData(eval=str(demo_dir / "train")), out=out)
+    printed = capsys.readouterr().out.splitlines()
+    warnings = [line for line in printed if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "share the shard" in warnings[0]
+    assert any(line.startswith("NOT HELD OUT: the train and eval splits share") for line in printed)
+    assert "share the shard" in json.loads(out.read_text())["data"]["overlap"]
 
 
 def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):

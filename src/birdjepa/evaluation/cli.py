@@ -229,6 +229,8 @@ def cli(
     finally:
         if lease is not None:
             lease.release()
+    if doc["data"]["overlap"]:
+        print(f"WARNING {doc['data']['overlap']}", flush=True)
     print(summary_line(doc))
-    print(table(rows, encoder_title=f"encoder (step {doc['step']})"))
+    print(table(rows, encoder_title=f"encoder (step {doc['step']})", overlap=doc["data"]["overlap"]))
     print(f"wrote {doc['written_to']}")

@@ -27,6 +27,8 @@ class Split:
     labels: np.ndarray
     """[N] int64."""
     skipped_unlabelled: int
+    fingerprint: str = ""
+    """The data set's fingerprint (`birdjepa.data.Loader.fingerprint`): equal ones hold the same data."""
 
 
 def raw_features(spectrogram: np.ndarray) -> np.ndarray:
@@ -67,4 +69,4 @@ def embed_split(loader: Loader, encoders: Mapping[str, Encode], raw: bool = True
         labels.append(batch["label"][keep])
     features = {name: np.concatenate(p) if p else np.zeros((0, 0), np.float32) for name, p in parts.items()}
     label_array = np.concatenate(labels).astype(np.int64) if labels else np.zeros(0, np.int64)
-    return Split(features, label_array, skipped)
+    return Split(features, label_array, skipped, loader.fingerprint)

@@ -14,7 +14,7 @@ import numpy as np
 
 from birdjepa.data import Features, Loader
 from birdjepa.evaluation.embed import RAW, Encode, Split, embed_split
-from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, score
+from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, overlap, score
 
 
 class PeriodicEval:
@@ -38,6 +38,9 @@ class PeriodicEval:
                           features=features, audio_root=audio_root)  # fmt: skip
 
         self.train_loader, self.eval_loader = loader(train_files), loader(eval_files)
+        fingerprints = (self.train_loader.fingerprint, self.eval_loader.fingerprint)
+        self.overlap = overlap((train_files, eval_files), fingerprints)
+        """Why the eval split is not held out (`birdjepa.evaluation.report.overlap`), or None."""
         self.seed = seed
         self.random_init = random_init
         self._baselines: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None

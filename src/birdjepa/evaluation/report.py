@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,22 +100,40 @@ def info(
             "n_eval": len(held_out.labels),
             "unlabelled_skipped": train.skipped_unlabelled + held_out.skipped_unlabelled,
             "n_classes": n_classes,
+            "overlap": overlap(files, (train.fingerprint, held_out.fingerprint)),
         },
     }
+
+
+def overlap(files: tuple[Sequence[str], Sequence[str]], fingerprints: tuple[str, str]) -> str | None:
+    """Why the eval split is not held out from the train split (``files`` and ``fingerprints`` of both),
+    or None: they share a shard file, or hold the same data under other names."""
+    train, held_out = ({os.path.realpath(f) for f in split} for split in files)
+    shared = sorted(train & held_out)
+    if shared:
+        more = f" and {len(shared) - 1} more" if len(shared) > 1 else ""
+        return (f"the train and eval splits share the shard {shared[0]}{more}: the eval scores are not "
+                "held out")  # fmt: skip
+    if fingerprints[0] and fingerprints[0] == fingerprints[1]:
+        return (f"the train and eval splits hold the same data (fingerprint {fingerprints[0]}): the eval "
+                "scores are not held out")  # fmt: skip
+    return None
 
 
 def _cell(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def table(rows: dict[str, Row], *, encoder_title: str = "encoder") -> str:
-    """A plain-text table, one line per row, encoder first."""
+def table(rows: dict[str, Row], *, encoder_title: str = "encoder", overlap: str | None = None) -> str:
+    """A plain-text table, one line per row, encoder first; marked NOT HELD OUT above its header when
+    the splits ``overlap`` (`overlap`)."""
     titles = {**ROW_TITLES, ENCODER: encoder_title}
     order = [n for n in (ENCODER, RANDOM_INIT, RAW) if n in rows] + [
         n for n in rows if n not in (ENCODER, RANDOM_INIT, RAW)
     ]
     width = max(len(titles.get(n, n)) for n in order)
-    lines = [f"{'features':<{width}}   dim  linear top1  linear macro  kNN top1  kNN macro"]
+    lines = [f"NOT HELD OUT: {overlap}"] if overlap else []
+    lines.append(f"{'features':<{width}}   dim  linear top1  linear macro  kNN top1  kNN macro")
     for n in order:
         r = rows[n]
         lines.append(

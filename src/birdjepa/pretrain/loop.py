@@ -247,7 +247,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         if not evals:
             print(f"{took}; no evaluation (--eval-every 0); run directory {cfg.run_dir}", flush=True)
         else:
-            print(eval_report.table(eval_rows, encoder_title=f"encoder (step {last})"), flush=True)
+            title, overlap = f"encoder (step {last})", t.evaluator.overlap
+            print(eval_report.table(eval_rows, encoder_title=title, overlap=overlap), flush=True)
             e = evals
             linear = (
                 f"linear probe {e['eval/linear_acc']:.3f} (random init "

@@ -115,6 +115,8 @@ class Trainer:
             batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
             audio_root=cfg.data.audio_root,
         )  # fmt: skip
+        if self.evaluator.overlap and self.main:
+            print(f"WARNING {self.evaluator.overlap}", flush=True)
         self.wandb_run = open_run(cfg.log.wandb if self.main else "disabled", cfg.run_dir, cfg.run,
                                   cfg.log.wandb_project, self.config, restart)  # fmt: skip
         self.log = (
