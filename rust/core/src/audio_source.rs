@@ -15,7 +15,11 @@ use arrow_buffer::Buffer;
 use arrow_schema::{DataType, Field};
 
 use crate::error::{Error, Result};
-use crate::shard::Shard;
+use crate::shard::{mmap_buffer, Shard};
+
+/// A file read by path up to this size is asked for in one read (it is decoded whole); a longer one is
+/// read page by page where its crop is decoded.
+const WHOLE_READ_BYTES: usize = 4 << 20;
 
 /// i32 or i64 offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +105,11 @@ impl AudioLayout {
             Some(Located::Bytes(b)) => Ok(b),
             Some(Located::Path(p)) => {
                 let file = resolve(root, &p);
-                std::fs::read(&file).map(Buffer::from_vec).map_err(|e| format!("audio file {}: {e}", file.display()))
+                let (buffer, map) = mmap_buffer(&file).map_err(|e| format!("audio file {e}"))?;
+                if buffer.len() <= WHOLE_READ_BYTES {
+                    let _ = map.advise(memmap2::Advice::WillNeed); // decoded whole: one read
+                }
+                Ok(buffer)
             }
             None if self.path.is_some() => Err("audio bytes and path are null".into()),
             None => Err("audio bytes are null".into()),

@@ -78,14 +78,16 @@ pub struct Shard {
 
 struct MmapOwner(#[allow(dead_code)] Arc<memmap2::Mmap>);
 
-fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
+/// The file at `path` mapped into memory, as a buffer the mapping's owner keeps alive (shards, and audio
+/// files read by path: a crop touches only the pages it decodes).
+pub(crate) fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
     let file = File::open(path).map_err(|e| Error::data(format!("{}: cannot open: {e}", path.display())))?;
     let len = file.metadata().map_err(|e| Error::data(format!("{}: {e}", path.display())))?.len();
     if len == 0 {
-        return Err(Error::data(format!("{}: file is empty (truncated shard?)", path.display())));
+        return Err(Error::data(format!("{}: file is empty (truncated?)", path.display())));
     }
-    // SAFETY: shards are treated as immutable while the loader runs; the index records size and
-    // mtime so a shard rewritten between runs is detected and re-indexed.
+    // SAFETY: shards and audio files are treated as immutable while the loader runs; the data set's
+    // fingerprint records sizes and times, so a file rewritten between segments is refused at resume.
     let mmap = unsafe { memmap2::Mmap::map(&file) }
         .map_err(|e| Error::data(format!("{}: cannot mmap: {e}", path.display())))?;
     // Rows are read where the plan points, from every shard at once by default: the kernel's

@@ -19,6 +19,7 @@ import csv
 import io
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Annotated, Literal
 import soundfile as sf
 import tyro
 
+from birdjepa.data.parquet import ParquetError, convert, parquet_files
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardFormat, ShardWriter, write_vocab
 from birdjepa.exit_codes import FAILED
 
@@ -235,12 +237,14 @@ def cli(
     skip_bad: bool = False,
     workers: int = 4,
 ) -> None:
-    """Pack a folder of audio files (.ogg .flac .wav .mp3) into Arrow shards + vocab.json, bytes unchanged.
+    """Pack a folder of audio files (.ogg .flac .wav .mp3) into Arrow shards + vocab.json, bytes unchanged;
+    or convert Parquet files (the hub's, e.g. BirdSet's): each becomes one shard with every column kept.
 
-    Labels come from the sub-folder (SRC/<label>/...) or from --labels-csv (columns path,label).
+    Labels come from the sub-folder (SRC/<label>/...) or from --labels-csv (columns path,label); a
+    Parquet set keeps its own, and its vocab.json comes from the label column's ClassLabel names.
 
     Args:
-        src: Folder of audio files.
+        src: Folder of audio files; or Parquet files: a folder of *.parquet, a glob or one file.
         out: Output folder for the shards and vocab.json.
         labels_csv: CSV with columns path,label (paths relative to SRC); unnamed files get no label.
         shard_mb: Target shard size in MiB.
@@ -252,6 +256,14 @@ def cli(
         workers: Threads reading and checking files.
     """
     try:
+        if files := parquet_files(src):
+            t0 = time.perf_counter()
+            done = convert(files, out, label_column=label_column, prefix=prefix, workers=workers)
+            mib, took = done.bytes_read / 2**20, time.perf_counter() - t0
+            print(f"wrote {done.rows} rows in {len(done.shards)} shard(s) from {len(files)} Parquet file(s) "
+                  f"({mib:.0f} MiB in {took:.1f} s, {mib / max(took, 1e-9):.0f} MiB/s) and vocab.json "
+                  f"({len(done.names)} labels) to {out}")  # fmt: skip
+            return
         prepare(
             src,
             out,
@@ -265,6 +277,6 @@ def cli(
             workers=workers,
             verbose=True,
         )
-    except (PrepareError, FileExistsError) as e:
+    except (PrepareError, ParquetError, FileExistsError) as e:
         print(f"birdjepa prepare: error: {e}", file=sys.stderr)
         raise SystemExit(FAILED) from None

@@ -235,11 +235,14 @@ class ShardWriter:
         self._shard_rows = 0
 
 
-def write_vocab(out_dir: Path, names: Sequence[str], label_column: str = DEFAULT_LABEL_COLUMN) -> Path:
-    """Write `vocab.json`; `names` must already be sorted and unique (an int label indexes it)."""
+def write_vocab(
+    out_dir: Path, names: Sequence[str], label_column: str = DEFAULT_LABEL_COLUMN, *, ordered: bool = True
+) -> Path:
+    """Write `vocab.json`; `names` must be unique and, where ``ordered``, sorted (an int label indexes
+    it; a ``ClassLabel``'s names keep their own order: ``ordered=False``)."""
     names = list(names)
-    if names != sorted(set(names)):
-        raise ValueError(f"vocab names must be sorted and unique, got {names[:10]}...")
+    if len(set(names)) != len(names) or (ordered and names != sorted(names)):
+        raise ValueError(f"vocab names must be {'sorted and ' if ordered else ''}unique, got {names[:10]}...")
     for n in names:
         if not isinstance(n, str) or not n:
             raise ValueError(f"vocab name {n!r} must be a non-empty string")

@@ -1,0 +1,155 @@
+"""Parquet as it comes from the hub (BirdSet's Parquet conversion, `datasets`' ``to_parquet``): each file
+becomes one Arrow IPC shard the loader reads (`birdjepa prepare SRC OUT` where SRC holds ``*.parquet``).
+
+Every column is kept as it is, with the schema's metadata (HF's ``huggingface`` features): the audio
+(HF's ``Audio`` struct of bytes and path, a binary column, or a column of paths) is copied, never
+re-encoded; labels, the multi-label lists and BirdSet's other columns stay beside it. A file is read
+one row group at a time, ``workers`` files at once, so memory holds that many row groups.
+``vocab.json`` is written beside the shards from where the data keeps its class names: the label
+column's ``ClassLabel`` names in the schema metadata (in their own order: label ``i`` is ``names[i]``),
+or the sorted distinct values of a string label column. A file that cannot be read stops the
+conversion with one line naming it and the row group; the shards already written are removed, and
+each shard appears only whole (written to a hidden ``.partial`` file, then renamed).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from birdjepa.data.shards import BATCH_ROWS, list_shards, shard_name, write_vocab
+
+
+class ParquetError(ValueError):
+    """A Parquet file that cannot be converted; the message names the file (and the row group)."""
+
+
+@dataclass(frozen=True)
+class Converted:
+    shards: list[Path]
+    rows: int
+    bytes_read: int
+    """Bytes of the Parquet files read."""
+    names: list[str]
+    """The vocabulary written (empty: none was found)."""
+
+
+def parquet_files(src: Path | str) -> list[Path]:
+    """The ``*.parquet`` files of a folder (not recursive), a glob or one file, sorted; [] where none."""
+    text = os.fspath(src)
+    if os.path.isdir(text):
+        return sorted(Path(text).glob("*.parquet"))
+    found = glob.glob(text) if glob.has_magic(text) else [text]
+    return sorted(Path(p) for p in found if p.endswith(".parquet") and os.path.isfile(p))
+
+
+def class_names(schema: pa.Schema, label_column: str) -> list[str] | None:
+    """The ``ClassLabel`` names HF's metadata gives ``label_column`` (or the class list of a sequence of
+    them), or None where it has none."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return None
+    try:
+        feature = json.loads(raw)["info"]["features"][label_column]
+    except (ValueError, KeyError, TypeError):
+        return None
+    while isinstance(feature, dict) and feature.get("_type") in ("Sequence", "List"):
+        feature = feature.get("feature")
+    if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":
+        return [str(n) for n in feature["names"]]
+    return None
+
+
+def convert(
+    files: list[Path],
+    out: Path,
+    *,
+    label_column: str,
+    prefix: str = "data",
+    audio_column: str = "audio",
+    workers: int = 4,
+) -> Converted:
+    """Each of ``files`` as shard ``out/<prefix>-NNNNN.arrow`` (in order, ``workers`` files at a time),
+    and ``out/vocab.json``."""
+    if not files:
+        raise ParquetError("no Parquet files given")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stale = [p for p in list_shards(out) if p.name.startswith(f"{prefix}-")]
+    if stale:
+        raise FileExistsError(f"{out} already holds shards with prefix {prefix!r} (e.g. {stale[0].name}); "
+                              "remove them or write to an empty folder")  # fmt: skip
+    schemas = [_check_schema(file, audio_column, label_column) for file in files]  # all, before writing
+    names = next((n for n in (class_names(s, label_column) for s in schemas) if n is not None), None)
+    shards = [out / shard_name(prefix, i) for i in range(len(files))]
+    # One file per thread: Arrow reads, decompresses and writes without the GIL.
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
+        jobs = [pool.submit(_copy, *job, label_column) for job in zip(files, schemas, shards, strict=True)]
+        try:
+            done = [job.result() for job in jobs]
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            wait(jobs)
+            for p in shards:
+                p.unlink(missing_ok=True)
+            raise
+    written = [path for path, _, _ in done]
+    rows, size = sum(n for _, n, _ in done), sum(f.stat().st_size for f in files)
+    strings = set().union(*(labels for _, _, labels in done))
+    vocab = names if names is not None else sorted(strings)
+    if vocab:
+        write_vocab(out, vocab, label_column, ordered=names is None)
+    return Converted(written, rows, size, vocab)
+
+
+def one_line(e: BaseException) -> str:
+    """An error's text on one printable line (Arrow's Parquet errors span lines and quote raw bytes)."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(e)).split())
+
+
+def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema:
+    try:
+        schema = pq.read_schema(file)
+    except (OSError, pa.ArrowException) as e:
+        raise ParquetError(f"{file}: not a readable Parquet file: {one_line(e)}") from None
+    for column in (audio_column, label_column):
+        if column not in schema.names:
+            raise ParquetError(f"{file}: no column {column!r} (columns: {', '.join(schema.names)})")
+    return schema
+
+
+def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tuple[Path, int, set[str]]:
+    """``file`` row group by row group into ``shard``: (the shard, its rows, the string labels seen)."""
+    partial = shard.with_name(f".{shard.name}.partial")
+    labels: set[str] = set()
+    rows = 0
+    try:
+        reader = pq.ParquetFile(file, memory_map=True)
+        with pa.OSFile(str(partial), "wb") as sink, ipc.new_file(sink, schema) as writer:
+            for group in range(reader.num_row_groups):
+                try:
+                    table = reader.read_row_group(group)
+                except (OSError, pa.ArrowException) as e:
+                    raise ParquetError(f"{file}: row group {group}: {one_line(e)}") from None
+                if pa.types.is_string(table.schema.field(label_column).type) or pa.types.is_large_string(
+                    table.schema.field(label_column).type
+                ):
+                    labels |= {x for x in table.column(label_column).to_pylist() if x is not None}
+                for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+                    writer.write_batch(batch)
+                rows += table.num_rows
+        partial.rename(shard)
+    except (OSError, pa.ArrowException) as e:
+        raise ParquetError(f"{file}: {one_line(e)}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return shard, rows, labels

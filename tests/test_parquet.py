@@ -1,0 +1,93 @@
+"""Parquet as the hub has it: a BirdSet-schema split written by HF `datasets` (``to_parquet``) becomes
+shards (`birdjepa prepare`) whose batches equal those of the same rows in Arrow, with the audio bytes
+copied unchanged and vocab.json from the ClassLabel names; a damaged file is one line naming the file
+and the row group, and leaves no shard behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from birdjepa.cli import main
+from birdjepa.data import Loader
+from birdjepa.data.shards import read_shard
+
+
+def hub_parquet(split: Path, out: Path) -> list[Path]:
+    """Each shard of ``split`` as `datasets` writes Parquet: its features from the schema's metadata,
+    row groups of 8 rows."""
+    out.mkdir(parents=True)
+    files = []
+    for i, shard in enumerate(sorted(split.glob("*.arrow"))):
+        files.append(out / f"{i:04d}.parquet")
+        datasets.Dataset(read_shard(shard)).to_parquet(str(files[-1]), batch_size=8)
+    return files
+
+
+def prepare(src: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
+    capsys.readouterr()
+    try:
+        code = main(["prepare", str(src), str(out)])
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def task(birdset_dir: Path) -> Path:
+    return sorted(p for p in birdset_dir.iterdir() if p.is_dir())[0]
+
+
+def test_hub_parquet_becomes_shards_with_the_batches_of_the_same_rows(
+    task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for split, options in (
+        ("train", {"train": True, "n_views": 2, "seed": 5}),
+        ("test_5s", {"train": False, "multilabel_column": "ebird_code_multilabel"}),
+    ):
+        files = hub_parquet(task / split, tmp_path / "hub" / split)
+        assert split != "train" or pq.ParquetFile(files[0]).num_row_groups > 1  # read group by group
+        code, out, _ = prepare(tmp_path / "hub" / split, tmp_path / "shards" / split, capsys)
+        assert code is None, out
+        assert f"in {len(files)} shard(s) from {len(files)} Parquet file(s)" in out and "MiB/s" in out
+        shards = sorted((tmp_path / "shards" / split).glob("*.arrow"))
+        original = sorted((task / split).glob("*.arrow"))
+        for ours, theirs in zip(shards, original, strict=True):  # every column, the bytes unchanged
+            assert read_shard(ours).equals(read_shard(theirs))
+        vocab = json.loads((tmp_path / "shards" / split / "vocab.json").read_text())
+        assert vocab["names"] == json.loads((task / split / "vocab.json").read_text())["names"]
+        assert vocab["label_column"] == "ebird_code"
+        with Loader([str(s) for s in original], batch_size=4, **options) as a:
+            with Loader([str(s) for s in shards], batch_size=4, **options) as b:
+                pairs = (
+                    list(zip(a, b, strict=True))
+                    if not options["train"]
+                    else [(next(a), next(b)) for _ in range(3)]
+                )
+        assert pairs
+        for x, y in pairs:
+            assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+
+def test_a_damaged_row_group_is_one_line_naming_the_file_and_row_group(
+    task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = hub_parquet(task / "train", tmp_path / "hub")
+    damaged = files[-1]
+    chunk = pq.ParquetFile(damaged).metadata.row_group(1).column(0)
+    data = bytearray(damaged.read_bytes())
+    start = chunk.data_page_offset
+    data[start : start + 64] = b"\xff" * 64  # the page header of row group 1's first column
+    damaged.write_bytes(bytes(data))
+    code, _, err = prepare(tmp_path / "hub", tmp_path / "out", capsys)
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1, err
+    line = err.strip()
+    assert f"{damaged}: row group 1:" in line, line
+    assert not list((tmp_path / "out").iterdir())  # the shards written before it are removed
