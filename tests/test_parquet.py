@@ -10,6 +10,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -91,3 +92,25 @@ def test_a_damaged_row_group_is_one_line_naming_the_file_and_row_group(
     line = err.strip()
     assert f"{damaged}: row group 1:" in line, line
     assert not list((tmp_path / "out").iterdir())  # the shards written before it are removed
+
+
+def test_the_benchmark_takes_class_names_from_a_datasets_file_without_vocab_json(
+    task: Path, tmp_path: Path
+) -> None:
+    from birdjepa.benchmark.cli import BenchmarkError, load_task
+
+    for split in ("train", "test_5s"):
+        (tmp_path / split).mkdir()
+        for shard in (task / split).glob("*.arrow"):
+            (tmp_path / split / shard.name).write_bytes(shard.read_bytes())
+    names = json.loads((task / "train" / "vocab.json").read_text())["names"]
+    loaded = load_task("SYN", str(tmp_path / "train"), str(tmp_path / "test_5s"), None)
+    assert (loaded.class_names, loaded.n_classes) == (names, len(names))
+    # Without the metadata too, the one-line error says what to give.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    table = read_shard(next((task / "train").glob("*.arrow"))).replace_schema_metadata(None)
+    with pa.OSFile(str(bare / "x.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    with pytest.raises(BenchmarkError, match="no ClassLabel names in it: give --n-classes"):
+        load_task("SYN", str(bare), str(bare), None)

@@ -24,7 +24,7 @@ from birdjepa.benchmark.backbones import Backbone, BackboneError, Embedded, embe
 from birdjepa.benchmark.metrics import all_metrics
 from birdjepa.benchmark.probes import MULTI_LABEL, PROBES, TOKEN_PROBES, Loss, Recipe, fit_and_score
 from birdjepa.data import DataError, Features, resolve_files
-from birdjepa.data.shards import VOCAB_FILE, read_shard, vocab_names
+from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, vocab_names
 from birdjepa.exit_codes import USAGE
 
 
@@ -52,7 +52,9 @@ def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
     names = _vocab(train_files) or _vocab(test_files)
     if n_classes is None:
         if names is None:
-            raise BenchmarkError(f"no {VOCAB_FILE} beside {train_files[0]}: give --n-classes")
+            raise BenchmarkError(
+                f"no {VOCAB_FILE} beside {train_files[0]} and no ClassLabel names in it: give --n-classes"
+            )
         n_classes = len(names)
     for files in (train_files, test_files):
         other = _vocab(files)
@@ -66,10 +68,14 @@ def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
 
 
 def _vocab(files: list[str]) -> list[str] | None:
+    """The class names of vocab.json beside the shards, else those a `datasets` file keeps in its schema."""
     try:
-        return vocab_names(Path(files[0]).parent)
+        names = vocab_names(Path(files[0]).parent)
     except DataError as e:
         raise BenchmarkError(str(e)) from e
+    return (
+        names if names is not None else class_names(read_shard(Path(files[0])).schema, DEFAULT_LABEL_COLUMN)
+    )
 
 
 def has_column(shard: str, column: str) -> bool:
@@ -319,7 +325,8 @@ def cli(
         plot: With --table: also draw cmAP against n per task, backbone and probe into this PNG.
         multilabel_column: The list-of-labels column (BirdSet's); where the shards have none, each clip's
             target is the one-hot of its label.
-        n_classes: Classes (default: the vocab.json beside the shards).
+        n_classes: Classes (default: the vocab.json beside the shards, else the ClassLabel names a
+            file written by HF datasets keeps).
         audio_root: Where rows that name their audio by a relative path find it (default: each shard's
             folder), for both splits.
         batch_size: Clips per forward pass.

@@ -15,7 +15,6 @@ each shard appears only whole (written to a hidden ``.partial`` file, then renam
 from __future__ import annotations
 
 import glob
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from birdjepa.data.shards import BATCH_ROWS, list_shards, shard_name, write_vocab
+from birdjepa.data.shards import BATCH_ROWS, class_names, list_shards, shard_name, write_vocab
 
 
 class ParquetError(ValueError):
@@ -49,23 +48,6 @@ def parquet_files(src: Path | str) -> list[Path]:
         return sorted(Path(text).glob("*.parquet"))
     found = glob.glob(text) if glob.has_magic(text) else [text]
     return sorted(Path(p) for p in found if p.endswith(".parquet") and os.path.isfile(p))
-
-
-def class_names(schema: pa.Schema, label_column: str) -> list[str] | None:
-    """The ``ClassLabel`` names HF's metadata gives ``label_column`` (or the class list of a sequence of
-    them), or None where it has none."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    if raw is None:
-        return None
-    try:
-        feature = json.loads(raw)["info"]["features"][label_column]
-    except (ValueError, KeyError, TypeError):
-        return None
-    while isinstance(feature, dict) and feature.get("_type") in ("Sequence", "List"):
-        feature = feature.get("feature")
-    if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":
-        return [str(n) for n in feature["names"]]
-    return None
 
 
 def convert(

@@ -258,6 +258,23 @@ def vocab_names(folder: Path) -> list[str] | None:
     return _rs.vocab_names(str(Path(folder) / VOCAB_FILE))
 
 
+def class_names(schema: pa.Schema, label_column: str) -> list[str] | None:
+    """The ``ClassLabel`` names HF's metadata (a file `datasets` wrote) gives ``label_column`` (or the
+    class list of a sequence of them), in their order, or None where it has none."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return None
+    try:
+        feature = json.loads(raw)["info"]["features"][label_column]
+    except (ValueError, KeyError, TypeError):
+        return None
+    while isinstance(feature, dict) and feature.get("_type") in ("Sequence", "List"):
+        feature = feature.get("feature")
+    if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":
+        return [str(n) for n in feature["names"]]
+    return None
+
+
 def read_vocab(folder: Path) -> tuple[str, list[str]]:
     """Returns (label_column, names) of `folder/vocab.json` (the label column `birdjepa prepare` wrote
     beside the names; the default where a plain list has none)."""
