@@ -31,6 +31,8 @@ pub struct ColumnConfig {
     pub window_columns: Option<(String, String)>,
     /// Where relative audio paths are resolved (`crate::audio_source`); None: each shard's folder.
     pub audio_root: Option<PathBuf>,
+    /// A list column of `[start, end]` seconds to crop train views around; None: uniform crops.
+    pub event_column: Option<String>,
 }
 
 impl ColumnConfig {
@@ -42,6 +44,7 @@ impl ColumnConfig {
             n_classes: o.n_classes,
             window_columns: (!o.train).then(|| (o.window_start_column.clone(), o.window_end_column.clone())),
             audio_root: o.audio_root.as_ref().map(PathBuf::from),
+            event_column: (o.train && o.crop_events).then(|| o.event_column.clone()),
         }
     }
 }
@@ -68,6 +71,8 @@ pub struct Record {
     pub multilabel: Option<Vec<u8>>,
     /// The (start, end) window in seconds, where the shard has window columns and both are non-null.
     pub window: Option<(f64, f64)>,
+    /// The row's events (`[start, end]` seconds), where events are read and the shard has them.
+    pub events: Option<Vec<(f64, f64)>>,
     pub shard: usize,
     pub row: u64,
 }
@@ -112,6 +117,8 @@ struct ShardEntry {
     label: LabelLayout,
     /// Whether the shard has both window columns (eval mode only).
     window: bool,
+    /// Whether the shard has the event column (when events are read).
+    events: bool,
     /// Vocabulary for string labels (from `vocab.json` beside the shard).
     vocab: Option<Arc<Vocab>>,
 }
@@ -156,6 +163,52 @@ fn multilabel_layout(path: &Path, field: &Field) -> Result<LabelLayout> {
             field.data_type()
         ))),
     }
+}
+
+/// An event column is a list of `[start, end]` pairs of seconds: a list (or fixed-size list) of lists
+/// of floats or integers (BirdSet's `detected_events`).
+fn check_events_column(path: &Path, field: &Field) -> Result<()> {
+    let inner = match field.data_type() {
+        DataType::List(f) | DataType::LargeList(f) => Some(f.data_type()),
+        _ => None,
+    };
+    let seconds = match inner {
+        Some(DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, 2)) => Some(f.data_type()),
+        _ => None,
+    };
+    match seconds {
+        Some(t) if t.is_integer() || matches!(t, DataType::Float32 | DataType::Float64) => Ok(()),
+        _ => Err(Error::data(format!(
+            "{}: event column '{}' has type {}; expected a list of [start, end] seconds",
+            path.display(),
+            field.name(),
+            field.data_type()
+        ))),
+    }
+}
+
+/// Row `r`'s events; None for a null or empty list, an error for a pair that is not two numbers.
+fn event_list(column: &ArrayRef, r: usize) -> std::result::Result<Option<Vec<(f64, f64)>>, String> {
+    if column.is_null(r) {
+        return Ok(None);
+    }
+    let items = match column.data_type() {
+        DataType::LargeList(_) => column.as_list::<i64>().value(r),
+        _ => column.as_list::<i32>().value(r),
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for i in 0..items.len() {
+        let pair = match items.data_type() {
+            DataType::FixedSizeList(..) => items.as_fixed_size_list().value(i),
+            DataType::LargeList(_) => items.as_list::<i64>().value(i),
+            _ => items.as_list::<i32>().value(i),
+        };
+        if items.is_null(i) || pair.len() != 2 || pair.null_count() > 0 {
+            return Err(format!("event {i} is not a [start, end] pair"));
+        }
+        out.push((seconds_value(&pair, 0), seconds_value(&pair, 1)));
+    }
+    Ok((!out.is_empty()).then_some(out))
 }
 
 /// Window columns hold seconds: a float or an integer.
@@ -308,6 +361,13 @@ impl Dataset {
                 },
                 None => false,
             };
+            let events = match &columns.event_column {
+                Some(name) => match shard.schema.field_with_name(name) {
+                    Ok(f) => check_events_column(path, f).map(|_| true)?,
+                    Err(_) => false,
+                },
+                None => false,
+            };
             let strings = [Some(label), multilabel].iter().flatten().any(|l| *l != LabelLayout::Int);
             let need = if strings {
                 Some(VocabNeed::Names)
@@ -316,7 +376,7 @@ impl Dataset {
             };
             let vocab = need.map(|n| load_vocab(path, n, &mut vocabs)).transpose()?;
             offsets.push(offsets.last().unwrap() + shard.rows());
-            shards.push(ShardEntry { shard, audio, audio_root, label, window, vocab });
+            shards.push(ShardEntry { shard, audio, audio_root, label, window, events, vocab });
         }
         let n_classes = match columns.multilabel_column {
             Some(_) => Some(multi_hot_width(&shards, columns.n_classes)?),
@@ -413,7 +473,14 @@ impl Dataset {
             }
             _ => None,
         };
-        Ok(Record { audio, label, multilabel, window, shard: s, row })
+        let events = match (&self.columns.event_column, entry.events) {
+            (Some(name), true) => {
+                let column = entry.shard.column(&batch, name).map_err(RecordError::Fatal)?;
+                event_list(&column, r).map_err(|e| RecordError::Skip(format!("event column '{name}': {e}")))?
+            }
+            _ => None,
+        };
+        Ok(Record { audio, label, multilabel, window, events, shard: s, row })
     }
 }
 

@@ -120,11 +120,13 @@ impl LoaderConfig {
         &self,
         extractor: &ClipExtractor,
         window: Option<(f64, f64)>,
+        events: Option<&[(f64, f64)]>,
     ) -> std::result::Result<CropMode, AudioError> {
-        match window {
-            Some((start, end)) => extractor.window(start, end),
-            None if self.train && self.augment => Ok(CropMode::Random),
-            None => Ok(CropMode::Center),
+        match (window, events) {
+            (Some((start, end)), _) => extractor.window(start, end),
+            (None, Some(events)) if self.train && self.augment => extractor.events(events),
+            (None, _) if self.train && self.augment => Ok(CropMode::Random),
+            (None, _) => Ok(CropMode::Center),
         }
     }
 
@@ -158,6 +160,9 @@ impl LoaderConfig {
                 m.insert("window_start_column".into(), start.clone());
                 m.insert("window_end_column".into(), end.clone());
             }
+        }
+        if let Some(column) = &self.columns.event_column {
+            m.insert("event_column".into(), column.clone());
         }
         m.insert("clip".into(), format!("{:?}", self.clip));
         self.debug.sign(&mut m);
@@ -670,7 +675,7 @@ fn process(shared: &Shared, item: PlanItem) -> Outcome {
     let mut features = shared.spare.lock().unwrap().pop().unwrap_or_else(|| vec![0f32; len]);
     let key = SampleKey { seed: shared.cfg.seed, epoch: item.epoch, index: item.index };
     let shift = shared.cfg.debug.shifts_crop(item.index);
-    let extracted = shared.cfg.crop_mode(&shared.extractor, record.window).and_then(|mode| {
+    let extracted = shared.cfg.crop_mode(&shared.extractor, record.window, record.events.as_deref()).and_then(|mode| {
         shared.extractor.extract(record.audio, mode, key, shared.cfg.n_views, shift, &mut features)
     });
     match extracted {

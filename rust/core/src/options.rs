@@ -41,6 +41,10 @@ pub struct LoaderOptions {
     /// recording instead of the centre (BirdSet's soundscape segments).
     pub window_start_column: String,
     pub window_end_column: String,
+    /// Train only: crop around each row's events (`event_column`: a list of `[start, end]` seconds)
+    /// instead of uniformly; a row without events keeps the uniform crop.
+    pub crop_events: bool,
+    pub event_column: String,
     /// Where a relative audio path (a row whose audio is a file, `audio_source`) is resolved; None: the
     /// folder of the row's shard.
     pub audio_root: Option<String>,
@@ -91,6 +95,8 @@ impl Default for LoaderOptions {
             n_classes: None,
             window_start_column: "start_time".into(),
             window_end_column: "end_time".into(),
+            crop_events: false,
+            event_column: "detected_events".into(),
             audio_root: None,
             debug_panic_index: None,
             debug_crop_shift_index: -1,

@@ -88,6 +88,11 @@ class DataConfig:
     fewer shards at a time (more sequential I/O, less mixed batches)."""
     n_views: int = TRAIN_VIEWS
     """Views per recording (LeJEPA needs >= 2)."""
+    crop_events: bool = DEFAULTS["crop_events"]
+    """Crop each train view around one of the row's events (``event_column``: a list of [start, end]
+    seconds, as BirdSet's event detector marks calls): a point drawn inside a drawn event centres the
+    clip. Rows without events keep the uniform crop. Deterministic and exactly resumable as every crop."""
+    event_column: str = DEFAULTS["event_column"]
     audio_root: str | None = DEFAULTS["audio_root"]
     """Where a row whose audio is a file path (HF's Audio with null bytes, as a loading script's cache
     holds BirdSet) finds a relative path: every split's shards (train and eval); None: each shard's

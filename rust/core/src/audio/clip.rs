@@ -98,10 +98,14 @@ impl Default for ClipConfig {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CropMode {
     /// Random offset per view and random masks (training).
     Random,
+    /// Training around a row's events (`[start, end)` output samples, [`ClipExtractor::events`]): each
+    /// view draws one event, then a point inside it, and the clip is centred there (clamped to the
+    /// recording); random masks as `Random`.
+    Events(Arc<[(u64, u64)]>),
     /// Centred crop, no masks (evaluation); identical for every view and key.
     Center,
     /// Output samples `[start, end)` of the recording (evaluation of a row with its own window), cut to
@@ -223,20 +227,43 @@ impl ClipExtractor {
     }
 
     /// Crop offset (in output samples) of view `view` for a recording of `n_out` output samples.
-    pub fn crop_offset(&self, n_out: u64, mode: CropMode, key: SampleKey, view: usize) -> u64 {
+    pub fn crop_offset(&self, n_out: u64, mode: &CropMode, key: SampleKey, view: usize) -> u64 {
         let clip = self.cfg.clip_samples as u64;
+        let draws = || Stream::new(&[key.seed, Purpose::Crop as u64, key.epoch, key.index, view as u64]);
         match mode {
-            CropMode::Window { start, .. } => start,
+            CropMode::Window { start, .. } => *start,
             _ if n_out <= clip => 0,
             CropMode::Center => (n_out - clip) / 2,
-            CropMode::Random => Stream::new(&[key.seed, Purpose::Crop as u64, key.epoch, key.index, view as u64])
-                .range_inclusive(0, n_out - clip),
+            CropMode::Random => draws().range_inclusive(0, n_out - clip),
+            CropMode::Events(events) => {
+                let mut s = draws();
+                let (start, end) = events[s.below(events.len() as u64) as usize];
+                let point = s.range_inclusive(start, end.max(start + 1) - 1);
+                point.saturating_sub(clip / 2).min(n_out - clip)
+            }
         }
     }
 
+    /// The crop around `events` (`[start, end]` pairs in seconds): each must be finite, start >= 0 and
+    /// end after start; an empty list is an error (the caller falls back to `Random` without events).
+    pub fn events(&self, events: &[(f64, f64)]) -> Result<CropMode, AudioError> {
+        let rate = self.cfg.target_rate as f64;
+        let mut out = Vec::with_capacity(events.len());
+        for (i, &(start_s, end_s)) in events.iter().enumerate() {
+            if !(start_s.is_finite() && end_s.is_finite() && start_s >= 0.0 && end_s > start_s) {
+                return Err(AudioError(format!("event {i}: [{start_s}, {end_s}] s is not a window (0 <= start < end)")));
+            }
+            out.push(((start_s * rate).round() as u64, (end_s * rate).round() as u64));
+        }
+        if out.is_empty() {
+            return Err(AudioError("no events".into()));
+        }
+        Ok(CropMode::Events(out.into()))
+    }
+
     /// Where a crop's audio ends (output samples): the window's end inside the recording, else its end.
-    fn audio_end(&self, n_out: u64, mode: CropMode) -> Result<u64, AudioError> {
-        match mode {
+    fn audio_end(&self, n_out: u64, mode: &CropMode) -> Result<u64, AudioError> {
+        match *mode {
             CropMode::Window { start, .. } if start >= n_out => {
                 let rate = self.cfg.target_rate as f64;
                 Err(AudioError(format!(
@@ -302,12 +329,12 @@ impl ClipExtractor {
             (Some(v), n)
         };
         let n_out = rs.output_len(n_src);
-        let audio_end = self.audio_end(n_out, mode)?;
+        let audio_end = self.audio_end(n_out, &mode)?;
         let clip = self.cfg.clip_samples;
 
         let mut plans: Vec<ViewPlan> = (0..n_views)
             .map(|view| {
-                let offset = self.crop_offset(n_out, mode, key, view);
+                let offset = self.crop_offset(n_out, &mode, key, view);
                 let offset = if shift { self.shift_offset(n_out, offset) } else { offset };
                 let len = (audio_end.saturating_sub(offset)).min(clip as u64) as usize;
                 let (lo, hi) = rs.support(offset, len);
@@ -320,7 +347,7 @@ impl ClipExtractor {
             let scratch = &mut *guard;
             scratch.samples.resize(clip, 0.0);
             scratch.feats.resize(self.n_fbank * self.cfg.fbank.n_mels, 0.0);
-            let result = self.render_all(&mut reader, full.as_deref(), &rs, rate, &mut plans, mode, key, scratch, out);
+            let result = self.render_all(&mut reader, full.as_deref(), &rs, rate, &mut plans, &mode, key, scratch, out);
             scratch.shrink();
             result
         })?;
@@ -337,7 +364,7 @@ impl ClipExtractor {
         rs: &Resampler,
         rate: u32,
         plans: &mut [ViewPlan],
-        mode: CropMode,
+        mode: &CropMode,
         key: SampleKey,
         scratch: &mut Scratch,
         out: &mut [f32],
@@ -383,7 +410,7 @@ impl ClipExtractor {
         rs: &Resampler,
         src: &[f32],
         p: &ViewPlan,
-        mode: CropMode,
+        mode: &CropMode,
         key: SampleKey,
         samples: &mut [f32],
         feats: &mut [f32],
@@ -403,7 +430,7 @@ impl ClipExtractor {
         }
         view[keep..].fill(0.0);
 
-        if mode == CropMode::Random {
+        if matches!(mode, CropMode::Random | CropMode::Events(_)) {
             let v = p.view as u64;
             let tm = &self.cfg.time_mask;
             if tm.count > 0 {
@@ -574,6 +601,32 @@ mod tests {
     }
 
     #[test]
+    fn event_crops_centre_each_view_on_a_point_inside_one_of_the_events() {
+        let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
+        let (clip, rate) = (160_000u64, 32_000.0);
+        let n_out = (60.0 * rate) as u64; // a minute
+        let events = [(3.0, 4.5), (40.0, 41.0)];
+        let mode = ex.events(&events).unwrap();
+        let mut seen = [false; 2];
+        for i in 0..200 {
+            for v in 0..2 {
+                let off = ex.crop_offset(n_out, &mode, key(i), v);
+                assert_eq!(off, ex.crop_offset(n_out, &mode, key(i), v), "a pure function of key and view");
+                let centre = (off + clip / 2) as f64 / rate;
+                // The centre is inside an event, or the clip was clamped to the recording's start.
+                let inside = events.iter().position(|&(s, e)| (s..e).contains(&centre));
+                assert!(inside.is_some() || off == 0, "view {v} of {i}: centre {centre} s");
+                seen[inside.unwrap_or(0)] = true;
+            }
+        }
+        assert_eq!(seen, [true, true], "both events are drawn");
+        // Bad events are errors naming the event; a recording shorter than a clip starts at 0.
+        assert!(ex.events(&[(1.0, 1.0)]).unwrap_err().0.contains("event 0: [1, 1] s is not a window"));
+        assert!(ex.events(&[]).is_err());
+        assert_eq!(ex.crop_offset(clip - 1, &mode, key(0), 0), 0);
+    }
+
+    #[test]
     fn seekable_codecs_match_the_full_decode_pipeline() {
         let ex = ClipExtractor::new(ClipConfig::default()).unwrap();
         for (name, rate) in [("birds_48k_stereo.ogg", 48_000u32), ("birds_44k_stereo_30s.ogg", 44_100)] {
@@ -584,7 +637,7 @@ mod tests {
             let views = 3;
             let got = run(&ex, bytes.clone(), CropMode::Random, key(5), views);
             for v in 0..views {
-                let off = ex.crop_offset(n_out, CropMode::Random, key(5), v);
+                let off = ex.crop_offset(n_out, &CropMode::Random, key(5), v);
                 let want = reference(&ex, &full[..(n_src as usize).min(full.len())], rate, off);
                 assert_bits_eq(&got[v * ex.frame_len()..(v + 1) * ex.frame_len()], &want, &format!("{name} view {v}"));
             }
@@ -648,9 +701,9 @@ mod tests {
             for mode in [CropMode::Random, CropMode::Center] {
                 let views = 3;
                 let (mut plain, mut moved) = (vec![0f32; views * fl], vec![0f32; views * fl]);
-                let offsets = ex.extract(bytes.clone(), mode, key(4), views, false, &mut plain).unwrap();
-                let shifted = ex.extract(bytes.clone(), mode, key(4), views, true, &mut moved).unwrap();
-                let want: Vec<u64> = (0..views).map(|v| ex.crop_offset(n_out, mode, key(4), v)).collect();
+                let offsets = ex.extract(bytes.clone(), mode.clone(), key(4), views, false, &mut plain).unwrap();
+                let shifted = ex.extract(bytes.clone(), mode.clone(), key(4), views, true, &mut moved).unwrap();
+                let want: Vec<u64> = (0..views).map(|v| ex.crop_offset(n_out, &mode, key(4), v)).collect();
                 assert_eq!(offsets, want, "{name} {mode:?}");
                 let want: Vec<u64> = want.iter().map(|&o| ex.shift_offset(n_out, o)).collect();
                 assert_eq!(shifted, want, "{name} {mode:?} shifted");
