@@ -67,7 +67,8 @@ def test_columns_are_typed_as_hf_datasets_writes_birdset(birdset_dir: Path, mani
         label = ClassLabel(names=task["classes"])
         hf = Features({"audio": Audio(sampling_rate=SAMPLE_RATE, decode=False), "filepath": Value("string"),
                        "start_time": Value("float64"), "end_time": Value("float64"), "ebird_code": label,
-                       "ebird_code_multilabel": List(label)})  # fmt: skip
+                       "ebird_code_multilabel": List(label),
+                       "detected_events": List(List(Value("float64")))})  # fmt: skip
         for split in SPLITS:
             for path in list_shards(birdset_dir / name / split):
                 schema = read_shard(path).schema
@@ -86,6 +87,10 @@ def test_train_rows_are_focal_recordings(birdset_dir: Path, manifest: dict) -> N
             samples, sr = decode_audio(r["audio"]["bytes"])
             assert abs(len(samples) / sr - r["end_time"]) < 0.1  # end_time = duration (mp3 pads a little)
             assert BIRDSET_SMALL.train_seconds[0] <= r["end_time"] <= BIRDSET_SMALL.train_seconds[1]
+            # Where the song sounds, as a detector marks it: ordered, apart, inside the recording.
+            events = r["detected_events"]
+            assert events and all(0 <= s < e <= r["end_time"] + 0.02 for s, e in events)
+            assert all(a[1] < b[0] for a, b in zip(events, events[1:], strict=False))
         per_class = Counter(task["classes"][r["ebird_code"]] for r in rs)
         assert per_class == task["train"]["per_class"]
         assert set(per_class.values()) == {BIRDSET_SMALL.per_species_train}

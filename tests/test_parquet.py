@@ -114,3 +114,44 @@ def test_the_benchmark_takes_class_names_from_a_datasets_file_without_vocab_json
         w.write_table(table)
     with pytest.raises(BenchmarkError, match="no ClassLabel names in it: give --n-classes"):
         load_task("SYN", str(bare), str(bare), None)
+
+
+@pytest.mark.slow
+def test_parquet_and_path_only_sets_train_and_benchmark_with_the_commands_of_embedded_shards(
+    task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Users' commands on the two forms the hub's BirdSet takes: Parquet converted by `prepare`, and
+    a loading script's cache (audio by path, under --data.audio-root): each pretrains, and benchmarks to
+    the scores of the embedded shards (raw log-mel: the comparison needs no training)."""
+    from path_only import path_only
+
+    from birdjepa.benchmark import store
+
+    forms: dict[str, tuple[Path, Path, list[str]]] = {"embedded": (task / "train", task / "test_5s", [])}
+    for split in ("train", "test_5s"):
+        hub_parquet(task / split, tmp_path / "hub" / split)
+        assert prepare(tmp_path / "hub" / split, tmp_path / "parquet" / split, capsys)[0] is None
+        for shard in sorted((task / split).glob("*.arrow")):
+            path_only(shard, tmp_path / "cache" / split / shard.name, tmp_path / "archive" / split,
+                      relative_to=tmp_path / "archive")  # fmt: skip
+        (tmp_path / "cache" / split / "vocab.json").write_bytes((task / split / "vocab.json").read_bytes())
+    forms["parquet"] = (tmp_path / "parquet" / "train", tmp_path / "parquet" / "test_5s", [])
+    forms["by_path"] = (
+        tmp_path / "cache" / "train",
+        tmp_path / "cache" / "test_5s",
+        [str(tmp_path / "archive")],
+    )
+    scores = {}
+    for name, (train, test, root) in forms.items():
+        audio_root = ["--data.audio-root", *root] if root else []
+        # pretrain raises SystemExit on any failure
+        main(["pretrain", "--run", name, "--log.runs-dir", str(tmp_path / "runs"), "--steps", "2",
+              "--eval-every", "0", "--data.batch-size", "4", "--data.train", str(train),
+              "--data.eval", str(test), *audio_root])  # fmt: skip
+        assert (tmp_path / "runs" / name / "checkpoints").is_dir()
+        results = tmp_path / f"results-{name}"
+        main(["benchmark", "--backbone", "raw", "--train", str(train), "--test", str(test), "--task", "SYN",
+              "--n-train", "-1", "--probe", "linear", "--results", str(results),
+              *(["--audio-root", *root] if root else [])])  # fmt: skip
+        scores[name] = sorted((r["cmap"], r["auroc"], r["top1"]) for r in store.read(results).to_pylist())
+    assert scores["embedded"] and scores["parquet"] == scores["embedded"] == scores["by_path"]

@@ -17,7 +17,9 @@ Same config -> byte-identical files, whatever the number of workers. Output::
                          statistics, every soundscape's calls and labels
 
 Columns, typed as HF `datasets` writes BirdSet's features (`birdset_schema`): audio, filepath,
-start_time, end_time, ebird_code (null in a test window without calls), ebird_code_multilabel.
+start_time, end_time, ebird_code (null in a test window without calls), ebird_code_multilabel, and
+detected_events on train rows: where the focal song sounds, as an event detector would mark it
+(`synth.channel.song_events`); null in test windows.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import pyarrow as pa
 
 from birdjepa.data.shards import AUDIO_TYPE, BATCH_ROWS, remove_shards, shard_name, write_vocab
 from birdjepa.synthetic import writer
-from birdjepa.synthetic.channel import draw_nuisance
+from birdjepa.synthetic.channel import draw_nuisance, song_events
 from birdjepa.synthetic.codecs import CODECS, draw_formats
 from birdjepa.synthetic.config import DemoConfig, RecordingPlan, rng_for
 from birdjepa.synthetic.songs import make_species
@@ -48,7 +50,7 @@ from birdjepa.synthetic.soundscape import (
 )
 
 GENERATOR = "birdjepa.birdset_standin"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: detected_events on train rows
 """Bump when the output changes: the cache folder is named after it (`ensure_birdset_data`)."""
 SPLITS = ("train", "test_5s")
 TRAIN_CODEC_MIX = {"ogg_vorbis": 0.85, "mp3": 0.08, "flac_pcm16": 0.04, "wav_pcm16": 0.03}
@@ -154,16 +156,19 @@ def birdset_schema(names: Sequence[str]) -> pa.Schema:
     metadata (the multi-label column as `Sequence`, as BirdSet's files say it and every `datasets`
     version reads; audio with decode off: its formats and rates vary, and the loader decodes it)."""
     label = {"names": list(names), "_type": "ClassLabel"}
+    seconds = {"dtype": "float64", "_type": "Value"}
     features = {
         "audio": {"sampling_rate": SAMPLE_RATE, "decode": False, "_type": "Audio"},
         **{k: {"dtype": t, "_type": "Value"} for k, t in (("filepath", "string"), ("start_time", "float64"),
                                                           ("end_time", "float64"))},
         "ebird_code": label,
         "ebird_code_multilabel": {"feature": label, "_type": "Sequence"},
+        "detected_events": {"feature": {"feature": seconds, "_type": "Sequence"}, "_type": "Sequence"},
     }  # fmt: skip
     fields = [("audio", AUDIO_TYPE), ("filepath", pa.string()), ("start_time", pa.float64()),
               ("end_time", pa.float64()), ("ebird_code", pa.int64()),
-              ("ebird_code_multilabel", pa.list_(pa.int64()))]  # fmt: skip
+              ("ebird_code_multilabel", pa.list_(pa.int64())),
+              ("detected_events", pa.list_(pa.list_(pa.float64())))]  # fmt: skip
     return pa.schema(fields, metadata={"huggingface": json.dumps({"info": {"features": features}})})
 
 
@@ -187,14 +192,15 @@ def write_split(folder: Path, schema: pa.Schema, groups: list[list[dict]], targe
     return shards
 
 
-def _make(job: tuple) -> tuple[bytes, list[list[int]] | None]:
-    """One job, in a worker: a focal recording's bytes, or a soundscape's and its windows' labels."""
+def _make(job: tuple) -> tuple[bytes, list]:
+    """One job, in a worker: a focal recording's bytes and its song's events (`song_events`), or a
+    soundscape's and its windows' labels."""
     if isinstance(job[0], SoundscapePlan):
         return make_soundscape(*job)
-    return writer.make_recording(job), None
+    return writer.make_recording(job), song_events(*job)
 
 
-def _results(jobs: list[tuple], workers: int) -> Iterator[tuple[bytes, list[list[int]] | None]]:
+def _results(jobs: list[tuple], workers: int) -> Iterator[tuple[bytes, list]]:
     if workers <= 1:
         yield from map(_make, jobs)
         return
@@ -202,11 +208,14 @@ def _results(jobs: list[tuple], workers: int) -> Iterator[tuple[bytes, list[list
         yield from pool.imap(_make, jobs, chunksize=1)
 
 
-def _rows(path: str, data: bytes, times: list[float], labels: list[list[int]]) -> list[dict]:
-    """One row per window [times[w], times[w + 1]] of a file."""
+def _rows(
+    path: str, data: bytes, times: list[float], labels: list[list[int]], events: list | None = None
+) -> list[dict]:
+    """One row per window [times[w], times[w + 1]] of a file (a focal recording: one, with its events)."""
     return [
         {"audio": {"bytes": data, "path": path}, "filepath": path, "start_time": times[w],
-         "end_time": times[w + 1], "ebird_code": ls[0] if ls else None, "ebird_code_multilabel": ls}
+         "end_time": times[w + 1], "ebird_code": ls[0] if ls else None, "ebird_code_multilabel": ls,
+         "detected_events": events}
         for w, ls in enumerate(labels)
     ]  # fmt: skip
 
@@ -236,14 +245,14 @@ def generate_birdset(
     groups: dict[tuple[str, str], list[list[dict]]] = {(t.name, s): [] for t in tasks for s in SPLITS}
     labels: dict[str, list[list[int]]] = {}
     results = _results(jobs, writer.available_cores() if workers is None else workers)
-    for (task, plan), (data, windows) in zip(owners, results, strict=True):
+    for (task, plan), (data, made) in zip(owners, results, strict=True):
         if isinstance(plan, SoundscapePlan):
-            labels[plan.soundscape_id] = windows
-            times = [WINDOW_SECONDS * w for w in range(len(windows) + 1)]
-            groups[task.name, "test_5s"].append(_rows(f"{plan.soundscape_id}.ogg", data, times, windows))
+            labels[plan.soundscape_id] = made
+            times = [WINDOW_SECONDS * w for w in range(len(made) + 1)]
+            groups[task.name, "test_5s"].append(_rows(f"{plan.soundscape_id}.ogg", data, times, made))
         else:
             path, label = f"{plan.recording_id}.{CODECS[plan.codec][2]}", task.seen[plan.species]
-            groups[task.name, "train"].append(_rows(path, data, [0.0, plan.seconds], [[label]]))
+            groups[task.name, "train"].append(_rows(path, data, [0.0, plan.seconds], [[label]], made))
     shards = {}
     for task in tasks:
         names = [table[c].code for c in task.classes]

@@ -207,6 +207,40 @@ def draw_nuisance(plan: RecordingPlan, n_species: int) -> Nuisance:
     )
 
 
+def _song(plan: RecordingPlan, table: Sequence[Species], nz: Nuisance) -> np.ndarray:
+    """The focal species' song of a recording, before anything records it (its own generator)."""
+    n = int(round(plan.seconds * plan.sample_rate))
+    song_rng = rng_for(*plan.entropy, 2)
+    return render_song(table[plan.species], plan.sample_rate, n, song_rng, nz.pitch, nz.tempo, nz.activity)
+
+
+EVENT_FRAME_SECONDS, EVENT_FLOOR_DB, EVENT_GAP_SECONDS = 0.02, -20.0, 0.3
+"""`song_events`' detector: 20 ms frames, active within 20 dB of the loudest, gaps under 0.3 s bridged."""
+
+
+def song_events(plan: RecordingPlan, table: Sequence[Species], nuisance: Nuisance | None = None) -> list:
+    """Where the focal song sounds, as an event detector marks it (BirdSet's ``detected_events``):
+    ``[start, end]`` seconds (millisecond precision) of each run of 20 ms frames whose song RMS is
+    within 20 dB of the loudest frame's, runs less than 0.3 s apart merged. The song alone, not the
+    recording, so the events are where the generator put the calls."""
+    nz = draw_nuisance(plan, len(table)) if nuisance is None else nuisance
+    song = _song(plan, table, nz).astype(np.float64)
+    hop = max(1, int(EVENT_FRAME_SECONDS * plan.sample_rate))
+    frames = song[: len(song) // hop * hop].reshape(-1, hop)
+    rms = np.sqrt((frames**2).mean(axis=1))
+    if len(rms) == 0 or rms.max() <= 0:
+        return []
+    active = rms >= rms.max() * 10 ** (EVENT_FLOOR_DB / 20)
+    events: list[list[float]] = []
+    for i in np.flatnonzero(active):
+        start, end = i * EVENT_FRAME_SECONDS, (i + 1) * EVENT_FRAME_SECONDS
+        if events and start - events[-1][1] < EVENT_GAP_SECONDS:
+            events[-1][1] = end
+        else:
+            events.append([start, end])
+    return [[round(s, 3), round(e, 3)] for s, e in events]
+
+
 def render_recording(
     plan: RecordingPlan, table: Sequence[Species], nuisance: Nuisance | None = None
 ) -> np.ndarray:
@@ -218,8 +252,7 @@ def render_recording(
     nz = draw_nuisance(plan, len(table)) if nuisance is None else nuisance
     sr = plan.sample_rate
     n = int(round(plan.seconds * sr))
-    song_rng = rng_for(*plan.entropy, 2)
-    song = render_song(table[plan.species], sr, n, song_rng, nz.pitch, nz.tempo, nz.activity)
+    song = _song(plan, table, nz)
     song_power = _active_power(song)
     fg = song
     for j, (other, rel_db) in enumerate(nz.background):
