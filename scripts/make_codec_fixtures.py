@@ -19,7 +19,9 @@ Fixtures (all < 200 KB):
 - ``birds_22k_mono_short.flac`` 1.5 s, 22.05 kHz, mono, PCM_16 (shorter than a 5 s clip)
 - ``birds_48k_stereo.ogg``    8.0 s, 48 kHz, stereo, Vorbis
 - ``birds_44k_stereo_30s.ogg``  30 s, 44.1 kHz, stereo, Vorbis (the timing fixture)
-- ``birds_32k_mono.mp3``      4.0 s, 32 kHz, mono, MPEG layer III
+- ``birds_32k_mono.mp3``      4.0 s, 32 kHz, mono, MPEG layer III (variable bit rate, a Xing header)
+- ``birds_32k_mono_cbr.mp3``  4.0 s, 32 kHz, mono, MPEG layer III at a constant bit rate (an Info
+  header); its own generator (``SEED + 1``), so adding it left the others' signals as they were
 """
 
 from __future__ import annotations
@@ -87,6 +89,12 @@ def write_bench(folder: Path) -> None:
         print(f"{path} {path.stat().st_size / 1024:.1f} KB")
 
 
+def write_cbr_mp3(out: Path) -> None:
+    x = birdsong(np.random.default_rng(SEED + 1), 4.0, 32000, 1)
+    sf.write(out / "birds_32k_mono_cbr.mp3", x[:, 0], 32000, format="MP3", subtype="MPEG_LAYER_III",
+             bitrate_mode="CONSTANT", compression_level=0.5)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only print the sizes of existing fixtures")
@@ -133,6 +141,8 @@ def main() -> None:
 
         x = birdsong(rng, 4.0, 32000, 1)
         sf.write(out / "birds_32k_mono.mp3", x[:, 0], 32000, format="MP3", subtype="MPEG_LAYER_III")
+
+        write_cbr_mp3(out)
 
     too_big = []
     for p in sorted(out.iterdir()):
