@@ -18,8 +18,10 @@
 //! (a seek overshoot) the margin is doubled and the seek retried; after a few tries, or on a seek
 //! error, the stream is reopened and decoded from its beginning. Every decoded frame is therefore the
 //! same as in a full decode, bit for bit (the unit tests check this per codec). MP3 seeks too: its length is
-//! counted from its frames' headers at open (no decoding), since without a Xing/Info header (common at a
-//! constant bit rate) the container's estimate from the first frame is off for a variable rate: its margin (`DEFAULT_MARGIN`, about 7 frames) covers the bit
+//! counted from its frames' headers at open (`super::mp3_frames`; without a Xing/Info header, common at
+//! a constant bit rate, the container's estimate from the first frame is off for a variable rate), and
+//! a seek opens the stream at the frame holding `start - margin` instead of parsing every frame from the
+//! start (a stream that does not scan cleanly counts and seeks through the demuxer instead): its margin (`DEFAULT_MARGIN`, about 7 frames) covers the bit
 //! reservoir (at most 511 bytes, under 2 frames) and the synthesis filter bank's history, after which
 //! the decoder's output no longer depends on where decoding began (checked bit for bit on the fixture
 //! and, when this was written, on 440 random windows of the 22 demo-set MP3s). Streams of unknown
@@ -41,6 +43,7 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 use symphonia::core::sample::Sample;
 
+use super::mp3_frames::{self, Mp3Frames};
 use super::AudioError;
 
 /// Seek retries (each doubling the pre-roll margin) before falling back to decoding from the start.
@@ -55,6 +58,15 @@ struct SharedBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
 impl AsRef<[u8]> for SharedBytes {
     fn as_ref(&self) -> &[u8] {
         (*self.0).as_ref()
+    }
+}
+
+/// The encoded bytes from an offset on (an MP3 read from one of its frames).
+struct Tail(SharedBytes, usize);
+
+impl AsRef<[u8]> for Tail {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.as_ref()[self.1..]
     }
 }
 
@@ -91,6 +103,12 @@ pub struct AudioReader {
     fallbacks: usize,
     /// Nothing has been read since the stream was (re)opened.
     fresh: bool,
+    /// An MP3's frames (`mp3_frames::scan`): a seek opens the stream at a frame instead of parsing
+    /// every frame from the start; None for other codecs, or a stream that does not scan cleanly.
+    mp3: Option<Arc<Mp3Frames>>,
+    /// The timestamp of the stream's first packet as the current reader numbers it (0 unless the
+    /// reader was opened at an MP3 frame).
+    ts_base: u64,
 }
 
 struct Opened {
@@ -243,14 +261,20 @@ impl AudioReader {
     pub fn open(data: impl AsRef<[u8]> + Send + Sync + 'static) -> Result<Self, AudioError> {
         let bytes = SharedBytes(Arc::new(data));
         let mut o = open_stream(&bytes)?;
+        let mut mp3 = None;
         if o.codec_name == "mp3" {
             // Without a Xing/Info header (common at a constant bit rate) symphonia estimates the length
             // from the first frame's bit rate: off by frames for a variable rate. Count the frames from
-            // their headers instead, as the seek will find them, without decoding; then start again.
-            o.n_frames = count_frames(&mut *o.format, o.track_id);
-            let counted = o.n_frames;
-            o = open_stream(&bytes)?;
-            o.n_frames = counted;
+            // their headers instead (`mp3_frames`); where that scan fails, from the demuxer's packets.
+            mp3 = mp3_frames::scan(bytes.as_ref()).map(Arc::new);
+            o.n_frames = match &mp3 {
+                Some(frames) => Some(frames.n_samples()),
+                None => {
+                    let counted = count_frames(&mut *o.format, o.track_id);
+                    o = open_stream(&bytes)?;
+                    counted
+                }
+            };
         }
         let seekable_codec = o.codec_name == "flac" || o.codec_name == "vorbis" || o.codec_name == "mp3" || o.codec_name.starts_with("pcm");
         let can_seek = seekable_codec && o.n_frames.is_some_and(|n| n > 0);
@@ -276,6 +300,8 @@ impl AudioReader {
             seek_retries: 0,
             fallbacks: 0,
             fresh: true,
+            mp3,
+            ts_base: 0,
         })
     }
 
@@ -312,6 +338,7 @@ impl AudioReader {
         self.format = o.format;
         self.decoder = o.decoder;
         self.track_id = o.track_id;
+        self.ts_base = 0;
         self.fresh = true;
         Ok(())
     }
@@ -431,10 +458,20 @@ impl AudioReader {
     fn decode_into(&mut self, seek_from: Option<u64>, start: u64, out: &mut [f32]) -> Result<Window, AudioError> {
         self.fresh = false;
         if let Some(from) = seek_from {
-            let to = SeekTo::TimeStamp { ts: self.start_ts + from, track_id: self.track_id };
-            self.format
-                .seek(SeekMode::Accurate, to)
-                .map_err(|e| sym_err(&format!("decode ({}): seek to frame {from}", self.codec_name), e))?;
+            if let Some(frames) = self.mp3.clone() {
+                // Open the stream at the frame holding `from`: no frame before it is parsed.
+                let k = (from / frames.samples_per_frame) as usize;
+                let offset = frames.offsets.get(k).copied().unwrap_or(self.bytes.as_ref().len());
+                let tail = SharedBytes(Arc::new(Tail(self.bytes.clone(), offset)));
+                let o = open_stream(&tail)?;
+                (self.format, self.decoder, self.track_id) = (o.format, o.decoder, o.track_id);
+                self.ts_base = k as u64 * frames.samples_per_frame;
+            } else {
+                let to = SeekTo::TimeStamp { ts: self.start_ts + from, track_id: self.track_id };
+                self.format
+                    .seek(SeekMode::Accurate, to)
+                    .map_err(|e| sym_err(&format!("decode ({}): seek to frame {from}", self.codec_name), e))?;
+            }
             self.decoder.reset();
         }
         let end = start + out.len() as u64;
@@ -442,7 +479,7 @@ impl AudioReader {
         let mut first = true;
         while let Some(packet) = self.next_packet()? {
             // Position of the packet's first rendered frame relative to the stream start.
-            let pos = packet.ts as i128 - self.start_ts as i128;
+            let pos = (self.ts_base + packet.ts) as i128 - self.start_ts as i128;
             if pos >= end as i128 && !first {
                 w.stopped_early = true;
                 break;

@@ -34,6 +34,7 @@ use std::fmt;
 pub mod clip;
 pub mod decode;
 pub mod fbank;
+pub mod mp3_frames;
 pub mod resample;
 
 pub use clip::{ClipConfig, ClipExtractor, CropMode, MaskConfig, SampleKey};

@@ -1,0 +1,112 @@
+//! Where each audio frame of an MPEG layer III stream starts, from the frames' 4-byte headers alone.
+//!
+//! A crop of a long MP3 needs the stream's length (the crop's range) and the byte where the frame it
+//! starts in begins. Symphonia knows neither without a Xing/Info header: it estimates the length from
+//! the first frame's bit rate, and its accurate seek parses every frame from the start. [`scan`] walks
+//! the headers once (a 60-minute file in about a millisecond) and gives both: the decoder then starts
+//! at a frame a few frames before the crop (`super::decode`), whose output from there on equals a
+//! whole decode's, bit for bit.
+//!
+//! Only a stream that parses cleanly to its end is indexed: an ID3v2 tag in front, then layer III frames
+//! back to back (a Xing/Info/VBRI header frame first is skipped, as the demuxer skips it), then at most
+//! an ID3v1 tag or an APE/Lyrics trailer. Anything else (junk between frames, free-format bit rates,
+//! a change of version or sample rate) gives None, and the caller falls back to the demuxer's own
+//! frame-by-frame counting and seeking.
+
+/// The frames of a stream: each audio frame's first byte, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mp3Frames {
+    pub offsets: Vec<usize>,
+    /// 1152 (MPEG-1) or 576 (MPEG-2 and 2.5).
+    pub samples_per_frame: u64,
+}
+
+impl Mp3Frames {
+    /// Frames in the stream times the samples each renders: the whole decode's length.
+    pub fn n_samples(&self) -> u64 {
+        self.offsets.len() as u64 * self.samples_per_frame
+    }
+}
+
+const KBPS_V1: [u32; 15] = [0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320];
+const KBPS_V2: [u32; 15] = [0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160];
+
+/// `(frame bytes, samples per frame, a key that must not change along the stream)` of the layer III
+/// header at the start of `h`, or None.
+fn header(h: &[u8]) -> Option<(usize, u64, u8)> {
+    if h.len() < 4 || h[0] != 0xFF || h[1] & 0xE0 != 0xE0 {
+        return None;
+    }
+    let version = (h[1] >> 3) & 3; // 3: MPEG-1, 2: MPEG-2, 0: MPEG-2.5, 1: reserved
+    if version == 1 || (h[1] >> 1) & 3 != 1 {
+        return None; // reserved, or not layer III
+    }
+    let (bitrate, rate) = ((h[2] >> 4) as usize, ((h[2] >> 2) & 3) as usize);
+    if bitrate == 0 || bitrate == 15 || rate == 3 {
+        return None; // free format, bad index
+    }
+    let base = [[11_025u32, 12_000, 8_000], [0, 0, 0], [22_050, 24_000, 16_000], [44_100, 48_000, 32_000]];
+    let sample_rate = base[version as usize][rate];
+    let padding = ((h[2] >> 1) & 1) as usize;
+    let (kbps, spf) = if version == 3 { (KBPS_V1[bitrate], 1152u64) } else { (KBPS_V2[bitrate], 576u64) };
+    let bytes = (spf as usize / 8) * kbps as usize * 1000 / sample_rate as usize + padding;
+    Some((bytes, spf, h[1] & 0x18 | (h[2] & 0x0C)))
+}
+
+/// Whether `frame` is a Xing/Info/VBRI header rather than audio.
+fn is_info_frame(frame: &[u8]) -> bool {
+    let head = &frame[..frame.len().min(48)];
+    head.windows(4).any(|w| w == b"Xing" || w == b"Info" || w == b"VBRI")
+}
+
+/// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
+pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
+    let mut at = 0;
+    if data.len() >= 10 && &data[..3] == b"ID3" {
+        let size = data[6..10].iter().fold(0usize, |s, &b| (s << 7) | (b & 0x7F) as usize);
+        at = 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
+    }
+    let (mut offsets, mut spf, mut key) = (Vec::new(), 0, None);
+    while at < data.len() {
+        let rest = &data[at..];
+        let Some((len, frame_spf, frame_key)) = header(rest) else {
+            // The end: nothing, or a trailing tag.
+            let trailer = rest.starts_with(b"TAG") && rest.len() == 128
+                || rest.starts_with(b"APETAGEX")
+                || rest.starts_with(b"LYRICS");
+            return (trailer && !offsets.is_empty()).then_some(Mp3Frames { offsets, samples_per_frame: spf });
+        };
+        if key.is_some_and(|k| k != frame_key) || len > rest.len() {
+            return None; // another version or rate midway, or a last frame cut short
+        }
+        if !(offsets.is_empty() && key.is_none() && is_info_frame(&rest[..len])) {
+            offsets.push(at);
+        }
+        key = Some(frame_key);
+        spf = frame_spf;
+        at += len;
+    }
+    (!offsets.is_empty()).then_some(Mp3Frames { offsets, samples_per_frame: spf })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audio::decode::tests::fixture;
+
+    #[test]
+    fn the_fixtures_index_every_audio_frame_and_skip_the_header_frame() {
+        for name in ["birds_32k_mono.mp3", "birds_32k_mono_cbr.mp3"] {
+            let data = fixture(name);
+            let frames = scan(&data).unwrap();
+            assert_eq!(frames.samples_per_frame, 1152);
+            assert!(frames.offsets[0] > 0, "{name}: the Xing/Info frame is not audio");
+            assert!(frames.offsets.windows(2).all(|w| w[0] < w[1]));
+            // Junk between frames, or a cut in the middle of the stream, is not indexed.
+            let mut junk = data.clone();
+            junk.insert(frames.offsets[5], 0);
+            assert_eq!(scan(&junk), None, "{name}");
+        }
+        assert_eq!(scan(b"not an mp3 at all"), None);
+    }
+}
