@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from path_only import path_only
 
@@ -97,3 +98,24 @@ def test_a_file_changed_between_segments_is_refused_at_resume(birdset_task: Path
     os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # same bytes, a new time
     with pytest.raises(StateError, match="fingerprint"):
         Loader([str(mine)], batch_size=4, seed=1, state=state)
+
+
+def test_a_plain_column_of_paths_reads_like_the_struct(birdset_task: Path, tmp_path: Path) -> None:
+    """Audio as a string column of paths (no struct), as a hand-made table holds it."""
+    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
+    by_struct = path_only(shard, tmp_path / "struct" / shard.name, tmp_path / "audio", relative_to=tmp_path)
+    table = read_shard(by_struct)
+    paths = table.column("audio").combine_chunks().field("path")
+    plain = table.set_column(table.schema.get_field_index("audio"), "audio", paths)
+    (tmp_path / "plain").mkdir()
+    with (
+        pa.OSFile(str(tmp_path / "plain" / shard.name), "wb") as sink,
+        pa.ipc.new_file(sink, plain.schema) as w,
+    ):
+        w.write_table(plain)
+    for folder in ("struct", "plain"):
+        (tmp_path / folder / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    eval_mode = {"train": False, "audio_root": str(tmp_path)}
+    assert_same(
+        batches([str(by_struct)], **eval_mode), batches([str(tmp_path / "plain" / shard.name)], **eval_mode)
+    )
