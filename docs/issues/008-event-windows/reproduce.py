@@ -4,11 +4,12 @@
 
 1. The BirdSet stand-in (tasks SYN1-3), whose focal train recordings carry ``detected_events``: where
    the generator's song sounds (`synth.channel.song_events`, 38 % of a recording on average).
-2. Two pretrains on the train recordings of all three tasks (816 recordings), the demo recipe
-   (`birdjepa pretrain` defaults: LeJEPA, tiny ViT, 600 steps of 16 x 2 views, seed 0), alike but for
-   the crop: ``uniform`` (today's default) and ``events`` (``--data.crop-events``).
-3. `birdjepa benchmark` on each task: both runs, the random init and raw log-mel; the default probes,
-   n = 4 and all recordings per class, seeds 0-2. One store, WORK/results; the table into logs/.
+2. Pretrains on the train recordings of all three tasks (816 recordings), the demo recipe
+   (`birdjepa pretrain` defaults: LeJEPA, tiny ViT, 600 steps of 16 x 2 views), alike but for the crop:
+   ``uniform`` (today's default) and ``events`` (``--data.crop-events``), for each pretraining seed of
+   ``--seeds`` (default 0; seed s > 0 names the runs ``uniform-s<s>`` and ``events-s<s>``).
+3. `birdjepa benchmark` on each task: every run, the random init and raw log-mel; the default probes,
+   n = 4 and all recordings per class, probe seeds 0-2. One store, WORK/results; the table into logs/.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ RUNS = {"uniform": [], "events": ["--data.crop-events"]}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--work", type=Path, default=Path("/tmp/birdjepa-008"))
-    work = parser.parse_args().work
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    args = parser.parse_args()
+    work = args.work
     logs = HERE / "logs"
     logs.mkdir(exist_ok=True)
     for name in ("pretrain.log", "benchmark.log", "table.log"):
@@ -38,13 +41,18 @@ def main() -> None:
 
     tasks = ensure_birdset_data()
     runs = work / "runs"
-    for name, extra in RUNS.items():
-        if not (runs / name / "checkpoints").is_dir():
-            call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(runs), "--eval-every", "0",
-                  "--data.train", str(tasks / "SYN*" / "train" / "*.arrow"),
-                  "--data.eval", str(tasks / "SYN1" / "test_5s"), *extra], logs / "pretrain.log")  # fmt: skip
+    names = []
+    for seed in args.seeds:
+        for kind, extra in RUNS.items():
+            name = kind if seed == 0 else f"{kind}-s{seed}"
+            names.append(name)
+            if not (runs / name / "checkpoints").is_dir():
+                data = ["--data.train", str(tasks / "SYN*" / "train" / "*.arrow"),
+                        "--data.eval", str(tasks / "SYN1" / "test_5s")]  # fmt: skip
+                call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(runs), "--eval-every", "0",
+                      "--seed", str(seed), *data, *extra], logs / "pretrain.log")  # fmt: skip
     results = work / "results"
-    backbones = [str(runs / "uniform"), str(runs / "events"), f"random:{runs / 'uniform'}", "raw"]
+    backbones = [*(str(runs / n) for n in names), f"random:{runs / 'uniform'}", "raw"]
     for task in TASKS:
         call([*BIRDJEPA, "benchmark", "--backbone", *backbones,
               "--train", str(tasks / task / "train"), "--test", str(tasks / task / "test_5s"), "--task", task,
