@@ -155,3 +155,17 @@ def test_parquet_and_path_only_sets_train_and_benchmark_with_the_commands_of_emb
               *(["--audio-root", *root] if root else [])])  # fmt: skip
         scores[name] = sorted((r["cmap"], r["auroc"], r["top1"]) for r in store.read(results).to_pylist())
     assert scores["embedded"] and scores["parquet"] == scores["embedded"] == scores["by_path"]
+
+
+def test_string_labels_give_their_sorted_vocabulary(
+    task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = read_shard(next((task / "train").glob("*.arrow"))).replace_schema_metadata(None)
+    names = json.loads((task / "train" / "vocab.json").read_text())["names"]
+    text = pa.array([names[i] for i in table.column("ebird_code").to_pylist()])
+    table = table.set_column(table.schema.get_field_index("ebird_code"), "ebird_code", text)
+    (tmp_path / "hub").mkdir()
+    pq.write_table(table, tmp_path / "hub" / "0000.parquet", row_group_size=8)
+    assert prepare(tmp_path / "hub", tmp_path / "out", capsys)[0] is None
+    vocab = json.loads((tmp_path / "out" / "vocab.json").read_text())["names"]
+    assert vocab == sorted(set(text.to_pylist()))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
@@ -113,6 +114,8 @@ def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tupl
     """``file`` row group by row group into ``shard``: (the shard, its rows, the string labels seen)."""
     partial = shard.with_name(f".{shard.name}.partial")
     labels: set[str] = set()
+    text = schema.field(label_column).type
+    text_labels = pa.types.is_string(text) or pa.types.is_large_string(text)  # the vocabulary's source
     rows = 0
     try:
         reader = pq.ParquetFile(file, memory_map=True)
@@ -122,10 +125,8 @@ def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tupl
                     table = reader.read_row_group(group)
                 except (OSError, pa.ArrowException) as e:
                     raise ParquetError(f"{file}: row group {group}: {one_line(e)}") from None
-                if pa.types.is_string(table.schema.field(label_column).type) or pa.types.is_large_string(
-                    table.schema.field(label_column).type
-                ):
-                    labels |= {x for x in table.column(label_column).to_pylist() if x is not None}
+                if text_labels:
+                    labels |= {x for x in pc.unique(table.column(label_column)).to_pylist() if x is not None}
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                     writer.write_batch(batch)
                 rows += table.num_rows
