@@ -7,12 +7,21 @@ import jax
 import jax.numpy as jnp
 
 from birdjepa.perf.profile import instructions, own_times, part_of, time_by_part
-from birdjepa.perf.step_cost import cost_flops
+from birdjepa.perf.step_cost import cost_flops, step_flops
 
 
 def test_a_matrix_product_counts_2mkn_flops_in_the_lowered_program() -> None:
     a, b = jnp.ones((64, 32)), jnp.ones((32, 16))
     assert cost_flops(jax.jit(jnp.matmul).lower(a, b)) == 2 * 64 * 32 * 16
+
+
+def test_where_the_backend_analyses_nothing_the_program_lowered_for_the_cpu_is_counted() -> None:
+    class NoAnalysis:  # jaxlib 0.11.2's GPU backend, on an H200, for the small step at batch 128
+        def cost_analysis(self) -> None:
+            return None
+
+    a, b = jnp.ones((64, 32)), jnp.ones((32, 16))
+    assert step_flops(jax.jit(jnp.matmul), (a, b), NoAnalysis()) == 2 * 64 * 32 * 16
 
 
 def test_an_operation_s_own_time_leaves_out_the_operations_inside_it() -> None:
