@@ -10,9 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.slurm.sweep import launch_local
+
+# Five processes: four minutes of the suite. CI runs it beside the suite; in the suite,
+# tests/test_checkpoint.py restores four devices' save on one and the virtual-shard tests take any count.
+pytestmark = pytest.mark.slow
 
 STEPS = 6
 

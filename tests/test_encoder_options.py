@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from test_train_resume import NO_EVAL, resumed_differs
 
 from birdjepa.model.config import preset
@@ -56,6 +57,7 @@ def test_each_option_builds_what_it_says() -> None:
     assert np.allclose(out["embedding"], out["tokens"].mean(1), atol=0)
 
 
+@pytest.mark.slow  # two runs of the larger step; CI runs it beside the suite
 def test_a_run_with_every_encoder_option_on_resumes_exactly(demo_dir: Path, tmp_path: Path) -> None:
     args = (*ALL_ON, *NO_EVAL, "--optim.grad-accum", "2")
     assert resumed_differs(demo_dir, tmp_path, *args) == []

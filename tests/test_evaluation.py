@@ -355,6 +355,7 @@ def hf_birdset_split(birdset_dir: Path, task: str, split: str, out: Path) -> Pat
     return arrow
 
 
+@pytest.mark.slow  # the users' command end to end, a minute; tests/test_benchmark.py proves its parts
 def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     tiny_run: Path, birdset_dir: Path, tmp_path: Path, capsys, monkeypatch
 ):

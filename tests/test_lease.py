@@ -37,6 +37,7 @@ def held_by(pid: int, run_dir: Path) -> None:
     (run_dir / LEASE_FILE).write_text(json.dumps(lease))
 
 
+@pytest.mark.slow  # two trainings; the racers below prove one winner in the suite
 def test_two_trainers_race_for_one_run_directory(demo_dir: Path, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain"]
     first = subprocess.Popen([*cmd, *flags(demo_dir, tmp_path, 40)], stdout=subprocess.PIPE, text=True)

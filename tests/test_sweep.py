@@ -95,6 +95,7 @@ def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) 
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # two trainings; the job script's requeue is proved below in the suite
 def test_local_sweep_runs_each_config_here_with_a_forced_resume(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

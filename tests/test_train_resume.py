@@ -214,6 +214,7 @@ def test_the_legacy_resume_bug_is_caught_by_the_checks_and_by_compare(
     assert (resumed / "analysis" / "window-train_loss.png").stat().st_size > 5000
 
 
+@pytest.mark.slow  # a second run; the suite's exact-resume test is the three-resume one above
 def test_debug_roundtrip_does_not_change_the_run(
     demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -224,6 +225,7 @@ def test_debug_roundtrip_does_not_change_the_run(
     assert differing(straight, tmp_path / "rt") == []
 
 
+@pytest.mark.slow  # four processes; tests/test_checkpoint.py restores 4 devices' save on 1 in the suite
 def test_resume_on_another_device_count_with_the_wandb_mirror(demo_dir: Path, tmp_path: Path) -> None:
     # 1 -> 2 devices through the whole trainer (the resume checks compare the loss to a tolerance on
     # another device count); 2 -> 1 is test_checkpoint's replicated-save-then-one-device-restore.
@@ -260,6 +262,7 @@ def test_resume_on_another_device_count_with_the_wandb_mirror(demo_dir: Path, tm
         assert repr(m["train/loss"]).encode() in mirrored
 
 
+@pytest.mark.slow  # a second straight run in bfloat16; CI runs it beside the suite
 def test_bfloat16_compute_resumes_exactly(demo_dir: Path, straight: Path, tmp_path: Path) -> None:
     bf16 = ("--model.dtype", "bfloat16", *NO_EVAL)
     assert resumed_differs(demo_dir, tmp_path, *bf16) == []

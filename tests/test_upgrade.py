@@ -126,6 +126,7 @@ def test_a_config_recorded_before_the_debug_options_became_a_group_reads_under_t
     assert config_diff({**old, "debug_inject_fault": None}, now) == ([], [])
 
 
+@pytest.mark.slow  # the old code's two runs in subprocesses: a minute; CI runs it
 def test_a_format_1_checkpoint_of_the_old_code_resumes_and_continues_the_old_code_s_straight_run(
     tmp_path: Path,
 ) -> None:
