@@ -189,25 +189,24 @@ def corrupt_shards(tmp_path_factory: pytest.TempPathFactory) -> TinyShards:
     )
 
 
-# The files with the longest trainings first, as `make test` measured them (cold, 2026-11-26): xdist
+# The files with the longest trainings first, as `make test` measured them (warm, 2026-11-27): xdist
 # hands out whole files in collection order (--dist loadfile --no-loadscope-reorder; its default order,
 # by test count, left the one-test 35 s file for the end, with the other core idle), so the short ones
 # fill in at the end instead of a long one running alone.
 LONGEST_FIRST = (
     "test_train_resume.py",
-    "test_divergence.py",
-    "test_distributed.py",
-    "test_sweep.py",
-    "test_lease.py",
-    "test_upgrade.py",
     "test_resume_checks.py",
+    "test_divergence.py",
     "test_evaluation.py",
     "test_objectives.py",
-    "test_full_disk.py",
-    "test_scale_set.py",
-    "test_checkpoint.py",
-    "test_augment.py",
     "test_fail_safe.py",
+    "test_lease.py",
+    "test_upgrade.py",
+    "test_checkpoint.py",
+    "test_scale_set.py",
+    "test_torn_log.py",
+    "test_virtual_shards.py",
+    "test_augment.py",
 )
 
 

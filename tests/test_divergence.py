@@ -68,6 +68,7 @@ def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoin
     )
 
 
+@pytest.mark.slow  # two more processes; the traced step's equality with the run is proved above
 def test_the_same_step_traced_in_two_processes_gives_the_same_file(
     runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,7 @@ def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return runs / "r"
 
 
+@pytest.mark.slow  # a run on a small filesystem, moved and resumed: half a minute; CI runs it
 def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly(
     demo_dir: Path, straight: Path, tmp_path: Path
 ) -> None:

@@ -123,6 +123,7 @@ print(json.dumps({k: int(status[k].split()[0]) for k in ("RssAnon", "RssFile")})
 """
 
 
+@pytest.mark.slow  # reads the whole scale set twice: CI runs it
 def test_the_loaders_own_memory_does_not_grow_with_the_shards_it_reads(scale_dir: Path) -> None:
     shards = [str(p) for p in list_shards(scale_dir / "train")]
     kib = {}
