@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from birdjepa.data import Loader, resolve_files
-from birdjepa.evaluation import probes
+from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import batched, raw_features
 from birdjepa.model.config import preset
 from birdjepa.model.vit import encoder_apply, init_params

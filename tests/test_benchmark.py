@@ -13,7 +13,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 from birdjepa.benchmark import fewshot, store
 from birdjepa.benchmark.metrics import all_metrics, auroc, cmap, top1
-from birdjepa.benchmark.probes import Recipe, fit_and_score
+from birdjepa.benchmark.multi_label_probes import Recipe, fit_and_score
 
 
 def multilabel_case(seed: int, n: int = 60, c: int = 7) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +120,7 @@ def test_two_writers_lose_nothing(tmp_path: Path) -> None:
 
 
 def test_single_label_probes_score_as_evaluate_predicts() -> None:
-    from birdjepa.evaluation import probes as single
+    from birdjepa.evaluation import single_label_probes as single
 
     rng = np.random.default_rng(1)
     means = rng.normal(size=(4, 16)) * 2

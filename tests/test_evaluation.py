@@ -19,7 +19,7 @@ from conftest import run_notebook
 
 from birdjepa.config import PretrainConfig
 from birdjepa.diagnostics.collapse import effective_rank
-from birdjepa.evaluation import probes
+from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import raw_features
 from birdjepa.rundir.layout import LEASE_FILE
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from birdjepa.benchmark.metrics import all_metrics
-from birdjepa.benchmark.probes import Recipe, fit_and_score
+from birdjepa.benchmark.multi_label_probes import Recipe, fit_and_score
 from birdjepa.benchmark.token_probes import HEADS, attentive_init, attentive_pool, proto_apply, proto_weights
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from birdjepa.evaluation.cli import EvalData, embed_splits, restore_run
-from birdjepa.evaluation.probes import linear_probe
+from birdjepa.evaluation.single_label_probes import linear_probe
 from birdjepa.train.determinism import deterministic_xla
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from birdjepa.data import Features, Loader
 from birdjepa.evaluation.cli import EvalData, restore_run
 from birdjepa.evaluation.embed import raw_features
-from birdjepa.evaluation.probes import knn, linear_probe
+from birdjepa.evaluation.single_label_probes import knn, linear_probe
 from birdjepa.model.vit import encoder_apply
 from birdjepa.train.determinism import deterministic_xla
 

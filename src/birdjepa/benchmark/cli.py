@@ -22,7 +22,14 @@ import tyro
 from birdjepa.benchmark import fewshot, store
 from birdjepa.benchmark.backbones import Backbone, BackboneError, Embedded, embed, resolve
 from birdjepa.benchmark.metrics import all_metrics
-from birdjepa.benchmark.probes import MULTI_LABEL, PROBES, TOKEN_PROBES, Loss, Recipe, fit_and_score
+from birdjepa.benchmark.multi_label_probes import (
+    MULTI_LABEL,
+    PROBES,
+    TOKEN_PROBES,
+    Loss,
+    Recipe,
+    fit_and_score,
+)
 from birdjepa.data import DataError, Features, resolve_files
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, vocab_names
 from birdjepa.exit_codes import USAGE

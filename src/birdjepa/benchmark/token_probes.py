@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 from birdjepa.benchmark.recipe import Recipe, padded
-from birdjepa.evaluation.probes import standardise
+from birdjepa.evaluation.single_label_probes import standardise
 
 TOKEN_PROBES: tuple[str, ...] = ("proto", "attentive")
 HEADS = 4

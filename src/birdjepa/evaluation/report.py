@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from birdjepa.evaluation import probes
+from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import RAW, Split
 from birdjepa.rundir import layout
 

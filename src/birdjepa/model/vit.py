@@ -367,8 +367,9 @@ class Decoder(nn.Module):
         return nn.Dense(cfg.patch * cfg.patch_mels, name="out", dtype=dt)(full)
 
 
-class Probe(nn.Module):
-    """Linear classification head ``embedding -> n_classes`` (zero-initialised: uniform logits at start)."""
+class OnlineProbe(nn.Module):
+    """The online probe: a linear classification head ``embedding -> n_classes`` trained beside the encoder
+    on its stop-gradient embedding (zero-initialised: uniform logits at start)."""
 
     n_classes: int
 
@@ -442,7 +443,10 @@ class BirdJepa(nn.Module):
                 out["patches"] = input_patches(cfg, x)
         # Every loss and the probe see float32, whatever the compute dtype.
         out = {k: v.astype(jnp.float32) for k, v in out.items()}
-        out["probe_logits"] = Probe(cfg.n_classes, name="probe")(jax.lax.stop_gradient(out["embedding"]))
+        # Named "probe" in every checkpoint's parameter tree.
+        out["probe_logits"] = OnlineProbe(cfg.n_classes, name="probe")(
+            jax.lax.stop_gradient(out["embedding"])
+        )
         return {k: v.reshape(lead + v.shape[1:]) for k, v in out.items()}
 
 

@@ -1,7 +1,7 @@
 """Multi-label probes on frozen embeddings: each returns ``scores [N_test, C]`` for ``C`` classes.
 
-All three standardise with the train split's statistics first (`evaluation.probes.standardise`), so
-every backbone's row is treated alike.
+All three standardise with the train split's statistics first
+(`evaluation.single_label_probes.standardise`), so every backbone's row is treated alike.
 
 - **linear**: one dense layer, ``C`` logits;
 - **mlp**: one hidden layer of `HIDDEN` GELU units, then ``C`` logits;
@@ -12,10 +12,10 @@ every backbone's row is treated alike.
 - **proto** and **attentive** read patch tokens, not embeddings: `token_probes`.
 - **centroid**: nothing trained; the cosine similarity to each class's mean (standardised, then
   L2-normalised) train embedding. A class with no train recording scores -1 (below every cosine).
-- **softmax** and **knn**: `birdjepa evaluate`'s single-label probes (`birdjepa.evaluation.probes`:
-  multinomial logistic regression with cross-validated L2, and weighted cosine kNN), fitted on each train
-  recording's one class; their scores are class probabilities and kNN vote weights. For single-label
-  tasks, and to compare with `evaluate`'s numbers.
+- **softmax** and **knn**: `birdjepa evaluate`'s single-label probes
+  (`birdjepa.evaluation.single_label_probes`: multinomial logistic regression with cross-validated L2,
+  and weighted cosine kNN), fitted on each train recording's one class; their scores are class
+  probabilities and kNN vote weights. For single-label tasks, and to compare with `evaluate`'s numbers.
 
 Train batches are padded to a power of two with zero-weight rows, so the few-shot sizes compile a
 handful of shapes, not one per n; padded rows change no sum. On CPU the scores are a deterministic
@@ -34,14 +34,14 @@ import optax
 
 from birdjepa.benchmark.recipe import Loss, Recipe, padded
 from birdjepa.benchmark.token_probes import TOKEN_PROBES, fit_and_score_tokens
-from birdjepa.evaluation.probes import standardise
+from birdjepa.evaluation.single_label_probes import standardise
 
-Probe = Literal["linear", "mlp", "centroid", "proto", "attentive", "softmax", "knn"]
+ProbeName = Literal["linear", "mlp", "centroid", "proto", "attentive", "softmax", "knn"]
 PROBES: tuple[str, ...] = ("linear", "mlp", "centroid", "proto", "attentive", "softmax", "knn")
 MULTI_LABEL: tuple[str, ...] = ("linear", "mlp", "centroid")
 """The probes a benchmark runs unless told otherwise (BirdSet's tasks are multi-label)."""
 HIDDEN = 256
-__all__ = ["HIDDEN", "MULTI_LABEL", "PROBES", "TOKEN_PROBES", "Loss", "Probe", "Recipe", "fit_and_score"]
+__all__ = ["HIDDEN", "MULTI_LABEL", "PROBES", "TOKEN_PROBES", "Loss", "ProbeName", "Recipe", "fit_and_score"]
 
 
 def _init(kind: str, d: int, c: int, key: jax.Array) -> dict:
@@ -83,7 +83,7 @@ def _fit(kind: str, recipe: Recipe, x: jax.Array, y: jax.Array, weight: jax.Arra
 
 
 def fit_and_score(
-    probe: Probe,
+    probe: ProbeName,
     train_x: np.ndarray,
     train_y: np.ndarray,
     test_x: np.ndarray,
@@ -135,7 +135,7 @@ def _single_label(
     probe: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, seed: int
 ) -> np.ndarray:
     """`evaluate`'s probes on each train recording's first class (recordings without one left out)."""
-    from birdjepa.evaluation import probes as single
+    from birdjepa.evaluation import single_label_probes as single
 
     keep = train_y.any(axis=1)
     labels = train_y[keep].argmax(axis=1)
