@@ -146,6 +146,30 @@ def verify_resume(demo_dir: Path, runs: Path, *args: str) -> subprocess.Complete
     )  # fmt: skip
 
 
+def test_a_run_resumed_mid_update_in_a_new_process_with_another_worker_count_equals_the_straight_run(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    """The suite's exact resume: 12 micro-steps of 2-batch accumulation trained straight and in two
+    segments, the first stopped after step 4 (mid-update: 5 micro-batches done), the second in a new
+    process with 1 loader worker. Every logged metric is equal, and the 11 resume checks pass. (The
+    three-resume test below adds a SIGTERM and verify-resume's own command; CI runs it.)"""
+    args = ("--steps", "12", "--optim.grad-accum", "2", *NO_EVAL, "--ckpt-every", "4")
+    assert pretrain_here(demo_dir, tmp_path, "straight", *args) == 0
+    assert pretrain_here(demo_dir, tmp_path, "resumed", *args, "--stop-at-step", "4") == 0
+    done = pretrain(demo_dir, tmp_path, "resumed", *args, "--data.n-workers", "1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    resumed = tmp_path / "resumed"
+    assert differing(tmp_path / "straight", resumed) == []
+    logged = metrics_by_step(resumed)
+    assert sorted(logged) == list(range(12))
+    assert logged[4]["train/accum_progress"] == 1.0 and logged[5]["train/accum_progress"] == 0.0
+    assert [e["restart"] for e in events(resumed, "resume")] == [1]
+    assert done.stdout.count("RESUME_CHECK") == 11 and "ok=False" not in done.stdout
+    assert not events(resumed, "resume_check_failed")
+    assert json.loads((resumed / "config.json").read_text())["data"]["n_workers"] == 1
+
+
+@pytest.mark.slow  # four processes, two minutes: CI runs it; the test above is the suite's exact resume
 def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: Path, tmp_path: Path) -> None:
     # 30 micro-steps of 2-batch accumulation; stops after step 8 (mid-update: 9 micro-batches
     # done), a SIGTERM once step 14 is logged, and after step 22; 1 loader worker after the first resume.
