@@ -7,6 +7,8 @@ import dataclasses
 import io
 import json
 import math
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -437,3 +439,16 @@ def test_cli_demo_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as e:
         main(["demo-data", str(out), *args.split(), "--workers", "1"])
     assert e.value.code == 1 and "holds a demo set (use --overwrite)" in capsys.readouterr().err
+
+
+def test_a_script_without_a_main_guard_gets_its_recordings_in_one_process_not_a_hang(tmp_path: Path) -> None:
+    # Each spawned worker re-runs the unguarded script and dies before it takes a task; a
+    # multiprocessing.Pool waited on them forever (a user's script that trained on the demo set hung).
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from birdjepa.synthetic.writer import in_workers\nprint(list(in_workers(abs, [-1, -2, -3], 2)))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[1, 2, 3]"
+    assert "worker processes could not start" in done.stderr

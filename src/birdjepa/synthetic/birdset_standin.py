@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -201,11 +200,7 @@ def _make(job: tuple) -> tuple[bytes, list]:
 
 
 def _results(jobs: list[tuple], workers: int) -> Iterator[tuple[bytes, list]]:
-    if workers <= 1:
-        yield from map(_make, jobs)
-        return
-    with multiprocessing.get_context("spawn").Pool(min(workers, len(jobs))) as pool:  # spawn: see `writer`
-        yield from pool.imap(_make, jobs, chunksize=1)
+    return writer.in_workers(_make, jobs, workers)
 
 
 def _rows(

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import TypeVar
 
 from birdjepa.data.shards import remove_shards
 from birdjepa.synthetic.channel import Nuisance, render_recording
@@ -48,15 +52,36 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def in_workers(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[R]:
+    """``map(fn, items)``, in order, on up to ``workers`` spawned processes (spawn, not fork: the caller
+    may hold threads, JAX's or Arrow's, that fork would copy in a locked state). A spawned worker
+    imports the caller's ``__main__`` again: in a script without an ``if __name__ == "__main__":``
+    guard it re-runs the script and dies, and a `multiprocessing.Pool` would wait for it forever. Then
+    the rest is computed here, with one line on stderr: the same results, in one process."""
+    if workers <= 1 or len(items) < 2:
+        yield from map(fn, items)
+        return
+    done = 0
+    try:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(workers, len(items)), mp_context=context) as pool:
+            for result in pool.map(fn, items):
+                yield result
+                done += 1
+    except BrokenProcessPool:
+        print("birdjepa: worker processes could not start (does the script lack an `if __name__ == "
+              "'__main__':` guard?); going on in this process", file=sys.stderr, flush=True)  # fmt: skip
+        yield from map(fn, items[done:])
+
+
 def encoded(
     tasks: Sequence[tuple[RecordingPlan, Sequence[Species], Nuisance]], workers: int
 ) -> Iterator[bytes]:
-    if workers <= 1 or len(tasks) < 2:
-        yield from map(make_recording, tasks)
-        return
-    # spawn, not fork: the caller may hold threads (JAX, Arrow) that fork would copy in a locked state
-    with multiprocessing.get_context("spawn").Pool(min(workers, len(tasks))) as pool:
-        yield from pool.imap(make_recording, tasks, chunksize=1)
+    return in_workers(make_recording, tasks, workers)
 
 
 def species_json(species: Sequence[Species]) -> list[dict]:
