@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from step_digests import CONFIGS
+from step_digests import CONFIGS, machine, step_digests
 
 from birdjepa.objectives.lejepa import invariance_loss, lejepa_loss
 from birdjepa.objectives.sigreg import (
@@ -280,8 +280,6 @@ def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units
     another CPU or jaxlib compiles other kernels, so there the test cannot compare and says so)."""
     import json
     from pathlib import Path
-
-    from step_digests import machine, step_digests
 
     recorded = json.loads((Path(__file__).parent / "fixtures" / "step_digests.json").read_text())
     if recorded["machine"] != machine():
