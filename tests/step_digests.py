@@ -1,7 +1,9 @@
 """The bits of two training steps, as sha256 digests: `test_objectives.py` compares them with
-``fixtures/step_digests.json``, which the code before objectives became units wrote (run as a script:
-``python tests/step_digests.py OUT.json``, in the suite's XLA settings). A digest that moves means a
-step's arithmetic, its outputs or its recording changed."""
+``fixtures/step_digests.json``, which the code before objectives became units wrote, one recording per
+kind of machine (another CPU compiles other kernels). Run as a script, in the suite's XLA settings,
+it adds or replaces this machine's recording: ``python tests/step_digests.py
+tests/fixtures/step_digests.json``, from a checkout of that code (c33e628) with this file copied in.
+A digest that moves means a step's arithmetic, its outputs or its recording changed."""
 
 from __future__ import annotations
 
@@ -81,5 +83,9 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     import conftest  # noqa: F401  (the suite's XLA settings)
 
+    out = Path(sys.argv[1])
+    recordings = json.loads(out.read_text())["recordings"] if out.exists() else []
     found = {name: step_digests(args) for name, args in CONFIGS.items()}
-    Path(sys.argv[1]).write_text(json.dumps({"machine": machine(), "digests": found}, indent=1) + "\n")
+    recordings = [r for r in recordings if r["machine"] != machine()]
+    recordings.append({"machine": machine(), "digests": found})
+    out.write_text(json.dumps({"recordings": recordings}, indent=1) + "\n")
