@@ -41,3 +41,46 @@ def test_a_run_is_bit_identical_with_the_cache_cold_warm_and_off(tmp_path: Path,
     assert "Persistent compilation cache" not in off.stderr
     differences = [(d.name, d.max_abs) for d in compare_runs(tmp_path / "straight", tmp_path / "resumed")]
     assert differences and all(m == 0.0 for _, m in differences), differences
+
+
+def test_the_step_compiled_ahead_is_the_one_the_first_step_runs(demo_dir: Path) -> None:
+    """The loop opens its segment with ``compile_ahead``: the step is traced, lowered and compiled (or
+    loaded) in a thread while the checkpoint restores, and the first step runs that executable: the
+    calling thread traces, lowers and compiles nothing. (A thread building a program of other shapes or
+    shardings than the loop's call would leave the call to build its own.)"""
+    import threading
+
+    import jax
+    import tyro
+
+    from birdjepa.config import PretrainConfig
+    from birdjepa.data import open_train_loader
+    from birdjepa.train.segment import open_segment, step_inputs
+
+    # Options no other test of this process compiles: a step that has run once is not compiled ahead.
+    args = ["--data.batch-size", "6", "--data.train", str(demo_dir / "train"), "--data.eval",
+            str(demo_dir / "eval"), "--objective.lejepa.num-directions", "40"]  # fmt: skip
+    cfg = tyro.cli(PretrainConfig, args=args)
+    seg = open_segment(cfg, None, at=None, compile_ahead=True)
+    step, fns = seg.fns.train_step, seg.fns
+    assert not step.called
+    loader, _ = open_train_loader(
+        seg.files[0], cfg.data, seed=cfg.seed, augment=True, state=None, resumed=False
+    )
+    with loader:
+        batch = next(loader)
+    state = fns.place(seg.state)
+    x = step_inputs(fns, cfg, state, batch)
+    built: list[str] = []
+    caller = threading.current_thread()
+
+    def listener(event: str, _secs: float, **_: object) -> None:
+        if event.startswith("/jax/core/compile/") and threading.current_thread() is caller:
+            built.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        *_, guard = step(state.params, state.opt_state, x.batch, x.key, x.check)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert bool(guard["finite"]) and built == [], built

@@ -122,7 +122,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async
     )
     try:
-        seg = open_segment(requested, ckpt, at="newest" if requested.resume == "auto" else None)
+        at = "newest" if requested.resume == "auto" else None
+        seg = open_segment(requested, ckpt, at=at, compile_ahead=jax.process_count() == 1)
     except checkpoint.CheckpointError as e:  # none verifies, or the run asks for another structure
         print(f"ERROR: cannot resume: {e}; exit {exit_codes.RESUME_CHECK}", flush=True)
         ckpt.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -130,11 +131,41 @@ class RecordableStep:
 
     def __init__(self, jitted: Callable, names: Computed) -> None:
         self.jitted, self.computed = jitted, names
+        self.called = False
+        self._ahead: threading.Thread | None = None
+
+    def compile_ahead(self, *example: Any) -> None:
+        """Trace, lower and compile (or load from the persistent compilation cache) the step for
+        ``example``'s shapes in a thread, while the caller does its other set-up: the first call waits
+        for it and finds the executable built, the one it would have built itself (the same program and
+        options; JAX keeps it for the jitted function). Nothing once the step has run in this process.
+        Where ``example`` is not what the first call passes, that call compiles its own: time lost,
+        nothing else. Not a daemon thread: a process that ends without stepping (a refused resume) waits
+        for it, since one killed inside XLA's compiler at exit crashed (SIGSEGV)."""
+        if self.called or self._ahead is not None:
+            return
+
+        def build() -> None:
+            try:
+                self.jitted.lower(*example, False).compile()
+            except Exception:  # the first call meets the same error and reports it
+                pass
+
+        self._ahead = threading.Thread(target=build, name="compile-ahead")
+        self._ahead.start()
+
+    def _ready(self) -> None:
+        if self._ahead is not None:  # two compiles of one step at once would both run in full
+            self._ahead.join()
+            self._ahead = None
+        self.called = True
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
+        self._ready()
         return self.jitted(*args, False)[:5]
 
     def recorded(self, *args: Any) -> tuple[tuple[Any, ...], list[dict[str, jax.Array]]]:
         """The step's outputs, and the summary of each tensor it computed (named by `computed`)."""
+        self._ready()
         *out, record = self.jitted(*args, True)
         return tuple(out), record

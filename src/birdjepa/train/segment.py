@@ -30,6 +30,7 @@ from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled, compiled
 from birdjepa.train.optim import make_optimizer
+from birdjepa.train.recording import RecordableStep
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, fresh_chain, init_key, step_key
 
@@ -89,18 +90,25 @@ def open_segment(
     at: int | Literal["newest"] | None = "newest",
     n_classes: int | None = None,
     step_fns: bool = True,
+    compile_ahead: bool = False,
 ) -> Segment:
     """The one way a segment is opened, by the loop, by replay (`trace`, `bisect`) and by `evaluate`: the
     data files and their class count (or ``n_classes``, the architecture then coming from the config
     alone), the model, the compiled step (unless not ``step_fns``), and the start state: fresh (``at``
     None), checkpoint ``at``, or the newest that verifies ("newest", fresh where there is none), as the
     ``--prng`` mode keeps it. The same inputs give the same state and step; the loader is
-    `open_loader`'s, at the state's loader position. Raises `checkpoint.CheckpointError` (a restore) and
-    the data's errors."""
+    `open_loader`'s, at the state's loader position. ``compile_ahead``: where steps are left, the step
+    compiles in a thread from here on, while the state is built and restored and the caller opens its
+    loader and checks the resume (the loop's; `RecordableStep.compile_ahead`). Raises
+    `checkpoint.CheckpointError` (a restore) and the data's errors."""
     files = data_files(cfg) if n_classes is None else None
     model_cfg = model_config(cfg, n_classes if files is None else label_count(files[0]))
     fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg)) if step_fns else None
     tx = fns.tx if fns is not None else make_optimizer(cfg.optim, total_updates(cfg))
+    if compile_ahead and fns is not None and isinstance(fns.train_step, RecordableStep):
+        newest = ckpt.latest_step() if at == "newest" and ckpt is not None else at
+        if (0 if newest is None else newest + 1) < cfg.steps:  # a finished run steps no more
+            fns.train_step.compile_ahead(*step_example(cfg, model_cfg, fns))
     fresh = fresh_state(cfg, model_cfg, tx)
     found = None
     if at is not None and ckpt is None:
@@ -114,6 +122,22 @@ def open_segment(
     restored, meta = found
     state = state_lib.for_prng_mode(restored, cfg.prng, fresh.chain)
     return Segment(cfg, model_cfg, files, fns, fresh, state, meta)
+
+
+def step_example(cfg: PretrainConfig, model_cfg: ModelConfig, fns: Compiled) -> tuple[Any, ...]:
+    """The loop's first call of the step, as shapes, dtypes and shardings (a trace of other ones is
+    another program), from the config alone: params and optimizer state as the fresh state's, replicated;
+    the global batch as the loader gives it (`birdjepa.data.Loader`), split over the devices; a step key
+    made on the host's default device, as the loop's; ``check``."""
+    state = jax.eval_shape(lambda: (p := initial_params(cfg, model_cfg), fns.tx.init(p)))
+    views = (cfg.data.n_views,) if cfg.data.n_views > 1 else ()
+    frames = (cfg.data.batch_size, *views, cfg.model.n_frames, cfg.model.n_mels)
+    label = jax.dtypes.canonicalize_dtype(np.int64)
+    batch = {"spectrogram": jax.ShapeDtypeStruct(frames, np.float32, sharding=fns.sharded),
+             "label": jax.ShapeDtypeStruct((cfg.data.batch_size,), label, sharding=fns.sharded)}  # fmt: skip
+    key = jax.eval_shape(lambda: step_key(cfg, fresh_chain(cfg), 0)[0])
+    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=fns.replicated), state)
+    return (*placed, batch, key, False)
 
 
 @dataclasses.dataclass(frozen=True)
