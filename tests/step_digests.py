@@ -1,16 +1,21 @@
-"""The bits of two training steps, as sha256 digests: `test_objectives.py` compares them with
-``fixtures/step_digests.json``, which the code before objectives became units wrote, one recording per
-kind of machine (another CPU compiles other kernels). Run as a script, in the suite's XLA settings,
-it adds or replaces this machine's recording: ``python tests/step_digests.py
-tests/fixtures/step_digests.json``, from a checkout of that code (c33e628) with this file copied in.
+"""The bits of two training steps, as sha256 digests: `test_objectives.py` compares them with those the
+code before objectives became units (commit `PRE_REGISTRY`) computes on the same kind of machine (another
+CPU compiles other kernels): ``fixtures/step_digests.json`` keeps one recording per kind CI has run on,
+and on another kind `by_the_old_code` computes them, from that commit out of git's history. Run as a
+script, in the suite's XLA settings, from a copy of that commit's tree with this file copied in, it adds
+or replaces this machine's recording: ``python tests/step_digests.py tests/fixtures/step_digests.json``.
 A digest that moves means a step's arithmetic, its outputs or its recording changed."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +71,48 @@ def step_digests(args: list[str]) -> dict[str, str]:
             for (stage, name, _, _), summary in zip(fns.train_step.computed, record, strict=True):
                 out.update({f"{step}/trace/{stage}/{name}/{k}": digest(v) for k, v in summary.items()})
     return out
+
+
+PRE_REGISTRY = "c33e628"
+"""The last commit before objectives became units (aae13d3 was that change)."""
+FIXTURE = Path(__file__).parent / "fixtures" / "step_digests.json"
+
+
+def recorded() -> dict[str, dict[str, str]] | None:
+    """This kind of machine's recording in the fixture, or None."""
+    here = [r["digests"] for r in json.loads(FIXTURE.read_text())["recordings"] if r["machine"] == machine()]
+    return here[0] if here else None
+
+
+def by_the_old_code(work: Path) -> dict[str, dict[str, str]]:
+    """The digests `PRE_REGISTRY`'s code computes here: its ``src`` and ``tests`` out of git's history
+    into ``work``, with this file and the built Rust extension (the step reads no shard), run in a
+    process of their own with this process's XLA settings (~35 s). Raises where the checkout has no
+    history or that code cannot run."""
+    repo = Path(__file__).resolve().parents[1]
+    git = subprocess.run(
+        ["git", "-C", str(repo), "archive", PRE_REGISTRY, "src", "tests"], capture_output=True
+    )
+    if git.returncode != 0:
+        why = git.stderr.decode()[-500:]
+        raise RuntimeError(f"no recording for {machine()}, and no commit {PRE_REGISTRY} in this "
+                           f"checkout's history to compute one (a shallow clone?): {why}")  # fmt: skip
+    archive = git.stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(work, filter="data")
+    shutil.copy(__file__, work / "tests" / "step_digests.py")
+    for built in (repo / "src" / "birdjepa").glob("_rs*.so"):
+        shutil.copy(built, work / "src" / "birdjepa" / built.name)
+    out = work / "digests.json"
+    env = {**os.environ, "PYTHONPATH": str(work / "src")}
+    done = subprocess.run([sys.executable, str(work / "tests" / "step_digests.py"), str(out)],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{PRE_REGISTRY}'s code could not compute its digests:\n{done.stderr[-3000:]}")
+    (found,) = json.loads(out.read_text())["recordings"]
+    if found["machine"] != machine():  # the same CPU, jaxlib, pool and flags, or the comparison means nothing
+        raise RuntimeError(f"{PRE_REGISTRY}'s code ran as {found['machine']}, this process is {machine()}")
+    return found["digests"]
 
 
 def machine() -> dict[str, str]:

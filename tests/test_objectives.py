@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from step_digests import CONFIGS, machine, step_digests
+from step_digests import CONFIGS, by_the_old_code, recorded, step_digests
 
 from birdjepa.objectives.lejepa import invariance_loss, lejepa_loss
 from birdjepa.objectives.sigreg import (
@@ -267,29 +265,30 @@ def test_every_registered_objective_is_a_unit() -> None:
         assert all(callable(getattr(implementation, m, None)) for m in methods), name
 
 
+_OLD: dict[str, dict[str, str]] = {}
+
+
+def _old_digests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    """This machine's recording, or the old code's digests computed once per process."""
+    if not _OLD:
+        _OLD.update(recorded() or by_the_old_code(tmp_path_factory.mktemp("pre_registry")))
+    return _OLD
+
+
 @pytest.mark.parametrize(
     "name",
     # The default objective with every draw on in the suite; the other two steps' compiles run in CI.
     [pytest.param(n, marks=[] if n == "lejepa" else [pytest.mark.slow]) for n in CONFIGS],
 )
-def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units(name: str) -> None:
+def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units(
+    name: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Two steps (an accumulation, then an update, recorded as `trace` records it) of LeJEPA with every
     draw on, of the supervised objective, and of LeJEPA's virtual-shard step: every output, every
     recorded tensor's summary, as sha256 digests, equal to those the code before the objective
-    registry computed (`step_digests.py` wrote the fixture, at the suite's settings, on each kind of
-    machine CI has run on: an AVX2 and an AVX-512 EPYC; another CPU or jaxlib compiles other kernels,
-    so there the test cannot compare and says so)."""
-    import json
-    from pathlib import Path
-
-    fixture = Path(__file__).parent / "fixtures" / "step_digests.json"
-    recordings = json.loads(fixture.read_text())["recordings"]
-    here = [r["digests"] for r in recordings if r["machine"] == machine()]
-    if not here:
-        where = f"digests recorded on {[r['machine'] for r in recordings]}, this machine is {machine()}"
-        if os.environ.get("CI") == "true":  # CI runs where they were recorded: a skip there proves nothing
-            pytest.fail(f"{where}: record this machine's with step_digests.py (its docstring says how)")
-        pytest.skip(where)
-    now, then = step_digests(CONFIGS[name]), here[0][name]
+    registry computes on this kind of machine (`step_digests.py`: recorded for the kinds CI has run on,
+    an AVX2 and an AVX-512 EPYC; on another kind, that code computes them here from git's history)."""
+    then = _old_digests(tmp_path_factory)[name]
+    now = step_digests(CONFIGS[name])
     assert sorted(now) == sorted(then), (name, set(now) ^ set(then))
     assert [k for k in then if now[k] != then[k]] == [], name
