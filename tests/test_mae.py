@@ -138,6 +138,23 @@ def test_an_mae_run_resumes_exactly_mid_accumulation_and_its_trace_replays(
     assert "patch_mask" in names and any(n.startswith("global/decoder/") for n in names), sorted(names)[:20]
 
 
+def test_an_mae_run_on_one_view_trains(demo_dir: Path, tmp_path: Path) -> None:
+    """``--data.n-views 1`` (the loader's batches are then ``[B, T, M]``, one view each), which the
+    options accept for MAE: two steps train, with the default augmentation (the step once stopped at
+    ``augment_views`` with a traceback)."""
+    import tyro
+
+    from birdjepa.config import PretrainConfig
+    from birdjepa.pretrain.loop import pretrain
+
+    args = ["--objective.kind", "mae", "--data.n-views", "1", "--run", "one", "--log.runs-dir",
+            str(tmp_path), "--steps", "2", "--data.batch-size", "4", "--eval-every", "0",
+            "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval")]  # fmt: skip
+    assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
+    logged = metrics_by_step(tmp_path / "one")
+    assert sorted(logged) == [0, 1] and all(np.isfinite(m["train/mse"]) for m in logged.values())
+
+
 def test_mae_options_that_cannot_work_are_refused() -> None:
     import tyro
 

@@ -145,6 +145,8 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False, terms: Terms = whole
         shared_key = own_shared_key if shared_key is None else shared_key
         calls = ModelCalls(spec.seams, spec.deterministic, model, params, (key, dropout_key, shared_key), rec)
         views = batch["spectrogram"]
+        if views.ndim == 3:  # --data.n-views 1: the loader gives [B, T, M]; every objective reads views
+            views = views[:, None]
         if augment.active:  # its own sub-key, so turning it on leaves the other draws as they were
             with jax.named_scope("augment"):  # a name in XLA's metadata only (birdjepa.perf.profile)
                 views = augment_views(views, calls.draw("augment", _AUGMENT_KEY), augment, **norm)
