@@ -34,6 +34,7 @@ from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
 from birdjepa.synthetic.birdset_standin import BIRDSET_SMALL
 from birdjepa.synthetic.codecs import CODECS, encode_audio
 from birdjepa.synthetic.demo import SMALL, ensure_birdset_data, ensure_demo_data
+from birdjepa.train import compile_cache  # noqa: F401  (entries written whole: workers share one cache)
 from birdjepa.train.determinism import cpu_model, deterministic_xla
 
 TEST_XLA_FLAG = "--xla_backend_optimization_level=0"

@@ -84,3 +84,34 @@ def test_the_step_compiled_ahead_is_the_one_the_first_step_runs(demo_dir: Path) 
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert bool(guard["finite"]) and built == [], built
+
+
+WRITER = """
+import sys
+from jax._src import lru_cache
+import birdjepa.train.compile_cache  # noqa: F401  (what every birdjepa process that compiles imports)
+lru_cache.LRUCache(sys.argv[1], max_size=-1).put("step", bytes(1 << 28))
+"""
+
+
+def test_a_writer_killed_while_it_writes_an_entry_leaves_no_entry(tmp_path: Path) -> None:
+    """A process killed while it writes a cache entry (here 256 MiB, killed once its bytes are landing)
+    leaves nothing a later start reads: JAX wrote entries in place, and the cut-short one made every
+    later start warn and compile again."""
+    import signal
+    import time
+
+    from jax._src import lru_cache
+
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 120
+        while not any(f.stat().st_size > 0 for f in tmp_path.iterdir() if f.is_file()):
+            assert writer.poll() is None and time.monotonic() < deadline, "the writer ended before writing"
+            time.sleep(0.001)
+        writer.send_signal(signal.SIGKILL)
+    finally:
+        writer.wait()
+    assert writer.returncode == -signal.SIGKILL, "the write finished before the kill: nothing was tested"
+    assert lru_cache.LRUCache(str(tmp_path), max_size=-1).get("step") is None
+    assert not (tmp_path / "step-cache").exists()

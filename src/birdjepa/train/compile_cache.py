@@ -20,6 +20,11 @@ its thread pool, the dependency lock): another machine kind or JAX never reads a
 
 ``BIRDJEPA_COMPILE_CACHE=off`` turns it off, ``BIRDJEPA_COMPILE_CACHE=<folder>`` puts it there (the key
 is then yours to keep). A cache that JAX's own ``JAX_COMPILATION_CACHE_DIR`` names is left as it is.
+
+Entries appear whole: JAX (0.10) writes an entry in place, so a process killed while writing one left
+it cut short for good (every later start warned and compiled again), and a process reading it while
+another wrote it read part of it (seen in the test suite's shared cache). `_put_whole` writes each entry
+under a temporary name and renames it, which a reader sees all at once or not at all.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ import functools
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import jax
+from jax._src import lru_cache
 from jax.experimental.compilation_cache import compilation_cache
 
 from birdjepa.synthetic.demo import default_cache_dir
@@ -74,3 +81,30 @@ def enable() -> Path | None:
         compilation_cache.reset_cache()  # an earlier compilation may have opened another folder
         _enabled = str(folder)
     return folder
+
+
+_jax_put = lru_cache.LRUCache.put
+
+
+def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
+    """`LRUCache.put` without its size cap (JAX's default, the only one birdjepa sets), on a local file
+    system: the entry is written to a temporary file in the cache's folder and renamed into place
+    (atomic). A killed writer leaves that ``.<key>.*.tmp`` file, which JAX never reads. With a cap, or
+    a remote folder, JAX's own put, whose lock and eviction this does not redo."""
+    if self.eviction_enabled or not key or not lru_cache._is_local_filesystem(str(self.path)):
+        return _jax_put(self, key, value)
+    path = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
+    if path.exists():  # as JAX's: the first writer's entry stays
+        return None
+    fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{key}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(value)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return None
+
+
+lru_cache.LRUCache.put = _put_whole  # type: ignore[method-assign]
