@@ -115,3 +115,8 @@ def test_a_writer_killed_while_it_writes_an_entry_leaves_no_entry(tmp_path: Path
     assert writer.returncode == -signal.SIGKILL, "the write finished before the kill: nothing was tested"
     assert lru_cache.LRUCache(str(tmp_path), max_size=-1).get("step") is None
     assert not (tmp_path / "step-cache").exists()
+    # A whole entry has the mode JAX's own write gave it (the umask's), readable from a shared folder.
+    lru_cache.LRUCache(str(tmp_path), max_size=-1).put("whole", b"entry")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "whole-cache").stat().st_mode & 0o777 == 0o666 & ~umask

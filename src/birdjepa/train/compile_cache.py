@@ -84,6 +84,8 @@ def enable() -> Path | None:
 
 
 _jax_put = lru_cache.LRUCache.put
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once, at import: the mode JAX's in-place write gave its entries
 
 
 def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
@@ -98,6 +100,7 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
         return None
     fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{key}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide a shared folder's entries from others
         with os.fdopen(fd, "wb") as f:
             f.write(value)
         os.replace(tmp, path)
