@@ -29,12 +29,15 @@ BATCH = {"tiny": 16, "small": 4, "base": 2}
 STOP = 1
 
 
-def segment(runs: Path, run: str, preset: str, cache: str, *extra: str) -> float:
-    """Runs one `birdjepa pretrain` process of ``run``; returns its time to the first step it trained."""
+def segment(
+    runs: Path, run: str, preset: str, batch: int, cache: str, *extra: str, steps: int = STOP + 2
+) -> float:
+    """Runs one `birdjepa pretrain` process of ``run`` (a run of ``steps``, ``batch`` clips a step, the
+    compilation cache ``cache``: a folder or "off"); returns its time to the first step it trained."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     env["BIRDJEPA_COMPILE_CACHE"] = cache
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run, "--log.runs-dir", str(runs),
-           "--steps", str(STOP + 2), "--model.preset", preset, "--data.batch-size", str(BATCH[preset]),
+           "--steps", str(steps), "--model.preset", preset, "--data.batch-size", str(batch),
            "--eval-every", "0", "--ckpt-every", "1000000", *extra]  # fmt: skip
     before = (
         {x["step"] for x in read_metrics(runs / run) if "event" not in x} if (runs / run).exists() else set()
@@ -42,7 +45,7 @@ def segment(runs: Path, run: str, preset: str, cache: str, *extra: str) -> float
     started = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     rows = [x for x in read_metrics(runs / run) if "event" not in x and "train/loss" in x]
     first = min((x for x in rows if x["step"] not in before), key=lambda x: x["step"])
     return first["time"] - started
@@ -56,10 +59,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
             runs, cache = Path(tmp) / preset, str(Path(tmp) / f"cache-{preset}")
-            first = segment(runs, "cached", preset, cache, "--stop-at-step", str(STOP))
+            batch = BATCH[preset]
+            first = segment(runs, "cached", preset, batch, cache, "--stop-at-step", str(STOP))
             shutil.copytree(runs / "cached", runs / "uncached")
-            off = segment(runs, "uncached", preset, "off")
-            warm = segment(runs, "cached", preset, cache)
+            off = segment(runs, "uncached", preset, batch, "off")
+            warm = segment(runs, "cached", preset, batch, cache)
             rows.append((preset, BATCH[preset], first, off, warm))
             print(f"measured {preset}", file=sys.stderr, flush=True)
     print("\n## A requeued segment's time to first step (birdjepa pretrain, demo set)\n")

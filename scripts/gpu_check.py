@@ -9,7 +9,7 @@ Rust extension built, or the venv of ``make build``); it was written against JAX
 1. **resume**: ``birdjepa verify-resume`` trains the run straight and resumed twice (three processes),
    at the tiny preset, with the persistent compilation cache off, so every segment compiles and
    autotunes its step afresh, and compares every logged metric (``birdjepa compare``'s code: its
-   ``max_abs_diff`` must be 0.0). Then again with the cache on (the default).
+   ``max_abs_diff`` must be 0.0).
 2. **noise floor**: ``birdjepa trace --repeat 3`` executes a step of the straight run three times, as
    ``birdjepa bisect --repeat`` does: the tensors that differ between executions must be none, and the
    traced step's outputs must equal what the run logged and saved.
@@ -17,7 +17,15 @@ Rust extension built, or the venv of ``make build``); it was written against JAX
    FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`),
    and the five largest parts of the step's operation time, from a profile (`birdjepa.perf.profile`).
 4. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
-   small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting.
+   small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
+   run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
+   put on the device, the dispatch, the wait for the step's outputs and their copy, the callbacks).
+5. **requeue** (only when asked: ``--sections ... requeue``): a resumed segment's time to its first
+   step with the persistent compilation cache warm and off, at the small preset and batch 128
+   (``scripts/bench_requeue.py``'s measurement).
+6. **resume-cached**: section 1 again with the compilation cache on (the default).
+
+``--sections`` runs some of them (in this order); ``noise`` needs ``resume``.
 
 Prints one table. Exit 0: every check held; 1: a check failed (resume not exact, a noise floor above 0);
 2: a section could not run (its error is printed). A section that would start past ``--budget-s`` is
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,11 +64,14 @@ ROWS: list[tuple[str, str, str, str]] = []
 """(section, setting, result, verdict: ok / FAIL / ERROR / skipped / measured)."""
 
 
-def birdjepa(*args: str, cache: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def birdjepa(
+    *args: str, cache: str | None = None, timeout: float = 600, via: tuple[str, ...] = ("-m", "birdjepa.cli")
+) -> subprocess.CompletedProcess:
+    """``birdjepa *args`` in a process of its own (``via``: another program that takes them)."""
     env = dict(os.environ)
     if cache is not None:
         env["BIRDJEPA_COMPILE_CACHE"] = cache
-    cmd = [sys.executable, "-m", "birdjepa.cli", *args]
+    cmd = [sys.executable, *via, *args]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     print(f"$ birdjepa {' '.join(args)}  -> exit {done.returncode}", flush=True)
     if done.returncode not in (0, 1):
@@ -147,20 +159,47 @@ def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
     versus = f", {rate / need:.1f}x what the {preset} step consumes ({need:.0f} clips/s)" if need else ""
     ROWS.append(("loader", f"{cores} workers, batch {batch}, 2 views", f"{rate:.0f} clips/s{versus}",
                  "measured"))  # fmt: skip
+    # The run's loop with a clock on each of its calls (scripts/bench_loop.py: no value changes).
+    parts = runs / "loop-parts.json"
     done = birdjepa(
-        "pretrain", "--run", "data-wait", "--log.runs-dir", str(runs), "--steps", str(plan.wait_steps),
-        "--model.preset", preset, "--model.dtype", "bfloat16", "--data.batch-size", str(batch),
-        "--data.n-workers", str(cores), "--eval-every", "0", "--ckpt-every", "1000000",
-        "--log.print-every", "1000",
+        "--json", str(parts), "pretrain", "--run", "data-wait", "--log.runs-dir", str(runs), "--steps",
+        str(plan.wait_steps), "--model.preset", preset, "--model.dtype", "bfloat16", "--data.batch-size",
+        str(batch), "--data.n-workers", str(cores), "--eval-every", "0", "--ckpt-every", "1000000",
+        "--log.print-every", "1000", via=(str(Path(__file__).resolve().parent / "bench_loop.py"),),
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"birdjepa pretrain exited {done.returncode}")
     rows = [x for x in read_metrics(runs / "data-wait") if "event" not in x and "train/step_time" in x][2:]
     wait = sum(x["train/data_wait"] for x in rows) / sum(x["train/step_time"] for x in rows)
     ms = 1e3 * statistics.median(x["train/step_time"] for x in rows)
-    ROWS.append(("data wait", f"birdjepa pretrain, {preset} bf16 batch {batch}, {cores} workers, "
-                 f"{len(rows)} steady steps", f"{100 * wait:.1f} % of step time; {ms:.1f} ms/step",
-                 "measured"))  # fmt: skip
+    setting = f"birdjepa pretrain, {preset} bf16 batch {batch}, {cores} workers, {len(rows)} steady steps"
+    ROWS.append(("data wait", setting, f"{100 * wait:.1f} % of step time; {ms:.1f} ms/step", "measured"))
+    split = json.loads(parts.read_text())
+    shares = ", ".join(f"{part} {v:.1f}" for part, v in split.items() if part != "loop period")
+    ROWS.append(("loop parts", f"the same run, median ms a step; loop period {split['loop period']:.1f} ms",
+                 shares, "measured"))  # fmt: skip
+
+
+def requeue(runs: Path, plan: Plan) -> None:
+    """A resumed segment's time to its first step with the compilation cache warm and off
+    (`bench_requeue.segment`), at the step section's first preset and largest batch, in bfloat16."""
+    from bench_requeue import STOP, segment
+
+    from birdjepa.train import compile_cache
+
+    preset, batch = plan.step_presets[0], plan.step_batches[-1]
+    there = runs / "requeue"
+    # The folder the step section's compiles went to (a JAX_COMPILATION_CACHE_DIR of the user's, if
+    # set), or with the cache off in this process one of the section's own.
+    used = compile_cache.cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR") or there / "cache"
+    cache = str(used)
+    extra, steps = ("--model.dtype", "bfloat16"), plan.wait_steps  # the step section's program
+    segment(there, "warm", preset, batch, cache, "--stop-at-step", str(STOP), *extra, steps=steps)
+    shutil.copytree(there / "warm", there / "off")
+    off = segment(there, "off", preset, batch, "off", *extra, steps=steps)
+    warm = segment(there, "warm", preset, batch, cache, *extra, steps=steps)
+    ROWS.append(("requeue", f"{preset} bf16 batch {batch}, resumed at step {STOP + 1}, time to first step",
+                 f"cache warm {warm:.1f} s, off {off:.1f} s: {warm / off:.2f}x", "measured"))  # fmt: skip
 
 
 class Plan:
@@ -182,6 +221,12 @@ class Plan:
         self.wait_steps = 6 if quick else 30
         """Also the LR schedule's length of the timed steps: the data-wait run then loads the step
         that the step section compiled from the cache instead of compiling its own."""
+
+
+#: Every section, in the order they run. ``requeue`` is left out by default: on a GPU it compiles the
+#: small step cold once more (58 s on an H200), past the 8 minutes the others take.
+SECTIONS = ("resume", "noise", "step", "loader", "requeue", "resume-cached")
+DEFAULT_SECTIONS = ("resume", "noise", "step", "loader", "resume-cached")
 
 
 def section(name: str, run: Callable[[], None], started: float, budget: float) -> bool:
@@ -209,7 +254,11 @@ def main() -> int:
     ap.add_argument("--resume-preset", help="the resume checks' model (default: tiny)")
     ap.add_argument("--runs", type=Path, help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the table here")
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=DEFAULT_SECTIONS,
+                    help=f"which to run, in this order (default: {' '.join(DEFAULT_SECTIONS)})")  # fmt: skip
     args = ap.parse_args()
+    if "noise" in args.sections and "resume" not in args.sections:
+        ap.error("--sections noise traces a step of the run that the resume section trains")
     started = time.monotonic()
     device = jax.devices()[0]
     plan = Plan(args)
@@ -219,15 +268,16 @@ def main() -> int:
     consumed: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or Path(tmp)
-        ran = [
-            section("resume", lambda: resume(runs, plan, "off"), started, args.budget_s),
-            section("noise floor", lambda: noise_floor(runs, plan), started, args.budget_s),
-            section("step", lambda: steps(plan, consumed), started, args.budget_s),
-            section("loader", lambda: loader(runs, plan, consumed), started, args.budget_s),
-            section(
-                "resume", lambda: resume(runs, plan, str(runs / "compile-cache")), started, args.budget_s
-            ),
-        ]
+        run: dict[str, Callable[[], None]] = {
+            "resume": lambda: resume(runs, plan, "off"),
+            "noise": lambda: noise_floor(runs, plan),
+            "step": lambda: steps(plan, consumed),
+            "loader": lambda: loader(runs, plan, consumed),
+            "requeue": lambda: requeue(runs, plan),
+            "resume-cached": lambda: resume(runs, plan, str(runs / "compile-cache")),
+        }
+        chosen = [name for name in SECTIONS if name in args.sections]  # the order above
+        ran = [section(name, run[name], started, args.budget_s) for name in chosen]
     widths = [max(len(r[i]) for r in [("check", "setting", "result", "verdict"), *ROWS]) for i in range(4)]
     print(f"\n## gpu_check: {device.device_kind}, jax {jax.__version__}, {time.monotonic() - started:.0f} s")
     for row in [("check", "setting", "result", "verdict"), tuple("-" * w for w in widths), *ROWS]:

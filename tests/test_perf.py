@@ -43,3 +43,20 @@ def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
     assert {"SIGReg", "matrix products"} <= parts
     seconds, wall = time_by_part(text, lambda: [jax.block_until_ready(compiled(x, w)) for _ in range(3)], 3)
     assert seconds["SIGReg"] > 0 and seconds["matrix products"] > 0 and wall > 0
+
+
+def test_the_loop_s_parts_leave_out_what_they_contain_and_the_rest_closes_the_period() -> None:
+    from birdjepa.perf.loop_parts import Clock, per_step_ms
+
+    # Four steps, 100 ms apart from the second on; the first is left out (skip=1), the last has no period.
+    clock = Clock(starts=[0.0, 0.5, 0.6, 0.7], spent=[
+        {"compile wait": 0.4, "step call (dispatch)": 0.41},
+        *[{"step inputs": 0.012, "batch to device": 0.010, "step call (dispatch)": 0.003,
+           "wait for outputs": 0.050, "next batch": 0.020}] * 2,
+        {},
+    ])  # fmt: skip
+    ms = per_step_ms(clock, skip=1)
+    assert round(ms["step inputs"], 9) == 2.0 and round(ms["batch to device"], 9) == 10.0
+    assert round(ms["step call (dispatch)"], 9) == 3.0 and ms["compile wait"] == 0.0
+    assert round(ms["loop period"], 9) == 100.0
+    assert round(ms["rest of the loop"], 9) == 100.0 - 2 - 10 - 3 - 50 - 20

@@ -1,0 +1,44 @@
+"""A run's loop step, part by part: `birdjepa pretrain` with a clock on each call the loop makes for a step.
+
+    python scripts/bench_loop.py [--json FILE] [--skip N] pretrain --run NAME [its flags]
+
+Runs the command in this process after `birdjepa.perf.loop_parts.clock_the_loop` (no value changes)
+and prints the median milliseconds a step of each part: the loader, the step's inputs, the batch put
+on the devices, the dispatch, the wait for the step's outputs and their copy to the host, the
+callbacks, the metrics log, the rest of the loop, and the loop's period. `scripts/gpu_check.py` runs
+its data-wait run through it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from birdjepa.cli import main as birdjepa
+from birdjepa.perf.loop_parts import clock_the_loop, per_step_ms
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="also write {part: ms a step} here")
+    ap.add_argument("--skip", type=int, default=2, help="steps left out at the start (default 2)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="pretrain and its flags")
+    args = ap.parse_args()
+    if not args.command or args.command[0] != "pretrain":
+        ap.error("give the command to clock: pretrain --run NAME ...")
+    clock = clock_the_loop()
+    code = birdjepa(args.command)
+    ms = per_step_ms(clock, args.skip)
+    print(f"\n## The loop's step, part by part: median ms over {len(clock.starts) - 1 - args.skip} steps\n")
+    print("| part | ms a step |\n|---|---|")
+    for part, value in ms.items():
+        print(f"| {part} | {value:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(ms))
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
