@@ -118,6 +118,41 @@ def test_tree_norms_fixed_bits_and_groups():
     )
 
 
+def test_tree_norms_in_threads_give_the_bits_of_one_leaf_after_another():
+    """Checkpoints record these norms and resumes compare them with ``==``: threads and the squares
+    widened as they are computed must give the bits of the formula before them, every leaf widened to a
+    float64 copy, squared and summed, the sums added in flatten order."""
+    import math
+
+    import ml_dtypes
+
+    from birdjepa.rundir.checkpoint import norms
+
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((1200, 1000)).astype(np.float32) * 7  # past PARALLEL_ABOVE: threads
+    tree = {
+        "a": {"w": big, "t": big[:, :300].T, "b": jnp.asarray(rng.standard_normal(999), jnp.bfloat16)},
+        "b": {"i": rng.integers(-9, 9, (333, 3)).astype(np.int32), "m": rng.random(50) > 0.5,
+              "h": rng.standard_normal((64, 65)).astype(np.float16)[:, ::2], "s": np.float32(3.5),
+              "e": np.zeros((0, 4), np.float32), "x": rng.standard_normal(4097).astype(ml_dtypes.bfloat16)},
+    }  # fmt: skip
+    assert sum(np.size(x) for x in jax.tree.leaves(tree)) > norms.PARALLEL_ABOVE
+
+    def in_order(values):  # not sum(): Python 3.12's compensates
+        total = 0.0
+        for v in values:
+            total += v
+        return total
+
+    leaves = jax.tree.leaves(tree)
+    sums = [float(np.sum(np.square(np.array(np.asarray(x), np.float64, order="C", copy=True).reshape(-1))))
+            for x in leaves]  # fmt: skip
+    got = tree_norms(tree, "param_norm")
+    assert got["param_norm"] == math.sqrt(in_order(sums))
+    assert got["param_norm/b"] == math.sqrt(in_order(sums[3:]))  # "a" holds 3 leaves in flatten order
+    assert norms.sums_of_squares(leaves) == sums
+
+
 # ----------------------------------------------------------------------------------- bit-exact roundtrip
 def test_roundtrip_bit_exact_realistic_state(tmp_path, capsys):
     state = make_state()

@@ -13,7 +13,8 @@ process, before it runs `birdjepa pretrain` (a few microseconds a step; no value
 - the step's call, less waiting for the compile-ahead thread (the first step only): the dispatch;
 - waiting for the step's outputs (``jax.block_until_ready``, which their copy would wait for anyway:
   on a GPU, the device's time not hidden behind the host's work), then copying them to the host;
-- other copies to the host (the parameters' norms for a logged step), the callbacks, the metrics log;
+- other copies to the host (the parameters, for a logged step's norms), the norms themselves (float64
+  on the host, as a checkpoint records them: `rundir.checkpoint.norms`), the callbacks, the metrics log;
 - the rest of the loop's period (from one step's inputs to the next's): evaluation, saves, printing.
 """
 
@@ -32,7 +33,8 @@ import jax
 #: The parts, in the loop's order (the rest comes last).
 PARTS = (
     "next batch", "step inputs", "batch to device", "step call (dispatch)", "compile wait",
-    "wait for outputs", "outputs to host", "other copies to host", "callbacks", "metrics log",
+    "wait for outputs", "outputs to host", "other copies to host", "norms on the host", "callbacks",
+    "metrics log",
 )  # fmt: skip
 
 
@@ -88,6 +90,7 @@ def clock_the_loop() -> Clock:
     from birdjepa import multihost
     from birdjepa.data.loader import Loader
     from birdjepa.diagnostics.callbacks import Callbacks
+    from birdjepa.rundir.checkpoint import norms
     from birdjepa.rundir.metrics_log import MetricsLog
     from birdjepa.train import compiled, recording, segment
 
@@ -97,7 +100,7 @@ def clock_the_loop() -> Clock:
         (Loader, "__next__", "next batch"), (compiled.Compiled, "on_device", "batch to device"),
         (recording.RecordableStep, "__call__", "step call (dispatch)"),
         (recording.RecordableStep, "_ready", "compile wait"), (Callbacks, "step_end", "callbacks"),
-        (MetricsLog, "log", "metrics log"),
+        (MetricsLog, "log", "metrics log"), (norms, "sums_of_squares", "norms on the host"),
     ]  # fmt: skip
     for owner, name, part in wrapped:
         setattr(owner, name, _clocked(clock, part, getattr(owner, name)))
