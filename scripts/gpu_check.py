@@ -23,7 +23,12 @@ Rust extension built, or the venv of ``make build``); it was written against JAX
 5. **requeue** (only when asked: ``--sections ... requeue``): a resumed segment's time to its first
    step with the persistent compilation cache warm and off, at the small preset and batch 128
    (``scripts/bench_requeue.py``'s measurement).
-6. **resume-cached**: section 1 again with the compilation cache on (the default).
+6. **conds** (only when asked): the small step at batch 128 with XLA's default command buffers and
+   with conditionals recorded into them (``--xla_gpu_enable_command_buffer=+CONDITIONAL``), each in
+   a process of its own: both times, and whether the parameters after the same steps are equal. The
+   step holds a ``lax.cond`` per tensor `birdjepa trace` can record (476 at small), and outside a
+   command buffer XLA's GPU runtime copies each cond's predicate to the host and waits for the stream.
+7. **resume-cached**: section 1 again with the compilation cache on (the default).
 
 ``--sections`` runs some of them (in this order); ``noise`` needs ``resume``.
 
@@ -202,6 +207,69 @@ def requeue(runs: Path, plan: Plan) -> None:
                  f"cache warm {warm:.1f} s, off {off:.1f} s: {warm / off:.2f}x", "measured"))  # fmt: skip
 
 
+#: XLA's GPU flag that records conditionals into command buffers (CUDA graphs) with the kernels around
+#: them. Not among its defaults (jax 0.11): each ``lax.cond`` then copies its predicate to the host
+#: and waits for the stream (XLA's ``ConditionalThunk``), and the step holds one cond per tensor that
+#: `birdjepa trace` can record (476 at the small preset), all off in training.
+CONDS_IN_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+CONDITIONAL"
+
+
+def step_child(preset: str, batch: int, steps: int) -> None:
+    """In a process of its own (its XLA_FLAGS the caller's choice): the loop's step at ``preset`` in
+    bfloat16 on one batch, ``steps`` times; prints its median time after two and a digest of the
+    parameters after the last, as one JSON line."""
+    import hashlib
+
+    import numpy as np
+
+    from birdjepa import multihost
+    from birdjepa.perf.step_cost import bench_config
+    from birdjepa.train.segment import open_loader, open_segment, step_inputs
+
+    cfg = bench_config(preset, "bfloat16", batch, steps=steps)  # the step section's program
+    segment = open_segment(cfg, None, at=None)
+    loader, _ = open_loader(cfg, segment.files[0], None, resumed=False)
+    with loader:
+        first = next(loader)
+    fns = segment.fns
+    state = fns.place(segment.state)  # as the loop places it: each step then takes the last's outputs
+    x = step_inputs(fns, cfg, state, first)
+    carried, times = [state.params, state.opt_state], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        carried[0], carried[1], *_ = fns.train_step(*carried, x.batch, x.key, False)
+        jax.block_until_ready(carried[0])
+        times.append(time.perf_counter() - t0)
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(multihost.host(carried[0])):
+        digest.update(np.ascontiguousarray(leaf).tobytes())
+    ms = 1e3 * statistics.median(times[2:])
+    print("STEP_CHILD " + json.dumps({"ms": ms, "params": digest.hexdigest()[:16]}), flush=True)
+
+
+def conds(plan: Plan) -> None:
+    """The small step at the largest batch with XLA's default command buffers and with conditionals in
+    them, each in a process of its own: the time of each and whether the parameters after the same
+    steps are equal (if so, the flag is a free change to the default)."""
+    preset, batch = plan.step_presets[0], plan.step_batches[-1]
+    results = []
+    for extra in ("", CONDS_IN_COMMAND_BUFFERS):
+        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()}
+        cmd = [sys.executable, __file__, "--step-child", preset, str(batch), str(plan.wait_steps)]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        lines = [x for x in done.stdout.splitlines() if x.startswith("STEP_CHILD ")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"the step with XLA_FLAGS {env['XLA_FLAGS']!r}: exit {done.returncode}\n"
+                               f"{done.stderr[-2000:]}")  # fmt: skip
+        results.append(json.loads(lines[-1].removeprefix("STEP_CHILD ")))
+    default, cmdbuf = results
+    same = "equal" if default["params"] == cmdbuf["params"] else "DIFFER"
+    setting = f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: default, {CONDS_IN_COMMAND_BUFFERS}"
+    ratio = cmdbuf["ms"] / default["ms"]
+    result = f"{default['ms']:.1f} and {cmdbuf['ms']:.1f} ms a step ({ratio:.2f}x); parameters after {same}"
+    ROWS.append(("conds", setting, result, "measured"))
+
+
 class Plan:
     """What each section runs. On an H200 (2026-11-27) a cold compile of the small step at batch 128
     took 58 s and a load from the compilation cache 7 s; verify-resume at small (four processes, each
@@ -223,9 +291,9 @@ class Plan:
         that the step section compiled from the cache instead of compiling its own."""
 
 
-#: Every section, in the order they run. ``requeue`` is left out by default: on a GPU it compiles the
-#: small step cold once more (58 s on an H200), past the 8 minutes the others take.
-SECTIONS = ("resume", "noise", "step", "loader", "requeue", "resume-cached")
+#: Every section, in the order they run. ``requeue`` and ``conds`` are left out by default: on a GPU
+#: each compiles the small step cold once more (58 s on an H200), past the 8 minutes the others take.
+SECTIONS = ("resume", "noise", "step", "loader", "requeue", "conds", "resume-cached")
 DEFAULT_SECTIONS = ("resume", "noise", "step", "loader", "resume-cached")
 
 
@@ -256,7 +324,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the table here")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=DEFAULT_SECTIONS,
                     help=f"which to run, in this order (default: {' '.join(DEFAULT_SECTIONS)})")  # fmt: skip
+    ap.add_argument("--step-child", nargs=3, metavar=("PRESET", "BATCH", "STEPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.step_child:  # the conds section's processes
+        step_child(args.step_child[0], int(args.step_child[1]), int(args.step_child[2]))
+        return 0
     if "noise" in args.sections and "resume" not in args.sections:
         ap.error("--sections noise traces a step of the run that the resume section trains")
     started = time.monotonic()
@@ -274,6 +346,7 @@ def main() -> int:
             "step": lambda: steps(plan, consumed),
             "loader": lambda: loader(runs, plan, consumed),
             "requeue": lambda: requeue(runs, plan),
+            "conds": lambda: conds(plan),
             "resume-cached": lambda: resume(runs, plan, str(runs / "compile-cache")),
         }
         chosen = [name for name in SECTIONS if name in args.sections]  # the order above

@@ -13,22 +13,24 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
-@pytest.mark.slow  # about 4 minutes on 2 cores: two verify-resumes, a trace, 4 pretrains, timed steps
+@pytest.mark.slow  # about 2-3 minutes on 2 cores: two verify-resumes, a trace, 4 pretrains, timed steps
 def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> None:
     out, runs = tmp_path / "table.json", tmp_path / "runs"
-    every = ["resume", "noise", "step", "loader", "requeue", "resume-cached"]
+    every = ["resume", "noise", "step", "loader", "requeue", "conds", "resume-cached"]
     cmd = [sys.executable, str(SCRIPT), "--quick", "--budget-s", "3000", "--json", str(out), "--runs",
            str(runs), "--sections", *every]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r[0] for r in rows] == ["resume", "noise floor", "matmul peak", "step", "step parts", "loader",
-                                    "data wait", "loop parts", "requeue", "resume"]  # fmt: skip
+                                    "data wait", "loop parts", "requeue", "conds", "resume"]  # fmt: skip
     verdicts = {(section, verdict) for section, _, _, verdict in rows}
     assert verdicts == {("resume", "ok"), ("noise floor", "ok"), ("matmul peak", "measured"),
                         ("step", "measured"), ("step parts", "measured"), ("loader", "measured"),
                         ("data wait", "measured"), ("loop parts", "measured"),
-                        ("requeue", "measured")}  # fmt: skip
+                        ("requeue", "measured"), ("conds", "measured")}  # fmt: skip
+    # A GPU flag, ignored on a CPU: the two processes' parameters must be equal here.
+    assert [r[2] for r in rows if r[0] == "conds"][0].endswith("parameters after equal")
     resumes = [result for section, _, result, _ in rows if section == "resume"]
     assert all(r.startswith("max_abs_diff=0.0;") for r in resumes), resumes
     assert "| resume " in done.stdout and "MFU" in done.stdout  # the one table, printed
