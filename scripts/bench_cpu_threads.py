@@ -22,7 +22,8 @@ import subprocess
 import sys
 import time
 
-from birdjepa.train.determinism import MIN_CPU_THREADS, schedulable_cpus
+from birdjepa.cores import schedulable_cpus
+from birdjepa.train.determinism import MIN_CPU_THREADS
 
 
 def child(preset: str, steps: int) -> None:

@@ -16,7 +16,8 @@ import argparse
 import statistics
 import time
 
-from birdjepa.train.determinism import deterministic_xla, schedulable_cpus
+from birdjepa.cores import schedulable_cpus
+from birdjepa.train.determinism import deterministic_xla
 
 deterministic_xla()
 

@@ -47,6 +47,7 @@ FLOORS = (
     "data",
     "seams",
     "exit_codes",
+    "cores",
     "_rs",
 )
 MAX_LINES = 600

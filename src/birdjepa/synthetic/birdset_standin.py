@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from birdjepa.cores import schedulable_cpus
 from birdjepa.data.shards import AUDIO_TYPE, BATCH_ROWS, remove_shards, shard_name, write_vocab
 from birdjepa.synthetic import writer
 from birdjepa.synthetic.channel import draw_nuisance, song_events
@@ -239,7 +240,7 @@ def generate_birdset(
             for t, p in owners]  # fmt: skip
     groups: dict[tuple[str, str], list[list[dict]]] = {(t.name, s): [] for t in tasks for s in SPLITS}
     labels: dict[str, list[list[int]]] = {}
-    results = _results(jobs, writer.available_cores() if workers is None else workers)
+    results = _results(jobs, schedulable_cpus() if workers is None else workers)
     for (task, plan), (data, made) in zip(owners, results, strict=True):
         if isinstance(plan, SoundscapePlan):
             labels[plan.soundscape_id] = made

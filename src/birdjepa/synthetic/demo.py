@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from birdjepa.cores import schedulable_cpus
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
 from birdjepa.synthetic import GENERATOR, GENERATOR_VERSION
 from birdjepa.synthetic.birdset_standin import DEFAULT_BIRDSET, BirdsetConfig, generate_birdset
@@ -38,7 +39,6 @@ from birdjepa.synthetic.songs import make_species
 from birdjepa.synthetic.writer import (
     MANIFEST_FILE,
     SPLITS,
-    available_cores,
     encoded,
     nuisance_json,
     species_json,
@@ -109,7 +109,7 @@ def generate_demo_data(
 
     target = int(config.shard_mb * 2**20)
     tasks = [(p, species, draw_nuisance(p, len(species))) for split in SPLITS for p in plans[split]]
-    n_workers = available_cores() if workers is None else workers
+    n_workers = schedulable_cpus() if workers is None else workers
     stats: dict[str, Counter] = {split: Counter() for split in SPLITS}
     shards: dict[str, list[tuple[Path, int]]] = {}
     with contextlib.ExitStack() as stack:  # on error every writer deletes what it wrote

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from birdjepa.cores import schedulable_cpus
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
 from birdjepa.synthetic import GENERATOR, GENERATOR_VERSION
 from birdjepa.synthetic.channel import draw_nuisance
@@ -47,7 +48,6 @@ from birdjepa.synthetic.config import DemoConfig, RecordingPlan, largest_remaind
 from birdjepa.synthetic.songs import make_species
 from birdjepa.synthetic.writer import (
     MANIFEST_FILE,
-    available_cores,
     encoded,
     nuisance_json,
     species_json,
@@ -154,7 +154,7 @@ def generate_scale_set(
     pool = plan_pool(config, "pool", config.pool)
     evals = plan_pool(config, "eval", config.eval_recordings)
     tasks = [(p, species, draw_nuisance(p, len(species))) for p in pool + evals]
-    n_workers = available_cores() if workers is None else workers
+    n_workers = schedulable_cpus() if workers is None else workers
     rendered = []
     for i, d in enumerate(encoded(tasks, n_workers)):
         rendered.append(d)

@@ -7,7 +7,6 @@ Each set plans its recordings and writes its shards and manifest itself (`birdje
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -43,13 +42,6 @@ def make_recording(task: tuple[RecordingPlan, Sequence[Species], Nuisance]) -> b
     serial = zlib.crc32(plan.recording_id.encode())
     audio = render_recording(plan, table, nuisance)
     return encode_audio(audio, plan.sample_rate, plan.codec, ogg_serial=serial)
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 T = TypeVar("T")

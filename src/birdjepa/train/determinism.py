@@ -29,17 +29,14 @@ import os
 import platform
 from pathlib import Path
 
+from birdjepa.cores import schedulable_cpus
+
 FLAGS = ("--xla_cpu_multi_thread_eigen=false", "--xla_gpu_deterministic_ops=true")
 
 MIN_CPU_THREADS = 8
 """The CPU thread pool's least size: the device counts a virtual-shard run moves between (1, 2, 4, 8)
 all fit under it, on any machine. More threads than cores costs little: on 2 cores a step took 1.02x
 (small preset) to 1.16x (tiny) the time with a pool of 2 (docs/benchmarks.md, "The CPU thread pool")."""
-
-
-def schedulable_cpus() -> int:
-    """The cores this process may run on (its affinity mask: a Slurm allocation, a taskset)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def deterministic_xla() -> None:

@@ -26,12 +26,13 @@ The function is pure: arrays in, dict of Python floats out.
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
 import numpy as np
+
+from birdjepa.cores import schedulable_cpus
 
 THREADS = 4
 """At most this many threads sum a tree's leaves (fewer on fewer cores): numpy lets go of the GIL in
@@ -63,8 +64,7 @@ def leaf_sum_of_squares(x: Any) -> float:
 def sums_of_squares(leaves: list[Any]) -> list[float]:
     """`leaf_sum_of_squares` of each leaf, the leaves shared out between threads by size."""
     sizes = [int(np.size(x)) for x in leaves]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = min(THREADS, cores, len(leaves))
+    threads = min(THREADS, schedulable_cpus(), len(leaves))
     if threads < 2 or sum(sizes) < PARALLEL_ABOVE:
         return [leaf_sum_of_squares(x) for x in leaves]
     shares: list[list[int]] = [[] for _ in range(threads)]
