@@ -24,26 +24,16 @@ deterministic_xla()
 import jax  # noqa: E402
 
 from birdjepa import multihost  # noqa: E402
-from birdjepa.perf.step_cost import bench_config  # noqa: E402
+from birdjepa.perf.step_cost import CPU_BATCH, bench_config, first_step  # noqa: E402
 from birdjepa.rundir.checkpoint import norms  # noqa: E402
-from birdjepa.train.segment import open_loader, open_segment, step_inputs  # noqa: E402
-
-BATCH = {"tiny": 16, "small": 4, "base": 2}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="small", choices=list(BATCH))
+    ap.add_argument("--preset", default="small", choices=list(CPU_BATCH))
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
-    cfg = bench_config(args.preset, "float32", BATCH[args.preset])
-    segment = open_segment(cfg, None, at=None)
-    loader, _ = open_loader(cfg, segment.files[0], None, resumed=False)
-    with loader:
-        batch = next(loader)
-    fns = segment.fns
-    state = fns.place(segment.state)  # as the loop places it: its steps then take their own outputs
-    x = step_inputs(fns, cfg, state, batch)
+    fns, state, x = first_step(bench_config(args.preset, "float32", CPU_BATCH[args.preset]))
     carried = [state.params, state.opt_state]
 
     def after_a_step() -> None:

@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from birdjepa.perf.step_cost import CPU_BATCH as BATCH  # the step's own time stays small beside the start
 from birdjepa.rundir.metrics_log import read_metrics
 
-#: Clips a step on a CPU (bench_step.py's): the step's own time stays small beside the start.
-BATCH = {"tiny": 16, "small": 4, "base": 2}
 STOP = 1
 
 

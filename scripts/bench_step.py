@@ -27,9 +27,8 @@ deterministic_xla()
 import jax  # noqa: E402
 
 from birdjepa.perf.profile import PARTS  # noqa: E402
-from birdjepa.perf.step_cost import StepCost, bench_config, matmul_peak, measure  # noqa: E402
+from birdjepa.perf.step_cost import CPU_BATCH, StepCost, bench_config, matmul_peak, measure  # noqa: E402
 
-CPU_BATCH = {"tiny": 16, "small": 4, "base": 2}
 DEFAULT_BATCH = 16
 
 

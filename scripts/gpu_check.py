@@ -223,17 +223,10 @@ def step_child(preset: str, batch: int, steps: int) -> None:
     import numpy as np
 
     from birdjepa import multihost
-    from birdjepa.perf.step_cost import bench_config
-    from birdjepa.train.segment import open_loader, open_segment, step_inputs
+    from birdjepa.perf.step_cost import bench_config, first_step
 
-    cfg = bench_config(preset, "bfloat16", batch, steps=steps)  # the step section's program
-    segment = open_segment(cfg, None, at=None)
-    loader, _ = open_loader(cfg, segment.files[0], None, resumed=False)
-    with loader:
-        first = next(loader)
-    fns = segment.fns
-    state = fns.place(segment.state)  # as the loop places it: each step then takes the last's outputs
-    x = step_inputs(fns, cfg, state, first)
+    # The step section's program, as the loop first calls it.
+    fns, state, x = first_step(bench_config(preset, "bfloat16", batch, steps=steps))
     carried, times = [state.params, state.opt_state], []
     for _ in range(steps):
         t0 = time.perf_counter()

@@ -38,16 +38,9 @@ def measure(preset: str, batch: int) -> None:
     deterministic_xla()  # the harness's flags, before JAX starts
     from jax.experimental import serialize_executable
 
-    from birdjepa.perf.step_cost import bench_config
-    from birdjepa.train.segment import open_loader, open_segment, step_inputs
+    from birdjepa.perf.step_cost import bench_config, first_step
 
-    cfg = bench_config(preset, "float32", batch)
-    segment = open_segment(cfg, None, at=None)
-    loader, _ = open_loader(cfg, segment.files[0], None, resumed=False)
-    with loader:
-        first = next(loader)
-    fns, state = segment.fns, segment.state
-    x = step_inputs(fns, cfg, state, first)
+    fns, state, x = first_step(bench_config(preset, "float32", batch))
     lowered = fns.train_step.jitted.lower(state.params, state.opt_state, x.batch, x.key, False, False)
     t0 = time.perf_counter()
     compiled = lowered.compile()

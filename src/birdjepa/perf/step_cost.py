@@ -27,7 +27,13 @@ import jax.numpy as jnp
 
 from birdjepa.config import PretrainConfig, resolve
 from birdjepa.perf.profile import time_by_part
-from birdjepa.train.segment import open_loader, open_segment, step_inputs
+from birdjepa.train.compiled import Compiled
+from birdjepa.train.segment import StepInputs, open_loader, open_segment, step_inputs
+from birdjepa.train.state import TrainState
+
+CPU_BATCH = {"tiny": 16, "small": 4, "base": 2}
+"""Clips a step on a CPU for the benchmarks: base's steps then take seconds, not minutes (the README's
+16 on an accelerator)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,16 +69,23 @@ def bench_config(preset: str, dtype: str, batch: int, **overrides: Any) -> Pretr
     return resolve(PretrainConfig(), options, "bench_config")
 
 
-def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False) -> StepCost:
-    """Compile the run's step, count its FLOPs, and time ``repeats`` steps after ``warmup`` untimed ones
-    (each on the same batch: the step's time does not depend on the values); ``profile``: then profile
-    ``repeats`` more and split their time by part of the step."""
+def first_step(cfg: PretrainConfig) -> tuple[Compiled, TrainState, StepInputs]:
+    """The run's step as the loop first calls it: its functions, the fresh state placed on the devices
+    as the loop places it (a step then takes its last outputs without tracing again), and step 0's
+    inputs on the run's first batch."""
     segment = open_segment(cfg, None, at=None)
     loader, _ = open_loader(cfg, segment.files[0], None, resumed=False)
     with loader:
         batch = next(loader)
-    fns, state = segment.fns, segment.state
-    x = step_inputs(fns, cfg, state, batch)
+    state = segment.fns.place(segment.state)
+    return segment.fns, state, step_inputs(segment.fns, cfg, state, batch)
+
+
+def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False) -> StepCost:
+    """Compile the run's step, count its FLOPs, and time ``repeats`` steps after ``warmup`` untimed ones
+    (each on the same batch: the step's time does not depend on the values); ``profile``: then profile
+    ``repeats`` more and split their time by part of the step."""
+    fns, state, x = first_step(cfg)
     # The loop's call, check and record off: the common step (the monitor measures one in
     # --monitor-interval), compiled once here for both the cost analysis and the timing.
     args = (state.params, state.opt_state, x.batch, x.key, False, False)
