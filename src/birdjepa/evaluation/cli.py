@@ -105,7 +105,7 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
     """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it. The
     architecture comes from the checkpoint alone (its config, and its probe head's class count), so the
     run's data need not be on this machine."""
-    from birdjepa.train.segment import open_segment
+    from birdjepa.train.segment import initial_params, open_segment
 
     if not layout.has_checkpoints(run_dir):
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
@@ -123,7 +123,8 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
         if PROBE_HEAD not in shapes:
             raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
         seg = open_segment(cfg, ckpt, at=step, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
-    return RestoredCheckpoint(step, cfg, seg.model_cfg, seg.state.params, seg.fresh.params, meta)
+    fresh = initial_params(cfg, seg.model_cfg)
+    return RestoredCheckpoint(step, cfg, seg.model_cfg, seg.state.params, fresh, meta)
 
 
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:

@@ -95,9 +95,17 @@ def summaries(
     for s, n, v in items:
         whole = matches(f"{s}/{n}", keep)
         if (id(v), whole) not in made:
-            made[id(v), whole] = when(record, functools.partial(summary, whole=whole), v)
+            made[id(v), whole] = summary_when(record, v, whole=whole)
         out.append(made[id(v), whole])
     return out
+
+
+@functools.partial(jax.jit, static_argnames="whole", inline=True)
+def summary_when(record: jax.Array, x: jax.Array, *, whole: bool) -> dict[str, jax.Array]:
+    """`summary` of ``x`` in a cond of its own on ``record`` (`when`). Jitted and inlined, as `summary`
+    is: the cond is traced once per shape and dtype, not once per tensor (a step's tensors come in a
+    few dozen shapes), which is what most of a step's trace spent on its records."""
+    return when(record, functools.partial(summary, whole=whole), x)
 
 
 def recordable(

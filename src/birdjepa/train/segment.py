@@ -65,6 +65,19 @@ def fresh_state(cfg: PretrainConfig, model_cfg: ModelConfig, tx: optax.GradientT
     return TrainState(step=0, restart=0, params=params, opt_state=tx.init(params), chain=fresh_chain(cfg))
 
 
+def state_template(
+    cfg: PretrainConfig, model_cfg: ModelConfig, tx: optax.GradientTransformation
+) -> dict[str, Any]:
+    """The arrays of step 0's state (`TrainState.arrays`) as shapes and dtypes on this process's first
+    device, as `fresh_state` places them: what a restore fills. Nothing is computed: a resume has no use
+    for the random init, and computing it (the optimizer state op by op) held the interpreter for seconds
+    while the step compiled ahead."""
+    params, opt_state = jax.eval_shape(lambda: (p := initial_params(cfg, model_cfg), tx.init(p)))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                        {"params": params, "opt_state": opt_state})  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class Segment:
     """A run segment as `open_segment` opens it: what it trains on, with what, and from which state."""
@@ -75,10 +88,9 @@ class Segment:
     """The train and eval shards (None where the class count was given and the data need not be here)."""
     fns: Compiled | None
     """The compiled step (None where not asked for)."""
-    fresh: TrainState
-    """The state of step 0 (its params are the random init)."""
     state: TrainState
-    """The state the segment starts from: ``fresh``, or a checkpoint's as the ``--prng`` mode keeps it."""
+    """The state the segment starts from: step 0's (`fresh_state`), or a checkpoint's as the ``--prng``
+    mode keeps it."""
     meta: dict[str, Any] | None
     """That checkpoint's meta (None for a fresh start)."""
 
@@ -105,31 +117,31 @@ def open_segment(
     model_cfg = model_config(cfg, n_classes if files is None else label_count(files[0]))
     fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg)) if step_fns else None
     tx = fns.tx if fns is not None else make_optimizer(cfg.optim, total_updates(cfg))
+    template = state_template(cfg, model_cfg, tx)
     if compile_ahead and fns is not None and isinstance(fns.train_step, RecordableStep):
         newest = ckpt.latest_step() if at == "newest" and ckpt is not None else at
         if (0 if newest is None else newest + 1) < cfg.steps:  # a finished run steps no more
-            fns.train_step.compile_ahead(*step_example(cfg, model_cfg, fns))
-    fresh = fresh_state(cfg, model_cfg, tx)
+            fns.train_step.compile_ahead(*step_example(cfg, fns, template))
     found = None
     if at is not None and ckpt is None:
         raise ValueError(f"open_segment(at={at!r}) needs the run's checkpoints")
     if at == "newest":
-        found = state_lib.restore(ckpt, fresh)
+        found = state_lib.restore(ckpt, template)
     elif at is not None:
-        found = state_lib.restore_at(ckpt, fresh, at)
+        found = state_lib.restore_at(ckpt, template, at)
     if found is None:
-        return Segment(cfg, model_cfg, files, fns, fresh, fresh, None)
+        return Segment(cfg, model_cfg, files, fns, fresh_state(cfg, model_cfg, tx), None)
     restored, meta = found
-    state = state_lib.for_prng_mode(restored, cfg.prng, fresh.chain)
-    return Segment(cfg, model_cfg, files, fns, fresh, state, meta)
+    state = state_lib.for_prng_mode(restored, cfg.prng, fresh_chain(cfg))
+    return Segment(cfg, model_cfg, files, fns, state, meta)
 
 
-def step_example(cfg: PretrainConfig, model_cfg: ModelConfig, fns: Compiled) -> tuple[Any, ...]:
+def step_example(cfg: PretrainConfig, fns: Compiled, template: dict[str, Any]) -> tuple[Any, ...]:
     """The loop's first call of the step, as shapes, dtypes and shardings (a trace of other ones is
-    another program), from the config alone: params and optimizer state as the fresh state's, replicated;
-    the global batch as the loader gives it (`birdjepa.data.Loader`), split over the devices; a step key
-    made on the host's default device, as the loop's; ``check``."""
-    state = jax.eval_shape(lambda: (p := initial_params(cfg, model_cfg), fns.tx.init(p)))
+    another program), from the config alone: params and optimizer state as ``template``'s
+    (`state_template`), replicated; the global batch as the loader gives it (`birdjepa.data.Loader`),
+    split over the devices; a step key made on the host's default device, as the loop's; ``check``."""
+    state = (template["params"], template["opt_state"])
     views = (cfg.data.n_views,) if cfg.data.n_views > 1 else ()
     frames = (cfg.data.batch_size, *views, cfg.model.n_frames, cfg.model.n_mels)
     label = jax.dtypes.canonicalize_dtype(np.int64)

@@ -60,19 +60,20 @@ def save(ckpt: Checkpointer, state: TrainState, meta: dict[str, Any]) -> dict[st
     return written
 
 
-def restore(ckpt: Checkpointer, fresh: TrainState) -> tuple[TrainState, dict[str, Any]] | None:
+def restore(ckpt: Checkpointer, template: dict[str, Any]) -> tuple[TrainState, dict[str, Any]] | None:
     """The newest checkpoint that verifies (its hashes and norms; damaged newer ones are moved aside, see
-    `Checkpointer.restore_latest`), read into ``fresh``'s tree, with its meta; None when there is none."""
-    found = ckpt.restore_latest(fresh.arrays())
+    `Checkpointer.restore_latest`), read into ``template``'s tree (`TrainState.arrays`' of step 0, as
+    arrays or as shapes with their placement), with its meta; None when there is none."""
+    found = ckpt.restore_latest(template)
     if found is None:
         return None
     step, arrays, meta = found
     return from_checkpoint(step, arrays, meta), meta
 
 
-def restore_at(ckpt: Checkpointer, fresh: TrainState, step: int) -> tuple[TrainState, dict[str, Any]]:
-    """Checkpoint ``step`` (verified; it must exist) read into ``fresh``'s tree, with its meta."""
-    arrays, meta = ckpt.restore(step, fresh.arrays())
+def restore_at(ckpt: Checkpointer, template: dict[str, Any], step: int) -> tuple[TrainState, dict[str, Any]]:
+    """Checkpoint ``step`` (verified; it must exist) read into ``template``'s tree, with its meta."""
+    arrays, meta = ckpt.restore(step, template)
     return from_checkpoint(step, arrays, meta), meta
 
 
