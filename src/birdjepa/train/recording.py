@@ -143,20 +143,26 @@ class RecordableStep:
         self._ahead: threading.Thread | None = None
 
     def compile_ahead(self, *example: Any) -> None:
-        """Trace, lower and compile (or load from the persistent compilation cache) the step for
-        ``example``'s shapes in a thread, while the caller does its other set-up: the first call waits
-        for it and finds the executable built, the one it would have built itself (the same program and
-        options; JAX keeps it for the jitted function). Nothing once the step has run in this process.
-        Where ``example`` is not what the first call passes, that call compiles its own: time lost,
-        nothing else. Not a daemon thread: a process that ends without stepping (a refused resume) waits
-        for it, since one killed inside XLA's compiler at exit crashed (SIGSEGV)."""
+        """Trace and lower the step for ``example``'s shapes here, then compile it (or load it from the
+        persistent compilation cache) in a thread, while the caller does its other set-up: the first
+        call waits for it and finds the executable built, the one it would have built itself (the same
+        program and options; JAX keeps it for the jitted function). Nothing once the step has run in
+        this process. Where ``example`` is not what the first call passes, that call compiles its own:
+        time lost, nothing else. The trace and lowering are Python: in the thread they took turns on
+        the interpreter with the caller's restore, and all of the compile's time waited for them. Not a
+        daemon thread: a process that ends without stepping (a refused resume) waits for it, since one
+        killed inside XLA's compiler at exit crashed (SIGSEGV)."""
         if self.called or self._ahead is not None:
+            return
+        try:
+            lowered = self.jitted.lower(*example, False)
+        except Exception:  # the first call meets the same error and reports it
             return
 
         def build() -> None:
             try:
-                self.jitted.lower(*example, False).compile()
-            except Exception:  # the first call meets the same error and reports it
+                lowered.compile()
+            except Exception:  # as above
                 pass
 
         self._ahead = threading.Thread(target=build, name="compile-ahead")
