@@ -34,9 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from birdjepa.divergence.replay import open_at
-from birdjepa.train.compiled import BATCH_KEYS
+from birdjepa.perf.step_cost import unrecorded
 from birdjepa.train.segment import step_inputs
-from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
 
 
 def bench(preset: str, batch_size: int, repeats: int) -> str:
@@ -48,10 +47,7 @@ def bench(preset: str, batch_size: int, repeats: int) -> str:
         cfg, state, fns = run.cfg, run.state, run.fns
         x = step_inputs(fns, cfg, state, run.batch())
         run.close()
-    spec = StepConfig.of(cfg, run.model_cfg)
-    shardings = (fns.replicated, fns.replicated, {k: fns.sharded for k in BATCH_KEYS}, fns.replicated, None)
-    without = jax.jit(make_train_step(make_loss_fn(spec), fns.tx), in_shardings=shardings,
-                      out_shardings=fns.replicated, donate_argnums=(0, 1))  # fmt: skip
+    without = unrecorded(cfg, fns)
     args = (state.params, state.opt_state, x.batch, x.key, x.check)
     steps = {"without recording": (without, ()), "record off": (fns.train_step.jitted, (False,)),
              "record on": (fns.train_step.jitted, (True,))}  # fmt: skip

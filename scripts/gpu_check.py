@@ -23,11 +23,13 @@ Rust extension built, or the venv of ``make build``); it was written against JAX
 5. **requeue** (only when asked: ``--sections ... requeue``): a resumed segment's time to its first
    step with the persistent compilation cache warm and off, at the small preset and batch 128
    (``scripts/bench_requeue.py``'s measurement).
-6. **conds** (only when asked): the small step at batch 128 with XLA's default command buffers and
-   with conditionals recorded into them (``--xla_gpu_enable_command_buffer=+CONDITIONAL``), each in
-   a process of its own: both times, and whether the parameters after the same steps are equal. The
-   step holds a ``lax.cond`` per tensor `birdjepa trace` can record (476 at small), and outside a
-   command buffer XLA's GPU runtime copies each cond's predicate to the host and waits for the stream.
+6. **conds** (only when asked): the small step at batch 128 with XLA's default command buffers, with
+   conditionals recorded into them (``--xla_gpu_enable_command_buffer=+CONDITIONAL``), and built
+   without its record (`birdjepa.perf.step_cost.unrecorded`), each in a process of its own: the three
+   times, and whether the parameters after the same steps equal the default's. The step holds a
+   ``lax.cond`` per tensor `birdjepa trace` can record (476 at small), and outside a command buffer
+   XLA's GPU runtime copies each cond's predicate to the host and waits for the stream: the step
+   without them bounds what any change to the record could gain.
 7. **resume-cached**: section 1 again with the compilation cache on (the default).
 
 ``--sections`` runs some of them (in this order); ``noise`` needs ``resume``.
@@ -214,23 +216,25 @@ def requeue(runs: Path, plan: Plan) -> None:
 CONDS_IN_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+CONDITIONAL"
 
 
-def step_child(preset: str, batch: int, steps: int) -> None:
+def step_child(preset: str, batch: int, steps: int, record: bool) -> None:
     """In a process of its own (its XLA_FLAGS the caller's choice): the loop's step at ``preset`` in
-    bfloat16 on one batch, ``steps`` times; prints its median time after two and a digest of the
-    parameters after the last, as one JSON line."""
+    bfloat16 on one batch (or, not ``record``, that step without its record), ``steps`` times; prints
+    its median time after two and a digest of the parameters after the last, as one JSON line."""
     import hashlib
 
     import numpy as np
 
     from birdjepa import multihost
-    from birdjepa.perf.step_cost import bench_config, first_step
+    from birdjepa.perf.step_cost import bench_config, first_step, unrecorded
 
     # The step section's program, as the loop first calls it.
-    fns, state, x = first_step(bench_config(preset, "bfloat16", batch, steps=steps))
+    cfg = bench_config(preset, "bfloat16", batch, steps=steps)
+    fns, state, x = first_step(cfg)
+    step = fns.train_step if record else unrecorded(cfg, fns)
     carried, times = [state.params, state.opt_state], []
     for _ in range(steps):
         t0 = time.perf_counter()
-        carried[0], carried[1], *_ = fns.train_step(*carried, x.batch, x.key, False)
+        carried[0], carried[1], *_ = step(*carried, x.batch, x.key, False)
         jax.block_until_ready(carried[0])
         times.append(time.perf_counter() - t0)
     digest = hashlib.sha256()
@@ -241,25 +245,30 @@ def step_child(preset: str, batch: int, steps: int) -> None:
 
 
 def conds(plan: Plan) -> None:
-    """The small step at the largest batch with XLA's default command buffers and with conditionals in
-    them, each in a process of its own: the time of each and whether the parameters after the same
-    steps are equal (if so, the flag is a free change to the default)."""
+    """The small step at the largest batch with XLA's default command buffers, with conditionals in
+    them, and without its record, each in a process of its own: the time of each and whether the
+    parameters after the same steps equal the default's (if so for the flag, it is a free change to the
+    default)."""
     preset, batch = plan.step_presets[0], plan.step_batches[-1]
     results = []
-    for extra in ("", CONDS_IN_COMMAND_BUFFERS):
+    for extra, record in (("", "record"), (CONDS_IN_COMMAND_BUFFERS, "record"), ("", "unrecorded")):
         env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()}
-        cmd = [sys.executable, __file__, "--step-child", preset, str(batch), str(plan.wait_steps)]
+        cmd = [sys.executable, __file__, "--step-child", preset, str(batch), str(plan.wait_steps), record]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         lines = [x for x in done.stdout.splitlines() if x.startswith("STEP_CHILD ")]
         if done.returncode != 0 or not lines:
-            raise RuntimeError(f"the step with XLA_FLAGS {env['XLA_FLAGS']!r}: exit {done.returncode}\n"
-                               f"{done.stderr[-2000:]}")  # fmt: skip
+            raise RuntimeError(f"the {record} step with XLA_FLAGS {env['XLA_FLAGS']!r}: exit "
+                               f"{done.returncode}\n{done.stderr[-2000:]}")  # fmt: skip
         results.append(json.loads(lines[-1].removeprefix("STEP_CHILD ")))
-    default, cmdbuf = results
-    same = "equal" if default["params"] == cmdbuf["params"] else "DIFFER"
-    setting = f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: default, {CONDS_IN_COMMAND_BUFFERS}"
-    ratio = cmdbuf["ms"] / default["ms"]
-    result = f"{default['ms']:.1f} and {cmdbuf['ms']:.1f} ms a step ({ratio:.2f}x); parameters after {same}"
+    default, cmdbuf, plain = results
+
+    def against(other: dict) -> str:
+        same = "equal" if other["params"] == default["params"] else "DIFFER"
+        return f"{other['ms']:.1f} ms ({other['ms'] / default['ms']:.2f}x, parameters after {same})"
+
+    setting = (f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: default; {CONDS_IN_COMMAND_BUFFERS}; "
+               "without the record")  # fmt: skip
+    result = f"{default['ms']:.1f} ms a step; {against(cmdbuf)}; {against(plain)}"
     ROWS.append(("conds", setting, result, "measured"))
 
 
@@ -317,10 +326,12 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the table here")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=DEFAULT_SECTIONS,
                     help=f"which to run, in this order (default: {' '.join(DEFAULT_SECTIONS)})")  # fmt: skip
-    ap.add_argument("--step-child", nargs=3, metavar=("PRESET", "BATCH", "STEPS"), help=argparse.SUPPRESS)
+    ap.add_argument("--step-child", nargs=4, metavar=("PRESET", "BATCH", "STEPS", "RECORD"),
+                    help=argparse.SUPPRESS)  # fmt: skip
     args = ap.parse_args()
     if args.step_child:  # the conds section's processes
-        step_child(args.step_child[0], int(args.step_child[1]), int(args.step_child[2]))
+        preset, batch, n, record = args.step_child  # (not `steps`: the step section's function)
+        step_child(preset, int(batch), int(n), record == "record")
         return 0
     if "noise" in args.sections and "resume" not in args.sections:
         ap.error("--sections noise traces a step of the run that the resume section trains")
