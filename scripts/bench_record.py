@@ -47,7 +47,7 @@ def bench(preset: str, batch_size: int, repeats: int) -> str:
         cfg, state, fns = run.cfg, run.state, run.fns
         x = step_inputs(fns, cfg, state, run.batch())
         run.close()
-    without = unrecorded(cfg, fns)
+    without = unrecorded(fns)
     args = (state.params, state.opt_state, x.batch, x.key, x.check)
     steps = {"without recording": (without, ()), "record off": (fns.train_step.jitted, (False,)),
              "record on": (fns.train_step.jitted, (True,))}  # fmt: skip

@@ -230,7 +230,7 @@ def step_child(preset: str, batch: int, steps: int, record: bool) -> None:
     # The step section's program, as the loop first calls it.
     cfg = bench_config(preset, "bfloat16", batch, steps=steps)
     fns, state, x = first_step(cfg)
-    step = fns.train_step if record else unrecorded(cfg, fns)
+    step = fns.train_step if record else unrecorded(fns)
     carried, times = [state.params, state.opt_state], []
     for _ in range(steps):
         t0 = time.perf_counter()

@@ -27,19 +27,11 @@ import jax
 import jax.numpy as jnp
 
 from birdjepa.config import PretrainConfig, resolve
-from birdjepa.data.shards import label_count
 from birdjepa.perf.profile import time_by_part
 from birdjepa.train.compiled import BATCH_KEYS, Compiled
-from birdjepa.train.segment import (
-    StepInputs,
-    data_files,
-    model_config,
-    open_loader,
-    open_segment,
-    step_inputs,
-)
+from birdjepa.train.segment import StepInputs, open_loader, open_segment, step_inputs
 from birdjepa.train.state import TrainState
-from birdjepa.train.step import StepConfig, make_loss_fn, make_train_step
+from birdjepa.train.step import make_loss_fn, make_train_step
 
 CPU_BATCH = {"tiny": 16, "small": 4, "base": 2}
 """Clips a step on a CPU for the benchmarks: base's steps then take seconds, not minutes (the README's
@@ -91,15 +83,14 @@ def first_step(cfg: PretrainConfig) -> tuple[Compiled, TrainState, StepInputs]:
     return segment.fns, state, step_inputs(segment.fns, cfg, state, batch)
 
 
-def unrecorded(cfg: PretrainConfig, fns: Compiled) -> Callable:
-    """``cfg``'s step as it would be without its record (`birdjepa.train.recording`): `make_train_step`
+def unrecorded(fns: Compiled) -> Callable:
+    """``fns``' step as it would be without its record (`birdjepa.train.recording`): `make_train_step`
     over the plain loss, jitted with the loop's shardings and donation, called as the loop calls its
     step. What the record's conds cost is the loop's step against this (`scripts/bench_record.py`;
     `scripts/gpu_check.py`'s conds, where each cond waits for the device)."""
-    spec = StepConfig.of(cfg, model_config(cfg, label_count(data_files(cfg)[0])))
     batch = {k: fns.sharded for k in BATCH_KEYS}
     shardings = (fns.replicated, fns.replicated, batch, fns.replicated, None)
-    return jax.jit(make_train_step(make_loss_fn(spec), fns.tx), in_shardings=shardings,
+    return jax.jit(make_train_step(make_loss_fn(fns.spec), fns.tx), in_shardings=shardings,
                    out_shardings=fns.replicated, donate_argnums=(0, 1))  # fmt: skip
 
 

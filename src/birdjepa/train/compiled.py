@@ -32,6 +32,8 @@ BATCH_KEYS = ("spectrogram", "label")
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
+    spec: StepConfig
+    """The step configuration these functions were built for."""
     tx: optax.GradientTransformation
     replicated: NamedSharding
     sharded: NamedSharding
@@ -79,7 +81,7 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     tx = make_optimizer(optim, total_updates, spec.seams)
     if spec.virtual_shards:  # its own executables, one device each (see there)
         step = virtual_shards.VirtualShardStep(spec, tx, devices)
-        return Compiled(tx, replicated, sharded, step, step.loss, step.encode)
+        return Compiled(spec, tx, replicated, sharded, step, step.loss, step.encode)
     # The step that can record itself (`birdjepa trace` runs this executable); the loop records nothing.
     step, names = recordable(spec, tx, optim)
     train_step = RecordableStep(
@@ -94,4 +96,4 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     loss_fn = make_loss_fn(spec)
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
-    return Compiled(tx, replicated, sharded, train_step, loss_only, encode)
+    return Compiled(spec, tx, replicated, sharded, train_step, loss_only, encode)
