@@ -45,6 +45,7 @@ FLOORS = (
     "model",
     "synthetic",
     "data",
+    "reductions",
     "seams",
     "exit_codes",
     "cores",

@@ -289,3 +289,16 @@ def test_a_fault_with_nothing_to_act_on_is_no_effect_not_a_miss() -> None:
     missed = Row("drop_accumulation", 0, passed)
     assert not_as_expected([clean, quiet]) == []
     assert not_as_expected([clean, missed]) == ["drop_accumulation"]
+
+
+def test_a_resume_across_step_revisions_names_each_and_an_unknown_newer_one_may_move_training() -> None:
+    """`revisions.between` lists the declared changes a resume crosses, either way; a revision newer
+    than the code reading the checkpoint is one it cannot describe, so it counts as moving training."""
+    from birdjepa.train import revisions
+
+    now = revisions.REVISION
+    assert revisions.between(now) == []
+    assert revisions.between(1) == revisions.between(1, now) == list(revisions.REVISIONS[1:])
+    assert revisions.between(now, 1) == revisions.between(1, now)
+    (newer,) = revisions.between(now + 1)
+    assert newer.training and "newer than this code" in newer.what

@@ -25,6 +25,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.resume.options import SEGMENT_ONLY, resume_defaults
 from birdjepa.rundir.checkpoint import FORMAT_VERSION
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
+from birdjepa.train import revisions
 from birdjepa.verify.fs_fault_matrix import continues_old_run
 
 FORMAT1 = Path(__file__).parent / "fixtures" / "format1"
@@ -66,7 +67,7 @@ def test_a_resume_keeps_the_run_s_options_and_checks_the_ones_given_again(
     assert json.loads((tmp_path / "r" / "config.json").read_text()) == segment  # the refused one left it
 
 
-def test_a_segment_on_another_kind_of_machine_is_said_and_its_resume_checks_allow_for_the_last_bits(
+def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_checks_allow_for_it(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     data = ["--data.batch-size", "4", "--data.train", demo_dir / "train", "--data.eval", demo_dir / "eval"]
@@ -79,10 +80,11 @@ def test_a_segment_on_another_kind_of_machine_is_said_and_its_resume_checks_allo
     assert here["cpu_threads"] == os.environ["PJRT_NPROC"]  # the pool deterministic_xla fixed
     lock = hashlib.sha256((Path(__file__).parents[1] / "uv.lock").read_bytes()).hexdigest()[:12]
     assert here["lock"] == lock  # the dependency lock this checkout installs from
+    assert meta["step_revision"] == revisions.REVISION
     # As if checkpoint 1 had been written by a job on another partition, under an older jaxlib and lock,
-    # by a birdjepa that did not record the CPU thread pool yet.
+    # by a birdjepa that did not record the CPU thread pool or the step's revision yet.
     other = {**here, "device": "Other CPU (avx2)", "jaxlib": "0.1", "lock": "0123456789ab"}
-    del other["cpu_threads"]
+    del other["cpu_threads"], meta["step_revision"]
     meta_file.write_text(json.dumps({**meta, "machine": other}))
 
     code, out = command(capsys, "pretrain", "--run", "m", "--log.runs-dir", tmp_path)
@@ -98,6 +100,16 @@ def test_a_segment_on_another_kind_of_machine_is_said_and_its_resume_checks_allo
     assert "(rtol=1e-05,machine:device+jaxlib+lock+cpu_threads)" in out, out
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "machine_changed"]
     assert event["step"] == 2 and event["device"] == ["Other CPU (avx2)", here["device"]]
+    # Revision 2 moved only the monitor's statistics: said, and the loss above was still held exactly
+    # for it (the tolerance names the machine alone).
+    (revised,) = [line for line in out.splitlines() if line.startswith("WARNING resumed by code of")]
+    assert revised.startswith(
+        f"WARNING resumed by code of another revision of the step than checkpoint 1 was written by "
+        f"(1 -> {revisions.REVISION}: the update monitor's statistics and the train/grad_norm and "
+        f"train/update_norm metrics reduce each parameter in one pass"
+    ), revised
+    (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "step_revised"]
+    assert event["step"] == 2 and event["revision"] == [1, revisions.REVISION]
 
 
 def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:

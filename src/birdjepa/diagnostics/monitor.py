@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from birdjepa.reductions import one_pass
+
 Array = jax.Array
 PyTree = Any
 
@@ -110,13 +112,18 @@ def _leaf_stats(g: Array, before: Array, after: Array) -> dict[str, Array]:
     if g.size == 0:  # max/mean of an empty array are undefined; an empty leaf never moves
         zero = jnp.zeros((), jnp.float32)
         return {k: zero for k in VECTOR_STATS}
-    param_norm = jnp.sqrt(jnp.sum(jnp.square(before)))
-    update_norm = jnp.sqrt(jnp.sum(jnp.square(after - before)))
-    abs_g = jnp.abs(g)
+    abs_g, add = jnp.abs(g).reshape(-1), jax.lax.add
+    # One pass over the leaf for all five reductions: the step compiles (and a resumed run loads) one
+    # loop per parameter instead of five (`birdjepa.reductions`).
+    squares, max_abs, total_abs, before_squares, update_squares = one_pass([
+        (jnp.square(g).reshape(-1), 0.0, add), (abs_g, -jnp.inf, jax.lax.max), (abs_g, 0.0, add),
+        (jnp.square(before).reshape(-1), 0.0, add), (jnp.square(after - before).reshape(-1), 0.0, add),
+    ])  # fmt: skip
+    param_norm, update_norm = jnp.sqrt(before_squares), jnp.sqrt(update_squares)
     return {
-        "grad_norm": jnp.sqrt(jnp.sum(jnp.square(g))),
-        "grad_max_abs": jnp.max(abs_g),
-        "grad_mean_abs": jnp.mean(abs_g),
+        "grad_norm": jnp.sqrt(squares),
+        "grad_max_abs": max_abs,
+        "grad_mean_abs": total_abs / g.size,
         "param_norm": param_norm,
         "update_norm": update_norm,
         "update_ratio": update_norm / (param_norm + RATIO_EPS),

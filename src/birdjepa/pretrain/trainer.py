@@ -33,6 +33,7 @@ from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import mib
 from birdjepa.rundir.metrics_log import MetricsLog, NullLog
 from birdjepa.seams import planted
+from birdjepa.train import revisions
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
@@ -159,6 +160,15 @@ class Trainer:
                   f"so from here the run can differ from an uninterrupted one in the last bits",
                   flush=True)  # fmt: skip
             self.log.event("machine_changed", step, **{k: list(v) for k, v in moved.items()})
+        saved_revision = meta.get("step_revision", 1)
+        crossed = revisions.between(saved_revision)
+        if crossed:  # a declared change of the step's bits lies between the save and this code
+            print(f"WARNING resumed by code of another revision of the step than checkpoint {step - 1} was "
+                  f"written by ({saved_revision} -> {revisions.REVISION}: "
+                  f"{'; '.join(r.what for r in crossed)})", flush=True)  # fmt: skip
+            self.log.event("step_revised", step, revision=[saved_revision, revisions.REVISION])
+            if any(r.training for r in crossed):
+                moved = {**moved, "step_revision": (str(saved_revision), str(revisions.REVISION))}
         results = resume_check.check_resume(
             meta,
             self.next_step(state, batch),
@@ -257,6 +267,7 @@ class Trainer:
             "config": self.config,
             "git": self.git,
             "machine": self.machine,
+            "step_revision": revisions.REVISION,
             "dataset_fingerprint": loader.fingerprint,
             "next_step": self.next_step(state, pending).to_json(),
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},

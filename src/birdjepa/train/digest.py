@@ -14,12 +14,13 @@ the same bits on 1 or 8 devices, on the device or from the host, give the same d
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from birdjepa.reductions import Term, one_pass
 
 #: Tensors of at most this many elements are always kept whole (their summary would be larger).
 SMALL = 64
@@ -51,26 +52,13 @@ def _lanes(x: jax.Array) -> list[jax.Array]:
     return [_fmix32(w + i * jnp.uint32(c)) for c in _LANES]
 
 
-def _reduce(terms: list[tuple[jax.Array, Any, Callable[[Any, Any], Any]]]) -> list[jax.Array]:
-    """Each flat array reduced by its own ``(init, op)``, in one variadic reduction: XLA compiles it as
-    one loop, where a reduction each made the recording step's compile 1.3x as long (`summary` runs
-    for every tensor of the step)."""
-    arrays, inits, ops = zip(*terms, strict=True)
-    init = tuple(jnp.asarray(i, a.dtype) for a, i in zip(arrays, inits, strict=True))
-
-    def combine(a: tuple, b: tuple) -> tuple:
-        return tuple(op(u, v) for op, u, v in zip(ops, a, b, strict=True))
-
-    return list(jax.lax.reduce(arrays, init, combine, (0,)))
-
-
-def _wrapping_sum(lane: jax.Array) -> tuple[jax.Array, int, Callable[[Any, Any], Any]]:
+def _wrapping_sum(lane: jax.Array) -> Term:
     return lane, 0, jax.lax.add  # uint32: modulo 2^32, exact in any order
 
 
 def digest(x: jax.Array) -> jax.Array:
     """``uint32[2]``: the tensor's digest (see the module doc)."""
-    return jnp.stack(_reduce([_wrapping_sum(h) for h in _lanes(x)]))
+    return jnp.stack(one_pass([_wrapping_sum(h) for h in _lanes(x)]))
 
 
 @functools.partial(jax.jit, static_argnames="whole", inline=True)
@@ -85,7 +73,7 @@ def summary(x: jax.Array, *, whole: bool = False) -> dict[str, jax.Array]:
         x = jax.random.key_data(x)
     f = x.reshape(-1).astype(jnp.float32)
     inf, add = jnp.inf, jax.lax.add
-    h0, h1, lo, hi, total, squares, nonfinite = _reduce([
+    h0, h1, lo, hi, total, squares, nonfinite = one_pass([
         *(_wrapping_sum(h) for h in _lanes(x)),
         (f, inf, jax.lax.min), (f, -inf, jax.lax.max), (f, 0.0, add), (f * f, 0.0, add),
         ((~jnp.isfinite(f)).astype(jnp.float32), 0.0, add),

@@ -1,0 +1,46 @@
+"""The step's revisions: each a declared change of bits the step computes from the same inputs, with the
+same flags, on the same kind of machine.
+
+A change to the default step either keeps every bit it computes (tests/test_objectives.py holds two
+steps of three objectives to the digests the code before objectives became units computed), or it is
+declared here as the next revision. Every checkpoint records the revision of the code that wrote it
+(``REVISION``; a checkpoint without the record was written at revision 1). A resume by code of another
+revision says which changes lie between the two, and where one of them moves the training's bits (the
+parameters, the optimizer state, the loss) and not only a diagnostic's, the resume checks compare the
+next step's loss to a tolerance, as on another kind of machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Revision:
+    what: str
+    #: Whether it moves the training's bits, or only what the step reports about them.
+    training: bool
+
+
+#: Revision ``i + 1`` is ``REVISIONS[i]``; the first is the step before revisions were recorded.
+REVISIONS = (
+    Revision("the step as it was before revisions were recorded", training=False),
+    Revision(
+        "the update monitor's statistics and the train/grad_norm and train/update_norm metrics reduce each "
+        "parameter in one pass (2026-11-28): the monitor's float statistics (grad_norm, grad_mean_abs, "
+        "param_norm, update_norm, update_ratio) and those two metrics move in their last bits; the "
+        "training's do not",
+        training=False,
+    ),
+)
+REVISION = len(REVISIONS)
+"""The revision of this code's step."""
+
+
+def between(saved: int, now: int = REVISION) -> list[Revision]:
+    """The revisions a resume from a checkpoint of revision ``saved`` by code of revision ``now`` crosses,
+    in either direction (empty when they are the same). One newer than this code is unknown to it: it
+    may have moved anything."""
+    lo, hi = sorted((saved, now))
+    unknown = Revision("a revision newer than this code", training=True)
+    return [REVISIONS[i] if i < len(REVISIONS) else unknown for i in range(lo, hi)]
