@@ -104,9 +104,9 @@ def test_muon_builds_and_steps() -> None:
 
 
 def test_the_update_s_grad_and_update_norm_metrics_are_the_norms_of_what_it_took_and_did() -> None:
-    """`make_update`'s ``train/grad_norm`` and ``train/update_norm`` (one pass per parameter, revision 2
-    of the step) against float64 norms of the gradients and of the change the update applied: float32
-    sums of ~600 squares in another order, so within rtol 1e-6."""
+    """`make_update`'s ``train/grad_norm`` and ``train/update_norm`` against float64 norms of the
+    gradients and of the change the update applied: float32 sums of ~600 squares in another order, so
+    within rtol 1e-6."""
     from birdjepa.train.step import make_update
 
     rng = np.random.default_rng(0)

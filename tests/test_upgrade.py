@@ -105,8 +105,7 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     (revised,) = [line for line in out.splitlines() if line.startswith("WARNING resumed by code of")]
     assert revised.startswith(
         f"WARNING resumed by code of another revision of the step than checkpoint 1 was written by "
-        f"(1 -> {revisions.REVISION}: the update monitor's statistics and the train/grad_norm and "
-        f"train/update_norm metrics reduce each parameter in one pass"
+        f"(1 -> {revisions.REVISION}: the update monitor reduces each parameter once for its five statistics"
     ), revised
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "step_revised"]
     assert event["step"] == 2 and event["revision"] == [1, revisions.REVISION]

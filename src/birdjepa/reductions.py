@@ -2,10 +2,11 @@
 
 XLA compiles each ``jnp.sum``/``jnp.max`` of a step as a loop of its own. Where a step reduces many
 small tensors several ways each (the recording's summary of every tensor, the update monitor's five
-statistics of every parameter, the update's two norms), one variadic ``lax.reduce`` per tensor is one
-loop instead of several: fewer kernels to compile, load and launch (the recording step compiled 1.3x
-as long with a reduction each; on a CPU, each of XLA's YNNPACK reduction fusions costs a requeued
-segment time to load).
+statistics of every parameter), one variadic ``lax.reduce`` per tensor is one loop instead of several:
+fewer kernels to compile, load and launch (the recording step compiled 1.3x as long with a reduction
+each; on a CPU each YNNPACK reduction fusion costs a requeued segment time to load). It serves what
+runs in a cond, not the every-step path: the update's two norms as one pass gave the base step in bf16
+353 MiB more working memory (XLA vectorizes and fuses a variadic reduction less).
 """
 
 from __future__ import annotations

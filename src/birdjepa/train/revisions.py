@@ -26,10 +26,9 @@ class Revision:
 REVISIONS = (
     Revision("the step as it was before revisions were recorded", training=False),
     Revision(
-        "the update monitor's statistics and the train/grad_norm and train/update_norm metrics reduce each "
-        "parameter in one pass (2026-11-28): the monitor's float statistics (grad_norm, grad_mean_abs, "
-        "param_norm, update_norm, update_ratio) and those two metrics move in their last bits; the "
-        "training's do not",
+        "the update monitor reduces each parameter once for its five statistics (2026-11-28): its float "
+        "statistics (grad_norm, grad_mean_abs, param_norm, update_norm, update_ratio) move in their last "
+        "bits; the training's do not",
         training=False,
     ),
 )

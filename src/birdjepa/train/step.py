@@ -22,7 +22,6 @@ from birdjepa.model.vit import BirdJepa
 from birdjepa.objectives import health
 from birdjepa.objectives.base import Objective, build
 from birdjepa.objectives.options import ObjectiveConfig
-from birdjepa.reductions import one_pass
 from birdjepa.seams import NONE, Seams, planted
 from birdjepa.train.augment import augment_views
 from birdjepa.train.model_calls import ModelCalls
@@ -176,19 +175,6 @@ def make_train_step(
     return step
 
 
-def _norms(a: Any, b: Any) -> tuple[jax.Array, jax.Array]:
-    """The L2 norms of two trees of one structure, each leaf pair reduced in one pass (`one_pass`:
-    a loop per parameter where two reductions each were two, fewer for a requeued step to load)."""
-    squares = [
-        one_pass([(jnp.square(x).reshape(-1), 0, jax.lax.add), (jnp.square(y).reshape(-1), 0, jax.lax.add)])
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    ]
-    total_a, total_b = squares[0]
-    for x, y in squares[1:]:
-        total_a, total_b = total_a + x, total_b + y
-    return jnp.sqrt(total_a), jnp.sqrt(total_b)
-
-
 def make_update(tx: optax.GradientTransformation, *, clip_norm: float = 0.0) -> Callable:
     """``(params, opt_state, loss, aux, grads, check) -> (params, opt_state, metrics, stats, guard)``:
     the update of a step whose loss function gave ``(loss, aux)`` and ``grads``. ``stats`` are the
@@ -225,8 +211,8 @@ def make_update(tx: optax.GradientTransformation, *, clip_norm: float = 0.0) -> 
         with jax.named_scope("metrics"):
             metrics = {f"train/{k}": v for k, v in aux.items() if not k.endswith("n_labelled")}
             metrics["train/lr"] = applied_lr(new_opt_state)
-            grad_norm, update_norm = _norms(grads, jax.tree.map(jnp.subtract, new_params, params))
-            metrics["train/grad_norm"], metrics["train/update_norm"] = grad_norm, update_norm
+            metrics["train/grad_norm"] = optax.tree.norm(grads)
+            metrics["train/update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_params, params))
             metrics["train/update_count"] = update_count(new_opt_state)
             metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
         with jax.named_scope("monitor"):
