@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from birdjepa.config import PretrainConfig, resolve
 from birdjepa.perf.profile import time_by_part
-from birdjepa.train.compiled import BATCH_KEYS, Compiled
+from birdjepa.train.compiled import Compiled, jit_step
 from birdjepa.train.segment import StepInputs, open_loader, open_segment, step_inputs
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import make_loss_fn, make_train_step
@@ -88,10 +88,7 @@ def unrecorded(fns: Compiled) -> Callable:
     over the plain loss, jitted with the loop's shardings and donation, called as the loop calls its
     step. What the record's conds cost is the loop's step against this (`scripts/bench_record.py`;
     `scripts/gpu_check.py`'s conds, where each cond waits for the device)."""
-    batch = {k: fns.sharded for k in BATCH_KEYS}
-    shardings = (fns.replicated, fns.replicated, batch, fns.replicated, None)
-    return jax.jit(make_train_step(make_loss_fn(fns.spec), fns.tx), in_shardings=shardings,
-                   out_shardings=fns.replicated, donate_argnums=(0, 1))  # fmt: skip
+    return jit_step(make_train_step(make_loss_fn(fns.spec), fns.tx), fns.replicated, fns.sharded)
 
 
 def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False) -> StepCost:

@@ -72,6 +72,14 @@ def compiled(spec: StepConfig, optim: OptimConfig, total_updates: int) -> Compil
     return _build(spec, optim, total_updates, tuple(jax.devices()))
 
 
+def jit_step(step: Callable, replicated: NamedSharding, sharded: NamedSharding, extra: int = 0) -> Callable:
+    """``step(params, opt_state, batch, key, check, *extra)`` jitted as the loop runs it: the batch sharded
+    over the devices, the rest replicated, the parameters and optimizer state donated."""
+    batch = {k: sharded for k in BATCH_KEYS}
+    shardings = (replicated, replicated, batch, replicated, None, *(None,) * extra)
+    return jax.jit(step, in_shardings=shardings, out_shardings=replicated, donate_argnums=(0, 1))
+
+
 @functools.lru_cache(maxsize=4)
 def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tuple) -> Compiled:
     mesh = Mesh(np.array(devices), ("data",))
@@ -84,15 +92,7 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
         return Compiled(spec, tx, replicated, sharded, step, step.loss, step.encode)
     # The step that can record itself (`birdjepa trace` runs this executable); the loop records nothing.
     step, names = recordable(spec, tx, optim)
-    train_step = RecordableStep(
-        jax.jit(
-            step,
-            in_shardings=(replicated, replicated, batch, replicated, None, None),
-            out_shardings=replicated,
-            donate_argnums=(0, 1),
-        ),
-        names,
-    )
+    train_step = RecordableStep(jit_step(step, replicated, sharded, extra=1), names)
     loss_fn = make_loss_fn(spec)
     loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
