@@ -277,8 +277,10 @@ def _old_digests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
 
 @pytest.mark.parametrize(
     "name",
-    # The default objective with every draw on in the suite; the other two steps' compiles run in CI.
-    [pytest.param(n, marks=[] if n == "lejepa" else [pytest.mark.slow]) for n in CONFIGS],
+    # The default objective with every draw on in the suite; the other two steps' compiles run in CI,
+    # and the default objective's again at XLA's default level, where a change's bits are the users'.
+    [pytest.param(n, marks=[] if n == "lejepa" else [pytest.mark.slow]) for n in CONFIGS]
+    + [pytest.param("lejepa", id="at-default-level", marks=[pytest.mark.slow, pytest.mark.default_level])],
 )
 def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units(
     name: str, tmp_path_factory: pytest.TempPathFactory

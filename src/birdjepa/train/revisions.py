@@ -2,7 +2,8 @@
 same flags, on the same kind of machine.
 
 A change to the default step either keeps every bit it computes (tests/test_objectives.py holds two
-steps of three objectives to the digests the code before objectives became units computed), or it is
+steps of three objectives to the digests the code before objectives became units computed, LeJEPA's
+at XLA's default level too), or it is
 declared here as the next revision. Every checkpoint records the revision of the code that wrote it
 (``REVISION``; a checkpoint without the record was written at revision 1). A resume by code of another
 revision says which changes lie between the two, and where one of them moves the training's bits (the
