@@ -176,6 +176,12 @@ def test_roundtrip_bit_exact_realistic_state(tmp_path, capsys):
         np.asarray(state["opt_state"].acc_grads["probe"]["kernel"]),
     )
     assert meta["norms"] == ck.state_norms(ck.to_host(state))
+    # The resume check's norms read the state in place (no copy of it on a CPU), to the same bits.
+    viewed = ck.to_host(state, copy=False)
+    assert meta["norms"] == ck.state_norms(viewed)
+    kernel = state["params"]["probe"]["kernel"]
+    assert np.shares_memory(viewed["params"]["probe"]["kernel"], np.asarray(kernel))
+    assert not np.shares_memory(ck.to_host(state)["params"]["probe"]["kernel"], np.asarray(kernel))
     assert meta["norms"]["param_norm"] == tree_norms(state["params"])["param_norm"]
     assert {"param_norm/encoder", "param_norm/projector", "param_norm/probe"} <= set(meta["norms"])
     out = capsys.readouterr().out

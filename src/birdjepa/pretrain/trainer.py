@@ -175,7 +175,7 @@ class Trainer:
             config=self.config,
             dataset=loader.fingerprint,
             loader_error=loader_error,
-            norms=checkpoint.state_norms(checkpoint.to_host(state.arrays())),
+            norms=checkpoint.state_norms(checkpoint.to_host(state.arrays(), copy=False)),
             opt_state_spec=resume_check.tree_spec(state.opt_state),
             expected_opt_state_spec=resume_check.tree_spec(jax.eval_shape(self.fns.tx.init, state.params)),
             grad_accum=cfg.optim.grad_accum,
