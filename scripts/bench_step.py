@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from birdjepa.host_memory import keep_for_reuse
 from birdjepa.train.determinism import deterministic_xla
 
+keep_for_reuse()  # the host memory as the `birdjepa` command keeps it (birdjepa.host_memory)
 deterministic_xla()
 
 import jax  # noqa: E402

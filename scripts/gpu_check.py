@@ -57,8 +57,10 @@ from pathlib import Path
 # Before JAX starts: every process of the check shares one GPU, so none may take most of its memory.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+from birdjepa.host_memory import keep_for_reuse  # noqa: E402
 from birdjepa.train.determinism import deterministic_xla  # noqa: E402
 
+keep_for_reuse()  # the host memory as the `birdjepa` command keeps it (birdjepa.host_memory)
 deterministic_xla()
 
 import jax  # noqa: E402

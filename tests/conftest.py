@@ -31,6 +31,7 @@ except ImportError:  # running from a plain checkout
 
 from birdjepa.cli import fewer_collections
 from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
+from birdjepa.host_memory import keep_for_reuse
 from birdjepa.synthetic.birdset_standin import BIRDSET_SMALL
 from birdjepa.synthetic.codecs import CODECS, encode_audio
 from birdjepa.synthetic.demo import SMALL, ensure_birdset_data, ensure_demo_data
@@ -52,6 +53,7 @@ if not AT_DEFAULT_LEVEL:
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
 deterministic_xla()
 fewer_collections()  # as the `birdjepa` command does: the workers train in-process too
+keep_for_reuse()  # the same: before JAX's threads start (the step digests then hold its bits too)
 
 # One folder for the session, shared by this process, the xdist workers and every `birdjepa` subprocess
 # (the first process, pytest itself, makes it and removes it): the demo set, generated once for all

@@ -19,6 +19,7 @@ from typing import Any
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
+from birdjepa.host_memory import keep_for_reuse
 from birdjepa.train.determinism import deterministic_xla
 
 CommandTarget = str | Callable[..., Any]
@@ -81,8 +82,10 @@ def fewer_collections() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> Any:
-    """Entry point of the `birdjepa` console script."""
+    """Entry point of the `birdjepa` console script (``argv`` None: the command line's)."""
     fewer_collections()
+    if argv is None:  # a process of its own, before JAX's threads start (not a caller's, e.g. a test's)
+        keep_for_reuse()
     # Before anything can start JAX's backend (reading a run's checkpoint does): XLA reads its flags
     # and sizes its CPU thread pool once, when the backend starts.
     deterministic_xla()

@@ -1,0 +1,42 @@
+"""The process's host memory kept for reuse: a CPU step stops faulting its working memory in every step.
+
+XLA's CPU runtime takes a step's working memory from ``malloc`` anew in every execution (1.3 GB at the
+base preset, batch 2), from threads of its own. glibc gives such a thread an arena of its own, and an
+arena other than the main one serves a request that large by ``mmap`` and gives it back by
+``munmap``: every step then faults the whole buffer in again, page by page, the kernel zeroing each
+(340,000 faults, 0.5 s of system time a step, 35 % of the base step on 2 cores). With one arena
+(the main one: the heap), no ``mmap`` for large requests and no trimming of the heap's top, the buffer
+freed by a step is the one the next step takes: no faults from the third step on.
+`scripts/bench_host_memory.py` measures it; the computed values are the same bits (tests/
+test_host_memory.py).
+
+What it costs: memory freed is kept by the process (its resident size stays at its peak), and every
+thread allocates from one arena (glibc's per-thread caches still take the small requests without a
+lock). The `birdjepa` command applies it before JAX starts its threads; importing birdjepa does not.
+glibc only (``mallopt``); elsewhere nothing changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+#: ``mallopt``'s parameters (glibc's malloc.h).
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+
+#: Set to "system" to keep the C library's defaults (a process that must give memory back).
+ENV = "BIRDJEPA_HOST_MEMORY"
+
+
+def keep_for_reuse() -> bool:
+    """One malloc arena, no ``mmap`` for large blocks, no trimming (see the module doc). Call it before
+    anything starts threads that allocate (JAX's backend). Returns whether it was applied: False off
+    glibc or with ``BIRDJEPA_HOST_MEMORY=system``."""
+    if os.environ.get(ENV, "reuse") == "system" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    # A threshold of -1 is read as the largest size: the heap's top is never given back.
+    settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
+    return all(libc.mallopt(p, v) == 1 for p, v in settings)
