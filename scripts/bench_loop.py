@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from birdjepa.cli import main as birdjepa
+from birdjepa.host_memory import keep_for_reuse
 from birdjepa.perf.loop_parts import clock_the_loop, per_step_ms
 
 
@@ -28,6 +29,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.command or args.command[0] != "pretrain":
         ap.error("give the command to clock: pretrain --run NAME ...")
+    keep_for_reuse()  # as the command does from its own command line (this passes it on)
     clock = clock_the_loop()
     code = birdjepa(args.command)
     ms = per_step_ms(clock, args.skip)

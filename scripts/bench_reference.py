@@ -7,7 +7,9 @@ in a scratch environment of its own, ``--venv`` (made on first use with pip: the
 versions this process runs, Equinox and the reference's other imports), through
 ``scripts/reference_step.py``: both projects are called ``birdjepa``, so the two never share a
 process. Each side runs in a process of its own, one after the other, with the same XLA flags
-(birdjepa's deterministic ones) and the same devices.
+(birdjepa's deterministic ones) and the same devices, and the C library's default host memory: the
+`birdjepa` command keeps freed memory for reuse (`birdjepa.host_memory`), which would speed the
+reference's CPU step too (its working memory comes from the same XLA runtime), so neither side has it.
 
 The same architecture, batch, views and dtype: a ViT of the preset's width, depth and heads on 512 x
 128 log-mel views cut into 16 x 16 patches (256 tokens; ``--model.patch-freq 16`` on our side), 2 views

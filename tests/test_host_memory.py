@@ -4,12 +4,14 @@ step's bits under it are the step-digest test's (this suite runs with it, as the
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
 
 import pytest
 
+from birdjepa import host_memory
 from birdjepa.host_memory import ENV
 
 # The command's entry point applies it, then prints its help; then a thread takes, touches and frees
@@ -48,7 +50,19 @@ def third_time_faults(env: dict[str, str]) -> int:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt: Linux only")
 def test_the_command_reuses_a_freed_large_block_without_faulting_it_in_again() -> None:
-    env = {k: v for k, v in os.environ.items() if k != ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "JAX_PLATFORMS")}
     assert third_time_faults(env) < 100  # 65,536 pages of 4 KiB
     # glibc's default: mapped and unmapped each time
     assert third_time_faults({**env, ENV: "system"}) > 60_000
+    # A step on an accelerator gains nothing, and its compiles would wait on one arena: left as it is.
+    assert third_time_faults({**env, "JAX_PLATFORMS": "cuda"}) > 60_000
+
+
+def test_an_accelerator_plugin_means_the_step_is_not_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    assert host_memory.steps_on_cpu()  # this machine: no plugin
+    plugin = importlib.metadata.EntryPoint("xla_cuda12", "jax_cuda12_plugin", "jax_plugins")
+    monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: [plugin])
+    assert not host_memory.steps_on_cpu()
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # asked for: the CPU, plugin or not
+    assert host_memory.steps_on_cpu()
