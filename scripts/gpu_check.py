@@ -60,7 +60,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from birdjepa.host_memory import keep_for_reuse  # noqa: E402
 from birdjepa.train.determinism import deterministic_xla  # noqa: E402
 
-keep_for_reuse()  # the host memory as the `birdjepa` command keeps it (birdjepa.host_memory)
+HOST_MEMORY_KEPT = keep_for_reuse()  # as the `birdjepa` command does (birdjepa.host_memory: CPU steps only)
 deterministic_xla()
 
 import jax  # noqa: E402
@@ -342,7 +342,8 @@ def main() -> int:
     plan = Plan(args)
     print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {device.platform}: {device.device_kind} "
           f"x{jax.device_count()}, {os.cpu_count()} cores, python {sys.version.split()[0]}\n"
-          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}", flush=True)  # fmt: skip
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}, host memory kept for reuse: {HOST_MEMORY_KEPT}",
+          flush=True)  # fmt: skip
     consumed: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or Path(tmp)
