@@ -1,14 +1,15 @@
 """A requeued segment's start, with the persistent compilation cache and without it, side by side.
 
-    python scripts/bench_requeue.py [--presets small base]
+    python scripts/bench_requeue.py [--presets small base] [--repeats 1]
 
 Per preset, through the real ``birdjepa pretrain`` command on the demo set: a first segment trains
 and stops (``--stop-at-step``), filling a fresh compilation cache; then the same checkpoint is resumed
-twice, from two copies of the run, in new processes: once with the cache (``BIRDJEPA_COMPILE_CACHE``
-set to it: the requeue as users get it) and once with it off (every segment compiling its step, as
-before). The time to first step is from the process's start to the first resumed step's logged
-time: imports, restore, the resume checks, compiling or loading the step, one step. The target
-(issue 48): with the cache, at most 0.5x without.
+from a fresh copy of the run each time, in new processes: with the cache (``BIRDJEPA_COMPILE_CACHE``
+set to it: the requeue as users get it) and with it off (every segment compiling its step, as
+before), ``--repeats`` times each, alternating, then the medians: on a virtual machine one start's
+page faults can cost seconds more than the next one's. The time to first step is from the process's
+start to the first resumed step's logged time: imports, restore, the resume checks, compiling or
+loading the step, one step. The target (issue 48): with the cache, at most 0.5x without.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,23 +55,32 @@ def segment(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(BATCH))
+    ap.add_argument("--repeats", type=int, default=1, help="resumes of each kind, alternating; then medians")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
             runs, cache = Path(tmp) / preset, str(Path(tmp) / f"cache-{preset}")
             batch = BATCH[preset]
-            first = segment(runs, "cached", preset, batch, cache, "--stop-at-step", str(STOP))
-            shutil.copytree(runs / "cached", runs / "uncached")
-            off = segment(runs, "uncached", preset, batch, "off")
-            warm = segment(runs, "cached", preset, batch, cache)
-            rows.append((preset, BATCH[preset], first, off, warm))
+            first = segment(runs, "first", preset, batch, cache, "--stop-at-step", str(STOP))
+            times: dict[str, list[float]] = {"off": [], "warm": []}
+            for i in range(args.repeats):  # alternating: the machine's drift falls on both alike
+                for kind, folder in (("off", "off"), ("warm", cache)):
+                    shutil.copytree(runs / "first", runs / f"{kind}-{i}")
+                    times[kind].append(segment(runs, f"{kind}-{i}", preset, batch, folder))
+                    shutil.rmtree(runs / f"{kind}-{i}")  # a checkpoint of base is 1 GB
+            rows.append((preset, batch, first, times))
             print(f"measured {preset}", file=sys.stderr, flush=True)
     print("\n## A requeued segment's time to first step (birdjepa pretrain, demo set)\n")
     print("| preset | batch | first segment (cache cold) s | resumed, cache off s | resumed, cache warm s | "
           "warm / off |\n|---|---|---|---|---|---|")  # fmt: skip
-    for preset, batch, first, off, warm in rows:
-        print(f"| {preset} | {batch} | {first:.1f} | {off:.1f} | {warm:.1f} | {warm / off:.2f} |")
+    for preset, batch, first, times in rows:
+        for off, warm in zip(times["off"], times["warm"], strict=True):
+            print(f"| {preset} | {batch} | {first:.1f} | {off:.1f} | {warm:.1f} | {warm / off:.2f} |")
+        if args.repeats > 1:
+            off, warm = statistics.median(times["off"]), statistics.median(times["warm"])
+            median = f"{preset}, median of {args.repeats}"
+            print(f"| {median} | {batch} | | {off:.1f} | {warm:.1f} | {warm / off:.2f} |")
 
 
 if __name__ == "__main__":
