@@ -13,7 +13,7 @@ computes the same bits: the suite runs with it, and its step-digest test holds t
 What it costs: memory freed is kept by the process (its resident size stays at its peak), every
 thread allocates from one arena (glibc's per-thread caches still take the small requests without a
 lock), and so XLA's compiler threads wait on one another: a cold compile of the base step took 1.15x
-as long (19.6-21.4 s against 16.9-17.5). A CPU step gains that back within its first steps; a step on
+as long (18.5-21.4 s against 16.9-17.5). A CPU step gains that back within its first steps; a step on
 an accelerator gains nothing (its working memory is the device's), so where JAX has an accelerator
 plugin installed and ``JAX_PLATFORMS`` does not ask for the CPU, nothing changes. The `birdjepa`
 command applies it before JAX starts its threads; importing birdjepa does not. glibc only
