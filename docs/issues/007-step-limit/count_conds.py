@@ -1,5 +1,5 @@
 """The record's conds in the loop's step: the tensors it records, by stage, and the conditionals in the
-lowered step (no compile; ~1 minute at small on 2 cores).
+lowered step (no compile; ~20 s at small on 2 cores).
 
     python docs/issues/007-step-limit/count_conds.py [--preset small] [--dtype bfloat16] [--batch 4]
 """
