@@ -1,7 +1,7 @@
 """birdjepa on a GPU in one command: exact resume, the noise floor, the step's MFU, the loader against it.
 
     python scripts/gpu_check.py               # on a machine with one GPU: under 8 minutes
-    python scripts/gpu_check.py --quick       # the same checks at the tiny preset (a CPU: ~3 minutes)
+    python scripts/gpu_check.py --quick       # the same checks at the tiny preset (a CPU: ~4 minutes)
 
 Runs with the JAX, jaxlib and CUDA plugin the machine has, from a checkout (``PYTHONPATH=src`` with the
 Rust extension built, or the venv of ``make build``); it was written against JAX 0.10 and 0.11. In order:

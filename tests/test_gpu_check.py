@@ -14,7 +14,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
-@pytest.mark.slow  # about 2-3 minutes on 2 cores: two verify-resumes, a trace, 4 pretrains, timed steps
+@pytest.mark.slow  # ~6 min in .ci/run beside another worker: 2 verify-resumes, a trace, 7 more processes
 def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> None:
     out, runs = tmp_path / "table.json", tmp_path / "runs"
     every = ["resume", "noise", "step", "loader", "requeue", "conds", "resume-cached"]
