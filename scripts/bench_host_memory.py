@@ -36,10 +36,10 @@ def measure(preset: str, steps: int) -> None:
     deterministic_xla()
     import jax
 
-    from birdjepa.perf.step_cost import bench_config, first_step
+    from birdjepa.perf.step_cost import bench_config, common_call, first_step
 
     fns, state, x = first_step(bench_config(preset, "float32", CPU_BATCH[preset]))
-    args = (state.params, state.opt_state, x.batch, x.key, False, False)
+    args = common_call(state, x)
     compiled = fns.train_step.jitted.lower(*args).compile()
     carried, rows = [state.params, state.opt_state], []
     for _ in range(steps):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import collections
 
-from birdjepa.perf.step_cost import bench_config, first_step
+from birdjepa.perf.step_cost import bench_config, common_call, first_step
 
 
 def main() -> None:
@@ -19,7 +19,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     args = ap.parse_args()
     fns, state, x = first_step(bench_config(args.preset, args.dtype, args.batch))
-    lowered = fns.train_step.jitted.lower(state.params, state.opt_state, x.batch, x.key, False, False)
+    lowered = fns.train_step.jitted.lower(*common_call(state, x))
     stages = collections.Counter(stage for stage, *_ in fns.train_step.computed)  # filled by the trace
     print(f"{args.preset} {args.dtype} batch {args.batch}: {sum(stages.values())} recorded tensors")
     for stage, n in stages.most_common():

@@ -38,10 +38,10 @@ def measure(preset: str, batch: int) -> None:
     deterministic_xla()  # the harness's flags, before JAX starts
     from jax.experimental import serialize_executable
 
-    from birdjepa.perf.step_cost import bench_config, first_step
+    from birdjepa.perf.step_cost import bench_config, common_call, first_step
 
     fns, state, x = first_step(bench_config(preset, "float32", batch))
-    lowered = fns.train_step.jitted.lower(state.params, state.opt_state, x.batch, x.key, False, False)
+    lowered = fns.train_step.jitted.lower(*common_call(state, x))
     t0 = time.perf_counter()
     compiled = lowered.compile()
     compile_s = time.perf_counter() - t0

@@ -83,6 +83,12 @@ def first_step(cfg: PretrainConfig) -> tuple[Compiled, TrainState, StepInputs]:
     return segment.fns, state, step_inputs(segment.fns, cfg, state, batch)
 
 
+def common_call(state: TrainState, x: StepInputs) -> tuple:
+    """The jitted step's arguments as the loop passes them on most steps: the monitor's check and the
+    record off (the monitor measures one step in ``--monitor-interval``; `birdjepa trace` records)."""
+    return (state.params, state.opt_state, x.batch, x.key, False, False)
+
+
 def unrecorded(fns: Compiled) -> Callable:
     """``fns``' step as it would be without its record (`birdjepa.train.recording`): `make_train_step`
     over the plain loss, jitted with the loop's shardings and donation, called as the loop calls its
@@ -96,9 +102,7 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
     (each on the same batch: the step's time does not depend on the values); ``profile``: then profile
     ``repeats`` more and split their time by part of the step."""
     fns, state, x = first_step(cfg)
-    # The loop's call, check and record off: the common step (the monitor measures one in
-    # --monitor-interval), compiled once here for both the cost analysis and the timing.
-    args = (state.params, state.opt_state, x.batch, x.key, False, False)
+    args = common_call(state, x)  # compiled once here for both the cost analysis and the timing
     t0 = time.perf_counter()
     lowered = fns.train_step.jitted.lower(*args)
     compiled = lowered.compile()
