@@ -4,7 +4,7 @@ Every segment of a preempted run traces and compiles the same step (seconds on a
 where XLA also autotunes its kernels). birdjepa turns on JAX's persistent compilation cache, in
 ``$BIRDJEPA_CACHE/xla/<machine key>`` by default (the cache folder of the demo set: ``$BIRDJEPA_CACHE``,
 else ``$XDG_CACHE_HOME/birdjepa``, else ``~/.cache/birdjepa``), so the next segment loads the
-executable the first one compiled.
+executable the first one compiled: every program it runs, the small ones too.
 
 The bits: a loaded executable is the one XLA compiled, so a segment computes what it would have computed
 compiling afresh. On a GPU it is more: XLA picks each kernel by timing candidates (autotuning), and two
@@ -78,6 +78,10 @@ def enable() -> Path | None:
     if folder is not None and _enabled != str(folder):
         folder.mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", str(folder))
+        # Every program, not only those that took JAX's default second to compile: the 13 small ones a
+        # resumed segment runs before its step (key derivation, the resume checks' lookups) were
+        # compiled again at every requeue (0.5-0.8 s of CPU here; more per program on a GPU).
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         compilation_cache.reset_cache()  # an earlier compilation may have opened another folder
         _enabled = str(folder)
     return folder
