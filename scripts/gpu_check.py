@@ -207,8 +207,10 @@ def requeue(runs: Path, plan: Plan) -> None:
     shutil.copytree(there / "warm", there / "off")
     off = segment(there, "off", preset, batch, "off", *extra, steps=steps)
     warm = segment(there, "warm", preset, batch, cache, *extra, steps=steps)
+    ratio = warm.seconds / off.seconds
     ROWS.append(("requeue", f"{preset} bf16 batch {batch}, resumed at step {STOP + 1}, time to first step",
-                 f"cache warm {warm:.1f} s, off {off:.1f} s: {warm / off:.2f}x", "measured"))  # fmt: skip
+                 f"cache warm {warm.seconds:.1f} s, off {off.seconds:.1f} s: {ratio:.2f}x; programs compiled "
+                 f"when warm: {warm.compiled}", "measured"))  # fmt: skip
 
 
 #: XLA's GPU flag that records conditionals into command buffers (CUDA graphs) with the kernels around

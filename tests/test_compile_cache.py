@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from birdjepa.resume.compare import compare_runs
+from birdjepa.train import compile_cache
 
 HIT = (
     "Persistent compilation cache hit for 'jit_run'"  # JAX's log line (JAX_LOG_COMPILES=1); jit_run: the step
@@ -18,10 +19,7 @@ HIT = (
 
 
 def pretrain(runs: Path, run: str, cache: str, demo_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    # Without the suite's own cache and its thresholds (it keeps every program): the command's settings.
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))
-    }
+    env = compile_cache.without_jax_settings(dict(os.environ))  # not the suite's cache: the command's own
     env.update(BIRDJEPA_COMPILE_CACHE=cache, JAX_LOG_COMPILES="1")
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run, "--log.runs-dir", str(runs),
            "--steps", "4", "--eval-every", "0", "--ckpt-every", "2", "--data.batch-size", "8",

@@ -44,6 +44,7 @@ from birdjepa.synthetic.demo import default_cache_dir
 from birdjepa.train.determinism import machine_kind
 
 ENV = "BIRDJEPA_COMPILE_CACHE"
+JAX_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
 
 
 @functools.cache  # every open_segment asks; the machine does not change within a process
@@ -58,6 +59,13 @@ def cache_dir() -> Path | None:
     if choice == "off" or (not choice and os.environ.get("JAX_COMPILATION_CACHE_DIR")):
         return None
     return Path(choice) if choice else default_cache_dir() / "xla" / machine_key()
+
+
+def without_jax_settings(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without JAX's own cache variables (its folder, its thresholds): a ``birdjepa`` process
+    started with it keeps its compiled programs as users' runs do (the benchmarks and the tests of this
+    module, whose suite sets them for its own cache)."""
+    return {k: v for k, v in env.items() if not k.startswith(JAX_CACHE_VARIABLES)}
 
 
 _enabled: str | None = None
