@@ -46,7 +46,7 @@ def segment(
 ) -> Start:
     """Runs one `birdjepa pretrain` process of ``run`` (a run of ``steps``, ``batch`` clips a step, the
     compilation cache ``cache``: a folder or "off"), with the command's own JAX settings."""
-    env = compile_cache.without_jax_settings(dict(os.environ))
+    env = compile_cache.without_jax_settings(os.environ)
     env.update(BIRDJEPA_COMPILE_CACHE=cache, JAX_LOG_COMPILES="1")
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", run, "--log.runs-dir", str(runs),
            "--steps", str(steps), "--model.preset", preset, "--data.batch-size", str(batch),
@@ -60,8 +60,7 @@ def segment(
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     rows = [x for x in read_metrics(runs / run) if "event" not in x and "train/loss" in x]
     first = min((x for x in rows if x["step"] not in before), key=lambda x: x["step"])
-    built, loaded = (done.stderr.count(s) for s in ("Finished XLA compilation", "compilation cache hit"))
-    return Start(first["time"] - started, built - loaded)
+    return Start(first["time"] - started, compile_cache.compiled_not_loaded(done.stderr))
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -61,11 +62,17 @@ def cache_dir() -> Path | None:
     return Path(choice) if choice else default_cache_dir() / "xla" / machine_key()
 
 
-def without_jax_settings(env: dict[str, str]) -> dict[str, str]:
+def without_jax_settings(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` without JAX's own cache variables (its folder, its thresholds): a ``birdjepa`` process
     started with it keeps its compiled programs as users' runs do (the benchmarks and the tests of this
     module, whose suite sets them for its own cache)."""
     return {k: v for k, v in env.items() if not k.startswith(JAX_CACHE_VARIABLES)}
+
+
+def compiled_not_loaded(log: str) -> int:
+    """The programs a process compiled rather than loaded from the cache, by its ``JAX_LOG_COMPILES=1``
+    log: JAX logs a compilation for every program it builds, after a cache hit where it loaded one."""
+    return log.count("Finished XLA compilation") - log.count("compilation cache hit")
 
 
 _enabled: str | None = None
