@@ -100,23 +100,29 @@ def test_pretrain_help_lists_every_option_with_its_default(capsys: pytest.Captur
     assert "--steps INT" in out and "(default: 600)" in out
 
 
-def test_make_test_hands_out_the_longest_files_first() -> None:
-    # What docs/design.md's layout says of `make test`: xdist hands out whole files in collection order
-    # (no reordering by test count), and the collection puts conftest's LONGEST_FIRST at its head.
+def test_make_test_and_ci_hand_out_the_longest_files_first() -> None:
+    # What docs/design.md's layout says of `make test` and .ci/run: xdist hands out whole files in
+    # collection order (no reordering by test count), and the collection puts conftest's LONGEST_FIRST at
+    # its head, or SLOW_LONGEST_FIRST where the run holds slow tests (.ci/run's two slow stages).
     from types import SimpleNamespace
 
-    from conftest import LONGEST_FIRST, pytest_collection_modifyitems
+    from conftest import LONGEST_FIRST, SLOW_LONGEST_FIRST, pytest_collection_modifyitems
 
     recipe = (REPO / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if " -m pytest " in line]
+    assert len(ci) == 2 and all("--dist loadfile --no-loadscope-reorder" in line for line in ci), ci
     assert "--dist loadfile --no-loadscope-reorder" in recipe
     collected = sorted((REPO / "tests").glob("test_*.py"))  # pytest's order: by name, two items a file
-    items = [SimpleNamespace(path=path, n=n) for path in collected for n in range(2)]
-    pytest_collection_modifyitems(items)
-    files = list(dict.fromkeys(item.path.name for item in items))
-    assert set(LONGEST_FIRST) <= set(files)
-    assert files[: len(LONGEST_FIRST)] == list(LONGEST_FIRST)
-    assert files[len(LONGEST_FIRST) :] == sorted(files[len(LONGEST_FIRST) :])  # the rest as collected
-    assert [item.n for item in items] == [0, 1] * len(files)  # a file keeps its own order
+    for slow, first in [(False, LONGEST_FIRST), (True, SLOW_LONGEST_FIRST)]:
+        marks = {"slow"} if slow else set()
+        items = [SimpleNamespace(path=path, n=n, get_closest_marker=lambda m, marks=marks: m in marks or None)
+                 for path in collected for n in range(2)]  # fmt: skip
+        pytest_collection_modifyitems(items)
+        files = list(dict.fromkeys(item.path.name for item in items))
+        assert set(first) <= set(files)
+        assert files[: len(first)] == list(first), slow
+        assert files[len(first) :] == sorted(files[len(first) :])  # the rest as collected
+        assert [item.n for item in items] == [0, 1] * len(files)  # a file keeps its own order
 
 
 def bash_lines(text: str) -> list[str]:
