@@ -224,7 +224,9 @@ def _at_the_level_the_test_asserts(request: pytest.FixtureRequest) -> None:
 # The slow set's (.ci/run: `-m "slow and not default_level"`, then `-m default_level`) longest files, as
 # its cold run on a fresh clone measured them (2026-11-29; seconds of test time: the divergence matrix
 # ~1,200, the GPU check 459, the device-count bits ~430, the wheel 315, Slurm ~300, the demo 294): left
-# to xdist's order by test count, the one-test files ran last, the other core idle for ~4 minutes.
+# to xdist's order by test count, the one-test files ran last, the other core idle for ~4 minutes. The
+# last two hold only short slow tests but the default-level stage's second and third longest (209 s and
+# 152 s): there they start before its short files.
 SLOW_LONGEST_FIRST = (
     "test_divergence.py",
     "test_gpu_check.py",
@@ -235,6 +237,8 @@ SLOW_LONGEST_FIRST = (
     "test_train_resume.py",
     "test_distributed.py",
     "test_evaluation.py",
+    "test_objectives.py",
+    "test_noise_floor.py",
 )
 
 
