@@ -74,5 +74,6 @@ bench: build
 	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/bench_trace.py
 
+# The suite's compile cache is the user's, shared by checkouts: $BIRDJEPA_CACHE/test-xla (tests/conftest.py).
 clean:
-	rm -rf $(VENV) target .cache/test-jax
+	rm -rf $(VENV) target

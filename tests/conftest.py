@@ -34,7 +34,7 @@ from birdjepa.data.shards import ShardFormat, ShardWriter, write_vocab
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.synthetic.birdset_standin import BIRDSET_SMALL
 from birdjepa.synthetic.codecs import CODECS, encode_audio
-from birdjepa.synthetic.demo import SMALL, ensure_birdset_data, ensure_demo_data
+from birdjepa.synthetic.demo import SMALL, default_cache_dir, ensure_birdset_data, ensure_demo_data
 from birdjepa.train import compile_cache  # noqa: F401  (entries written whole: workers share one cache)
 from birdjepa.train.determinism import cpu_model, deterministic_xla
 
@@ -64,16 +64,19 @@ if "BIRDJEPA_TEST_TMP" not in os.environ:
 SHARED = Path(os.environ["BIRDJEPA_TEST_TMP"])
 REPO = Path(__file__).resolve().parents[1]
 
-# A JAX compilation cache that outlives the session, in the checkout (`.cache/`, ignored by git): the
-# tests train the same tiny models again and again, and XLA compiling their steps is ~160 s of the
-# suite's CPU time on a fresh checkout; a developer's next `make test` loads them instead. A cached
-# executable is the one XLA compiled (JAX keys it by the module, the XLA flags and jaxlib's version),
-# so results stay bit-identical; the folder is per CPU model and CPU thread pool (JAX's key leaves the
-# pool out, and XLA compiles its loop partitions for it), for a checkout shared by machines. A
-# session adds ~26 MB where code changed a step; past 1 GiB the first process starts the folder over
-# (JAX's own size cap locks and stamps every entry it reads: a fresh run took 5:07 with it, 4:30 without).
+# A JAX compilation cache that outlives the session and the checkout, in the user's birdjepa cache
+# (`$BIRDJEPA_CACHE/test-xla/`, default ~/.cache/birdjepa/test-xla/, beside the runs' own `xla/`): the tests
+# train the same tiny models again and again, and XLA compiling their steps is ~150 s of the suite's wall
+# time on two cores (fresh clones, 2026-11-29: 6:41 with the folder empty, 4:14 loading it); a fresh clone
+# or a second worktree loads what any checkout on this machine compiled. A cached executable is the one XLA
+# compiled (JAX keys it by the module, the XLA flags and jaxlib's version), so results stay bit-identical;
+# the folder is per CPU model and CPU thread pool (JAX's key leaves the pool out, and XLA compiles its loop
+# partitions for it), for a home shared by machines. Entries are written whole
+# (`birdjepa.train.compile_cache`): sessions of several checkouts share it. A session adds ~20 MB where code
+# changed a step; past 1 GiB the first process starts the folder over (JAX's own size cap locks and stamps
+# every entry it reads: a fresh run took 5:07 with it, 4:30 without).
 MACHINE = f"{cpu_model()} threads={os.environ['PJRT_NPROC']}"
-JAX_CACHE = REPO / ".cache" / "test-jax" / hashlib.sha1(MACHINE.encode()).hexdigest()[:12]
+JAX_CACHE = default_cache_dir() / "test-xla" / hashlib.sha1(MACHINE.encode()).hexdigest()[:12]
 if "PYTEST_XDIST_WORKER" not in os.environ and JAX_CACHE.is_dir():
     if sum(f.stat().st_size for f in JAX_CACHE.iterdir() if f.is_file()) > 1 << 30:
         shutil.rmtree(JAX_CACHE, ignore_errors=True)
