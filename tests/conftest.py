@@ -72,9 +72,9 @@ REPO = Path(__file__).resolve().parents[1]
 # compiled (JAX keys it by the module, the XLA flags and jaxlib's version), so results stay bit-identical;
 # the folder is per CPU model and CPU thread pool (JAX's key leaves the pool out, and XLA compiles its loop
 # partitions for it), for a home shared by machines. Entries are written whole
-# (`birdjepa.train.compile_cache`): sessions of several checkouts share it. A session adds ~20 MB where code
-# changed a step; past 1 GiB the first process starts the folder over (JAX's own size cap locks and stamps
-# every entry it reads: a fresh run took 5:07 with it, 4:30 without).
+# (`birdjepa.train.compile_cache`): sessions of several checkouts share it. A `make test` adds ~20 MB where
+# code changed a step (`.ci/run` ~105 MB); past 1 GiB the first process starts the folder over (JAX's own
+# size cap locks and stamps every entry it reads: a fresh run took 5:07 with it, 4:30 without).
 MACHINE = f"{cpu_model()} threads={os.environ['PJRT_NPROC']}"
 JAX_CACHE = default_cache_dir() / "test-xla" / hashlib.sha1(MACHINE.encode()).hexdigest()[:12]
 if "PYTEST_XDIST_WORKER" not in os.environ and JAX_CACHE.is_dir():
