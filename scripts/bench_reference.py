@@ -53,11 +53,12 @@ REFERENCE_NEEDS = ("equinox", "jaxtyping", "beartype", "chex", "orbax-checkpoint
 SAME_WORK = {"augment.pitch_bins": 0.0, "augment.stretch": 0.0, "model.input_norm": "none"}
 
 
-def ours(preset: str, batch: int, same_work: bool, repeats: int) -> dict:
-    """This process's side: our step at the reference's architecture."""
+def ours(preset: str, batch: int, same_work: bool, repeats: int, compile_only: bool = False) -> dict:
+    """This process's side: our step at the reference's architecture (``compile_only``: compiled, into
+    birdjepa's compilation cache, and not run)."""
     import jax
 
-    from birdjepa.perf.step_cost import bench_config, measure
+    from birdjepa.perf.step_cost import bench_config, compile_step, measure
 
     options = {
         "model.patch_freq": 16,
@@ -66,10 +67,13 @@ def ours(preset: str, batch: int, same_work: bool, repeats: int) -> dict:
         "model.proj_layers": 2,
     }
     cfg = bench_config(preset, "float32", batch, **options, **(SAME_WORK if same_work else {}))
+    if compile_only:
+        return {"compile_s": compile_step(cfg)}
     c = measure(cfg, repeats=repeats, warmup=2)
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"step_s": c.step_s, "flops": c.flops, "peak_bytes": int(peak), "compile_s": c.compile_s}
+    return {"step_s": c.step_s, "flops": c.flops, "peak_bytes": int(peak), "compile_s": c.compile_s,
+            "loaded": c.loaded}  # fmt: skip
 
 
 def reference_env(venv: Path) -> Path:
@@ -89,8 +93,72 @@ def reference_env(venv: Path) -> Path:
 def side(cmd: list[str], env: dict[str, str]) -> dict:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def default_batch(preset: str) -> int:
+    """16 clips a step on an accelerator; on a CPU, what keeps a step to seconds (`CPU_BATCH`)."""
+    import jax
+
+    return CPU_BATCH[preset] if jax.devices()[0].platform == "cpu" else 16
+
+
+SIDES = ("ours", "ours, same work", "reference")
+
+
+def processes(
+    preset: str,
+    batch: int,
+    reference: Path,
+    python: Path,
+    repeats: int,
+    *,
+    cache: Path | None = None,
+    compile_only: bool = False,
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The command and environment of each side's process at ``preset`` (`SIDES`). ``cache``: a JAX
+    compilation cache for the reference's side (ours keeps its own, `birdjepa.train.compile_cache`);
+    ``compile_only``: each compiles its step, into its cache, and exits (`scripts/gpu_check.py
+    --prebuild`)."""
+    dim, depth, heads = SIZES[preset]
+    ref_env = {**os.environ, "PYTHONPATH": str(reference.resolve() / "src")}
+    if cache is not None:  # JAX's own settings, which the reference's JAX reads at import
+        ref_env |= {"JAX_COMPILATION_CACHE_DIR": str(cache),
+                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # fmt: skip
+    only = ["--compile-only"] if compile_only else []
+    theirs = [str(python), str(ROOT / "scripts" / "reference_step.py"), "--dim", str(dim), "--depth",
+              str(depth), "--heads", str(heads), "--batch", str(batch), "--repeats", str(repeats),
+              *only]  # fmt: skip
+    mine = [sys.executable, __file__, "--repeats", str(repeats), *only, "--ours", preset, str(batch)]
+    return {
+        "ours": ([*mine, "0"], dict(os.environ)),
+        "ours, same work": ([*mine, "1"], dict(os.environ)),
+        "reference": (theirs, ref_env),
+    }
+
+
+def measure_preset(
+    preset: str, batch: int, reference: Path, python: Path, repeats: int, cache: Path | None = None
+) -> dict[str, dict]:
+    """Each side's step at ``preset``, each in a process of its own, one after the other."""
+    return {name: side(cmd, env) for name, (cmd, env) in processes(preset, batch, reference, python, repeats,
+                                                                   cache=cache).items()}  # fmt: skip
+
+
+def table(rows: list[tuple[str, int, dict[str, dict]]]) -> str:
+    """``(preset, batch, measure_preset's sides)`` as a Markdown table, each side against the reference."""
+    lines = ["| preset | batch | side | ms/step | vs reference | GFLOP/step | peak MiB | vs reference | "
+             "compile s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for preset, batch, sides in rows:
+        theirs = sides["reference"]
+        for name in SIDES:
+            r = sides[name]
+            time_ratio, memory_ratio = r["step_s"] / theirs["step_s"], r["peak_bytes"] / theirs["peak_bytes"]
+            lines.append(f"| {preset} | {batch} | {name} | {1e3 * r['step_s']:.1f} | {time_ratio:.2f} "
+                         f"| {r['flops'] / 1e9:.1f} | {r['peak_bytes'] / 2**20:.0f} | {memory_ratio:.2f} | "
+                         f"{r['compile_s']:.0f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -101,53 +169,26 @@ def main() -> None:
     ap.add_argument("--batch", type=int, help="clips a step (default: 16 on a GPU; 2 small, 1 base on a CPU)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ours", nargs=3, metavar=("PRESET", "BATCH", "SAME_WORK"), help=argparse.SUPPRESS)
+    ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ours:  # one side, in a process of its own (peak memory is per process)
         preset, batch, same = args.ours
-        print(json.dumps(ours(preset, int(batch), same == "1", args.repeats)))
+        print(json.dumps(ours(preset, int(batch), same == "1", args.repeats, args.compile_only)))
         return
     if args.reference is None:
         ap.error("--reference PATH: a checkout of https://github.com/samuelstevens/birdjepa")
     import jax
 
-    on_cpu = jax.devices()[0].platform == "cpu"
     python = reference_env(args.venv)
-    ref_env = {**os.environ, "PYTHONPATH": str(args.reference.resolve() / "src")}
     rows = []
     for preset in args.presets:
-        batch = args.batch or (CPU_BATCH[preset] if on_cpu else 16)
-        dim, depth, heads = SIZES[preset]
-        step = str(ROOT / "scripts" / "reference_step.py")
-        theirs = side([str(python), step, "--dim", str(dim), "--depth", str(depth), "--heads", str(heads),
-                       "--batch", str(batch), "--repeats", str(args.repeats)], ref_env)  # fmt: skip
-        mine = {
-            same: side(
-                [
-                    sys.executable,
-                    __file__,
-                    "--ours",
-                    preset,
-                    str(batch),
-                    same,
-                    "--repeats",
-                    str(args.repeats),
-                ],
-                dict(os.environ),
-            )  # fmt: skip
-            for same in ("0", "1")
-        }
-        rows.append((preset, batch, mine["0"], mine["1"], theirs))
+        batch = args.batch or default_batch(preset)
+        rows.append((preset, batch, measure_preset(preset, batch, args.reference, python, args.repeats)))
         print(f"measured {preset}", file=sys.stderr, flush=True)
-    device = f"{jax.devices()[0].device_kind}, jax {jax.__version__}, equinox {rows[0][4]['equinox']}"
+    equinox = rows[0][2]["reference"]["equinox"]
+    device = f"{jax.devices()[0].device_kind}, jax {jax.__version__}, equinox {equinox}"
     print(f"\n## Our LeJEPA step beside the reference's ({device}, float32, 2 views, 256 patches)\n")
-    print("| preset | batch | side | ms/step | vs reference | GFLOP/step | peak MiB | vs reference | "
-          "compile s |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
-    for preset, batch, mine, same, theirs in rows:
-        for name, r in (("ours", mine), ("ours, same work", same), ("reference", theirs)):
-            time_ratio, memory_ratio = r["step_s"] / theirs["step_s"], r["peak_bytes"] / theirs["peak_bytes"]
-            print(f"| {preset} | {batch} | {name} | {1e3 * r['step_s']:.1f} | {time_ratio:.2f} "
-                  f"| {r['flops'] / 1e9:.1f} | {r['peak_bytes'] / 2**20:.0f} | {memory_ratio:.2f} | "
-                  f"{r['compile_s']:.0f} |")  # fmt: skip
+    print(table(rows))
 
 
 if __name__ == "__main__":

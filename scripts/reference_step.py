@@ -5,7 +5,9 @@ its other dependencies in a venv of their own), never in birdjepa's: both packag
 ``birdjepa``. It imports nothing of ours. It builds the step as the reference's ``pretrain.worker_fn``
 does (its ``TransformerModel`` encoder, its ``LeJEPA`` objective with projector and SIGReg, its online
 probe, AdamW after global-norm clipping, its ``make_train_step``) with the reference's defaults except
-where the flags say, times it on random views and prints one JSON line.
+where the flags say, times it on random views and prints one JSON line. ``--compile-only``: compiles
+the step and exits, for a later process to load from JAX's compilation cache (``JAX_COMPILATION_CACHE_DIR``
+in the environment; its JSON line says whether the step was loaded from it).
 """
 
 # ruff: noqa: I001  (ruff takes the reference's modules that ours lacks for third-party ones)
@@ -49,7 +51,12 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args()
+    loaded = []
+    jax.monitoring.register_event_listener(
+        lambda event, **_: loaded.append(1) if event == "/jax/compilation_cache/cache_hits" else None
+    )
 
     model_cfg = birdjepa.nn.transformer.Transformer(embed_dim=args.dim, depth=args.depth, n_heads=args.heads)
     objective_cfg = birdjepa.nn.objectives.LeJEPAConfig(n_views=args.views, proj_dim=args.proj_dim)
@@ -71,12 +78,16 @@ def main() -> None:
         "target": jnp.arange(args.batch, dtype=jnp.int32) % args.classes,
     }
 
-    t0 = time.perf_counter()
+    t0, hits = time.perf_counter(), len(loaded)
     lowered = step.lower(models, opt_state, batch, key=k_step)
     flops = lowered.lowered.cost_analysis()  # Equinox's Lowered holds JAX's
     flops = flops[0] if isinstance(flops, list | tuple) and flops else flops
     # None where the backend analyses nothing (jaxlib 0.11.2 on an H200): the time is still measured.
     flops = float("nan") if not flops else float(flops["flops"])
+    if args.compile_only:
+        lowered.lowered.compile()  # Equinox's Lowered holds JAX's, which writes the cache
+        print(json.dumps({"side": "reference", "compile_s": time.perf_counter() - t0}))
+        return
     times = []
     for i in range(args.warmup + args.repeats):
         t1 = time.perf_counter()
@@ -84,11 +95,11 @@ def main() -> None:
         jax.block_until_ready(metrics["loss"])
         times.append(time.perf_counter() - t1)
         if i == 0:
-            compile_s = time.perf_counter() - t0
+            compile_s, step_loaded = time.perf_counter() - t0, len(loaded) > hits
     print(json.dumps({
         "side": "reference", "step_s": statistics.median(times[args.warmup:]), "flops": flops,
-        "peak_bytes": peak_bytes(), "compile_s": compile_s, "jax": jax.__version__,
-        "equinox": eqx.__version__, "device": jax.devices()[0].device_kind,
+        "peak_bytes": peak_bytes(), "compile_s": compile_s, "loaded": step_loaded,
+        "jax": jax.__version__, "equinox": eqx.__version__, "device": jax.devices()[0].device_kind,
     }))  # fmt: skip
 
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from birdjepa.config import PretrainConfig, resolve
 from birdjepa.perf.profile import time_by_part
+from birdjepa.train.compile_cache import cache_loads
 from birdjepa.train.compiled import Compiled, jit_step
 from birdjepa.train.segment import StepInputs, open_loader, open_segment, step_inputs
 from birdjepa.train.state import TrainState
@@ -51,6 +52,8 @@ class StepCost:
     """XLA's working memory of the step: arguments, outputs and temporaries, less what outputs reuse."""
     compile_s: float
     """Lowering and compiling the step (or loading it from the persistent compilation cache)."""
+    loaded: bool = False
+    """Whether the step was loaded from the persistent compilation cache rather than compiled."""
     parts: dict[str, float] | None = None
     """Operation seconds per step of each part of the step, from a profile (`birdjepa.perf.profile`)."""
     profiled_s: float | None = None
@@ -97,16 +100,31 @@ def unrecorded(fns: Compiled) -> Callable:
     return jit_step(make_train_step(make_loss_fn(fns.spec), fns.tx), fns.replicated, fns.sharded)
 
 
+def compile_step(cfg: PretrainConfig, record: bool = True) -> float:
+    """Compile the step `measure` times (``record`` False: `unrecorded`'s, as `scripts/gpu_check.py`
+    calls it) and return the seconds it took. With the persistent compilation cache on, a later
+    process loads it instead of compiling it: `scripts/gpu_check.py --prebuild` compiles several side
+    by side, then times each alone."""
+    fns, state, x = first_step(cfg)
+    args = common_call(state, x)
+    t0 = time.perf_counter()
+    if record:
+        fns.train_step.jitted.lower(*args).compile()
+    else:
+        unrecorded(fns).lower(*args[:-1]).compile()  # no record argument
+    return time.perf_counter() - t0
+
+
 def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False) -> StepCost:
     """Compile the run's step, count its FLOPs, and time ``repeats`` steps after ``warmup`` untimed ones
     (each on the same batch: the step's time does not depend on the values); ``profile``: then profile
     ``repeats`` more and split their time by part of the step."""
     fns, state, x = first_step(cfg)
     args = common_call(state, x)  # compiled once here for both the cost analysis and the timing
-    t0 = time.perf_counter()
+    loads, t0 = cache_loads(), time.perf_counter()
     lowered = fns.train_step.jitted.lower(*args)
     compiled = lowered.compile()
-    compile_s = time.perf_counter() - t0
+    compile_s, loaded = time.perf_counter() - t0, cache_loads() > loads
     flops = step_flops(fns.train_step.jitted, args, lowered)
     memory = compiled.memory_analysis()
     memory_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
@@ -127,7 +145,7 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
         )
     return StepCost(
         cfg.model.preset, cfg.model.dtype, cfg.data.batch_size, statistics.median(times[warmup:]), flops,
-        int(memory_bytes), compile_s, parts, profiled_s,
+        int(memory_bytes), compile_s, loaded, parts, profiled_s,
     )  # fmt: skip
 
 

@@ -75,6 +75,23 @@ def compiled_not_loaded(log: str) -> int:
     return log.count("Finished XLA compilation") - log.count("compilation cache hit")
 
 
+@functools.cache  # one listener a process
+def _cache_hits() -> list[int]:
+    hits = [0]
+
+    def count(event: str, **_: object) -> None:
+        hits[0] += event == "/jax/compilation_cache/cache_hits"
+
+    jax.monitoring.register_event_listener(count)
+    return hits
+
+
+def cache_loads() -> int:
+    """Programs this process has loaded from the persistent compilation cache since it first asked (in
+    this process; `compiled_not_loaded` reads another's log)."""
+    return _cache_hits()[0]
+
+
 _enabled: str | None = None
 """The folder this process last turned the cache on in ("off": turned off)."""
 
