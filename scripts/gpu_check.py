@@ -4,7 +4,13 @@
     python scripts/gpu_check.py --quick       # the same checks at the tiny preset (a CPU: ~4 minutes)
 
 Runs with the JAX, jaxlib and CUDA plugin the machine has, from a checkout (``PYTHONPATH=src`` with the
-Rust extension built, or the venv of ``make build``); it was written against JAX 0.10 and 0.11. In order:
+Rust extension built, or the venv of ``make build``); it was written against JAX 0.10 and 0.11.
+
+First, on a GPU (``--prebuild`` elsewhere, ``--no-prebuild`` to skip it): **prebuild** compiles every
+program the step, reference and conds sections time, in processes side by side (half the cores at a
+time), into the compilation caches those sections then load from, so each timed process runs alone
+and the compiles (58 s for the small step on an H200) overlap instead of adding up. Their rows say
+whether each step was loaded. Then, in order:
 
 1. **resume**: ``birdjepa verify-resume`` trains the run straight and resumed twice (three processes),
    at the tiny preset, with the persistent compilation cache off, so every segment compiles and
@@ -16,27 +22,31 @@ Rust extension built, or the venv of ``make build``); it was written against JAX
 3. **step**: the small and base steps in bfloat16 at batch 128: time, FLOPs (XLA's cost analysis),
    FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`),
    and the five largest parts of the step's operation time, from a profile (`birdjepa.perf.profile`).
-4. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
-   small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
-   run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
-   put on the device, the dispatch, the wait for the step's outputs and their copy, the callbacks).
-5. **requeue** (only when asked: ``--sections ... requeue``): a resumed segment's time to its first
-   step with the persistent compilation cache warm and off, at the small preset and batch 128
-   (``scripts/bench_requeue.py``'s measurement).
-6. **conds** (only when asked): the small step at batch 128 with XLA's default command buffers, with
+4. **reference** (only when asked, with ``--reference DIR``, a checkout of samuelstevens/birdjepa, and
+   ``--reference-venv``, its environment): our LeJEPA step beside the reference implementation's at the
+   step section's presets in float32, as ``scripts/bench_reference.py`` measures them.
+5. **conds** (only when asked): the small step at batch 128 with XLA's default command buffers, with
    conditionals recorded into them (``--xla_gpu_enable_command_buffer=+CONDITIONAL``), and built
    without its record (`birdjepa.perf.step_cost.unrecorded`), each in a process of its own: the three
    times, and whether the parameters after the same steps equal the default's. The step holds a
    ``lax.cond`` per tensor `birdjepa trace` can record (476 at small), and outside a command buffer
    XLA's GPU runtime copies each cond's predicate to the host and waits for the stream: the step
    without them bounds what any change to the record could gain.
-7. **resume-cached**: section 1 again with the compilation cache on (the default).
+6. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
+   small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
+   run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
+   put on the device, the dispatch, the wait for the step's outputs and their copy, the callbacks).
+7. **requeue** (only when asked: ``--sections ... requeue``): a resumed segment's time to its first
+   step with the persistent compilation cache warm and off, at the small preset and batch 128
+   (``scripts/bench_requeue.py``'s measurement).
+8. **resume-cached**: section 1 again with the compilation cache on (the default).
 
 ``--sections`` runs some of them (in this order); ``noise`` needs ``resume``.
 
-Prints one table. Exit 0: every check held; 1: a check failed (resume not exact, a noise floor above 0);
-2: a section could not run (its error is printed). A section that would start past ``--budget-s`` is
-skipped and says so.
+Prints each section's rows as it ends (and rewrites ``--json``: a command killed by a time limit keeps
+what finished), then one table. Exit 0: every check held; 1: a check failed (resume not exact, a noise
+floor above 0); 2: a section could not run (its error is printed). A section that would start past
+``--budget-s`` is skipped and says so.
 """
 
 from __future__ import annotations
@@ -52,12 +62,14 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # Before JAX starts: every process of the check shares one GPU, so none may take most of its memory.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from birdjepa.host_memory import keep_for_reuse  # noqa: E402
+from birdjepa.synthetic.demo import ensure_demo_data  # noqa: E402
 from birdjepa.train.determinism import deterministic_xla  # noqa: E402
 
 HOST_MEMORY_KEPT = keep_for_reuse()  # as the `birdjepa` command does (birdjepa.host_memory: CPU steps only)
@@ -68,9 +80,13 @@ import jaxlib  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loader import loader_rate  # noqa: E402  (the loader benchmark's own measurement)
+from bench_reference import default_batch, measure_preset, processes, reference_env  # noqa: E402
 
 ROWS: list[tuple[str, str, str, str]] = []
 """(section, setting, result, verdict: ok / FAIL / ERROR / skipped / measured)."""
+
+PREBUILT: dict[str, float] = {}
+"""Seconds each program took to compile in the prebuild section, by its name there."""
 
 
 def birdjepa(
@@ -140,11 +156,13 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
             cfg = bench_config(preset, "bfloat16", batch, steps=plan.wait_steps)
             c = measure(cfg, repeats=plan.repeats, profile=True)
             consumed[f"{preset}/{batch}"] = batch / c.step_s
+            built = f"{'loaded' if c.loaded else 'compiled'} in {c.compile_s:.0f} s"
+            if f"{preset} batch {batch}" in PREBUILT:
+                built += f" (compiled by the prebuild in {PREBUILT[f'{preset} batch {batch}']:.0f} s)"
             ROWS.append((
                 "step", f"{preset} bf16 batch {batch} (2 views)",
                 f"{1e3 * c.step_s:.1f} ms, {c.flops / 1e9:.1f} GFLOP, {flop_rate(c.flops_per_s)}, "
-                f"MFU {100 * c.mfu(peak):.1f} %, {c.memory_bytes / 2**30:.2f} GiB, "
-                f"compile {c.compile_s:.0f} s",
+                f"MFU {100 * c.mfu(peak):.1f} %, {c.memory_bytes / 2**30:.2f} GiB, {built}",
                 "measured",
             ))  # fmt: skip
             parts = c.parts or {}
@@ -220,32 +238,39 @@ def requeue(runs: Path, plan: Plan) -> None:
 CONDS_IN_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+CONDITIONAL"
 
 
-def step_child(preset: str, batch: int, steps: int, record: bool) -> None:
+def step_child(preset: str, batch: int, steps: int, record: bool, compile_only: bool = False) -> None:
     """In a process of its own (its XLA_FLAGS the caller's choice): the loop's step at ``preset`` in
     bfloat16 on one batch (or, not ``record``, that step without its record), ``steps`` times; prints
-    its median time after two and a digest of the parameters after the last, as one JSON line."""
+    its median time after two and a digest of the parameters after the last, as one JSON line.
+    ``compile_only``: compiles the step into the compilation cache and prints the seconds it took."""
     import hashlib
 
     import numpy as np
 
     from birdjepa import multihost
-    from birdjepa.perf.step_cost import bench_config, first_step, unrecorded
+    from birdjepa.perf.step_cost import bench_config, compile_step, first_step, unrecorded
+    from birdjepa.train.compile_cache import cache_loads
 
     # The step section's program, as the loop first calls it.
     cfg = bench_config(preset, "bfloat16", batch, steps=steps)
+    if compile_only:
+        print("STEP_CHILD " + json.dumps({"compile_s": compile_step(cfg, record)}), flush=True)
+        return
     fns, state, x = first_step(cfg)
     step = fns.train_step if record else unrecorded(fns)
-    carried, times = [state.params, state.opt_state], []
+    carried, times, loads = [state.params, state.opt_state], [], cache_loads()
     for _ in range(steps):
         t0 = time.perf_counter()
         carried[0], carried[1], *_ = step(*carried, x.batch, x.key, False)
         jax.block_until_ready(carried[0])
         times.append(time.perf_counter() - t0)
+    loaded = cache_loads() > loads  # the step came from the compilation cache (the prebuild's)
     digest = hashlib.sha256()
     for leaf in jax.tree.leaves(multihost.host(carried[0])):
         digest.update(np.ascontiguousarray(leaf).tobytes())
     ms = 1e3 * statistics.median(times[2:])
-    print("STEP_CHILD " + json.dumps({"ms": ms, "params": digest.hexdigest()[:16]}), flush=True)
+    measured = {"ms": ms, "params": digest.hexdigest()[:16], "loaded": loaded}
+    print("STEP_CHILD " + json.dumps(measured), flush=True)
 
 
 def conds(plan: Plan) -> None:
@@ -273,7 +298,94 @@ def conds(plan: Plan) -> None:
     setting = (f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: default; {CONDS_IN_COMMAND_BUFFERS}; "
                "without the record")  # fmt: skip
     result = f"{default['ms']:.1f} ms a step; {against(cmdbuf)}; {against(plain)}"
+    result += prebuilt_or_not([r["loaded"] for r in results])
     ROWS.append(("conds", setting, result, "measured"))
+
+
+def prebuilt_or_not(loaded: list[bool]) -> str:
+    """After a prebuild, whether each of a section's processes loaded its step (else it compiled one the
+    prebuild did not: time the device spent twice); nothing without a prebuild."""
+    if not PREBUILT:
+        return ""
+    return "; every step loaded from the prebuild" if all(loaded) else f"; NOT ALL LOADED: {loaded}"
+
+
+def prebuild_jobs(
+    plan: Plan, chosen: list[str], args: argparse.Namespace
+) -> dict[str, tuple[list[str], dict]]:
+    """Every program the chosen sections time, as a process that compiles it into the compilation cache
+    and exits: ``{name: (command, environment)}``."""
+    preset, batch = plan.step_presets[0], plan.step_batches[-1]
+    child = [sys.executable, __file__, "--compile-only", "--step-child"]
+
+    def ours(preset: str, batch: int, record: str = "record", flags: str = "") -> tuple[list[str], dict]:
+        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()}
+        return [*child, preset, str(batch), str(plan.wait_steps), record], env
+
+    jobs = {}
+    if "step" in chosen:
+        jobs |= {f"{p} batch {b}": ours(p, b) for p in plan.step_presets for b in plan.step_batches}
+    if "conds" in chosen:
+        jobs[f"{preset} batch {batch}"] = ours(preset, batch)
+        jobs[f"{preset} batch {batch}, conds in command buffers"] = ours(
+            preset, batch, flags=CONDS_IN_COMMAND_BUFFERS
+        )
+        jobs[f"{preset} batch {batch}, without the record"] = ours(preset, batch, "unrecorded")
+    if "reference" in chosen and args.reference is not None:
+        python = reference_env(args.reference_venv)
+        for p in plan.step_presets:
+            sides = processes(p, default_batch(p), args.reference, python, plan.repeats,
+                              cache=plan.reference_cache, compile_only=True)  # fmt: skip
+            jobs |= {f"{name} at {p} (float32)": job for name, job in sides.items()}
+    return jobs
+
+
+def prebuild(jobs: dict[str, tuple[list[str], dict]], at_once: int) -> None:
+    """Compile ``jobs``' programs side by side, ``at_once`` processes at a time, into the compilation
+    caches the sections then load them from: each section's timed process then runs alone, its compile
+    (tens of seconds each on a GPU, where XLA also autotunes) done. A kernel that XLA autotuned while
+    other processes compiled may have been timed against their work: the steps' times are then an
+    upper bound."""
+
+    def run(item: tuple[str, tuple[list[str], dict]]) -> tuple[str, float]:
+        name, (cmd, env) = item
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-1500:]}")
+        return name, json.loads(done.stdout.strip().splitlines()[-1].removeprefix("STEP_CHILD "))["compile_s"]
+
+    if not jobs:  # the chosen sections time nothing
+        return
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(at_once) as pool:
+        PREBUILT.update(pool.map(run, jobs.items()))
+    each = ", ".join(f"{name} {PREBUILT[name]:.0f} s" for name in jobs)
+    ROWS.append(("prebuild", f"{len(jobs)} programs, {at_once} processes at a time",
+                 f"{time.monotonic() - t0:.0f} s; compiling each: {each}", "measured"))  # fmt: skip
+
+
+def reference(plan: Plan, args: argparse.Namespace) -> None:
+    """Our LeJEPA step beside the reference implementation's at the step section's presets, in float32
+    (the reference has no bfloat16), as `scripts/bench_reference.py` measures them: the same
+    architecture, batch and views, each side in a process of its own (its doc says what differs)."""
+    if args.reference is None:
+        raise RuntimeError("--sections reference needs --reference DIR, a checkout of samuelstevens/birdjepa")
+    python = reference_env(args.reference_venv)
+    for preset in plan.step_presets:
+        batch = default_batch(preset)
+        sides = measure_preset(
+            preset, batch, args.reference, python, plan.repeats, cache=plan.reference_cache
+        )
+        theirs = sides["reference"]
+        result = "; ".join(
+            f"{name} {1e3 * r['step_s']:.1f} ms ({r['step_s'] / theirs['step_s']:.2f}x), peak "
+            f"{r['peak_bytes'] / 2**30:.2f} GiB ({r['peak_bytes'] / theirs['peak_bytes']:.2f}x)"
+            for name, r in sides.items()
+        )
+        result += prebuilt_or_not([r["loaded"] for r in sides.values()])
+        ROWS.append(
+            ("reference", f"{preset} float32 batch {batch}, 2 views, 256 patches", result, "measured")
+        )
 
 
 class Plan:
@@ -295,20 +407,27 @@ class Plan:
         self.wait_steps = 6 if quick else 30
         """Also the LR schedule's length of the timed steps: the data-wait run then loads the step
         that the step section compiled from the cache instead of compiling its own."""
+        self.reference_cache: Path | None = None
+        """The reference's JAX compilation cache (ours keeps its own: `birdjepa.train.compile_cache`)."""
 
 
 #: Every section, in the order they run. ``requeue`` and ``conds`` are left out by default: on a GPU
-#: each compiles the small step cold once more (58 s on an H200), past the 8 minutes the others take.
-SECTIONS = ("resume", "noise", "step", "loader", "requeue", "conds", "resume-cached")
+#: each compiles the small step cold once more (58 s on an H200), past the 8 minutes the others take;
+#: ``reference`` needs the reference's checkout (``--reference``).
+SECTIONS = ("resume", "noise", "step", "reference", "conds", "loader", "requeue", "resume-cached")
 DEFAULT_SECTIONS = ("resume", "noise", "step", "loader", "resume-cached")
 
 
-def section(name: str, run: Callable[[], None], started: float, budget: float) -> bool:
-    """Runs one section unless past the budget; False if it raised (its traceback is printed)."""
+def section(
+    name: str, run: Callable[[], None], started: float, budget: float, save: Callable[[], None]
+) -> bool:
+    """Runs one section unless past the budget; False if it raised (its traceback is printed). Its rows
+    are printed and ``save``d as soon as it ends: a command killed later (a device's time limit) has
+    still printed and written every section that finished."""
     if time.monotonic() - started > budget:
         ROWS.append((name, "", f"not started: past --budget-s {budget:.0f}", "skipped"))
         return True
-    t0 = time.monotonic()
+    t0, before = time.monotonic(), len(ROWS)
     print(f"\n== {name}", flush=True)
     try:
         run()
@@ -317,7 +436,10 @@ def section(name: str, run: Callable[[], None], started: float, budget: float) -
         ROWS.append((name, "", f"{type(e).__name__}: {str(e)[:200]}", "ERROR"))
         return False
     finally:
+        for r in ROWS[before:]:
+            print("| " + " | ".join(r) + " |", flush=True)
         print(f"== {name}: {time.monotonic() - t0:.0f} s", flush=True)
+        save()
     return True
 
 
@@ -330,12 +452,21 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the table here")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=DEFAULT_SECTIONS,
                     help=f"which to run, in this order (default: {' '.join(DEFAULT_SECTIONS)})")  # fmt: skip
+    ap.add_argument("--prebuild", action=argparse.BooleanOptionalAction,
+                    help="first compile every program the step, reference and conds sections time, side by "
+                         "side (default: on a GPU)")  # fmt: skip
+    ap.add_argument(
+        "--reference", type=Path, help="the reference section's checkout of samuelstevens/birdjepa"
+    )
+    ap.add_argument("--reference-venv", type=Path, default=Path(".reference-venv"),
+                    help="its environment (scripts/bench_reference.py --venv)")  # fmt: skip
     ap.add_argument("--step-child", nargs=4, metavar=("PRESET", "BATCH", "STEPS", "RECORD"),
                     help=argparse.SUPPRESS)  # fmt: skip
+    ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.step_child:  # the conds section's processes
+    if args.step_child:  # the conds and prebuild sections' processes
         preset, batch, n, record = args.step_child  # (not `steps`: the step section's function)
-        step_child(preset, int(batch), int(n), record == "record")
+        step_child(preset, int(batch), int(n), record == "record", args.compile_only)
         return 0
     if "noise" in args.sections and "resume" not in args.sections:
         ap.error("--sections noise traces a step of the run that the resume section trains")
@@ -347,25 +478,38 @@ def main() -> int:
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}, host memory kept for reuse: {HOST_MEMORY_KEPT}",
           flush=True)  # fmt: skip
     consumed: dict[str, float] = {}
+
+    def save(complete: bool = False) -> None:  # after every section: a killed check keeps what it measured
+        if args.json:
+            table = {"device": device.device_kind, "jax": jax.__version__, "complete": complete, "rows": ROWS}
+            args.json.write_text(json.dumps(table))
+
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or Path(tmp)
+        plan.reference_cache = runs / "reference-xla"
         run: dict[str, Callable[[], None]] = {
             "resume": lambda: resume(runs, plan, "off"),
             "noise": lambda: noise_floor(runs, plan),
             "step": lambda: steps(plan, consumed),
+            "reference": lambda: reference(plan, args),
             "loader": lambda: loader(runs, plan, consumed),
             "requeue": lambda: requeue(runs, plan),
             "conds": lambda: conds(plan),
             "resume-cached": lambda: resume(runs, plan, str(runs / "compile-cache")),
         }
         chosen = [name for name in SECTIONS if name in args.sections]  # the order above
-        ran = [section(name, run[name], started, args.budget_s) for name in chosen]
+        ran = []
+        if plan.on_gpu if args.prebuild is None else args.prebuild:
+            ensure_demo_data()  # here, before processes that would each build it on a fresh machine
+            at_once = max(2, (os.cpu_count() or 1) // 2)
+            ran.append(section("prebuild", lambda: prebuild(prebuild_jobs(plan, chosen, args), at_once),
+                               started, args.budget_s, save))  # fmt: skip
+        ran += [section(name, run[name], started, args.budget_s, save) for name in chosen]
     widths = [max(len(r[i]) for r in [("check", "setting", "result", "verdict"), *ROWS]) for i in range(4)]
     print(f"\n## gpu_check: {device.device_kind}, jax {jax.__version__}, {time.monotonic() - started:.0f} s")
     for row in [("check", "setting", "result", "verdict"), tuple("-" * w for w in widths), *ROWS]:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
-    if args.json:
-        args.json.write_text(json.dumps({"device": device.device_kind, "jax": jax.__version__, "rows": ROWS}))
+    save(complete=True)
     if any(r[3] == "FAIL" for r in ROWS):
         return 1
     return 0 if all(ran) else 2

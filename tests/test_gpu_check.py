@@ -1,9 +1,11 @@
 """`scripts/gpu_check.py` runs end to end wherever the suite runs (a CPU here), so it cannot rot before a
-GPU runs it: every section runs, and on one kind of device every check holds."""
+GPU runs it: every section runs, and on one kind of device every check holds. (Its reference section
+needs the reference's checkout: `scripts/bench_reference.py`'s measurement, rehearsed by hand.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -11,20 +13,24 @@ from pathlib import Path
 
 import pytest
 
+from birdjepa.train.compile_cache import without_jax_settings
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
 @pytest.mark.slow  # ~6 min in .ci/run beside another worker: 2 verify-resumes, a trace, 7 more processes
 def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> None:
     out, runs = tmp_path / "table.json", tmp_path / "runs"
-    every = ["resume", "noise", "step", "loader", "requeue", "conds", "resume-cached"]
+    every = ["resume", "noise", "step", "conds", "loader", "requeue", "resume-cached"]
     cmd = [sys.executable, str(SCRIPT), "--quick", "--budget-s", "3000", "--json", str(out), "--runs",
            str(runs), "--sections", *every]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert [r[0] for r in rows] == ["resume", "noise floor", "matmul peak", "step", "step parts", "loader",
-                                    "data wait", "loop parts", "requeue", "conds", "resume"]  # fmt: skip
+    table = json.loads(out.read_text())
+    rows = table["rows"]
+    assert table["complete"] is True
+    assert [r[0] for r in rows] == ["resume", "noise floor", "matmul peak", "step", "step parts", "conds",
+                                    "loader", "data wait", "loop parts", "requeue", "resume"]  # fmt: skip
     verdicts = {(section, verdict) for section, _, _, verdict in rows}
     assert verdicts == {("resume", "ok"), ("noise floor", "ok"), ("matmul peak", "measured"),
                         ("step", "measured"), ("step parts", "measured"), ("loader", "measured"),
@@ -44,3 +50,19 @@ def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> N
     parts = json.loads((runs / "loop-parts.json").read_text())
     assert parts["wait for outputs"] > 0 and parts["batch to device"] > 0 and parts["next batch"] > 0
     assert parts["compile wait"] < 0.1 and parts["rest of the loop"] >= 0, parts
+
+
+@pytest.mark.slow  # ~1.5 min: three compiles side by side, then the step and three processes timed
+def test_the_prebuild_compiles_the_programs_the_sections_then_load(tmp_path: Path) -> None:
+    # A compilation cache of its own, empty: what the sections load, the prebuild compiled.
+    env = without_jax_settings(os.environ) | {"BIRDJEPA_COMPILE_CACHE": str(tmp_path / "xla")}
+    out = tmp_path / "table.json"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--prebuild", "--json", str(out), "--sections", "step",
+           "conds"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r[0]: r for r in json.loads(out.read_text())["rows"]}
+    assert re.fullmatch(r"3 programs, \d+ processes at a time", rows["prebuild"][1]), rows["prebuild"]
+    step = rows["step"][2]
+    assert re.search(r"loaded in \d+ s \(compiled by the prebuild in \d+ s\)$", step), step
+    assert rows["conds"][2].endswith("; every step loaded from the prebuild"), rows["conds"]
