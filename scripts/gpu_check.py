@@ -482,7 +482,9 @@ def main() -> int:
     def save(complete: bool = False) -> None:  # after every section: a killed check keeps what it measured
         if args.json:
             table = {"device": device.device_kind, "jax": jax.__version__, "complete": complete, "rows": ROWS}
-            args.json.write_text(json.dumps(table))
+            part = args.json.with_name(args.json.name + ".part")
+            part.write_text(json.dumps(table))
+            part.replace(args.json)  # whole or not at all, even if the command is killed as it writes
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or Path(tmp)
