@@ -157,8 +157,8 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
             c = measure(cfg, repeats=plan.repeats, profile=True)
             consumed[f"{preset}/{batch}"] = batch / c.step_s
             built = f"{'loaded' if c.loaded else 'compiled'} in {c.compile_s:.0f} s"
-            if f"{preset} batch {batch}" in PREBUILT:
-                built += f" (compiled by the prebuild in {PREBUILT[f'{preset} batch {batch}']:.0f} s)"
+            if (prebuilt := PREBUILT.get(f"{preset} batch {batch}")) is not None:  # prebuild_jobs' name
+                built += f" (compiled by the prebuild in {prebuilt:.0f} s)"
             ROWS.append((
                 "step", f"{preset} bf16 batch {batch} (2 views)",
                 f"{1e3 * c.step_s:.1f} ms, {c.flops / 1e9:.1f} GFLOP, {flop_rate(c.flops_per_s)}, "
