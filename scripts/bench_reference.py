@@ -27,9 +27,11 @@ bfloat16). What differs, by design of each:
 * ours also runs the non-finite guard, the weight-update monitor's cond and the record conds
   `birdjepa trace` uses (off), and logs more metrics.
 
-Printed: step time (median of ``--repeats`` after 2 warm-up steps), FLOPs (XLA's cost analysis of each
-lowered step), peak memory (a GPU's peak bytes in use; on a CPU the process's peak resident memory,
-which includes each framework's own), compile time, and ours over the reference's.
+Printed: step time (median of ``--repeats`` after 2 warm-up steps in each process, then the median over
+``--rounds`` rounds of the three processes, each round starting at the next side), FLOPs (XLA's cost
+analysis of each lowered step), peak memory (a GPU's peak bytes in use; on a CPU the process's peak
+resident memory, which includes each framework's own), compile time, and ours over the reference's:
+the median of the rounds' ratios, each taken within its round, and their range.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from birdjepa.train.determinism import deterministic_xla
@@ -139,25 +143,56 @@ def processes(
 
 
 def measure_preset(
-    preset: str, batch: int, reference: Path, python: Path, repeats: int, cache: Path | None = None
+    preset: str,
+    batch: int,
+    reference: Path,
+    python: Path,
+    repeats: int,
+    cache: Path | None = None,
+    rounds: int = 1,
 ) -> dict[str, dict]:
-    """Each side's step at ``preset``, each in a process of its own, one after the other."""
-    return {name: side(cmd, env) for name, (cmd, env) in processes(preset, batch, reference, python, repeats,
-                                                                   cache=cache).items()}  # fmt: skip
+    """Each side's step at ``preset``, each in a process of its own, one after the other, over ``rounds``
+    rounds, each round starting at the next side. This machine's speed drifts by ~10 % over minutes
+    (docs/benchmarks.md), so a side is set against the reference of its own round (``ratios``, one a
+    round) and its ``step_s`` is the median over rounds. Without ``cache`` and over several rounds,
+    the reference's step is compiled once, into a JAX compilation cache of this call (ours keeps its
+    own, `birdjepa.train.compile_cache`); ``compile_s`` and ``loaded`` are each side's first round's."""
+    with tempfile.TemporaryDirectory() as own:
+        if cache is None and rounds > 1:
+            cache = Path(own)
+        jobs = processes(preset, batch, reference, python, repeats, cache=cache)
+        names = list(jobs)
+        runs: list[dict[str, dict]] = []
+        for r in range(rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            runs.append({name: side(*jobs[name]) for name in order})
+    out = {}
+    for name in names:
+        mine = [run[name] for run in runs]
+        out[name] = {
+            **mine[0],
+            "step_s": statistics.median(m["step_s"] for m in mine),
+            "peak_bytes": max(m["peak_bytes"] for m in mine),
+            "ratios": [m["step_s"] / run["reference"]["step_s"] for m, run in zip(mine, runs, strict=True)],
+        }
+    return out
 
 
 def table(rows: list[tuple[str, int, dict[str, dict]]]) -> str:
-    """``(preset, batch, measure_preset's sides)`` as a Markdown table, each side against the reference."""
-    lines = ["| preset | batch | side | ms/step | vs reference | GFLOP/step | peak MiB | vs reference | "
-             "compile s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    """``(preset, batch, measure_preset's sides)`` as a Markdown table, each side against the reference:
+    the time ratio is the median of the rounds' ratios, their range beside it."""
+    lines = ["| preset | batch | side | ms/step | vs reference | rounds' range | GFLOP/step | peak MiB | "
+             "vs reference | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for preset, batch, sides in rows:
         theirs = sides["reference"]
         for name in SIDES:
             r = sides[name]
-            time_ratio, memory_ratio = r["step_s"] / theirs["step_s"], r["peak_bytes"] / theirs["peak_bytes"]
-            lines.append(f"| {preset} | {batch} | {name} | {1e3 * r['step_s']:.1f} | {time_ratio:.2f} "
-                         f"| {r['flops'] / 1e9:.1f} | {r['peak_bytes'] / 2**20:.0f} | {memory_ratio:.2f} | "
-                         f"{r['compile_s']:.0f} |")  # fmt: skip
+            ratios, memory_ratio = r["ratios"], r["peak_bytes"] / theirs["peak_bytes"]
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 and name != "reference" else ""
+            cells = [preset, batch, name, f"{1e3 * r['step_s']:.1f}", f"{statistics.median(ratios):.2f}",
+                     spread, f"{r['flops'] / 1e9:.1f}", f"{r['peak_bytes'] / 2**20:.0f}",
+                     f"{memory_ratio:.2f}", f"{r['compile_s']:.0f}"]  # fmt: skip
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
@@ -167,7 +202,9 @@ def main() -> None:
     ap.add_argument("--venv", type=Path, default=ROOT / ".cache" / "reference-venv")
     ap.add_argument("--presets", nargs="+", default=["small", "base"], choices=list(SIZES))
     ap.add_argument("--batch", type=int, help="clips a step (default: 16 on a GPU; 2 small, 1 base on a CPU)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timed steps of each side's process")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="processes of each side, alternating (measure_preset)")  # fmt: skip
     ap.add_argument("--ours", nargs=3, metavar=("PRESET", "BATCH", "SAME_WORK"), help=argparse.SUPPRESS)
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -183,11 +220,15 @@ def main() -> None:
     rows = []
     for preset in args.presets:
         batch = args.batch or default_batch(preset)
-        rows.append((preset, batch, measure_preset(preset, batch, args.reference, python, args.repeats)))
+        sides = measure_preset(preset, batch, args.reference, python, args.repeats, rounds=args.rounds)
+        rows.append((preset, batch, sides))
         print(f"measured {preset}", file=sys.stderr, flush=True)
     equinox = rows[0][2]["reference"]["equinox"]
     device = f"{jax.devices()[0].device_kind}, jax {jax.__version__}, equinox {equinox}"
-    print(f"\n## Our LeJEPA step beside the reference's ({device}, float32, 2 views, 256 patches)\n")
+    print(
+        f"\n## Our LeJEPA step beside the reference's ({device}, float32, 2 views, 256 patches, "
+        f"{args.rounds} rounds)\n"
+    )
     print(table(rows))
 
 
