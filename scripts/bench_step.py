@@ -8,8 +8,9 @@ XLA's cost analysis of the compiled step, the FLOP/s that gives, and MFU against
 matrix product of the same dtype measured in this run (`matmul_peak`). Beside it XLA's working memory
 of the step and its compile time. Then where each step's time goes, from an XLA profile of more steps
 (`birdjepa.perf.profile`): matrix products, attention, norms and elementwise work, SIGReg, the
-optimizer update, the guard and monitor, and what else shows (the augmentation, the input floor's
-sort, the record conds the loop runs off), each as a share of the time the step's operations took.
+optimizer update, the guard and monitor, the copies XLA adds, and what else shows (the augmentation,
+the input floor's sort, the record conds the loop runs off), each as a share of the time the step's
+operations took.
 
 Batch sizes: 16 clips a step (the README's and `--data.batch-size`'s default) on an accelerator; on a
 CPU 16 for tiny, 4 for small and 2 for base, so that base's steps take seconds, not minutes.

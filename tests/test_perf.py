@@ -45,6 +45,25 @@ def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
     assert seconds["SIGReg"] > 0 and seconds["matrix products"] > 0 and wall > 0
 
 
+def test_the_guard_s_select_goes_to_the_update_it_roots_and_xla_s_copies_to_a_part_of_their_own() -> None:
+    # As in the training step: the update's pass over the donated state with the guard's select as its
+    # root, and the old state read again after it (by the update's direction), which XLA keeps by a copy.
+    def f(p: jax.Array, g: jax.Array, finite: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with jax.named_scope("optimizer"):
+            m = 0.9 * p + 0.1 * g
+            direction = m / (jnp.sqrt(jnp.abs(m)) + 1.0)
+        with jax.named_scope("guard"):
+            return jnp.where(finite, m, p), p + direction
+
+    p, g = jnp.ones((64, 64)), jnp.ones((64, 64))
+    text = jax.jit(f, donate_argnums=0).lower(p, g, jnp.bool_(True)).compile().as_text()
+    table = instructions(text)
+    fused = [i for i in table.values() if "guard" in i.name_stack and i.inside]
+    assert fused and all(any("optimizer" in n for n in i.inside) for i in fused)
+    assert {part_of(i) for i in fused} == {"optimizer update"}
+    assert "copies XLA adds" in {part_of(i) for i in table.values()}
+
+
 def test_the_loop_s_parts_leave_out_what_they_contain_and_the_rest_closes_the_period() -> None:
     from birdjepa.perf.loop_parts import Clock, per_step_ms
 

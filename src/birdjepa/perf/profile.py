@@ -6,7 +6,11 @@ the code that made it (``jit(run)/jvp(BirdJepa)/encoder/block_0/attn/...``; the 
 with ``jax.named_scope``: ``optimizer``, ``guard``, ``metrics``, ``monitor``, ``record``, ``augment``,
 ``sigreg``),
 and whether it is or holds a matrix product. Each operation's own time (less what it contains, a
-cond's branches) goes to the first part that claims it, in `PARTS` order.
+cond's branches) goes to the first part that claims it, in `PARTS` order. XLA names a fusion after its
+root alone; a part of the step around the model (`AROUND_THE_MODEL`) also claims a fusion without a
+matrix product that holds any operation of its own: the guard's select, fused into the optimizer's
+pass over the state as its root, would otherwise take the whole AdamW update. A copy that no code of
+the step made is XLA's own (`ADDED_COPY`), a part of its own.
 """
 
 from __future__ import annotations
@@ -31,18 +35,27 @@ PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
     ("input floor (a quantile: a sort)", lambda name, mm: "quantile" in name),
     ("attention", lambda name, mm: "/attn/" in name and not re.search(r"/attn/(qkv|proj)\b", name)),
     ("matrix products", lambda name, mm: mm),
+    ("copies XLA adds", lambda name, mm: name == "(a copy XLA adds)"),
     ("norms and elementwise", lambda name, mm: True),
 )
+#: The parts that claim a fusion holding any operation of theirs (see the module doc); the model's parts
+#: (attention, matrix products, the rest) go by a fusion's root.
+AROUND_THE_MODEL = frozenset(part for part, _ in PARTS[:6])
 MATMUL = re.compile(r"\b(dot|convolution)\(|custom_call_target=\"[^\"]*(gemm|matmul|cublas)", re.IGNORECASE)
 INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*$")
 CALLS = re.compile(r"calls=%?([\w.\-]+)")
 OP_NAME = re.compile(r'op_name="([^"]*)"')
+#: A copy that no code of the step made (no name stack): XLA's, to keep a value that a later operation
+#: reads while its buffer is written in place (the donated state: a parameter read after its update).
+ADDED_COPY = re.compile(r"[\]}] copy\(")
 
 
 @dataclasses.dataclass(frozen=True)
 class Instruction:
     name_stack: str
     matmul: bool
+    inside: tuple[str, ...] = ()
+    """The name stacks of the operations a fusion (or call) holds."""
 
 
 def instructions(hlo_text: str) -> dict[str, Instruction]:
@@ -58,6 +71,15 @@ def instructions(hlo_text: str) -> dict[str, Instruction]:
             bodies.setdefault(current, []).append(line)
 
     holds: dict[str, bool] = {}
+    names: dict[str, tuple[str, ...]] = {}
+
+    def names_in(computation: str) -> tuple[str, ...]:
+        if computation not in names:
+            names[computation] = ()  # as above
+            lines = bodies.get(computation, [])
+            own = tuple(m.group(1) for x in lines if (m := OP_NAME.search(x)))
+            names[computation] = own + tuple(n for x in lines for c in CALLS.findall(x) for n in names_in(c))
+        return names[computation]
 
     def holds_matmul(computation: str) -> bool:
         if computation not in holds:
@@ -77,14 +99,21 @@ def instructions(hlo_text: str) -> dict[str, Instruction]:
             matmul = bool(MATMUL.search(line)) or (
                 fused and any(holds_matmul(c) for c in CALLS.findall(line))
             )
-            out[name] = Instruction(op.group(1) if op else "", matmul)
+            inside = tuple(n for c in CALLS.findall(line) for n in names_in(c)) if fused else ()
+            stack = op.group(1) if op else "(a copy XLA adds)" if ADDED_COPY.search(line) else ""
+            out[name] = Instruction(stack, matmul, inside)
     return out
 
 
 def part_of(instruction: Instruction | None) -> str:
     if instruction is None:
         return "norms and elementwise"
-    return next(part for part, claims in PARTS if claims(instruction.name_stack, instruction.matmul))
+    i = instruction
+    for part, claims in PARTS:
+        held = i.inside if part in AROUND_THE_MODEL and not i.matmul else ()
+        if any(claims(name, i.matmul) for name in (i.name_stack, *held)):
+            return part
+    raise AssertionError("the last part claims every operation")
 
 
 def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> tuple[dict[str, float], float]:
