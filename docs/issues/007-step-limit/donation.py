@@ -1,0 +1,95 @@
+"""The loop's step with its state donated (as it runs) and without, side by side in one process: the
+copies XLA adds, XLA's memory, the step's time, and whether the outputs are the same bits
+(~3 min at small and base on 2 cores).
+
+    python docs/issues/007-step-limit/donation.py [--presets small base] [--rounds 16]
+
+The step reads each parameter and both of its moments again after their updates are written in place,
+so with the state donated XLA first copies all three (docs/benchmarks.md, "Where the step's time
+goes"). Without donation it writes the new state to buffers of its own and copies nothing. The two
+executables alternate step by step (the order flipped every round) on the same batch and key, each
+carrying its own state; the monitor's placeholder statistics are NaN, so outputs compare with NaN
+equal to NaN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import time
+
+from birdjepa.host_memory import keep_for_reuse
+from birdjepa.train.determinism import deterministic_xla
+
+keep_for_reuse()  # as the `birdjepa` command runs a CPU step
+deterministic_xla()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import birdjepa.train.compiled as compiled_steps  # noqa: E402
+from birdjepa.perf.step_cost import CPU_BATCH, bench_config, common_call, first_step  # noqa: E402
+
+ADDED_COPY = re.compile(r"[\]}] copy\(%args")
+
+
+def without_donation(step, replicated, sharded, extra: int = 0):  # noqa: ANN001, ANN201 (jit_step's)
+    batch = {k: sharded for k in compiled_steps.BATCH_KEYS}
+    shardings = (replicated, replicated, batch, replicated, None, *(None,) * extra)
+    return jax.jit(step, in_shardings=shardings, out_shardings=replicated)
+
+
+def side(preset: str, batch: int, jit_step) -> dict:  # noqa: ANN001
+    compiled_steps.jit_step = jit_step
+    compiled_steps._build.cache_clear()  # the step's functions are built again with this jit_step
+    fns, state, x = first_step(bench_config(preset, "float32", batch))
+    args = common_call(state, x)
+    executable = fns.train_step.jitted.lower(*args).compile()
+    memory = executable.memory_analysis()
+    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+             - memory.alias_size_in_bytes)  # fmt: skip
+    copies = len(ADDED_COPY.findall(executable.as_text()))
+    return {"executable": executable, "state": [state.params, state.opt_state], "rest": args[2:],
+            "copies": copies, "memory": total, "times": []}  # fmt: skip
+
+
+def step(s: dict) -> tuple:
+    t0 = time.perf_counter()
+    out = s["executable"](*s["state"], *s["rest"])
+    jax.block_until_ready(out)
+    s["times"].append(time.perf_counter() - t0)
+    s["state"] = [out[0], out[1]]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", nargs="+", default=["small", "base"])
+    ap.add_argument("--rounds", type=int, default=16)
+    args = ap.parse_args()
+    donating = compiled_steps.jit_step
+    print("| preset | batch | state | copies XLA adds | XLA memory MiB | ms/step (median) | vs donated | "
+          "outputs |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for preset in args.presets:
+        batch = CPU_BATCH[preset]
+        sides = {"donated": side(preset, batch, donating),
+                 "not donated": side(preset, batch, without_donation)}  # fmt: skip
+        outs = {}
+        for r in range(args.rounds):
+            for name in sides if r % 2 == 0 else reversed(list(sides)):
+                outs[name] = step(sides[name])
+        a, b = (jax.tree.leaves(o) for o in outs.values())
+        comparable = len(a) == len(b)
+        equal = comparable and all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b, strict=True))
+        base = statistics.median(sides["donated"]["times"][2:])
+        for name, s in sides.items():
+            ms = statistics.median(s["times"][2:])
+            same = "-" if name == "donated" else ("equal" if equal else "DIFFER")
+            print(f"| {preset} | {batch} | {name} | {s['copies']} | {s['memory'] / 2**20:.0f} | "
+                  f"{1e3 * ms:.1f} | {ms / base:.2f} | {same} |", flush=True)  # fmt: skip
+    compiled_steps.jit_step = donating
+
+
+if __name__ == "__main__":
+    main()
