@@ -152,11 +152,12 @@ def measure_preset(
     rounds: int = 1,
 ) -> dict[str, dict]:
     """Each side's step at ``preset``, each in a process of its own, one after the other, over ``rounds``
-    rounds, each round starting at the next side. This machine's speed drifts by ~10 % over minutes
-    (docs/benchmarks.md), so a side is set against the reference of its own round (``ratios``, one a
-    round) and its ``step_s`` is the median over rounds. Without ``cache`` and over several rounds,
-    the reference's step is compiled once, into a JAX compilation cache of this call (ours keeps its
-    own, `birdjepa.train.compile_cache`); ``compile_s`` and ``loaded`` are each side's first round's."""
+    rounds, each round starting at the next side. A CPU's speed can drift between processes minutes
+    apart by more than the sides differ (docs/benchmarks.md), so a side is set against the reference of
+    its own round (``ratios``, one a round) and its ``step_s`` is the median over rounds. Without
+    ``cache`` and over several rounds, the reference's step is compiled once, into a JAX compilation
+    cache of this call (ours keeps its own, `birdjepa.train.compile_cache`); ``compile_s`` and
+    ``loaded`` are each side's first round's."""
     with tempfile.TemporaryDirectory() as own:
         if cache is None and rounds > 1:
             cache = Path(own)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import jax
 
+#: The name stack given to a copy that no code of the step made (see `ADDED_COPY`).
+XLA_COPY = "(a copy XLA adds)"
 #: (part, test on (name stack, holds a matrix product)), the first that matches claims an operation.
 PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
     ("SIGReg", lambda name, mm: "sigreg" in name),
@@ -35,12 +37,12 @@ PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
     ("input floor (a quantile: a sort)", lambda name, mm: "quantile" in name),
     ("attention", lambda name, mm: "/attn/" in name and not re.search(r"/attn/(qkv|proj)\b", name)),
     ("matrix products", lambda name, mm: mm),
-    ("copies XLA adds", lambda name, mm: name == "(a copy XLA adds)"),
+    ("copies XLA adds", lambda name, mm: name == XLA_COPY),
     ("norms and elementwise", lambda name, mm: True),
 )
 #: The parts that claim a fusion holding any operation of theirs (see the module doc); the model's parts
 #: (attention, matrix products, the rest) go by a fusion's root.
-AROUND_THE_MODEL = frozenset(part for part, _ in PARTS[:6])
+AROUND_THE_MODEL = frozenset(part for part, _ in PARTS[: [p for p, _ in PARTS].index("attention")])
 MATMUL = re.compile(r"\b(dot|convolution)\(|custom_call_target=\"[^\"]*(gemm|matmul|cublas)", re.IGNORECASE)
 INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*$")
 CALLS = re.compile(r"calls=%?([\w.\-]+)")
@@ -75,7 +77,7 @@ def instructions(hlo_text: str) -> dict[str, Instruction]:
 
     def names_in(computation: str) -> tuple[str, ...]:
         if computation not in names:
-            names[computation] = ()  # as above
+            names[computation] = ()  # a cycle adds nothing twice
             lines = bodies.get(computation, [])
             own = tuple(m.group(1) for x in lines if (m := OP_NAME.search(x)))
             names[computation] = own + tuple(n for x in lines for c in CALLS.findall(x) for n in names_in(c))
@@ -100,7 +102,7 @@ def instructions(hlo_text: str) -> dict[str, Instruction]:
                 fused and any(holds_matmul(c) for c in CALLS.findall(line))
             )
             inside = tuple(n for c in CALLS.findall(line) for n in names_in(c)) if fused else ()
-            stack = op.group(1) if op else "(a copy XLA adds)" if ADDED_COPY.search(line) else ""
+            stack = op.group(1) if op else XLA_COPY if ADDED_COPY.search(line) else ""
             out[name] = Instruction(stack, matmul, inside)
     return out
 
