@@ -15,6 +15,7 @@ equal to NaN.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import statistics
 import time
@@ -32,12 +33,6 @@ import birdjepa.train.compiled as compiled_steps  # noqa: E402
 from birdjepa.perf.step_cost import CPU_BATCH, bench_config, common_call, first_step  # noqa: E402
 
 ADDED_COPY = re.compile(r"[\]}] copy\(%args")
-
-
-def without_donation(step, replicated, sharded, extra: int = 0):  # noqa: ANN001, ANN201 (jit_step's)
-    batch = {k: sharded for k in compiled_steps.BATCH_KEYS}
-    shardings = (replicated, replicated, batch, replicated, None, *(None,) * extra)
-    return jax.jit(step, in_shardings=shardings, out_shardings=replicated)
 
 
 def side(preset: str, batch: int, jit_step) -> dict:  # noqa: ANN001
@@ -74,7 +69,7 @@ def main() -> None:
     for preset in args.presets:
         batch = CPU_BATCH[preset]
         sides = {"donated": side(preset, batch, donating),
-                 "not donated": side(preset, batch, without_donation)}  # fmt: skip
+                 "not donated": side(preset, batch, functools.partial(donating, donate=False))}  # fmt: skip
         outs = {}
         for r in range(args.rounds):
             for name in sides if r % 2 == 0 else reversed(list(sides)):

@@ -72,12 +72,16 @@ def compiled(spec: StepConfig, optim: OptimConfig, total_updates: int) -> Compil
     return _build(spec, optim, total_updates, tuple(jax.devices()))
 
 
-def jit_step(step: Callable, replicated: NamedSharding, sharded: NamedSharding, extra: int = 0) -> Callable:
+def jit_step(
+    step: Callable, replicated: NamedSharding, sharded: NamedSharding, extra: int = 0, donate: bool = True
+) -> Callable:
     """``step(params, opt_state, batch, key, check, *extra)`` jitted as the loop runs it: the batch sharded
-    over the devices, the rest replicated, the parameters and optimizer state donated."""
+    over the devices, the rest replicated, the parameters and optimizer state donated (``donate``
+    False: not, as `docs/issues/007-step-limit/donation.py` measures)."""
     batch = {k: sharded for k in BATCH_KEYS}
     shardings = (replicated, replicated, batch, replicated, None, *(None,) * extra)
-    return jax.jit(step, in_shardings=shardings, out_shardings=replicated, donate_argnums=(0, 1))
+    donated = (0, 1) if donate else ()
+    return jax.jit(step, in_shardings=shardings, out_shardings=replicated, donate_argnums=donated)
 
 
 @functools.lru_cache(maxsize=4)
