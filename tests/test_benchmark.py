@@ -164,3 +164,25 @@ def test_a_result_fitted_with_another_recipe_is_not_taken_as_done(tmp_path: Path
     assert store.has(tmp_path, store.Key("b", "t", "proto", 1, 0), stored.read_by("proto"))
     assert not store.has(tmp_path, store.Key("b", "t", "linear", 1, 0), Recipe(lr=1e-2).read_by("linear"))
     assert store.has(tmp_path, store.Key("b", "t", "centroid", 1, 0), Recipe(lr=1e-2).read_by("centroid"))
+
+
+@pytest.mark.parametrize(
+    ("tasks", "backbone", "columns"),
+    [(["SYN1"], "raw:logmel-mean-std+patches16x128", 1), (["SYN1", "SYN2", "SYN3"], "raw", 3)],
+)
+def test_the_few_shot_figure_s_legend_lies_whole_inside_it_below_the_panels(
+    tasks: list[str], backbone: str, columns: int
+) -> None:
+    from birdjepa.benchmark.figures import fewshot_curves
+
+    rows = [{"task": t, "backbone": f"{b}{backbone}", "probe": p, "n": n, "cmap": 0.5}
+            for t in tasks for b in ("", "random:") for p in ("linear", "proto")
+            for n in (1, 4, fewshot.ALL)]  # fmt: skip
+    fig = fewshot_curves(rows)
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    box, page = legend.get_window_extent(), fig.bbox
+    assert 0 <= box.x0 and box.x1 <= page.x1 and 0 <= box.y0, (box, page)  # no label cut at an edge
+    assert all(ax.get_tightbbox().y0 >= box.y1 for ax in fig.axes), "a panel overlaps the legend"
+    # As many columns as fit: a legend of short names stays three wide.
+    assert len({round(t.get_window_extent().x0) for t in legend.get_texts()}) == columns

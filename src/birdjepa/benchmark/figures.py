@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from birdjepa.benchmark.fewshot import ALL
 
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the benchmark
+    from matplotlib.artist import Artist
+    from matplotlib.figure import Figure
 
-def fewshot_curves(rows: list[dict], metric: str = "cmap"):  # -> matplotlib Figure
+
+def fewshot_curves(rows: list[dict], metric: str = "cmap") -> Figure:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,7 +50,21 @@ def fewshot_curves(rows: list[dict], metric: str = "cmap"):  # -> matplotlib Fig
         ax.set_title(task)
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    rows_of_legend = -(-len(labels) // 3)
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.04 + 0.045 * rows_of_legend, 1, 1))  # room below for the legend
+    legend_below(fig, handles, labels)
     return fig
+
+
+def legend_below(fig: Figure, handles: list[Artist], labels: list[str], most_columns: int = 3) -> None:
+    """The legend under the panels in as many columns (up to ``most_columns``) as fit the figure's width,
+    measured once drawn: a backbone's name is as long as its user made it (``raw:logmel-mean-std+
+    patches16x128``), and a fixed count of columns cut the outer ones off at the figure's edges."""
+    renderer = fig.canvas.get_renderer()
+    for columns in range(min(most_columns, len(labels)), 0, -1):
+        legend = fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+        box = legend.get_window_extent(renderer)
+        if columns == 1 or box.width <= fig.bbox.width:
+            break
+        legend.remove()
+    grown = 1 + box.height / fig.bbox.height  # the panels keep their height: the figure grows below them
+    fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() * grown)
+    fig.tight_layout(rect=(0, box.height / fig.bbox.height + 0.01, 1, 1))
