@@ -285,3 +285,23 @@ def test_a_vocabulary_is_read_one_way_by_the_loader_and_every_command(
             _vocab(files)
         return
     assert vocab_names(tmp_path / "s") == _vocab(files) == names and label_count(files) == 3
+
+
+def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train = prepare(make_src(tmp_path / "src"), tmp_path / "train")
+    assert train.vocab == ["amecro", "bbbwar", "zzzfin"]
+    held_out = make_src(tmp_path / "held", {"zzzfin/XC012.wav": ("wav_pcm16", 16000)})  # one class of three
+    vocab = tmp_path / "train" / "vocab.json"
+    main(["prepare", str(held_out), str(tmp_path / "eval"), "--vocab", str(vocab)])
+    assert read_vocab(tmp_path / "eval")[1] == train.vocab
+    assert table(tmp_path / "eval")["ebird_code"].to_pylist() == [2]  # zzzfin, as train indexes it (alone: 0)
+    # A label the vocabulary lacks: one line naming the file, and nothing written.
+    (tmp_path / "held" / "newbir").mkdir()
+    (tmp_path / "held" / "newbir" / "XC050.wav").write_bytes((held_out / "zzzfin" / "XC012.wav").read_bytes())
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(held_out), str(tmp_path / "eval2"), "--vocab", str(tmp_path / "train")])
+    assert e.value.code == 1 and not (tmp_path / "eval2").exists()
+    err = capsys.readouterr().err
+    assert f"{held_out / 'newbir' / 'XC050.wav'}: label 'newbir' is not one of the 3 of " in err, err

@@ -3,6 +3,7 @@ option, its value and what is allowed, never a traceback; sweep files get the sa
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,57 @@ def test_a_sweep_is_checked_the_same_way(tmp_path: Path, capsys: pytest.CaptureF
     assert e.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == f"error: {path}: config 1: --optim.lr -1.0: must be > 0"
+
+
+def test_a_run_on_your_shards_is_never_evaluated_on_another_vocabulary_s_classes(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The demo's eval clips under other names: the same label 0 means another class.
+    other = tmp_path / "other"
+    other.mkdir()
+    for shard in (demo_dir / "eval").glob("*.arrow"):
+        (other / shard.name).symlink_to(shard)
+    names = json.loads((demo_dir / "eval" / "vocab.json").read_text())["names"]
+    (other / "vocab.json").write_text(json.dumps({"label_column": "ebird_code", "names": names[::-1]}))
+    runs = ["--log.runs-dir", str(tmp_path / "runs")]
+    # Your train shards without --data.eval: the demo's eval split (other classes) is not the default.
+    code, err = pretrain_exit(capsys, "--data.train", str(demo_dir / "train"), *runs)
+    assert code == 2 and err.strip() == (
+        "error: --data.eval None: the held-out evaluation (--eval-every 100) of a run on your shards needs "
+        "held-out shards of their classes (`birdjepa prepare SRC OUT --vocab TRAIN/vocab.json`); or "
+        "--eval-every 0 for none"
+    ), err
+    n = len(names)
+    mismatch = (
+        f"{demo_dir / 'train' / 'vocab.json'} ({n} names) and {other / 'vocab.json'} ({n} names) name "
+        f"different labels (label 0: {names[0]!r} against {names[-1]!r}): a probe fitted on the first would "
+        "score the second's clips as other classes"
+    )
+    train = ["--data.train", str(demo_dir / "train")]
+    code, err = pretrain_exit(capsys, *train, "--data.eval", str(other), *runs)
+    assert code == 2 and err.strip() == f"error: --data.eval '{other}': {mismatch}", err
+    assert not (tmp_path / "runs").exists()
+    # The demo's train split (here the suite's) against your --data.eval: found once the demo is opened.
+    monkeypatch.setattr("birdjepa.train.segment.ensure_demo_data", lambda: demo_dir)
+    code, err = pretrain_exit(capsys, "--data.eval", str(other), *runs)
+    assert code == 2 and err.strip() == f"error: {mismatch}", err
+    # One split over folders of two vocabularies trains (labels matter to the probes only), and says so.
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a").symlink_to(demo_dir / "train")
+    (mixed / "b").symlink_to(other)
+    main(["pretrain", "--run", "mine", "--data.train", str(mixed / "*" / "*.arrow"), "--eval-every", "0",
+          "--steps", "1", "--data.batch-size", "4", *runs])  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        "WARNING the train shards' folders index different vocabularies: "
+        f"{mixed / 'a' / 'vocab.json'} ({n} names) and {mixed / 'b' / 'vocab.json'} ({n} names) name "
+        f"different labels (label 0: {names[0]!r} against {names[-1]!r}); every label is read by the first "
+        "one's names" in out
+    ), out
+    # Evaluating that run needs held-out shards of its classes.
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", str(tmp_path / "runs" / "mine")])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "trained on" in err and "without --data.eval: give held-out" in err, err

@@ -20,7 +20,7 @@ from typing import Any
 from birdjepa import seams
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, resolve_files
-from birdjepa.data.shards import label_count
+from birdjepa.data.shards import check_same_labels, label_count
 from birdjepa.model.config import PRESETS
 from birdjepa.objectives.options import REGISTRY
 
@@ -177,20 +177,34 @@ def _check_virtual_shards(cfg: PretrainConfig) -> None:
 
 
 def check_data(cfg: PretrainConfig) -> None:
-    """The data paths match shard files, and the train shards' labels can be counted."""
+    """The data paths match shard files, the train shards' labels can be counted, and the held-out
+    evaluation has held-out shards whose labels name the train split's classes."""
+    files: dict[str, list[str]] = {}
     for option in ("data.train", "data.eval"):
         value = _get(cfg, option)
         if value is None:  # the demo set, generated on first use
             continue
         try:
-            files = resolve_files(value)
+            files[option] = resolve_files(value)
         except DataError as e:
             raise OptionError(option, value, str(e)) from None
-        missing = [f for f in files if not os.path.isfile(f)]
+        missing = [f for f in files[option] if not os.path.isfile(f)]
         if missing:
             raise OptionError(option, value, f"no shard files match {missing[0]!r}")
         if option == "data.train":
             try:
-                label_count(files)
+                label_count(files[option])
             except DataError as e:
                 raise OptionError(option, value, str(e)) from None
+    if "data.train" in files and "data.eval" not in files and cfg.eval_every > 0:
+        raise OptionError(
+            "data.eval", None,
+            f"the held-out evaluation (--eval-every {cfg.eval_every}) of a run on your shards needs held-out "
+            "shards of their classes (`birdjepa prepare SRC OUT --vocab TRAIN/vocab.json`); or --eval-every "
+            "0 for none",
+        )  # fmt: skip
+    if len(files) == 2:
+        try:
+            check_same_labels(files["data.train"], files["data.eval"])
+        except DataError as e:
+            raise OptionError("data.eval", cfg.data.eval, str(e)) from None

@@ -73,7 +73,9 @@ class DataConfig:
     train: str | None = None
     """Train shards: a folder, glob or file. Default: the embedded demo set (generated on first use)."""
     eval: str | None = None
-    """Held-out shards for the probe evaluation. Default: the demo set's eval split."""
+    """Held-out shards for the probe evaluation, of the train shards' classes (`birdjepa prepare --vocab`).
+    Default: the demo set's eval split with the demo's train split; none with your --data.train (then
+    --eval-every 0)."""
     batch_size: int = DEFAULTS["batch_size"]
     """Global batch size (split over devices; one micro-batch when accumulating)."""
     n_workers: int = DEFAULTS["n_workers"]

@@ -29,8 +29,16 @@ from typing import Annotated, Literal
 import soundfile as sf
 import tyro
 
+from birdjepa import _rs
 from birdjepa.data.parquet import ParquetError, convert, parquet_files
-from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardFormat, ShardWriter, write_vocab
+from birdjepa.data.shards import (
+    DEFAULT_LABEL_COLUMN,
+    VOCAB_FILE,
+    ShardFormat,
+    ShardWriter,
+    read_vocab,
+    write_vocab,
+)
 from birdjepa.exit_codes import FAILED
 
 AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
@@ -120,6 +128,27 @@ def csv_labels(csv_path: Path, src: Path, files: Sequence[str]) -> dict[str, str
     return labels
 
 
+def given_vocabulary(path: Path, src: Path, labels: dict[str, str | None]) -> list[str]:
+    """The names of the `vocab.json` at ``path`` (the file or its folder), which must hold every label of
+    ``labels``: a held-out split prepared with its train split's vocabulary indexes each class as the train
+    split does, even where it lacks some. Raises `PrepareError` naming a file whose label it lacks."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    if not (folder / VOCAB_FILE).is_file() or (path != folder and path.name != VOCAB_FILE):
+        raise PrepareError(f"--vocab {path}: no {VOCAB_FILE} there")
+    try:
+        _, names = read_vocab(folder)
+    except _rs.DataError as e:
+        raise PrepareError(f"--vocab {path}: {e}") from None
+    known = set(names)
+    for rel, label in labels.items():  # before anything is written
+        if label is not None and label not in known:
+            raise PrepareError(
+                f"{src / rel}: label {label!r} is not one of the {len(names)} of {folder / VOCAB_FILE}"
+            )
+    return names
+
+
 def check_audio(data: bytes, check: Check) -> str | None:
     """None if `data` decodes (as far as `check` looks), else the reason it does not."""
     if check == "none":
@@ -177,9 +206,11 @@ def prepare(
     check: Check = "header",
     skip_bad: bool = False,
     workers: int = 4,
+    vocab: Path | None = None,
     verbose: bool = False,
 ) -> PrepareResult:
-    """Packs the audio files under `src` into shards `out/<prefix>-NNNNN.arrow` plus `out/vocab.json`."""
+    """Packs the audio files under `src` into shards `out/<prefix>-NNNNN.arrow` plus `out/vocab.json`;
+    ``vocab``: index the labels by that `vocab.json`'s names (another split's) instead of their own."""
     src, out = Path(src), Path(out)
     if not src.is_dir():
         raise PrepareError(f"source folder {src} does not exist or is not a folder")
@@ -189,7 +220,8 @@ def prepare(
     if not files:
         raise PrepareError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {src}")
     labels = csv_labels(Path(labels_csv), src, files) if labels_csv is not None else folder_labels(files)
-    vocab = sorted({lab for lab in labels.values() if lab is not None})
+    vocab_names = given_vocabulary(vocab, src, labels) if vocab is not None else None
+    vocab = vocab_names if vocab_names is not None else sorted({x for x in labels.values() if x is not None})
     index = {name: i for i, name in enumerate(vocab)}
     if verbose:
         print(f"{len(files)} audio files under {src}, {len(vocab)} labels", flush=True)
@@ -236,6 +268,7 @@ def cli(
     check: Check = "header",
     skip_bad: bool = False,
     workers: int = 4,
+    vocab: Path | None = None,
 ) -> None:
     """Pack a folder of audio files (.ogg .flac .wav .mp3) into Arrow shards + vocab.json, bytes unchanged;
     or convert Parquet files (the hub's, e.g. BirdSet's): each becomes one shard with every column kept.
@@ -254,9 +287,13 @@ def cli(
         check: How far to decode each file before packing it: header (first frames), full, none.
         skip_bad: Skip files that fail the check (and list them) instead of stopping.
         workers: Threads reading and checking files.
+        vocab: Index the labels by this vocab.json (or its folder): another split's, so that this one's
+            labels name the same classes, even where it lacks some (a held-out split: --data.eval).
     """
     try:
         if files := parquet_files(src):
+            if vocab is not None:
+                raise PrepareError(f"--vocab {vocab}: a Parquet set keeps its own ClassLabel names")
             t0 = time.perf_counter()
             done = convert(files, out, label_column=label_column, prefix=prefix, workers=workers)
             mib, took = done.bytes_read / 2**20, time.perf_counter() - t0
@@ -275,6 +312,7 @@ def cli(
             check=check,
             skip_bad=skip_bad,
             workers=workers,
+            vocab=vocab,
             verbose=True,
         )
     except (PrepareError, ParquetError, FileExistsError) as e:

@@ -287,6 +287,46 @@ def read_vocab(folder: Path) -> tuple[str, list[str]]:
     ), names
 
 
+def mixed_vocabularies(files: Sequence[str]) -> str | None:
+    """Where a split's shards come from folders (a glob over several) whose `vocab.json` differ, one line
+    naming two of them; else None. An int label indexes its own folder's names, and the probe reads every
+    label by the first folder's (`label_count`)."""
+    folders = list(dict.fromkeys(Path(f).parent for f in files))
+    first = vocab_names(folders[0])
+    for folder in folders[1:]:
+        if (names := vocab_names(folder)) != first:
+            return vocabulary_mismatch(folders[0], first, folder, names)
+    return None
+
+
+def vocabulary_mismatch(a: Path, names_a: list[str] | None, b: Path, names_b: list[str] | None) -> str:
+    """One line saying how the labels of folders ``a`` and ``b`` differ."""
+
+    def said(folder: Path, names: list[str] | None) -> str:
+        if names is None:
+            return f"{folder} (no {VOCAB_FILE})"
+        return f"{folder / VOCAB_FILE} ({len(names)} names)"
+
+    where = f"{said(a, names_a)} and {said(b, names_b)} name different labels"
+    if names_a is None or names_b is None:
+        return where
+    pairs = zip(names_a, names_b, strict=False)
+    i = next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(names_a), len(names_b)))
+    x, y = (repr(names[i]) if i < len(names) else "none" for names in (names_a, names_b))
+    return f"{where} (label {i}: {x} against {y})"
+
+
+def check_same_labels(train: Sequence[str], held_out: Sequence[str]) -> None:
+    """A probe fitted on ``train``'s labels can score ``held_out`` only if both index the same names (each
+    split's as `label_count` reads them: its first folder's); raises `DataError` naming both
+    vocabularies where they differ (`birdjepa prepare --vocab` writes a split with another's)."""
+    a, b = Path(train[0]).parent, Path(held_out[0]).parent
+    names_a, names_b = vocab_names(a), vocab_names(b)
+    if names_a != names_b:
+        raise _rs.DataError(f"{vocabulary_mismatch(a, names_a, b, names_b)}: a probe fitted on the first "
+                            "would score the second's clips as other classes")  # fmt: skip
+
+
 def label_count(files: Sequence[str]) -> int:
     """Classes of the probe: the length of the `vocab.json` beside the shards; without one (integer labels
     only) the largest label + 1. Raises `DataError` for string labels without a vocabulary."""

@@ -143,6 +143,10 @@ def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalDat
         n_classes = label_count(train_files)
     except (DataError, FileNotFoundError) as e:
         raise EvaluateError(str(e)) from e
+    if not eval_files:
+        raise EvaluateError(f"{run_dir} trained on {cfg.data.train} without --data.eval: give held-out "
+                            "shards of its classes (--data.eval; `birdjepa prepare SRC OUT --vocab "
+                            "TRAIN/vocab.json`)")  # fmt: skip
     fields = {f.name: getattr(restored, f.name) for f in dataclasses.fields(RestoredCheckpoint)}
     return RestoredRun(**{**fields, "cfg": cfg}, train_files=train_files, eval_files=eval_files,
                        n_classes=n_classes)  # fmt: skip

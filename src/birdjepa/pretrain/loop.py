@@ -32,7 +32,7 @@ import tyro
 
 from birdjepa import exit_codes, multihost, validation
 from birdjepa.config import ConfigError, PretrainConfig, to_dict
-from birdjepa.data import Batch
+from birdjepa.data import Batch, DataError
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
@@ -128,6 +128,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         print(f"ERROR: cannot resume: {e}; exit {exit_codes.RESUME_CHECK}", flush=True)
         ckpt.close()
         return exit_codes.RESUME_CHECK
+    except DataError as e:  # what only the opened data can tell (the demo's labels against --data.eval's)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        ckpt.close()
+        return exit_codes.USAGE
     (found_files, eval_files), model_cfg, fns, meta = seg.files, seg.model_cfg, seg.fns, seg.meta
 
     # The verification wing's seam: --debug.inject-fault breaks a restored state on purpose, and may

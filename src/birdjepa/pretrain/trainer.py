@@ -18,6 +18,7 @@ import numpy as np
 from birdjepa import exit_codes, multihost
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader
+from birdjepa.data.shards import mixed_vocabularies
 from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, UpdateMonitorCallback
 from birdjepa.diagnostics.monitor import leaf_names, param_names
 from birdjepa.evaluation import report as eval_report
@@ -111,13 +112,19 @@ class Trainer:
         self.rows = multihost.local_rows(fns.sharded, cfg.data.batch_size)
         self.leaf_names: list[str] = []  # of the parameters, for the non-finite guard's report
         self.disk_warned = False
+        # None without eval shards: a run on the user's shards with --eval-every 0 (`segment.data_files`).
         self.evaluator = PeriodicEval(
             self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
             batch_size=cfg.data.batch_size, n_workers=cfg.data.n_workers, random_init=self.random_init,
             audio_root=cfg.data.audio_root,
-        )  # fmt: skip
-        if self.evaluator.overlap and self.main:
+        ) if self.eval_files else None  # fmt: skip
+        if self.evaluator is not None and self.evaluator.overlap and self.main:
             print(f"WARNING {self.evaluator.overlap}", flush=True)
+        for split, files in (("train", self.train_files), ("eval", self.eval_files)):
+            if files and self.main and (mixed := mixed_vocabularies(files)):
+                print(f"WARNING the {split} shards' folders index different vocabularies: {mixed}; every "
+                      "label is read by the first one's names (the online probe, the evaluation)",
+                      flush=True)  # fmt: skip
         self.wandb_run = open_run(cfg.log.wandb if self.main else "disabled", cfg.run_dir, cfg.run,
                                   cfg.log.wandb_project, self.config, restart)  # fmt: skip
         self.log = (
@@ -237,6 +244,7 @@ class Trainer:
         --no-eval-linear) and the table's JSON."""
         cfg, last = self.cfg, self.cfg.steps - 1
         linear = step == last and cfg.eval_linear
+        assert self.evaluator is not None, "validation requires eval shards wherever --eval-every > 0"
         rows, train_split, held_out = self.evaluator(self.encoder(params), linear=linear)
         evals = {**eval_report.metrics(rows), **online_probe_metrics(params["probe"], held_out)}
         self.log.log(step, evals)
@@ -289,7 +297,8 @@ class Trainer:
         )
 
     def close(self, exit_code: int) -> None:
-        self.evaluator.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
         self.ckpt.close()
         self.log.close()
         if self.wandb_run is not None:

@@ -20,7 +20,7 @@ import optax
 from birdjepa import multihost
 from birdjepa.config import PretrainConfig
 from birdjepa.data import Loader, open_train_loader, resolve_files
-from birdjepa.data.shards import label_count
+from birdjepa.data.shards import check_same_labels, label_count
 from birdjepa.diagnostics.monitor import check_due
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
@@ -36,11 +36,17 @@ from birdjepa.train.step import StepConfig, fresh_chain, init_key, step_key
 
 
 def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
-    """The train and eval shards of ``cfg`` (the demo set's, built on first use, where none are given)."""
-    demo = None if cfg.data.train and cfg.data.eval else ensure_demo_data()
-    train = cfg.data.train or str(demo / "train")
-    evaluation = cfg.data.eval or str(demo / "eval")
-    return resolve_files(train), resolve_files(evaluation)
+    """The train and eval shards of ``cfg``: the demo set's (built on first use) where no train shards are
+    given; no eval shards where train shards are given and eval shards are not (the demo's eval split
+    holds other classes). Raises `DataError` where the two splits' labels name different classes."""
+    demo = None if cfg.data.train else ensure_demo_data()
+    train = resolve_files(cfg.data.train or str(demo / "train"))
+    evaluation = cfg.data.eval or (None if cfg.data.train else str(demo / "eval"))
+    if evaluation is None:
+        return train, []
+    held_out = resolve_files(evaluation)
+    check_same_labels(train, held_out)
+    return train, held_out
 
 
 def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
