@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -340,3 +342,30 @@ def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path,
     differ = [e.key for e in kept if hex_digest(summarize([e.array], [True])[0]["digest"]) != e.digest]
     assert t.manifest["inexact"] == (differ[0] if differ else None), (t.manifest["inexact"], differ[:3])
     assert ("WARNING" in done.stdout) == bool(differ), done.stdout
+
+
+def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resumes_exactly(
+    demo_dir: Path, straight: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "straight"  # the straight run's name: the log's run field must match it
+    argv = ["birdjepa", "pretrain", *pretrain_flags(demo_dir, tmp_path, "straight", "--no-eval-linear")]
+    # SIGINT handled as in a terminal's Python (a test runner's worker may ignore it, and a child inherits
+    # that): set before the command runs, in the child.
+    start = (f"import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             f"sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    while not (run / "metrics.jsonl").exists() or not metrics_by_step(run):  # the first step is logged
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    assert "Ctrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes)" in err
+    (stop,) = events(run, "stop")
+    assert stop["reason"] == f"signal {int(signal.SIGINT)}" and stop["exit_code"] == 130
+    assert f"stopping after step {stop['step']} (signal 2); exit 130" in out
+    assert stop["step"] < STEPS - 1 and Checkpointer(run).latest_step() == stop["step"]
+    # No step lost or redone: resumed, the run equals the straight one.
+    assert pretrain_here(demo_dir, tmp_path, "straight", "--no-eval-linear") == 0
+    assert differing(straight, run) == []

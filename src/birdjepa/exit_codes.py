@@ -22,3 +22,6 @@ NONFINITE = 70
 IOERR = 74
 #: After a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE = 75
+#: After a Ctrl-C (SIGINT) save: the shell's code for an interrupted command; not requeued (a user
+#: stopped it), and the same command resumes.
+INTERRUPTED = 130

@@ -50,19 +50,31 @@ from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
 from birdjepa.validation import OptionError
 
-#: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit, and
+#: so does a first Ctrl-C (SIGINT): Python's own KeyboardInterrupt lost every step since the last save.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+CTRL_C = (
+    b"\nCtrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes). Ctrl-C "
+    b"again quits at once, losing the steps since the last checkpoint.\n"
+)
 
 
 class StopRequest:
-    """Records a stop signal for the loop (`pretrain` puts the previous handlers back when it returns)."""
+    """Records a stop signal for the loop (`pretrain` puts the previous handlers back when it returns). A
+    second Ctrl-C raises KeyboardInterrupt; an ignored SIGINT (a job started in the background by a
+    shell without job control) stays ignored."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
         for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
+            if sig != signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT:
+            if self.signal == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.write(sys.stderr.fileno(), CTRL_C)  # not print: the handler may interrupt a print
         self.signal = signum
 
 
@@ -232,7 +244,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
                 state = debug_roundtrip(t, state, saved)
         if stopping:
             signalled = step != cfg.stop_at_step
-            exit_code = exit_codes.REQUEUE if signalled else 0
+            interrupted = stop.signal == signal.SIGINT  # by the user: not a preemption to requeue
+            exit_code = (exit_codes.INTERRUPTED if interrupted else exit_codes.REQUEUE) if signalled else 0
             reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
             t.log.event("stop", step, reason=reason, exit_code=exit_code)
             progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
@@ -240,7 +253,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
 
     # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
     # summary next to its baselines.
-    if exit_code in (0, exit_codes.REQUEUE):
+    if exit_code in (0, exit_codes.REQUEUE, exit_codes.INTERRUPTED):
         try:
             t.ckpt.wait()
         except checkpoint.CheckpointWriteError as e:
@@ -306,6 +319,10 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     except OptionError as e:  # pretrain checks the options first, before a run directory exists
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
+    except KeyboardInterrupt:  # a second Ctrl-C (or one before training started): out at once
+        print(f"interrupted: the next start resumes from the newest checkpoint that verifies; exit "
+              f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(exit_codes.INTERRUPTED) from None
     if code:
         raise SystemExit(code)
 
