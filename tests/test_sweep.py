@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -191,3 +192,31 @@ def test_the_job_script_requeues_exactly_on_75_and_on_a_forwarded_signal(
 ) -> None:
     exit_code, calls = run_job_script(tmp_path, trainer, signal_name)
     assert (exit_code, calls) == (code, ["requeue 4242"] if requeued else [])
+
+
+@pytest.mark.slow  # a sweep in a process group of its own, its trainer stopped by a Ctrl-C: ~20 s
+def test_a_ctrl_c_stops_a_local_sweep_once_its_trainer_saved(demo_dir: Path, tmp_path: Path) -> None:
+    from birdjepa.rundir.checkpoint import Checkpointer
+    from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
+
+    data = {"data.train": str(demo_dir / "train"), "data.eval": str(demo_dir / "eval"), "data.batch_size": 8}
+    cfg = {"steps": 400, "eval_every": 0, "ckpt_every": 1000, **data}
+    path = sweep_file(tmp_path, repr([cfg, {**cfg, "seed": 1}]), name="ctrl")
+    runs = tmp_path / "runs"
+    argv = ["birdjepa", "sweep", str(path), "--local", "--runs-dir", str(runs)]
+    # As a terminal runs it: SIGINT handled by Python (a test worker may ignore it, and children inherit
+    # that), in a process group of its own that the Ctrl-C goes to, the sweep and its trainer alike.
+    start = (f"import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             f"sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    first = runs / "ctrl-0"
+    while not (first / "metrics.jsonl").exists() or not metrics_by_step(first):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "local exit 130" in out, out
+    (stop,) = [x for x in read_metrics(first) if x.get("event") == "stop"]
+    assert stop["exit_code"] == 130 and Checkpointer(first).latest_step() == stop["step"] < 399
+    assert not (runs / "ctrl-1").exists()  # the sweep stopped too: the second config never started

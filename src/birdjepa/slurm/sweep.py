@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -228,17 +229,22 @@ def run_local(job: Job, force_resume_at: int | None, ntasks: int = 1) -> int:
 
 def launch_local(argv: list[str], ntasks: int) -> int:
     """Start ``argv`` as ``ntasks`` processes of one group on this machine; the worst exit code."""
-    if ntasks == 1:
-        return subprocess.run(argv).returncode
-    with socket.socket() as s:  # a free port for the coordinator
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    group = {"BIRDJEPA_NUM_PROCESSES": str(ntasks), "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
-    procs = [
-        subprocess.Popen(argv, env={**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)})
-        for i in range(ntasks)
-    ]
-    return max(p.wait() for p in procs)
+    envs: list[dict[str, str] | None] = [None]  # one process: this one's environment
+    if ntasks > 1:
+        with socket.socket() as s:  # a free port for the coordinator
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        group = {"BIRDJEPA_NUM_PROCESSES": str(ntasks), "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
+        envs = [{**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)} for i in range(ntasks)]
+    procs = [subprocess.Popen(argv, env=env) for env in envs]
+    # A terminal's Ctrl-C reaches the trainers too (one process group): each saves and exits 130. This
+    # process waits for them (a KeyboardInterrupt here would kill them before their save). Set after
+    # the start: a child inherits an ignored signal, not a handler.
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        return max(p.wait() for p in procs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cli(
@@ -272,7 +278,10 @@ def cli(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "job.sbatch").write_text(script)
         if local:
-            rows.append((job.index, f"local exit {run_local(job, force_resume_at, slurm.ntasks)}", run_dir))
+            code = run_local(job, force_resume_at, slurm.ntasks)
+            rows.append((job.index, f"local exit {code}", run_dir))
+            if code == exit_codes.INTERRUPTED:  # a Ctrl-C: the user stops the sweep, not just this run
+                break
         else:
             rows.append((job.index, submit(run_dir / "job.sbatch"), run_dir))
     if rows:
