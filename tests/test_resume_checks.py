@@ -229,6 +229,13 @@ def test_allowed_config_change_passes_the_config_check_loudly(
     matrix: Matrix, capsys: pytest.CaptureFixture
 ) -> None:
     capsys.readouterr()
+    # Refused, the line names what changed and the flag that allows it (extending a run is the common case).
+    assert resume_with(matrix.base, "batch_size_change", RESUME_AT).exit_code == exit_codes.RESUME_CHECK
+    assert (
+        "lines). Nothing was trained. Options that change the run were given (data.batch_size:8->16): pass "
+        "--allow-config-change to train on under them (the run is then no longer exact), or leave them out, "
+        "or pass --resume-checks warn"
+    ) in capsys.readouterr().out
     allowed = dataclasses.replace(matrix.base, allow_config_change=True)
     row = resume_with(allowed, "batch_size_change", RESUME_AT)
     out = capsys.readouterr().out

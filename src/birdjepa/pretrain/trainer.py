@@ -201,9 +201,16 @@ class Trainer:
         if cfg.resume_checks == "warn":
             print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
             return 0
+        changed = next((r.got for r in results if r.name == "config" and not r.ok), None)
+        how = (  # a run extended or retuned on purpose (--steps 800 after 600) is the common case
+            f"Options that change the run were given ({changed}): pass --allow-config-change to train on "
+            "under them (the run is then no longer exact), or leave them out"
+            if changed is not None
+            else "Fix the cause"
+        )
         print(
             f"ERROR: resume checks failed before step {step}: {', '.join(failed)} (see the RESUME_CHECK "
-            f"lines). Nothing was trained. Fix the cause, or pass --resume-checks warn to continue anyway; "
+            f"lines). Nothing was trained. {how}, or pass --resume-checks warn to continue anyway; "
             f"exit {exit_codes.RESUME_CHECK}",
             flush=True,
         )
