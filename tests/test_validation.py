@@ -172,3 +172,28 @@ def test_a_run_on_your_shards_is_never_evaluated_on_another_vocabulary_s_classes
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert "trained on" in err and "without --data.eval: give held-out" in err, err
+
+
+def test_unlabelled_shards_pretrain_self_supervised_and_the_supervised_objective_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from conftest import tone
+
+    from birdjepa.rundir.metrics_log import metrics_by_step
+    from birdjepa.synthetic.codecs import encode_audio
+
+    audio = tmp_path / "audio"  # files at the top of the folder: no label, an empty vocabulary
+    audio.mkdir()
+    for i in range(2):
+        (audio / f"r{i}.wav").write_bytes(encode_audio(tone(500.0 + 300 * i, 16000, 2.0), 16000, "wav_pcm16"))
+    main(["prepare", str(audio), str(tmp_path / "train")])
+    flags = ["--data.train", str(tmp_path / "train"), "--eval-every", "0", "--log.runs-dir", str(tmp_path)]
+    code, err = pretrain_exit(capsys, *flags, "--objective.kind", "supervised")
+    train = tmp_path / "train"
+    assert code == 2 and err.strip() == (
+        f"error: --objective.kind 'supervised': trains on labels, and --data.train '{train}' has none"
+    ), err
+    # LeJEPA, the default, needs none: the online probe has one class and nothing to train.
+    main(["pretrain", "--run", "unlabelled", *flags, "--steps", "2", "--data.batch-size", "2"])
+    logged = metrics_by_step(tmp_path / "unlabelled")
+    assert sorted(logged) == [0, 1] and all(m["train/probe_ce"] == 0.0 for m in logged.values())

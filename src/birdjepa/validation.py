@@ -193,9 +193,12 @@ def check_data(cfg: PretrainConfig) -> None:
             raise OptionError(option, value, f"no shard files match {missing[0]!r}")
         if option == "data.train":
             try:
-                label_count(files[option])
+                classes = label_count(files[option])
             except DataError as e:
                 raise OptionError(option, value, str(e)) from None
+            if classes == 0 and cfg.objective.options.NEEDS_LABELS:
+                none = f"trains on labels, and --data.train {value!r} has none"
+                raise OptionError("objective.kind", cfg.objective.kind, none)
     if "data.train" in files and "data.eval" not in files and cfg.eval_every > 0:
         raise OptionError(
             "data.eval", None,

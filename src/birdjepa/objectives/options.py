@@ -26,6 +26,8 @@ class Options:
 
     RANGES: ClassVar[tuple[tuple[tuple[str, ...], str], ...]] = ()
     """(fields, rule): rule one of ">=0", ">=1", ">=2", ">0", "[0,1]", "(0,1)" (`birdjepa.validation`)."""
+    NEEDS_LABELS: ClassVar[bool] = False
+    """Whether the objective trains on the labels (train shards without any are then refused)."""
 
     def problems(self, cfg: PretrainConfig) -> Iterator[Problem]:
         """Options of this group that cannot work with the rest of ``cfg`` (the chosen objective only)."""
@@ -156,6 +158,8 @@ class MaeConfig(Options):
 @dataclasses.dataclass(frozen=True)
 class SupervisedConfig(Options):
     """Cross-entropy on the labels (see `birdjepa.objectives.supervised`): no options of its own."""
+
+    NEEDS_LABELS: ClassVar[bool] = True
 
     def model(self, model_cfg: ModelConfig) -> ModelConfig:
         # The projector becomes the classifier.

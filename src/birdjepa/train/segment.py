@@ -50,8 +50,11 @@ def data_files(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
 
 
 def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
-    """The model a run builds: the configured one with the data set's class count (for the probe)."""
-    return cfg.objective.options.model(dataclasses.replace(cfg.model, n_classes=n_classes).resolved())
+    """The model a run builds: the configured one with the data set's class count (for the probe). Train
+    shards without labels (self-supervised on unlabelled audio) get a probe of one class, which no row
+    trains (its ``train/probe_ce`` and ``train/probe_acc`` log as 0): a head of none has no output."""
+    model = dataclasses.replace(cfg.model, n_classes=max(n_classes, 1))
+    return cfg.objective.options.model(model.resolved())
 
 
 def total_updates(cfg: PretrainConfig) -> int:
