@@ -89,6 +89,25 @@ def test_data_paths_that_match_no_shard_or_lack_a_vocabulary(
     )
     code, err = pretrain_exit(capsys, "--data.train", str(demo_dir / "train"), "--data.eval", str(tmp_path))
     assert code == 2 and f"--data.eval '{tmp_path}': no shard files match" in err
+    # What a newcomer points at first: a folder of the hub's Parquet, or of recordings; a Parquet file.
+    import pyarrow.parquet as pq
+
+    (hub := tmp_path / "hub").mkdir()
+    pq.write_table(pa.table({"a": [1]}), hub / "train-0.parquet")
+    (recordings := tmp_path / "recordings" / "robin").mkdir(parents=True)
+    (recordings / "r0.flac").write_bytes(b"")
+    for given, what, does in ((hub, "Parquet", "converts"), (recordings.parent, "audio", "packs")):
+        code, err = pretrain_exit(capsys, "--data.train", str(given), "--data.eval", str(demo_dir / "eval"))
+        assert code == 2 and err.strip() == (
+            f"error: --data.train '{given}': no shard files match '{given}': it holds {what} files, which "
+            f"`birdjepa prepare {given} OUT` {does} into shards"
+        ), err
+    parquet = hub / "train-0.parquet"
+    code, err = pretrain_exit(capsys, "--data.train", str(parquet), "--data.eval", str(demo_dir / "eval"))
+    assert code == 2 and err.strip() == (
+        f"error: --data.train '{parquet}': {parquet}: not an Arrow IPC shard (a Parquet file: `birdjepa "
+        "prepare` converts it)"
+    ), err
     # String labels need the vocabulary that maps them to integers; the line names the missing file.
     strings = tmp_path / "strings"
     strings.mkdir()

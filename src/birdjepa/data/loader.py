@@ -122,9 +122,23 @@ def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str
         else:
             found = [text]
         if not found:
-            raise DataError(f"no shard files match {text!r}")
+            raise DataError(f"no shard files match {text!r}{_what_the_folder_holds(text)}")
         out.extend(found)
     return sorted(out)
+
+
+def _what_the_folder_holds(path: str) -> str:
+    """For a folder without shards: what `birdjepa prepare` would turn into shards, if it holds that."""
+    from birdjepa.data.prepare import AUDIO_EXTENSIONS  # on this error only: prepare imports soundfile
+
+    if not os.path.isdir(path):
+        return ""
+    if glob.glob(os.path.join(path, "*.parquet")):
+        return f": it holds Parquet files, which `birdjepa prepare {path} OUT` converts into shards"
+    for _, _, names in os.walk(path):  # the first audio file is enough
+        if any(n.lower().endswith(AUDIO_EXTENSIONS) for n in names):
+            return f": it holds audio files, which `birdjepa prepare {path} OUT` packs into shards"
+    return ""
 
 
 class Loader:

@@ -353,13 +353,18 @@ def list_shards(folder: Path) -> list[Path]:
 
 
 def read_shard(path: Path) -> pa.Table:
-    """Reads a whole shard, file or stream format (detected from the magic bytes)."""
+    """Reads a whole shard, file or stream format (detected from the magic bytes). Raises `DataError`
+    naming the file where it is neither (a Parquet file given as a shard, a truncated one)."""
     with open(path, "rb") as f:
         magic = f.read(6)
-    with pa.memory_map(str(path), "r") as source:
-        if magic == b"ARROW1":
-            return pa.ipc.open_file(source).read_all()
-        return pa.ipc.open_stream(source).read_all()
+    try:
+        with pa.memory_map(str(path), "r") as source:
+            if magic == b"ARROW1":
+                return pa.ipc.open_file(source).read_all()
+            return pa.ipc.open_stream(source).read_all()
+    except pa.ArrowException as e:
+        why = "a Parquet file: `birdjepa prepare` converts it" if magic[:4] == b"PAR1" else str(e)
+        raise _rs.DataError(f"{path}: not an Arrow IPC shard ({why})") from None
 
 
 def remove_shards(folder: Path) -> list[Path]:
