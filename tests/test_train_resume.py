@@ -369,3 +369,20 @@ def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resum
     # No step lost or redone: resumed, the run equals the straight one.
     assert pretrain_here(demo_dir, tmp_path, "straight", "--no-eval-linear") == 0
     assert differing(straight, run) == []
+
+
+def test_resume_never_refuses_a_run_directory_that_already_holds_a_run(
+    demo_dir: Path, straight: Path, capsys: pytest.CaptureFixture
+) -> None:
+    before = sorted(p.name for p in (straight / "checkpoints").iterdir())
+    log = (straight / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", *pretrain_flags(demo_dir, straight.parent, "straight", "--resume", "never")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --resume 'never': {straight} already holds a run: give another --run, or remove that folder "
+        "to start this one over"
+    )
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == before
+    assert (straight / "metrics.jsonl").read_bytes() == log  # nothing written: not a second run beside it

@@ -134,7 +134,8 @@ class PretrainConfig:
     """Micro-steps to train (one loader batch each)."""
     seed: int = 0
     resume: Literal["auto", "never"] = "auto"
-    """auto: continue from the newest complete checkpoint of the run directory, if any."""
+    """auto: continue from the newest complete checkpoint of the run directory, if any; never: start
+    fresh, refusing a run directory that already holds a run (its checkpoints or log)."""
     stop_at_step: int | None = None
     """Save at this step and exit 0 (a forced preemption: the next start resumes)."""
     prng: Literal["stateless", "checkpointed", "legacy"] = "stateless"

@@ -99,6 +99,13 @@ def pretrain(cfg: PretrainConfig) -> int:
     so is the run's lease (process 0 holds it: one writer per run, `birdjepa.rundir.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     validation.check(cfg)  # before anything touches the run directory
+    if cfg.resume == "never" and (
+        layout.has_checkpoints(cfg.run_dir) or layout.metrics_file(cfg.run_dir).exists()
+    ):
+        # A fresh start there would write a second run's checkpoints and log beside the first's, and the
+        # next resume would continue whichever checkpoint is newest.
+        raise OptionError("resume", "never", f"{cfg.run_dir} already holds a run: give another --run, or "
+                          "remove that folder to start this one over")  # fmt: skip
     check_device_options(cfg)
     lease: Lease | None = None
     if multihost.is_main():
