@@ -206,11 +206,11 @@ def prepare(
     check: Check = "header",
     skip_bad: bool = False,
     workers: int = 4,
-    vocab: Path | None = None,
+    vocab_file: Path | None = None,
     verbose: bool = False,
 ) -> PrepareResult:
     """Packs the audio files under `src` into shards `out/<prefix>-NNNNN.arrow` plus `out/vocab.json`;
-    ``vocab``: index the labels by that `vocab.json`'s names (another split's) instead of their own."""
+    ``vocab_file``: index the labels by that `vocab.json`'s names (another split's) instead of their own."""
     src, out = Path(src), Path(out)
     if not src.is_dir():
         raise PrepareError(f"source folder {src} does not exist or is not a folder")
@@ -220,8 +220,10 @@ def prepare(
     if not files:
         raise PrepareError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {src}")
     labels = csv_labels(Path(labels_csv), src, files) if labels_csv is not None else folder_labels(files)
-    vocab_names = given_vocabulary(vocab, src, labels) if vocab is not None else None
-    vocab = vocab_names if vocab_names is not None else sorted({x for x in labels.values() if x is not None})
+    if vocab_file is not None:
+        vocab = given_vocabulary(vocab_file, src, labels)
+    else:
+        vocab = sorted({lab for lab in labels.values() if lab is not None})
     index = {name: i for i, name in enumerate(vocab)}
     if verbose:
         print(f"{len(files)} audio files under {src}, {len(vocab)} labels", flush=True)
@@ -312,7 +314,7 @@ def cli(
             check=check,
             skip_bad=skip_bad,
             workers=workers,
-            vocab=vocab,
+            vocab_file=vocab,
             verbose=True,
         )
     except (PrepareError, ParquetError, FileExistsError) as e:
