@@ -306,6 +306,11 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
         shards = sorted(str(p) for p in (demo_dir / "eval").glob("*.arrow"))
         rows = list(zip(table.column("source").to_pylist(), table.column("row").to_pylist(), strict=True))
         assert rows == [(s, r) for s in shards for r in range(len(read_shard(Path(s))))]
+        # And by its label, as the shard holds it and vocab.json names it: what a researcher joins on.
+        vocab = json.loads((demo_dir / "eval" / "vocab.json").read_text())["names"]
+        labels = [x for s in shards for x in read_shard(Path(s)).column("ebird_code").to_pylist()]
+        assert table.column("label").to_pylist() == labels
+        assert table.column("label_name").to_pylist() == [None if x is None else vocab[x] for x in labels]
         assert table.schema.metadata[b"encoder"].decode() == card["identity"]
     # Its patch tokens, beside the same embedding bits (the registers leave).
     m = encoder.model.resolved()
@@ -325,6 +330,8 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     assert np.array_equal(encoder.embed_waveform(chirp, rate), windows["embedding"])
     assert not np.array_equal(windows["embedding"][0], windows["embedding"][1])  # the chirp moves
     assert embed(str(tmp_path / "audio"), encoder, tmp_path / "audio.parquet") == 3
+    audio_table = pq.read_table(tmp_path / "audio.parquet")
+    assert audio_table.column("label").null_count == audio_table.column("label_name").null_count == 3
 
 
 def hf_birdset_split(birdset_dir: Path, task: str, split: str, out: Path) -> Path:

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import tyro
 
 from birdjepa.data import DataError, resolve_files
+from birdjepa.data.shards import vocab_names
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
     CARD,
@@ -95,23 +96,35 @@ def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> in
         if Path(source).is_dir() else []  # fmt: skip
     if audio:
         columns = encoder.embed_audio(audio, n_workers=n_workers)
-        columns["row"] = np.full(len(columns["source"]), -1)
+        n = len(columns["source"])
+        columns["row"] = columns["label"] = np.full(n, -1)  # a file of audio: no shard row, no label
+        columns["label_name"] = [None] * n
     else:
         files = resolve_files(source)
-        parts: dict[str, list] = {"source": [], "row": [], "start_s": [], "end_s": [], "embedding": []}
+        parts: dict[str, list] = {"source": [], "row": [], "label": [], "label_name": [], "start_s": [],
+                                  "end_s": [], "embedding": []}  # fmt: skip
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
+        names = {folder: vocab_names(folder) for folder in {Path(f).parent for f in files}}
         for batch in encoder.embed_files(files, n_workers=n_workers):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]
             parts["row"].append(batch["row"])
+            parts["label"].append(batch["label"])
+            for s, label in zip(batch["shard_id"], batch["label"], strict=True):  # each by its own folder's
+                vocabulary = names[Path(files[int(s)]).parent]
+                parts["label_name"].append(vocabulary[label] if vocabulary and label >= 0 else None)
             parts["start_s"].append(starts)
             parts["end_s"].append(starts + clip)
             parts["embedding"].append(batch["embedding"])
-        columns = {k: v if k == "source" else np.concatenate(v) for k, v in parts.items()}
+        keep = ("source", "label_name")
+        columns = {k: v if k in keep else np.concatenate(v) for k, v in parts.items()}
     dim = encoder.model.dim
+    labels = np.asarray(columns["label"], np.int64)
     table = pa.table({
         "source": pa.array(list(columns["source"]), pa.string()),
         "row": pa.array(columns["row"], pa.int64()),
+        "label": pa.array(labels, pa.int64(), mask=labels < 0),
+        "label_name": pa.array(columns["label_name"], pa.string()),
         "start_s": pa.array(columns["start_s"], pa.float64()),
         "end_s": pa.array(columns["end_s"], pa.float64()),
         "embedding": pa.FixedSizeListArray.from_arrays(
@@ -130,7 +143,7 @@ def embed_cli(
     n_workers: int = 2,
 ) -> None:
     """Embed recordings with a trained encoder: one Parquet row per clip (source file or shard, row,
-    window start and end in seconds, embedding).
+    label and its name for a shard row, window start and end in seconds, embedding).
 
     Args:
         source: A folder of audio files (every clip-long window of each), or shards (a glob, a folder or

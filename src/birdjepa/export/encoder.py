@@ -106,7 +106,8 @@ class Encoder:
 
     def embed_files(self, files: Sequence[str], *, n_workers: int = 2) -> Iterator[dict[str, np.ndarray]]:
         """Batches of shard rows through the eval-mode loader: ``index`` (over all shards), ``shard_id``,
-        ``row`` (in its shard), ``crop_offset`` (samples at the target rate) and ``embedding``."""
+        ``row`` (in its shard), ``label`` (-1: none), ``crop_offset`` (samples at the target rate) and
+        ``embedding``."""
         with Loader(list(files), batch_size=self.batch_size, n_workers=n_workers, train=False,
                     features=self.features) as loader:  # fmt: skip
             first_index = np.r_[0, np.cumsum(loader.shard_sizes)]
@@ -115,6 +116,7 @@ class Encoder:
                     "index": batch["index"],
                     "shard_id": batch["shard_id"],
                     "row": batch["index"] - first_index[batch["shard_id"]],
+                    "label": batch["label"],
                     "crop_offset": batch["crop_offset"],
                     "embedding": self(batch["spectrogram"]),
                 }
