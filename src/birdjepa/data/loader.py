@@ -12,6 +12,7 @@ import dataclasses
 import glob
 import json
 import os
+import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -129,15 +130,15 @@ def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str
 
 def _what_the_folder_holds(path: str) -> str:
     """For a folder without shards: what `birdjepa prepare` would turn into shards, if it holds that."""
-    from birdjepa.data.prepare import AUDIO_EXTENSIONS  # on this error only: prepare imports soundfile
+    from birdjepa.data.parquet import parquet_files  # on this error only: prepare imports soundfile
+    from birdjepa.data.prepare import find_audio_files
 
     if not os.path.isdir(path):
         return ""
-    if glob.glob(os.path.join(path, "*.parquet")):
+    if parquet_files(path):
         return f": it holds Parquet files, which `birdjepa prepare {path} OUT` converts into shards"
-    for _, _, names in os.walk(path):  # the first audio file is enough
-        if any(n.lower().endswith(AUDIO_EXTENSIONS) for n in names):
-            return f": it holds audio files, which `birdjepa prepare {path} OUT` packs into shards"
+    if find_audio_files(pathlib.Path(path)):
+        return f": it holds audio files, which `birdjepa prepare {path} OUT` packs into shards"
     return ""
 
 

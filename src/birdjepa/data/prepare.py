@@ -133,11 +133,11 @@ def given_vocabulary(path: Path, src: Path, labels: dict[str, str | None]) -> li
     ``labels``: a held-out split prepared with its train split's vocabulary indexes each class as the train
     split does, even where it lacks some. Raises `PrepareError` naming a file whose label it lacks."""
     path = Path(path)
+    if not path.is_dir() and path.name != VOCAB_FILE:
+        raise PrepareError(f"--vocab {path}: not a {VOCAB_FILE} or a folder holding one")
     folder = path if path.is_dir() else path.parent
-    if not (folder / VOCAB_FILE).is_file() or (path != folder and path.name != VOCAB_FILE):
-        raise PrepareError(f"--vocab {path}: no {VOCAB_FILE} there")
     try:
-        _, names = read_vocab(folder)
+        _, names = read_vocab(folder)  # names a missing file
     except _rs.DataError as e:
         raise PrepareError(f"--vocab {path}: {e}") from None
     known = set(names)

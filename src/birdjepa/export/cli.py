@@ -104,15 +104,15 @@ def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> in
         parts: dict[str, list] = {"source": [], "row": [], "label": [], "label_name": [], "start_s": [],
                                   "end_s": [], "embedding": []}  # fmt: skip
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
-        names = {folder: vocab_names(folder) for folder in {Path(f).parent for f in files}}
+        folders = {folder: vocab_names(folder) for folder in {Path(f).parent for f in files}}
+        names = [folders[Path(f).parent] for f in files]  # each shard's labels by its own folder's names
         for batch in encoder.embed_files(files, n_workers=n_workers):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]
             parts["row"].append(batch["row"])
             parts["label"].append(batch["label"])
-            for s, label in zip(batch["shard_id"], batch["label"], strict=True):  # each by its own folder's
-                vocabulary = names[Path(files[int(s)]).parent]
-                parts["label_name"].append(vocabulary[label] if vocabulary and label >= 0 else None)
+            pairs = zip(batch["shard_id"], batch["label"], strict=True)
+            parts["label_name"] += [names[s][x] if names[s] and x >= 0 else None for s, x in pairs]
             parts["start_s"].append(starts)
             parts["end_s"].append(starts + clip)
             parts["embedding"].append(batch["embedding"])
