@@ -329,6 +329,8 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     assert windows["start_s"].tolist() == [0.0, 5.0, 10.0] and windows["end_s"].tolist() == [5.0, 10.0, 12.0]
     assert np.array_equal(encoder.embed_waveform(chirp, rate), windows["embedding"])
     assert not np.array_equal(windows["embedding"][0], windows["embedding"][1])  # the chirp moves
+    # A folder embeds the files `prepare` would pack: macOS's "._" sidecar beside a copy is no recording.
+    (tmp_path / "audio" / "._chirp.wav").write_bytes(b"\x00\x05\x16\x07" + bytes(60))
     assert embed(str(tmp_path / "audio"), encoder, tmp_path / "audio.parquet") == 3
     audio_table = pq.read_table(tmp_path / "audio.parquet")
     assert audio_table.column("label").null_count == audio_table.column("label_name").null_count == 3

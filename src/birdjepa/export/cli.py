@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import tyro
 
 from birdjepa.data import DataError, resolve_files
+from birdjepa.data.prepare import find_audio_files
 from birdjepa.data.shards import vocab_names
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
@@ -28,8 +29,6 @@ from birdjepa.export.encoder import (
     flatten,
     load_encoder,
 )
-
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 
 
 def export(run: Path, out: Path, step: int | None = None) -> Path:
@@ -92,8 +91,8 @@ def export_cli(
 def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> int:
     """Embeds ``source`` (shards: a glob, folder or file of .arrow; or a folder or list of audio files)
     into ``out`` (Parquet, one row per clip); returns the row count."""
-    audio = sorted(p for p in Path(source).rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES) \
-        if Path(source).is_dir() else []  # fmt: skip
+    # the files `prepare` would pack, so a folder embeds the recordings a run on it trained on
+    audio = [Path(source) / f for f in find_audio_files(Path(source))] if Path(source).is_dir() else []
     if audio:
         columns = encoder.embed_audio(audio, n_workers=n_workers)
         n = len(columns["source"])
