@@ -212,6 +212,25 @@ def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: P
     assert result.max_abs_diff == 0.0 and all(j.other_max_abs == 0.0 for j in result.jumps)
 
 
+def test_compare_names_the_steps_one_run_logged_alone_and_the_difference_over_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # A run extended past another (or stopped early) differs, and says where: the steps only one run
+    # logged, and over the steps both logged the difference alone (here none).
+    from birdjepa.rundir.layout import METRICS_FILE
+
+    for run, steps in (("short", range(4)), ("long", [*range(6), 9])):
+        (tmp_path / run).mkdir()
+        lines = [{"step": s, "restart": 0, "train/loss": 1.0 / (s + 1)} for s in steps]
+        (tmp_path / run / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert command(capsys, "compare", tmp_path / "short", tmp_path / "long") == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == [f"steps only {tmp_path / 'long'} logged: 4-5, 9 (3)",
+                        "over the 4 steps both logged: max_abs_diff=0.0", "max_abs_diff=inf"]  # fmt: skip
+    assert command(capsys, "compare", tmp_path / "long", tmp_path / "long") == 0
+    assert "steps only" not in capsys.readouterr().out
+
+
 def test_the_legacy_resume_bug_is_caught_by_the_checks_and_by_compare(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -27,10 +27,15 @@ class MetricDiff:
     steps: int
 
 
-def compare_runs(a: Path, b: Path, metrics: Iterable[str] | None = None) -> list[MetricDiff]:
+def compare_runs(
+    a: Path, b: Path, metrics: Iterable[str] | None = None, steps: set[int] | None = None
+) -> list[MetricDiff]:
     """Per metric: max abs/rel difference over the steps both runs logged, and the first differing
-    step with both values. A step or metric logged by only one run counts as a difference."""
+    step with both values. A step or metric logged by only one run counts as a difference. ``steps``:
+    only those."""
     ma, mb = metrics_by_step(a), metrics_by_step(b)
+    if steps is not None:
+        ma, mb = ({s: m for s, m in run.items() if s in steps} for run in (ma, mb))
     names = sorted(
         set(metrics) if metrics is not None else {k for d in (*ma.values(), *mb.values()) for k in d}
     )
@@ -65,6 +70,32 @@ def print_table(diffs: list[MetricDiff]) -> float:
     return max((d.max_abs for d in diffs), default=float("inf"))
 
 
+def step_ranges(steps: Iterable[int]) -> str:
+    """``0-3, 7, 9-10``: sorted steps, runs of consecutive ones as one range."""
+    out: list[list[int]] = []
+    for s in sorted(steps):
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def one_sided(a: Path, b: Path, metrics: Iterable[str] | None = None) -> list[str]:
+    """Lines naming the steps only one run logged (a run stopped early, or extended past the other)
+    and the largest difference over the steps both logged; none where both logged the same steps."""
+    ma, mb = metrics_by_step(a), metrics_by_step(b)
+    wanted = set(metrics) if metrics is not None else None
+    sa, sb = ({s for s, m in run.items() if wanted is None or wanted & m.keys()} for run in (ma, mb))
+    if sa == sb:
+        return []
+    lines = [f"steps only {run} logged: {step_ranges(only)} ({len(only)})"
+             for run, only in ((a, sa - sb), (b, sb - sa)) if only]  # fmt: skip
+    both = sa & sb
+    common = max((d.max_abs for d in compare_runs(a, b, metrics, steps=both)), default=0.0)
+    return [*lines, f"over the {len(both)} steps both logged: max_abs_diff={common}"]
+
+
 def cli(
     run_a: tyro.conf.Positional[Path],
     run_b: tyro.conf.Positional[Path],
@@ -74,6 +105,8 @@ def cli(
     difference and the first differing step; exit 1 if any selected metric differs."""
     try:
         worst = print_table(compare_runs(run_a, run_b, metrics))
+        for line in one_sided(run_a, run_b, metrics):
+            print(line)
     except (MetricsFileError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
