@@ -74,10 +74,25 @@ def step_digests(args: list[str]) -> dict[str, str]:
 
 
 MONITOR_SUMS = ("grad_norm", "grad_mean_abs", "param_norm", "update_norm", "update_ratio")
-REVISED = tuple(f"1[3]['{k}']" for k in MONITOR_SUMS)
-"""The outputs that a declared revision of the step (`birdjepa.train.revisions`) moved since
-`PRE_REGISTRY`: the update monitor's float sums (revision 2, one pass per parameter). Their values are
-held to float64 sums in test_update_monitor.py."""
+UPDATED = (".mu[", ".nu[", "['train/update_norm']", "/trace/updates/", "/trace/gradients_clipped/")
+"""What an update makes of its clipped gradients besides the parameters (output ``[0]``): AdamW's
+moments, the update's norm and the recorded updates (and clipped gradients)."""
+
+
+def revised(key: str, args: list[str]) -> bool:
+    """Whether a declared revision of the step (`birdjepa.train.revisions`) moved output ``key`` of
+    ``args``'s two steps since `PRE_REGISTRY`: the update monitor's float sums (revision 2, one pass per
+    parameter; their values are held to float64 sums in test_update_monitor.py) and, from the first
+    update on, what the update makes of the clipped gradients, and then everything the next step
+    computes from them (revision 3, the online probe clipped apart; test_optim.py holds what it
+    changed). The first step's forward pass, loss and gradients, and an accumulation step whole, stay."""
+    step, first_update = int(key[0]), 1 if "--optim.grad-accum" in args else 0
+    if key in {f"1[3]['{k}']" for k in MONITOR_SUMS}:
+        return True
+    return step > first_update or (
+        step == first_update and (key[1:].startswith("[0]") or any(u in key for u in UPDATED))
+    )
+
 
 PRE_REGISTRY = "c33e628"
 """The last commit before objectives became units (aae13d3 was that change)."""

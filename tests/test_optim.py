@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from birdjepa.config import OptimConfig
@@ -125,3 +126,47 @@ def test_the_update_s_grad_and_update_norm_metrics_are_the_norms_of_what_it_took
     assert norm(moved) > 0
     np.testing.assert_allclose(float(metrics["train/grad_norm"]), norm(grads), rtol=1e-6)
     np.testing.assert_allclose(float(metrics["train/update_norm"]), norm(moved), rtol=1e-6)
+
+
+def test_the_online_probe_s_gradient_never_changes_the_other_parameters_updates() -> None:
+    """The optimizer clips the probe's gradients apart from the rest's (`clip_apart`): over three
+    updates whose encoder gradients are the same and whose probe gradients differ (as a labelled and an
+    unlabelled batch make them), the encoder moves by the same bits. Each group is still clipped to
+    ``clip_norm``, measured against float64 norms of what went in (rtol 1e-6: float32 arithmetic)."""
+    from birdjepa.train.optim import clip_apart
+
+    rng = np.random.default_rng(0)
+    params = {"encoder": {"w": jnp.zeros((8, 4))}, "probe": {"head": {"kernel": jnp.zeros((4, 3))}}}
+    encoder = [
+        rng.normal(size=(8, 4)).astype(np.float32) * s for s in (0.5, 0.1, 0.3)
+    ]  # norms ~2.8, 0.6, 1.7
+
+    def moved(probe_scale: float) -> list[np.ndarray]:
+        tx = make_optimizer(OptimConfig(clip_norm=1.0), 10)
+        state, p, out = tx.init(params), params, []
+        for g in encoder:
+            probe = np.full((4, 3), probe_scale, np.float32)
+            grads = {"encoder": {"w": jnp.asarray(g)}, "probe": {"head": {"kernel": jnp.asarray(probe)}}}
+            updates, state = jax.jit(tx.update)(grads, state, p)
+            p = optax.apply_updates(p, updates)
+            out.append(np.asarray(p["encoder"]["w"]))
+        return out
+
+    labelled, unlabelled = moved(2.0), moved(0.0)
+    assert all(np.array_equal(a, b) for a, b in zip(labelled, unlabelled, strict=True))
+
+    grads = {"encoder": {"w": jnp.asarray(encoder[0])}, "probe": {"head": {"kernel": jnp.full((4, 3), 2.0)}}}
+    clipped, _ = clip_apart(1.0).update(grads, None)
+    for group, norm in (("encoder", np.linalg.norm(encoder[0].astype(np.float64))), ("probe", np.sqrt(48.0))):
+        got = np.sqrt(
+            sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(clipped[group]))
+        )
+        assert norm > 1.0
+        np.testing.assert_allclose(got, 1.0, rtol=1e-6)
+    small = jax.tree.map(lambda x: x / 10, grads)  # each group under the threshold: left as it is
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(
+            jax.tree.leaves(clip_apart(1.0).update(small, None)[0]), jax.tree.leaves(small), strict=True
+        )
+    )

@@ -97,16 +97,17 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
         f"so from here the run can differ from an uninterrupted one in the last bits"
     ]
     assert "RESUME_CHECK name=next_loss ok=True expected=" in out
-    assert "(rtol=1e-05,machine:device+jaxlib+lock+cpu_threads)" in out, out
+    # Revision 3 moves the training's bits (the probe clipped apart): the tolerance names it too.
+    assert "(rtol=1e-05,machine:device+jaxlib+lock+cpu_threads+step_revision)" in out, out
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "machine_changed"]
     assert event["step"] == 2 and event["device"] == ["Other CPU (avx2)", here["device"]]
-    # Revision 2 moved only the monitor's statistics: said, and the loss above was still held exactly
-    # for it (the tolerance names the machine alone).
+    # Each revision crossed is said, in order.
     (revised,) = [line for line in out.splitlines() if line.startswith("WARNING resumed by code of")]
     assert revised.startswith(
         f"WARNING resumed by code of another revision of the step than checkpoint 1 was written by "
-        f"(1 -> {revisions.REVISION}: the update monitor reduces each parameter once for its five statistics"
+        f"(1 -> {revisions.REVISION}: the update monitor reduces each parameter once for its five "
     ), revised
+    assert "; the online probe's gradients are clipped apart from the objective's" in revised, revised
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "step_revised"]
     assert event["step"] == 2 and event["revision"] == [1, revisions.REVISION]
 

@@ -72,7 +72,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     """Final LR as a fraction of the peak."""
     clip_norm: float = 1.0
-    """Global-norm gradient clipping (0 = off)."""
+    """Global-norm gradient clipping (0 = off); the online probe's gradients are clipped apart."""
     grad_accum: int = 1
     """Micro-batches per optimizer update."""
     probe_lr_scale: float = 100.0

@@ -64,8 +64,8 @@ def make_schedule(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> 
 
 
 def make_optimizer(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> optax.GradientTransformation:
-    """AdamW (or Muon) on the scheduled LR after global-norm clipping; ``seams``: the verification
-    wing's (`birdjepa.seams`)."""
+    """AdamW (or Muon) on the scheduled LR after global-norm clipping (`clip_apart`); ``seams``: the
+    verification wing's (`birdjepa.seams`)."""
     schedule = make_schedule(cfg, total_updates, seams)
     decay_mask = seams.decay_mask()
 
@@ -82,16 +82,39 @@ def make_optimizer(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) ->
                 adam_b2=cfg.b2,
                 adam_weight_decay=cfg.weight_decay,
             )
-        clip = optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else optax.identity()
         probe_scale = optax.multi_transform(
             {"probe": optax.scale(cfg.probe_lr_scale), "rest": optax.identity()}, _probe_labels
         )
-        return optax.chain(clip, base, probe_scale)
+        return optax.chain(clip_apart(cfg.clip_norm), base, probe_scale)
 
     tx = optax.inject_hyperparams(scheduled)(learning_rate=schedule)
     if cfg.grad_accum > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=cfg.grad_accum)
     return tx
+
+
+def clip_apart(max_norm: float) -> optax.GradientTransformation:
+    """Global-norm clipping at ``max_norm`` (0: none) of the online probe's gradients and, apart, of every
+    other parameter's. The probe is a diagnostic: in one norm with the rest, its gradient (as large as all
+    the others' together in the demo run) scaled theirs by 0.66, 0.72 and 0.88 at steps 100, 300 and 500
+    (alone: 0.94, 1.0, 1.0). Stateless, as `optax.clip_by_global_norm` is: the optimizer state keeps its
+    layout."""
+    if max_norm <= 0:
+        return optax.identity()
+    clip = optax.clip_by_global_norm(max_norm)
+
+    def apart(updates: optax.Updates, params: optax.Params | None = None) -> optax.Updates:
+        leaves, treedef = jax.tree.flatten(updates)
+        groups = jax.tree.leaves(_probe_labels(updates))
+        out = list(leaves)
+        for group in sorted(set(groups)):
+            index = [i for i, g in enumerate(groups) if g == group]
+            clipped, _ = clip.update([leaves[i] for i in index], optax.EmptyState())
+            for i, leaf in zip(index, clipped, strict=True):
+                out[i] = leaf
+        return jax.tree.unflatten(treedef, out)
+
+    return optax.stateless(apart)
 
 
 def _probe_labels(params: optax.Params) -> optax.Params:

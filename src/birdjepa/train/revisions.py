@@ -32,6 +32,11 @@ REVISIONS = (
         "bits; the training's do not",
         training=False,
     ),
+    Revision(
+        "the online probe's gradients are clipped apart from the objective's (2026-11-29): in one global "
+        "norm with them, the probe's scaled the encoder's gradients by its own size; every update moves",
+        training=True,
+    ),
 )
 REVISION = len(REVISIONS)
 """The revision of this code's step."""

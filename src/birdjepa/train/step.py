@@ -25,7 +25,7 @@ from birdjepa.objectives.options import ObjectiveConfig
 from birdjepa.seams import NONE, Seams, planted
 from birdjepa.train.augment import augment_views
 from birdjepa.train.model_calls import ModelCalls
-from birdjepa.train.optim import accumulation_progress, applied_lr, update_count
+from birdjepa.train.optim import accumulation_progress, applied_lr, clip_apart, update_count
 
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
 _INIT_KEY, _STEP_KEY = 0, 1
@@ -222,9 +222,7 @@ def make_update(tx: optax.GradientTransformation, *, clip_norm: float = 0.0) -> 
             return out
         trace = {**record, "loss": {**aux, "total": loss}, "gradients": grads}
         if clip_norm > 0:
-            trace["gradients_clipped"] = optax.clip_by_global_norm(clip_norm).update(
-                grads, optax.EmptyState()
-            )[0]
+            trace["gradients_clipped"] = clip_apart(clip_norm).update(grads, optax.EmptyState())[0]
         trace["updates"] = updates
         return (*out, trace)
 
