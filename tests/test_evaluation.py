@@ -311,6 +311,8 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
         labels = [x for s in shards for x in read_shard(Path(s)).column("ebird_code").to_pylist()]
         assert table.column("label").to_pylist() == labels
         assert table.column("label_name").to_pylist() == [None if x is None else vocab[x] for x in labels]
+        ids = [x for s in shards for x in read_shard(Path(s)).column("recording_id").to_pylist()]
+        assert table.column("recording_id").to_pylist() == ids and all(ids)  # prepare's id of each row
         assert table.schema.metadata[b"encoder"].decode() == card["identity"]
     # Its patch tokens, beside the same embedding bits (the registers leave).
     m = encoder.model.resolved()
@@ -334,6 +336,7 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     assert embed(str(tmp_path / "audio"), encoder, tmp_path / "audio.parquet") == 3
     audio_table = pq.read_table(tmp_path / "audio.parquet")
     assert audio_table.column("label").null_count == audio_table.column("label_name").null_count == 3
+    assert audio_table.column("recording_id").null_count == 3  # a file's id is its path, in `source`
 
 
 def hf_birdset_split(birdset_dir: Path, task: str, split: str, out: Path) -> Path:

@@ -16,7 +16,7 @@ import tyro
 
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.prepare import find_audio_files
-from birdjepa.data.shards import vocab_names
+from birdjepa.data.shards import read_shard, vocab_names
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
     CARD,
@@ -97,31 +97,36 @@ def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> in
         columns = encoder.embed_audio(audio, n_workers=n_workers)
         n = len(columns["source"])
         columns["row"] = columns["label"] = np.full(n, -1)  # a file of audio: no shard row, no label
-        columns["label_name"] = [None] * n
+        columns["label_name"] = columns["recording_id"] = [None] * n
     else:
         files = resolve_files(source)
-        parts: dict[str, list] = {"source": [], "row": [], "label": [], "label_name": [], "start_s": [],
-                                  "end_s": [], "embedding": []}  # fmt: skip
+        parts: dict[str, list] = {"source": [], "row": [], "recording_id": [], "label": [], "label_name": [],
+                                  "start_s": [], "end_s": [], "embedding": []}  # fmt: skip
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
         folders = {folder: vocab_names(folder) for folder in {Path(f).parent for f in files}}
+        ids = [recording_ids(Path(f)) for f in files]
         names = [folders[Path(f).parent] for f in files]  # each shard's labels by its own folder's names
         for batch in encoder.embed_files(files, n_workers=n_workers):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]
             parts["row"].append(batch["row"])
+            parts["recording_id"] += [
+                ids[s][r] if ids[s] else None for s, r in zip(batch["shard_id"], batch["row"], strict=True)
+            ]
             parts["label"].append(batch["label"])
             pairs = zip(batch["shard_id"], batch["label"], strict=True)
             parts["label_name"] += [names[s][x] if names[s] and x >= 0 else None for s, x in pairs]
             parts["start_s"].append(starts)
             parts["end_s"].append(starts + clip)
             parts["embedding"].append(batch["embedding"])
-        keep = ("source", "label_name")
+        keep = ("source", "recording_id", "label_name")
         columns = {k: v if k in keep else np.concatenate(v) for k, v in parts.items()}
     dim = encoder.model.dim
     labels = np.asarray(columns["label"], np.int64)
     table = pa.table({
         "source": pa.array(list(columns["source"]), pa.string()),
         "row": pa.array(columns["row"], pa.int64()),
+        "recording_id": pa.array(columns["recording_id"], pa.string()),
         "label": pa.array(labels, pa.int64(), mask=labels < 0),
         "label_name": pa.array(columns["label_name"], pa.string()),
         "start_s": pa.array(columns["start_s"], pa.float64()),
@@ -134,6 +139,13 @@ def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> in
     return len(table)
 
 
+def recording_ids(shard: Path) -> list[str | None] | None:
+    """A shard's ``recording_id`` column (what `birdjepa prepare` writes), or None where it has none (a
+    hub's cache file: its own columns name the recording)."""
+    table = read_shard(shard)
+    return table.column("recording_id").to_pylist() if "recording_id" in table.schema.names else None
+
+
 def embed_cli(
     source: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SOURCE")],
     encoder: Path,
@@ -142,7 +154,7 @@ def embed_cli(
     n_workers: int = 2,
 ) -> None:
     """Embed recordings with a trained encoder: one Parquet row per clip (source file or shard, row,
-    label and its name for a shard row, window start and end in seconds, embedding).
+    recording id, label and its name for a shard row, window start and end in seconds, embedding).
 
     Args:
         source: A folder of audio files (every clip-long window of each), or shards (a glob, a folder or
