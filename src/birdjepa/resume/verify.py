@@ -143,10 +143,16 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     straight_job = threading.Thread(
         target=lambda: straight_code.append(run_segment([*base, "--run", "straight"], straight, "straight"))
     )
+    # A terminal's Ctrl-C reaches both trainers (one process group): each saves and exits 130. This
+    # process notes it and waits for them, where a KeyboardInterrupt would leave a traceback.
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
     straight_job.start()
     if opts.sequential:
         straight_job.join()
     for n, stop in enumerate([*stops, None]):
+        if interrupted:
+            break
         args = [*base, "--run", "resumed"]
         if n > 0 and opts.workers_after_resume is not None:
             args += ["--data.n-workers", str(opts.workers_after_resume)]
@@ -171,6 +177,11 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
         print(f"verify-resume: segment {n} stopped after step {at}", flush=True)
 
     straight_job.join()
+    signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        print(f"verify-resume: interrupted (Ctrl-C); both runs saved where they stopped, under {root}, and "
+              f"the next verify-resume starts them afresh", flush=True)  # fmt: skip
+        return exit_codes.INTERRUPTED
     if straight_code != [0]:
         problems.insert(0, f"the straight run exited {straight_code[0] if straight_code else 'nothing'}")
     resumes = _events(resumed, "resume") if layout.metrics_file(resumed).exists() else []
