@@ -157,8 +157,11 @@ def test_a_format_1_checkpoint_of_the_old_code_resumes_and_continues_the_old_cod
         meta["state_leaves"]
     )
 
-    # It ends as the old code's own straight run ended: the same batches (index CRC-32s) and schedule with
-    # ==, the model's numbers within ACROSS_CPUS_RTOL, as the fixture was recorded on another CPU.
+    # It continues the old code's own straight run: the same batches (index CRC-32s) and schedule with ==
+    # to the end, the model's numbers within ACROSS_CPUS_RTOL (the fixture was recorded on another CPU)
+    # up to the first resumed step's forward pass and gradients; its updates are this code's, as the
+    # step's revision 3 (the online probe clipped apart), said at the resume, moves every update.
+    assert f"than checkpoint 2 was written by (1 -> {revisions.REVISION}: " in out
     ours, theirs = metrics_by_step(tmp_path / "old"), metrics_by_step(FORMAT1 / "straight")
     assert sorted(ours) == sorted(theirs) == list(range(6))
     crc = "dataloader/index_crc32"

@@ -27,6 +27,7 @@ from birdjepa.resume.compare import MetricDiff, compare_runs
 from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint.space import TMP_SUFFIX, folder_bytes
 from birdjepa.rundir.metrics_log import TORN_SUFFIX, metrics_by_step, read_metrics
+from birdjepa.train import revisions
 
 #: A log line cut off by a node that died mid-append.
 TORN = b'{"step": 31, "restart": 0, "time": 1.5, "train/lo'
@@ -74,11 +75,36 @@ def equal(a: Path, b: Path) -> bool:
     return bool(diffs) and all(d.max_abs == 0.0 for d in diffs)
 
 
+#: What a step logs from its forward pass and its gradients, before its update moves the parameters.
+BEFORE_THE_UPDATE = (
+    "train/loss",
+    "train/invariance",
+    "train/sigreg",
+    "train/embedding_rank",
+    "train/projection_rank",
+    "train/probe_ce",
+    "train/probe_acc",
+    "train/grad_norm",
+)
+
+
 def continues_old_run(run: Path, old: Path) -> list[MetricDiff]:
-    """The metrics the old code's run ``old`` logged in which ``run`` departs from it: any difference in
-    the data stream or the schedule, more than ACROSS_CPUS_RTOL relative in the model's numbers."""
+    """The metrics the old code's run ``old`` logged in which ``run``, resumed by this code from the old
+    code's checkpoint, departs from it: any difference in the data stream or the schedule, more than
+    ACROSS_CPUS_RTOL relative in the model's numbers. Where the resume crossed a declared revision of
+    the step that moves the training (`birdjepa.train.revisions`: its ``step_revised`` event), this
+    code's updates are its own: the model's numbers are held up to the first resumed step's forward
+    pass and gradients (the restored state's), the data stream and the schedule to the end."""
     names = {k for logged in metrics_by_step(old).values() for k in logged}
-    diffs = compare_runs(run, old, names)
+    exact = {n for n in names if n.startswith(EXACT_ACROSS_CPUS)}
+    crossed = [e for e in read_metrics(run) if e.get("event") == "step_revised"]
+    if any(r.training for e in crossed for r in revisions.between(*e["revision"])):
+        first = crossed[0]["step"]
+        diffs = [*compare_runs(run, old, exact),
+                 *compare_runs(run, old, names - exact, steps=set(range(first))),
+                 *compare_runs(run, old, names & set(BEFORE_THE_UPDATE), steps={first})]  # fmt: skip
+    else:
+        diffs = compare_runs(run, old, names)
     allowed = {d.name: 0.0 if d.name.startswith(EXACT_ACROSS_CPUS) else ACROSS_CPUS_RTOL for d in diffs}
     return [d for d in diffs if d.max_rel > allowed[d.name]]
 
