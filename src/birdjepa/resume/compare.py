@@ -16,6 +16,9 @@ import tyro
 from birdjepa import exit_codes
 from birdjepa.rundir.metrics_log import MetricsFileError, metrics_by_step
 
+Logged = dict[int, dict[str, float]]
+"""A run's log by step (`metrics_by_step`)."""
+
 
 @dataclasses.dataclass
 class MetricDiff:
@@ -27,23 +30,22 @@ class MetricDiff:
     steps: int
 
 
-def compare_runs(
-    a: Path, b: Path, metrics: Iterable[str] | None = None, steps: set[int] | None = None
-) -> list[MetricDiff]:
+def compare_runs(a: Path, b: Path, metrics: Iterable[str] | None = None) -> list[MetricDiff]:
     """Per metric: max abs/rel difference over the steps both runs logged, and the first differing
-    step with both values. A step or metric logged by only one run counts as a difference. ``steps``:
-    only those."""
-    ma, mb = metrics_by_step(a), metrics_by_step(b)
-    if steps is not None:
-        ma, mb = ({s: m for s, m in run.items() if s in steps} for run in (ma, mb))
+    step with both values. A step or metric logged by only one run counts as a difference."""
+    return compare_logged(metrics_by_step(a), metrics_by_step(b), metrics)
+
+
+def compare_logged(ma: Logged, mb: Logged, metrics: Iterable[str] | None = None) -> list[MetricDiff]:
+    """`compare_runs` of two runs' logs already read (`metrics_by_step`)."""
     names = sorted(
         set(metrics) if metrics is not None else {k for d in (*ma.values(), *mb.values()) for k in d}
     )
     out = []
     for name in names:
-        steps = sorted(s for s in set(ma) | set(mb) if name in ma.get(s, {}) or name in mb.get(s, {}))
-        diff = MetricDiff(name, 0.0, 0.0, None, None, len(steps))
-        for s in steps:
+        logged_at = sorted(s for s in set(ma) | set(mb) if name in ma.get(s, {}) or name in mb.get(s, {}))
+        diff = MetricDiff(name, 0.0, 0.0, None, None, len(logged_at))
+        for s in logged_at:
             va, vb = ma.get(s, {}).get(name), mb.get(s, {}).get(name)
             if va == vb:
                 continue
@@ -57,6 +59,26 @@ def compare_runs(
                 diff.first_step, diff.first_values = s, (va, vb)
         out.append(diff)
     return out
+
+
+def compare_with_coverage(
+    a: Path, b: Path, metrics: Iterable[str] | None = None
+) -> tuple[list[MetricDiff], list[str]]:
+    """`compare_runs`, and the lines naming the steps only one run logged (a run stopped early, or
+    extended past the other) with the largest difference over the steps both logged (none where both
+    logged the same steps); each log read once."""
+    ma, mb = metrics_by_step(a), metrics_by_step(b)
+    wanted = set(metrics) if metrics is not None else None
+    sa, sb = ({s for s, m in run.items() if wanted is None or wanted & m.keys()} for run in (ma, mb))
+    diffs = compare_logged(ma, mb, metrics)
+    if sa == sb:
+        return diffs, []
+    lines = [f"steps only {run} logged: {step_ranges(only)} ({len(only)})"
+             for run, only in ((a, sa - sb), (b, sb - sa)) if only]  # fmt: skip
+    both = sa & sb
+    ca, cb = ({s: m for s, m in run.items() if s in both} for run in (ma, mb))
+    common = max((d.max_abs for d in compare_logged(ca, cb, metrics)), default=0.0)
+    return diffs, [*lines, f"over the {len(both)} steps both logged: max_abs_diff={common}"]
 
 
 def print_table(diffs: list[MetricDiff]) -> float:
@@ -81,21 +103,6 @@ def step_ranges(steps: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
-def one_sided(a: Path, b: Path, metrics: Iterable[str] | None = None) -> list[str]:
-    """Lines naming the steps only one run logged (a run stopped early, or extended past the other)
-    and the largest difference over the steps both logged; none where both logged the same steps."""
-    ma, mb = metrics_by_step(a), metrics_by_step(b)
-    wanted = set(metrics) if metrics is not None else None
-    sa, sb = ({s for s, m in run.items() if wanted is None or wanted & m.keys()} for run in (ma, mb))
-    if sa == sb:
-        return []
-    lines = [f"steps only {run} logged: {step_ranges(only)} ({len(only)})"
-             for run, only in ((a, sa - sb), (b, sb - sa)) if only]  # fmt: skip
-    both = sa & sb
-    common = max((d.max_abs for d in compare_runs(a, b, metrics, steps=both)), default=0.0)
-    return [*lines, f"over the {len(both)} steps both logged: max_abs_diff={common}"]
-
-
 def cli(
     run_a: tyro.conf.Positional[Path],
     run_b: tyro.conf.Positional[Path],
@@ -104,8 +111,9 @@ def cli(
     """Align two runs' logged metrics by step (all segments) and print per metric the max abs and rel
     difference and the first differing step; exit 1 if any selected metric differs."""
     try:
-        worst = print_table(compare_runs(run_a, run_b, metrics))
-        for line in one_sided(run_a, run_b, metrics):
+        diffs, coverage = compare_with_coverage(run_a, run_b, metrics)
+        worst = print_table(diffs)
+        for line in coverage:
             print(line)
     except (MetricsFileError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

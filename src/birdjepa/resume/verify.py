@@ -33,7 +33,7 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
-from birdjepa.resume.compare import compare_runs, one_sided, print_table
+from birdjepa.resume.compare import compare_with_coverage, print_table
 from birdjepa.rundir import layout
 from birdjepa.rundir.metrics_log import read_metrics
 
@@ -188,9 +188,9 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     if not problems and len(resumes) != len(stops):
         problems.append(f"{len(resumes)} resume events for {len(stops)} interruptions")
     both_logged = all(layout.metrics_file(r).exists() for r in (straight, resumed))
-    diffs = compare_runs(straight, resumed) if both_logged else []
+    diffs, coverage = compare_with_coverage(straight, resumed) if both_logged else ([], [])
     worst = print_table(diffs)
-    for line in one_sided(straight, resumed) if both_logged else []:  # a segment that lost steps
+    for line in coverage:  # a segment that lost steps
         print(line)
     (root / "verify.json").write_text(
         json.dumps({"problems": problems, "diffs": [dataclasses.asdict(d) for d in diffs]}, indent=1)

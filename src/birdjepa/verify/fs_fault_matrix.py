@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from birdjepa import exit_codes
-from birdjepa.resume.compare import MetricDiff, compare_runs
+from birdjepa.resume.compare import MetricDiff, compare_logged, compare_runs
 from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint.space import TMP_SUFFIX, folder_bytes
 from birdjepa.rundir.metrics_log import TORN_SUFFIX, metrics_by_step, read_metrics
@@ -95,16 +95,18 @@ def continues_old_run(run: Path, old: Path) -> list[MetricDiff]:
     the step that moves the training (`birdjepa.train.revisions`: its ``step_revised`` event), this
     code's updates are its own: the model's numbers are held up to the first resumed step's forward
     pass and gradients (the restored state's), the data stream and the schedule to the end."""
-    names = {k for logged in metrics_by_step(old).values() for k in logged}
+    ours, theirs = metrics_by_step(run), metrics_by_step(old)
+    names = {k for logged in theirs.values() for k in logged}
     exact = {n for n in names if n.startswith(EXACT_ACROSS_CPUS)}
     crossed = [e for e in read_metrics(run) if e.get("event") == "step_revised"]
     if any(r.training for e in crossed for r in revisions.between(*e["revision"])):
         first = crossed[0]["step"]
-        diffs = [*compare_runs(run, old, exact),
-                 *compare_runs(run, old, names - exact, steps=set(range(first))),
-                 *compare_runs(run, old, names & set(BEFORE_THE_UPDATE), steps={first})]  # fmt: skip
+        before = [{s: m for s, m in log.items() if s < first} for log in (ours, theirs)]
+        at = [{first: log[first]} for log in (ours, theirs)]
+        diffs = [*compare_logged(ours, theirs, exact), *compare_logged(*before, names - exact),
+                 *compare_logged(*at, names & set(BEFORE_THE_UPDATE))]  # fmt: skip
     else:
-        diffs = compare_runs(run, old, names)
+        diffs = compare_logged(ours, theirs, names)
     allowed = {d.name: 0.0 if d.name.startswith(EXACT_ACROSS_CPUS) else ACROSS_CPUS_RTOL for d in diffs}
     return [d for d in diffs if d.max_rel > allowed[d.name]]
 
