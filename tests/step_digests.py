@@ -137,14 +137,20 @@ def by_the_old_code(work: Path) -> dict[str, dict[str, str]]:
 
 
 def machine() -> dict[str, str]:
-    """What the digests depend on besides the code: the CPU, jaxlib, the thread pool, the XLA flags."""
+    """What the digests depend on besides the code: the CPU, jaxlib, the thread pool, the XLA flags and the
+    LAPACK kernels (the ranks' SVD; `birdjepa.train.determinism.lapack_kernels`, asked here of the library
+    itself: `PRE_REGISTRY`'s code, which runs this file in `by_the_old_code`, predates that function)."""
     import jaxlib
+    import scipy.linalg.cython_lapack  # noqa: F401  (jaxlib's LAPACK)
+    from threadpoolctl import threadpool_info
 
     from birdjepa.train.determinism import cpu_model
 
     flags = os.environ.get("XLA_FLAGS", "")
+    lapack = [i.get("architecture") for i in threadpool_info() if "scipy" in i.get("filepath", "")]
     return {"cpu": cpu_model(), "jaxlib": jaxlib.__version__, "threads": os.environ.get("PJRT_NPROC", ""),
-            "xla_flags": " ".join(sorted(set(flags.split())))}  # fmt: skip
+            "xla_flags": " ".join(sorted(set(flags.split()))),
+            "lapack": (lapack or ["unknown"])[0]}  # fmt: skip
 
 
 if __name__ == "__main__":

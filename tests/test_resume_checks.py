@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import platform
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -159,6 +164,32 @@ def test_machine_changes_name_what_differs_and_nothing_for_a_checkpoint_that_did
     assert resume_check.machine_changes(here, locked) == {}
     assert resume_check.machine_changes({**locked, "lock": "b" * 12}, locked) == {
         "lock": ("b" * 12, "a" * 12)
+    }
+
+
+LAPACK_PROBE = """
+import json, numpy as np, jax.numpy as jnp
+from birdjepa.diagnostics.collapse import effective_rank
+from birdjepa.train.determinism import machine_kind
+z = jnp.asarray(np.random.default_rng(0).normal(size=(256, 64)).astype(np.float32))
+print(json.dumps({"rank": np.asarray(effective_rank(z)).tobytes().hex(), "machine": machine_kind()}))
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="OpenBLAS's x86 kernel names")
+def test_a_process_whose_lapack_kernels_differ_computes_other_ranks_and_its_machine_kind_says_so() -> None:
+    # Two AVX-512 EPYCs of one model name once computed the same step bit for bit but for the ranks: their
+    # OpenBLAS picked other LAPACK kernels ("Haswell", "SkylakeX"). Forced here (both run on any AVX CPU).
+    seen = {}
+    for core in ("Haswell", "Sandybridge"):
+        env = {**os.environ, "OPENBLAS_CORETYPE": core}
+        done = subprocess.run([sys.executable, "-c", LAPACK_PROBE], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen[core] = json.loads(done.stdout.splitlines()[-1])
+    haswell, sandy = seen["Haswell"], seen["Sandybridge"]
+    assert haswell["rank"] != sandy["rank"]  # the premise: the kernels move the rank's last bits
+    assert resume_check.machine_changes(haswell["machine"], sandy["machine"]) == {
+        "lapack": ("Haswell", "Sandybridge")
     }
 
 

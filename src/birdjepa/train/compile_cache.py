@@ -15,8 +15,8 @@ autotuning).
 
 The key: JAX's own key holds the module, the XLA flags and jaxlib's version, but not the CPU's
 instruction set or the size of XLA's CPU thread pool, which the compiled code depends on. The folder is
-therefore per `birdjepa.train.determinism.machine_kind` (JAX and jaxlib, the device or CPU model and
-its thread pool, the dependency lock): another machine kind or JAX never reads an entry.
+therefore per `birdjepa.train.determinism.machine_kind` (JAX and jaxlib, the device or CPU model,
+its thread pool and LAPACK kernels, the dependency lock): another machine kind or JAX never reads an entry.
 
 ``BIRDJEPA_COMPILE_CACHE=off`` turns it off, ``BIRDJEPA_COMPILE_CACHE=<folder>`` puts it there (the key
 is then yours to keep). A cache that JAX's own ``JAX_COMPILATION_CACHE_DIR`` names is left as it is.

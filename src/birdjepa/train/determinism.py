@@ -85,8 +85,9 @@ def lock_hash() -> str:
 
 def machine_kind() -> dict[str, str]:
     """What a step's last bits depend on besides its inputs and flags: the JAX and jaxlib versions, the
-    device (the GPU's name; on CPU, the host's model and instruction set, and its thread pool's size),
-    and the dependency lock the environment was installed from (another lock can bring another XLA)."""
+    device (the GPU's name; on CPU, the host's model and instruction set, its thread pool's size and the
+    LAPACK kernels its OpenBLAS picked), and the dependency lock the environment was installed from
+    (another lock can bring another XLA)."""
     import jax
     import jaxlib
 
@@ -95,4 +96,19 @@ def machine_kind() -> dict[str, str]:
     if device.platform != "cpu":
         return {**kind, "device": device.device_kind, "lock": lock_hash()}
     threads = str(cpu_threads(jax.local_device_count()))
-    return {**kind, "device": cpu_model(), "lock": lock_hash(), "cpu_threads": threads}
+    return {**kind, "device": cpu_model(), "lock": lock_hash(), "cpu_threads": threads,
+            "lapack": lapack_kernels()}  # fmt: skip
+
+
+def lapack_kernels() -> str:
+    """The kernels of the LAPACK that JAX's CPU linear algebra calls (the effective rank's SVD): jaxlib
+    loads scipy's, and scipy's OpenBLAS picks kernels for the host's core when it loads (or as
+    ``$OPENBLAS_CORETYPE`` says), e.g. "Zen" or "SkylakeX". Two CPUs with one model name and one
+    instruction set can get other kernels, and other last bits: measured on two AVX-512 EPYCs (OpenBLAS
+    "Zen" and "SkylakeX"), whose steps agreed bit for bit but for the ranks. "unknown" where the
+    library says no core (another BLAS than OpenBLAS)."""
+    import scipy.linalg.cython_lapack  # noqa: F401  (the library jaxlib's LAPACK calls; loads it if not yet)
+    from threadpoolctl import threadpool_info
+
+    scipys = [i for i in threadpool_info() if "scipy" in i.get("filepath", "")]
+    return (scipys[0].get("architecture") if scipys else None) or "unknown"
