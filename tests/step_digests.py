@@ -79,15 +79,22 @@ UPDATED = (".mu[", ".nu[", "['train/update_norm']", "/trace/updates/", "/trace/g
 moments, the update's norm and the recorded updates (and clipped gradients)."""
 
 
+REDEFINED = ("['train/grad_norm']",)
+"""Outputs revision 4 gave another meaning (the objective's gradients' norm, the probe's apart)."""
+ADDED = ("['train/probe_grad_norm']",)
+"""Outputs added since `PRE_REGISTRY` (revision 4)."""
+
+
 def revised(key: str, args: list[str]) -> bool:
     """Whether a declared revision of the step (`birdjepa.train.revisions`) moved output ``key`` of
     ``args``'s two steps since `PRE_REGISTRY`: the update monitor's float sums (revision 2, one pass per
     parameter; their values are held to float64 sums in test_update_monitor.py) and, from the first
     update on, what the update makes of the clipped gradients, and then everything the next step
     computes from them (revision 3, the online probe clipped apart; test_optim.py holds what it
-    changed). The first step's forward pass, loss and gradients, and an accumulation step whole, stay."""
+    changed), and the gradients' norm (revision 4: `REDEFINED`). The first step's forward pass, loss and
+    gradients, and an accumulation step whole, stay."""
     step, first_update = int(key[0]), 1 if "--optim.grad-accum" in args else 0
-    if key in {f"1[3]['{k}']" for k in MONITOR_SUMS}:
+    if key in {f"1[3]['{k}']" for k in MONITOR_SUMS} or key[1:].startswith("[2]") and key[4:] in REDEFINED:
         return True
     return step > first_update or (
         step == first_update and (key[1:].startswith("[0]") or any(u in key for u in UPDATED))

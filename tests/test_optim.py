@@ -105,13 +105,14 @@ def test_muon_builds_and_steps() -> None:
 
 
 def test_the_update_s_grad_and_update_norm_metrics_are_the_norms_of_what_it_took_and_did() -> None:
-    """`make_update`'s ``train/grad_norm`` and ``train/update_norm`` against float64 norms of the
-    gradients and of the change the update applied: float32 sums of ~600 squares in another order, so
-    within rtol 1e-6."""
+    """`make_update`'s ``train/grad_norm`` (every gradient but the online probe's: what the clip bounds),
+    ``train/probe_grad_norm`` and ``train/update_norm`` against float64 norms of the gradients and of
+    the change the update applied: float32 sums of ~600 squares in another order, so within rtol 1e-6."""
     from birdjepa.train.step import make_update
 
     rng = np.random.default_rng(0)
-    params = {"a": rng.normal(size=(16, 24)), "b": rng.normal(size=24), "c": np.zeros((0, 3))}
+    params = {"a": rng.normal(size=(16, 24)), "b": rng.normal(size=24), "c": np.zeros((0, 3)),
+              "probe": rng.normal(size=(4, 5))}  # fmt: skip
     grads = {k: rng.normal(size=np.shape(v)) * 3 for k, v in params.items()}
     params, grads = (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), t) for t in (params, grads))
     tx = make_optimizer(OptimConfig(), 10)
@@ -124,7 +125,9 @@ def test_the_update_s_grad_and_update_norm_metrics_are_the_norms_of_what_it_took
 
     moved = {k: np.asarray(new[k], np.float64) - np.asarray(params[k], np.float64) for k in params}
     assert norm(moved) > 0
-    np.testing.assert_allclose(float(metrics["train/grad_norm"]), norm(grads), rtol=1e-6)
+    rest, probe = {k: v for k, v in grads.items() if k != "probe"}, {"probe": grads["probe"]}
+    np.testing.assert_allclose(float(metrics["train/grad_norm"]), norm(rest), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["train/probe_grad_norm"]), norm(probe), rtol=1e-6)
     np.testing.assert_allclose(float(metrics["train/update_norm"]), norm(moved), rtol=1e-6)
 
 

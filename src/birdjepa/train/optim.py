@@ -105,16 +105,27 @@ def clip_apart(max_norm: float) -> optax.GradientTransformation:
 
     def apart(updates: optax.Updates, params: optax.Params | None = None) -> optax.Updates:
         leaves, treedef = jax.tree.flatten(updates)
-        groups = jax.tree.leaves(_probe_labels(updates))
         out = list(leaves)
-        for group in sorted(set(groups)):
-            index = [i for i, g in enumerate(groups) if g == group]
+        for index in _groups(updates).values():
             clipped, _ = clip.update([leaves[i] for i in index], optax.EmptyState())
             for i, leaf in zip(index, clipped, strict=True):
                 out[i] = leaf
         return jax.tree.unflatten(treedef, out)
 
     return optax.stateless(apart)
+
+
+def group_norms(grads: optax.Updates) -> dict[str, jax.Array]:
+    """The global norm of each group `clip_apart` clips: ``rest`` (every parameter but the online
+    probe's: what ``--optim.clip-norm`` bounds for the encoder) and ``probe``."""
+    leaves = jax.tree.leaves(grads)
+    return {g: optax.tree.norm([leaves[i] for i in index]) for g, index in _groups(grads).items()}
+
+
+def _groups(tree: optax.Updates) -> dict[str, list[int]]:
+    """``{"probe" | "rest": the indices of its leaves in `jax.tree` order}``, groups in sorted order."""
+    labels = jax.tree.leaves(_probe_labels(tree))
+    return {g: [i for i, label in enumerate(labels) if label == g] for g in sorted(set(labels))}
 
 
 def _probe_labels(params: optax.Params) -> optax.Params:

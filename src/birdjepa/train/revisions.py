@@ -21,6 +21,9 @@ class Revision:
     what: str
     #: Whether it moves the training's bits, or only what the step reports about them.
     training: bool
+    #: Logged metrics it gave another meaning: a run that crosses it is not compared with the old code's
+    #: run on them.
+    redefines: tuple[str, ...] = ()
 
 
 #: Revision ``i + 1`` is ``REVISIONS[i]``; the first is the step before revisions were recorded.
@@ -36,6 +39,12 @@ REVISIONS = (
         "the online probe's gradients are clipped apart from the objective's (2026-11-29): in one global "
         "norm with them, the probe's scaled the encoder's gradients by its own size; every update moves",
         training=True,
+    ),
+    Revision(
+        "train/grad_norm is the norm of the gradients --optim.clip-norm bounds, every parameter's but the "
+        "online probe's, and train/probe_grad_norm the probe's (2026-11-29): until now one norm of both",
+        training=False,
+        redefines=("train/grad_norm",),
     ),
 )
 REVISION = len(REVISIONS)

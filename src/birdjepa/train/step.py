@@ -25,7 +25,7 @@ from birdjepa.objectives.options import ObjectiveConfig
 from birdjepa.seams import NONE, Seams, planted
 from birdjepa.train.augment import augment_views
 from birdjepa.train.model_calls import ModelCalls
-from birdjepa.train.optim import accumulation_progress, applied_lr, clip_apart, update_count
+from birdjepa.train.optim import accumulation_progress, applied_lr, clip_apart, group_norms, update_count
 
 # Fixed sub-keys of the run seed, so adding a consumer never shifts another's randomness.
 _INIT_KEY, _STEP_KEY = 0, 1
@@ -211,7 +211,9 @@ def make_update(tx: optax.GradientTransformation, *, clip_norm: float = 0.0) -> 
         with jax.named_scope("metrics"):
             metrics = {f"train/{k}": v for k, v in aux.items() if not k.endswith("n_labelled")}
             metrics["train/lr"] = applied_lr(new_opt_state)
-            metrics["train/grad_norm"] = optax.tree.norm(grads)
+            norms = group_norms(grads)  # apart, as they are clipped (the probe is a diagnostic)
+            metrics["train/grad_norm"] = norms["rest"]
+            metrics["train/probe_grad_norm"] = norms.get("probe", jnp.zeros([], jnp.float32))
             metrics["train/update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_params, params))
             metrics["train/update_count"] = update_count(new_opt_state)
             metrics["train/accum_progress"] = accumulation_progress(new_opt_state)

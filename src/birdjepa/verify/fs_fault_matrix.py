@@ -94,11 +94,13 @@ def continues_old_run(run: Path, old: Path) -> list[MetricDiff]:
     ACROSS_CPUS_RTOL relative in the model's numbers. Where the resume crossed a declared revision of
     the step that moves the training (`birdjepa.train.revisions`: its ``step_revised`` event), this
     code's updates are its own: the model's numbers are held up to the first resumed step's forward
-    pass and gradients (the restored state's), the data stream and the schedule to the end."""
+    pass and gradients (the restored state's), the data stream and the schedule to the end. A metric a
+    crossed revision redefines is not compared."""
     ours, theirs = metrics_by_step(run), metrics_by_step(old)
-    names = {k for logged in theirs.values() for k in logged}
-    exact = {n for n in names if n.startswith(EXACT_ACROSS_CPUS)}
     crossed = [e for e in read_metrics(run) if e.get("event") == "step_revised"]
+    redefined = {m for e in crossed for r in revisions.between(*e["revision"]) for m in r.redefines}
+    names = {k for logged in theirs.values() for k in logged} - redefined
+    exact = {n for n in names if n.startswith(EXACT_ACROSS_CPUS)}
     if any(r.training for e in crossed for r in revisions.between(*e["revision"])):
         first = crossed[0]["step"]
         before = [{s: m for s, m in log.items() if s < first} for log in (ours, theirs)]
