@@ -189,7 +189,7 @@ class Trainer:
             allow_config_change=cfg.allow_config_change,
             skipped=state.skipped,
             # A checkpoint from before the record may come from any kind: its loss is not exact either.
-            machine_changed=list(moved) if "machine" in meta else ["unrecorded"],
+            machine_changed=list(moved) if "machine" in meta else ["unrecorded", *moved],
         )
         for r in results:
             print(r.line(), flush=True)
