@@ -103,10 +103,11 @@ def machine_kind() -> dict[str, str]:
 def lapack_kernels() -> str:
     """The kernels of the LAPACK that JAX's CPU linear algebra calls (the effective rank's SVD): jaxlib
     loads scipy's, and scipy's OpenBLAS picks kernels for the host's core when it loads (or as
-    ``$OPENBLAS_CORETYPE`` says), e.g. "Zen" or "SkylakeX". Two CPUs with one model name and one
-    instruction set can get other kernels, and other last bits: measured on two AVX-512 EPYCs (OpenBLAS
-    "Zen" and "SkylakeX"), whose steps agreed bit for bit but for the ranks. "unknown" where the
-    library says no core (another BLAS than OpenBLAS)."""
+    ``$OPENBLAS_CORETYPE`` says), e.g. "Haswell" or "SkylakeX". Two CPUs with one model name and one
+    instruction set can get other kernels, and other last bits: two AVX-512 EPYCs computed a step bit for
+    bit alike but for the ranks, the one with OpenBLAS's Haswell kernels (its bits reproduced by forcing
+    them on the other), the other with SkylakeX's. "unknown" where the library names no core (another
+    BLAS than OpenBLAS)."""
     import scipy.linalg.cython_lapack  # noqa: F401  (the library jaxlib's LAPACK calls; loads it if not yet)
     from threadpoolctl import threadpool_info
 
