@@ -77,6 +77,16 @@ def main() -> None:
     write_results(results, args.runs)
 
 
+def eval_row(runs: Path, run: str, extra: tuple[str, ...]) -> str:
+    """A table row of ``run``'s end-of-run evaluation: linear, kNN, random init's and raw's."""
+    logged = [json.loads(x) for x in (runs / run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    e = [m for m in logged if "eval/linear_acc" in m][-1]
+    cells = [e["eval/linear_acc"], e["eval/knn_acc"], e["eval/linear_acc_random_init"],
+             e["eval/knn_acc_random_init"], e["eval/linear_acc_raw"], e["eval/knn_acc_raw"]]  # fmt: skip
+    return (f"| {run} | `{' '.join(extra)}` | {cells[0]:.3f} | {cells[1]:.3f} | {cells[2]:.3f} / "
+            f"{cells[3]:.3f} | {cells[4]:.3f} / {cells[5]:.3f} |")  # fmt: skip
+
+
 def write_results(results: Path, runs: Path) -> None:
     from birdjepa.benchmark import store
 
@@ -102,13 +112,7 @@ def write_results(results: Path, runs: Path) -> None:
              "## Each run's end-of-run evaluation (the demo's 64 held-out clips, 16 species, chance 0.062)",
              "", "| run | options | linear | kNN | random init linear / kNN | raw linear / kNN |",
              "|---|---|---:|---:|---:|---:|"]  # fmt: skip
-    for run, extra in RUNS.items():
-        logged = [json.loads(x) for x in (runs / run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        e = [m for m in logged if "eval/linear_acc" in m][-1]
-        cells = [e["eval/linear_acc"], e["eval/knn_acc"], e["eval/linear_acc_random_init"],
-                 e["eval/knn_acc_random_init"], e["eval/linear_acc_raw"], e["eval/knn_acc_raw"]]  # fmt: skip
-        lines.append(f"| {run} | `{' '.join(extra)}` | {cells[0]:.3f} | {cells[1]:.3f} | {cells[2]:.3f} / "
-                     f"{cells[3]:.3f} | {cells[4]:.3f} / {cells[5]:.3f} |")  # fmt: skip
+    lines += [eval_row(runs, run, extra) for run, extra in RUNS.items()]
     lines += ["", "## The benchmark", "",
              "cmAP, mean over seeds 0-2. Best probe per backbone, task and n (in brackets).", ""]  # fmt: skip
     for task in tasks:

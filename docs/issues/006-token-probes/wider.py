@@ -1,0 +1,101 @@
+"""006's first untried lever, measured: a wider and deeper encoder (the small preset: 12 blocks of 384,
+against the tiny one's 2 of 64) at the demo's recipe and step count, beside the tiny encoder, the small
+one at random init and raw log-mel, with the linear probe on the mean and the prototypical probe on the
+tokens, on the BirdSet stand-in's three tasks; writes ``wider.md``.
+
+    .venv/bin/python docs/issues/006-token-probes/wider.py   # ~35 min on 2 cores; --runs, --results: where
+
+1. **Runs** (the demo set, LeJEPA, 600 steps each, everything else the demo's defaults): ``lejepa`` (the
+   tiny preset, the demo's run) and ``lejepa-small`` (``--model.preset small``: about 14x the FLOPs a
+   step). Trained where ``--runs`` lacks them.
+2. **Benchmark**: ``birdjepa benchmark`` on SYN1-3 (train -> test_5s), probes linear and proto, n = 1, 4,
+   16 and all, seeds 0-2, backbones: both runs, the small run's random init, raw (mean + std; its tokens
+   the 16 x 128 log-mel patches). 006's recipe for every probe.
+3. ``wider.md``: cmAP per backbone, probe and n (mean over tasks and seeds), per task, and each run's own
+   end-of-run evaluation on the demo's held-out clips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from runlog import call  # noqa: E402  (docs/issues/runlog.py)
+
+sys.path.insert(0, str(HERE))
+from reproduce import eval_row  # noqa: E402  (006's)
+
+BIRDJEPA = [sys.executable, "-m", "birdjepa.cli"]
+TASKS = ("SYN1", "SYN2", "SYN3")
+PROBES = ("linear", "proto")
+RUNS: dict[str, tuple[str, ...]] = {
+    "lejepa": ("--steps", "600"),
+    "lejepa-small": ("--steps", "600", "--model.preset", "small"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=Path, default=Path("/tmp/birdjepa-006w/runs"))
+    parser.add_argument("--results", type=Path, default=Path("/tmp/birdjepa-006w/results"))
+    args = parser.parse_args()
+    logs = HERE / "logs"
+    logs.mkdir(exist_ok=True)
+    from birdjepa.synthetic.demo import ensure_birdset_data
+
+    tasks = ensure_birdset_data()
+    for name, extra in RUNS.items():
+        if not (args.runs / name / "checkpoints").is_dir():
+            call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
+                 logs / "wider-pretrain.log")  # fmt: skip
+    backbones = [str(args.runs / n) for n in RUNS] + [f"random:{args.runs / 'lejepa-small'}", "raw"]
+    for task in TASKS:
+        call([*BIRDJEPA, "benchmark", "--backbone", *backbones, "--train", str(tasks / task / "train"),
+              "--test", str(tasks / task / "test_5s"), "--task", task, "--probe", *PROBES,
+              "--n-train", "1", "4", "16", "-1", "--seed", "0", "1", "2", "--results", str(args.results)],
+             logs / "wider-benchmark.log")  # fmt: skip
+    write(args.results, args.runs)
+
+
+def write(results: Path, runs: Path) -> None:
+    from birdjepa.benchmark import store
+
+    rows = store.read(results).to_pylist()
+    spec = {r["backbone"]: json.loads(r["config"])["backbone_spec"] for r in rows}
+    name = {backbone: s.replace(str(runs) + "/", "") for backbone, s in spec.items()}
+    cells: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        cells[(r["task"], name[r["backbone"]], r["probe"], r["n"])].append(r["cmap"])
+        cells[("mean", name[r["backbone"]], r["probe"], r["n"])].append(r["cmap"])
+    mean = {k: sum(v) / len(v) for k, v in cells.items()}
+    ns = sorted({k[3] for k in mean}, key=lambda n: n if n > 0 else 1 << 30)
+    order = ["lejepa", "lejepa-small", "random:lejepa-small", "raw"]
+    head = "| backbone | probe | " + " | ".join("all" if n < 0 else str(n) for n in ns) + " |"
+    lines = ["# 006, wider: measured (written by wider.py)", "",
+             "## Each run's end-of-run evaluation (the demo's 64 held-out clips, 16 species, chance 0.062)",
+             "", "| run | options | linear | kNN | random init linear / kNN | raw linear / kNN |",
+             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [eval_row(runs, run, extra) for run, extra in RUNS.items()]
+    for run in RUNS:
+        logged = [json.loads(x) for x in (runs / run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        seconds = sum(m.get("train/step_time", 0.0) for m in logged)
+        lines.append(f"\n{run}: {seconds:.0f} s of training steps (`train/step_time` summed).")
+    for task in ("mean", *TASKS):
+        title = "SYN1-3, mean over tasks and seeds 0-2" if task == "mean" else f"{task}, mean over seeds 0-2"
+        lines += ["", f"## cmAP, {title}", "", head, "|---|---|" + "---:|" * len(ns)]
+        for b in order:
+            for p in PROBES:
+                values = [mean.get((task, b, p, n)) for n in ns]
+                lines.append(f"| {b} | {p} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values)
+                             + " |")  # fmt: skip
+    (HERE / "wider.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
