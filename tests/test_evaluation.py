@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import pytest
 from conftest import run_notebook
@@ -448,6 +449,9 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     assert all(
         0 <= r["cmap"] <= 1 and json.loads(r["config"])["recipe"]["prototypes"] == 4 for r in token_rows
     )
+    # Each row says on what kind of machine it was fitted (its last bits depend on it).
+    machines = [json.loads(r["config"])["machine"] for r in token_rows]
+    assert all(m["jaxlib"] == jaxlib.__version__ and m["lapack"] and m["device"] for m in machines), machines
     main([*token_args, "--probe", "proto", "attentive"])  # tokens cached (float16), every row stored
     out = capsys.readouterr().out
     assert out.count("(cached)") == 10 and "8 already in the store" in out, out

@@ -33,6 +33,7 @@ from birdjepa.benchmark.multi_label_probes import (
 from birdjepa.data import DataError, Features, resolve_files
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, vocab_names
 from birdjepa.exit_codes import USAGE
+from birdjepa.train.determinism import machine_kind
 
 
 class BenchmarkError(RuntimeError):
@@ -171,6 +172,7 @@ def run_task(
         )
     done = skipped = refitted = 0
     t_fit: dict[str, float] = defaultdict(float)
+    machine = machine_kind()
     for b in backbones:
         tr, te = embedded["train"][b.identity], embedded["test"][b.identity]
         classes = train_labels(tr)
@@ -200,6 +202,7 @@ def run_task(
                         "test": task.test,
                         "n_classes": task.n_classes,
                         "backbone_spec": b.spec,
+                        "machine": machine,  # the probes' last bits follow it (as a step's do)
                     }
                     store.put(
                         results,

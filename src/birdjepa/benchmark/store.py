@@ -7,7 +7,9 @@ whole under a temporary name, then renamed, so:
   (the fields its probe reads: `Recipe.read_by`), which is fitted again and replaced;
 - two writers, on one machine or two Slurm nodes over a shared file system, never write the same
   file name half-way: distinct keys are distinct files, and the same key written twice holds the same
-  metrics (the scores are deterministic) and the last rename wins;
+  metrics where both wrote on one kind of machine (the scores are deterministic there; on another kind
+  the probes' last bits move, as a step's do: each row's ``config`` records ``machine``,
+  `birdjepa.train.determinism.machine_kind`) and the last rename wins;
 - a writer killed mid-write leaves only a ``.tmp-*`` file, which readers ignore.
 """
 
