@@ -79,10 +79,15 @@ UPDATED = (".mu[", ".nu[", "['train/update_norm']", "/trace/updates/", "/trace/g
 moments, the update's norm and the recorded updates (and clipped gradients)."""
 
 
-REDEFINED = ("['train/grad_norm']",)
-"""Outputs revision 4 gave another meaning (the objective's gradients' norm, the probe's apart)."""
-ADDED = ("['train/probe_grad_norm']",)
-"""Outputs added since `PRE_REGISTRY` (revision 4)."""
+REDEFINED = ("train/grad_norm",)
+"""Metrics revision 4 gave another meaning (the objective's gradients' norm, the probe's apart)."""
+ADDED = ("train/probe_grad_norm",)
+"""Metrics added since `PRE_REGISTRY` (revision 4)."""
+
+
+def metric(key: str) -> str | None:
+    """The metric an output key names (``"0[2]['train/loss']"`` -> ``"train/loss"``), else None."""
+    return key[6:-2] if key[1:6] == "[2]['" else None
 
 
 def revised(key: str, args: list[str]) -> bool:
@@ -94,7 +99,7 @@ def revised(key: str, args: list[str]) -> bool:
     changed), and the gradients' norm (revision 4: `REDEFINED`). The first step's forward pass, loss and
     gradients, and an accumulation step whole, stay."""
     step, first_update = int(key[0]), 1 if "--optim.grad-accum" in args else 0
-    if key in {f"1[3]['{k}']" for k in MONITOR_SUMS} or key[1:].startswith("[2]") and key[4:] in REDEFINED:
+    if key in {f"1[3]['{k}']" for k in MONITOR_SUMS} or metric(key) in REDEFINED:
         return True
     return step > first_update or (
         step == first_update and (key[1:].startswith("[0]") or any(u in key for u in UPDATED))

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from step_digests import ADDED, CONFIGS, by_the_old_code, recorded, revised, step_digests
+from step_digests import ADDED, CONFIGS, by_the_old_code, metric, recorded, revised, step_digests
 
 from birdjepa.objectives.lejepa import invariance_loss, lejepa_loss
 from birdjepa.objectives.sigreg import (
@@ -294,6 +294,6 @@ def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units
     but for the outputs a declared revision of the step moved since (`revised`)."""
     then = _old_digests(tmp_path_factory)[name]
     now = step_digests(CONFIGS[name])
-    added = {k for k in now if k[1:4] == "[2]" and k[4:] in ADDED}
+    added = {k for k in now if metric(k) in ADDED}
     assert sorted(set(now) - added) == sorted(then), (name, set(now) ^ set(then))
     assert [k for k in then if now[k] != then[k] and not revised(k, CONFIGS[name])] == [], name

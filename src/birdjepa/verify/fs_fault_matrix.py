@@ -98,10 +98,10 @@ def continues_old_run(run: Path, old: Path) -> list[MetricDiff]:
     crossed revision redefines is not compared."""
     ours, theirs = metrics_by_step(run), metrics_by_step(old)
     crossed = [e for e in read_metrics(run) if e.get("event") == "step_revised"]
-    redefined = {m for e in crossed for r in revisions.between(*e["revision"]) for m in r.redefines}
-    names = {k for logged in theirs.values() for k in logged} - redefined
+    revised = [r for e in crossed for r in revisions.between(*e["revision"])]
+    names = {k for logged in theirs.values() for k in logged} - {m for r in revised for m in r.redefines}
     exact = {n for n in names if n.startswith(EXACT_ACROSS_CPUS)}
-    if any(r.training for e in crossed for r in revisions.between(*e["revision"])):
+    if any(r.training for r in revised):
         first = crossed[0]["step"]
         before = [{s: m for s, m in log.items() if s < first} for log in (ours, theirs)]
         at = [{first: log[first]} for log in (ours, theirs)]
