@@ -3,7 +3,10 @@ code before objectives became units (commit `PRE_REGISTRY`) computes on the same
 CPU compiles other kernels): ``fixtures/step_digests.json`` keeps one recording per kind CI has run on,
 and on another kind `by_the_old_code` computes them, from that commit out of git's history. Run as a
 script, in the suite's XLA settings, from a copy of that commit's tree with this file copied in, it adds
-or replaces this machine's recording: ``python tests/step_digests.py tests/fixtures/step_digests.json``.
+or replaces this machine's recording: ``python tests/step_digests.py tests/fixtures/step_digests.json``
+(with ``BIRDJEPA_TEST_XLA_DEFAULT=1``, the recording at XLA's default level). The outputs' names are
+the code's, the same on every machine: the fixture keeps them once (``outputs``), and each recording
+its digests in that order (~50 KB a recording, against ~210 KB with the names in each).
 A digest that moves means a step's arithmetic, its outputs or its recording changed."""
 
 from __future__ import annotations
@@ -112,9 +115,31 @@ FIXTURE = Path(__file__).parent / "fixtures" / "step_digests.json"
 
 
 def recorded() -> dict[str, dict[str, str]] | None:
-    """This kind of machine's recording in the fixture, or None."""
-    here = [r["digests"] for r in json.loads(FIXTURE.read_text())["recordings"] if r["machine"] == machine()]
-    return here[0] if here else None
+    """This kind of machine's recording in the fixture (``{config: {output: digest}}``), or None."""
+    fixture = json.loads(FIXTURE.read_text())
+    here = [r["digests"] for r in fixture["recordings"] if r["machine"] == machine()]
+    if not here:
+        return None
+    return named(fixture, here[0])
+
+
+def named(fixture: dict[str, Any], digests: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+    """A recording's digests by output name (``fixture["outputs"]`` holds the names, in their order)."""
+    return {name: dict(zip(fixture["outputs"][name], d, strict=True)) for name, d in digests.items()}
+
+
+def record(path: Path, found: dict[str, dict[str, str]]) -> None:
+    """Add ``found`` (this machine's digests) to the fixture at ``path``, replacing this kind's recording.
+    Every recording shares the fixture's output names: other names mean the code that computed them is
+    not the one the others came from, so this refuses."""
+    fixture = json.loads(path.read_text()) if path.exists() else {"outputs": {}, "recordings": []}
+    outputs = {name: sorted(d) for name, d in found.items()}
+    if fixture["recordings"] and fixture["outputs"] != outputs:
+        raise SystemExit(f"{path}'s recordings name other outputs than this code's: not {PRE_REGISTRY}'s?")
+    recordings = [r for r in fixture["recordings"] if r["machine"] != machine()]
+    digests = {name: [d[k] for k in outputs[name]] for name, d in found.items()}
+    recordings.append({"machine": machine(), "digests": digests})
+    path.write_text(json.dumps({"outputs": outputs, "recordings": recordings}, indent=1) + "\n")
 
 
 def by_the_old_code(work: Path) -> dict[str, dict[str, str]]:
@@ -142,10 +167,11 @@ def by_the_old_code(work: Path) -> dict[str, dict[str, str]]:
                           cwd=work, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{PRE_REGISTRY}'s code could not compute its digests:\n{done.stderr[-3000:]}")
-    (found,) = json.loads(out.read_text())["recordings"]
+    fixture = json.loads(out.read_text())
+    (found,) = fixture["recordings"]
     if found["machine"] != machine():  # the same CPU, jaxlib, pool and flags, or the comparison means nothing
         raise RuntimeError(f"{PRE_REGISTRY}'s code ran as {found['machine']}, this process is {machine()}")
-    return found["digests"]
+    return named(fixture, found["digests"])
 
 
 def machine() -> dict[str, str]:
@@ -169,9 +195,4 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     import conftest  # noqa: F401  (the suite's XLA settings)
 
-    out = Path(sys.argv[1])
-    recordings = json.loads(out.read_text())["recordings"] if out.exists() else []
-    found = {name: step_digests(args) for name, args in CONFIGS.items()}
-    recordings = [r for r in recordings if r["machine"] != machine()]
-    recordings.append({"machine": machine(), "digests": found})
-    out.write_text(json.dumps({"recordings": recordings}, indent=1) + "\n")
+    record(Path(sys.argv[1]), {name: step_digests(args) for name, args in CONFIGS.items()})

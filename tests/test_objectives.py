@@ -289,8 +289,8 @@ def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units
     draw on, of the supervised objective, and of LeJEPA's virtual-shard step: every output, every
     recorded tensor's summary, as sha256 digests, equal to those the code before the objective
     registry computes on this kind of machine (`step_digests.py`: recorded for the kinds CI has run on,
-    an AVX2 and two AVX-512 EPYCs whose LAPACK kernels differ; on another kind, that code computes
-    them here from git's history),
+    an AVX2 and two AVX-512 EPYCs whose LAPACK kernels differ, the last at XLA's default level too; on
+    another kind, that code computes them here from git's history),
     but for the outputs a declared revision of the step moved since (`revised`)."""
     then = _old_digests(tmp_path_factory)[name]
     now = step_digests(CONFIGS[name])
