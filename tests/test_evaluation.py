@@ -179,6 +179,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
 
 def test_evaluate_end_to_end_matches_the_trainer(tiny_run: Path, capsys):
     from birdjepa.evaluation.cli import cli
+    from birdjepa.train.determinism import machine_kind
 
     trained = json.loads((tiny_run / "eval" / "5.json").read_text())
     (tiny_run / "eval" / "5.json").unlink()
@@ -189,6 +190,7 @@ def test_evaluate_end_to_end_matches_the_trainer(tiny_run: Path, capsys):
     assert not (tiny_run / LEASE_FILE).exists()  # it held the run while it wrote into it, and let go
     assert set(first["rows"]) == {"encoder", "random_init", "raw"}
     assert (first["data"]["n_train"], first["data"]["n_eval"], first["data"]["n_classes"]) == (48, 24, 12)
+    assert first["machine"] == machine_kind()  # where its probes' last bits were computed
     # The command and the trainer's last evaluation score the same checkpoint the same way.
     assert first["rows"] == trained["rows"] and first["metrics"] == trained["metrics"]
     # The trainer logged kNN at every evaluation and the linear probe at the end, beside the baselines.

@@ -18,6 +18,7 @@ from typing import Any
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import RAW, Split
 from birdjepa.rundir import layout
+from birdjepa.train.determinism import machine_kind
 
 ENCODER, RANDOM_INIT = "encoder", "random_init"
 ROW_TITLES = {ENCODER: "encoder", RANDOM_INIT: "random init", RAW: "raw log-mel mean+std"}
@@ -85,13 +86,15 @@ def info(
     splits: tuple[Split, Split],
     n_classes: int,
 ) -> dict[str, Any]:
-    """What an evaluation document says besides its rows: which checkpoint, model and data."""
+    """What an evaluation document says besides its rows: which checkpoint, model and data, and the kind
+    of machine that scored them (a probe's last bits follow it, as a step's do)."""
     (train_files, eval_files), (train, held_out) = files, splits
     return {
         "run": str(run_dir),
         "step": step,
         "checkpoint": str(layout.checkpoint(run_dir, step)),
         "seed": seed,
+        "machine": machine_kind(),
         "model": dataclasses.asdict(model),
         "data": {
             "train": train_files,
