@@ -16,6 +16,8 @@ from birdjepa.data import DEFAULTS, TRAIN_VIEWS, DataConfig, Features, Loader
 # Loader options that no config exposes: set per call by the trainer, the evaluation or tests.
 PER_CALL = {"seed", "train", "augment", "prefetch_batches", "drop_last", "audio_column", "label_column",
             "debug_panic_index", "debug_crop_shift_index",
+            # Set by `Loader` itself where a split spans folders of different vocabularies.
+            "label_names",
             # Evaluation's (BirdSet's multi-label and window columns): pretraining reads neither.
             "multilabel_column", "n_classes", "window_start_column", "window_end_column"}  # fmt: skip
 

@@ -287,6 +287,29 @@ def test_a_vocabulary_is_read_one_way_by_the_loader_and_every_command(
     assert vocab_names(tmp_path / "s") == _vocab(files) == names and label_count(files) == 3
 
 
+def test_a_split_over_a_folder_with_a_vocabulary_and_one_without_is_refused_naming_both(
+    tmp_path: Path, tiny_shards: TinyShards
+) -> None:
+    # Labels read by name need every folder's names: the bare folder's integers name nothing.
+    import shutil
+
+    from birdjepa.data import DataError, Loader
+    from birdjepa.data.shards import label_count
+
+    for folder in ("a", "b"):
+        shutil.copytree(tiny_shards.path, tmp_path / folder)
+    (tmp_path / "b" / "vocab.json").unlink()
+    (tmp_path / "a" / "vocab.json").write_text(json.dumps({"names": ["x", "y", "z"]}))
+    files = [str(p) for f in ("a", "b") for p in list_shards(tmp_path / f)]
+    line = (f"{tmp_path / 'a' / 'vocab.json'} (3 names) and {tmp_path / 'b'} (no vocab.json) name "
+            "different labels: the second's labels name no class, so the split has no label space; give it "
+            "a vocab.json")  # fmt: skip
+    for read in (lambda: Loader(files), lambda: label_count(files)):
+        with pytest.raises(DataError) as e:
+            read()
+        assert str(e.value) == line
+
+
 def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its_classes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

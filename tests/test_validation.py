@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from birdjepa.cli import main
-from birdjepa.data.shards import shard_schema
+from birdjepa.data import Loader
+from birdjepa.data.shards import read_shard, shard_schema
 
 # (flags, what the line must say); the data flags of `demo_dir` are added to each.
 INVALID = [
@@ -171,7 +173,7 @@ def test_a_run_on_your_shards_is_never_evaluated_on_another_vocabulary_s_classes
     monkeypatch.setattr("birdjepa.train.segment.ensure_demo_data", lambda: demo_dir)
     code, err = pretrain_exit(capsys, "--data.eval", str(other), *runs)
     assert code == 2 and err.strip() == f"error: {mismatch}", err
-    # One split over folders of two vocabularies trains (labels matter to the probes only), and says so.
+    # One split over folders of two vocabularies trains, each label read by its name, and says so.
     mixed = tmp_path / "mixed"
     mixed.mkdir()
     (mixed / "a").symlink_to(demo_dir / "train")
@@ -180,11 +182,21 @@ def test_a_run_on_your_shards_is_never_evaluated_on_another_vocabulary_s_classes
           "--steps", "1", "--data.batch-size", "4", *runs])  # fmt: skip
     out = capsys.readouterr().out
     assert (
-        "WARNING the train shards' folders index different vocabularies: "
-        f"{mixed / 'a' / 'vocab.json'} ({n} names) and {mixed / 'b' / 'vocab.json'} ({n} names) name "
-        f"different labels (label 0: {names[0]!r} against {names[-1]!r}); every label is read by the first "
-        "one's names" in out
+        "the train shards' folders index different vocabularies "
+        f"({mixed / 'a' / 'vocab.json'} ({n} names) and {mixed / 'b' / 'vocab.json'} ({n} names) name "
+        f"different labels (label 0: {names[0]!r} against {names[-1]!r})): each label is read by its name, "
+        f"as one of the split's {n}" in out
     ), out
+    # The second folder's label x names names[-1 - x]: the loader gives it as that name's class, n - 1 - x.
+    files = [str(sorted((mixed / f).glob("*.arrow"))[0]) for f in ("a", "b")]
+    stored = [read_shard(Path(f)).column("ebird_code").to_numpy(zero_copy_only=False) for f in files]
+    with Loader(files, train=False, batch_size=8, n_workers=1) as loader:
+        offsets = np.cumsum([0, *loader.shard_sizes])
+        got = {int(i): int(x) for b in loader for i, x in zip(b["index"], b["label"], strict=True)}
+    for s, labels in enumerate(stored):
+        want = labels if s == 0 else n - 1 - labels
+        assert [got[int(offsets[s]) + r] for r in range(len(labels))] == want.tolist(), s
+    assert all(len(set(x)) > 1 for x in stored)  # the check sees more than one class in each folder
     # Evaluating that run needs held-out shards of its classes.
     with pytest.raises(SystemExit) as e:
         main(["evaluate", str(tmp_path / "runs" / "mine")])

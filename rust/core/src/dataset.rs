@@ -24,6 +24,9 @@ use crate::shard::Shard;
 pub struct ColumnConfig {
     pub audio_column: String,
     pub label_column: String,
+    /// The names every label and multilabel class is read into, by name (`LoaderOptions::label_names`);
+    /// None: as stored.
+    pub label_names: Option<Vec<String>>,
     /// A list column read as a multi-hot of `n_classes` (or the vocabulary's length) per row.
     pub multilabel_column: Option<String>,
     pub n_classes: Option<usize>,
@@ -40,6 +43,7 @@ impl ColumnConfig {
         ColumnConfig {
             audio_column: o.audio_column.clone(),
             label_column: o.label_column.clone(),
+            label_names: o.label_names.clone(),
             multilabel_column: o.multilabel_column.clone(),
             n_classes: o.n_classes,
             window_columns: (!o.train).then(|| (o.window_start_column.clone(), o.window_end_column.clone())),
@@ -89,14 +93,29 @@ pub enum RecordError {
 /// `vocab.json` beside a shard: label name -> position.
 struct Vocab {
     index: HashMap<String, i64>,
-    /// Names listed (the multi-hot's width when `n_classes` is not given).
-    len: usize,
+    /// The names listed, in order (their count is the multi-hot's width when `n_classes` is not given).
+    names: Vec<String>,
+    /// Where `label_names` is given: each listed name's position there, None for a name it lacks.
+    relabel: Option<Vec<Option<i64>>>,
     file: PathBuf,
 }
 
 impl Vocab {
     fn lookup(&self, name: &str) -> std::result::Result<i64, String> {
         self.index.get(name).copied().ok_or_else(|| format!("label '{name}' is not in {}", self.file.display()))
+    }
+
+    /// Label `local` (a position in this vocabulary) in the label names read into; `local` itself
+    /// without them, and a missing label (negative) stays as it is.
+    fn relabelled(&self, local: i64) -> std::result::Result<i64, String> {
+        let Some(relabel) = self.relabel.as_ref().filter(|_| local >= 0) else {
+            return Ok(local);
+        };
+        let at = usize::try_from(local).ok().filter(|&i| i < self.names.len());
+        let at = at.ok_or_else(|| format!("label {local} is outside {}'s {} names", self.file.display(), self.names.len()))?;
+        relabel[at].ok_or_else(|| {
+            format!("label '{}' of {} is not among the names labels are read into", self.names[at], self.file.display())
+        })
     }
 }
 
@@ -107,6 +126,8 @@ enum VocabNeed {
     Names,
     /// Integer multilabels without `n_classes`: its length is the multi-hot's width.
     Width,
+    /// `label_names` given: every label is read by its name.
+    ByName,
 }
 
 struct ShardEntry {
@@ -256,7 +277,13 @@ fn parse_vocab(text: &str, file: &Path) -> Result<Vec<String>> {
 }
 
 /// `vocab.json` beside the shard: `{"names": [...]}` or a plain list; label = position in it.
-fn load_vocab(path: &Path, need: VocabNeed, cache: &mut HashMap<PathBuf, Arc<Vocab>>) -> Result<Arc<Vocab>> {
+/// With `label_names`, each listed name's position there is looked up once per vocabulary.
+fn load_vocab(
+    path: &Path,
+    need: VocabNeed,
+    label_names: Option<&[String]>,
+    cache: &mut HashMap<PathBuf, Arc<Vocab>>,
+) -> Result<Arc<Vocab>> {
     let file = path.with_file_name(VOCAB_FILE);
     if let Some(v) = cache.get(&file) {
         return Ok(v.clone());
@@ -265,14 +292,22 @@ fn load_vocab(path: &Path, need: VocabNeed, cache: &mut HashMap<PathBuf, Arc<Voc
         let (why, fix) = match need {
             VocabNeed::Names => ("string labels need a vocabulary", "`birdjepa prepare` writes one"),
             VocabNeed::Width => ("the multi-hot's width is the vocabulary's length", "or pass n_classes"),
+            VocabNeed::ByName => ("labels read by name need their folder's vocabulary", "`birdjepa prepare` writes one"),
         };
         Error::data(format!("{}: {why}, but {} cannot be read ({e}); {fix}", path.display(), file.display()))
     })?;
     let names = parse_vocab(&text, &file)?;
     let index = names.iter().enumerate().map(|(i, n)| (n.clone(), i as i64)).collect();
-    let vocab = Arc::new(Vocab { index, len: names.len(), file: file.clone() });
+    let relabel = label_names.map(|into| positions_in(&names, into));
+    let vocab = Arc::new(Vocab { index, names, relabel, file: file.clone() });
     cache.insert(file, vocab.clone());
     Ok(vocab)
+}
+
+/// Each of `names`' position in `into`, None where `into` lacks it.
+fn positions_in(names: &[String], into: &[String]) -> Vec<Option<i64>> {
+    let at: HashMap<&str, i64> = into.iter().enumerate().map(|(i, n)| (n.as_str(), i as i64)).collect();
+    names.iter().map(|n| at.get(n.as_str()).copied()).collect()
 }
 
 fn int_value(array: &ArrayRef, row: usize) -> Option<i64> {
@@ -317,6 +352,7 @@ fn multi_hot(column: &ArrayRef, r: usize, c: usize, vocab: Option<&Vocab>) -> st
             DataType::LargeUtf8 => vocab.expect("vocab loaded at open").lookup(items.as_string::<i64>().value(i))?,
             _ => int_value(&items, i).ok_or_else(|| format!("element {i} does not fit in int64"))?,
         };
+        let class = vocab.map_or(Ok(class), |v| v.relabelled(class))?;
         let slot = usize::try_from(class).ok().filter(|&k| k < c);
         hot[slot.ok_or_else(|| format!("class {class} (element {i}) is outside [0, {c})"))?] = 1;
     }
@@ -369,18 +405,21 @@ impl Dataset {
                 None => false,
             };
             let strings = [Some(label), multilabel].iter().flatten().any(|l| *l != LabelLayout::Int);
-            let need = if strings {
+            let need = if columns.label_names.is_some() {
+                Some(VocabNeed::ByName)
+            } else if strings {
                 Some(VocabNeed::Names)
             } else {
                 (multilabel.is_some() && columns.n_classes.is_none()).then_some(VocabNeed::Width)
             };
-            let vocab = need.map(|n| load_vocab(path, n, &mut vocabs)).transpose()?;
+            let vocab = need.map(|n| load_vocab(path, n, columns.label_names.as_deref(), &mut vocabs)).transpose()?;
             offsets.push(offsets.last().unwrap() + shard.rows());
             shards.push(ShardEntry { shard, audio, audio_root, label, window, events, vocab });
         }
-        let n_classes = match columns.multilabel_column {
-            Some(_) => Some(multi_hot_width(&shards, columns.n_classes)?),
-            None => None,
+        let n_classes = match (&columns.multilabel_column, &columns.label_names) {
+            (Some(_), Some(names)) => Some(columns.n_classes.unwrap_or(names.len())),
+            (Some(_), None) => Some(multi_hot_width(&shards, columns.n_classes)?),
+            (None, _) => None,
         };
         let fingerprint = fingerprint(&shards, &columns)?;
         Ok(Self { shards, offsets, columns, n_classes, fingerprint })
@@ -443,7 +482,7 @@ impl Dataset {
         let label = if label_col.is_null(r) {
             -1
         } else {
-            match entry.label {
+            let local = match entry.label {
                 LabelLayout::Int => {
                     int_value(&label_col, r).ok_or_else(|| fatal("label does not fit in int64".into()))?
                 }
@@ -455,6 +494,10 @@ impl Dataset {
                     };
                     entry.vocab.as_ref().expect("vocab loaded at open").lookup(name).map_err(fatal)?
                 }
+            };
+            match &entry.vocab {
+                Some(vocab) => vocab.relabelled(local).map_err(fatal)?,
+                None => local,
             }
         };
         let multilabel = match (&self.columns.multilabel_column, self.n_classes) {
@@ -493,16 +536,16 @@ fn multi_hot_width(shards: &[ShardEntry], n_classes: Option<usize>) -> Result<us
     for e in shards {
         let vocab = e.vocab.as_ref().expect("loaded at open when n_classes is not given");
         match width {
-            Some((c, first)) if c != vocab.len => {
+            Some((c, first)) if c != vocab.names.len() => {
                 return Err(Error::data(format!(
                     "{} lists {} names but {} lists {c}: the multi-hot needs one width; pass n_classes",
                     vocab.file.display(),
-                    vocab.len,
+                    vocab.names.len(),
                     first.display()
                 )))
             }
             Some(_) => {}
-            None => width = Some((vocab.len, &vocab.file)),
+            None => width = Some((vocab.names.len(), &vocab.file)),
         }
     }
     match width {
@@ -586,9 +629,9 @@ mod tests {
 
     #[test]
     fn multi_hot_rows_of_string_lists_map_through_the_vocabulary() {
-        let names = ["amecro", "blujay", "norcar"];
-        let index = names.iter().enumerate().map(|(i, n)| (n.to_string(), i as i64)).collect();
-        let vocab = Vocab { index, len: 3, file: PathBuf::from("/data/vocab.json") };
+        let names = ["amecro", "blujay", "norcar"].map(String::from).to_vec();
+        let index = names.iter().enumerate().map(|(i, n)| (n.clone(), i as i64)).collect();
+        let vocab = Vocab { index, names, relabel: None, file: PathBuf::from("/data/vocab.json") };
         let mut b = ListBuilder::new(StringBuilder::new());
         b.append_value([Some("norcar"), Some("amecro")]);
         b.append_value([Some("nosuch")]);
@@ -598,5 +641,27 @@ mod tests {
         assert_eq!(multi_hot(&column, 1, 3, Some(&vocab)).unwrap_err(), "label 'nosuch' is not in /data/vocab.json");
         // A name whose position is past n_classes is out of range like an integer.
         assert_eq!(multi_hot(&column, 2, 2, Some(&vocab)).unwrap_err(), "class 2 (element 0) is outside [0, 2)");
+    }
+
+    #[test]
+    fn labels_read_by_name_take_their_name_s_position_among_the_names_read_into() {
+        // This folder lists three names; the split's names (another folder's first) lack one.
+        let names = ["norcar", "amecro", "houspa"].map(String::from).to_vec();
+        let into = ["amecro", "blujay", "norcar"].map(String::from).to_vec();
+        let index = names.iter().enumerate().map(|(i, n)| (n.clone(), i as i64)).collect();
+        let relabel = Some(positions_in(&names, &into));
+        assert_eq!(relabel, Some(vec![Some(2), Some(0), None]));
+        let vocab = Vocab { index, names, relabel, file: PathBuf::from("/data/vocab.json") };
+        assert_eq!((vocab.relabelled(0), vocab.relabelled(1), vocab.relabelled(-1)), (Ok(2), Ok(0), Ok(-1)));
+        let lacking = "label 'houspa' of /data/vocab.json is not among the names labels are read into";
+        assert_eq!(vocab.relabelled(2).unwrap_err(), lacking);
+        assert_eq!(vocab.relabelled(3).unwrap_err(), "label 3 is outside /data/vocab.json's 3 names");
+        // The multi-hot's classes too, named or numbered: "norcar" and 1 ("amecro") at 2 and 0.
+        let mut b = ListBuilder::new(StringBuilder::new());
+        b.append_value([Some("norcar")]);
+        let named: ArrayRef = Arc::new(b.finish());
+        assert_eq!(multi_hot(&named, 0, 3, Some(&vocab)).unwrap(), vec![0, 0, 1]);
+        let numbered: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1)])]));
+        assert_eq!(multi_hot(&numbered, 0, 3, Some(&vocab)).unwrap(), vec![1, 0, 0]);
     }
 }

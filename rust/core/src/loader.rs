@@ -25,6 +25,7 @@ use crate::debug_hooks::DebugHooks;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::LoaderOptions;
 use crate::plan::{PlanConfig, PlanItem, PlanState, Planner};
+use crate::rng::hash_words;
 
 const STATE_VERSION: u32 = 1;
 /// How many skipped records `diagnostics()` lists (the count is exact regardless).
@@ -148,6 +149,11 @@ impl LoaderConfig {
         }
         m.insert("audio_column".into(), self.columns.audio_column.clone());
         m.insert("label_column".into(), self.columns.label_column.clone());
+        if let Some(names) = &self.columns.label_names {
+            // Only when set, like `shuffle_initial`; the names as a count and a hash (they can be thousands).
+            let words: Vec<u64> = names.iter().flat_map(|n| n.bytes().map(u64::from).chain([u64::MAX])).collect();
+            m.insert("label_names".into(), format!("{} names #{:016x}", names.len(), hash_words(&words)));
+        }
         // Multilabel and window options only where they change the stream, like `shuffle_initial`: states
         // saved without them still match.
         if let Some(column) = &self.columns.multilabel_column {

@@ -32,6 +32,10 @@ pub struct LoaderOptions {
     pub augment: bool,
     pub audio_column: String,
     pub label_column: String,
+    /// Read every shard's `label_column` (and `multilabel_column`) by name into these names, an integer
+    /// through its shard's `vocab.json`: one label space for a split whose folders index different
+    /// vocabularies (the multi-hot as wide as these, unless `n_classes`). None: as each shard stores it.
+    pub label_names: Option<Vec<String>>,
     /// A list column of class ids or names (BirdSet's `ebird_code_multilabel`): batches then carry a
     /// `[B, C]` multi-hot beside `label`. None: off.
     pub multilabel_column: Option<String>,
@@ -91,6 +95,7 @@ impl Default for LoaderOptions {
             augment: true,
             audio_column: "audio".into(),
             label_column: "ebird_code".into(),
+            label_names: None,
             multilabel_column: None,
             n_classes: None,
             window_start_column: "start_time".into(),

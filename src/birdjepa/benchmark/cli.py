@@ -31,7 +31,7 @@ from birdjepa.benchmark.multi_label_probes import (
     fit_and_score,
 )
 from birdjepa.data import DataError, Features, resolve_files
-from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, vocab_names
+from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.train.determinism import machine_kind
 
@@ -76,9 +76,10 @@ def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
 
 
 def _vocab(files: list[str]) -> list[str] | None:
-    """The class names of vocab.json beside the shards, else those a `datasets` file keeps in its schema."""
+    """The class names of vocab.json beside the shards (`split_labels`: the loader's labels index them),
+    else those a `datasets` file keeps in its schema."""
     try:
-        names = vocab_names(Path(files[0]).parent)
+        names, _ = split_labels(files)
     except DataError as e:
         raise BenchmarkError(str(e)) from e
     return (

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from birdjepa import _rs
+from birdjepa.data.shards import split_labels
 
 DataError = _rs.DataError
 StateError = _rs.StateError
@@ -194,9 +195,16 @@ class Loader:
         beside the shards (then it must exist). ``window_start_column`` / ``window_end_column``
         (default ``start_time`` / ``end_time``): eval mode only, the seconds columns that crop a row to
         its own window where a shard has both. A saved state is refused (StateError) when any of them
-        differs where it changes the batches."""
+        differs where it changes the batches.
+
+        A split whose folders index different vocabularies (`split_labels`) is read with
+        ``label_names``: every ``label`` is the position of its name among the split's names, whichever
+        folder it came from; other splits' labels are as stored (their signature unchanged)."""
         self.files = resolve_files(files)
         self.train = bool(options.get("train", DEFAULTS["train"]))
+        if "label_names" not in options:
+            names, mixed = split_labels(self.files)
+            options["label_names"] = names if mixed else None
         options = {
             **options,
             **(features or Features()).options(),

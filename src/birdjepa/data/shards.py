@@ -287,16 +287,29 @@ def read_vocab(folder: Path) -> tuple[str, list[str]]:
     ), names
 
 
-def mixed_vocabularies(files: Sequence[str]) -> str | None:
-    """Where a split's shards come from folders (a glob over several) whose `vocab.json` differ, one line
-    naming two of them; else None. An int label indexes its own folder's names, and the probe reads every
-    label by the first folder's (`label_count`)."""
+def split_labels(files: Sequence[str]) -> tuple[list[str] | None, str | None]:
+    """The names a split's labels index, and where the loader must read them by name, why.
+
+    The names: every folder's `vocab.json` names, each folder's after those of the folders before it (path
+    order), once; None where no folder has one. A split of one vocabulary keeps its own. Where a folder's
+    names are not the start of them (folders that index different vocabularies), the second item is one
+    line naming the first such pair: the loader then reads each label by its name (``label_names``), so a
+    label means one class whichever folder it came from. `DataError` where some folders have a vocabulary
+    and others not (their integer labels name nothing)."""
     folders = list(dict.fromkeys(Path(f).parent for f in files))
-    first = vocab_names(folders[0])
-    for folder in folders[1:]:
-        if (names := vocab_names(folder)) != first:
-            return vocabulary_mismatch(folders[0], first, folder, names)
-    return None
+    vocabs = [vocab_names(folder) for folder in folders]
+    if all(v is None for v in vocabs):
+        return None, None
+    if None in vocabs:
+        bare = folders[vocabs.index(None)]
+        named, listed = next((f, v) for f, v in zip(folders, vocabs, strict=True) if v is not None)
+        why = f"the second's labels name no class, so the split has no label space; give it a {VOCAB_FILE}"
+        raise _rs.DataError(f"{vocabulary_mismatch(named, listed, bare, None)}: {why}")
+    names = list(dict.fromkeys(n for v in vocabs for n in v or ()))
+    for folder, v in zip(folders, vocabs, strict=True):
+        if v != names[: len(v or ())]:
+            return names, vocabulary_mismatch(folders[0], vocabs[0], folder, v)
+    return names, None
 
 
 def vocabulary_mismatch(a: Path, names_a: list[str] | None, b: Path, names_b: list[str] | None) -> str:
@@ -318,20 +331,21 @@ def vocabulary_mismatch(a: Path, names_a: list[str] | None, b: Path, names_b: li
 
 def check_same_labels(train: Sequence[str], held_out: Sequence[str]) -> None:
     """A probe fitted on ``train``'s labels can score ``held_out`` only if both index the same names (each
-    split's as `label_count` reads them: its first folder's); raises `DataError` naming both
-    vocabularies where they differ (`birdjepa prepare --vocab` writes a split with another's)."""
-    a, b = Path(train[0]).parent, Path(held_out[0]).parent
-    names_a, names_b = vocab_names(a), vocab_names(b)
+    split's as `split_labels` reads them); raises `DataError` naming both vocabularies where they differ
+    (`birdjepa prepare --vocab` writes a split with another's)."""
+    (names_a, _), (names_b, _) = split_labels(train), split_labels(held_out)
     if names_a != names_b:
+        a, b = Path(train[0]).parent, Path(held_out[0]).parent
         raise _rs.DataError(f"{vocabulary_mismatch(a, names_a, b, names_b)}: a probe fitted on the first "
                             "would score the second's clips as other classes")  # fmt: skip
 
 
 def label_count(files: Sequence[str]) -> int:
-    """Classes of the probe: the length of the `vocab.json` beside the shards; without one (integer labels
-    only) the largest label + 1. Raises `DataError` for string labels without a vocabulary."""
+    """Classes of the probe: the number of names the split's labels index (`split_labels`); without a
+    vocabulary (integer labels only) the largest label + 1. Raises `DataError` for string labels without
+    a vocabulary."""
     folder = Path(files[0]).parent
-    names = vocab_names(folder)
+    names, _ = split_labels(files)
     if names is not None:
         return len(names)
     largest = -1

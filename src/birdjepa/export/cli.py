@@ -16,7 +16,7 @@ import tyro
 
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.prepare import find_audio_files
-from birdjepa.data.shards import read_shard, vocab_names
+from birdjepa.data.shards import read_shard, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
     CARD,
@@ -103,9 +103,8 @@ def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> in
         parts: dict[str, list] = {"source": [], "row": [], "recording_id": [], "label": [], "label_name": [],
                                   "start_s": [], "end_s": [], "embedding": []}  # fmt: skip
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
-        folders = {folder: vocab_names(folder) for folder in {Path(f).parent for f in files}}
+        names, _ = split_labels(files)  # what the loader's labels index, whichever folder a shard is in
         ids = [recording_ids(Path(f)) for f in files]
-        names = [folders[Path(f).parent] for f in files]  # each shard's labels by its own folder's names
         for batch in encoder.embed_files(files, n_workers=n_workers):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]
@@ -114,8 +113,7 @@ def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> in
                 ids[s][r] if ids[s] else None for s, r in zip(batch["shard_id"], batch["row"], strict=True)
             ]
             parts["label"].append(batch["label"])
-            pairs = zip(batch["shard_id"], batch["label"], strict=True)
-            parts["label_name"] += [names[s][x] if names[s] and x >= 0 else None for s, x in pairs]
+            parts["label_name"] += [names[x] if names and x >= 0 else None for x in batch["label"]]
             parts["start_s"].append(starts)
             parts["end_s"].append(starts + clip)
             parts["embedding"].append(batch["embedding"])

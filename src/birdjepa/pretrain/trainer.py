@@ -18,7 +18,7 @@ import numpy as np
 from birdjepa import exit_codes, multihost
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader
-from birdjepa.data.shards import mixed_vocabularies
+from birdjepa.data.shards import split_labels
 from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, UpdateMonitorCallback
 from birdjepa.diagnostics.monitor import leaf_names, param_names
 from birdjepa.evaluation import report as eval_report
@@ -121,10 +121,10 @@ class Trainer:
         if self.evaluator is not None and self.evaluator.overlap and self.main:
             print(f"WARNING {self.evaluator.overlap}", flush=True)
         for split, files in (("train", self.train_files), ("eval", self.eval_files)):
-            if files and self.main and (mixed := mixed_vocabularies(files)):
-                print(f"WARNING the {split} shards' folders index different vocabularies: {mixed}; every "
-                      "label is read by the first one's names (the online probe, the evaluation)",
-                      flush=True)  # fmt: skip
+            names, mixed = split_labels(files) if files and self.main else (None, None)
+            if mixed:
+                print(f"the {split} shards' folders index different vocabularies ({mixed}): each label is "
+                      f"read by its name, as one of the split's {len(names or ())}", flush=True)  # fmt: skip
         self.wandb_run = open_run(cfg.log.wandb if self.main else "disabled", cfg.run_dir, cfg.run,
                                   cfg.log.wandb_project, self.config, restart)  # fmt: skip
         self.log = (
