@@ -3,13 +3,14 @@ against the tiny one's 2 of 64) at the demo's recipe and step count, beside the 
 one at random init and raw log-mel, with the linear probe on the mean and the prototypical probe on the
 tokens, on the BirdSet stand-in's three tasks; writes ``wider.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/wider.py   # ~90 min on 2 cores; --runs, --results: where
+    .venv/bin/python docs/issues/006-token-probes/wider.py   # ~110 min on 2 cores; --runs, --results: where
 
 1. **Runs** (the demo set, LeJEPA but the last, 600 steps each, everything else the demo's defaults):
    ``lejepa`` (the tiny preset, the demo's run), ``lejepa-small`` (``--model.preset small``: about 14x
    the FLOPs a step), ``lejepa-small-lr2e-4`` (the same at a fifth of the learning rate, warmed up over
    60 steps), ``lejepa-wide2`` (the tiny encoder's 2 blocks at 256 wide), the same for 2,400 steps,
-   ``lejepa-wide2-512`` (2 blocks at 512 wide) and MAE on that architecture (``mae-wide2-512``).
+   ``lejepa-wide2-512`` (2 blocks at 512 wide), the same at lr 2e-4 with 60 warm-up steps, and MAE on
+   that architecture (``mae-wide2-512``).
    Trained where ``--runs`` lacks them.
 2. **Benchmark**: ``birdjepa benchmark`` on SYN1-3 (train -> test_5s), probes linear and proto, n = 1, 4,
    16 and all, seeds 0-2, backbones: the runs, the random init of the small, the 256-wide and the
@@ -47,6 +48,9 @@ RUNS: dict[str, tuple[str, ...]] = {
     "lejepa-wide2": ("--steps", "600", "--model.dim", "256", "--model.heads", "4"),
     "lejepa-wide2-2400": ("--steps", "2400", "--model.dim", "256", "--model.heads", "4"),
     "lejepa-wide2-512": ("--steps", "600", "--model.dim", "512", "--model.heads", "8"),
+    # does a lower learning rate keep more of what that architecture's random tokens hold?
+    "lejepa-wide2-512-lr2e-4": ("--steps", "600", "--model.dim", "512", "--model.heads", "8", "--optim.lr",
+                                "2e-4", "--optim.warmup-steps", "60"),
     # the objective that reconstructs patches, on the architecture whose random tokens beat raw
     "mae-wide2-512": ("--steps", "600", "--objective.kind", "mae", "--model.dim", "512",
                       "--model.heads", "8"),
