@@ -305,10 +305,11 @@ def split_labels(files: Sequence[str]) -> tuple[list[str] | None, str | None]:
         named, listed = next((f, v) for f, v in zip(folders, vocabs, strict=True) if v is not None)
         why = f"the second's labels name no class, so the split has no label space; give it a {VOCAB_FILE}"
         raise _rs.DataError(f"{vocabulary_mismatch(named, listed, bare, None)}: {why}")
-    names = list(dict.fromkeys(n for v in vocabs for n in v or ()))
-    for folder, v in zip(folders, vocabs, strict=True):
-        if v != names[: len(v or ())]:
-            return names, vocabulary_mismatch(folders[0], vocabs[0], folder, v)
+    lists = [v for v in vocabs if v is not None]  # every folder's, after the check above
+    names = list(dict.fromkeys(n for v in lists for n in v))
+    for folder, v in zip(folders, lists, strict=True):
+        if v != names[: len(v)]:
+            return names, vocabulary_mismatch(folders[0], lists[0], folder, v)
     return names, None
 
 
