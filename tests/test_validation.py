@@ -197,6 +197,15 @@ def test_a_run_on_your_shards_is_never_evaluated_on_another_vocabulary_s_classes
         want = labels if s == 0 else n - 1 - labels
         assert [got[int(offsets[s]) + r] for r in range(len(labels))] == want.tolist(), s
     assert all(len(set(x)) > 1 for x in stored)  # the check sees more than one class in each folder
+    # Scored against another vocabulary, the split is named by every vocabulary its names come from.
+    code, err = pretrain_exit(capsys, "--data.train", str(mixed / "*" / "*.arrow"), "--data.eval", str(other),
+                              *runs)  # fmt: skip
+    assert code == 2 and err.strip() == (
+        f"error: --data.eval '{other}': {mixed / 'a' / 'vocab.json'} + {mixed / 'b' / 'vocab.json'} "
+        f"({n} names) and {other / 'vocab.json'} ({n} names) name different labels "
+        f"(label 0: {names[0]!r} against {names[-1]!r}): a probe fitted on the first would score the "
+        "second's clips as other classes"
+    ), err
     # Evaluating that run needs held-out shards of its classes.
     with pytest.raises(SystemExit) as e:
         main(["evaluate", str(tmp_path / "runs" / "mine")])

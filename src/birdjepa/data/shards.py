@@ -313,13 +313,17 @@ def split_labels(files: Sequence[str]) -> tuple[list[str] | None, str | None]:
     return names, None
 
 
-def vocabulary_mismatch(a: Path, names_a: list[str] | None, b: Path, names_b: list[str] | None) -> str:
-    """One line saying how the labels of folders ``a`` and ``b`` differ."""
+def vocabulary_mismatch(
+    a: Path | Sequence[Path], names_a: list[str] | None, b: Path | Sequence[Path], names_b: list[str] | None
+) -> str:
+    """One line saying how the labels of folders ``a`` and ``b`` differ (each a folder, or a split's
+    folders, whose vocabularies together give its names)."""
 
-    def said(folder: Path, names: list[str] | None) -> str:
+    def said(folders: Path | Sequence[Path], names: list[str] | None) -> str:
+        folders = [folders] if isinstance(folders, Path) else list(folders)
         if names is None:
-            return f"{folder} (no {VOCAB_FILE})"
-        return f"{folder / VOCAB_FILE} ({len(names)} names)"
+            return f"{folders[0]} (no {VOCAB_FILE})"
+        return f"{' + '.join(str(f / VOCAB_FILE) for f in folders)} ({len(names)} names)"
 
     where = f"{said(a, names_a)} and {said(b, names_b)} name different labels"
     if names_a is None or names_b is None:
@@ -336,7 +340,7 @@ def check_same_labels(train: Sequence[str], held_out: Sequence[str]) -> None:
     (`birdjepa prepare --vocab` writes a split with another's)."""
     (names_a, _), (names_b, _) = split_labels(train), split_labels(held_out)
     if names_a != names_b:
-        a, b = Path(train[0]).parent, Path(held_out[0]).parent
+        a, b = (list(dict.fromkeys(Path(f).parent for f in split)) for split in (train, held_out))
         raise _rs.DataError(f"{vocabulary_mismatch(a, names_a, b, names_b)}: a probe fitted on the first "
                             "would score the second's clips as other classes")  # fmt: skip
 
