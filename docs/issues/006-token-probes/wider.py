@@ -58,11 +58,16 @@ RUNS: dict[str, tuple[str, ...]] = {
 RANDOM = ("lejepa-small", "lejepa-wide2", "lejepa-wide2-512")  # each architecture's random init
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def arguments(doc: str | None) -> argparse.Namespace:
+    """``--runs`` and ``--results``: where this script's and ``depth.py``'s runs and store are."""
+    parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--runs", type=Path, default=Path("/tmp/birdjepa-006w/runs"))
     parser.add_argument("--results", type=Path, default=Path("/tmp/birdjepa-006w/results"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__)
     logs = HERE / "logs"
     logs.mkdir(exist_ok=True)
     from birdjepa.synthetic.demo import ensure_birdset_data
