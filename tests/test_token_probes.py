@@ -108,6 +108,29 @@ def test_raw_tokens_are_the_log_mel_patches_of_the_vit_grid() -> None:
     assert square.encode(x, tokens=False)[1] is None
 
 
+def test_raw_input_is_the_log_mel_as_the_encoder_receives_it() -> None:
+    from birdjepa.benchmark.backbones import resolve
+    from birdjepa.evaluation.embed import raw_features
+
+    # The default model's 512 frames of 128 bins: each bin has its own background level (a channel's
+    # gain), and one clip a call in its first window.
+    x = (np.random.default_rng(0).normal(size=(2, 512, 128)) + np.linspace(-20, 5, 128)).astype(np.float32)
+    x[0, :16, 40:80] += 12
+    raw, as_input = resolve(["raw", "raw:input"])  # no run: the default model (input_norm floor)
+    assert as_input.identity == "raw:input-floor-mean-std+patches16x128" != raw.identity
+    pooled, tokens = as_input.encode(x, tokens=True)
+    # By hand (the model's definition): each bin's floor is the 20th percentile over the 32 windows of 16
+    # frames of its window means; then the clip standardised over time and bins.
+    means = x.astype(np.float64).reshape(2, 32, 16, 128).mean(axis=2)
+    y = x - np.quantile(means, 0.2, axis=1, keepdims=True)
+    y = (y - y.mean(axis=(1, 2), keepdims=True)) / np.sqrt(y.var(axis=(1, 2), keepdims=True) + 1e-6)
+    # Tolerance: JAX reduces in float32, this in float64 (values of order 1; 1e-4 apart at most).
+    np.testing.assert_allclose(tokens[1, 2], y[1, 32:48].ravel(), atol=1e-4)
+    np.testing.assert_allclose(tokens, y.reshape(2, 32, 16 * 128), atol=1e-4)
+    np.testing.assert_allclose(pooled, raw_features(y), atol=1e-4)
+    assert np.abs(pooled - raw.encode(x, tokens=False)[0]).max() > 1  # not raw's: the floor is gone
+
+
 @pytest.mark.slow  # compiles at the default level: CI's last stage
 @pytest.mark.default_level
 def test_an_encoder_s_tokens_leave_its_embedding_bits_and_probes_repeat_at_the_default_level() -> None:

@@ -7,6 +7,10 @@ A backbone is named on the command line as one of:
 - ``raw``: per clip, the mean and std over time of every log-mel bin (nothing learned); as tokens,
   every log-mel patch of the ViT's patch grid (the first run's, else the model's default: 16 frames by
   every mel bin), flattened: the spectrum's own patches, beside the encoder's tokens;
+- ``raw:input``: the same of the log-mel as that model's encoder receives it (its ``input_norm``: by
+  default each bin's noise floor subtracted and the clip standardised; fixed, not learned), the
+  baseline that separates what an encoder learned from what its front end gives every encoder, random
+  ones included (docs/issues/006-token-probes, "Where the lead goes");
 - ``module:function``: an external encoder, imported and called with a spectrogram batch
   ``float32 [B, T, M]`` (the loader's log-mel, the features of the first run named, else the
   loader's defaults) and returning ``[B, D]`` embeddings or ``[B, N, D]`` tokens (their mean is its
@@ -17,7 +21,7 @@ A backbone is named on the command line as one of:
 
 Its identity (the store's key) holds what makes its embeddings what they are: a run's name, step and a
 CRC-32 of its checkpoint's leaf CRC-32s (an export keeps its run's); random init's name and a CRC of
-the init; raw's patch grid; an external encoder's import path.
+the init; raw's patch grid (and ``raw:input``'s normalisation); an external encoder's import path.
 
 Every backbone gives patch tokens beside its embedding, but an external one that returns ``[B, D]``:
 the token probes (`token_probes`) skip it, and say so. Tokens are computed and cached (float16:
@@ -83,17 +87,24 @@ def _encoder_call(encoder: Any) -> Encode:
     return encode
 
 
-def _raw(model: ModelConfig) -> Backbone:
-    """Log-mel mean and std per bin; as tokens, the log-mel cut into ``model``'s patches."""
-    from birdjepa.model.vit import patchify
+RAW_INPUT = "raw:input"
+
+
+def _raw(model: ModelConfig, *, as_input: bool = False) -> Backbone:
+    """Log-mel mean and std per bin; as tokens, the log-mel cut into ``model``'s patches. ``as_input``:
+    of the log-mel as ``model``'s encoder receives it (`normalised_input`) instead."""
+    from birdjepa.model.vit import normalised_input, patchify
 
     m = model.resolved()
 
     def encode(x: np.ndarray, *, tokens: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        patches = np.asarray(patchify(np.asarray(x, np.float32), m.patch, m.patch_mels)) if tokens else None
+        x = np.asarray(normalised_input(m, x)) if as_input else np.asarray(x, np.float32)
+        patches = np.asarray(patchify(x, m.patch, m.patch_mels)) if tokens else None
         return raw_features(x), patches
 
     grid = f"{m.patch}x{m.patch_mels}"
+    if as_input:
+        return Backbone(RAW_INPUT, f"raw:input-{m.input_norm}-mean-std+patches{grid}", encode, None, model=m)
     return Backbone("raw", f"raw:logmel-mean-std+patches{grid}", encode, None, model=m)
 
 
@@ -145,18 +156,18 @@ def _external(spec: str) -> Backbone:
 def resolve(specs: Sequence[str], step: int | None = None) -> list[Backbone]:
     """The backbones named by ``specs``, in order (a run named without ``@STEP`` at ``step``, or its
     newest checkpoint)."""
-    out: list[Backbone | None] = []
+    out: list[Backbone | str] = []
     for spec in specs:
-        if spec == "raw":
-            out.append(None)  # once the runs' patch grid is known
+        if spec in ("raw", RAW_INPUT):
+            out.append(spec)  # once the runs' patch grid (and input normalisation) is known
         elif spec.startswith("random:"):
             out.append(_random_init(Path(spec.removeprefix("random:"))))
         elif _looks_external(spec):
             out.append(_external(spec))
         else:
             out.append(_run(spec if "@" in spec or step is None else f"{spec}@{step}"))
-    model = next((b.model for b in out if b is not None and b.model is not None), ModelConfig())
-    return [b if b is not None else _raw(model) for b in out]
+    model = next((b.model for b in out if isinstance(b, Backbone) and b.model is not None), ModelConfig())
+    return [b if isinstance(b, Backbone) else _raw(model, as_input=b == RAW_INPUT) for b in out]
 
 
 def _looks_external(spec: str) -> bool:

@@ -314,8 +314,9 @@ def cli(
     Args:
         backbone: What to score, side by side: RUN or RUN@STEP (a run's checkpoint) or an export folder,
             random:RUN (its architecture at random init), raw (log-mel mean and std; as tokens, its
-            patches), module:function (an external encoder: spectrogram [B, T, M] in, [B, D]
-            embeddings or [B, N, D] tokens out).
+            patches), raw:input (the same of the log-mel as the first run's encoder receives it: its
+            input normalisation, nothing learned), module:function (an external encoder: spectrogram
+            [B, T, M] in, [B, D] embeddings or [B, N, D] tokens out).
         train: Shards the probes are fitted on (a glob, a folder or a file), e.g. 'hsn/train/*.arrow'.
         test: Shards the probes are scored on, e.g. 'hsn/test_5s/*.arrow'.
         task: The task's name in the store (default: the test split's parent folder's name).

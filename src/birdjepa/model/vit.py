@@ -87,16 +87,22 @@ def noise_floor(x: Array, window: int = NOISE_FLOOR_WINDOW) -> Array:
     return jnp.quantile(means, 0.2, axis=1, keepdims=True)
 
 
-def input_patches(cfg: ModelConfig, x: Array) -> Array:
-    """What the encoder embeds: ``x [B, T, M]`` normalised (``cfg.input_norm``) and cut into patches
-    ``[B, N, patch * patch_mels]`` (`patchify`; also the MAE objective's targets)."""
+def normalised_input(cfg: ModelConfig, x: Array) -> Array:
+    """``x [B, T, M]`` as the encoder receives it: float32, normalised as ``cfg.input_norm`` says (also
+    the benchmark's ``raw:input`` baseline)."""
     x = x.astype(jnp.float32)
     if cfg.input_norm == "floor":  # log domain: a channel's gain per bin is an offset per bin
         x = x - noise_floor(x)
     if cfg.input_norm in ("clip", "floor"):
         mean = x.mean(axis=(1, 2), keepdims=True)
         x = (x - mean) / jnp.sqrt(jnp.square(x - mean).mean(axis=(1, 2), keepdims=True) + 1e-6)
-    return patchify(x, cfg.patch, cfg.patch_mels)
+    return x
+
+
+def input_patches(cfg: ModelConfig, x: Array) -> Array:
+    """What the encoder embeds: `normalised_input` cut into patches ``[B, N, patch * patch_mels]``
+    (`patchify`; also the MAE objective's targets)."""
+    return patchify(normalised_input(cfg, x), cfg.patch, cfg.patch_mels)
 
 
 def compute_dtype(cfg: ModelConfig) -> Any:
