@@ -296,7 +296,7 @@ def split_labels(files: Sequence[str]) -> tuple[list[str] | None, str | None]:
     line naming the first such pair: the loader then reads each label by its name (``label_names``), so a
     label means one class whichever folder it came from. `DataError` where some folders have a vocabulary
     and others not (their integer labels name nothing)."""
-    folders = list(dict.fromkeys(Path(f).parent for f in files))
+    folders = split_folders(files)
     vocabs = [vocab_names(folder) for folder in folders]
     if all(v is None for v in vocabs):
         return None, None
@@ -304,23 +304,27 @@ def split_labels(files: Sequence[str]) -> tuple[list[str] | None, str | None]:
         bare = folders[vocabs.index(None)]
         named, listed = next((f, v) for f, v in zip(folders, vocabs, strict=True) if v is not None)
         why = f"the second's labels name no class, so the split has no label space; give it a {VOCAB_FILE}"
-        raise _rs.DataError(f"{vocabulary_mismatch(named, listed, bare, None)}: {why}")
+        raise _rs.DataError(f"{vocabulary_mismatch([named], listed, [bare], None)}: {why}")
     lists = [v for v in vocabs if v is not None]  # every folder's, after the check above
     names = list(dict.fromkeys(n for v in lists for n in v))
     for folder, v in zip(folders, lists, strict=True):
         if v != names[: len(v)]:
-            return names, vocabulary_mismatch(folders[0], lists[0], folder, v)
+            return names, vocabulary_mismatch(folders[:1], lists[0], [folder], v)
     return names, None
 
 
+def split_folders(files: Sequence[str]) -> list[Path]:
+    """The folders of a split's files, each once, in path order."""
+    return list(dict.fromkeys(Path(f).parent for f in files))
+
+
 def vocabulary_mismatch(
-    a: Path | Sequence[Path], names_a: list[str] | None, b: Path | Sequence[Path], names_b: list[str] | None
+    a: Sequence[Path], names_a: list[str] | None, b: Sequence[Path], names_b: list[str] | None
 ) -> str:
-    """One line saying how the labels of folders ``a`` and ``b`` differ (each a folder, or a split's
+    """One line saying how the labels of folders ``a`` and ``b`` differ (each one folder, or a split's
     folders, whose vocabularies together give its names)."""
 
-    def said(folders: Path | Sequence[Path], names: list[str] | None) -> str:
-        folders = [folders] if isinstance(folders, Path) else list(folders)
+    def said(folders: Sequence[Path], names: list[str] | None) -> str:
         if names is None:
             return f"{folders[0]} (no {VOCAB_FILE})"
         return f"{' + '.join(str(f / VOCAB_FILE) for f in folders)} ({len(names)} names)"
@@ -340,7 +344,7 @@ def check_same_labels(train: Sequence[str], held_out: Sequence[str]) -> None:
     (`birdjepa prepare --vocab` writes a split with another's)."""
     (names_a, _), (names_b, _) = split_labels(train), split_labels(held_out)
     if names_a != names_b:
-        a, b = (list(dict.fromkeys(Path(f).parent for f in split)) for split in (train, held_out))
+        a, b = split_folders(train), split_folders(held_out)
         raise _rs.DataError(f"{vocabulary_mismatch(a, names_a, b, names_b)}: a probe fitted on the first "
                             "would score the second's clips as other classes")  # fmt: skip
 
