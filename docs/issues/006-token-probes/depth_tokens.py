@@ -70,12 +70,10 @@ def _floored_meanstd() -> Callable[[np.ndarray], np.ndarray]:
     import jax
 
     from birdjepa.evaluation.embed import raw_features
-    from birdjepa.model.vit import input_patches
+    from birdjepa.model.vit import normalised_input
 
     cfg = _restored().model_cfg.resolved()
-    if cfg.patch_mels != cfg.n_mels:  # a full-band patch grid reshapes back to [B, T, M]
-        raise ValueError(f"patches of {cfg.patch_mels} of {cfg.n_mels} mel bins")
-    apply = jax.jit(lambda x: input_patches(cfg, x).reshape(x.shape))
+    apply = jax.jit(lambda x: normalised_input(cfg, x))
     return lambda x: raw_features(np.asarray(apply(np.asarray(x, np.float32))))
 
 
