@@ -297,3 +297,47 @@ def test_the_steps_compute_the_bits_they_computed_before_objectives_became_units
     added = {k for k in now if metric(k) in ADDED}
     assert sorted(set(now) - added) == sorted(then), (name, set(now) ^ set(then))
     assert [k for k in then if now[k] != then[k] and not revised(k, CONFIGS[name])] == [], name
+
+
+def test_the_patch_term_reads_each_token_back_to_its_own_patch_and_adds_up_over_shards() -> None:
+    """``--objective.lejepa.patch-weight``: a linear map of each final token (the decoder at depth 0)
+    against its own input patch, standardised over its values, added to LeJEPA's loss; a read-out
+    with patches hidden is refused; the virtual-shard step's parts of two shards combine to the batch's
+    terms. Expected values in float64 numpy (the model's float32: 1e-5)."""
+    from birdjepa.model.config import preset
+    from birdjepa.model.vit import BirdJepa, init_params
+    from birdjepa.objectives.lejepa import LeJepa
+    from birdjepa.objectives.options import LeJepaConfig
+
+    cfg = preset("tiny", n_frames=64)
+    options = LeJepaConfig(patch_weight=0.5)
+    decoder = options.decoder(cfg)
+    assert decoder is not None and decoder.depth == 0 and LeJepaConfig().decoder(cfg) is None
+    params = init_params(cfg, jax.random.key(0), decoder)
+    assert set(params["params"]["decoder"]) == {"out"}  # no mask token, no position: nothing unused
+    model = BirdJepa(cfg, decoder)
+    x = jax.random.normal(jax.random.key(1), (4, 2, 64, 128)) * 2.0 + 1.0
+    every = jnp.broadcast_to(jnp.arange(4, dtype=jnp.int32), (4, 2, 4))
+    out = model.apply(params, x, deterministic=True, keep=every)
+    out["z"], out["sigreg_key"] = out["projection"], jax.random.key(2)
+    kernel, bias = (np.asarray(params["params"]["decoder"]["out"][k], np.float64) for k in ("kernel", "bias"))
+    tokens = np.asarray(out["tokens"], np.float64)
+    np.testing.assert_allclose(out["reconstruction"], tokens @ kernel + bias, atol=1e-5)
+    patches = np.asarray(out["patches"], np.float64)
+    target = (patches - patches.mean(-1, keepdims=True)) / np.sqrt(patches.var(-1, keepdims=True) + 1e-6)
+    patch = np.mean(np.square(tokens @ kernel + bias - target))
+    objective = LeJepa(options, cfg)
+    terms = objective.terms(out, {})
+    np.testing.assert_allclose(float(terms["patch"]), patch, rtol=1e-5)
+    inv, reg = float(terms["invariance"]), float(terms["sigreg"])
+    np.testing.assert_allclose(float(terms["loss"]), 0.95 * inv + 0.05 * reg + 0.5 * patch, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs all 4 patches visible"):
+        model.apply(params, x, deterministic=True, keep=every[..., :3])
+
+    halves = [{k: v if k == "sigreg_key" else v[i : i + 2] for k, v in out.items()} for i in (0, 2)]
+    sums = jax.tree.map(lambda a, b: a + b, *(objective.statistics(h, {}) for h in halves))
+    totals = objective.totals(sums)
+    parts = [objective.parts(h, {}, totals, batch_size=4) for h in halves]
+    combined = objective.combine(jax.tree.map(lambda *a: jnp.stack(a), *parts), totals)
+    for name in ("patch", "invariance", "sigreg", "loss"):
+        np.testing.assert_allclose(float(combined[name]), float(terms[name]), rtol=1e-5)

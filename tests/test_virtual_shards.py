@@ -30,10 +30,11 @@ from birdjepa.validation import OptionError, check
 HERE = Path(__file__).parent
 
 #: Every stochastic part of the LeJEPA step on: dropout, drop-path, augmentation, two local crops, the
-#: masked-span predictor; and an update every second step.
+#: masked-span predictor; every term (the patch read-out too); and an update every second step.
 LEJEPA = ["--model.dropout", "0.1", "--model.drop-path", "0.1", "--augment.gain-db", "3",
           "--objective.lejepa.local-views", "2", "--objective.lejepa.span-weight", "0.5",
-          "--model.predictor-depth", "1", "--optim.grad-accum", "2"]  # fmt: skip
+          "--model.predictor-depth", "1", "--objective.lejepa.patch-weight", "0.5",
+          "--optim.grad-accum", "2"]  # fmt: skip
 
 
 def devices_env(n: int) -> dict[str, str]:

@@ -21,7 +21,8 @@ OPTIONAL_GROUPS: tuple[str, ...] = ("predictor", "decoder")  # predictor_depth >
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
     """A decoder of patch values from the encoder's visible tokens (the MAE objective's; its options
-    are the objective's, `birdjepa.objectives.options.MaeConfig`)."""
+    are the objective's, `birdjepa.objectives.options.MaeConfig`). Depth 0 is a read-out of each
+    token's own patch, with every patch visible (LeJEPA's patch term)."""
 
     dim: int
     depth: int

@@ -349,7 +349,8 @@ class Decoder(nn.Module):
     """Visible tokens ``[B, K, D]`` at patch indices ``keep [B, K]`` -> every patch's values ``[B, N,
     patch * patch_mels]``: a linear map to the decoder's width, a learned mask token at the hidden
     patches, a learned position embedding, ``depth`` transformer blocks (no dropout), a LayerNorm and
-    a linear read-out (He et al.'s MAE decoder)."""
+    a linear read-out (He et al.'s MAE decoder). At depth 0 every patch must be visible: a linear map
+    of each token (already normed by the encoder) gives its own patch's values, and nothing else."""
 
     cfg: ModelConfig
     decoder: DecoderConfig
@@ -358,6 +359,10 @@ class Decoder(nn.Module):
     def __call__(self, visible: Array, keep: Array) -> Array:
         cfg, dec = self.cfg, self.decoder
         dt = compute_dtype(cfg)
+        if dec.depth == 0:
+            if keep.shape[-1] != cfg.n_patches:
+                raise ValueError(f"a read-out (decoder depth 0) needs all {cfg.n_patches} patches visible")
+            return nn.Dense(cfg.patch * cfg.patch_mels, name="out", dtype=dt)(visible)
         x = nn.Dense(dec.dim, name="embed", dtype=dt)(visible)
         mask_token = self.param("mask_token", nn.initializers.normal(0.02), (dec.dim,))
         full = jnp.broadcast_to(mask_token.astype(x.dtype), (x.shape[0], cfg.n_patches, dec.dim))

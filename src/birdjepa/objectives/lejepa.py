@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from birdjepa.objectives.base import Model, Tensors, in_order
+from birdjepa.objectives.mae import patch_errors
 from birdjepa.objectives.options import (
     DEFAULT_LAMBDA,
     DEFAULT_NUM_DIRECTIONS,
@@ -106,11 +107,15 @@ class LeJepa:
     """`birdjepa.objectives.base.Objective`: LeJEPA on the projections of every view."""
 
     def __init__(self, options: LeJepaConfig, model_cfg: Any) -> None:
-        self.o, self.grid = options, model_cfg.grid
+        self.o, self.grid, self.n_patches = options, model_cfg.grid, model_cfg.n_patches
 
     def forward(self, model: Model, views: Array, batch: dict[str, Array]) -> Tensors:
         o = self.o
-        out = model.apply("global", views, model.dropout)
+        keep = None  # with the patch term every patch is kept, and the read-out gives each token's back
+        if o.patch_weight:
+            n = self.n_patches
+            keep = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (*views.shape[:2], n))
+        out = model.apply("global", views, model.dropout, keep=keep)
         z = out["projection"]
         if o.local_views:  # multi-crop: short views cut from the global ones, encoded apart
             local_key = model.draw("local", _LOCAL_KEY)
@@ -132,6 +137,8 @@ class LeJepa:
             masked = model.apply("masked", views, jax.random.fold_in(span_key, 1), mask=mask)
             target = jax.lax.stop_gradient(out["tokens"])
             tensors.update(prediction=masked["prediction"], target=target, mask=mask)
+        if o.patch_weight:
+            tensors.update(reconstruction=out["reconstruction"], patches=out["patches"])
         return tensors
 
     def terms(self, out: Tensors, batch: dict[str, Array]) -> Tensors:
@@ -144,6 +151,9 @@ class LeJepa:
         if o.span_weight:
             span = span_loss(out["prediction"], out["target"], out["mask"])
             obj = {**obj, "loss": obj["loss"] + o.span_weight * span, "span": span}
+        if o.patch_weight:
+            patch = jnp.mean(patch_errors(out["reconstruction"], out["patches"], norm_pix=True))
+            obj = {**obj, "loss": obj["loss"] + o.patch_weight * patch, "patch": patch}
         return obj
 
     def _sums(self, out: Tensors) -> Array:
@@ -179,6 +189,10 @@ class LeJepa:
             count = jnp.maximum(totals["span_count"], 1.0)
             span = jnp.sum(span_errors(out["prediction"], out["target"]) * out["mask"]) / count
             parts = {**parts, "loss": parts["loss"] + o.span_weight * span, "span": span}
+        if o.patch_weight:
+            errors = patch_errors(out["reconstruction"], out["patches"], norm_pix=True)
+            patch = jnp.sum(errors) / (batch_size * errors.shape[1] * errors.shape[2])
+            parts = {**parts, "loss": parts["loss"] + o.patch_weight * patch, "patch": patch}
         return parts
 
     def combine(self, parts: Tensors, totals: Tensors) -> Tensors:
@@ -188,4 +202,7 @@ class LeJepa:
         if o.span_weight:
             span = in_order(parts["span"])
             obj = {**obj, "loss": obj["loss"] + o.span_weight * span, "span": span}
+        if o.patch_weight:
+            patch = in_order(parts["patch"])
+            obj = {**obj, "loss": obj["loss"] + o.patch_weight * patch, "patch": patch}
         return obj

@@ -75,13 +75,17 @@ class LeJepaConfig(Options):
     """Length of a hidden span in time tokens (it must divide the token grid's time side)."""
     span_ratio: float = 0.5
     """Fraction of the spans hidden in each view."""
+    patch_weight: float = 0.0
+    """Weight of the patch term added to the loss (0 = off): each of the encoder's final tokens, through
+    a per-token linear read-out, reconstructs its own input patch (standardised over its values), so
+    the tokens keep what their patch holds (`birdjepa.objectives.lejepa`)."""
 
     RANGES: ClassVar = (
         (("num_directions", "span_tokens", "local_frames"), ">=1"),
         (("local_views",), ">=0"),
         (("num_knots",), ">=2"),
         (("t_max",), ">0"),
-        (("span_weight",), ">=0"),
+        (("span_weight", "patch_weight"), ">=0"),
         (("lam",), "[0,1]"),
         (("span_ratio",), "(0,1)"),
     )
@@ -98,6 +102,11 @@ class LeJepaConfig(Options):
         if self.local_views and (self.local_frames % m.patch or self.local_frames > m.n_frames):
             allowed = f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames"
             yield "local_frames", self.local_frames, allowed
+
+    def decoder(self, model_cfg: ModelConfig) -> DecoderConfig | None:
+        # The patch term's read-out: a decoder without blocks maps each token to its own patch's values.
+        m = model_cfg.resolved()
+        return DecoderConfig(dim=m.dim, depth=0, heads=m.heads) if self.patch_weight else None
 
 
 @dataclasses.dataclass(frozen=True)
