@@ -5,7 +5,7 @@ read-out of the encoder's final tokens reconstructs each token's own input patch
 values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-weight w``). Writes
 ``anchor.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~90 min on 2 cores; after depth.py
+    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~100 min on 2 cores; after depth.py
 
 1. **Runs**: ``depth.py``'s base (``lejepa-wide2-512-lr2e-4``: 2 blocks of 512, lr 2e-4 warmed up over
    60 steps, 600 steps) with the patch term at w = 0.1, 1, 4, 16 and 64 (its error starts near 2,
@@ -20,6 +20,9 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
    patch (the patch term's target), for the runs, the base run and the architecture's random init;
    and the least error any linear code of 512 values per patch can reach: the eval patches' variance
    outside the train patches' top 512 principal components.
+4. **The demo's tiny encoder** (2 blocks of 64: 32 tokens of 64 values for patches of 2,048): the demo's
+   run (``wider.py``'s ``lejepa``) with the patch term at w = 16 and 64, benchmarked as in 2 beside
+   that run and its random init.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ ARCHITECTURE = "lejepa-wide2-512"  # wider.py's random init of this architecture
 WEIGHTS = ("0.1", "1", "4", "16", "64")
 ANCHORED = {f"{BASE}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in WEIGHTS}
 BASELINES = (f"random:{ARCHITECTURE}", "raw", "raw:input")
+DEMO = "lejepa"  # wider.py's: the demo's run (the tiny preset, 600 steps)
+TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16", "64")}
 NS = ("1", "4", "16", "-1")
 
 
@@ -50,18 +55,20 @@ def main() -> None:
     from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
 
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
-    for name, extra in ANCHORED.items():
+    for name, extra in [*((n, [*RUNS[BASE], *e]) for n, e in ANCHORED.items()),
+                        *((n, [*RUNS[DEMO], *e]) for n, e in TINY.items())]:  # fmt: skip
         if not (args.runs / name / "checkpoints").is_dir():
-            call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *RUNS[BASE],
-                  *extra], logs / "anchor-pretrain.log")  # fmt: skip
+            call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
+                 logs / "anchor-pretrain.log")  # fmt: skip
+    tiny = [str(args.runs / n) for n in (*TINY, DEMO)] + [f"random:{args.runs / DEMO}"]
     runs = [str(args.runs / n) for n in (*ANCHORED, BASE)]
-    backbones = [*runs, *(b.replace(ARCHITECTURE, str(args.runs / ARCHITECTURE)) for b in BASELINES)]
+    backbones = [*runs, *(b.replace(ARCHITECTURE, str(args.runs / ARCHITECTURE)) for b in BASELINES), *tiny]
     for task in TASKS:
         call([*BIRDJEPA, "benchmark", "--backbone", *backbones, "--train", str(tasks / task / "train"),
               "--test", str(tasks / task / "test_5s"), "--task", task, "--probe", *PROBES,
               "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
              logs / "anchor-benchmark.log")  # fmt: skip
-    call([*BIRDJEPA, "benchmark", "--backbone", *runs, "raw:input", "--train", str(demo / "train"),
+    call([*BIRDJEPA, "benchmark", "--backbone", *runs, *tiny, "raw:input", "--train", str(demo / "train"),
           "--test", str(demo / "eval"), "--task", "demo", "--probe", *PROBES, "--n-train", *NS,
           "--seed", "0", "1", "2", "--results", str(args.results)],
          logs / "anchor-benchmark.log")  # fmt: skip
@@ -136,14 +143,14 @@ def write(results: Path, runs: Path, errors: dict[str, float]) -> None:
                     out.append(f"| {b} | {p} | {cells_} |")
         return out
 
-    order = [*ANCHORED, BASE, *BASELINES]
+    order = [*ANCHORED, BASE, *BASELINES, *TINY, DEMO, f"random:{DEMO}"]
     lines = ["# 006, a term that anchors tokens to their patches: measured (written by anchor.py)", "",
              "cmAP, mean over seeds 0-2.", "", "## SYN1-3, mean over tasks", "",
              *table("SYN", "mean", order)]  # fmt: skip
     for task in TASKS:
         lines += ["", f"## {task}", "", *table("SYN", task, order)]
-    lines += ["", "## The demo's single-label split (train -> eval)", "",
-              *table("demo", "demo", [*ANCHORED, BASE, "raw:input"])]  # fmt: skip
+    on_demo = [*ANCHORED, BASE, *TINY, DEMO, f"random:{DEMO}", "raw:input"]
+    lines += ["", "## The demo's single-label split (train -> eval)", "", *table("demo", "demo", on_demo)]
     lines += ["", "## What a linear read-out of the tokens gives back (demo clips, held out)", "",
               "| tokens of | error against the standardised patch (1: nothing) |", "|---|---:|",
               *(f"| {name} | {e:.3f} |" for name, e in errors.items())]  # fmt: skip
