@@ -5,7 +5,7 @@ read-out of the encoder's final tokens reconstructs each token's own input patch
 values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-weight w``). Writes
 ``anchor.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~100 min on 2 cores; after depth.py
+    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~115 min on 2 cores; after depth.py
 
 1. **Runs**: ``depth.py``'s base (``lejepa-wide2-512-lr2e-4``: 2 blocks of 512, lr 2e-4 warmed up over
    60 steps, 600 steps) with the patch term at w = 0.1, 1, 4, 16 and 64 (its error starts near 2,
@@ -23,6 +23,9 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
 4. **The demo's tiny encoder** (2 blocks of 64: 32 tokens of 64 values for patches of 2,048): the demo's
    run (``wider.py``'s ``lejepa``) with the patch term at w = 16 and 64, benchmarked as in 2 beside
    that run and its random init.
+5. **No position added to the tokens**: the base run at w = 16 with ``--model.rope`` (rotary position
+   in attention, in place of the learned position embedding added to every token), beside its own
+   random init, benchmarked as in 2 and read out as in 3.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ ARCHITECTURE = "lejepa-wide2-512"  # wider.py's random init of this architecture
 WEIGHTS = ("0.1", "1", "4", "16", "64")
 ANCHORED = {f"{BASE}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in WEIGHTS}
 BASELINES = (f"random:{ARCHITECTURE}", "raw", "raw:input")
+ROPE = {f"{BASE}-patch16-rope": ("--objective.lejepa.patch-weight", "16", "--model.rope")}
 DEMO = "lejepa"  # wider.py's: the demo's run (the tiny preset, 600 steps)
 TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16", "64")}
 NS = ("1", "4", "16", "-1")
@@ -55,13 +59,13 @@ def main() -> None:
     from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
 
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
-    for name, extra in [*((n, [*RUNS[BASE], *e]) for n, e in ANCHORED.items()),
+    for name, extra in [*((n, [*RUNS[BASE], *e]) for n, e in {**ANCHORED, **ROPE}.items()),
                         *((n, [*RUNS[DEMO], *e]) for n, e in TINY.items())]:  # fmt: skip
         if not (args.runs / name / "checkpoints").is_dir():
             call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
                  logs / "anchor-pretrain.log")  # fmt: skip
     tiny = [str(args.runs / n) for n in (*TINY, DEMO)] + [f"random:{args.runs / DEMO}"]
-    runs = [str(args.runs / n) for n in (*ANCHORED, BASE)]
+    runs = [str(args.runs / n) for n in (*ANCHORED, BASE, *ROPE)] + [f"random:{args.runs / n}" for n in ROPE]
     backbones = [*runs, *(b.replace(ARCHITECTURE, str(args.runs / ARCHITECTURE)) for b in BASELINES), *tiny]
     for task in TASKS:
         call([*BIRDJEPA, "benchmark", "--backbone", *backbones, "--train", str(tasks / task / "train"),
@@ -86,9 +90,13 @@ def readout(runs: Path) -> dict[str, float]:
 
     run = restore_run(runs / BASE)
     cfg, m = run.cfg, run.model_cfg
-    backbones = {name: restore_run(runs / name).params for name in (*ANCHORED, BASE)}
-    backbones[f"random:{ARCHITECTURE}"] = run.random_init
-    apply = jax.jit(encoder_apply(m, tokens=True))
+    backbones = {name: (restore_run(runs / name).params, m) for name in (*ANCHORED, BASE)}
+    backbones[f"random:{ARCHITECTURE}"] = (run.random_init, m)
+    for name in ROPE:  # another architecture: its own model, and its own random init
+        rope = restore_run(runs / name)
+        backbones[name] = (rope.params, rope.model_cfg)
+        backbones[f"random:{name}"] = (rope.random_init, rope.model_cfg)
+    applies = {name: jax.jit(encoder_apply(model, tokens=True)) for name, (_, model) in backbones.items()}
     patches_of = jax.jit(lambda x: input_patches(m, x))
     tokens: dict[str, list[list[np.ndarray]]] = {name: [[], []] for name in backbones}
     patches: list[list[np.ndarray]] = [[], []]
@@ -100,8 +108,8 @@ def readout(runs: Path) -> dict[str, float]:
                 p = np.asarray(patches_of(x), np.float64)
                 p = (p - p.mean(-1, keepdims=True)) / np.sqrt(p.var(-1, keepdims=True) + 1e-6)
                 patches[i].append(p.reshape(-1, p.shape[-1]))
-                for name, params in backbones.items():
-                    t = np.asarray(apply(params, x), np.float64)
+                for name, (params, _) in backbones.items():
+                    t = np.asarray(applies[name](params, x), np.float64)
                     tokens[name][i].append(t.reshape(-1, t.shape[-1]))
     train_p, eval_p = (np.concatenate(ps) for ps in patches)
     errors = {}
@@ -143,13 +151,14 @@ def write(results: Path, runs: Path, errors: dict[str, float]) -> None:
                     out.append(f"| {b} | {p} | {cells_} |")
         return out
 
-    order = [*ANCHORED, BASE, *BASELINES, *TINY, DEMO, f"random:{DEMO}"]
+    rope = [*ROPE, *(f"random:{n}" for n in ROPE)]
+    order = [*ANCHORED, BASE, *BASELINES, *rope, *TINY, DEMO, f"random:{DEMO}"]
     lines = ["# 006, a term that anchors tokens to their patches: measured (written by anchor.py)", "",
              "cmAP, mean over seeds 0-2.", "", "## SYN1-3, mean over tasks", "",
              *table("SYN", "mean", order)]  # fmt: skip
     for task in TASKS:
         lines += ["", f"## {task}", "", *table("SYN", task, order)]
-    on_demo = [*ANCHORED, BASE, *TINY, DEMO, f"random:{DEMO}", "raw:input"]
+    on_demo = [*ANCHORED, BASE, *rope, *TINY, DEMO, f"random:{DEMO}", "raw:input"]
     lines += ["", "## The demo's single-label split (train -> eval)", "", *table("demo", "demo", on_demo)]
     lines += ["", "## What a linear read-out of the tokens gives back (demo clips, held out)", "",
               "| tokens of | error against the standardised patch (1: nothing) |", "|---|---:|",
