@@ -318,7 +318,7 @@ def test_the_patch_term_reads_each_token_back_to_its_own_patch_and_adds_up_over_
     model = BirdJepa(cfg, decoder)
     x = jax.random.normal(jax.random.key(1), (4, 2, 64, 128)) * 2.0 + 1.0
     every = jnp.broadcast_to(jnp.arange(4, dtype=jnp.int32), (4, 2, 4))
-    out = model.apply(params, x, deterministic=True, keep=every)
+    out = model.apply(params, x, deterministic=True, readout=True)
     out["z"], out["sigreg_key"] = out["projection"], jax.random.key(2)
     kernel, bias = (np.asarray(params["params"]["decoder"]["out"][k], np.float64) for k in ("kernel", "bias"))
     tokens = np.asarray(out["tokens"], np.float64)

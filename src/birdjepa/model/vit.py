@@ -410,12 +410,14 @@ class BirdJepa(nn.Module):
         deterministic: bool,
         mask: Array | None = None,
         keep: Array | None = None,
+        readout: bool = False,
     ) -> dict[str, Array]:
         """``mask`` (``[.., N]``, True = hidden; needs ``predictor_depth > 0``) adds ``"prediction"``
         ``[.., N, D]``: the predictor's tokens from the masked view's. ``keep`` (``[.., K]`` patch
         indices; needs a decoder) encodes those patches only and adds ``"reconstruction"`` ``[.., N,
         P]``, the decoder's values of every patch, and ``"patches"``, the patches the encoder was
-        given (`input_patches`)."""
+        given (`input_patches`). ``readout`` (needs a decoder of depth 0) adds the same with every
+        patch encoded: each token's read-out of its own patch (LeJEPA's patch term)."""
         lead = spectrogram.shape[:-2]
         if len(lead) not in (1, 2):
             raise ValueError(
@@ -427,6 +429,8 @@ class BirdJepa(nn.Module):
             raise ValueError("a mask needs a predictor (predictor_depth >= 1)")
         if keep is not None and self.decoder is None:
             raise ValueError("visible patches (keep) need a decoder")
+        if readout and (self.decoder is None or self.decoder.depth):
+            raise ValueError("a read-out needs a decoder of depth 0")
         flat_mask = None if mask is None else mask.reshape(-1, mask.shape[-1])
         flat_keep = None if keep is None else keep.reshape(-1, keep.shape[-1])
         embedding, tokens = Encoder(cfg, name="encoder")(
@@ -446,11 +450,11 @@ class BirdJepa(nn.Module):
         out = {"embedding": embedding, "tokens": tokens, "projection": projection}
         if cfg.predictor_depth and (mask is not None or self.is_initializing()):
             out["prediction"] = Predictor(cfg, name="predictor")(tokens)
-        if self.decoder is not None and (keep is not None or self.is_initializing()):
+        if self.decoder is not None and (keep is not None or readout or self.is_initializing()):
             every = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape[:2])  # at init: no mask
             where = every if flat_keep is None else flat_keep
             out["reconstruction"] = Decoder(cfg, self.decoder, name="decoder")(tokens, where)
-            if flat_keep is not None:
+            if flat_keep is not None or readout:
                 out["patches"] = input_patches(cfg, x)
         # Every loss and the probe see float32, whatever the compute dtype.
         out = {k: v.astype(jnp.float32) for k, v in out.items()}

@@ -107,15 +107,12 @@ class LeJepa:
     """`birdjepa.objectives.base.Objective`: LeJEPA on the projections of every view."""
 
     def __init__(self, options: LeJepaConfig, model_cfg: Any) -> None:
-        self.o, self.grid, self.n_patches = options, model_cfg.grid, model_cfg.n_patches
+        self.o, self.grid = options, model_cfg.grid
 
     def forward(self, model: Model, views: Array, batch: dict[str, Array]) -> Tensors:
         o = self.o
-        keep = None  # with the patch term every patch is kept, and the read-out gives each token's back
-        if o.patch_weight:
-            n = self.n_patches
-            keep = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (*views.shape[:2], n))
-        out = model.apply("global", views, model.dropout, keep=keep)
+        # With the patch term, the global views' tokens are also read back to their own patches.
+        out = model.apply("global", views, model.dropout, readout=bool(o.patch_weight))
         z = out["projection"]
         if o.local_views:  # multi-crop: short views cut from the global ones, encoded apart
             local_key = model.draw("local", _LOCAL_KEY)
