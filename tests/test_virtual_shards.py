@@ -112,9 +112,10 @@ def test_a_run_trained_on_four_devices_resumed_on_one_and_finished_on_two_equals
     """At XLA's default level: 12 steps on 4 devices, straight; the same run stopped at step 6 (mid
     accumulation, between the checkpoints every 5 steps), resumed on 1 device, stopped at 8, finished on
     2. `compare` gives 0.0, and step 9 of the 4-device run, re-executed on 1 device, equals what the run
-    logged and checkpointed. Dropout, augmentation and accumulation on (the local crops and masked spans,
-    which triple the compiling, are the one-process test's)."""
-    stochastic = ("--model.dropout", "0.1", "--augment.gain-db", "3", "--optim.grad-accum", "2")
+    logged and checkpointed. Dropout, augmentation, accumulation and the patch term on (the local crops
+    and masked spans, which triple the compiling, are the one-process test's)."""
+    stochastic = ("--model.dropout", "0.1", "--augment.gain-db", "3", "--optim.grad-accum", "2",
+                  "--objective.lejepa.patch-weight", "0.5")  # fmt: skip
     knn = ("--eval-every", "4", "--no-eval-linear")  # the frozen-encoder kNN, logged every 4 steps
     length = ("--steps", "12", "--ckpt-every", "5")
 
