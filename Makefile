@@ -74,6 +74,7 @@ bench: build
 	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/bench_trace.py
 
-# The suite's compile cache is the user's, shared by checkouts: $BIRDJEPA_CACHE/test-xla (tests/conftest.py).
+# The suite's compile caches are the user's, shared by checkouts: $BIRDJEPA_CACHE/test-xla (tests/conftest.py)
+# and test-wheel (tests/test_wheel.py).
 clean:
 	rm -rf $(VENV) target
