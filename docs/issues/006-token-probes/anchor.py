@@ -5,7 +5,7 @@ read-out of the encoder's final tokens reconstructs each token's own input patch
 values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-weight w``). Writes
 ``anchor.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~115 min on 2 cores; after depth.py
+    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~165 min on 2 cores; after depth.py
 
 1. **Runs**: ``depth.py``'s base (``lejepa-wide2-512-lr2e-4``: 2 blocks of 512, lr 2e-4 warmed up over
    60 steps, 600 steps) with the patch term at w = 0.1, 1, 4, 16 and 64 (its error starts near 2,
@@ -26,6 +26,9 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
 5. **No position added to the tokens**: the base run at w = 16 with ``--model.rope`` (rotary position
    in attention, in place of the learned position embedding added to every token), beside its own
    random init, benchmarked as in 2 and read out as in 3.
+6. **Four times the steps**: the base run at w = 16 trained for 2,400 steps (the same learning rate and
+   warm-up; ~40 min), benchmarked as in 2 and read out as in 3: is what still separates its tokens from
+   ``raw:input`` a matter of training length?
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ BASELINES = (f"random:{ARCHITECTURE}", "raw", "raw:input")
 ROPE = {f"{BASE}-patch16-rope": ("--objective.lejepa.patch-weight", "16", "--model.rope")}
 DEMO = "lejepa"  # wider.py's: the demo's run (the tiny preset, 600 steps)
 TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16", "64")}
+LONGER = {f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16")}  # at 2,400 steps (part 6)
 NS = ("1", "4", "16", "-1")
 
 
@@ -59,13 +63,17 @@ def main() -> None:
     from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
 
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
+    longer = ["2400" if a == "600" else a for a in RUNS[BASE]]  # its --steps 600
+    assert longer.count("2400") == 1, longer
     for name, extra in [*((n, [*RUNS[BASE], *e]) for n, e in {**ANCHORED, **ROPE}.items()),
-                        *((n, [*RUNS[DEMO], *e]) for n, e in TINY.items())]:  # fmt: skip
+                        *((n, [*RUNS[DEMO], *e]) for n, e in TINY.items()),
+                        *((n, [*longer, *e]) for n, e in LONGER.items())]:  # fmt: skip
         if not (args.runs / name / "checkpoints").is_dir():
             call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
                  logs / "anchor-pretrain.log")  # fmt: skip
     tiny = [str(args.runs / n) for n in (*TINY, DEMO)] + [f"random:{args.runs / DEMO}"]
-    runs = [str(args.runs / n) for n in (*ANCHORED, BASE, *ROPE)] + [f"random:{args.runs / n}" for n in ROPE]
+    runs = [str(args.runs / n) for n in (*ANCHORED, BASE, *ROPE, *LONGER)]
+    runs += [f"random:{args.runs / n}" for n in ROPE]
     backbones = [*runs, *(b.replace(ARCHITECTURE, str(args.runs / ARCHITECTURE)) for b in BASELINES), *tiny]
     for task in TASKS:
         call([*BIRDJEPA, "benchmark", "--backbone", *backbones, "--train", str(tasks / task / "train"),
@@ -90,7 +98,7 @@ def readout(runs: Path) -> dict[str, float]:
 
     run = restore_run(runs / BASE)
     cfg, m = run.cfg, run.model_cfg
-    backbones = {name: (restore_run(runs / name).params, m) for name in (*ANCHORED, BASE)}
+    backbones = {name: (restore_run(runs / name).params, m) for name in (*ANCHORED, *LONGER, BASE)}
     backbones[f"random:{ARCHITECTURE}"] = (run.random_init, m)
     for name in ROPE:  # another architecture: its own model, and its own random init
         rope = restore_run(runs / name)
@@ -152,13 +160,13 @@ def write(results: Path, runs: Path, errors: dict[str, float]) -> None:
         return out
 
     rope = [*ROPE, *(f"random:{n}" for n in ROPE)]
-    order = [*ANCHORED, BASE, *BASELINES, *rope, *TINY, DEMO, f"random:{DEMO}"]
+    order = [*ANCHORED, *LONGER, BASE, *BASELINES, *rope, *TINY, DEMO, f"random:{DEMO}"]
     lines = ["# 006, a term that anchors tokens to their patches: measured (written by anchor.py)", "",
              "cmAP, mean over seeds 0-2.", "", "## SYN1-3, mean over tasks", "",
              *table("SYN", "mean", order)]  # fmt: skip
     for task in TASKS:
         lines += ["", f"## {task}", "", *table("SYN", task, order)]
-    on_demo = [*ANCHORED, BASE, *rope, *TINY, DEMO, f"random:{DEMO}", "raw:input"]
+    on_demo = [*ANCHORED, *LONGER, BASE, *rope, *TINY, DEMO, f"random:{DEMO}", "raw:input"]
     lines += ["", "## The demo's single-label split (train -> eval)", "", *table("demo", "demo", on_demo)]
     lines += ["", "## What a linear read-out of the tokens gives back (demo clips, held out)", "",
               "| tokens of | error against the standardised patch (1: nothing) |", "|---|---:|",
