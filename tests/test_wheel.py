@@ -41,8 +41,10 @@ def make_wheel(dist: Path) -> subprocess.CompletedProcess:
     env = os.environ | {"CARGO_TARGET_DIR": str(target)}
     with open(cache / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        clean = ["cargo", "clean", "--quiet", "--release", "--target", "x86_64-unknown-linux-gnu",
-                 "-p", "birdjepa-core", "-p", "birdjepa-py"]  # fmt: skip
+        rustc = subprocess.check_output(["rustc", "-vV"], text=True)
+        host = re.search(r"^host: (\S+)$", rustc, re.MULTILINE)[1]  # maturin --zig builds for it
+        clean = ["cargo", "clean", "--quiet", "--release", "--target", host, "-p", "birdjepa-core",
+                 "-p", "birdjepa-py"]  # fmt: skip
         subprocess.run(clean, cwd=REPO, env=env, check=True)
         return subprocess.run(["make", "wheel", f"VENV={venv}", f"WHEEL_DIR={dist}"], cwd=REPO, env=env,
                               capture_output=True, text=True)  # fmt: skip
