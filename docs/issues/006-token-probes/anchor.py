@@ -5,7 +5,7 @@ read-out of the encoder's final tokens reconstructs each token's own input patch
 values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-weight w``). Writes
 ``anchor.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~165 min on 2 cores; after depth.py
+    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~200 min on 2 cores; after depth.py
 
 1. **Runs**: ``depth.py``'s base (``lejepa-wide2-512-lr2e-4``: 2 blocks of 512, lr 2e-4 warmed up over
    60 steps, 600 steps) with the patch term at w = 0.1, 1, 4, 16 and 64 (its error starts near 2,
@@ -27,8 +27,9 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
    in attention, in place of the learned position embedding added to every token), beside its own
    random init, benchmarked as in 2 and read out as in 3.
 6. **Four times the steps**: the base run at w = 16 trained for 2,400 steps (the same learning rate and
-   warm-up; ~40 min), benchmarked as in 2 and read out as in 3: is what still separates its tokens from
-   ``raw:input`` a matter of training length?
+   warm-up; ~25 min), benchmarked as in 2 and read out as in 3: is what still separates its tokens from
+   ``raw:input`` a matter of training length? And the base run itself at 2,400 steps, without the
+   term: how much of the gain is the term's?
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ BASELINES = (f"random:{ARCHITECTURE}", "raw", "raw:input")
 ROPE = {f"{BASE}-patch16-rope": ("--objective.lejepa.patch-weight", "16", "--model.rope")}
 DEMO = "lejepa"  # wider.py's: the demo's run (the tiny preset, 600 steps)
 TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16", "64")}
-LONGER = {f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16")}  # at 2,400 steps (part 6)
+LONGER = {f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16"), f"{BASE}-2400": ()}  # part 6
 NS = ("1", "4", "16", "-1")
 
 
