@@ -1,6 +1,7 @@
 """`scripts/gpu_check.py` runs end to end wherever the suite runs (a CPU here), so it cannot rot before a
-GPU runs it: every section runs, and on one kind of device every check holds. (Its reference section
-needs the reference's checkout: `scripts/bench_reference.py`'s measurement, rehearsed by hand.)"""
+GPU runs it: every section runs, on one kind of device every check holds, and the prebuild a GPU starts
+with compiles what the timed sections then load. (Its reference section needs the reference's checkout:
+`scripts/bench_reference.py`'s measurement, rehearsed by hand.)"""
 
 from __future__ import annotations
 
@@ -18,27 +19,38 @@ from birdjepa.train.compile_cache import without_jax_settings
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
-@pytest.mark.slow  # ~6 min in .ci/run beside another worker: 2 verify-resumes, a trace, 7 more processes
+@pytest.mark.slow  # ~4 min in .ci/run beside another worker: 2 verify-resumes, a trace, 10 more processes
 def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> None:
+    # A compilation cache of its own, empty (not the suite's): what the step and conds sections load, the
+    # prebuild compiled, as on a GPU, where the prebuild is on by default.
+    env = without_jax_settings(os.environ) | {"BIRDJEPA_COMPILE_CACHE": str(tmp_path / "xla")}
     out, runs = tmp_path / "table.json", tmp_path / "runs"
     every = ["resume", "noise", "step", "conds", "loader", "requeue", "resume-cached"]
-    cmd = [sys.executable, str(SCRIPT), "--quick", "--budget-s", "3000", "--json", str(out), "--runs",
-           str(runs), "--sections", *every]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--prebuild", "--budget-s", "3000", "--json", str(out),
+           "--runs", str(runs), "--sections", *every]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = json.loads(out.read_text())
     rows = table["rows"]
     assert table["complete"] is True
-    assert [r[0] for r in rows] == ["resume", "noise floor", "matmul peak", "step", "step parts", "conds",
-                                    "loader", "data wait", "loop parts", "requeue", "resume"]  # fmt: skip
+    assert [r[0] for r in rows] == ["prebuild", "resume", "noise floor", "matmul peak", "step",
+                                    "step parts", "conds", "loader", "data wait", "loop parts", "requeue",
+                                    "resume"]  # fmt: skip
     verdicts = {(section, verdict) for section, _, _, verdict in rows}
-    assert verdicts == {("resume", "ok"), ("noise floor", "ok"), ("matmul peak", "measured"),
-                        ("step", "measured"), ("step parts", "measured"), ("loader", "measured"),
-                        ("data wait", "measured"), ("loop parts", "measured"),
+    assert verdicts == {("prebuild", "measured"), ("resume", "ok"), ("noise floor", "ok"),
+                        ("matmul peak", "measured"), ("step", "measured"), ("step parts", "measured"),
+                        ("loader", "measured"), ("data wait", "measured"), ("loop parts", "measured"),
                         ("requeue", "measured"), ("conds", "measured")}  # fmt: skip
+    by_name = {r[0]: r for r in rows}
+    # The step's program and the conds section's other two: each timed process loaded its step.
+    assert re.fullmatch(r"3 programs, \d+ processes at a time", by_name["prebuild"][1]), by_name["prebuild"]
+    step = by_name["step"][2]
+    assert re.search(r"loaded in \d+ s \(compiled by the prebuild in \d+ s\)$", step), step
     # A GPU flag, ignored on a CPU: the two processes' parameters must be equal here. The step without
     # its record is another program: timed, its parameters compared, equal or not.
-    default, flagged, unrecorded = [r[2] for r in rows if r[0] == "conds"][0].split("; ")
+    conds = by_name["conds"][2]
+    assert conds.endswith("; every step loaded from the prebuild"), conds
+    default, flagged, unrecorded = conds.removesuffix("; every step loaded from the prebuild").split("; ")
     assert re.fullmatch(r"[\d.]+ ms a step", default), default
     assert re.fullmatch(r"[\d.]+ ms \([\d.]+x, parameters after equal\)", flagged), flagged
     assert re.fullmatch(r"[\d.]+ ms \([\d.]+x, parameters after (equal|DIFFER)\)", unrecorded), unrecorded
@@ -50,19 +62,3 @@ def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> N
     parts = json.loads((runs / "loop-parts.json").read_text())
     assert parts["wait for outputs"] > 0 and parts["batch to device"] > 0 and parts["next batch"] > 0
     assert parts["compile wait"] < 0.1 and parts["rest of the loop"] >= 0, parts
-
-
-@pytest.mark.slow  # ~1.5 min: three compiles side by side, then the step and three processes timed
-def test_the_prebuild_compiles_the_programs_the_sections_then_load(tmp_path: Path) -> None:
-    # A compilation cache of its own, empty: what the sections load, the prebuild compiled.
-    env = without_jax_settings(os.environ) | {"BIRDJEPA_COMPILE_CACHE": str(tmp_path / "xla")}
-    out = tmp_path / "table.json"
-    cmd = [sys.executable, str(SCRIPT), "--quick", "--prebuild", "--json", str(out), "--sections", "step",
-           "conds"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = {r[0]: r for r in json.loads(out.read_text())["rows"]}
-    assert re.fullmatch(r"3 programs, \d+ processes at a time", rows["prebuild"][1]), rows["prebuild"]
-    step = rows["step"][2]
-    assert re.search(r"loaded in \d+ s \(compiled by the prebuild in \d+ s\)$", step), step
-    assert rows["conds"][2].endswith("; every step loaded from the prebuild"), rows["conds"]
