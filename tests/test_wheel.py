@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,8 @@ def make_wheel(dist: Path) -> subprocess.CompletedProcess:
     if target.is_dir() and sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) > 2 << 30:
         shutil.rmtree(target)  # old dependencies' builds, after lock upgrades
     env = os.environ | {"CARGO_TARGET_DIR": str(target)}
-    with open(cache / "lock", "w") as lock:
+    prune_other_keys(cache)
+    with open(cache / "lock", "w") as lock:  # opening for writing dates it: this key's last use
         fcntl.flock(lock, fcntl.LOCK_EX)
         rustc = subprocess.check_output(["rustc", "-vV"], text=True)
         host = re.search(r"^host: (\S+)$", rustc, re.MULTILINE)[1]  # maturin --zig builds for it
@@ -48,6 +50,26 @@ def make_wheel(dist: Path) -> subprocess.CompletedProcess:
         subprocess.run(clean, cwd=REPO, env=env, check=True)
         return subprocess.run(["make", "wheel", f"VENV={venv}", f"WHEEL_DIR={dist}"], cwd=REPO, env=env,
                               capture_output=True, text=True)  # fmt: skip
+
+
+STALE_DAYS = 14
+
+
+def prune_other_keys(keep: Path) -> None:
+    """Removes the other keys' folders unused for ``STALE_DAYS`` (~800 MB each: a pin bump leaves the
+    old one behind), each only if no other session holds its lock."""
+    for other in keep.parent.iterdir():
+        lock_path = other / "lock"
+        if other == keep or not lock_path.is_file():
+            continue
+        if time.time() - lock_path.stat().st_mtime < STALE_DAYS * 86400:
+            continue
+        with open(lock_path, "a") as lock:  # appending leaves its date as it was, if it stays
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # in use after all
+            shutil.rmtree(other, ignore_errors=True)
 
 
 @pytest.mark.slow  # a release build linked through zig, and a venv installed from PyPI: minutes
@@ -78,3 +100,18 @@ def test_the_wheel_trains_where_no_rust_toolchain_exists(demo_dir: Path, tmp_pat
     run("birdjepa", "pretrain", "--run", "w", "--log.runs-dir", str(tmp_path / "runs"),
                   "--steps", "2", "--data.batch-size", "4", "--eval-every", "0", *data)  # fmt: skip
     assert sorted(metrics_by_step(tmp_path / "runs" / "w")) == [0, 1]
+
+
+def test_a_pin_bump_s_old_build_folder_goes_once_stale_and_unlocked(tmp_path: Path) -> None:
+    keep, stale, recent, held = (tmp_path / name for name in ("keep", "stale", "recent", "held"))
+    for folder in (keep, stale, recent, held):
+        (folder / "target").mkdir(parents=True)
+        (folder / "lock").touch()
+    old = time.time() - (STALE_DAYS + 1) * 86400
+    for folder in (keep, stale, held):
+        os.utime(folder / "lock", (old, old))
+    with open(held / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session building with it
+        prune_other_keys(keep)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held", "keep", "recent"]
+    assert os.stat(held / "lock").st_mtime == old  # looked at, not dated
