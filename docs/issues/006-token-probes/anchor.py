@@ -5,7 +5,7 @@ read-out of the encoder's final tokens reconstructs each token's own input patch
 values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-weight w``). Writes
 ``anchor.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~200 min on 2 cores; after depth.py
+    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~230 min on 2 cores; after depth.py
 
 1. **Runs**: ``depth.py``'s base (``lejepa-wide2-512-lr2e-4``: 2 blocks of 512, lr 2e-4 warmed up over
    60 steps, 600 steps) with the patch term at w = 0.1, 1, 4, 16 and 64 (its error starts near 2,
@@ -30,6 +30,10 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
    warm-up; ~25 min), benchmarked as in 2 and read out as in 3: is what still separates its tokens from
    ``raw:input`` a matter of training length? And the base run itself at 2,400 steps, without the
    term: how much of the gain is the term's?
+7. **SIGReg's weight with the term**: the w = 16 run (600 steps) with ``--objective.lejepa.lam`` 0.01
+   and 0.2 (default 0.05), benchmarked as in 2 and read out as in 3: the term pulls each token toward
+   its patch and SIGReg pulls the pooled projections toward an isotropic Gaussian; does the balance
+   between them trade the tokens' score against the mean's?
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ ROPE = {f"{BASE}-patch16-rope": ("--objective.lejepa.patch-weight", "16", "--mod
 DEMO = "lejepa"  # wider.py's: the demo's run (the tiny preset, 600 steps)
 TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16", "64")}
 LONGER = {f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16"), f"{BASE}-2400": ()}  # part 6
+SIGREG = {
+    f"{BASE}-patch16-lam{lam}": ("--objective.lejepa.patch-weight", "16", "--objective.lejepa.lam", lam)
+    for lam in ("0.01", "0.2")
+}  # part 7
 NS = ("1", "4", "16", "-1")
 
 
@@ -66,14 +74,14 @@ def main() -> None:
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
     longer = ["2400" if a == "600" else a for a in RUNS[BASE]]  # its --steps 600
     assert longer.count("2400") == 1, longer
-    for name, extra in [*((n, [*RUNS[BASE], *e]) for n, e in {**ANCHORED, **ROPE}.items()),
+    for name, extra in [*((n, [*RUNS[BASE], *e]) for n, e in {**ANCHORED, **ROPE, **SIGREG}.items()),
                         *((n, [*RUNS[DEMO], *e]) for n, e in TINY.items()),
                         *((n, [*longer, *e]) for n, e in LONGER.items())]:  # fmt: skip
         if not (args.runs / name / "checkpoints").is_dir():
             call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
                  logs / "anchor-pretrain.log")  # fmt: skip
     tiny = [str(args.runs / n) for n in (*TINY, DEMO)] + [f"random:{args.runs / DEMO}"]
-    runs = [str(args.runs / n) for n in (*ANCHORED, BASE, *ROPE, *LONGER)]
+    runs = [str(args.runs / n) for n in (*ANCHORED, BASE, *ROPE, *LONGER, *SIGREG)]
     runs += [f"random:{args.runs / n}" for n in ROPE]
     backbones = [*runs, *(b.replace(ARCHITECTURE, str(args.runs / ARCHITECTURE)) for b in BASELINES), *tiny]
     for task in TASKS:
@@ -99,7 +107,7 @@ def readout(runs: Path) -> dict[str, float]:
 
     run = restore_run(runs / BASE)
     cfg, m = run.cfg, run.model_cfg
-    backbones = {name: (restore_run(runs / name).params, m) for name in (*ANCHORED, *LONGER, BASE)}
+    backbones = {name: (restore_run(runs / name).params, m) for name in (*ANCHORED, *LONGER, *SIGREG, BASE)}
     backbones[f"random:{ARCHITECTURE}"] = (run.random_init, m)
     for name in ROPE:  # another architecture: its own model, and its own random init
         rope = restore_run(runs / name)
@@ -161,13 +169,13 @@ def write(results: Path, runs: Path, errors: dict[str, float]) -> None:
         return out
 
     rope = [*ROPE, *(f"random:{n}" for n in ROPE)]
-    order = [*ANCHORED, *LONGER, BASE, *BASELINES, *rope, *TINY, DEMO, f"random:{DEMO}"]
+    order = [*ANCHORED, *LONGER, *SIGREG, BASE, *BASELINES, *rope, *TINY, DEMO, f"random:{DEMO}"]
     lines = ["# 006, a term that anchors tokens to their patches: measured (written by anchor.py)", "",
              "cmAP, mean over seeds 0-2.", "", "## SYN1-3, mean over tasks", "",
              *table("SYN", "mean", order)]  # fmt: skip
     for task in TASKS:
         lines += ["", f"## {task}", "", *table("SYN", task, order)]
-    on_demo = [*ANCHORED, *LONGER, BASE, *rope, *TINY, DEMO, f"random:{DEMO}", "raw:input"]
+    on_demo = [*ANCHORED, *LONGER, *SIGREG, BASE, *rope, *TINY, DEMO, f"random:{DEMO}", "raw:input"]
     lines += ["", "## The demo's single-label split (train -> eval)", "", *table("demo", "demo", on_demo)]
     lines += ["", "## What a linear read-out of the tokens gives back (demo clips, held out)", "",
               "| tokens of | error against the standardised patch (1: nothing) |", "|---|---:|",
