@@ -5,7 +5,7 @@ read-out of the encoder's final tokens reconstructs each token's own input patch
 values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-weight w``). Writes
 ``anchor.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~230 min on 2 cores; after depth.py
+    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~250 min on 2 cores; after depth.py
 
 1. **Runs**: ``depth.py``'s base (``lejepa-wide2-512-lr2e-4``: 2 blocks of 512, lr 2e-4 warmed up over
    60 steps, 600 steps) with the patch term at w = 0.1, 1, 4, 16 and 64 (its error starts near 2,
@@ -33,7 +33,10 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
 7. **SIGReg's weight with the term**: the w = 16 run (600 steps) with ``--objective.lejepa.lam`` 0.01
    and 0.2 (default 0.05), benchmarked as in 2 and read out as in 3: the term pulls each token toward
    its patch and SIGReg pulls the pooled projections toward an isotropic Gaussian; does the balance
-   between them trade the tokens' score against the mean's?
+   between them trade the tokens' score against the mean's? And its ends, which take one of
+   LeJEPA's two losses away (``loss = (1 - lam) * invariance + lam * sigreg``, then the term): 0, the
+   views' invariance and the term without SIGReg; 1, SIGReg and the term without the invariance. How
+   much of the tokens' score is LeJEPA's, and how much the term's alone?
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16
 LONGER = {f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16"), f"{BASE}-2400": ()}  # part 6
 SIGREG = {
     f"{BASE}-patch16-lam{lam}": ("--objective.lejepa.patch-weight", "16", "--objective.lejepa.lam", lam)
-    for lam in ("0.01", "0.2")
+    for lam in ("0.01", "0.2", "0", "1")
 }  # part 7
 NS = ("1", "4", "16", "-1")
 
