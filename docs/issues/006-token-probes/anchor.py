@@ -5,7 +5,7 @@ read-out of the encoder's final tokens reconstructs each token's own input patch
 values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-weight w``). Writes
 ``anchor.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~250 min on 2 cores; after depth.py
+    .venv/bin/python docs/issues/006-token-probes/anchor.py   # ~285 min on 2 cores; after depth.py
 
 1. **Runs**: ``depth.py``'s base (``lejepa-wide2-512-lr2e-4``: 2 blocks of 512, lr 2e-4 warmed up over
    60 steps, 600 steps) with the patch term at w = 0.1, 1, 4, 16 and 64 (its error starts near 2,
@@ -36,7 +36,8 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
    between them trade the tokens' score against the mean's? And its ends, which take one of
    LeJEPA's two losses away (``loss = (1 - lam) * invariance + lam * sigreg``, then the term): 0, the
    views' invariance and the term without SIGReg; 1, SIGReg and the term without the invariance. How
-   much of the tokens' score is LeJEPA's, and how much the term's alone?
+   much of the tokens' score is LeJEPA's, and how much the term's alone? Last, λ = 0.01 trained for
+   2,400 steps as in 6: the two levers together.
 """
 
 from __future__ import annotations
@@ -61,7 +62,14 @@ BASELINES = (f"random:{ARCHITECTURE}", "raw", "raw:input")
 ROPE = {f"{BASE}-patch16-rope": ("--objective.lejepa.patch-weight", "16", "--model.rope")}
 DEMO = "lejepa"  # wider.py's: the demo's run (the tiny preset, 600 steps)
 TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16", "64")}
-LONGER = {f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16"), f"{BASE}-2400": ()}  # part 6
+LONGER = {  # part 6, and part 7's lightest SIGReg at its length
+    f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16"),
+    f"{BASE}-2400": (),
+    f"{BASE}-patch16-lam0.01-2400": (
+        *("--objective.lejepa.patch-weight", "16"),
+        *("--objective.lejepa.lam", "0.01"),
+    ),
+}
 SIGREG = {
     f"{BASE}-patch16-lam{lam}": ("--objective.lejepa.patch-weight", "16", "--objective.lejepa.lam", lam)
     for lam in ("0.01", "0.2", "0", "1")
