@@ -59,21 +59,18 @@ ARCHITECTURE = "lejepa-wide2-512"  # wider.py's random init of this architecture
 WEIGHTS = ("0.1", "1", "4", "16", "64")
 ANCHORED = {f"{BASE}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in WEIGHTS}
 BASELINES = (f"random:{ARCHITECTURE}", "raw", "raw:input")
-ROPE = {f"{BASE}-patch16-rope": ("--objective.lejepa.patch-weight", "16", "--model.rope")}
+PATCH16 = ("--objective.lejepa.patch-weight", "16")  # the weight parts 5-7 build on
+ROPE = {f"{BASE}-patch16-rope": (*PATCH16, "--model.rope")}
 DEMO = "lejepa"  # wider.py's: the demo's run (the tiny preset, 600 steps)
 TINY = {f"{DEMO}-patch{w}": ("--objective.lejepa.patch-weight", w) for w in ("16", "64")}
-LONGER = {  # part 6, and part 7's lightest SIGReg at its length
-    f"{BASE}-patch16-2400": ("--objective.lejepa.patch-weight", "16"),
-    f"{BASE}-2400": (),
-    f"{BASE}-patch16-lam0.01-2400": (
-        *("--objective.lejepa.patch-weight", "16"),
-        *("--objective.lejepa.lam", "0.01"),
-    ),
-}
 SIGREG = {
-    f"{BASE}-patch16-lam{lam}": ("--objective.lejepa.patch-weight", "16", "--objective.lejepa.lam", lam)
-    for lam in ("0.01", "0.2", "0", "1")
-}  # part 7
+    f"{BASE}-patch16-lam{lam}": (*PATCH16, "--objective.lejepa.lam", lam) for lam in ("0.01", "0.2", "0", "1")
+}
+LONGER = {  # part 6, and part 7's lightest SIGReg at its length
+    f"{BASE}-patch16-2400": PATCH16,
+    f"{BASE}-2400": (),
+    f"{BASE}-patch16-lam0.01-2400": SIGREG[f"{BASE}-patch16-lam0.01"],
+}
 NS = ("1", "4", "16", "-1")
 
 
