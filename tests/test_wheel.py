@@ -58,20 +58,17 @@ STALE_DAYS = 14
 def prune_other_keys(keep: Path) -> None:
     """Removes the other keys' folders unused for ``STALE_DAYS`` (~800 MB each: a pin bump leaves the
     old one behind), each only if no other session holds its lock."""
-
-    def stale(lock_path: Path) -> bool:
-        return time.time() - lock_path.stat().st_mtime >= STALE_DAYS * 86400
-
     for other in keep.parent.iterdir():
         lock_path = other / "lock"
-        if other == keep or not lock_path.is_file() or not stale(lock_path):
+        if other == keep or not lock_path.is_file():
             continue
-        with open(lock_path, "a") as lock:  # appending leaves its date as it was, if it stays
+        with open(lock_path, "a") as lock:  # appending leaves its date as it was
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                continue  # in use after all
-            if stale(lock_path):  # not opened for a build while this waited for its lock
+                continue  # in use
+            # Its date read under the lock: a build that opened (dated) it before then is not missed.
+            if time.time() - lock_path.stat().st_mtime >= STALE_DAYS * 86400:
                 shutil.rmtree(other, ignore_errors=True)
 
 
