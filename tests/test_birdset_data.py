@@ -23,7 +23,9 @@ from birdjepa.data import Loader
 from birdjepa.data.loader import DEFAULTS
 from birdjepa.data.shards import list_shards, read_shard, read_vocab
 from birdjepa.synthetic.birdset_standin import BIRDSET_SMALL, SPLITS, BirdsetConfig, birdset_schema
+from birdjepa.synthetic.config import DemoConfig
 from birdjepa.synthetic.demo import ensure_birdset_data
+from birdjepa.synthetic.songs import Species, make_species
 from birdjepa.synthetic.soundscape import SAMPLE_RATE, WINDOW_SECONDS
 
 
@@ -146,6 +148,22 @@ def test_labels_follow_the_placed_calls(birdset_dir: Path, manifest: dict) -> No
         empty += counts[0]
         total += len(rs)
     assert 0.15 <= empty / total <= 0.45  # "no call" windows: planned 25 %
+
+
+def test_the_demo_s_species_recur_in_the_stand_in_transposed() -> None:
+    # What a run pretrained on the demo set has heard of the stand-in's species, at the default sizes
+    # (docs/issues/006-token-probes, "Labels"): the same songs in other bands, under other codes.
+    def song(s: Species) -> tuple:
+        notes = tuple((n.kind, n.seconds, n.rate_hz, n.n_harmonics) for n in s.syllables)
+        return s.pattern, notes, s.motif, s.gaps, s.pause_seconds
+
+    standin = BirdsetConfig()
+    demo = make_species(DemoConfig())
+    table = {song(s): s for s in make_species(DemoConfig(n_species=standin.n_species, seed=standin.seed))}
+    assert (len(demo), len(table)) == (16, 24)
+    for s in demo:
+        twin = table[song(s)]
+        assert twin.code != s.code and twin.band_hz != s.band_hz
 
 
 def test_uhh_like_task_has_test_only_classes(birdset_dir: Path, manifest: dict) -> None:

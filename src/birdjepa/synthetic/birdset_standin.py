@@ -2,11 +2,14 @@
 tasks laid out and typed like BirdSet's HF splits, so the evaluation path (multi-label test windows,
 classes without train recordings) runs end to end without the real 100+ GB download.
 
-Each task is a "site" with its own classes, drawn from one species table (`synth.songs`, the demo set's
-species) so that tasks overlap, and its own recorder (`synth.soundscape.Site`). Its `train` split holds
-focal recordings like the demo set's (one species each, `synth.channel`); its `test_5s` split holds
-5 s windows of longer soundscapes (`synth.soundscape`): every row carries the whole soundscape's bytes
-and picks its window with start_time/end_time, as BirdSet does. The last task mimics BirdSet's UHH:
+Each task is a "site" with its own classes, drawn from one species table so that tasks overlap, and its
+own recorder (`synth.soundscape.Site`). The table is the demo set's generator's (`synth.songs`) at 24
+species, not the demo set's 16: with the same seed its first band groups draw the demo's note kinds,
+lengths and timings in bands of their own (the bands follow the number of groups), so at the default sizes
+the demo's 16 species recur here transposed, under other codes, beside 8 new ones. Its `train` split holds
+focal recordings like the demo set's (one species each, `synth.channel`); its `test_5s` split holds 5 s
+windows of longer soundscapes (`synth.soundscape`): every row carries the whole soundscape's bytes and
+picks its window with start_time/end_time, as BirdSet does. The last task mimics BirdSet's UHH:
 `unseen_classes` of its classes have no train recordings (the vocabulary still lists them).
 
 Same config -> byte-identical files, whatever the number of workers. Output::
