@@ -1,0 +1,130 @@
+"""006, is the bar the limit? Every self-supervised run so far ties ``raw:input`` (the encoders' own
+input patches read by prototypes) from n = 16 on and trails it at n = 1 and 4. Either the objectives
+leave something on the table, or on this stand-in nothing an encoder of this shape can learn adds to the
+input's patches. Labels answer that: the same architecture trained with them. Writes ``ceiling.md``.
+
+    .venv/bin/python docs/issues/006-token-probes/ceiling.py   # ~90 min on 2 cores; after anchor.py
+
+1. **Runs**: ``anchor.py``'s architecture and schedule (2 blocks of 512, lr 2e-4 warmed up over 60
+   steps, 600 steps) with ``--objective.kind supervised`` (cross-entropy of a linear head on the mean
+   token): on the demo set, the self-supervised runs' own data with its labels (16 species); and on
+   each stand-in task's own train split (``SYN1-3/train``, 12 species each, ``--eval-every 0``: a task
+   has no held-out focal split), which sees the very classes, and every train recording, that the
+   probes are later fitted on. The first is the ceiling of the data the self-supervised runs had; the
+   second is the ceiling of the task itself, a number no self-supervised run is expected to reach.
+2. **Benchmark**: as ``anchor.py``'s part 2 (linear on the mean, proto on the tokens, n = 1, 4, 16,
+   all, seeds 0-2, 006's recipe): the demo-trained run on SYN1-3 and the demo split; each task's own run
+   on that task only. Into ``anchor.py``'s results folder, beside its rows.
+3. **Self-supervised on the task's own recordings**: the demo set shares no species with the stand-in
+   (its 16 species' note timings recur among the stand-in's 24, in other bands; 8 are new), so every
+   self-supervised run so far was scored on species it never heard, where BirdSet's pretraining set
+   holds its test species. ``anchor.py``'s best recipe at 600 steps (the patch term, w = 16) trained on
+   each task's own train split, its labels unused, and benchmarked as in 2.
+
+If labels put the tokens above ``raw:input``, the bar can be beaten by this architecture and what a
+self-supervised run lacks is the objective's; if even the task's own labels leave them at the bar, the
+stand-in rewards nothing an encoder adds to its input patches, and a harder stand-in is what 006 needs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from runlog import call  # noqa: E402  (docs/issues/runlog.py)
+
+sys.path.insert(0, str(HERE))
+from anchor import ARCHITECTURE, BASE, NS, PATCH16  # noqa: E402  (006's)
+from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments  # noqa: E402
+
+SUPERVISED = ("--objective.kind", "supervised")
+ON_DEMO = "supervised-wide2-512-lr2e-4"
+IN_TASK = {task: f"{ON_DEMO}-{task}" for task in TASKS}
+SELF = f"{BASE}-patch16"  # anchor.py's w = 16 run (600 steps), on the demo set
+SELF_IN_TASK = {task: f"{SELF}-{task}" for task in TASKS}
+SELF_IN_TASK_ROW = "LeJEPA + patch term (w = 16) on the task's own train split, no labels"
+BEST = f"{BASE}-patch16-2400"  # anchor.py's best self-supervised run
+IN_TASK_ROW = "supervised on the task's own train split"
+BESIDE = (BEST, BASE, f"random:{ARCHITECTURE}", "raw:input", "raw")
+
+
+def main() -> None:
+    args = arguments(__doc__)
+    logs = HERE / "logs"
+    from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
+
+    tasks, demo = ensure_birdset_data(), ensure_demo_data()
+    todo = {ON_DEMO: [*RUNS[BASE], *SUPERVISED]}
+    for task, name in IN_TASK.items():
+        own = ("--data.train", str(tasks / task / "train"), "--eval-every", "0")
+        todo[name] = [*RUNS[BASE], *SUPERVISED, *own]
+        todo[SELF_IN_TASK[task]] = [*RUNS[BASE], *PATCH16, *own]
+    for name, extra in todo.items():
+        if not (args.runs / name / "checkpoints").is_dir():
+            call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
+                 logs / "ceiling-pretrain.log")  # fmt: skip
+    beside = [str(args.runs / BEST), str(args.runs / BASE), f"random:{args.runs / ARCHITECTURE}", "raw:input",
+              "raw"]  # BESIDE's order  # fmt: skip
+    for task in TASKS:
+        backbones = [str(args.runs / n) for n in (ON_DEMO, IN_TASK[task], SELF_IN_TASK[task], SELF)] + beside
+        call([*BIRDJEPA, "benchmark", "--backbone", *backbones, "--train", str(tasks / task / "train"),
+              "--test", str(tasks / task / "test_5s"), "--task", task, "--probe", *PROBES,
+              "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
+             logs / "ceiling-benchmark.log")  # fmt: skip
+    call([*BIRDJEPA, "benchmark", "--backbone", str(args.runs / ON_DEMO), str(args.runs / BEST), "raw:input",
+          "--train", str(demo / "train"), "--test", str(demo / "eval"), "--task", "demo", "--probe", *PROBES,
+          "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
+         logs / "ceiling-benchmark.log")  # fmt: skip
+    write(args.results, args.runs)
+
+
+def write(results: Path, runs: Path) -> None:
+    from birdjepa.benchmark import store
+
+    rows = store.read(results).to_pylist()
+    spec = {r["backbone"]: json.loads(r["config"])["backbone_spec"] for r in rows}
+    name = {backbone: s.replace(str(runs) + "/", "") for backbone, s in spec.items()}
+    in_task = {run: (task, IN_TASK_ROW) for task, run in IN_TASK.items()}
+    in_task.update({run: (task, SELF_IN_TASK_ROW) for task, run in SELF_IN_TASK.items()})
+    cells: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        b = name[r["backbone"]]
+        if b in in_task:
+            if in_task[b][0] != r["task"]:
+                continue
+            b = in_task[b][1]
+        cells[(r["task"], b, r["probe"], r["n"])].append(r["cmap"])
+        if r["task"] != "demo":
+            cells[("mean", b, r["probe"], r["n"])].append(r["cmap"])
+    mean = {k: sum(v) / len(v) for k, v in cells.items()}
+    ns = (1, 4, 16, -1)
+
+    def table(task: str, order: list[str]) -> list[str]:
+        out = ["| backbone | probe | " + " | ".join("all" if n < 0 else str(n) for n in ns) + " |",
+               "|---|---|" + "---:|" * len(ns)]  # fmt: skip
+        for b in order:
+            for p in PROBES:
+                values = [mean.get((task, b, p, n)) for n in ns]
+                if any(v is not None for v in values):
+                    shown = ("-" if v is None else f"{v:.3f}" for v in values)
+                    out.append(f"| {b} | {p} | " + " | ".join(shown) + " |")
+        return out
+
+    order = [IN_TASK_ROW, ON_DEMO, SELF_IN_TASK_ROW, SELF, *BESIDE]
+    lines = ["# 006, is the bar the limit: measured (written by ceiling.py)", "",
+             "cmAP, mean over seeds 0-2. An in-task row is each task's own run, scored on that task.", "",
+             "## SYN1-3, mean over tasks", "", *table("mean", order)]  # fmt: skip
+    for task in TASKS:
+        lines += ["", f"## {task}", "", *table(task, order)]
+    lines += ["", "## The demo's single-label split (train -> eval)", "",
+              *table("demo", [ON_DEMO, BEST, "raw:input"])]  # fmt: skip
+    (HERE / "ceiling.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
