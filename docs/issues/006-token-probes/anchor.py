@@ -42,7 +42,6 @@ values, as MAE's targets), added to LeJEPA's loss (``--objective.lejepa.patch-we
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -52,7 +51,7 @@ sys.path.insert(0, str(HERE.parent))
 from runlog import call  # noqa: E402  (docs/issues/runlog.py)
 
 sys.path.insert(0, str(HERE))
-from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments  # noqa: E402  (006's)
+from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments, named_rows  # noqa: E402  (006's)
 
 BASE = "lejepa-wide2-512-lr2e-4"
 ARCHITECTURE = "lejepa-wide2-512"  # wider.py's random init of this architecture (the same seed and init)
@@ -151,11 +150,7 @@ def readout(runs: Path) -> dict[str, float]:
 
 
 def write(results: Path, runs: Path, errors: dict[str, float]) -> None:
-    from birdjepa.benchmark import store
-
-    rows = store.read(results).to_pylist()
-    spec = {r["backbone"]: json.loads(r["config"])["backbone_spec"] for r in rows}
-    name = {backbone: s.replace(str(runs) + "/", "") for backbone, s in spec.items()}
+    rows, name = named_rows(results, runs)
     cells: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         where = r["task"] if r["task"] == "demo" else "SYN"

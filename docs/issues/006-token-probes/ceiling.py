@@ -28,7 +28,6 @@ stand-in rewards nothing an encoder adds to its input patches, and a harder stan
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -39,7 +38,7 @@ from runlog import call  # noqa: E402  (docs/issues/runlog.py)
 
 sys.path.insert(0, str(HERE))
 from anchor import ARCHITECTURE, BASE, NS, PATCH16  # noqa: E402  (006's)
-from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments  # noqa: E402
+from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments, named_rows  # noqa: E402
 
 SUPERVISED = ("--objective.kind", "supervised")
 ON_DEMO = "supervised-wide2-512-lr2e-4"
@@ -83,11 +82,7 @@ def main() -> None:
 
 
 def write(results: Path, runs: Path) -> None:
-    from birdjepa.benchmark import store
-
-    rows = store.read(results).to_pylist()
-    spec = {r["backbone"]: json.loads(r["config"])["backbone_spec"] for r in rows}
-    name = {backbone: s.replace(str(runs) + "/", "") for backbone, s in spec.items()}
+    rows, name = named_rows(results, runs)
     in_task = {run: (task, IN_TASK_ROW) for task, run in IN_TASK.items()}
     in_task.update({run: (task, SELF_IN_TASK_ROW) for task, run in SELF_IN_TASK.items()})
     cells: dict[tuple, list[float]] = defaultdict(list)

@@ -39,7 +39,6 @@ init and raw rows are reused, not fitted again).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import defaultdict
@@ -50,7 +49,7 @@ sys.path.insert(0, str(HERE.parent))
 from runlog import call  # noqa: E402  (docs/issues/runlog.py)
 
 sys.path.insert(0, str(HERE))
-from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments  # noqa: E402  (006's)
+from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments, named_rows  # noqa: E402  (006's)
 
 BASE = "lejepa-wide2-512-lr2e-4"
 RUN = f"{BASE}-every25"
@@ -100,11 +99,7 @@ def main() -> None:
 
 
 def write(results: Path, runs: Path) -> None:
-    from birdjepa.benchmark import store
-
-    rows = store.read(results).to_pylist()
-    spec = {r["backbone"]: json.loads(r["config"])["backbone_spec"] for r in rows}
-    name = {backbone: s.replace(str(runs) + "/", "") for backbone, s in spec.items()}
+    rows, name = named_rows(results, runs)
     identity = {name[r["backbone"]]: r["backbone"] for r in rows}
     cells: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:

@@ -86,12 +86,17 @@ def main() -> None:
     write(args.results, args.runs)
 
 
-def write(results: Path, runs: Path) -> None:
+def named_rows(results: Path, runs: Path) -> tuple[list[dict], dict[str, str]]:
+    """The store's rows, and each backbone's name as the scripts write it (its spec, ``runs/`` cut)."""
     from birdjepa.benchmark import store
 
     rows = store.read(results).to_pylist()
     spec = {r["backbone"]: json.loads(r["config"])["backbone_spec"] for r in rows}
-    name = {backbone: s.replace(str(runs) + "/", "") for backbone, s in spec.items()}
+    return rows, {backbone: s.replace(str(runs) + "/", "") for backbone, s in spec.items()}
+
+
+def write(results: Path, runs: Path) -> None:
+    rows, name = named_rows(results, runs)
     cells: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         cells[(r["task"], name[r["backbone"]], r["probe"], r["n"])].append(r["cmap"])
