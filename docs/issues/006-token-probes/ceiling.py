@@ -3,7 +3,7 @@ input patches read by prototypes) from n = 16 on and trails it at n = 1 and 4. E
 leave something on the table, or on this stand-in nothing an encoder of this shape can learn adds to the
 input's patches. Labels answer that: the same architecture trained with them. Writes ``ceiling.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/ceiling.py   # ~90 min on 2 cores; after anchor.py
+    .venv/bin/python docs/issues/006-token-probes/ceiling.py   # ~55 min on 2 cores; after anchor.py
 
 1. **Runs**: ``anchor.py``'s architecture and schedule (2 blocks of 512, lr 2e-4 warmed up over 60
    steps, 600 steps) with ``--objective.kind supervised`` (cross-entropy of a linear head on the mean
