@@ -22,7 +22,13 @@ from birdjepa.cli import main
 from birdjepa.data import Loader
 from birdjepa.data.loader import DEFAULTS
 from birdjepa.data.shards import list_shards, read_shard, read_vocab
-from birdjepa.synthetic.birdset_standin import BIRDSET_SMALL, SPLITS, BirdsetConfig, birdset_schema
+from birdjepa.synthetic.birdset_standin import (
+    BIRDSET_SMALL,
+    SPLITS,
+    BirdsetConfig,
+    birdset_schema,
+    species_table,
+)
 from birdjepa.synthetic.config import DemoConfig
 from birdjepa.synthetic.demo import ensure_birdset_data
 from birdjepa.synthetic.songs import Species, make_species
@@ -157,9 +163,8 @@ def test_the_demo_s_species_recur_in_the_stand_in_transposed() -> None:
         notes = tuple((n.kind, n.seconds, n.rate_hz, n.n_harmonics) for n in s.syllables)
         return s.pattern, notes, s.motif, s.gaps, s.pause_seconds
 
-    standin = BirdsetConfig()
-    demo = make_species(DemoConfig())
-    table = {song(s): s for s in make_species(DemoConfig(n_species=standin.n_species, seed=standin.seed))}
+    demo = make_species(DemoConfig())  # as the demo set draws them (synthetic.demo)
+    table = {song(s): s for s in species_table(BirdsetConfig())}
     assert (len(demo), len(table)) == (16, 24)
     for s in demo:
         twin = table[song(s)]

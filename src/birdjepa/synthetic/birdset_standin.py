@@ -42,7 +42,7 @@ from birdjepa.synthetic import writer
 from birdjepa.synthetic.channel import draw_nuisance, song_events
 from birdjepa.synthetic.codecs import CODECS, draw_formats
 from birdjepa.synthetic.config import DemoConfig, RecordingPlan, rng_for
-from birdjepa.synthetic.songs import make_species
+from birdjepa.synthetic.songs import Species, make_species
 from birdjepa.synthetic.soundscape import (
     SAMPLE_RATE,
     WINDOW_SECONDS,
@@ -219,6 +219,11 @@ def _rows(
     ]  # fmt: skip
 
 
+def species_table(config: BirdsetConfig) -> list[Species]:
+    """The species the tasks draw their classes from: the demo generator's table at ``n_species``."""
+    return make_species(DemoConfig(n_species=config.n_species, seed=config.seed))
+
+
 def generate_birdset(
     out: Path, config: BirdsetConfig = DEFAULT_BIRDSET, *, workers: int | None = None, overwrite: bool = False
 ) -> Path:
@@ -233,7 +238,7 @@ def generate_birdset(
         raise FileExistsError(f"{out} holds a data set: its manifest or shards (use --overwrite)")
     for folder in folders:
         remove_shards(folder)
-    table = make_species(DemoConfig(n_species=config.n_species, seed=config.seed))
+    table = species_table(config)
     tasks = plan_tasks(config)
     (out / writer.MANIFEST_FILE).unlink(missing_ok=True)
     # soundscapes first: the longest jobs start early
