@@ -57,6 +57,15 @@ IN_TASK_ROW = "supervised on the task's own train split"
 BESIDE = (BEST, BASE, f"random:{ARCHITECTURE}", "raw:input", "raw")
 
 
+def spec(runs: Path, name: str) -> str:
+    """The ``--backbone`` of a row name: a run (or its random init) in ``runs``, or a raw baseline."""
+    if name.startswith("raw"):
+        return name
+    if name.startswith("random:"):
+        return f"random:{runs / name.removeprefix('random:')}"
+    return str(runs / name)
+
+
 def main() -> None:
     args = arguments(__doc__)
     logs = HERE / "logs"
@@ -75,20 +84,17 @@ def main() -> None:
         if not (args.runs / name / "checkpoints").is_dir():
             call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
                  logs / "ceiling-pretrain.log")  # fmt: skip
-    beside = [str(args.runs / BEST), str(args.runs / BASE), f"random:{args.runs / ARCHITECTURE}", "raw:input",
-              "raw"]  # BESIDE's order  # fmt: skip
-    for task in TASKS:
-        names = (ON_DEMO, IN_TASK[task], SELF_IN_TASK[task], SELF, MULTICROP)
-        backbones = [str(args.runs / n) for n in names] + beside
-        call([*BIRDJEPA, "benchmark", "--backbone", *backbones, "--train", str(tasks / task / "train"),
-              "--test", str(tasks / task / "test_5s"), "--task", task, "--probe", *PROBES,
+
+    def benchmark(names: tuple[str, ...], train: Path, test: Path, task: str) -> None:
+        call([*BIRDJEPA, "benchmark", "--backbone", *(spec(args.runs, n) for n in names),
+              "--train", str(train), "--test", str(test), "--task", task, "--probe", *PROBES,
               "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
              logs / "ceiling-benchmark.log")  # fmt: skip
-    on_demo = [str(args.runs / n) for n in (ON_DEMO, BEST, MULTICROP)]
-    call([*BIRDJEPA, "benchmark", "--backbone", *on_demo, "raw:input",
-          "--train", str(demo / "train"), "--test", str(demo / "eval"), "--task", "demo", "--probe", *PROBES,
-          "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
-         logs / "ceiling-benchmark.log")  # fmt: skip
+
+    for task in TASKS:
+        names = (ON_DEMO, IN_TASK[task], SELF_IN_TASK[task], SELF, MULTICROP, *BESIDE)
+        benchmark(names, tasks / task / "train", tasks / task / "test_5s", task)
+    benchmark((ON_DEMO, BEST, MULTICROP, "raw:input"), demo / "train", demo / "eval", "demo")
     write(args.results, args.runs)
 
 
