@@ -1,0 +1,109 @@
+"""006, more distinct recordings: the best self-supervised run (``anchor.py``'s w = 16 run at 2,400
+steps: 100 passes over the demo set's 384 train recordings) trails ``raw:input`` at n = 1 and 4. Is it
+short of data? The same recipe, the same 2,400 steps, on two sets four times the demo's size, drawn by
+the demo's own generator (``birdjepa demo-data``). Writes ``recordings.md``.
+
+    .venv/bin/python docs/issues/006-token-probes/recordings.py   # ~70 min on 2 cores; after ceiling.py
+
+1. **Data**: ``rec96``: the demo's 16 species with 96 train recordings each (1,536; a recording's
+   draws are keyed by its species and number, so a species' first 24 share the demo's keys, at the
+   lengths and in the formats drawn for this set), the demo's eval split unchanged. ``sp64``: 64
+   species with the demo's 24 each (1,536): the generator's table at 64 species holds the demo's 16
+   songs and the stand-in's 24 (its 8 beyond the demo's), each in a band of its own set's, and 40 more.
+2. **Runs**: ``anchor.py``'s best (2 blocks of 512, lr 2e-4 warmed up over 60 steps, the patch term at
+   w = 16, 2,400 steps, batch 16: 25 passes over either set) on each set.
+3. **Benchmark**: as ``anchor.py``'s part 2 (linear on the mean, proto on the tokens, n = 1, 4, 16,
+   all, seeds 0-2) on SYN1-3 and the demo split, beside the run on the demo set, the architecture's
+   random init and ``raw:input``. Into ``anchor.py``'s results folder: rows it holds are not fitted
+   again.
+
+If four times the recordings move the few-shot cells toward the bar, the demo set's size is what
+holds the encoder back there; if neither set does, it is not.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from runlog import call  # noqa: E402  (docs/issues/runlog.py)
+
+sys.path.insert(0, str(HERE))
+from anchor import ARCHITECTURE, BASE, LONGER, NS, PATCH16  # noqa: E402  (006's)
+from ceiling import spec  # noqa: E402
+from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments, named_rows  # noqa: E402
+
+BEST = f"{BASE}-patch16-2400"  # anchor.py's part 6, on the demo set
+SETS = {"rec96": ("--per-species-train", "96"), "sp64": ("--n-species", "64")}
+ON_SET = {s: f"{BEST}-{s}" for s in SETS}
+BESIDE = (BEST, f"random:{ARCHITECTURE}", "raw:input")
+
+
+def main() -> None:
+    args = arguments(__doc__)
+    logs = HERE / "logs"
+    from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
+
+    tasks, demo = ensure_birdset_data(), ensure_demo_data()
+    data = args.runs.parent / "data"  # beside the runs: regenerable, a few hundred MB each
+    longer = ["2400" if a == "600" else a for a in RUNS[BASE]]  # anchor.py's LONGER recipe
+    assert LONGER[BEST] == PATCH16 and longer.count("2400") == 1, longer
+    for s, size in SETS.items():
+        if not (data / s / "manifest.json").is_file():
+            call([*BIRDJEPA, "demo-data", str(data / s), *size], logs / "recordings-data.log")
+        if not (args.runs / ON_SET[s] / "checkpoints").is_dir():
+            call([*BIRDJEPA, "pretrain", "--run", ON_SET[s], "--log.runs-dir", str(args.runs), *longer,
+                  *PATCH16, "--data.train", str(data / s / "train"), "--data.eval", str(data / s / "eval")],
+                 logs / "recordings-pretrain.log")  # fmt: skip
+
+    def benchmark(names: tuple[str, ...], train: Path, test: Path, task: str) -> None:
+        call([*BIRDJEPA, "benchmark", "--backbone", *(spec(args.runs, n) for n in names),
+              "--train", str(train), "--test", str(test), "--task", task, "--probe", *PROBES,
+              "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
+             logs / "recordings-benchmark.log")  # fmt: skip
+
+    for task in TASKS:
+        benchmark((*ON_SET.values(), *BESIDE), tasks / task / "train", tasks / task / "test_5s", task)
+    benchmark((*ON_SET.values(), BEST, "raw:input"), demo / "train", demo / "eval", "demo")
+    write(args.results, args.runs)
+
+
+def write(results: Path, runs: Path) -> None:
+    rows, name = named_rows(results, runs)
+    cells: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        b = name[r["backbone"]]
+        cells[(r["task"], b, r["probe"], r["n"])].append(r["cmap"])
+        if r["task"] != "demo":
+            cells[("mean", b, r["probe"], r["n"])].append(r["cmap"])
+    mean = {k: sum(v) / len(v) for k, v in cells.items()}
+    ns = (1, 4, 16, -1)
+
+    def table(task: str, order: tuple[str, ...]) -> list[str]:
+        out = ["| backbone | probe | " + " | ".join("all" if n < 0 else str(n) for n in ns) + " |",
+               "|---|---|" + "---:|" * len(ns)]  # fmt: skip
+        for b in order:
+            for p in PROBES:
+                values = [mean.get((task, b, p, n)) for n in ns]
+                if any(v is not None for v in values):
+                    shown = ("-" if v is None else f"{v:.3f}" for v in values)
+                    out.append(f"| {b} | {p} | " + " | ".join(shown) + " |")
+        return out
+
+    order = (*ON_SET.values(), *BESIDE)
+    lines = ["# 006, more distinct recordings: measured (written by recordings.py)", "",
+             "cmAP, mean over seeds 0-2.", "", "## SYN1-3, mean over tasks", "",
+             *table("mean", order)]  # fmt: skip
+    for task in TASKS:
+        lines += ["", f"## {task}", "", *table(task, order)]
+    lines += ["", "## The demo's single-label split (train -> eval)", "",
+              *table("demo", (*ON_SET.values(), BEST, "raw:input"))]  # fmt: skip
+    (HERE / "recordings.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
