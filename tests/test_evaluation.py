@@ -3,7 +3,9 @@ collapse metric, and `birdjepa evaluate` end to end on a tiny run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import socket
@@ -173,7 +175,10 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Path:
     from birdjepa.pretrain.loop import pretrain
 
     runs = tmp_path_factory.mktemp("runs")
-    assert pretrain(tiny_config(demo_dir, runs)) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert pretrain(tiny_config(demo_dir, runs)) == 0
+    (runs / "printed.txt").write_text(printed.getvalue())  # for the test of its closing line
     return runs / "eval"
 
 
@@ -187,6 +192,10 @@ def test_evaluate_end_to_end_matches_the_trainer(tiny_run: Path, capsys):
     out = capsys.readouterr().out
     first = json.loads((tiny_run / "eval" / "5.json").read_text())
     assert "random init" in out and "raw log-mel" in out and "wrote" in out
+    # The trainer's closing line says how many clips its accuracies are over (a step of 1/24 here).
+    closing = (tiny_run.parent / "printed.txt").read_text().splitlines()[-1]
+    assert closing.startswith("done: 6 steps in "), closing
+    assert "; frozen encoder on the held-out split (24 clips): linear probe " in closing, closing
     assert not (tiny_run / LEASE_FILE).exists()  # it held the run while it wrote into it, and let go
     assert set(first["rows"]) == {"encoder", "random_init", "raw"}
     assert (first["data"]["n_train"], first["data"]["n_eval"], first["data"]["n_classes"]) == (48, 24, 12)

@@ -282,7 +282,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
                 else ""
             )
             print(
-                f"{took}; frozen encoder on the held-out split: {linear}kNN {e['eval/knn_acc']:.3f} "
+                f"{took}; frozen encoder on the held-out split ({t.held_out_clips} clips): {linear}"
+                f"kNN {e['eval/knn_acc']:.3f} "
                 f"(random init {e['eval/knn_acc_random_init']:.3f}, raw {e['eval/knn_acc_raw']:.3f}); "
                 f"chance {1 / t.model_cfg.n_classes:.3f}; run directory {cfg.run_dir}",
                 flush=True,
