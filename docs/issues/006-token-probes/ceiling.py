@@ -34,7 +34,9 @@ stand-in rewards nothing an encoder adds to its input patches, and a harder stan
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -84,24 +86,38 @@ def main() -> None:
         if not (args.runs / name / "checkpoints").is_dir():
             call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
                  logs / "ceiling-pretrain.log")  # fmt: skip
-
-    def benchmark(names: tuple[str, ...], train: Path, test: Path, task: str) -> None:
-        call([*BIRDJEPA, "benchmark", "--backbone", *(spec(args.runs, n) for n in names),
-              "--train", str(train), "--test", str(test), "--task", task, "--probe", *PROBES,
-              "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
-             logs / "ceiling-benchmark.log")  # fmt: skip
-
+    log = logs / "ceiling-benchmark.log"
     for task in TASKS:
         names = (ON_DEMO, IN_TASK[task], SELF_IN_TASK[task], SELF, MULTICROP, *BESIDE)
-        benchmark(names, tasks / task / "train", tasks / task / "test_5s", task)
-    benchmark((ON_DEMO, BEST, MULTICROP, "raw:input"), demo / "train", demo / "eval", "demo")
+        benchmark(args, names, tasks / task / "train", tasks / task / "test_5s", task, log)
+    benchmark(args, (ON_DEMO, BEST, MULTICROP, "raw:input"), demo / "train", demo / "eval", "demo", log)
     write(args.results, args.runs)
 
 
+def benchmark(args: Namespace, names: Sequence[str], train: Path, test: Path, task: str, log: Path) -> None:
+    """``birdjepa benchmark`` of ``names`` (``spec``) on one task, 006's probes, n and seeds, into
+    ``args.results`` (rows it holds are not fitted again)."""
+    call([*BIRDJEPA, "benchmark", "--backbone", *(spec(args.runs, n) for n in names),
+          "--train", str(train), "--test", str(test), "--task", task, "--probe", *PROBES,
+          "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)], log)  # fmt: skip
+
+
 def write(results: Path, runs: Path) -> None:
-    rows, name = named_rows(results, runs)
     in_task = {run: (task, IN_TASK_ROW) for task, run in IN_TASK.items()}
     in_task.update({run: (task, SELF_IN_TASK_ROW) for task, run in SELF_IN_TASK.items()})
+    mean = cell_means(results, runs, in_task)
+    order = [IN_TASK_ROW, ON_DEMO, SELF_IN_TASK_ROW, SELF, MULTICROP, *BESIDE]
+    lines = ["# 006, is the bar the limit: measured (written by ceiling.py)", "",
+             "cmAP, mean over seeds 0-2. An in-task row is each task's own run, scored on that task.", "",
+             *tables(mean, order, [ON_DEMO, BEST, MULTICROP, "raw:input"])]  # fmt: skip
+    (HERE / "ceiling.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def cell_means(results: Path, runs: Path, in_task: dict[str, tuple[str, str]]) -> dict[tuple, float]:
+    """cmAP per (task or "mean" over SYN1-3, backbone, probe, n), over seeds. ``in_task``: a run trained
+    on one task's recordings -> (that task, its row's name); its rows on the other tasks are left out."""
+    rows, name = named_rows(results, runs)
     cells: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         b = name[r["backbone"]]
@@ -112,10 +128,15 @@ def write(results: Path, runs: Path) -> None:
         cells[(r["task"], b, r["probe"], r["n"])].append(r["cmap"])
         if r["task"] != "demo":
             cells[("mean", b, r["probe"], r["n"])].append(r["cmap"])
-    mean = {k: sum(v) / len(v) for k, v in cells.items()}
+    return {k: sum(v) / len(v) for k, v in cells.items()}
+
+
+def tables(mean: dict[tuple, float], order: Sequence[str], on_demo: Sequence[str]) -> list[str]:
+    """Markdown: SYN1-3's mean, each task, then the demo split (``on_demo``'s rows): a row per backbone
+    of ``order`` and probe that has a cell, a column per n."""
     ns = (1, 4, 16, -1)
 
-    def table(task: str, order: list[str]) -> list[str]:
+    def table(task: str, order: Sequence[str]) -> list[str]:
         out = ["| backbone | probe | " + " | ".join("all" if n < 0 else str(n) for n in ns) + " |",
                "|---|---|" + "---:|" * len(ns)]  # fmt: skip
         for b in order:
@@ -126,16 +147,10 @@ def write(results: Path, runs: Path) -> None:
                     out.append(f"| {b} | {p} | " + " | ".join(shown) + " |")
         return out
 
-    order = [IN_TASK_ROW, ON_DEMO, SELF_IN_TASK_ROW, SELF, MULTICROP, *BESIDE]
-    lines = ["# 006, is the bar the limit: measured (written by ceiling.py)", "",
-             "cmAP, mean over seeds 0-2. An in-task row is each task's own run, scored on that task.", "",
-             "## SYN1-3, mean over tasks", "", *table("mean", order)]  # fmt: skip
+    lines = ["## SYN1-3, mean over tasks", "", *table("mean", order)]
     for task in TASKS:
         lines += ["", f"## {task}", "", *table(task, order)]
-    lines += ["", "## The demo's single-label split (train -> eval)", "",
-              *table("demo", [ON_DEMO, BEST, MULTICROP, "raw:input"])]  # fmt: skip
-    (HERE / "ceiling.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return [*lines, "", "## The demo's single-label split (train -> eval)", "", *table("demo", on_demo)]
 
 
 if __name__ == "__main__":

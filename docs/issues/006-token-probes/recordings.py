@@ -24,7 +24,6 @@ holds the encoder back there; if neither set does, it is not.
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,9 +31,9 @@ sys.path.insert(0, str(HERE.parent))
 from runlog import call  # noqa: E402  (docs/issues/runlog.py)
 
 sys.path.insert(0, str(HERE))
-from anchor import ARCHITECTURE, BASE, LONGER, NS, PATCH16  # noqa: E402  (006's)
-from ceiling import spec  # noqa: E402
-from wider import BIRDJEPA, PROBES, RUNS, TASKS, arguments, named_rows  # noqa: E402
+from anchor import ARCHITECTURE, BASE, LONGER, PATCH16  # noqa: E402  (006's)
+from ceiling import benchmark, cell_means, tables  # noqa: E402
+from wider import BIRDJEPA, RUNS, TASKS, arguments  # noqa: E402
 
 BEST = f"{BASE}-patch16-2400"  # anchor.py's part 6, on the demo set
 SETS = {"rec96": ("--per-species-train", "96"), "sp64": ("--n-species", "64")}
@@ -58,49 +57,18 @@ def main() -> None:
             call([*BIRDJEPA, "pretrain", "--run", ON_SET[s], "--log.runs-dir", str(args.runs), *longer,
                   *PATCH16, "--data.train", str(data / s / "train"), "--data.eval", str(data / s / "eval")],
                  logs / "recordings-pretrain.log")  # fmt: skip
-
-    def benchmark(names: tuple[str, ...], train: Path, test: Path, task: str) -> None:
-        call([*BIRDJEPA, "benchmark", "--backbone", *(spec(args.runs, n) for n in names),
-              "--train", str(train), "--test", str(test), "--task", task, "--probe", *PROBES,
-              "--n-train", *NS, "--seed", "0", "1", "2", "--results", str(args.results)],
-             logs / "recordings-benchmark.log")  # fmt: skip
-
+    log, runs_on_sets = logs / "recordings-benchmark.log", tuple(ON_SET.values())
     for task in TASKS:
-        benchmark((*ON_SET.values(), *BESIDE), tasks / task / "train", tasks / task / "test_5s", task)
-    benchmark((*ON_SET.values(), BEST, "raw:input"), demo / "train", demo / "eval", "demo")
+        benchmark(args, (*runs_on_sets, *BESIDE), tasks / task / "train", tasks / task / "test_5s", task, log)
+    benchmark(args, (*runs_on_sets, BEST, "raw:input"), demo / "train", demo / "eval", "demo", log)
     write(args.results, args.runs)
 
 
 def write(results: Path, runs: Path) -> None:
-    rows, name = named_rows(results, runs)
-    cells: dict[tuple, list[float]] = defaultdict(list)
-    for r in rows:
-        b = name[r["backbone"]]
-        cells[(r["task"], b, r["probe"], r["n"])].append(r["cmap"])
-        if r["task"] != "demo":
-            cells[("mean", b, r["probe"], r["n"])].append(r["cmap"])
-    mean = {k: sum(v) / len(v) for k, v in cells.items()}
-    ns = (1, 4, 16, -1)
-
-    def table(task: str, order: tuple[str, ...]) -> list[str]:
-        out = ["| backbone | probe | " + " | ".join("all" if n < 0 else str(n) for n in ns) + " |",
-               "|---|---|" + "---:|" * len(ns)]  # fmt: skip
-        for b in order:
-            for p in PROBES:
-                values = [mean.get((task, b, p, n)) for n in ns]
-                if any(v is not None for v in values):
-                    shown = ("-" if v is None else f"{v:.3f}" for v in values)
-                    out.append(f"| {b} | {p} | " + " | ".join(shown) + " |")
-        return out
-
-    order = (*ON_SET.values(), *BESIDE)
+    mean, runs_on_sets = cell_means(results, runs, {}), tuple(ON_SET.values())
     lines = ["# 006, more distinct recordings: measured (written by recordings.py)", "",
-             "cmAP, mean over seeds 0-2.", "", "## SYN1-3, mean over tasks", "",
-             *table("mean", order)]  # fmt: skip
-    for task in TASKS:
-        lines += ["", f"## {task}", "", *table(task, order)]
-    lines += ["", "## The demo's single-label split (train -> eval)", "",
-              *table("demo", (*ON_SET.values(), BEST, "raw:input"))]  # fmt: skip
+             "cmAP, mean over seeds 0-2.", "",
+             *tables(mean, (*runs_on_sets, *BESIDE), (*runs_on_sets, BEST, "raw:input"))]  # fmt: skip
     (HERE / "recordings.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
