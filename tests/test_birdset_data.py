@@ -169,6 +169,10 @@ def test_the_demo_s_species_recur_in_the_stand_in_transposed() -> None:
     for s in demo:
         twin = table[song(s)]
         assert twin.code != s.code and twin.band_hz != s.band_hz
+    # A bigger demo set (`demo-data --n-species 64`) holds every stand-in song, each in another band.
+    bigger = {song(s): s for s in make_species(DemoConfig(n_species=64))}
+    for s in table.values():
+        assert bigger[song(s)].band_hz != s.band_hz
 
 
 def test_uhh_like_task_has_test_only_classes(birdset_dir: Path, manifest: dict) -> None:

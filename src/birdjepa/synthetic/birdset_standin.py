@@ -6,7 +6,8 @@ Each task is a "site" with its own classes, drawn from one species table so that
 own recorder (`synth.soundscape.Site`). The table is the demo set's generator's (`synth.songs`) at 24
 species, not the demo set's 16: with the same seed its first band groups draw the demo's note kinds,
 lengths and timings in bands of their own (the bands follow the number of groups), so at the default sizes
-the demo's 16 species recur here transposed, under other codes, beside 8 new ones. Its `train` split holds
+the demo's 16 species recur here transposed, under other codes, beside 8 new ones; a demo set drawn with
+more species can hold them too (at `--n-species 64`, all 24, in other bands). Its `train` split holds
 focal recordings like the demo set's (one species each, `synth.channel`); its `test_5s` split holds 5 s
 windows of longer soundscapes (`synth.soundscape`): every row carries the whole soundscape's bytes and
 picks its window with start_time/end_time, as BirdSet does. The last task mimics BirdSet's UHH:
