@@ -173,6 +173,8 @@ def test_the_demo_s_species_recur_in_the_stand_in_transposed() -> None:
     bigger = {song(s): s for s in make_species(DemoConfig(n_species=64))}
     for s in table.values():
         assert bigger[song(s)].band_hz != s.band_hz
+    # Drawn with another seed, it holds none of them: a pretraining set apart from the test's species.
+    assert not {song(s) for s in make_species(DemoConfig(n_species=64, seed=1))} & set(table)
 
 
 def test_uhh_like_task_has_test_only_classes(birdset_dir: Path, manifest: dict) -> None:
