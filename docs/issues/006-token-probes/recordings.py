@@ -3,22 +3,25 @@ steps: 100 passes over the demo set's 384 train recordings) trails ``raw:input``
 short of data? The same recipe, the same 2,400 steps, on two sets four times the demo's size, drawn by
 the demo's own generator (``birdjepa demo-data``). Writes ``recordings.md``.
 
-    .venv/bin/python docs/issues/006-token-probes/recordings.py   # ~70 min on 2 cores; after ceiling.py
+    .venv/bin/python docs/issues/006-token-probes/recordings.py   # ~100 min on 2 cores; after ceiling.py
 
 1. **Data**: ``rec96``: the demo's 16 species with 96 train recordings each (1,536; a recording's
    draws are keyed by its species and number, so a species' first 24 share the demo's keys, at the
    lengths and in the formats drawn for this set), the demo's eval split unchanged. ``sp64``: 64
    species with the demo's 24 each (1,536): the generator's table at 64 species holds the demo's 16
    songs and the stand-in's 24 (its 8 beyond the demo's), each in a band of its own set's, and 40 more.
+   ``sp64-seed1``: the same drawn with ``--seed 1``, whose table holds none of the stand-in's songs
+   (``tests/test_birdset_data.py``): pretraining on species the tests lack.
 2. **Runs**: ``anchor.py``'s best (2 blocks of 512, lr 2e-4 warmed up over 60 steps, the patch term at
-   w = 16, 2,400 steps, batch 16: 25 passes over either set) on each set.
+   w = 16, 2,400 steps, batch 16: 25 passes over a set) on each set.
 3. **Benchmark**: as ``anchor.py``'s part 2 (linear on the mean, proto on the tokens, n = 1, 4, 16,
    all, seeds 0-2) on SYN1-3 and the demo split, beside the run on the demo set, the architecture's
    random init and ``raw:input``. Into ``anchor.py``'s results folder: rows it holds are not fitted
    again.
 
 If four times the recordings move the few-shot cells toward the bar, the demo set's size is what
-holds the encoder back there; if neither set does, it is not.
+holds the encoder back there; if neither set does, it is not. If the seed-1 set scores as ``sp64``
+does, hearing the test's songs in pretraining is not what the tokens' level rests on.
 """
 
 from __future__ import annotations
@@ -36,7 +39,11 @@ from ceiling import benchmark, cell_means, tables  # noqa: E402
 from wider import BIRDJEPA, RUNS, TASKS, arguments  # noqa: E402
 
 BEST = f"{BASE}-patch16-2400"  # anchor.py's part 6, on the demo set
-SETS = {"rec96": ("--per-species-train", "96"), "sp64": ("--n-species", "64")}
+SETS = {
+    "rec96": ("--per-species-train", "96"),
+    "sp64": ("--n-species", "64"),
+    "sp64-seed1": ("--n-species", "64", "--seed", "1"),
+}
 ON_SET = {s: f"{BEST}-{s}" for s in SETS}
 BESIDE = (BEST, f"random:{ARCHITECTURE}", "raw:input")
 
