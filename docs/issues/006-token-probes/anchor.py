@@ -71,6 +71,8 @@ LONGER = {  # part 6, and part 7's lightest SIGReg at its length
     f"{BASE}-patch16-lam0.01-2400": SIGREG[f"{BASE}-patch16-lam0.01"],
 }
 NS = ("1", "4", "16", "-1")
+BASE_2400 = ["2400" if a == "600" else a for a in RUNS[BASE]]  # the base recipe at LONGER's length
+assert BASE_2400.count("2400") == 1, BASE_2400  # its --steps 600, and nothing else
 
 
 def main() -> None:
@@ -79,11 +81,9 @@ def main() -> None:
     from birdjepa.synthetic.demo import ensure_birdset_data, ensure_demo_data
 
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
-    longer = ["2400" if a == "600" else a for a in RUNS[BASE]]  # its --steps 600
-    assert longer.count("2400") == 1, longer
     for name, extra in [*((n, [*RUNS[BASE], *e]) for n, e in {**ANCHORED, **ROPE, **SIGREG}.items()),
                         *((n, [*RUNS[DEMO], *e]) for n, e in TINY.items()),
-                        *((n, [*longer, *e]) for n, e in LONGER.items())]:  # fmt: skip
+                        *((n, [*BASE_2400, *e]) for n, e in LONGER.items())]:  # fmt: skip
         if not (args.runs / name / "checkpoints").is_dir():
             call([*BIRDJEPA, "pretrain", "--run", name, "--log.runs-dir", str(args.runs), *extra],
                  logs / "anchor-pretrain.log")  # fmt: skip

@@ -34,11 +34,10 @@ sys.path.insert(0, str(HERE.parent))
 from runlog import call  # noqa: E402  (docs/issues/runlog.py)
 
 sys.path.insert(0, str(HERE))
-from anchor import ARCHITECTURE, BASE, LONGER, PATCH16  # noqa: E402  (006's)
-from ceiling import benchmark, cell_means, tables  # noqa: E402
-from wider import BIRDJEPA, RUNS, TASKS, arguments  # noqa: E402
+from anchor import ARCHITECTURE, BASE_2400, LONGER  # noqa: E402  (006's)
+from ceiling import BEST, benchmark, cell_means, tables  # noqa: E402
+from wider import BIRDJEPA, TASKS, arguments  # noqa: E402
 
-BEST = f"{BASE}-patch16-2400"  # anchor.py's part 6, on the demo set
 SETS = {
     "rec96": ("--per-species-train", "96"),
     "sp64": ("--n-species", "64"),
@@ -55,15 +54,13 @@ def main() -> None:
 
     tasks, demo = ensure_birdset_data(), ensure_demo_data()
     data = args.runs.parent / "data"  # beside the runs: regenerable, a few hundred MB each
-    longer = ["2400" if a == "600" else a for a in RUNS[BASE]]  # anchor.py's LONGER recipe
-    assert LONGER[BEST] == PATCH16 and longer.count("2400") == 1, longer
     for s, size in SETS.items():
         if not (data / s / "manifest.json").is_file():
             call([*BIRDJEPA, "demo-data", str(data / s), *size], logs / "recordings-data.log")
         if not (args.runs / ON_SET[s] / "checkpoints").is_dir():
-            call([*BIRDJEPA, "pretrain", "--run", ON_SET[s], "--log.runs-dir", str(args.runs), *longer,
-                  *PATCH16, "--data.train", str(data / s / "train"), "--data.eval", str(data / s / "eval")],
-                 logs / "recordings-pretrain.log")  # fmt: skip
+            own = ("--data.train", str(data / s / "train"), "--data.eval", str(data / s / "eval"))
+            call([*BIRDJEPA, "pretrain", "--run", ON_SET[s], "--log.runs-dir", str(args.runs), *BASE_2400,
+                  *LONGER[BEST], *own], logs / "recordings-pretrain.log")  # fmt: skip
     log, runs_on_sets = logs / "recordings-benchmark.log", tuple(ON_SET.values())
     for task in TASKS:
         benchmark(args, (*runs_on_sets, *BESIDE), tasks / task / "train", tasks / task / "test_5s", task, log)
