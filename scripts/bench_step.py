@@ -29,7 +29,7 @@ deterministic_xla()
 
 import jax  # noqa: E402
 
-from birdjepa.perf.profile import PARTS  # noqa: E402
+from birdjepa.perf.profile import PART_NAMES  # noqa: E402
 from birdjepa.perf.step_cost import CPU_BATCH, StepCost, bench_config, matmul_peak, measure  # noqa: E402
 
 DEFAULT_BATCH = 16
@@ -78,7 +78,7 @@ def main() -> None:
         print("\n## Where the step's time goes: % of the step's operation time, by part\n")
         print("XLA runs independent operations at once on its thread pool (CPU) or streams (GPU): the last "
               "column is their summed time over the wall time of the profiled steps.\n")  # fmt: skip
-        parts = [p for p, _ in PARTS]
+        parts = list(PART_NAMES)
         head = ("preset", "dtype", "batch", *parts, "operations / wall")
         table(
             head,

@@ -1,12 +1,14 @@
 """What the training step costs on this machine: its time, its arithmetic, and their ratio to the machine's.
 
 The step is the loop's own (`birdjepa.train.segment.open_segment`, the compiled `RecordableStep` with
-recording off, on a real batch of the run's loader). Its FLOPs are XLA's cost analysis of the step's
-program as JAX lowers it, before the backend rewrites it: every operation's arithmetic as XLA counts it
-(a matrix product of m x k by k x n is 2mkn). Not of the compiled executable: on a GPU XLA turns the
-matrix products into cuBLAS calls, which its cost analysis counts as nothing (measured on an H200: 7.8
-GFLOP for the small step at batch 16, against 144 from the lowered program; on CPU the two agree within
-1 %).
+recording off, on a real batch of the run's loader). Its FLOPs are the training arithmetic: XLA's cost
+analysis of the same step without its record (`unrecorded`) as JAX lowers it, before the backend
+rewrites it (a matrix product of m x k by k x n is 2mkn). Without its record, because the analysis
+counts a cond as its costliest branch, so the recording step's count holds every summary the loop
+never computes (at tiny, batch 8: 823 MFLOP against 650; at small, batch 128: 1128 GFLOP against 1100).
+Lowered, not compiled: on a GPU XLA turns the matrix products into cuBLAS calls, which its cost
+analysis of the executable counts as nothing (measured on an H200: 7.8 GFLOP for the small step at
+batch 16, against 144 from the lowered program; on CPU the two agree within 1 %).
 MFU is those FLOPs over the step's time, over the peak of one large matrix product in the same dtype
 measured on the same device in the same process (`matmul_peak`): the fraction of what this machine's
 matrix units gave, not of a data sheet's figure.
@@ -24,7 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend
 import jax.numpy as jnp
+from jax._src.lib import _jax
 
 from birdjepa.config import PretrainConfig, resolve
 from birdjepa.perf.profile import time_by_part
@@ -47,7 +51,8 @@ class StepCost:
     step_s: float
     """Median wall time of a step, outputs ready, over the timed repeats (compilation left out)."""
     flops: float
-    """Per step, from XLA's cost analysis of the lowered step (see the module doc)."""
+    """Per step, the training arithmetic: XLA's cost analysis of the lowered step without its record
+    (see the module doc)."""
     memory_bytes: int
     """XLA's working memory of the step: arguments, outputs and temporaries, less what outputs reuse."""
     compile_s: float
@@ -125,7 +130,7 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
     lowered = fns.train_step.jitted.lower(*args)
     compiled = lowered.compile()
     compile_s, loaded = time.perf_counter() - t0, cache_loads() > loads
-    flops = step_flops(fns.train_step.jitted, args, lowered)
+    flops = training_flops(fns, args)
     memory = compiled.memory_analysis()
     memory_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
                     - memory.alias_size_in_bytes)  # fmt: skip
@@ -149,25 +154,20 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
     )  # fmt: skip
 
 
-def cost_flops(program: Any) -> float | None:
-    """FLOPs of one execution of a lowered (or compiled) function, from XLA's cost analysis; None where
-    the backend analyses nothing."""
-    analysis = program.cost_analysis()
-    if isinstance(analysis, list | tuple):  # one per device program in some JAX versions
-        analysis = analysis[0] if analysis else None
-    return None if analysis is None else float(analysis["flops"])
+def training_flops(fns: Compiled, args: tuple) -> float:
+    """The FLOPs of the step's training arithmetic at ``args`` (`common_call`'s): its program without the
+    record, lowered (see the module doc)."""
+    return cost_flops(unrecorded(fns).lower(*args[:-1]))  # no record argument
 
 
-def step_flops(jitted: Any, args: tuple, lowered: Any) -> float:
-    """The FLOPs of ``lowered`` (``jitted`` lowered at ``args``). Where the backend's analysis of a
-    lowered program gives nothing (jaxlib 0.11.2 on an H200, the small step at batch 128), the same
-    program lowered for the CPU is counted: the arithmetic is the program's, not the backend's."""
-    flops = cost_flops(lowered)
-    if flops is None:
-        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a,
-                              args)  # fmt: skip
-        flops = cost_flops(jitted.trace(*shapes).lower(lowering_platforms=("cpu",)))
-    return float("nan") if flops is None else flops
+def cost_flops(lowered: Any) -> float:
+    """FLOPs of one execution of a lowered function: XLA's cost analysis of its HLO, asked of the CPU
+    client on every platform. A GPU's PJRT plugin analyses no lowered program (jaxlib 0.11.2's CUDA
+    plugin on an H200: `Lowered.cost_analysis` gives None, for a program lowered for the CPU too, since
+    that asks the default backend), and the analysis counts the program's operations, whichever backend
+    would run them. ``_jax.hlo_module_cost_analysis`` is what `Lowered.cost_analysis` itself calls."""
+    module = lowered.compiler_ir("hlo").as_hlo_module()
+    return float(_jax.hlo_module_cost_analysis(jax.extend.backend.get_backend("cpu"), module)["flops"])
 
 
 def matmul_peak(dtype: str, n: int | None = None, repeats: int = 10) -> float:
