@@ -25,13 +25,12 @@ whether each step was loaded. Then, in order:
 4. **reference** (only when asked, with ``--reference DIR``, a checkout of samuelstevens/birdjepa, and
    ``--reference-venv``, its environment): our LeJEPA step beside the reference implementation's at the
    step section's presets in float32, as ``scripts/bench_reference.py`` measures them.
-5. **conds** (only when asked): the small step at batch 128 with XLA's default command buffers, with
-   conditionals recorded into them (``--xla_gpu_enable_command_buffer=+CONDITIONAL``), and built
-   without its record (`birdjepa.perf.step_cost.unrecorded`), each in a process of its own: the three
-   times, and whether the parameters after the same steps equal the default's. The step holds a
-   ``lax.cond`` per tensor `birdjepa trace` can record (476 at small), and outside a command buffer
-   XLA's GPU runtime copies each cond's predicate to the host and waits for the stream: the step
-   without them bounds what any change to the record could gain.
+5. **conds** (only when asked): the small step at batch 128 as the loop runs it, and built without its
+   record (`birdjepa.perf.step_cost.unrecorded`), each in a process of its own: both times, and whether
+   the parameters after the same steps are equal. On a GPU each of the record's conds costs the step
+   time while the device waits (an H200, 2026-11-30: 476 conds, one per tensor, made the small step
+   34.4 ms against 20.0 without them); the record now holds one per stage and transformer block
+   (`birdjepa.train.recording.group`), and this measures what they still cost.
 6. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
    small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
    run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
@@ -231,17 +230,10 @@ def requeue(runs: Path, plan: Plan) -> None:
                  f"when warm: {warm.compiled}", "measured"))  # fmt: skip
 
 
-#: XLA's GPU flag that records conditionals into command buffers (CUDA graphs) with the kernels around
-#: them. Not among its defaults (jax 0.11): each ``lax.cond`` then copies its predicate to the host
-#: and waits for the stream (XLA's ``ConditionalThunk``), and the step holds one cond per tensor that
-#: `birdjepa trace` can record (476 at the small preset), all off in training.
-CONDS_IN_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+CONDITIONAL"
-
-
 def step_child(preset: str, batch: int, steps: int, record: bool, compile_only: bool = False) -> None:
-    """In a process of its own (its XLA_FLAGS the caller's choice): the loop's step at ``preset`` in
-    bfloat16 on one batch (or, not ``record``, that step without its record), ``steps`` times; prints
-    its median time after two and a digest of the parameters after the last, as one JSON line.
+    """In a process of its own: the loop's step at ``preset`` in bfloat16 on one batch (or, not
+    ``record``, that step without its record), ``steps`` times; prints its median time after two and a
+    digest of the parameters after the last, as one JSON line.
     ``compile_only``: compiles the step into the compilation cache and prints the seconds it took."""
     import hashlib
 
@@ -274,30 +266,22 @@ def step_child(preset: str, batch: int, steps: int, record: bool, compile_only: 
 
 
 def conds(plan: Plan) -> None:
-    """The small step at the largest batch with XLA's default command buffers, with conditionals in
-    them, and without its record, each in a process of its own: the time of each and whether the
-    parameters after the same steps equal the default's (if so for the flag, it is a free change to the
-    default)."""
+    """The small step at the largest batch as the loop runs it, and without its record, each in a process
+    of its own: the time of each and whether the parameters after the same steps are equal."""
     preset, batch = plan.step_presets[0], plan.step_batches[-1]
     results = []
-    for extra, record in (("", "record"), (CONDS_IN_COMMAND_BUFFERS, "record"), ("", "unrecorded")):
-        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {extra}".strip()}
+    for record in ("record", "unrecorded"):
         cmd = [sys.executable, __file__, "--step-child", preset, str(batch), str(plan.wait_steps), record]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         lines = [x for x in done.stdout.splitlines() if x.startswith("STEP_CHILD ")]
         if done.returncode != 0 or not lines:
-            raise RuntimeError(f"the {record} step with XLA_FLAGS {env['XLA_FLAGS']!r}: exit "
-                               f"{done.returncode}\n{done.stderr[-2000:]}")  # fmt: skip
+            raise RuntimeError(f"the {record} step: exit {done.returncode}\n{done.stderr[-2000:]}")
         results.append(json.loads(lines[-1].removeprefix("STEP_CHILD ")))
-    default, cmdbuf, plain = results
-
-    def against(other: dict) -> str:
-        same = "equal" if other["params"] == default["params"] else "DIFFER"
-        return f"{other['ms']:.1f} ms ({other['ms'] / default['ms']:.2f}x, parameters after {same})"
-
-    setting = (f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: default; {CONDS_IN_COMMAND_BUFFERS}; "
-               "without the record")  # fmt: skip
-    result = f"{default['ms']:.1f} ms a step; {against(cmdbuf)}; {against(plain)}"
+    default, plain = results
+    same = "equal" if plain["params"] == default["params"] else "DIFFER"
+    setting = f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: the loop's step; without the record"
+    result = (f"{default['ms']:.1f} ms a step; {plain['ms']:.1f} ms ({plain['ms'] / default['ms']:.2f}x, "
+              f"parameters after {same})")  # fmt: skip
     result += prebuilt_or_not([r["loaded"] for r in results])
     ROWS.append(("conds", setting, result, "measured"))
 
@@ -318,18 +302,14 @@ def prebuild_jobs(
     preset, batch = plan.step_presets[0], plan.step_batches[-1]
     child = [sys.executable, __file__, "--compile-only", "--step-child"]
 
-    def ours(preset: str, batch: int, record: str = "record", flags: str = "") -> tuple[list[str], dict]:
-        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()}
-        return [*child, preset, str(batch), str(plan.wait_steps), record], env
+    def ours(preset: str, batch: int, record: str = "record") -> tuple[list[str], dict]:
+        return [*child, preset, str(batch), str(plan.wait_steps), record], dict(os.environ)
 
     jobs = {}
     if "step" in chosen:
         jobs |= {f"{p} batch {b}": ours(p, b) for p in plan.step_presets for b in plan.step_batches}
     if "conds" in chosen:
         jobs[f"{preset} batch {batch}"] = ours(preset, batch)
-        jobs[f"{preset} batch {batch}, conds in command buffers"] = ours(
-            preset, batch, flags=CONDS_IN_COMMAND_BUFFERS
-        )
         jobs[f"{preset} batch {batch}, without the record"] = ours(preset, batch, "unrecorded")
     if "reference" in chosen and args.reference is not None:
         python = reference_env(args.reference_venv)

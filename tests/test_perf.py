@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from birdjepa.perf.profile import (
     NOT_ATTRIBUTED,
@@ -35,14 +36,29 @@ def test_the_flops_are_counted_where_the_backend_analyses_no_lowered_program(mon
     assert cost_flops(lowered) == 2 * 64 * 32 * 16
 
 
-def test_the_step_s_flops_leave_out_the_summaries_its_record_never_computes() -> None:
+@pytest.fixture(scope="module")
+def tiny_step() -> tuple:
+    """The tiny step's functions and the loop's arguments, on the demo set."""
+    fns, state, x = first_step(bench_config("tiny", "float32", 2))
+    return fns, common_call(state, x)
+
+
+def test_the_step_s_flops_leave_out_the_summaries_its_record_never_computes(tiny_step: tuple) -> None:
     # XLA's analysis counts a cond as its costliest branch: the recording step's count holds every
     # summary of `birdjepa trace`, which the loop's steps (record off) never compute.
-    fns, state, x = first_step(bench_config("tiny", "float32", 2))
-    args = common_call(state, x)
+    fns, args = tiny_step
     recording = cost_flops(fns.train_step.jitted.lower(*args))
     training = training_flops(fns, args)
     assert 0 < training < 0.9 * recording
+
+
+def test_the_record_holds_one_cond_per_stage_and_block(tiny_step: tuple) -> None:
+    # On an H200 each cond cost the step ~30 us of the device waiting: a cond per tensor (476 at small)
+    # took half the step. At tiny (2 blocks): the forward pass, the clipped gradients and the updates
+    # each 2 blocks and the rest (9); the keys, the draws, the loss terms and the gradients (4); and
+    # the update monitor's own cond (1).
+    fns, args = tiny_step
+    assert fns.train_step.jitted.lower(*args).as_text().count("stablehlo.case") == 14
 
 
 def test_an_operation_s_own_time_leaves_out_the_operations_inside_it() -> None:

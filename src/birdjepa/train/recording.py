@@ -2,16 +2,19 @@
 
 The default step is built once as ``(params, opt_state, batch, key, check, record)``: the training step
 (`make_train_step` over a recording loss), and beside it a `birdjepa.train.digest.summary` of every
-tensor the step computed on the way, in the order it computed them, each in a ``lax.cond`` on
-``record`` of its own (`RecordableStep`). The loop runs it with ``record`` False, and `birdjepa trace`
-runs the same executable with ``record`` True: the recorded digests are the training step's own
-tensors by construction, at any optimisation level and dtype, and its outputs are the training step's
-because they are the same computation.
+tensor the step computed on the way, in the order it computed them, in ``lax.cond``s on ``record``
+(`RecordableStep`). The loop runs it with ``record`` False, and `birdjepa trace` runs the same
+executable with ``record`` True: the recorded digests are the training step's own tensors by
+construction, at any optimisation level and dtype, and its outputs are the training step's because
+they are the same computation.
 
-A cond per tensor, not one cond over all of them: XLA compiles a cond's operand as a buffer the cond
-reads when it runs, so each summary runs as soon as its tensor exists and the tensor dies when its
-other consumers are done with it. One cond over every tensor kept them all alive to the end of the step
-(XLA's working memory 4.9x at the small preset; a cond per tensor 1.00x, `scripts/bench_record.py`).
+One cond per stage and transformer block (`group`): XLA compiles a cond's operands as buffers the
+cond reads when it runs, so a block's summaries run once its last tensor exists, and its tensors die
+when their other consumers are done with them. One cond over every tensor kept them all alive to the
+end of the step (XLA's working memory 4.9x at the small preset, `scripts/bench_record.py`); a cond per
+tensor kept none, but on a GPU each cond costs the step time while the device waits (an H200, the small
+step at batch 128 in bfloat16, jaxlib 0.11.2: 476 conds, 35.2 ms a step with the device busy for 18.2
+of them, against 18.5 ms without the record).
 
 What a summary holds: a digest and five statistics, and the whole tensor only where it is small
 (`birdjepa.train.digest.SMALL`). Whole tensors (``--keep``) cannot come from the training executable,
@@ -21,7 +24,7 @@ whose outputs are fixed: `birdjepa.divergence.recording_apart` records them.
 from __future__ import annotations
 
 import fnmatch
-import functools
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,41 +74,57 @@ def when(record: jax.Array, summarize: Callable[[Any], Any], x: Any) -> Any:
         return jax.lax.cond(record, summarize, off, x)
 
 
+#: The part of a recorded tensor's name up to its transformer block: ``global/encoder/block_3`` (a module
+#: call) or ``['encoder']['block_3`` (a parameter's gradient, clipped gradient or update).
+BLOCK = re.compile(r"^.*?block_\d+")
+
+
+def group(stage: str, name: str) -> tuple[str, str]:
+    """The cond a tensor's summary goes in: one per stage and transformer block, and one for the rest of
+    each stage (see `summaries`); the gradients all in one, since they all exist before the update
+    (measured at the small preset when each tensor had a cond: 558 MiB of XLA working memory with the
+    gradients in one, 587 with a cond each)."""
+    if stage == "gradients":
+        return stage, ""
+    block = BLOCK.match(name)
+    return stage, block.group(0) if block else ""
+
+
 def summaries(
     trace: dict[str, Any], record: jax.Array, names: Computed, keep: Sequence[str] = ()
 ) -> list[dict[str, jax.Array]]:
     """A summary of each tensor in a recording step's ``trace`` (`computed`), whole where ``keep``
-    matches; fills ``names`` (at trace time)."""
+    matches; fills ``names`` (at trace time).
+
+    One cond per stage and transformer block (`group`; see the module doc for why). A block's tensors
+    exist together anyway (its activations wait for the backward pass; its clipped gradients and updates
+    for the optimizer), so holding them until the block's cond runs costs little memory. A
+    module's input is often the output recorded just before it (the same traced value): summarized
+    once, in the first one's cond."""
     items = computed(trace)
     names[:] = [(s, n, tuple(v.shape), np.dtype(v.dtype).name) for s, n, v in items]
-    # A module's input is often the output recorded just before (the same traced value): one cond for
-    # both, which cuts what XLA compiles. The gradients all exist together before the update: one cond
-    # for all of them (measured at the small preset: 558 MiB of XLA working memory against 587 with a
-    # cond each; the updates and clipped gradients in one cond each: 1358).
-    made: dict[tuple[int, bool], dict[str, jax.Array]] = {}
-    together = [(v, matches(f"{s}/{n}", keep)) for s, n, v in items if s == "gradients"]
-    if together:
-
-        def summarized(vs: list[jax.Array]) -> list[dict[str, jax.Array]]:
-            return [summary(v, whole=whole) for v, (_, whole) in zip(vs, together, strict=True)]
-
-        for (v, whole), r in zip(together, when(record, summarized, [v for v, _ in together]), strict=True):
-            made[id(v), whole] = r
-    out = []
+    groups: dict[tuple[str, str], list[tuple[jax.Array, bool]]] = {}
+    seen: set[tuple[int, bool]] = set()
     for s, n, v in items:
         whole = matches(f"{s}/{n}", keep)
-        if (id(v), whole) not in made:
-            made[id(v), whole] = summary_when(record, v, whole=whole)
-        out.append(made[id(v), whole])
-    return out
+        if (id(v), whole) not in seen:
+            seen.add((id(v), whole))
+            groups.setdefault(group(s, n), []).append((v, whole))
+    made: dict[tuple[int, bool], dict[str, jax.Array]] = {}
+    for members in groups.values():
+        for (v, whole), r in zip(members, summaries_when(record, members), strict=True):
+            made[id(v), whole] = r
+    return [made[id(v), matches(f"{s}/{n}", keep)] for s, n, v in items]
 
 
-@functools.partial(jax.jit, static_argnames="whole", inline=True)
-def summary_when(record: jax.Array, x: jax.Array, *, whole: bool) -> dict[str, jax.Array]:
-    """`summary` of ``x`` in a cond of its own on ``record`` (`when`). Jitted and inlined, as `summary`
-    is: the cond is traced once per shape and dtype, not once per tensor (a step's tensors come in a
-    few dozen shapes), which is what most of a step's trace spent on its records."""
-    return when(record, functools.partial(summary, whole=whole), x)
+def summaries_when(record: jax.Array, members: list[tuple[jax.Array, bool]]) -> list[dict[str, jax.Array]]:
+    """The `summary` of each ``(tensor, whole)`` of ``members``, all in one cond on ``record`` (`when`)."""
+    wholes = [whole for _, whole in members]
+
+    def summarized(vs: list[jax.Array]) -> list[dict[str, jax.Array]]:
+        return [summary(v, whole=whole) for v, whole in zip(vs, wholes, strict=True)]
+
+    return when(record, summarized, [v for v, _ in members])
 
 
 def recordable(
