@@ -3,14 +3,15 @@
     python scripts/bench_step.py [--presets tiny small base] [--dtypes float32 bfloat16] [--batch N]
 
 For each preset and dtype, the run's own step (`birdjepa.perf.step_cost.measure`: the loop's compiled
-step on a batch of the demo set, 2 views a clip): the median step time, the FLOPs of one step from
-XLA's cost analysis of the compiled step, the FLOP/s that gives, and MFU against the peak of a large
+step on a batch of the demo set, 2 views a clip): the median step time, the FLOPs of its training
+arithmetic (XLA's cost analysis of the lowered step without its record: `step_cost.training_flops`),
+the FLOP/s that gives, and MFU against the peak of a large
 matrix product of the same dtype measured in this run (`matmul_peak`). Beside it XLA's working memory
 of the step and its compile time. Then where each step's time goes, from an XLA profile of more steps
 (`birdjepa.perf.profile`): matrix products, attention, norms and elementwise work, SIGReg, the
 optimizer update, the guard and monitor, the copies XLA adds, and what else shows (the augmentation,
 the input floor's sort, the record conds the loop runs off), each as a share of the time the step's
-operations took.
+operations took, and what the profile could not attribute to any instruction (a GPU library's kernels).
 
 Batch sizes: 16 clips a step (the README's and `--data.batch-size`'s default) on an accelerator; on a
 CPU 16 for tiny, 4 for small and 2 for base, so that base's steps take seconds, not minutes.
