@@ -34,7 +34,9 @@ whether each step was loaded. Then, in order:
 6. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
    small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
    run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
-   put on the device, the dispatch, the wait for the step's outputs and their copy, the callbacks).
+   put on the device, the dispatch, the wait for the step's outputs and their copy, the callbacks);
+   then the same run logging every 10th step (``--log-every 10``): a logged step copies every
+   parameter to the host for its norms, and the next step's dispatch may wait for that copy.
 7. **requeue** (only when asked: ``--sections ... requeue``): a resumed segment's time to its first
    step with the persistent compilation cache warm and off, at the small preset and batch 128
    (``scripts/bench_requeue.py``'s measurement).
@@ -185,24 +187,38 @@ def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
     versus = f", {rate / need:.1f}x what the {preset} step consumes ({need:.0f} clips/s)" if need else ""
     ROWS.append(("loader", f"{cores} workers, batch {batch}, 2 views", f"{rate:.0f} clips/s{versus}",
                  "measured"))  # fmt: skip
-    # The run's loop with a clock on each of its calls (scripts/bench_loop.py: no value changes).
-    parts = runs / "loop-parts.json"
-    done = birdjepa(
-        "--json", str(parts), "pretrain", "--run", "data-wait", "--log.runs-dir", str(runs), "--steps",
-        str(plan.wait_steps), "--model.preset", preset, "--model.dtype", "bfloat16", "--data.batch-size",
-        str(batch), "--data.n-workers", str(cores), "--eval-every", "0", "--ckpt-every", "1000000",
-        "--log.print-every", "1000", via=(str(Path(__file__).resolve().parent / "bench_loop.py"),),
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"birdjepa pretrain exited {done.returncode}")
+    split = loop_run(runs, plan, "data-wait")
     rows = [x for x in read_metrics(runs / "data-wait") if "event" not in x and "train/step_time" in x][2:]
     wait = sum(x["train/data_wait"] for x in rows) / sum(x["train/step_time"] for x in rows)
     ms = 1e3 * statistics.median(x["train/step_time"] for x in rows)
     setting = f"birdjepa pretrain, {preset} bf16 batch {batch}, {cores} workers, {len(rows)} steady steps"
     ROWS.append(("data wait", setting, f"{100 * wait:.1f} % of step time; {ms:.1f} ms/step", "measured"))
-    split = json.loads(parts.read_text())
+    loop_parts_row(split, "the same run")
+    # Logging every 10th step: 9 of 10 steps then copy no parameters to the host for their norms, which
+    # the next step's dispatch may wait for (it donates those buffers).
+    loop_parts_row(loop_run(runs, plan, "log-every-10", "--log-every", "10"), "the same, --log-every 10")
+
+
+def loop_run(runs: Path, plan: Plan, name: str, *extra: str) -> dict[str, float]:
+    """A `birdjepa pretrain` run of the step section's first preset and largest batch, every core
+    decoding, with a clock on each of its loop's calls (scripts/bench_loop.py: no value changes): the
+    median ms a step of each part."""
+    preset, batch, cores = plan.step_presets[0], plan.step_batches[-1], os.cpu_count() or 1
+    parts = runs / f"{name}.json"
+    done = birdjepa(
+        "--json", str(parts), "pretrain", "--run", name, "--log.runs-dir", str(runs), "--steps",
+        str(plan.wait_steps), "--model.preset", preset, "--model.dtype", "bfloat16", "--data.batch-size",
+        str(batch), "--data.n-workers", str(cores), "--eval-every", "0", "--ckpt-every", "1000000",
+        "--log.print-every", "1000", *extra, via=(str(Path(__file__).resolve().parent / "bench_loop.py"),),
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"birdjepa pretrain {' '.join(extra)} exited {done.returncode}")
+    return json.loads(parts.read_text())
+
+
+def loop_parts_row(split: dict[str, float], setting: str) -> None:
     shares = ", ".join(f"{part} {v:.1f}" for part, v in split.items() if part != "loop period")
-    ROWS.append(("loop parts", f"the same run, median ms a step; loop period {split['loop period']:.1f} ms",
+    ROWS.append(("loop parts", f"{setting}, median ms a step; loop period {split['loop period']:.1f} ms",
                  shares, "measured"))  # fmt: skip
 
 

@@ -34,8 +34,8 @@ def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> N
     rows = table["rows"]
     assert table["complete"] is True
     assert [r[0] for r in rows] == ["prebuild", "resume", "noise floor", "matmul peak", "step",
-                                    "step parts", "conds", "loader", "data wait", "loop parts", "requeue",
-                                    "resume"]  # fmt: skip
+                                    "step parts", "conds", "loader", "data wait", "loop parts", "loop parts",
+                                    "requeue", "resume"]  # fmt: skip
     verdicts = {(section, verdict) for section, _, _, verdict in rows}
     assert verdicts == {("prebuild", "measured"), ("resume", "ok"), ("noise floor", "ok"),
                         ("matmul peak", "measured"), ("step", "measured"), ("step parts", "measured"),
@@ -57,6 +57,9 @@ def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> N
     assert "| resume " in done.stdout and "MFU" in done.stdout  # the one table, printed
     # The loop's clocks found the calls they time: each step waited for its outputs and put its batch
     # on the device, and only the first waited for the compile (later ones check a flag: microseconds).
-    parts = json.loads((runs / "loop-parts.json").read_text())
+    parts = json.loads((runs / "data-wait.json").read_text())
     assert parts["wait for outputs"] > 0 and parts["batch to device"] > 0 and parts["next batch"] > 0
     assert parts["compile wait"] < 0.1 and parts["rest of the loop"] >= 0, parts
+    # Logging every 10th step, the median step copies no parameters to the host for norms.
+    sparse = json.loads((runs / "log-every-10.json").read_text())
+    assert parts["norms on the host"] > 0 and sparse["norms on the host"] == 0, (parts, sparse)

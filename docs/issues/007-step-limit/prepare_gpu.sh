@@ -60,5 +60,5 @@ cat <<'EOF'
 on the device, first (installs what was carried; seconds):
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-index --no-deps --target /tmp/site-ref .reference-whl/*.whl
 then, in the same call (timeout_s 590; each section's rows land in $OUT/gpu_check.json as it ends):
-  PYTHONPATH=$PWD/src:/tmp/site python3 scripts/gpu_check.py --sections step reference conds loader requeue --reference .reference --reference-venv .reference-venv --budget-s 480 --json $OUT/gpu_check.json
+  PYTHONPATH=$PWD/src:/tmp/site python3 scripts/gpu_check.py --sections step reference conds loader --reference .reference --reference-venv .reference-venv --budget-s 480 --json $OUT/gpu_check.json
 EOF
