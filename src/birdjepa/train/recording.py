@@ -103,18 +103,17 @@ def summaries(
     once, in the first one's cond."""
     items = computed(trace)
     names[:] = [(s, n, tuple(v.shape), np.dtype(v.dtype).name) for s, n, v in items]
-    groups: dict[tuple[str, str], list[tuple[jax.Array, bool]]] = {}
-    seen: set[tuple[int, bool]] = set()
-    for s, n, v in items:
-        whole = matches(f"{s}/{n}", keep)
-        if (id(v), whole) not in seen:
-            seen.add((id(v), whole))
-            groups.setdefault(group(s, n), []).append((v, whole))
+    keys = [(id(v), matches(f"{s}/{n}", keep)) for s, n, v in items]  # one summary per traced value
+    first: dict[tuple[int, bool], tuple[jax.Array, bool]] = {}  # each key's tensor, where it first shows
+    groups: dict[tuple[str, str], list[tuple[int, bool]]] = {}
+    for (s, n, v), key in zip(items, keys, strict=True):
+        if key not in first:
+            first[key] = (v, key[1])
+            groups.setdefault(group(s, n), []).append(key)
     made: dict[tuple[int, bool], dict[str, jax.Array]] = {}
-    for members in groups.values():
-        for (v, whole), r in zip(members, summaries_when(record, members), strict=True):
-            made[id(v), whole] = r
-    return [made[id(v), matches(f"{s}/{n}", keep)] for s, n, v in items]
+    for group_keys in groups.values():
+        made.update(zip(group_keys, summaries_when(record, [first[k] for k in group_keys]), strict=True))
+    return [made[key] for key in keys]
 
 
 def summaries_when(record: jax.Array, members: list[tuple[jax.Array, bool]]) -> list[dict[str, jax.Array]]:
