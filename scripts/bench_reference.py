@@ -29,8 +29,10 @@ bfloat16). What differs, by design of each:
 
 Printed: step time (median of ``--repeats`` after 2 warm-up steps in each process, then the median over
 ``--rounds`` rounds of the three processes, each round starting at the next side), FLOPs (XLA's cost
-analysis of each lowered step), peak memory (a GPU's peak bytes in use; on a CPU the process's peak
-resident memory, which includes each framework's own), compile time, and ours over the reference's:
+analysis of each lowered step), XLA's memory plan of each compiled step (arguments, outputs and
+temporaries, less the outputs that reuse a donated argument's buffer: what the step needs while it
+runs, on any device), peak memory (a GPU's peak bytes in use; on a CPU the process's peak resident
+memory, which includes each framework's own), compile time, and ours over the reference's:
 the median of the rounds' ratios, each taken within its round, and their range.
 """
 
@@ -76,8 +78,8 @@ def ours(preset: str, batch: int, same_work: bool, repeats: int, compile_only: b
     c = measure(cfg, repeats=repeats, warmup=2)
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"step_s": c.step_s, "flops": c.flops, "peak_bytes": int(peak), "compile_s": c.compile_s,
-            "loaded": c.loaded}  # fmt: skip
+    return {"step_s": c.step_s, "flops": c.flops, "peak_bytes": int(peak), "plan_bytes": c.memory_bytes,
+            "compile_s": c.compile_s, "loaded": c.loaded}  # fmt: skip
 
 
 def reference_env(venv: Path) -> Path:
@@ -182,17 +184,20 @@ def measure_preset(
 def table(rows: list[tuple[str, int, dict[str, dict]]]) -> str:
     """``(preset, batch, measure_preset's sides)`` as a Markdown table, each side against the reference:
     the time ratio is the median of the rounds' ratios, their range beside it."""
-    lines = ["| preset | batch | side | ms/step | vs reference | rounds' range | GFLOP/step | peak MiB | "
-             "vs reference | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| preset | batch | side | ms/step | vs reference | rounds' range | GFLOP/step | XLA plan MiB | "
+             "vs reference | peak MiB | vs reference | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for preset, batch, sides in rows:
         theirs = sides["reference"]
         for name in SIDES:
             r = sides[name]
             ratios, memory_ratio = r["ratios"], r["peak_bytes"] / theirs["peak_bytes"]
+            plan_ratio = r["plan_bytes"] / theirs["plan_bytes"]
             spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 and name != "reference" else ""
             cells = [preset, batch, name, f"{1e3 * r['step_s']:.1f}", f"{statistics.median(ratios):.2f}",
-                     spread, f"{r['flops'] / 1e9:.1f}", f"{r['peak_bytes'] / 2**20:.0f}",
-                     f"{memory_ratio:.2f}", f"{r['compile_s']:.0f}"]  # fmt: skip
+                     spread, f"{r['flops'] / 1e9:.1f}", f"{r['plan_bytes'] / 2**20:.0f}",
+                     f"{plan_ratio:.2f}", f"{r['peak_bytes'] / 2**20:.0f}", f"{memory_ratio:.2f}",
+                     f"{r['compile_s']:.0f}"]  # fmt: skip
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 

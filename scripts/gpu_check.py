@@ -374,7 +374,8 @@ def reference(plan: Plan, args: argparse.Namespace) -> None:
         )
         theirs = sides["reference"]
         result = "; ".join(
-            f"{name} {1e3 * r['step_s']:.1f} ms ({r['step_s'] / theirs['step_s']:.2f}x), peak "
+            f"{name} {1e3 * r['step_s']:.1f} ms ({r['step_s'] / theirs['step_s']:.2f}x), XLA plan "
+            f"{r['plan_bytes'] / 2**30:.2f} GiB ({r['plan_bytes'] / theirs['plan_bytes']:.2f}x), peak "
             f"{r['peak_bytes'] / 2**30:.2f} GiB ({r['peak_bytes'] / theirs['peak_bytes']:.2f}x)"
             for name, r in sides.items()
         )

@@ -5,9 +5,10 @@ its other dependencies in a venv of their own), never in birdjepa's: both packag
 ``birdjepa``. It imports nothing of ours. It builds the step as the reference's ``pretrain.worker_fn``
 does (its ``TransformerModel`` encoder, its ``LeJEPA`` objective with projector and SIGReg, its online
 probe, AdamW after global-norm clipping, its ``make_train_step``) with the reference's defaults except
-where the flags say, times it on random views and prints one JSON line. ``--compile-only``: compiles
-the step and exits, for a later process to load from JAX's compilation cache (``JAX_COMPILATION_CACHE_DIR``
-in the environment; its JSON line says whether the step was loaded from it).
+where the flags say, times it on random views and prints one JSON line: its time, FLOPs, XLA's memory
+plan and peak memory. ``--compile-only``: compiles the step and exits, for a later process to load from
+JAX's compilation cache (``JAX_COMPILATION_CACHE_DIR`` in the environment; its JSON line says whether
+the step was loaded from it).
 """
 
 # ruff: noqa: I001  (ruff takes the reference's modules that ours lacks for third-party ones)
@@ -98,9 +99,14 @@ def main() -> None:
         times.append(time.perf_counter() - t1)
         if i == 0:
             compile_s, step_loaded = time.perf_counter() - t0, len(loaded) > hits
+    peak = peak_bytes()  # before the plan's compile below, which runs no step
+    plan = lowered.lowered.compile().memory_analysis()  # the program the calls compiled: from jit's cache
+    # What the step needs while it runs, as birdjepa.perf.step_cost.measure takes ours.
+    plan_bytes = (plan.argument_size_in_bytes + plan.output_size_in_bytes + plan.temp_size_in_bytes
+                  - plan.alias_size_in_bytes)  # fmt: skip
     print(json.dumps({
         "side": "reference", "step_s": statistics.median(times[args.warmup:]), "flops": flops,
-        "peak_bytes": peak_bytes(), "compile_s": compile_s, "loaded": step_loaded,
+        "peak_bytes": peak, "plan_bytes": plan_bytes, "compile_s": compile_s, "loaded": step_loaded,
         "jax": jax.__version__, "equinox": eqx.__version__, "device": jax.devices()[0].device_kind,
     }))  # fmt: skip
 
