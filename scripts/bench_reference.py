@@ -7,9 +7,12 @@ in a scratch environment of its own, ``--venv`` (made on first use with pip: the
 versions this process runs, Equinox and the reference's other imports), through
 ``scripts/reference_step.py``: both projects are called ``birdjepa``, so the two never share a
 process. Each side runs in a process of its own, one after the other, with the same XLA flags
-(birdjepa's deterministic ones) and the same devices, and the C library's default host memory: the
-`birdjepa` command keeps freed memory for reuse (`birdjepa.host_memory`), which would speed the
-reference's CPU step too (its working memory comes from the same XLA runtime), so neither side has it.
+(birdjepa's deterministic ones) and the same devices, and the same host memory: by default the C
+library's; with ``--host-memory reuse`` both keep freed memory for reuse, as the `birdjepa` command
+keeps its own (`birdjepa.host_memory`; glibc's tunables in each side's environment,
+`host_memory.TUNABLES`). On a CPU that decides the comparison at batch 16: XLA takes a step's working
+memory from ``malloc`` anew in every execution, and each fresh page faults (docs/benchmarks.md). An
+accelerator's working memory is the device's, which neither touches.
 
 The same architecture, batch, views and dtype: a ViT of the preset's width, depth and heads on 512 x
 128 log-mel views cut into 16 x 16 patches (256 tokens; ``--model.patch-freq 16`` on our side), 2 views
@@ -48,6 +51,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from birdjepa.host_memory import TUNABLES
 from birdjepa.train.determinism import deterministic_xla
 
 deterministic_xla()  # in the environment both sides inherit
@@ -122,13 +126,15 @@ def processes(
     *,
     cache: Path | None = None,
     compile_only: bool = False,
+    reuse: bool = False,
 ) -> dict[str, tuple[list[str], dict[str, str]]]:
     """The command and environment of each side's process at ``preset`` (`SIDES`). ``cache``: a JAX
     compilation cache for the reference's side (ours keeps its own, `birdjepa.train.compile_cache`);
     ``compile_only``: each compiles its step, into its cache, and exits (`scripts/gpu_check.py
-    --prebuild`)."""
+    --prebuild`); ``reuse``: both keep freed host memory for reuse (`birdjepa.host_memory.TUNABLES`)."""
     dim, depth, heads = SIZES[preset]
-    ref_env = {**os.environ, "PYTHONPATH": str(reference.resolve() / "src")}
+    env = {**os.environ, "GLIBC_TUNABLES": TUNABLES} if reuse else dict(os.environ)
+    ref_env = {**env, "PYTHONPATH": str(reference.resolve() / "src")}
     if cache is not None:  # JAX's own settings, which the reference's JAX reads at import
         ref_env |= {"JAX_COMPILATION_CACHE_DIR": str(cache),
                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # fmt: skip
@@ -138,8 +144,8 @@ def processes(
               *only]  # fmt: skip
     mine = [sys.executable, __file__, "--repeats", str(repeats), *only, "--ours", preset, str(batch)]
     return {
-        "ours": ([*mine, "0"], dict(os.environ)),
-        "ours, same work": ([*mine, "1"], dict(os.environ)),
+        "ours": ([*mine, "0"], env),
+        "ours, same work": ([*mine, "1"], env),
         "reference": (theirs, ref_env),
     }
 
@@ -152,6 +158,7 @@ def measure_preset(
     repeats: int,
     cache: Path | None = None,
     rounds: int = 1,
+    reuse: bool = False,
 ) -> dict[str, dict]:
     """Each side's step at ``preset``, each in a process of its own, one after the other, over ``rounds``
     rounds, each round starting at the next side. A CPU's speed can drift between processes minutes
@@ -163,7 +170,7 @@ def measure_preset(
     with tempfile.TemporaryDirectory() as own:
         if cache is None and rounds > 1:
             cache = Path(own)
-        jobs = processes(preset, batch, reference, python, repeats, cache=cache)
+        jobs = processes(preset, batch, reference, python, repeats, cache=cache, reuse=reuse)
         names = list(jobs)
         runs: list[dict[str, dict]] = []
         for r in range(rounds):
@@ -211,6 +218,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed steps of each side's process")
     ap.add_argument("--rounds", type=int, default=3,
                     help="processes of each side, alternating (measure_preset)")  # fmt: skip
+    ap.add_argument("--host-memory", choices=("system", "reuse"), default="system",
+                    help="both sides' host memory: the C library's, or kept for reuse (the doc)")  # fmt: skip
     ap.add_argument("--ours", nargs=3, metavar=("PRESET", "BATCH", "SAME_WORK"), help=argparse.SUPPRESS)
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -226,14 +235,17 @@ def main() -> None:
     rows = []
     for preset in args.presets:
         batch = args.batch or default_batch(preset)
-        sides = measure_preset(preset, batch, args.reference, python, args.repeats, rounds=args.rounds)
+        sides = measure_preset(
+            preset, batch, args.reference, python, args.repeats, rounds=args.rounds,
+            reuse=args.host_memory == "reuse",
+        )  # fmt: skip
         rows.append((preset, batch, sides))
         print(f"measured {preset}", file=sys.stderr, flush=True)
     equinox = rows[0][2]["reference"]["equinox"]
     device = f"{jax.devices()[0].device_kind}, jax {jax.__version__}, equinox {equinox}"
     print(
         f"\n## Our LeJEPA step beside the reference's ({device}, float32, 2 views, 256 patches, "
-        f"{args.rounds} rounds)\n"
+        f"{args.rounds} rounds, host memory {args.host_memory})\n"
     )
     print(table(rows))
 

@@ -16,14 +16,17 @@ from birdjepa.host_memory import ENV
 
 # The command's entry point applies it, then prints its help; then a thread takes, touches and frees
 # 256 MiB three times and prints the minor faults of the third time.
-SCRIPT = """
-import ctypes, resource, sys, threading
+COMMAND = """
+import sys
 from birdjepa.cli import main
 sys.argv = ["birdjepa", "--help"]
 try:
     main()
 except SystemExit:
     pass
+"""
+SCRIPT = """
+import ctypes, resource, threading
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 size, faults = 256 << 20, []
@@ -41,8 +44,9 @@ print("FAULTS", faults[-1])
 """
 
 
-def third_time_faults(env: dict[str, str]) -> int:
-    cmd = [sys.executable, "-c", SCRIPT]
+def third_time_faults(env: dict[str, str], command: bool = True) -> int:
+    """The faults of the third time, in a process that runs the command first (``command``) or not."""
+    cmd = [sys.executable, "-c", (COMMAND if command else "") + SCRIPT]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stdout.split("FAULTS")[-1])
@@ -70,3 +74,11 @@ def test_an_accelerator_plugin_means_the_step_is_not_on_the_cpu(monkeypatch: pyt
     assert not host_memory.steps_on_cpu()
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # asked for: the CPU, plugin or not
     assert host_memory.steps_on_cpu()
+
+
+@pytest.mark.skipif(NOT_GLIBC, reason="glibc's tunables: Linux only")
+def test_the_tunables_keep_a_process_that_is_not_ours_from_faulting_again() -> None:
+    """`host_memory.TUNABLES`: what `scripts/bench_reference.py --host-memory reuse` gives both sides."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    assert third_time_faults(env, command=False) > 60_000
+    assert third_time_faults({**env, "GLIBC_TUNABLES": host_memory.TUNABLES}, command=False) < 100

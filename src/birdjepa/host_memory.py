@@ -32,6 +32,11 @@ import platform
 #: ``mallopt``'s parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 
+#: The same three settings as glibc tunables (``GLIBC_TUNABLES``, read when a process starts), for the
+#: process of a program that does not call `keep_for_reuse` (`scripts/bench_reference.py --host-memory
+#: reuse`, where both sides' steps run so). The threshold is the largest size: never trimmed.
+TUNABLES = f"glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={2**64 - 1}"
+
 #: Set to "system" to keep the C library's defaults (a process that must give memory back).
 ENV = "BIRDJEPA_HOST_MEMORY"
 
