@@ -7,8 +7,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.perf.profile import (
     NOT_ATTRIBUTED,
+    SOLVER_PART,
     attribute,
     instructions,
     kernel_names,
@@ -71,15 +73,16 @@ def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
     def f(x: jax.Array, w: jax.Array) -> jax.Array:
         h = jnp.tanh(x @ w)  # a matrix product outside any named part
         with jax.named_scope("sigreg"):
-            return jnp.cos(h @ w.T).sum()
+            s = jnp.cos(h @ w.T).sum()
+        return s + effective_rank(h)  # the step's SVD: a library call
 
-    x, w = jnp.ones((256, 128)), jnp.ones((128, 128))
+    x, w = jax.random.normal(jax.random.key(0), (256, 128)), jnp.ones((128, 128))
     compiled = jax.jit(f).lower(x, w).compile()
     text = compiled.as_text()
     parts = {part_of(i) for i in instructions(text).values()}
-    assert {"SIGReg", "matrix products"} <= parts
+    assert {"SIGReg", "matrix products", SOLVER_PART} <= parts
     seconds, wall = time_by_part(text, lambda: [jax.block_until_ready(compiled(x, w)) for _ in range(3)], 3)
-    assert seconds["SIGReg"] > 0 and seconds["matrix products"] > 0 and wall > 0
+    assert seconds["SIGReg"] > 0 and seconds["matrix products"] > 0 and seconds[SOLVER_PART] > 0 and wall > 0
 
 
 def test_a_gpu_kernel_in_a_command_buffer_is_found_by_its_kernel_s_name() -> None:
@@ -98,7 +101,8 @@ def test_a_gpu_kernel_in_a_command_buffer_is_found_by_its_kernel_s_name() -> Non
     gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1"
     assert attribute(table, kernels, "command_buffer_1", gemm) == "matrix products"
     svd = "void svd_column_rotate_batch<float, 5, 3>(long, int const*, int, float*, int)"
-    assert attribute(table, kernels, "command_buffer_1", svd) == NOT_ATTRIBUTED
+    assert attribute(table, kernels, "command_buffer_1", svd) == SOLVER_PART
+    assert attribute(table, kernels, "command_buffer_1", "void some_other_kernel<float>()") == NOT_ATTRIBUTED
 
 
 def test_the_guard_s_select_goes_to_the_update_it_roots_and_xla_s_copies_to_a_part_of_their_own() -> None:

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 def effective_rank(z: jax.Array) -> jax.Array:
     """Effective rank of ``z`` ``[..., D]`` (leading axes flattened into the batch); 0 for a batch
     whose embeddings are all equal."""
-    z = jax.lax.stop_gradient(z).reshape(-1, z.shape[-1]).astype(jnp.float32)
-    s = jnp.linalg.svd(z - z.mean(axis=0), compute_uv=False)
-    total = s.sum()
-    p = s / jnp.maximum(total, 1e-30)
-    entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
-    return jnp.where(total > 0, jnp.exp(entropy), 0.0)
+    with jax.named_scope("collapse"):  # a name in XLA's metadata only: the step's profile's part
+        z = jax.lax.stop_gradient(z).reshape(-1, z.shape[-1]).astype(jnp.float32)
+        s = jnp.linalg.svd(z - z.mean(axis=0), compute_uv=False)
+        total = s.sum()
+        p = s / jnp.maximum(total, 1e-30)
+        entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+        return jnp.where(total > 0, jnp.exp(entropy), 0.0)

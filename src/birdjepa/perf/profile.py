@@ -4,18 +4,18 @@ JAX's profiler records every operation XLA executed (a CPU thunk, a GPU kernel) 
 HLO instruction. The compiled module's text gives each instruction's metadata, the JAX name stack of
 the code that made it (``jit(run)/jvp(BirdJepa)/encoder/block_0/attn/...``; the step names its parts
 with ``jax.named_scope``: ``optimizer``, ``guard``, ``metrics``, ``monitor``, ``record``, ``augment``,
-``sigreg``),
-and whether it is or holds a matrix product. Each operation's own time (less what it contains, a
-cond's branches) goes to the first part that claims it, in `PARTS` order. XLA names a fusion after its
-root alone; a part of the step around the model (`AROUND_THE_MODEL`) also claims a fusion without a
-matrix product that holds any operation of its own: the guard's select, fused into the optimizer's
-pass over the state as its root, would otherwise take the whole AdamW update. A copy that no code of
-the step made is XLA's own (`ADDED_COPY`), a part of its own.
+``sigreg``, ``collapse``), and whether it is or holds a matrix product. Each operation's own time
+(less what it contains, a cond's branches) goes to the first part that claims it, in `PARTS` order.
+XLA names a fusion after its root alone; a part of the step around the model (`AROUND_THE_MODEL`)
+also claims a fusion without a matrix product that holds any operation of its own: the guard's
+select, fused into the optimizer's pass over the state as its root, would otherwise take the whole
+AdamW update. A copy that no code of the step made is XLA's own (`ADDED_COPY`), a part of its own.
 
 On a GPU, XLA runs most kernels inside command buffers (CUDA graphs), and the profile names the buffer
 as their instruction (``command_buffer_12``); the kernel's own name then finds it: XLA names the kernel
 of a fusion after it, dots made underscores (``input_reduce_fusion_1175``). A library's kernel (cuBLAS,
-cuSOLVER) has the library's name: a matrix product's goes to the matrix products (`LIBRARY_MATMUL`), any
+cuSOLVER) has the library's name: a matrix product's goes to the matrix products (`LIBRARY_MATMUL`), a
+solver's to the collapse diagnostic (`LIBRARY_SOLVER`: the step's only solver calls are its SVDs), any
 other to `NOT_ATTRIBUTED`, with whatever else no instruction names (measured on an H200, 2026-11-30:
 before the kernels' names were read, three quarters of the small step's kernels went unnamed, all
 counted as norms and elementwise).
@@ -45,6 +45,7 @@ PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
     ("augmentation", lambda name, mm: "augment" in name),
     ("input floor (a quantile: a sort)", lambda name, mm: "quantile" in name),
     ("attention", lambda name, mm: "/attn/" in name and not re.search(r"/attn/(qkv|proj)\b", name)),
+    ("collapse diagnostic (SVD)", lambda name, mm: re.search(r"(^|/)collapse/", name) is not None),
     ("matrix products", lambda name, mm: mm),
     ("copies XLA adds", lambda name, mm: name == XLA_COPY),
     ("norms and elementwise", lambda name, mm: True),
@@ -56,6 +57,11 @@ NOT_ATTRIBUTED = "not attributed (a library's kernel, or unnamed)"
 PART_NAMES = (*(part for part, _ in PARTS), NOT_ATTRIBUTED)
 #: A library's matrix-product kernel on a GPU (cuBLAS, cuBLASLt, CUTLASS).
 LIBRARY_MATMUL = re.compile(r"gemm|xmma|nvjet|cutlass|cublas", re.IGNORECASE)
+#: A solver library's kernel on a GPU (cuSOLVER: the H200 ran ``svd_column_rotate_batch`` and
+#: tridiagonal reductions): in the step, only the collapse diagnostic's SVDs call one.
+LIBRARY_SOLVER = re.compile(r"svd|syev|sytrd|jacobi|cusolver|tridiag", re.IGNORECASE)
+#: The part a solver library's kernel goes to.
+SOLVER_PART = "collapse diagnostic (SVD)"
 #: The parts that claim a fusion holding any operation of theirs (see the module doc); the model's parts
 #: (attention, matrix products, the rest) go by a fusion's root.
 AROUND_THE_MODEL = frozenset(part for part, _ in PARTS[: [p for p, _ in PARTS].index("attention")])
@@ -138,7 +144,9 @@ def attribute(table: dict[str, Instruction], kernels: dict[str, Instruction], op
     instruction = table.get(op) or kernels.get(kernel)
     if instruction is not None:
         return part_of(instruction)
-    return "matrix products" if LIBRARY_MATMUL.search(kernel) else NOT_ATTRIBUTED
+    if LIBRARY_MATMUL.search(kernel):
+        return "matrix products"
+    return SOLVER_PART if LIBRARY_SOLVER.search(kernel) else NOT_ATTRIBUTED
 
 
 def part_of(instruction: Instruction) -> str:
