@@ -36,6 +36,8 @@ import jax
 
 #: The name stack given to a copy that no code of the step made (see `ADDED_COPY`).
 XLA_COPY = "(a copy XLA adds)"
+#: The collapse diagnostic's part (`birdjepa.diagnostics.collapse`), where a solver library's kernel goes.
+SOLVER_PART = "collapse diagnostic (SVD)"
 #: (part, test on (name stack, holds a matrix product)), the first that matches claims an operation.
 PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
     ("SIGReg", lambda name, mm: "sigreg" in name),
@@ -45,7 +47,7 @@ PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
     ("augmentation", lambda name, mm: "augment" in name),
     ("input floor (a quantile: a sort)", lambda name, mm: "quantile" in name),
     ("attention", lambda name, mm: "/attn/" in name and not re.search(r"/attn/(qkv|proj)\b", name)),
-    ("collapse diagnostic (SVD)", lambda name, mm: re.search(r"(^|/)collapse/", name) is not None),
+    (SOLVER_PART, lambda name, mm: re.search(r"(^|/)collapse/", name) is not None),
     ("matrix products", lambda name, mm: mm),
     ("copies XLA adds", lambda name, mm: name == XLA_COPY),
     ("norms and elementwise", lambda name, mm: True),
@@ -60,8 +62,6 @@ LIBRARY_MATMUL = re.compile(r"gemm|xmma|nvjet|cutlass|cublas", re.IGNORECASE)
 #: A solver library's kernel on a GPU (cuSOLVER: the H200 ran ``svd_column_rotate_batch`` and
 #: tridiagonal reductions): in the step, only the collapse diagnostic's SVDs call one.
 LIBRARY_SOLVER = re.compile(r"svd|syev|sytrd|jacobi|cusolver|tridiag", re.IGNORECASE)
-#: The part a solver library's kernel goes to.
-SOLVER_PART = "collapse diagnostic (SVD)"
 #: The parts that claim a fusion holding any operation of theirs (see the module doc); the model's parts
 #: (attention, matrix products, the rest) go by a fusion's root.
 AROUND_THE_MODEL = frozenset(part for part, _ in PARTS[: [p for p, _ in PARTS].index("attention")])
