@@ -32,10 +32,19 @@ import platform
 #: ``mallopt``'s parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 
-#: The same three settings as glibc tunables (``GLIBC_TUNABLES``, read when a process starts), for the
+#: What `keep_for_reuse` sets: (``mallopt``'s parameter, its glibc tunable, the value). One arena, no
+#: ``mmap`` for large blocks, and a trim threshold of the largest size: the heap's top is never given
+#: back (``mallopt`` reads -1 as the largest size; a tunable takes it as a number).
+SETTINGS = (
+    (M_ARENA_MAX, "arena_max", 1),
+    (M_MMAP_MAX, "mmap_max", 0),
+    (M_TRIM_THRESHOLD, "trim_threshold", -1),
+)
+
+#: The same settings as glibc tunables (``GLIBC_TUNABLES``, read when a process starts), for the
 #: process of a program that does not call `keep_for_reuse` (`scripts/bench_reference.py --host-memory
-#: reuse`, where both sides' steps run so). The threshold is the largest size: never trimmed.
-TUNABLES = f"glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={2**64 - 1}"
+#: reuse`, where both sides' steps run so).
+TUNABLES = ":".join(f"glibc.malloc.{name}={value % 2**64}" for _, name, value in SETTINGS)
 
 #: Set to "system" to keep the C library's defaults (a process that must give memory back).
 ENV = "BIRDJEPA_HOST_MEMORY"
@@ -60,6 +69,4 @@ def keep_for_reuse() -> bool:
     if os.environ.get(ENV, "reuse") == "system" or platform.libc_ver()[0] != "glibc" or not steps_on_cpu():
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    # A threshold of -1 is read as the largest size: the heap's top is never given back.
-    settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
-    return all(libc.mallopt(p, v) == 1 for p, v in settings)
+    return all(libc.mallopt(p, v) == 1 for p, _, v in SETTINGS)
