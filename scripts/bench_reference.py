@@ -22,7 +22,8 @@ bfloat16). What differs, by design of each:
 
 * the reference adds a CLS token (257 tokens) and pools it; ours mean-pools the patch tokens;
 * the reference recomputes each block's activations in the backward pass (``grad_ckpt``, its
-  default) and scans over blocks; ours keeps them and unrolls;
+  default) and scans over blocks; ours keeps them and unrolls by default. The row "ours, blocks
+  recomputed" is ours with ``--model.remat``: the blocks in a scan, each recomputed, as the reference's;
 * ours augments the views inside the step (pitch shift and time stretch, its defaults) and takes each
   mel bin's noise floor (``input_norm floor``: a quantile, a sort); the reference augments on the host,
   in its data pipeline. The row "ours, same work" turns both off (``--augment.pitch-bins 0
@@ -63,9 +64,9 @@ REFERENCE_NEEDS = ("equinox", "jaxtyping", "beartype", "chex", "orbax-checkpoint
 SAME_WORK = {"augment.pitch_bins": 0.0, "augment.stretch": 0.0, "model.input_norm": "none"}
 
 
-def ours(preset: str, batch: int, same_work: bool, repeats: int, compile_only: bool = False) -> dict:
-    """This process's side: our step at the reference's architecture (``compile_only``: compiled, into
-    birdjepa's compilation cache, and not run)."""
+def ours(preset: str, batch: int, side: str, repeats: int, compile_only: bool = False) -> dict:
+    """This process's side (`SIDES`, one of ours): our step at the reference's architecture
+    (``compile_only``: compiled, into birdjepa's compilation cache, and not run)."""
     import jax
 
     from birdjepa.perf.step_cost import bench_config, compile_step, measure
@@ -76,7 +77,9 @@ def ours(preset: str, batch: int, same_work: bool, repeats: int, compile_only: b
         "model.proj_hidden": 2048,
         "model.proj_layers": 2,
     }
-    cfg = bench_config(preset, "float32", batch, **options, **(SAME_WORK if same_work else {}))
+    options |= SAME_WORK if side == "ours, same work" else {}
+    options |= {"model.remat": True} if side == "ours, blocks recomputed" else {}
+    cfg = bench_config(preset, "float32", batch, **options)
     if compile_only:
         return {"compile_s": compile_step(cfg)}
     c = measure(cfg, repeats=repeats, warmup=2)
@@ -114,7 +117,7 @@ def default_batch(preset: str) -> int:
     return CPU_BATCH[preset] if jax.devices()[0].platform == "cpu" else 16
 
 
-SIDES = ("ours", "ours, same work", "reference")
+SIDES = ("ours", "ours, same work", "ours, blocks recomputed", "reference")
 
 
 def processes(
@@ -143,11 +146,8 @@ def processes(
               str(depth), "--heads", str(heads), "--batch", str(batch), "--repeats", str(repeats),
               *only]  # fmt: skip
     mine = [sys.executable, __file__, "--repeats", str(repeats), *only, "--ours", preset, str(batch)]
-    return {
-        "ours": ([*mine, "0"], env),
-        "ours, same work": ([*mine, "1"], env),
-        "reference": (theirs, ref_env),
-    }
+    jobs = {name: ([*mine, str(i)], env) for i, name in enumerate(SIDES[:-1])}
+    return jobs | {"reference": (theirs, ref_env)}
 
 
 def measure_preset(
@@ -220,12 +220,12 @@ def main() -> None:
                     help="processes of each side, alternating (measure_preset)")  # fmt: skip
     ap.add_argument("--host-memory", choices=("system", "reuse"), default="system",
                     help="both sides' host memory: the C library's, or kept for reuse (the doc)")  # fmt: skip
-    ap.add_argument("--ours", nargs=3, metavar=("PRESET", "BATCH", "SAME_WORK"), help=argparse.SUPPRESS)
+    ap.add_argument("--ours", nargs=3, metavar=("PRESET", "BATCH", "SIDE"), help=argparse.SUPPRESS)
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ours:  # one side, in a process of its own (peak memory is per process)
-        preset, batch, same = args.ours
-        print(json.dumps(ours(preset, int(batch), same == "1", args.repeats, args.compile_only)))
+        preset, batch, side = args.ours
+        print(json.dumps(ours(preset, int(batch), SIDES[int(side)], args.repeats, args.compile_only)))
         return
     if args.reference is None:
         ap.error("--reference PATH: a checkout of https://github.com/samuelstevens/birdjepa")

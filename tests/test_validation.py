@@ -47,6 +47,10 @@ INVALID = [
         ["--debug.inject-fault", "lr"],
         "--debug.inject-fault 'lr': must be one of drop_loader_state, reset_prng,",
     ),
+    (
+        ["--debug.plant", "block_residual_scale", "--model.remat"],
+        "--debug.plant 'block_residual_scale': plants change calls inside the blocks, which --model.remat",
+    ),
     (["--model.heads", "3"], "--model.heads 3: must divide --model.dim (64)"),
     (["--model.patch", "7"], "--model.patch 7: must divide --model.n-frames (512)"),
     (["--model.dropout", "1"], "--model.dropout 1.0: must be in [0, 1)"),

@@ -110,6 +110,9 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
         if name is not None and name not in seams.names(kind):
             known = ", ".join(seams.names(kind)) or "none registered (import birdjepa.verify)"
             raise OptionError(option, name, f"must be one of {known}")
+    if cfg.debug.plant is not None and cfg.model.remat:
+        raise OptionError("debug.plant", cfg.debug.plant, "plants change calls inside the blocks, which "
+                          "--model.remat runs in a scan: plant in a run with --model.no-remat")  # fmt: skip
     low, high = cfg.augment.mix_db
     if low > high:
         raise OptionError("augment.mix_db", cfg.augment.mix_db, "must be (low, high) with low <= high")

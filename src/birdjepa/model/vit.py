@@ -52,7 +52,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -111,13 +111,14 @@ def compute_dtype(cfg: ModelConfig) -> Any:
 
 
 class DropPath(nn.Module):
-    """Stochastic depth: zero a residual branch per sample with probability ``rate``, scale by 1/(1-rate)."""
+    """Stochastic depth: zero a residual branch per sample with probability ``rate``, scale by 1/(1-rate)
+    (an array in scanned blocks: each block's own rate)."""
 
-    rate: float
+    rate: float | Array
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
-        if deterministic or self.rate == 0.0:
+        if deterministic or (not isinstance(self.rate, jax.Array) and self.rate == 0.0):
             return x
         keep = 1.0 - self.rate
         mask = jax.random.bernoulli(self.make_rng("dropout"), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
@@ -213,7 +214,7 @@ class Block(nn.Module):
     """Pre-LN transformer block."""
 
     cfg: ModelConfig
-    drop_path: float
+    drop_path: float | Array
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool, angles: Array | None = None) -> Array:
@@ -233,6 +234,37 @@ class Block(nn.Module):
         if cfg.layer_scale:
             h = LayerScale(cfg.layer_scale, name="scale2")(h)
         return x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
+
+
+class RecomputedBlocks(nn.Module):
+    """``remat``: the encoder's blocks in one ``lax.scan``, each recomputed in the backward pass
+    (``jax.checkpoint``), from ``blocks``, the parameters of ``block_0 ... block_{depth-1}`` as the
+    encoder holds them (stacked here, for the step: the checkpoint's layout is the unrolled one). Each
+    block draws its dropout from a key of its own, split from this module's."""
+
+    cfg: ModelConfig
+    deterministic: bool
+    blocks: tuple[Any, ...]
+    #: `birdjepa.train.calls` records this module's input and output, not the calls inside it: those
+    #: would be kept for every block, which is what the scan is there to avoid.
+    record_inside: ClassVar[bool] = False
+
+    @nn.compact
+    def __call__(self, x: Array, angles: Array | None) -> Array:
+        cfg, depth = self.cfg, len(self.blocks)
+        rates = jnp.asarray([cfg.drop_path * i / max(depth - 1, 1) for i in range(depth)], jnp.float32)
+        stochastic = not self.deterministic and (cfg.dropout or cfg.drop_path)
+        keys = jax.random.split(self.make_rng("dropout"), depth) if stochastic else jnp.zeros(depth)
+
+        @jax.checkpoint
+        def block(x: Array, params: Any, rate: Array, key: Array) -> Array:
+            rngs = {"dropout": key} if stochastic else {}
+            module = Block(cfg, rate if cfg.drop_path else 0.0)
+            return module.apply({"params": params}, x, self.deterministic, angles, rngs=rngs)
+
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *self.blocks)
+        x, _ = jax.lax.scan(lambda x, xs: (block(x, *xs), None), x, (stacked, rates, keys))
+        return x
 
 
 class Encoder(nn.Module):
@@ -281,9 +313,13 @@ class Encoder(nn.Module):
                 [tokens, jnp.broadcast_to(registers.astype(tokens.dtype), (len(tokens), *registers.shape))], 1
             )
         angles = token_angles(cfg, index, cfg.registers) if cfg.rope else None
-        for i in range(cfg.depth):
-            rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
-            tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic, angles)
+        if cfg.remat and not self.is_initializing():  # initialised unrolled: the same parameters
+            blocks = tuple(self.variables["params"][f"block_{i}"] for i in range(cfg.depth))
+            tokens = RecomputedBlocks(cfg, deterministic, blocks, name="blocks")(tokens, angles)
+        else:
+            for i in range(cfg.depth):
+                rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
+                tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic, angles)
         tokens = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)[:, :n]  # registers leave
         return tokens.mean(axis=1), tokens
 

@@ -156,8 +156,12 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
 
 def training_flops(fns: Compiled, args: tuple) -> float:
     """The FLOPs of the step's training arithmetic at ``args`` (`common_call`'s): its program without the
-    record, lowered (see the module doc)."""
-    return cost_flops(unrecorded(fns).lower(*args[:-1]))  # no record argument
+    record, lowered (see the module doc), with the blocks unrolled: XLA counts a loop's body once, so
+    a ``--model.remat`` step's count would hold one block; and a recomputed forward pass is not the
+    model's arithmetic, which MFU counts."""
+    model = dataclasses.replace(fns.spec.model, remat=False)
+    unrolled = dataclasses.replace(fns, spec=dataclasses.replace(fns.spec, model=model))
+    return cost_flops(unrecorded(unrolled).lower(*args[:-1]))  # no record argument
 
 
 def cost_flops(lowered: Any) -> float:

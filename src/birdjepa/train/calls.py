@@ -62,17 +62,25 @@ def recorded(apply: Callable[[], Any]) -> tuple[Any, list[tuple[str, jax.Array]]
     """``apply()`` (a model's ``apply``), and every module call it made, in order (see the module doc)."""
     entries: list[tuple[str, jax.Array]] = []
     counts: Counter[str] = Counter()
+    inside: list[bool] = [False]  # in a call recorded as a whole
 
     def interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
         method = context.method_name
-        if method == "setup" or method.startswith("_") and method != "__call__":
+        if method == "setup" or method.startswith("_") and method != "__call__" or inside[0]:
             return next_fun(*args, **kwargs)
         site = f"{module_path(context.module)}.{method}"
         CALL_SITES.setdefault(site, _site(context.module, method))
         name = f"{site}#{counts[site]}"
         counts[site] += 1
         entries.extend(_arrays(list(args), f"{name}/in"))
-        out = next_fun(*args, **kwargs)
+        # A module with ``record_inside`` False (`birdjepa.model.vit.RecomputedBlocks`) is recorded
+        # as a whole: what it computes inside is traced in a transformation (a scan), whose values
+        # may not leave it.
+        inside[0] = not getattr(context.module, "record_inside", True)
+        try:
+            out = next_fun(*args, **kwargs)
+        finally:
+            inside[0] = False
         entries.extend(_arrays(out, f"{name}/out"))
         return out
 
