@@ -30,7 +30,11 @@ flax RNG stream ``"dropout"`` (``apply(..., rngs={"dropout": key})``). With ``de
 needed and a passed key is ignored. Drop-path rates grow linearly over depth, from 0 at block 0 to
 ``drop_path`` at the last block (the DeiT/BEiT rule).
 
-Parameter names (stable; the monitor reports stats by these '/'-joined paths)::
+Recomputed blocks (``remat``): the encoder's blocks run in one ``lax.scan``, each recomputed in the
+backward pass (`RecomputedBlocks`), from the same per-block parameters: a step keeps each block's
+input, not its activations. The same function to float32's last bits, not the same bits.
+
+Parameter names (stable, with ``remat`` too; the monitor reports stats by these '/'-joined paths)::
 
     encoder/patch_embed/{kernel,bias}        encoder/pos_embed
     encoder/block_{i}/norm1/{scale,bias}     encoder/block_{i}/attn/qkv/{kernel,bias}
