@@ -36,9 +36,10 @@ Printed: step time (median of ``--repeats`` after 2 warm-up steps in each proces
 analysis of each lowered step; ours with the blocks unrolled, `step_cost.training_flops`: it counts
 a loop's body once, so the reference's figure, whose blocks are a scan, holds one block's), XLA's
 memory plan of each compiled step (arguments, outputs and temporaries, less the outputs that reuse a
-donated argument's buffer: what the step needs while it runs, on any device), peak memory (a GPU's peak bytes in use; on a CPU the process's peak resident
-memory, which includes each framework's own), compile time, and ours over the reference's:
-the median of the rounds' ratios, each taken within its round, and their range.
+donated argument's buffer: what the step needs while it runs, on any device), peak memory (a GPU's
+peak bytes in use; on a CPU the process's peak resident memory, which includes each framework's
+own), compile time, and ours over the reference's: the median of the rounds' ratios, each taken
+within its round, and their range.
 """
 
 from __future__ import annotations
