@@ -240,6 +240,11 @@ class Block(nn.Module):
         return x + drop(nn.Dropout(cfg.dropout)(h, deterministic=deterministic), deterministic)
 
 
+def drop_path_rates(cfg: ModelConfig) -> list[float]:
+    """Each encoder block's drop-path rate: linear from 0 at block 0 to ``drop_path`` at the last."""
+    return [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+
+
 class RecomputedBlocks(nn.Module):
     """``remat``: the encoder's blocks in one ``lax.scan``, each recomputed in the backward pass
     (``jax.checkpoint``), from ``blocks``, the parameters of ``block_0 ... block_{depth-1}`` as the
@@ -256,7 +261,7 @@ class RecomputedBlocks(nn.Module):
     @nn.compact
     def __call__(self, x: Array, angles: Array | None) -> Array:
         cfg, depth = self.cfg, len(self.blocks)
-        rates = jnp.asarray([cfg.drop_path * i / max(depth - 1, 1) for i in range(depth)], jnp.float32)
+        rates = jnp.asarray(drop_path_rates(cfg), jnp.float32)
         stochastic = not self.deterministic and (cfg.dropout or cfg.drop_path)
         keys = jax.random.split(self.make_rng("dropout"), depth) if stochastic else jnp.zeros(depth)
 
@@ -321,8 +326,7 @@ class Encoder(nn.Module):
             blocks = tuple(self.variables["params"][f"block_{i}"] for i in range(cfg.depth))
             tokens = RecomputedBlocks(cfg, deterministic, blocks, name="blocks")(tokens, angles)
         else:
-            for i in range(cfg.depth):
-                rate = cfg.drop_path * i / max(cfg.depth - 1, 1)
+            for i, rate in enumerate(drop_path_rates(cfg)):
                 tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic, angles)
         tokens = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)[:, :n]  # registers leave
         return tokens.mean(axis=1), tokens
