@@ -98,7 +98,8 @@ def test_remat_scans_the_same_parameters_and_keeps_a_block_s_activations_not_eve
     assert calls[1]["encoder/blocks.__call__#0/out"].shape == calls[0]["encoder/block_3.__call__#0/out"].shape
 
 
-@pytest.mark.slow  # two runs of the larger step; CI runs it beside the suite
+@pytest.mark.slow  # two runs of the larger step, compiling at the default level, as users run
+@pytest.mark.default_level
 def test_a_run_with_every_encoder_option_on_resumes_exactly(demo_dir: Path, tmp_path: Path) -> None:
     args = (*ALL_ON, "--model.remat", "--model.drop-path", "0.1", *NO_EVAL, "--optim.grad-accum", "2")
     assert resumed_differs(demo_dir, tmp_path, *args) == []
