@@ -67,8 +67,8 @@ def test_the_record_holds_one_cond_per_stage_and_block(tiny_step: tuple) -> None
 
 def test_the_step_writes_its_donated_state_in_place_without_copying_it_first(tiny_step: tuple) -> None:
     # With XLA's default copy insertion the CPU compiler copied every parameter and both its AdamW
-    # moments before the update wrote them (125 copies at tiny, 485 at small: a tenth of the small
-    # step). The flag the harness sets (`determinism.IN_PLACE`) leaves none.
+    # moments before the update wrote them (125 copies at tiny, 485 at small). With the flag the harness
+    # sets (`determinism.IN_PLACE`) it copies none of the state it is given.
     fns, args = tiny_step
     text = fns.train_step.jitted.lower(*args).compile().as_text()
     assert re.search(r"%args_0\S* = f32\[", text) and re.findall(r"[\]}] copy\(%args", text) == []

@@ -22,11 +22,13 @@ otherwise, so the last bits can differ between machines: `machine_kind` names wh
 and checkpoints record it.
 
 One flag here saves time and memory, not bits: `IN_PLACE`. The step is given its parameters and both
-AdamW moments to update in place (donated). With XLA's default copy insertion the CPU compiler copied
-all three before writing them (485 copies at the small preset, 10 % of its step): its analysis could not
-show that every read of the old state comes before the write, around the step's conds (the monitor's,
-the record's). Its region-based analysis shows it: no copy, the same bits, 0.90x the step's time and
-9 % less of XLA's memory at small and base on a CPU (docs/benchmarks.md, "Where the step's time goes").
+AdamW moments to update in place (donated), and reads the old ones around the writes (the update's
+direction, the metrics' update norm, the monitor's cond). XLA's default copy insertion on a CPU could not
+order those reads before the writes and copied all three first (485 copies at the small preset). Its
+region-based analysis can: the moments are updated in place, and only the new parameters pass through a
+buffer of their own, copied into place after the last read of the old ones. The same bits, 0.90-0.97x
+the step's time and 9 % less of XLA's memory at small and base on a CPU (docs/benchmarks.md, "The state
+updated in place").
 """
 
 from __future__ import annotations
