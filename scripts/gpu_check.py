@@ -21,7 +21,10 @@ whether each step was loaded. Then, in order:
    traced step's outputs must equal what the run logged and saved.
 3. **step**: the small and base steps in bfloat16 at batch 128: time, FLOPs (XLA's cost analysis),
    FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`),
-   and the five largest parts of the step's operation time, from a profile (`birdjepa.perf.profile`).
+   and the five largest parts of the step's operation time, from a profile (`birdjepa.perf.profile`);
+   after a prebuild, **in place**: the first step's XLA memory plan and the copies XLA adds of its
+   donated state, as the harness compiles it and with XLA's other copy insertion (on a GPU the
+   region-based one, which the harness sets on a CPU only: `birdjepa.train.determinism.IN_PLACE`).
 4. **reference** (only when asked, with ``--reference DIR``, a checkout of samuelstevens/birdjepa, and
    ``--reference-venv``, its environment): our LeJEPA step beside the reference implementation's at the
    step section's presets in float32, as ``scripts/bench_reference.py`` measures them.
@@ -71,7 +74,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from birdjepa.host_memory import keep_for_reuse  # noqa: E402
 from birdjepa.synthetic.demo import ensure_demo_data  # noqa: E402
-from birdjepa.train.determinism import deterministic_xla  # noqa: E402
+from birdjepa.train.determinism import IN_PLACE, deterministic_xla  # noqa: E402
 
 HOST_MEMORY_KEPT = keep_for_reuse()  # as the `birdjepa` command does (birdjepa.host_memory: CPU steps only)
 deterministic_xla()
@@ -86,8 +89,13 @@ from bench_reference import default_batch, measure_preset, processes, reference_
 ROWS: list[tuple[str, str, str, str]] = []
 """(section, setting, result, verdict: ok / FAIL / ERROR / skipped / measured)."""
 
-PREBUILT: dict[str, float] = {}
-"""Seconds each program took to compile in the prebuild section, by its name there."""
+PREBUILT: dict[str, dict[str, float]] = {}
+"""What each program's compile in the prebuild section gave, by its name there: the seconds it took,
+its XLA memory plan and the copies XLA adds of its state (`step_cost.compile_step`)."""
+
+OTHER_COPIES = "the other copy insertion"
+"""The prebuild's name for the step section's first step compiled with XLA's other copy insertion (see
+`other_copy_insertion`)."""
 
 
 def birdjepa(
@@ -159,7 +167,7 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
             consumed[f"{preset}/{batch}"] = batch / c.step_s
             built = f"{'loaded' if c.loaded else 'compiled'} in {c.compile_s:.0f} s"
             if (prebuilt := PREBUILT.get(f"{preset} batch {batch}")) is not None:  # prebuild_jobs' name
-                built += f" (compiled by the prebuild in {prebuilt:.0f} s)"
+                built += f" (compiled by the prebuild in {prebuilt['compile_s']:.0f} s)"
             ROWS.append((
                 "step", f"{preset} bf16 batch {batch} (2 views)",
                 f"{1e3 * c.step_s:.1f} ms, {c.flops / 1e9:.1f} GFLOP, {flop_rate(c.flops_per_s)}, "
@@ -172,6 +180,15 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
             ROWS.append(
                 ("step parts", f"{preset} bf16 batch {batch}, % of operation time", shares, "measured")
             )
+            if (other := PREBUILT.get(f"{preset} batch {batch}, {OTHER_COPIES}")) is not None:
+                here = PREBUILT[f"{preset} batch {batch}"]
+                ROWS.append((
+                    "in place", f"{preset} bf16 batch {batch}: XLA's copy insertion as the harness sets it "
+                    f"({'default' if plan.on_gpu else 'region-based'}), against the other",
+                    f"copies of the given state {here['state_copies']} against {other['state_copies']}; XLA "
+                    f"plan {here['plan_bytes'] / 2**20:.0f} against {other['plan_bytes'] / 2**20:.0f} MiB",
+                    "measured",
+                ))  # fmt: skip
 
 
 def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
@@ -250,7 +267,8 @@ def step_child(preset: str, batch: int, steps: int, record: bool, compile_only: 
     """In a process of its own: the loop's step at ``preset`` in bfloat16 on one batch (or, not
     ``record``, that step without its record), ``steps`` times; prints its median time after two and a
     digest of the parameters after the last, as one JSON line.
-    ``compile_only``: compiles the step into the compilation cache and prints the seconds it took."""
+    ``compile_only``: compiles the step into the compilation cache and prints the seconds it took, its
+    XLA memory plan and the copies XLA adds of its state (`step_cost.compile_step`)."""
     import hashlib
 
     import numpy as np
@@ -262,7 +280,7 @@ def step_child(preset: str, batch: int, steps: int, record: bool, compile_only: 
     # The step section's program, as the loop first calls it.
     cfg = bench_config(preset, "bfloat16", batch, steps=steps)
     if compile_only:
-        print("STEP_CHILD " + json.dumps({"compile_s": compile_step(cfg, record)}), flush=True)
+        print("STEP_CHILD " + json.dumps(compile_step(cfg, record)), flush=True)
         return
     fns, state, x = first_step(cfg)
     step = fns.train_step if record else unrecorded(fns)
@@ -324,6 +342,8 @@ def prebuild_jobs(
     jobs = {}
     if "step" in chosen:
         jobs |= {f"{p} batch {b}": ours(p, b) for p in plan.step_presets for b in plan.step_batches}
+        cmd, env = ours(preset, batch)
+        jobs[f"{preset} batch {batch}, {OTHER_COPIES}"] = cmd, other_copy_insertion(env, plan.on_gpu)
     if "conds" in chosen:
         jobs[f"{preset} batch {batch}"] = ours(preset, batch)
         jobs[f"{preset} batch {batch}, without the record"] = ours(preset, batch, "unrecorded")
@@ -336,6 +356,19 @@ def prebuild_jobs(
     return jobs
 
 
+def other_copy_insertion(env: dict[str, str], on_gpu: bool) -> dict[str, str]:
+    """``env`` with XLA's other copy insertion: on a CPU the default one, where the harness sets the
+    region-based one (`birdjepa.train.determinism.IN_PLACE`, with which XLA copies none of the donated
+    state); on a GPU the region-based one, which no GPU has compiled the step with yet. Compiled only,
+    in the prebuild: the step section's "in place" row compares its plan and copies."""
+    flags = env.get("XLA_FLAGS", "")
+    if on_gpu:
+        flags += " --xla_gpu_copy_insertion_use_region_analysis=true"
+    else:
+        flags = flags.replace(IN_PLACE, IN_PLACE.replace("=true", "=false"))
+    return {**env, "XLA_FLAGS": flags.strip()}
+
+
 def prebuild(jobs: dict[str, tuple[list[str], dict]], at_once: int) -> None:
     """Compile ``jobs``' programs side by side, ``at_once`` processes at a time, into the compilation
     caches the sections then load them from: each section's timed process then runs alone, its compile
@@ -343,19 +376,19 @@ def prebuild(jobs: dict[str, tuple[list[str], dict]], at_once: int) -> None:
     other processes compiled may have been timed against their work: the steps' times are then an
     upper bound."""
 
-    def run(item: tuple[str, tuple[list[str], dict]]) -> tuple[str, float]:
+    def run(item: tuple[str, tuple[list[str], dict]]) -> tuple[str, dict[str, float]]:
         name, (cmd, env) = item
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-1500:]}")
-        return name, json.loads(done.stdout.strip().splitlines()[-1].removeprefix("STEP_CHILD "))["compile_s"]
+        return name, json.loads(done.stdout.strip().splitlines()[-1].removeprefix("STEP_CHILD "))
 
     if not jobs:  # the chosen sections time nothing
         return
     t0 = time.monotonic()
     with ThreadPoolExecutor(at_once) as pool:
         PREBUILT.update(pool.map(run, jobs.items()))
-    each = ", ".join(f"{name} {PREBUILT[name]:.0f} s" for name in jobs)
+    each = ", ".join(f"{name} {PREBUILT[name]['compile_s']:.0f} s" for name in jobs)
     ROWS.append(("prebuild", f"{len(jobs)} programs, {at_once} processes at a time",
                  f"{time.monotonic() - t0:.0f} s; compiling each: {each}", "measured"))  # fmt: skip
 

@@ -20,6 +20,7 @@ peak is measured under the same flags, so the ratio compares like with like.
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -105,19 +106,34 @@ def unrecorded(fns: Compiled) -> Callable:
     return jit_step(make_train_step(make_loss_fn(fns.spec), fns.tx), fns.replicated, fns.sharded)
 
 
-def compile_step(cfg: PretrainConfig, record: bool = True) -> float:
+def compile_step(cfg: PretrainConfig, record: bool = True) -> dict[str, float]:
     """Compile the step `measure` times (``record`` False: `unrecorded`'s, as `scripts/gpu_check.py`
-    calls it) and return the seconds it took. With the persistent compilation cache on, a later
-    process loads it instead of compiling it: `scripts/gpu_check.py --prebuild` compiles several side
-    by side, then times each alone."""
+    calls it): the seconds it took (``compile_s``), its XLA memory plan (``plan_bytes``) and the copies
+    XLA adds of the state it is given (``state_copies``: `birdjepa.train.determinism.IN_PLACE`). With the
+    persistent compilation cache on, a later process loads it instead of compiling it:
+    `scripts/gpu_check.py --prebuild` compiles several side by side, then times each alone."""
     fns, state, x = first_step(cfg)
     args = common_call(state, x)
     t0 = time.perf_counter()
     if record:
-        fns.train_step.jitted.lower(*args).compile()
+        compiled = fns.train_step.jitted.lower(*args).compile()
     else:
-        unrecorded(fns).lower(*args[:-1]).compile()  # no record argument
-    return time.perf_counter() - t0
+        compiled = unrecorded(fns).lower(*args[:-1]).compile()  # no record argument
+    seconds = time.perf_counter() - t0
+    return {"compile_s": seconds, "plan_bytes": plan_bytes(compiled), "state_copies": state_copies(compiled)}
+
+
+def plan_bytes(compiled: Any) -> int:
+    """A compiled program's XLA memory plan: arguments, outputs and temporaries, less the outputs that
+    reuse a donated argument's buffer (what it needs while it runs)."""
+    m = compiled.memory_analysis()
+    total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    return int(total - m.alias_size_in_bytes)
+
+
+def state_copies(compiled: Any) -> int:
+    """The copies XLA adds of a compiled step's arguments (its donated state) before it runs."""
+    return len(re.findall(r"[\]}] copy\(%args", compiled.as_text()))
 
 
 def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False) -> StepCost:
@@ -131,9 +147,7 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
     compiled = lowered.compile()
     compile_s, loaded = time.perf_counter() - t0, cache_loads() > loads
     flops = training_flops(fns, args)
-    memory = compiled.memory_analysis()
-    memory_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                    - memory.alias_size_in_bytes)  # fmt: skip
+    memory_bytes = plan_bytes(compiled)
     carried = [state.params, state.opt_state]  # donated to each step, taken back from its outputs
 
     def step() -> float:
