@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import re
 import statistics
 import time
 
@@ -33,10 +32,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import birdjepa.train.compiled as compiled_steps  # noqa: E402
-from birdjepa.perf.step_cost import CPU_BATCH, bench_config, common_call, first_step  # noqa: E402
-
-ADDED_COPY = re.compile(r"[\]}] copy\(%args")
-
+from birdjepa.perf.step_cost import (  # noqa: E402
+    CPU_BATCH,
+    bench_config,
+    common_call,
+    first_step,
+    plan_bytes,
+    state_copies,
+)
 
 #: XLA's default copy insertion, where the harness sets the region-based one.
 DEFAULT_COPIES = {"xla_cpu_copy_insertion_use_region_analysis": False}
@@ -48,10 +51,7 @@ def side(preset: str, batch: int, jit_step, options: dict | None = None) -> dict
     fns, state, x = first_step(bench_config(preset, "float32", batch))
     args = common_call(state, x)
     executable = fns.train_step.jitted.lower(*args).compile(options)
-    memory = executable.memory_analysis()
-    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-             - memory.alias_size_in_bytes)  # fmt: skip
-    copies = len(ADDED_COPY.findall(executable.as_text()))
+    total, copies = plan_bytes(executable), state_copies(executable)
     return {"executable": executable, "state": [state.params, state.opt_state], "rest": args[2:],
             "copies": copies, "memory": total, "times": []}  # fmt: skip
 
