@@ -21,6 +21,7 @@ from test_train_resume import NO_EVAL, resumed_differs
 
 from birdjepa.model.config import ModelConfig, preset
 from birdjepa.model.vit import BirdJepa, init_params, rope_angles, rotate
+from birdjepa.perf.step_cost import plan_bytes
 from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.train.calls import recorded
 
@@ -82,8 +83,7 @@ def test_remat_scans_the_same_parameters_and_keeps_a_block_s_activations_not_eve
     assert all(np.abs(u - v).max() <= 1e-4 * np.abs(u).max() + 1e-7 for u, v in grads)
 
     def plan(cfg: ModelConfig) -> int:
-        m = jax.jit(jax.grad(loss(cfg))).lower(params).compile().memory_analysis()
-        return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+        return plan_bytes(jax.jit(jax.grad(loss(cfg))).lower(params).compile())
 
     assert plan(scanned) < 0.5 * plan(unrolled)  # measured: 13.6 against 35.5 MiB
 
