@@ -344,3 +344,28 @@ def test_a_resume_across_step_revisions_names_each_and_an_unknown_newer_one_may_
     assert revisions.between(now, 1) == revisions.between(1, now)
     (newer,) = revisions.between(now + 1)
     assert newer.training and "newer than this code" in newer.what
+
+
+def test_a_revision_of_some_runs_moves_only_their_training() -> None:
+    """Revision 5 recomputes the predictor's and MAE decoder's blocks under --model.remat: it moves the
+    bits of those runs only; the unknown newer revision moves every run's."""
+    from birdjepa.config import resolve
+    from birdjepa.train import revisions
+
+    def run(**options: object) -> PretrainConfig:
+        return resolve(PretrainConfig(), options, "test")
+
+    (fifth,) = revisions.between(4, 5)
+    assert "predictor's and the MAE decoder's blocks" in fifth.what
+    moved = {
+        "plain": run(),
+        "remat": run(**{"model.remat": True}),
+        "remat, predictor": run(**{"model.remat": True, "model.predictor_depth": 1}),
+        "remat, mae": run(**{"model.remat": True, "objective.kind": "mae"}),
+        "mae": run(**{"objective.kind": "mae"}),
+        "remat, patch read-out": run(**{"model.remat": True, "objective.lejepa.patch_weight": 0.5}),
+    }
+    assert {k for k, cfg in moved.items() if revisions.moves_training([fifth], cfg)} == {
+        "remat, predictor", "remat, mae"}  # fmt: skip
+    newer = revisions.between(revisions.REVISION + 1)
+    assert revisions.moves_training(newer, run())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,6 +112,27 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     assert "; the online probe's gradients are clipped apart from the objective's" in revised, revised
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "step_revised"]
     assert event["step"] == 2 and event["revision"] == [1, revisions.REVISION]
+
+
+def test_a_run_a_revision_does_not_apply_to_resumes_across_it_exactly(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # As if checkpoint 0 had been written before the last revision, which moves remat runs with a
+    # predictor or decoder only: this run's resume is said to cross it, and its loss is checked exactly.
+    data = ["--data.batch-size", "4", "--data.train", demo_dir / "train", "--data.eval", demo_dir / "eval"]
+    run = ["--run", "v", "--log.runs-dir", tmp_path, "--steps", "2", "--eval-every", "0", *data]
+    assert command(capsys, "pretrain", *run, "--stop-at-step", "0")[0] == 0
+    meta_file = tmp_path / "v" / "checkpoints" / "0" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    (last,) = revisions.between(revisions.REVISION - 1)
+    assert last.training and last.applies is not None
+    meta_file.write_text(json.dumps({**meta, "step_revision": revisions.REVISION - 1}))
+
+    code, out = command(capsys, "pretrain", "--run", "v", "--log.runs-dir", tmp_path)
+    assert code == 0 and "ok=False" not in out, out
+    assert f"({revisions.REVISION - 1} -> {revisions.REVISION}: {last.what})" in out, out
+    (loss,) = [line for line in out.splitlines() if line.startswith("RESUME_CHECK name=next_loss")]
+    assert re.fullmatch(r"RESUME_CHECK name=next_loss ok=True expected=(\S+) got=\1", loss), loss
 
 
 def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:

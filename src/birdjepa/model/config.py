@@ -103,8 +103,9 @@ class ModelConfig:
     """Learned register tokens appended to the patch tokens (Darcet et al. 2024): attention may park
     global information there. They leave the embedding and the returned tokens."""
     remat: bool = False
-    """The encoder's blocks in one ``lax.scan``, each recomputed in the backward pass instead of keeping
-    its activations (gradient checkpointing): a step holds each block's input and one block's
+    """The transformer blocks in ``lax.scan``s (the encoder's, the predictor's and an objective's
+    decoder's, each in its own), each recomputed in the backward pass instead of keeping its
+    activations (gradient checkpointing): a step holds each block's input and one block's
     activations, not every block's, for one more forward pass of the blocks. The same parameters
     (the scan stacks them for the step); the step's last bits differ, and `birdjepa trace` records
     the blocks' input and output, not the modules inside them. Recomputing unrolled blocks saves

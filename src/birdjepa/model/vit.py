@@ -30,9 +30,10 @@ flax RNG stream ``"dropout"`` (``apply(..., rngs={"dropout": key})``). With ``de
 needed and a passed key is ignored. Drop-path rates grow linearly over depth, from 0 at block 0 to
 ``drop_path`` at the last block (the DeiT/BEiT rule).
 
-Recomputed blocks (``remat``): the encoder's blocks run in one ``lax.scan``, each recomputed in the
-backward pass (`RecomputedBlocks`), from the same per-block parameters: a step keeps each block's
-input, not its activations. The same function to float32's last bits, not the same bits.
+Recomputed blocks (``remat``): the encoder's blocks run in one ``lax.scan``, the predictor's and the
+decoder's each in another, each block recomputed in the backward pass (`RecomputedBlocks`, through
+`run_blocks`), from the same per-block parameters: a step keeps each block's input, not its
+activations. The same function to float32's last bits, not the same bits.
 
 Parameter names (stable, with ``remat`` too; the monitor reports stats by these '/'-joined paths)::
 
@@ -55,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
@@ -246,14 +247,16 @@ def drop_path_rates(cfg: ModelConfig) -> list[float]:
 
 
 class RecomputedBlocks(nn.Module):
-    """``remat``: the encoder's blocks in one ``lax.scan``, each recomputed in the backward pass
-    (``jax.checkpoint``), from ``blocks``, the parameters of ``block_0 ... block_{depth-1}`` as the
-    encoder holds them (stacked here, for the step: the checkpoint's layout is the unrolled one). Each
-    block draws its dropout from a key of its own, split from this module's."""
+    """``remat``: transformer blocks in one ``lax.scan``, each recomputed in the backward pass
+    (``jax.checkpoint``), from ``blocks``, the parameters of ``block_0 ... block_{n-1}`` as their module
+    holds them (stacked here, for the step: the checkpoint's layout is the unrolled one), block ``i``
+    with drop-path rate ``rates[i]``. Each block draws its dropout from a key of its own, split from
+    this module's."""
 
     cfg: ModelConfig
     deterministic: bool
     blocks: tuple[Any, ...]
+    rates: tuple[float, ...]
     #: `birdjepa.train.calls` records this module's input and output, not the calls inside it: those
     #: would be kept for every block, which is what the scan is there to avoid.
     record_inside: ClassVar[bool] = False
@@ -261,7 +264,7 @@ class RecomputedBlocks(nn.Module):
     @nn.compact
     def __call__(self, x: Array, angles: Array | None) -> Array:
         cfg, depth = self.cfg, len(self.blocks)
-        rates = jnp.asarray(drop_path_rates(cfg), jnp.float32)
+        rates = jnp.asarray(self.rates, jnp.float32)
         stochastic = not self.deterministic and (cfg.dropout or cfg.drop_path)
         keys = jax.random.split(self.make_rng("dropout"), depth) if stochastic else jnp.zeros(depth)
 
@@ -274,6 +277,26 @@ class RecomputedBlocks(nn.Module):
         stacked = jax.tree.map(lambda *a: jnp.stack(a), *self.blocks)
         x, _ = jax.lax.scan(lambda x, xs: (block(x, *xs), None), x, (stacked, rates, keys))
         return x
+
+
+def run_blocks(
+    parent: nn.Module,
+    cfg: ModelConfig,
+    x: Array,
+    deterministic: bool,
+    angles: Array | None,
+    rates: Sequence[float],
+) -> Array:
+    """``parent``'s transformer blocks ``block_0 ... block_{n-1}`` (block ``i`` at drop-path rate
+    ``rates[i]``) over ``x``, called from inside its ``nn.compact`` method: one after another, or with
+    ``cfg.remat`` in `RecomputedBlocks` from the same parameters (initialised unrolled, so the two
+    share their names)."""
+    if cfg.remat and not parent.is_initializing():
+        params = tuple(parent.variables["params"][f"block_{i}"] for i in range(len(rates)))
+        return RecomputedBlocks(cfg, deterministic, params, tuple(rates), name="blocks")(x, angles)
+    for i, rate in enumerate(rates):
+        x = Block(cfg, rate, name=f"block_{i}")(x, deterministic, angles)
+    return x
 
 
 class Encoder(nn.Module):
@@ -322,12 +345,7 @@ class Encoder(nn.Module):
                 [tokens, jnp.broadcast_to(registers.astype(tokens.dtype), (len(tokens), *registers.shape))], 1
             )
         angles = token_angles(cfg, index, cfg.registers) if cfg.rope else None
-        if cfg.remat and not self.is_initializing():  # initialised unrolled: the same parameters
-            blocks = tuple(self.variables["params"][f"block_{i}"] for i in range(cfg.depth))
-            tokens = RecomputedBlocks(cfg, deterministic, blocks, name="blocks")(tokens, angles)
-        else:
-            for i, rate in enumerate(drop_path_rates(cfg)):
-                tokens = Block(cfg, rate, name=f"block_{i}")(tokens, deterministic, angles)
+        tokens = run_blocks(self, cfg, tokens, deterministic, angles, drop_path_rates(cfg))
         tokens = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)[:, :n]  # registers leave
         return tokens.mean(axis=1), tokens
 
@@ -382,8 +400,7 @@ class Predictor(nn.Module):
         dt = compute_dtype(cfg)
         every = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape[:2])
         angles = token_angles(cfg, every) if cfg.rope else None
-        for i in range(cfg.predictor_depth):
-            tokens = Block(cfg, 0.0, name=f"block_{i}")(tokens, True, angles)
+        tokens = run_blocks(self, cfg, tokens, True, angles, [0.0] * cfg.predictor_depth)
         return nn.Dense(cfg.dim, name="out", dtype=dt)(
             nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(tokens)
         )
@@ -413,11 +430,10 @@ class Decoder(nn.Module):
         full = full.at[jnp.arange(x.shape[0])[:, None], keep].set(x)  # indices are distinct: no sums
         if not cfg.rope:  # with rope the blocks below turn the tokens by their positions instead
             full = full + self.param("pos_embed", nn.initializers.normal(0.02), (1, cfg.n_patches, dec.dim))
-        blocks = dataclasses.replace(cfg, dim=dec.dim, heads=dec.heads, dropout=0.0, drop_path=0.0)
+        narrow = dataclasses.replace(cfg, dim=dec.dim, heads=dec.heads, dropout=0.0, drop_path=0.0)
         every = jnp.broadcast_to(jnp.arange(cfg.n_patches), full.shape[:2])
-        angles = token_angles(blocks, every) if cfg.rope else None
-        for i in range(dec.depth):
-            full = Block(blocks, 0.0, name=f"block_{i}")(full, True, angles)
+        angles = token_angles(narrow, every) if cfg.rope else None
+        full = run_blocks(self, narrow, full, True, angles, [0.0] * dec.depth)
         full = nn.LayerNorm(cfg.ln_epsilon, name="norm", dtype=dt)(full)
         return nn.Dense(cfg.patch * cfg.patch_mels, name="out", dtype=dt)(full)
 

@@ -175,7 +175,7 @@ class Trainer:
                   f"written by ({saved_revision} -> {revisions.REVISION}: "
                   f"{'; '.join(r.what for r in crossed)})", flush=True)  # fmt: skip
             self.log.event("step_revised", step, revision=[saved_revision, revisions.REVISION])
-            if any(r.training for r in crossed):
+            if revisions.moves_training(crossed, cfg):
                 moved = {**moved, "step_revision": (str(saved_revision), str(revisions.REVISION))}
         results = resume_check.check_resume(
             meta,

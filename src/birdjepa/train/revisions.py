@@ -8,12 +8,15 @@ declared here as the next revision. Every checkpoint records the revision of the
 (``REVISION``; a checkpoint without the record was written at revision 1). A resume by code of another
 revision says which changes lie between the two, and where one of them moves the training's bits (the
 parameters, the optimizer state, the loss) and not only a diagnostic's, the resume checks compare the
-next step's loss to a tolerance, as on another kind of machine.
+next step's loss to a tolerance, as on another kind of machine. A revision that moves the bits of
+some runs only (``applies``) leaves the others' resume exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +27,15 @@ class Revision:
     #: Logged metrics it gave another meaning: a run that crosses it is not compared with the old code's
     #: run on them.
     redefines: tuple[str, ...] = ()
+    #: The runs (`birdjepa.config.PretrainConfig`) whose bits it moves; None: every run.
+    applies: Callable[[Any], bool] | None = None
+
+
+def recomputes_heads(cfg: Any) -> bool:
+    """Whether the run recomputes blocks besides the encoder's: ``--model.remat`` with a predictor or a
+    decoder with blocks (MAE's)."""
+    model, decoder = cfg.model.resolved(), cfg.objective.options.decoder(cfg.model)
+    return bool(model.remat and (model.predictor_depth or (decoder is not None and decoder.depth)))
 
 
 #: Revision ``i + 1`` is ``REVISIONS[i]``; the first is the step before revisions were recorded.
@@ -46,6 +58,13 @@ REVISIONS = (
         training=False,
         redefines=("train/grad_norm",),
     ),
+    Revision(
+        "with --model.remat, the predictor's and the MAE decoder's blocks are recomputed in a scan as the "
+        "encoder's are (2026-12-01): a run with remat and either of them moves in its last bits; other "
+        "runs keep every bit",
+        training=True,
+        applies=recomputes_heads,
+    ),
 )
 REVISION = len(REVISIONS)
 """The revision of this code's step."""
@@ -58,3 +77,8 @@ def between(saved: int, now: int = REVISION) -> list[Revision]:
     lo, hi = sorted((saved, now))
     unknown = Revision("a revision newer than this code", training=True)
     return [REVISIONS[i] if i < len(REVISIONS) else unknown for i in range(lo, hi)]
+
+
+def moves_training(crossed: Sequence[Revision], cfg: Any) -> bool:
+    """Whether any of the ``crossed`` revisions moves the training bits of the run ``cfg``."""
+    return any(r.training and (r.applies is None or r.applies(cfg)) for r in crossed)
