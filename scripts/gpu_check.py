@@ -33,7 +33,10 @@ whether each step was loaded. Then, in order:
    the parameters after the same steps are equal. On a GPU each of the record's conds costs the step
    time while the device waits (an H200, 2026-11-30: 476 conds, one per tensor, made the small step
    34.4 ms against 20.0 without them); the record now holds one per stage and transformer block
-   (`birdjepa.train.recording.group`), and this measures what they still cost.
+   (`birdjepa.train.recording.group`), and this measures what they still cost. Then **in place
+   steps**: the loop's step compiled with XLA's other copy insertion (the step section's "in place"
+   program), timed the same way, its parameters compared with the harness's: equal, the harness can
+   switch to it on a GPU without moving a bit.
 6. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
    small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
    run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
@@ -301,23 +304,34 @@ def step_child(preset: str, batch: int, steps: int, record: bool, compile_only: 
 
 def conds(plan: Plan) -> None:
     """The small step at the largest batch as the loop runs it, and without its record, each in a process
-    of its own: the time of each and whether the parameters after the same steps are equal."""
+    of its own: the time of each and whether the parameters after the same steps are equal. Then the
+    loop's step compiled with XLA's other copy insertion (`other_copy_insertion`), the same way: whether
+    the harness could switch to it without moving a bit, and what it saves of the step's time."""
     preset, batch = plan.step_presets[0], plan.step_batches[-1]
+    sides = {"record": dict(os.environ), "unrecorded": dict(os.environ),
+             OTHER_COPIES: other_copy_insertion(dict(os.environ), plan.on_gpu)}  # fmt: skip
     results = []
-    for record in ("record", "unrecorded"):
+    for side, env in sides.items():
+        record = "unrecorded" if side == "unrecorded" else "record"
         cmd = [sys.executable, __file__, "--step-child", preset, str(batch), str(plan.wait_steps), record]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         lines = [x for x in done.stdout.splitlines() if x.startswith("STEP_CHILD ")]
         if done.returncode != 0 or not lines:
-            raise RuntimeError(f"the {record} step: exit {done.returncode}\n{done.stderr[-2000:]}")
+            raise RuntimeError(f"the {side} step: exit {done.returncode}\n{done.stderr[-2000:]}")
         results.append(json.loads(lines[-1].removeprefix("STEP_CHILD ")))
-    default, plain = results
-    same = "equal" if plain["params"] == default["params"] else "DIFFER"
+    default, plain, other = results
+
+    def beside(r: dict) -> str:
+        same = "equal" if r["params"] == default["params"] else "DIFFER"
+        return f"{r['ms']:.1f} ms ({r['ms'] / default['ms']:.2f}x, parameters after {same})"
+
     setting = f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: the loop's step; without the record"
-    result = (f"{default['ms']:.1f} ms a step; {plain['ms']:.1f} ms ({plain['ms'] / default['ms']:.2f}x, "
-              f"parameters after {same})")  # fmt: skip
-    result += prebuilt_or_not([r["loaded"] for r in results])
+    loaded = prebuilt_or_not([r["loaded"] for r in results])
+    result = f"{default['ms']:.1f} ms a step; {beside(plain)}{loaded}"
     ROWS.append(("conds", setting, result, "measured"))
+    setting = (f"{preset} bf16 batch {batch}, {plan.wait_steps} steps: the loop's step as the harness "
+               f"compiles it; with the other copy insertion")  # fmt: skip
+    ROWS.append(("in place steps", setting, f"{default['ms']:.1f} ms a step; {beside(other)}", "measured"))
 
 
 def prebuilt_or_not(loaded: list[bool]) -> str:
@@ -342,11 +356,12 @@ def prebuild_jobs(
     jobs = {}
     if "step" in chosen:
         jobs |= {f"{p} batch {b}": ours(p, b) for p in plan.step_presets for b in plan.step_batches}
-        cmd, env = ours(preset, batch)
-        jobs[f"{preset} batch {batch}, {OTHER_COPIES}"] = cmd, other_copy_insertion(env, plan.on_gpu)
     if "conds" in chosen:
         jobs[f"{preset} batch {batch}"] = ours(preset, batch)
         jobs[f"{preset} batch {batch}, without the record"] = ours(preset, batch, "unrecorded")
+    if "step" in chosen or "conds" in chosen:  # the step section's plans and the conds section's run
+        cmd, env = ours(preset, batch)
+        jobs[f"{preset} batch {batch}, {OTHER_COPIES}"] = cmd, other_copy_insertion(env, plan.on_gpu)
     if "reference" in chosen and args.reference is not None:
         python = reference_env(args.reference_venv)
         for p in plan.step_presets:
