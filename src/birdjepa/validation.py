@@ -127,16 +127,21 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
 def _check_loader(cfg: PretrainConfig) -> None:
     from birdjepa import _rs
 
-    options = {**cfg.data.loader_options(), **cfg.data.features.options()}
+    data = cfg.data.loader_options()
+    options = {**data, **cfg.data.features.options()}
+
+    def option(name: str) -> str:
+        return f"data.{name}" if name in data else f"data.features.{name}"
+
+    for name, value in options.items():  # the core reads counts unsigned: a negative one would go unnamed
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise OptionError(option(name), value, "must be >= 0")
     try:
         _rs.check_loader_options(json.dumps(options))
     except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option it rejects
         message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
         name = message.split()[0]
-        data = cfg.data.loader_options()
-        option = f"data.{name}" if name in data else f"data.features.{name}"
-        value = options.get(name, "?")
-        raise OptionError(option, value, message.removeprefix(f"{name} ")) from None
+        raise OptionError(option(name), options.get(name, "?"), message.removeprefix(f"{name} ")) from None
 
 
 def _check_model(cfg: PretrainConfig) -> None:
