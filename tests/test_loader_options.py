@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +54,19 @@ def test_the_stub_declares_what_the_extension_exports() -> None:
     (loader,) = (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Loader")
     methods = {n.name for n in loader.body if isinstance(n, ast.FunctionDef)}
     assert methods - {"__init__"} == {n for n in dir(_rs.Loader) if not n.startswith("_")} | {"__len__"}
+
+
+def test_the_default_worker_count_is_one_per_cpu_the_process_may_run_on(demo_dir: Path) -> None:
+    """``n_workers=0`` (the default): one decode thread per CPU in the process's affinity mask, as a
+    Slurm job's --cpus-per-task sets it (Rust's `available_parallelism` reads the calling thread's)."""
+    files = demo_dir / "train"
+    assert DEFAULTS["n_workers"] == DataConfig().n_workers == 0
+    allowed = os.sched_getaffinity(0)
+    assert Loader(files, seed=0, batch_size=2).n_workers == len(allowed)
+    try:
+        os.sched_setaffinity(0, {min(allowed)})
+        one = Loader(files, seed=0, batch_size=2)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert one.n_workers == 1
+    assert Loader(files, seed=0, batch_size=2, n_workers=3).n_workers == 3

@@ -21,7 +21,7 @@ INVALID = [
     (["--steps", "-5"], "--steps -5: must be >= 1"),
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--data.batch-size", "0"], "--data.batch-size 0: must be >= 1"),
-    (["--data.n-workers", "0"], "--data.n-workers 0: must be >= 1"),
+    (["--data.n-workers", "-1"], "--data.n-workers -1: must be >= 0"),
     (["--data.shuffle-buffer", "8", "--data.shuffle-initial", "9"], "--data.shuffle-initial 9:"),
     (["--data.features.hop-length", "0"], "--data.features.hop-length 0: must be > 0"),
     (["--data.n-views", "1"], "--data.n-views 1: the lejepa objective compares views: need >= 2"),

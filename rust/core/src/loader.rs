@@ -59,6 +59,17 @@ pub struct LoaderConfig {
     pub debug: DebugHooks,
 }
 
+/// The decode threads `n_workers` names: itself, or for 0 one per CPU this process may run on (its
+/// affinity mask and cgroup quota: what a Slurm job's `--cpus-per-task` gives it). A worker that is ahead
+/// of the consumer waits, so a worker per core costs a core only while the step waits for data; on a
+/// GPU node the step needs them all (docs/benchmarks.md: 16 workers gave 0.4x what an H200 consumes).
+pub fn workers_for(n_workers: usize) -> usize {
+    if n_workers > 0 {
+        return n_workers;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 impl Default for LoaderConfig {
     /// What the default [`LoaderOptions`] build: the defaults are written there only.
     fn default() -> Self {
@@ -71,7 +82,7 @@ impl LoaderConfig {
     pub fn from_options(o: &LoaderOptions) -> Self {
         LoaderConfig {
             batch_size: o.batch_size,
-            n_workers: o.n_workers,
+            n_workers: workers_for(o.n_workers),
             n_views: o.n_views,
             train: o.train,
             augment: o.augment,

@@ -20,6 +20,7 @@ pub struct LoaderOptions {
     // The stream.
     pub seed: u64,
     pub batch_size: usize,
+    /// Decode threads; 0: one per CPU this process may run on (`loader::workers_for`).
     pub n_workers: usize,
     /// Train: infinite, shuffled, random crops. Eval: one ordered pass of centre crops.
     pub train: bool,
@@ -82,7 +83,7 @@ impl Default for LoaderOptions {
         Self {
             seed: 0,
             batch_size: 16,
-            n_workers: 2,
+            n_workers: 0,
             train: true,
             n_views: 1,
             shuffle_buffer: 4096,

@@ -152,6 +152,11 @@ impl PyLoader {
         self.inner.lock().unwrap().dataset().fingerprint().to_string()
     }
 
+    /// The decode threads it runs (`n_workers`; 0 asked for one per CPU this process may run on).
+    fn n_workers(&self) -> usize {
+        self.inner.lock().unwrap().config().n_workers
+    }
+
     /// Rows per shard, in shard-id order (for the IID diagnostics' shard statistics).
     fn shard_rows(&self) -> Vec<u64> {
         self.inner.lock().unwrap().dataset().shard_rows()

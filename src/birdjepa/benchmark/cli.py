@@ -30,7 +30,7 @@ from birdjepa.benchmark.multi_label_probes import (
     Recipe,
     fit_and_score,
 )
-from birdjepa.data import DataError, Features, resolve_files
+from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.train.determinism import machine_kind
@@ -304,7 +304,7 @@ def cli(
     n_classes: int | None = None,
     audio_root: str | None = None,
     batch_size: int = 16,
-    n_workers: int = 2,
+    n_workers: int = DEFAULTS["n_workers"],
 ) -> None:
     """Score frozen backbones on one task the way BirdSet does: linear, MLP and centroid probes on the
     embeddings (and prototypical and attentive probes on the patch tokens, with --probe proto attentive)
@@ -342,7 +342,8 @@ def cli(
         audio_root: Where rows that name their audio by a relative path find it (default: each shard's
             folder), for both splits.
         batch_size: Clips per forward pass.
-        n_workers: Loader decode threads (the result does not depend on it).
+        n_workers: Loader decode threads; 0: one per CPU this process may run on (the result does not
+            depend on it).
     """
     try:
         if table is not None:

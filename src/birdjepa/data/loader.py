@@ -81,7 +81,8 @@ class DataConfig:
     batch_size: int = DEFAULTS["batch_size"]
     """Global batch size (split over devices; one micro-batch when accumulating)."""
     n_workers: int = DEFAULTS["n_workers"]
-    """Decode threads; changing it never changes the batches."""
+    """Decode threads; 0 (default): one per CPU this process may run on (a Slurm job's
+    --cpus-per-task). Changing it never changes the batches."""
     shuffle_buffer: int = DEFAULTS["shuffle_buffer"]
     shuffle_initial: int | None = DEFAULTS["shuffle_initial"]
     """Start drawing once the buffer holds this many samples, growing it by one per draw
@@ -237,6 +238,11 @@ class Loader:
     @property
     def fingerprint(self) -> str:
         return self._rs.fingerprint()
+
+    @property
+    def n_workers(self) -> int:
+        """The decode threads it runs (``n_workers=0``, the default: one per CPU this process may run on)."""
+        return self._rs.n_workers()
 
     def encoded_audio(self, index: int) -> bytes:
         """Global sample ``index``'s encoded audio as this loader reads it: its bytes in the shard, or

@@ -20,7 +20,7 @@ import jax
 import tyro
 
 from birdjepa.config import PretrainConfig
-from birdjepa.data import DataError, Features, Loader, resolve_files
+from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
 from birdjepa.exit_codes import FAILED, USAGE
@@ -158,7 +158,7 @@ def evaluate_checkpoint(
     data: EvalData = EvalData(),
     *,
     batch_size: int | None = None,
-    n_workers: int = 2,
+    n_workers: int = DEFAULTS["n_workers"],
     out: Path | None = None,
 ) -> tuple[dict[str, Row], dict[str, Any]]:
     """Score checkpoint ``step`` (default: the newest) of ``run_dir`` and its baselines (batches of the
@@ -198,7 +198,7 @@ def cli(
     step: int | None = None,
     data: EvalData = EvalData(),
     batch_size: int | None = None,
-    n_workers: int = 2,
+    n_workers: int = DEFAULTS["n_workers"],
     out: Path | None = None,
 ) -> None:
     """Frozen-encoder evaluation of a checkpoint: linear probe and kNN on its embeddings, beside the same
@@ -210,7 +210,8 @@ def cli(
         data: Shards to fit and score the probes on (default: the run's own train and eval splits).
         batch_size: Clips per forward pass (default: the run's batch size, as the trainer evaluates;
             another size can change embeddings in the last bits).
-        n_workers: Loader decode threads (the result does not depend on it).
+        n_workers: Loader decode threads; 0: one per CPU this process may run on (the result does not
+            depend on it).
         out: Where to write the JSON (default: RUN/eval/<step>.json).
     """
     lease = None

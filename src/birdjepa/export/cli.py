@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tyro
 
-from birdjepa.data import DataError, resolve_files
+from birdjepa.data import DEFAULTS, DataError, resolve_files
 from birdjepa.data.prepare import find_audio_files
 from birdjepa.data.shards import read_shard, split_labels
 from birdjepa.exit_codes import USAGE
@@ -88,7 +88,7 @@ def export_cli(
     print(f"exported {card['identity']} ({card['embedding_dim']}-d embeddings) to {folder}")
 
 
-def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = 2) -> int:
+def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = DEFAULTS["n_workers"]) -> int:
     """Embeds ``source`` (shards: a glob, folder or file of .arrow; or a folder or list of audio files)
     into ``out`` (Parquet, one row per clip); returns the row count."""
     # the files `prepare` would pack, so a folder embeds the recordings a run on it trained on
@@ -149,7 +149,7 @@ def embed_cli(
     encoder: Path,
     out: Path,
     step: int | None = None,
-    n_workers: int = 2,
+    n_workers: int = DEFAULTS["n_workers"],
 ) -> None:
     """Embed recordings with a trained encoder: one Parquet row per clip (source file or shard, row,
     recording id, label and its name for a shard row, window start and end in seconds, embedding).
@@ -160,7 +160,8 @@ def embed_cli(
         encoder: An export folder (birdjepa export) or a run directory.
         out: The Parquet file to write.
         step: With a run directory: the checkpoint step (default: the newest).
-        n_workers: Loader decode threads (the result does not depend on it).
+        n_workers: Loader decode threads; 0: one per CPU this process may run on (the result does not
+            depend on it).
     """
     t0 = time.perf_counter()
     try:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc  # noqa: F401 (pa.ipc)
 
-from birdjepa.data import DataError, Features, Loader
+from birdjepa.data import DEFAULTS, DataError, Features, Loader
 from birdjepa.model.config import ModelConfig
 from birdjepa.rundir import layout
 
@@ -104,7 +104,9 @@ class Encoder:
             return np.zeros((0, m.dim) if apply is self._apply else (0, m.n_patches, m.dim), np.float32)
         return np.concatenate(parts)
 
-    def embed_files(self, files: Sequence[str], *, n_workers: int = 2) -> Iterator[dict[str, np.ndarray]]:
+    def embed_files(
+        self, files: Sequence[str], *, n_workers: int = DEFAULTS["n_workers"]
+    ) -> Iterator[dict[str, np.ndarray]]:
         """Batches of shard rows through the eval-mode loader: ``index`` (over all shards), ``shard_id``,
         ``row`` (in its shard), ``label`` (-1: none), ``crop_offset`` (samples at the target rate) and
         ``embedding``."""
@@ -121,7 +123,9 @@ class Encoder:
                     "embedding": self(batch["spectrogram"]),
                 }
 
-    def embed_audio(self, files: Sequence[str | Path], *, n_workers: int = 2) -> dict[str, Any]:
+    def embed_audio(
+        self, files: Sequence[str | Path], *, n_workers: int = DEFAULTS["n_workers"]
+    ) -> dict[str, Any]:
         """Every consecutive clip-long window of each audio file (the last one zero-padded):
         ``source``, ``start_s``, ``end_s`` (arrays, one entry per window) and ``embedding [W, D]``."""
         named = [(str(f), Path(f).read_bytes()) for f in files]

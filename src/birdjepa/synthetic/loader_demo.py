@@ -10,7 +10,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from birdjepa.data import Loader
+from birdjepa.data import DEFAULTS, Loader
 from birdjepa.synthetic.demo import ensure_demo_data
 
 
@@ -22,7 +22,8 @@ class LoaderDemoConfig:
     """Folder of train shards; default: the demo set, generated on first use into the cache."""
     batches: int = 40
     batch_size: int = 32
-    n_workers: int = 2
+    n_workers: int = DEFAULTS["n_workers"]
+    """Decode threads; 0: one per CPU this process may run on."""
     seed: int = 0
 
 
@@ -49,7 +50,7 @@ def run(cfg: LoaderDemoConfig) -> dict[str, float]:
     diag = loader.diagnostics()
     print(
         f"{clips} clips in {elapsed:.2f} s: {clips / elapsed:.0f} clips/s overall, "
-        f"{steady:.0f} clips/s after the first batch, {cfg.n_workers} workers; "
+        f"{steady:.0f} clips/s after the first batch, {loader.n_workers} workers; "
         f"{len(labels)} species seen; skipped {diag['counters']['skipped']}"
     )
     state = loader.state()
