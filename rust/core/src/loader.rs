@@ -61,8 +61,8 @@ pub struct LoaderConfig {
 
 /// The decode threads `n_workers` names: itself, or for 0 one per CPU this process may run on (its
 /// affinity mask and cgroup quota: what a Slurm job's `--cpus-per-task` gives it). A worker that is ahead
-/// of the consumer waits, so a worker per core costs a core only while the step waits for data; on a
-/// GPU node the step needs them all (docs/benchmarks.md: 16 workers gave 0.4x what an H200 consumes).
+/// of the consumer waits (the prefetch window bounds the clips in flight); on a GPU node the step needs
+/// them all (docs/benchmarks.md: 16 workers gave 0.4x what an H200 consumes).
 pub fn workers_for(n_workers: usize) -> usize {
     if n_workers > 0 {
         return n_workers;
