@@ -70,3 +70,21 @@ def test_the_default_worker_count_is_one_per_cpu_the_process_may_run_on(demo_dir
         os.sched_setaffinity(0, allowed)
     assert one.n_workers == 1
     assert Loader(files, seed=0, batch_size=2, n_workers=3).n_workers == 3
+
+
+def test_a_run_says_how_many_decode_threads_its_loader_runs(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default resolves on the machine the run lands on: its console says what it resolved to."""
+    import tyro
+
+    from birdjepa.config import PretrainConfig
+    from birdjepa.pretrain.loop import pretrain
+
+    # test_torn_log's run, whose step the suite's compilation cache holds.
+    args = ["--run", "cpus", "--log.runs-dir", str(tmp_path), "--steps", "4", "--eval-every", "0",
+            "--ckpt-every", "2", "--data.batch-size", "4", "--data.train", str(demo_dir / "train"),
+            "--data.eval", str(demo_dir / "eval")]  # fmt: skip
+    assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
+    threads = Loader(demo_dir / "train", seed=0, batch_size=4).n_workers  # the resolution: the test above
+    assert f"loader: {threads} decode thread{'s' * (threads != 1)}\n" in capsys.readouterr().out

@@ -174,6 +174,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         print(f"resumed from checkpoint {state.step - 1}: continuing at step {state.step} "
               f"(restart {state.restart})", flush=True)  # fmt: skip
     loader, loader_error = open_loader(cfg, train_files, state.loader_state, resumed=meta is not None)
+    threads = loader.n_workers  # --data.n-workers 0 (the default) runs one per CPU this process may use
+    print(f"loader: {threads} decode thread{'s' * (threads != 1)}", flush=True)
     callbacks = make_callbacks(cfg, loader, state.params)
     # The batch of the coming step is fetched ahead whenever a save or a resume needs to fingerprint it.
     pending: Batch | None = None
