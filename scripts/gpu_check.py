@@ -37,7 +37,8 @@ whether each step was loaded. Then, in order:
    steps**: the loop's step compiled with XLA's other copy insertion (the step section's "in place"
    program), timed the same way, its parameters compared with the harness's: equal, the harness can
    switch to it on a GPU without moving a bit.
-6. **loader**: clips/s with every core decoding (``n_workers`` = the cores), against the clips/s the
+6. **loader**: clips/s with every core decoding (``--data.n-workers 0``, the default: one thread per CPU
+   the process may run on), against the clips/s the
    small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
    run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
    put on the device, the dispatch, the wait for the step's outputs and their copy, the callbacks);
@@ -75,6 +76,7 @@ from pathlib import Path
 # Before JAX starts: every process of the check shares one GPU, so none may take most of its memory.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+from birdjepa.cores import schedulable_cpus  # noqa: E402
 from birdjepa.host_memory import keep_for_reuse  # noqa: E402
 from birdjepa.synthetic.demo import ensure_demo_data  # noqa: E402
 from birdjepa.train.determinism import IN_PLACE, deterministic_xla  # noqa: E402
@@ -195,14 +197,16 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
 
 
 def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
-    from birdjepa.data import resolve_files
+    from birdjepa.data import Loader, resolve_files
     from birdjepa.rundir.metrics_log import read_metrics
     from birdjepa.synthetic.demo import ensure_demo_data
 
-    cores = os.cpu_count() or 1
     preset, batch = plan.step_presets[0], plan.step_batches[-1]
     files = resolve_files(str(ensure_demo_data() / "train"))
-    rate = loader_rate(files, cores, plan.loader_batches, batch, n_views=2)
+    probe = Loader(files, seed=0, batch_size=batch)  # what the default resolves to here, as in a run
+    cores = probe.n_workers
+    probe.close()
+    rate = loader_rate(files, 0, plan.loader_batches, batch, n_views=2)
     need = consumed.get(f"{preset}/{batch}")
     versus = f", {rate / need:.1f}x what the {preset} step consumes ({need:.0f} clips/s)" if need else ""
     ROWS.append(("loader", f"{cores} workers, batch {batch}, 2 views", f"{rate:.0f} clips/s{versus}",
@@ -221,14 +225,14 @@ def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
 
 def loop_run(runs: Path, plan: Plan, name: str, *extra: str) -> dict[str, float]:
     """A `birdjepa pretrain` run of the step section's first preset and largest batch, every core
-    decoding, with a clock on each of its loop's calls (scripts/bench_loop.py: no value changes): the
-    median ms a step of each part."""
-    preset, batch, cores = plan.step_presets[0], plan.step_batches[-1], os.cpu_count() or 1
+    decoding (the loader's default), with a clock on each of its loop's calls (scripts/bench_loop.py: no
+    value changes): the median ms a step of each part."""
+    preset, batch = plan.step_presets[0], plan.step_batches[-1]
     parts = runs / f"{name}.json"
     done = birdjepa(
         "--json", str(parts), "pretrain", "--run", name, "--log.runs-dir", str(runs), "--steps",
         str(plan.wait_steps), "--model.preset", preset, "--model.dtype", "bfloat16", "--data.batch-size",
-        str(batch), "--data.n-workers", str(cores), "--eval-every", "0", "--ckpt-every", "1000000",
+        str(batch), "--eval-every", "0", "--ckpt-every", "1000000",
         "--log.print-every", "1000", *extra, via=(str(Path(__file__).resolve().parent / "bench_loop.py"),),
     )  # fmt: skip
     if done.returncode != 0:
@@ -519,7 +523,8 @@ def main() -> int:
     device = jax.devices()[0]
     plan = Plan(args)
     print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {device.platform}: {device.device_kind} "
-          f"x{jax.device_count()}, {os.cpu_count()} cores, python {sys.version.split()[0]}\n"
+          f"x{jax.device_count()}, {schedulable_cpus()} of the machine's {os.cpu_count()} cores, "
+          f"python {sys.version.split()[0]}\n"
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}, host memory kept for reuse: {HOST_MEMORY_KEPT}",
           flush=True)  # fmt: skip
     consumed: dict[str, float] = {}
@@ -548,7 +553,7 @@ def main() -> int:
         ran = []
         if plan.on_gpu if args.prebuild is None else args.prebuild:
             ensure_demo_data()  # here, before processes that would each build it on a fresh machine
-            at_once = max(2, (os.cpu_count() or 1) // 2)
+            at_once = max(2, schedulable_cpus() // 2)
             ran.append(section("prebuild", lambda: prebuild(prebuild_jobs(plan, chosen, args), at_once),
                                started, args.budget_s, save))  # fmt: skip
         ran += [section(name, run[name], started, args.budget_s, save) for name in chosen]
