@@ -10,9 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tyro
 
 from birdjepa import _rs
+from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, TRAIN_VIEWS, DataConfig, Features, Loader
+from birdjepa.pretrain.loop import pretrain
 
 # Loader options that no config exposes: set per call by the trainer, the evaluation or tests.
 PER_CALL = {"seed", "train", "augment", "prefetch_batches", "drop_last", "audio_column", "label_column",
@@ -76,11 +79,6 @@ def test_a_run_says_how_many_decode_threads_its_loader_runs(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The default resolves on the machine the run lands on: its console says what it resolved to."""
-    import tyro
-
-    from birdjepa.config import PretrainConfig
-    from birdjepa.pretrain.loop import pretrain
-
     # test_torn_log's run, whose step the suite's compilation cache holds.
     args = ["--run", "cpus", "--log.runs-dir", str(tmp_path), "--steps", "4", "--eval-every", "0",
             "--ckpt-every", "2", "--data.batch-size", "4", "--data.train", str(demo_dir / "train"),

@@ -68,14 +68,22 @@ def test_a_resume_keeps_the_run_s_options_and_checks_the_ones_given_again(
     assert json.loads((tmp_path / "r" / "config.json").read_text()) == segment  # the refused one left it
 
 
+def stopped_run(
+    capsys: pytest.CaptureFixture, demo_dir: Path, run_dir: Path, *, steps: int, stop: int
+) -> tuple[Path, dict]:
+    """A short run at ``run_dir`` stopped after step ``stop`` of ``steps``: its last checkpoint's metadata
+    file and contents, for a test to rewrite as an older code or another machine would have written it."""
+    data = ["--data.batch-size", "4", "--data.train", demo_dir / "train", "--data.eval", demo_dir / "eval"]
+    run = ["--run", run_dir.name, "--log.runs-dir", run_dir.parent, "--steps", str(steps), *data]
+    assert command(capsys, "pretrain", *run, "--eval-every", "0", "--stop-at-step", str(stop))[0] == 0
+    meta_file = run_dir / "checkpoints" / str(stop) / "meta" / "metadata"
+    return meta_file, json.loads(meta_file.read_text())
+
+
 def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_checks_allow_for_it(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    data = ["--data.batch-size", "4", "--data.train", demo_dir / "train", "--data.eval", demo_dir / "eval"]
-    run = ["--run", "m", "--log.runs-dir", tmp_path, "--steps", "3", "--eval-every", "0", *data]
-    assert command(capsys, "pretrain", *run, "--stop-at-step", "1")[0] == 0
-    meta_file = tmp_path / "m" / "checkpoints" / "1" / "meta" / "metadata"
-    meta = json.loads(meta_file.read_text())
+    meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "m", steps=3, stop=1)
     here = meta["machine"]
     assert set(here) == {"jax", "jaxlib", "device", "lock", "cpu_threads", "lapack"}
     assert here["jax"] == jax.__version__
@@ -119,11 +127,7 @@ def test_a_run_a_revision_does_not_apply_to_resumes_across_it_exactly(
 ) -> None:
     # As if checkpoint 0 had been written before the last revision, which moves remat runs with a
     # predictor or decoder only: this run's resume is said to cross it, and its loss is checked exactly.
-    data = ["--data.batch-size", "4", "--data.train", demo_dir / "train", "--data.eval", demo_dir / "eval"]
-    run = ["--run", "v", "--log.runs-dir", tmp_path, "--steps", "2", "--eval-every", "0", *data]
-    assert command(capsys, "pretrain", *run, "--stop-at-step", "0")[0] == 0
-    meta_file = tmp_path / "v" / "checkpoints" / "0" / "meta" / "metadata"
-    meta = json.loads(meta_file.read_text())
+    meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "v", steps=2, stop=0)
     (last,) = revisions.between(revisions.REVISION - 1)
     assert last.training and last.applies is not None
     meta_file.write_text(json.dumps({**meta, "step_revision": revisions.REVISION - 1}))
