@@ -206,7 +206,7 @@ def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
     probe = Loader(files, seed=0, batch_size=batch)  # what the default resolves to here, as in a run
     cores = probe.n_workers
     probe.close()
-    rate = loader_rate(files, 0, plan.loader_batches, batch, n_views=2)
+    rate = loader_rate(files, cores, plan.loader_batches, batch, n_views=2)  # the count the row names
     need = consumed.get(f"{preset}/{batch}")
     versus = f", {rate / need:.1f}x what the {preset} step consumes ({need:.0f} clips/s)" if need else ""
     ROWS.append(("loader", f"{cores} workers, batch {batch}, 2 views", f"{rate:.0f} clips/s{versus}",
