@@ -76,24 +76,21 @@ def main() -> None:
            "compile s"), rows)  # fmt: skip
 
     if args.profile:
-        print("\n## Where the step's time goes: % of the step's operation time, by part\n")
-        print("XLA runs independent operations at once on its thread pool (CPU) or streams (GPU): the last "
-              "column is their summed time over the wall time of the profiled steps.\n")  # fmt: skip
+        print("\n## Where the step's time goes: % of the step's wall time, by part\n")
+        print("XLA runs independent operations at once on its thread pool (CPU) or streams (GPU): each "
+              "moment of the profile is split equally among the operations running then. The last but one "
+              "column is the time no operation of the step ran (dispatch, waiting for the host); the last, "
+              "the operations' own times summed over the wall time.\n")  # fmt: skip
         parts = list(PART_NAMES)
-        head = ("preset", "dtype", "batch", *parts, "operations / wall")
-        table(
-            head,
-            [(c.preset, c.dtype, str(c.batch), *(share(c, p) for p in parts), overlap(c)) for c in costs],
-        )
-
-
-def share(c: StepCost, part: str) -> str:
-    parts = c.parts or {}
-    return f"{100 * parts.get(part, 0.0) / sum(parts.values()):.1f} %"
-
-
-def overlap(c: StepCost) -> str:
-    return f"{sum((c.parts or {}).values()) / (c.profiled_s or 1.0):.2f}"
+        head = ("preset", "dtype", "batch", *parts, "no operation", "operations / wall")
+        rows = []
+        for c in costs:
+            p = c.profiled
+            assert p is not None
+            idle = p.wall_s - sum(p.parts.values())
+            shares = (f"{100 * s / p.wall_s:.1f} %" for s in (*(p.parts.get(n, 0.0) for n in parts), idle))
+            rows.append((c.preset, c.dtype, str(c.batch), *shares, f"{p.operations_s / p.wall_s:.2f}"))
+        table(head, rows)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ whether each step was loaded. Then, in order:
    traced step's outputs must equal what the run logged and saved.
 3. **step**: the small and base steps in bfloat16 at batch 128: time, FLOPs (XLA's cost analysis),
    FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`),
-   and the five largest parts of the step's operation time, from a profile (`birdjepa.perf.profile`);
+   and the five largest parts of the step's wall time, from a profile (`birdjepa.perf.profile`);
    after a prebuild, **in place**: the first step's XLA memory plan and the copies XLA adds of its
    donated state, as the harness compiles it and with XLA's other copy insertion (on a GPU the
    region-based one, which the harness sets on a CPU only: `birdjepa.train.determinism.IN_PLACE`).
@@ -179,12 +179,10 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
                 f"MFU {100 * c.mfu(peak):.1f} %, {c.memory_bytes / 2**30:.2f} GiB, {built}",
                 "measured",
             ))  # fmt: skip
-            parts = c.parts or {}
-            top = sorted(parts.items(), key=lambda kv: -kv[1])[:5]
-            shares = ", ".join(f"{name} {100 * s / sum(parts.values()):.0f} %" for name, s in top)
-            ROWS.append(
-                ("step parts", f"{preset} bf16 batch {batch}, % of operation time", shares, "measured")
-            )
+            assert c.profiled is not None
+            top = sorted(c.profiled.parts.items(), key=lambda kv: -kv[1])[:5]
+            shares = ", ".join(f"{name} {100 * s / c.profiled.wall_s:.0f} %" for name, s in top)
+            ROWS.append(("step parts", f"{preset} bf16 batch {batch}, % of wall time", shares, "measured"))
             if (other := PREBUILT.get(f"{preset} batch {batch}, {OTHER_COPIES}")) is not None:
                 here = PREBUILT[f"{preset} batch {batch}"]
                 ROWS.append((

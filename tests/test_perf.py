@@ -1,5 +1,6 @@
 """`birdjepa.perf`: the step's FLOPs are counted from the lowered program, and its profile puts each
-operation's own time under the part of the step that made it."""
+operation's time under the part of the step that made it, each moment split among the operations
+running then."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from birdjepa.perf.profile import (
     attribute,
     instructions,
     kernel_names,
-    own_times,
     part_of,
+    segments,
+    split_wall,
     time_by_part,
 )
 from birdjepa.perf.step_cost import (
@@ -85,7 +87,15 @@ def test_the_step_writes_its_donated_state_in_place_without_copying_it_first(tin
 def test_an_operation_s_own_time_leaves_out_the_operations_inside_it() -> None:
     # A cond (0-10 ns) holding a fusion (2-5 ns), then a copy (10-12 ns), on one timeline.
     events = [(10.0, 12.0, "copy"), (0.0, 10.0, "cond"), (2.0, 5.0, "fusion")]
-    assert sorted(own_times(events)) == [("cond", 7.0), ("copy", 2.0), ("fusion", 3.0)]
+    pieces = [(0.0, 2.0, "cond"), (2.0, 5.0, "fusion"), (5.0, 10.0, "cond"), (10.0, 12.0, "copy")]
+    assert segments(events) == pieces
+
+
+def test_each_moment_is_split_among_the_operations_running_then() -> None:
+    # Two threads: an update (0-4 s) then a norm (4-6 s) on one, a matrix product (2-6 s) on the other.
+    # Summed, their own times are 10 s of a 6 s wall; split, the product shares 2-6 with the others.
+    timelines = [[(0.0, 4.0, "update"), (4.0, 6.0, "norm")], [(2.0, 6.0, "product")]]
+    assert split_wall(timelines) == {"update": 3.0, "norm": 1.0, "product": 2.0}
 
 
 def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
@@ -100,8 +110,10 @@ def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
     text = compiled.as_text()
     parts = {part_of(i) for i in instructions(text).values()}
     assert {"SIGReg", "matrix products", SOLVER_PART} <= parts
-    seconds, wall = time_by_part(text, lambda: [jax.block_until_ready(compiled(x, w)) for _ in range(3)], 3)
-    assert seconds["SIGReg"] > 0 and seconds["matrix products"] > 0 and seconds[SOLVER_PART] > 0 and wall > 0
+    p = time_by_part(text, lambda: [jax.block_until_ready(compiled(x, w)) for _ in range(3)], 3)
+    assert p.parts["SIGReg"] > 0 and p.parts["matrix products"] > 0 and p.parts[SOLVER_PART] > 0
+    # Equal where no two operations overlapped, up to the order of the float sums (hence 1e-9).
+    assert sum(p.parts.values()) <= p.wall_s and sum(p.parts.values()) <= p.operations_s * (1 + 1e-9)
 
 
 def test_a_gpu_kernel_in_a_command_buffer_is_found_by_its_kernel_s_name() -> None:

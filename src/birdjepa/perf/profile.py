@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import re
 import tempfile
 import time
@@ -158,11 +159,26 @@ def part_of(instruction: Instruction) -> str:
     raise AssertionError("the last part claims every operation")
 
 
-def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> tuple[dict[str, float], float]:
-    """Operation seconds per step of each part of `PARTS`, and the wall seconds per step, profiling
-    ``run``: ``steps`` executions of the compiled module ``hlo_text``, outputs ready. XLA runs
-    independent operations at once on its thread pool (a CPU) or streams, so the parts can sum to more
-    than the wall time, and to less where the device waits (dispatch, a host sync)."""
+@dataclasses.dataclass(frozen=True)
+class Profiled:
+    """Where the profiled steps' time went, per step."""
+
+    parts: dict[str, float]
+    """Wall seconds of each part of `PARTS`: each moment of the profile split equally among the
+    operations running then (`split_wall`), so the parts sum to the time any operation ran."""
+    operations_s: float
+    """The operations' own times summed: more than the wall time where they ran side by side."""
+    wall_s: float
+
+
+def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> Profiled:
+    """Where the time of ``run`` (``steps`` executions of the compiled module ``hlo_text``, outputs
+    ready) goes, by part of `PARTS`, from a profile of it. XLA runs independent operations at once on
+    its thread pool (a CPU) or streams: an operation's own time then stretches while others share its
+    cores, so a part that runs beside the matrix products would count their time as its own. Each
+    moment is split among the operations running then instead (on a 2-core CPU, 8 threads, the base
+    step's AdamW pass held 39 % of the summed operation time, 21 % of the wall time split so, and
+    takes 16 % of the step's time run alone: `docs/issues/007-step-limit/optimizer_alone.py`)."""
     table = instructions(hlo_text)
     kernels = kernel_names(table)
     module = hlo_text.split(None, 2)[1].rstrip(",")  # "HloModule jit_run, ..."
@@ -173,30 +189,72 @@ def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> tuple[di
             wall = time.perf_counter() - t0
         (path,) = Path(tmp).rglob("*.xplane.pb")
         data = jax.profiler.ProfileData.from_file(str(path))
-    seconds: dict[str, float] = collections.Counter()
-    for plane in data.planes:
-        if not (plane.name.startswith("/device:") or plane.name == "/host:CPU"):
-            continue
+    timelines: list[list[tuple[float, float, str]]] = []
+    parts: dict[tuple[str, str], str] = {}
+    # A GPU's operations are its kernels, on its planes; a CPU's run on the host's threads, where on a GPU
+    # only their launches would be (counted beside the kernels, they would take a share of each moment).
+    planes = [p for p in data.planes if p.name.startswith("/device:")]
+    for plane in planes or [p for p in data.planes if p.name == "/host:CPU"]:
         for line in plane.lines:
             events = []
             for e in line.events:
                 stats = dict(e.stats)
                 if stats.get("hlo_module") == module and "hlo_op" in stats:
-                    events.append((e.start_ns, e.end_ns, (str(stats["hlo_op"]), e.name)))
-            for (op, kernel), own in own_times(events):
-                seconds[attribute(table, kernels, op, kernel)] += own / 1e9
-    return {part: s / steps for part, s in seconds.items()}, wall / steps
+                    events.append((e.start_ns / 1e9, e.end_ns / 1e9, (str(stats["hlo_op"]), e.name)))
+            pieces = []
+            for start, end, name in segments(events):
+                if name not in parts:
+                    parts[name] = attribute(table, kernels, *name)
+                pieces.append((start, end, parts[name]))
+            timelines.append(pieces)
+    operations = sum(end - start for pieces in timelines for start, end, _ in pieces)
+    split = split_wall(timelines)
+    return Profiled({part: s / steps for part, s in split.items()}, operations / steps, wall / steps)
 
 
-def own_times(events: list[tuple[float, float, Any]]) -> list[tuple[Any, float]]:
-    """Each event's own time on one timeline: its duration less that of the events inside it."""
-    out: list[list] = []
-    stack: list[int] = []  # indices into out of the events still open
+def segments(events: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
+    """The pieces of one timeline's events where each is the innermost open one: an event's own time
+    (its duration less that of the events inside it, a cond's branches) is the sum of its pieces."""
+    out: list[tuple[float, float, Any]] = []
+    stack: list[tuple[float, Any]] = []  # (end, name) of the events still open, innermost last
+    at = -math.inf
+
+    def close_until(t: float) -> None:
+        nonlocal at
+        while stack and stack[-1][0] <= t:
+            end, name = stack.pop()
+            if end > at:
+                out.append((at, end, name))
+                at = end
+        if stack and t > at:
+            out.append((at, t, stack[-1][1]))
+        at = max(at, t)
+
     for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
-        while stack and out[stack[-1]][2] <= start:
-            stack.pop()
-        if stack:
-            out[stack[-1]][1] -= end - start
-        out.append([name, end - start, end])
-        stack.append(len(out) - 1)
-    return [(name, own) for name, own, _ in out]
+        close_until(start)
+        stack.append((end, name))
+    close_until(math.inf)
+    return out
+
+
+def split_wall(timelines: list[list[tuple[float, float, Any]]]) -> dict[Any, float]:
+    """Each name's share of the wall time over timelines of pieces that do not overlap within one
+    timeline (`segments`): every moment split equally among the pieces running then, on any timeline."""
+    edges = sorted(
+        (t, opens, i, k)
+        for i, pieces in enumerate(timelines)
+        for k, (start, end, _) in enumerate(pieces)
+        if end > start
+        for t, opens in ((start, True), (end, False))
+    )
+    shares: dict[Any, float] = collections.Counter()
+    running: set[tuple[int, int]] = set()
+    last = 0.0
+    for t, opens, i, k in edges:
+        if running and t > last:
+            each = (t - last) / len(running)
+            for j, m in running:
+                shares[timelines[j][m][2]] += each
+        last = t
+        (running.add if opens else running.discard)((i, k))
+    return dict(shares)

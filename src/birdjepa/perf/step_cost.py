@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax._src.lib import _jax
 
 from birdjepa.config import PretrainConfig, resolve
-from birdjepa.perf.profile import time_by_part
+from birdjepa.perf.profile import Profiled, time_by_part
 from birdjepa.train.compile_cache import cache_loads
 from birdjepa.train.compiled import Compiled, jit_step
 from birdjepa.train.segment import StepInputs, open_loader, open_segment, step_inputs
@@ -60,10 +60,8 @@ class StepCost:
     """Lowering and compiling the step (or loading it from the persistent compilation cache)."""
     loaded: bool = False
     """Whether the step was loaded from the persistent compilation cache rather than compiled."""
-    parts: dict[str, float] | None = None
-    """Operation seconds per step of each part of the step, from a profile (`birdjepa.perf.profile`)."""
-    profiled_s: float | None = None
-    """Wall seconds per step while profiled."""
+    profiled: Profiled | None = None
+    """Where a step's time goes, by part, from a profile (`birdjepa.perf.profile`)."""
 
     @property
     def flops_per_s(self) -> float:
@@ -157,14 +155,12 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
         return time.perf_counter() - t0
 
     times = [step() for _ in range(warmup + repeats)]
-    parts, profiled_s = None, None
+    profiled = None
     if profile:
-        parts, profiled_s = time_by_part(
-            compiled.as_text(), lambda: [step() for _ in range(repeats)], repeats
-        )
+        profiled = time_by_part(compiled.as_text(), lambda: [step() for _ in range(repeats)], repeats)
     return StepCost(
         cfg.model.preset, cfg.model.dtype, cfg.data.batch_size, statistics.median(times[warmup:]), flops,
-        int(memory_bytes), compile_s, loaded, parts, profiled_s,
+        int(memory_bytes), compile_s, loaded, profiled,
     )  # fmt: skip
 
 
