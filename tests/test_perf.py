@@ -5,12 +5,14 @@ running then."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from birdjepa.diagnostics.collapse import effective_rank
+from birdjepa.perf import profile
 from birdjepa.perf.profile import (
     NOT_ATTRIBUTED,
     SOLVER_PART,
@@ -20,6 +22,7 @@ from birdjepa.perf.profile import (
     part_of,
     segments,
     split_wall,
+    tails,
     time_by_part,
 )
 from birdjepa.perf.step_cost import (
@@ -89,6 +92,27 @@ def test_an_operation_s_own_time_leaves_out_the_operations_inside_it() -> None:
     events = [(10.0, 12.0, "copy"), (0.0, 10.0, "cond"), (2.0, 5.0, "fusion")]
     pieces = [(0.0, 2.0, "cond"), (2.0, 5.0, "fusion"), (5.0, 10.0, "cond"), (10.0, 12.0, "copy")]
     assert segments(events) == pieces
+
+
+def test_an_operation_runs_until_its_end_mark_when_its_launch_returns_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A dot launched at 0-1 s whose work ends at 5 s; an add whose mark comes as its launch returns; a
+    # GPU kernel, which has no mark.
+    launches = [(0.0, 1.0, "dot", 7), (1.0, 2.0, "add", 8), (2.0, 3.0, "kernel", 9)]
+    assert tails(launches, {7: 5.0, 8: 2.0}) == [(1.0, 5.0, "dot")]
+    # XLA's CPU profile marks them so: a loop fusion split across threads goes on after its launch.
+    found: list = []
+
+    def spy(*args: Any) -> list:
+        found.extend(tails(*args))
+        return tails(*args)
+
+    monkeypatch.setattr(profile, "tails", spy)
+    compiled = jax.jit(lambda a: jnp.tanh(jnp.exp(a[::-1]) * 2 + a)).lower(jnp.ones((2048, 2048))).compile()
+    a = jnp.ones((2048, 2048))
+    time_by_part(compiled.as_text(), lambda: [jax.block_until_ready(compiled(a)) for _ in range(2)], 2)
+    assert found and all(end > start for start, end, _ in found)
 
 
 def test_each_moment_is_split_among_the_operations_running_then() -> None:

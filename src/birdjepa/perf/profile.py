@@ -1,7 +1,8 @@
 """Where the training step's time goes, from an XLA profile of the compiled step.
 
 JAX's profiler records every operation XLA executed (a CPU thunk, a GPU kernel) with the name of its
-HLO instruction. The compiled module's text gives each instruction's metadata, the JAX name stack of
+HLO instruction; on a CPU an operation runs from its launch to its end mark (`tails`), and each moment
+goes to the operations running then (`split_wall`). The compiled module's text gives each instruction's metadata, the JAX name stack of
 the code that made it (``jit(run)/jvp(BirdJepa)/encoder/block_0/attn/...``; the step names its parts
 with ``jax.named_scope``: ``optimizer``, ``guard``, ``metrics``, ``monitor``, ``record``, ``augment``,
 ``sigreg``, ``collapse``), and whether it is or holds a matrix product. Each operation's own time
@@ -81,6 +82,13 @@ class Instruction:
     matmul: bool
     inside: tuple[str, ...] = ()
     """The name stacks of the operations a fusion (or call) holds."""
+    line: str = ""
+    """Its line of the module's text."""
+
+
+NO_INSTRUCTION = Instruction("", False)
+#: A conditional or loop: its operations are profiled inside it, so it has no tail of its own (`tails`).
+CONTROL_FLOW = re.compile(r"[\])}] (conditional|while)\(")
 
 
 def instructions(hlo_text: str) -> dict[str, Instruction]:
@@ -126,7 +134,7 @@ def instructions(hlo_text: str) -> dict[str, Instruction]:
             )
             inside = tuple(n for c in CALLS.findall(line) for n in names_in(c)) if fused else ()
             stack = op.group(1) if op else XLA_COPY if ADDED_COPY.search(line) else ""
-            out[name] = Instruction(stack, matmul, inside)
+            out[name] = Instruction(stack, matmul, inside, line)
     return out
 
 
@@ -177,7 +185,7 @@ def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> Profiled
     its thread pool (a CPU) or streams: an operation's own time then stretches while others share its
     cores, so a part that runs beside the matrix products would count their time as its own. Each
     moment is split among the operations running then instead (on a 2-core CPU, 8 threads, the base
-    step's AdamW pass held 39 % of the summed operation time, 21 % of the wall time split so, and
+    step's AdamW pass held 39 % of the summed operation time, 22-23 % of the wall time split so, and
     takes 16 % of the step's time run alone: `docs/issues/007-step-limit/optimizer_alone.py`)."""
     table = instructions(hlo_text)
     kernels = kernel_names(table)
@@ -191,25 +199,45 @@ def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> Profiled
         data = jax.profiler.ProfileData.from_file(str(path))
     timelines: list[list[tuple[float, float, str]]] = []
     parts: dict[tuple[str, str], str] = {}
+
+    def part(name: tuple[str, str]) -> str:
+        if name not in parts:
+            parts[name] = attribute(table, kernels, *name)
+        return parts[name]
+
     # A GPU's operations are its kernels, on its planes; a CPU's run on the host's threads, where on a GPU
     # only their launches would be (counted beside the kernels, they would take a share of each moment).
     planes = [p for p in data.planes if p.name.startswith("/device:")]
+    launches: list[tuple[float, float, tuple[str, str], Any]] = []
+    ends: dict[Any, float] = {}
     for plane in planes or [p for p in data.planes if p.name == "/host:CPU"]:
         for line in plane.lines:
             events = []
             for e in line.events:
                 stats = dict(e.stats)
                 if stats.get("hlo_module") == module and "hlo_op" in stats:
-                    events.append((e.start_ns / 1e9, e.end_ns / 1e9, (str(stats["hlo_op"]), e.name)))
-            pieces = []
-            for start, end, name in segments(events):
-                if name not in parts:
-                    parts[name] = attribute(table, kernels, *name)
-                pieces.append((start, end, parts[name]))
-            timelines.append(pieces)
+                    name = (str(stats["hlo_op"]), e.name)
+                    events.append((e.start_ns / 1e9, e.end_ns / 1e9, name))
+                    if "_p" in stats and not CONTROL_FLOW.search(table.get(name[0], NO_INSTRUCTION).line):
+                        launches.append((e.start_ns / 1e9, e.end_ns / 1e9, name, stats["_p"]))
+                elif e.name.startswith("end: ") and "_c" in stats:
+                    ends[stats["_c"]] = e.start_ns / 1e9
+            timelines.append([(start, end, part(name)) for start, end, name in segments(events)])
+    timelines.append([(start, end, part(name)) for start, end, name in tails(launches, ends)])
     operations = sum(end - start for pieces in timelines for start, end, _ in pieces)
     split = split_wall(timelines)
     return Profiled({part: s / steps for part, s in split.items()}, operations / steps, wall / steps)
+
+
+def tails(
+    launches: list[tuple[float, float, Any, Any]], ends: dict[Any, float]
+) -> list[tuple[float, float, Any]]:
+    """The time each operation ran after its launch returned: on a CPU, XLA's thunk executor records an
+    operation's launch (``dot.48``, its ``_p`` id) and, when its work is done, a mark (``end: dot.48``,
+    the same id as ``_c``); a matrix product or a loop split across threads returns at once and goes on
+    in the thread pool's tasks, which name no operation. Without its tail, the tiny step's patch-embedding
+    gradient left 2-9 ms a step with no operation running (`docs/issues/007-step-limit/README.md`)."""
+    return [(end, ends[id_], name) for _, end, name, id_ in launches if ends.get(id_, end) > end]
 
 
 def segments(events: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
