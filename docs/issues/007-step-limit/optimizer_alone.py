@@ -11,7 +11,7 @@ gradients of ones; beside it a pass that reads two arrays of the parameters' siz
 beside a matrix product stretches while they share the cores, and the update's share read 27-39 % of
 those sums (small, base) where alone it takes 7-16 % of the step's time
 (`birdjepa.perf.profile.time_by_part` now splits each moment among the operations running then:
-13-21 %).
+12-23 %).
 """
 
 from __future__ import annotations
