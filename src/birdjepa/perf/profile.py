@@ -2,9 +2,10 @@
 
 JAX's profiler records every operation XLA executed (a CPU thunk, a GPU kernel) with the name of its
 HLO instruction; on a CPU an operation runs from its launch to its end mark (`tails`), and each moment
-goes to the operations running then (`split_wall`). The compiled module's text gives each instruction's metadata, the JAX name stack of
-the code that made it (``jit(run)/jvp(BirdJepa)/encoder/block_0/attn/...``; the step names its parts
-with ``jax.named_scope``: ``optimizer``, ``guard``, ``metrics``, ``monitor``, ``record``, ``augment``,
+goes to the operations running then (`split_wall`). The compiled module's text gives each
+instruction's metadata, the JAX name stack of the code that made it
+(``jit(run)/jvp(BirdJepa)/encoder/block_0/attn/...``; the step names its parts with
+``jax.named_scope``: ``optimizer``, ``guard``, ``metrics``, ``monitor``, ``record``, ``augment``,
 ``sigreg``, ``collapse``), and whether it is or holds a matrix product. Each operation's own time
 (less what it contains, a cond's branches) goes to the first part that claims it, in `PARTS` order.
 XLA names a fusion after its root alone; a part of the step around the model (`AROUND_THE_MODEL`)
