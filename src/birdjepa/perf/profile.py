@@ -176,7 +176,8 @@ class Profiled:
     """Wall seconds of each part of `PARTS`: each moment of the profile split equally among the
     operations running then (`split_wall`), so the parts sum to the time any operation ran."""
     operations_s: float
-    """The operations' own times summed: more than the wall time where they ran side by side."""
+    """The operations' own times summed (on a CPU, each to its end mark): more than the wall time
+    where they ran side by side."""
     wall_s: float
 
 
@@ -267,8 +268,8 @@ def segments(events: list[tuple[float, float, Any]]) -> list[tuple[float, float,
 
 
 def split_wall(timelines: list[list[tuple[float, float, Any]]]) -> dict[Any, float]:
-    """Each name's share of the wall time over timelines of pieces that do not overlap within one
-    timeline (`segments`): every moment split equally among the pieces running then, on any timeline."""
+    """Each name's share of the wall time over timelines of pieces (`segments`, `tails`): every moment
+    split equally among the pieces running then, on any timeline."""
     edges = sorted(
         (t, opens, i, k)
         for i, pieces in enumerate(timelines)
