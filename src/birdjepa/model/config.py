@@ -78,7 +78,9 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the encoder, projector and predictor (matmuls, attention, activations).
     Parameters, gradients and the optimizer state stay float32 (master weights), and the model's
-    outputs are cast to float32 before any loss, so bfloat16 changes the arithmetic, not the state."""
+    outputs are cast to float32 before any loss, so bfloat16 changes the arithmetic, not the state.
+    It is for accelerators: on every CPU measured, one with a bfloat16 matrix unit (AMX) among them,
+    the small and base steps are 1.1-1.6x as long in bfloat16 (docs/benchmarks.md, bench_step.py)."""
     ln_epsilon: float = 1e-6
     """Epsilon of every LayerNorm (flax's default; PyTorch's is 1e-5: set it to match a reference)."""
     predictor_depth: int = 0
