@@ -106,7 +106,7 @@ def test_an_operation_runs_until_its_end_mark_when_its_launch_returns_first(
 
     def spy(*args: Any) -> list:
         found.extend(tails(*args))
-        return tails(*args)
+        return found
 
     monkeypatch.setattr(profile, "tails", spy)
     compiled = jax.jit(lambda a: jnp.tanh(jnp.exp(a[::-1]) * 2 + a)).lower(jnp.ones((2048, 2048))).compile()

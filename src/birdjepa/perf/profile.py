@@ -83,12 +83,10 @@ class Instruction:
     matmul: bool
     inside: tuple[str, ...] = ()
     """The name stacks of the operations a fusion (or call) holds."""
-    line: str = ""
-    """Its line of the module's text."""
+    control_flow: bool = False
+    """A conditional or loop: its operations are profiled inside it, so it has no tail (`tails`)."""
 
 
-NO_INSTRUCTION = Instruction("", False)
-#: A conditional or loop: its operations are profiled inside it, so it has no tail of its own (`tails`).
 CONTROL_FLOW = re.compile(r"[\])}] (conditional|while)\(")
 
 
@@ -135,7 +133,7 @@ def instructions(hlo_text: str) -> dict[str, Instruction]:
             )
             inside = tuple(n for c in CALLS.findall(line) for n in names_in(c)) if fused else ()
             stack = op.group(1) if op else XLA_COPY if ADDED_COPY.search(line) else ""
-            out[name] = Instruction(stack, matmul, inside, line)
+            out[name] = Instruction(stack, matmul, inside, bool(CONTROL_FLOW.search(line)))
     return out
 
 
@@ -220,7 +218,8 @@ def time_by_part(hlo_text: str, run: Callable[[], None], steps: int) -> Profiled
                 if stats.get("hlo_module") == module and "hlo_op" in stats:
                     name = (str(stats["hlo_op"]), e.name)
                     events.append((e.start_ns / 1e9, e.end_ns / 1e9, name))
-                    if "_p" in stats and not CONTROL_FLOW.search(table.get(name[0], NO_INSTRUCTION).line):
+                    instruction = table.get(name[0])
+                    if "_p" in stats and not (instruction and instruction.control_flow):
                         launches.append((e.start_ns / 1e9, e.end_ns / 1e9, name, stats["_p"]))
                 elif e.name.startswith("end: ") and "_c" in stats:
                     ends[stats["_c"]] = e.start_ns / 1e9
