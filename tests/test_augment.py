@@ -86,7 +86,7 @@ def test_warp_shifts_mel_bins_and_stretches_time_by_known_amounts():
     x = views(b=1, v=2, t=8, m=6)
     xs = np.asarray(x)
     # View 0: one bin higher, no stretch. View 1: twice as slow, no shift.
-    y = np.asarray(_warp(x, jnp.array([[1.0, 0.0]]), jnp.array([[1.0, 2.0]])))
+    y = np.asarray(_warp(x, jnp.array([[1.0, 0.0]]), jnp.array([[1.0, 2.0]]), reach=1.0))
     np.testing.assert_array_equal(y[0, 0, :, 1:], xs[0, 0, :, :-1])  # bin j now holds bin j - 1
     np.testing.assert_array_equal(y[0, 0, :, 0], xs[0, 0, :, 0])  # the lowest bin is held at the edge
     halfway = (xs[0, 1, :-1] + xs[0, 1, 1:]) / 2
@@ -97,6 +97,47 @@ def test_warp_shifts_mel_bins_and_stretches_time_by_known_amounts():
     a = np.asarray(augment_views(x, jax.random.key(4), cfg, mean=MEAN, std=STD))
     assert a.shape == xs.shape and not np.array_equal(a[0, 0], a[0, 1])
     assert np.array_equal(a, np.asarray(augment_views(x, jax.random.key(4), cfg, mean=MEAN, std=STD)))
+
+
+def gathered(x: jax.Array, pos: jax.Array, axis: int) -> jax.Array:
+    """Linear interpolation along ``axis`` by two gathers, as the warp computed it until 2026-12-05."""
+    n = x.shape[axis]
+    pos = jnp.clip(pos, 0.0, n - 1.0)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, n - 1)
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    a, c = jnp.take(x, lo, axis=axis), jnp.take(x, hi, axis=axis)
+    return a + (c - a) * (pos - lo).reshape(shape)
+
+
+@pytest.mark.parametrize("reach", [0.0, 2.0, 2.5, 40.0])
+def test_the_warp_gives_the_bits_of_gathers_along_both_axes(reach: float) -> None:
+    """The mel shift selects among shifted copies instead of gathering: every bit as the gathers gave
+    them (the step's digests rest on it), shifts at the reach and next to whole bins included, and a
+    reach wider than the band (40 of 32 bins). A shift beyond the reach shows as NaN, not a wrong bin."""
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(3, 4, 64, 32)) * 3 - 5).astype(np.float32)
+    shift = rng.uniform(-reach, reach, (3, 4)).astype(np.float32)
+    shift[0] = [reach, -reach, min(reach, np.nextafter(np.float32(1), 0)), -min(reach, 1e-7)]
+    stretch = np.exp(rng.uniform(-math.log1p(0.1), math.log1p(0.1), (3, 4))).astype(np.float32)
+    stretch[1, :2] = [1.1, 1 / 1.1]
+
+    def by_gathers(x: jax.Array, shift: jax.Array, stretch: jax.Array) -> jax.Array:
+        t, m = x.shape[2:]
+
+        def one(view: jax.Array, s: jax.Array, r: jax.Array) -> jax.Array:
+            view = gathered(view, jnp.arange(m, dtype=jnp.float32) - s, axis=1)
+            return gathered(view, jnp.arange(t, dtype=jnp.float32) / r, axis=0)
+
+        return jax.vmap(jax.vmap(one))(x, shift, stretch)
+
+    got = np.asarray(jax.jit(lambda *a: _warp(*a, reach=reach))(x, shift, stretch))
+    want = np.asarray(jax.jit(by_gathers)(x, shift, stretch))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    if reach == 2.0:
+        beyond = np.asarray(_warp(x, shift + 3, stretch, reach=reach))
+        assert np.isnan(beyond).any()
 
 
 def test_noise_adds_power_at_the_views_own_floor_by_a_level_per_view():

@@ -55,7 +55,7 @@ def augment_views(x: Array, key: Array, cfg: AugmentConfig, *, mean: float, std:
         log_stretch = jax.random.uniform(
             k_stretch, (b, v), minval=-math.log1p(cfg.stretch), maxval=math.log1p(cfg.stretch)
         )
-        log_power = _warp(log_power, shift, jnp.exp(log_stretch))
+        log_power = _warp(log_power, shift, jnp.exp(log_stretch), reach=cfg.pitch_bins)
     if cfg.noise_db > 0:  # its own key: adding it leaves the other draws as they were
         floor = noise_floor(log_power.reshape(b * v, t, m)).reshape(b, v, 1, m)
         above = jax.random.uniform(jax.random.fold_in(key, _NOISE_KEY), (b, v, 1, 1), maxval=cfg.noise_db)
@@ -75,26 +75,50 @@ def augment_views(x: Array, key: Array, cfg: AugmentConfig, *, mean: float, std:
     return ((log_power - mean) / std).astype(x.dtype)
 
 
-def _interp(x: Array, pos: Array, axis: int) -> Array:
-    """``x`` sampled at fractional positions ``pos`` along ``axis`` (linear, clamped at the edges)."""
-    n = x.shape[axis]
+def _interp(x: Array, pos: Array) -> Array:
+    """``x`` sampled at fractional positions ``pos`` along its first axis (linear, clamped at the edges).
+    Each index is in range by construction, so the gathers skip XLA's bounds checks."""
+    n = x.shape[0]
     pos = jnp.clip(pos, 0.0, n - 1.0)
     lo = jnp.floor(pos).astype(jnp.int32)
     hi = jnp.minimum(lo + 1, n - 1)
     w = pos - lo
-    a, c = jnp.take(x, lo, axis=axis), jnp.take(x, hi, axis=axis)
-    shape = [1] * x.ndim
-    shape[axis] = -1
-    return a + (c - a) * w.reshape(shape)
+    a, c = x.at[lo].get(mode="promise_in_bounds"), x.at[hi].get(mode="promise_in_bounds")
+    return a + (c - a) * w.reshape(-1, *([1] * (x.ndim - 1)))
 
 
-def _warp(x: Array, shift: Array, stretch: Array) -> Array:
-    """Each ``[T, M]`` view of ``x [B, V, T, M]`` shifted by ``shift`` mel bins (positive: higher)
-    and stretched in time by ``stretch`` (> 1: slower), both about its start."""
-    _, _, t, m = x.shape
+def _shift_bins(x: Array, s: Array, reach: float) -> Array:
+    """``x [T, M]`` sampled at mel positions ``k - s`` (linear, clamped at the edges), for ``|s| <=
+    reach``: the values two gathers along the mel axis gave, without a gather. Each index lies within
+    ``ceil(reach) + 1`` bins of its own, so each value is one of that many shifted copies of ``x``,
+    picked by a select: XLA's CPU gather reads one element at a time, here strided along the mel axis,
+    and with it the warp took a third of the tiny step's time, with the selects a sixth
+    (``docs/issues/007-step-limit/warp.py``). The copies grow with the reach: alone, the warp took
+    3.6 ms at ``--augment.pitch-bins 2`` (the default) and 7.3 ms at 12 against the gathers' 5.0 ms.
+    A bin beyond the reach stays NaN, which the guard reports."""
+    m = x.shape[-1]
+    pos = jnp.clip(jnp.arange(m, dtype=jnp.float32) - s, 0.0, m - 1.0)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, m - 1)
+    w = pos - lo
+    r = math.ceil(reach) + 1  # k - s rounded to float32, floored, clamped: lo - k in [-r, r - 1]
+    bin_ = jnp.arange(m, dtype=jnp.int32)
+    edges = (jnp.repeat(x[:, :1], r, axis=1), x, jnp.repeat(x[:, -1:], r, axis=1))
+    padded = jnp.concatenate(edges, axis=1)  # bin k + d of x at column r + k + d, edges held
+    a = c = jnp.full_like(x, jnp.nan)
+    for d in range(-r, r + 1):
+        shifted = jax.lax.slice_in_dim(padded, r + d, r + d + m, axis=1)
+        a = jnp.where(lo - bin_ == d, shifted, a)
+        c = jnp.where(hi - bin_ == d, shifted, c)
+    return a + (c - a) * w
+
+
+def _warp(x: Array, shift: Array, stretch: Array, *, reach: float) -> Array:
+    """Each ``[T, M]`` view of ``x [B, V, T, M]`` shifted by ``shift`` mel bins (positive: higher,
+    ``|shift| <= reach``) and stretched in time by ``stretch`` (> 1: slower), both about its start."""
+    t = x.shape[2]
 
     def one(view: Array, s: Array, r: Array) -> Array:
-        view = _interp(view, jnp.arange(m, dtype=jnp.float32) - s, axis=1)
-        return _interp(view, jnp.arange(t, dtype=jnp.float32) / r, axis=0)
+        return _interp(_shift_bins(view, s, reach), jnp.arange(t, dtype=jnp.float32) / r)
 
     return jax.vmap(jax.vmap(one))(x, shift, stretch)
