@@ -92,7 +92,7 @@ def _shift_bins(x: Array, s: Array, reach: float) -> Array:
     reach``: the values two gathers along the mel axis gave, without a gather. Each index lies within
     ``ceil(reach) + 1`` bins of its own, so each value is one of that many shifted copies of ``x``,
     picked by a select: XLA's CPU gather reads one element at a time, here strided along the mel axis,
-    and with it the warp took a third of the tiny step's time, with the selects a sixth
+    and with it the warp took a third of the tiny step's time, with the selects under a fifth
     (``docs/issues/007-step-limit/warp.py``). The copies grow with the reach: alone, the warp took
     3.6 ms at ``--augment.pitch-bins 2`` (the default) and 7.3 ms at 12 against the gathers' 5.0 ms.
     A bin beyond the reach stays NaN, which the guard reports."""
