@@ -90,26 +90,26 @@ def _interp(x: Array, pos: Array) -> Array:
 def _shift_bins(x: Array, s: Array, reach: float) -> Array:
     """``x [T, M]`` sampled at mel positions ``k - s`` (linear, clamped at the edges), for ``|s| <=
     reach``: the values two gathers along the mel axis gave, without a gather. Each index lies within
-    ``ceil(reach) + 1`` bins of its own, so each value is one of that many shifted copies of ``x``,
-    picked by a select: XLA's CPU gather reads one element at a time, here strided along the mel axis,
-    and with it the warp took a third of the tiny step's time, with the selects under a fifth
-    (``docs/issues/007-step-limit/warp.py``). The copies grow with the reach: alone, the warp took
-    3.6 ms at ``--augment.pitch-bins 2`` (the default) and 7.3 ms at 12 against the gathers' 5.0 ms.
-    A bin beyond the reach stays NaN, which the guard reports."""
+    ``ceil(reach)`` bins of its own (its upper neighbour one more), so each value is one of the
+    ``2 ceil(reach) + 2`` copies of ``x`` shifted by as many bins, picked by a select. XLA's CPU gather
+    reads one element at a time, here strided along the mel axis: with it the warp took 30-35 % of the
+    tiny step's time, with the selects 13-15 % (``docs/issues/007-step-limit/warp.py``). The copies
+    grow with the reach: alone, the warp takes 2-4 ms at ``--augment.pitch-bins 2`` (the default),
+    4-6 ms at 12 and 7-9 ms at 24, the gathers 4.6-4.8 ms at any. A bin beyond the reach stays NaN,
+    which the guard reports."""
     m = x.shape[-1]
     pos = jnp.clip(jnp.arange(m, dtype=jnp.float32) - s, 0.0, m - 1.0)
     lo = jnp.floor(pos).astype(jnp.int32)
-    hi = jnp.minimum(lo + 1, m - 1)
     w = pos - lo
-    r = math.ceil(reach) + 1  # k - s rounded to float32, floored, clamped: lo - k in [-r, r - 1]
+    r = math.ceil(reach)  # k - s rounded to float32 cannot cross k +- r: lo - k in [-r, r], clamped too
     bin_ = jnp.arange(m, dtype=jnp.int32)
-    edges = (jnp.repeat(x[:, :1], r, axis=1), x, jnp.repeat(x[:, -1:], r, axis=1))
-    padded = jnp.concatenate(edges, axis=1)  # bin k + d of x at column r + k + d, edges held
+    edges = (jnp.repeat(x[:, :1], r, axis=1), x, jnp.repeat(x[:, -1:], r + 1, axis=1))
+    padded = jnp.concatenate(edges, axis=1)  # bin k + d of x at column r + k + d, the edges held
+    shifted = [jax.lax.slice_in_dim(padded, r + d, r + d + m, axis=1) for d in range(-r, r + 2)]
     a = c = jnp.full_like(x, jnp.nan)
-    for d in range(-r, r + 1):
-        shifted = jax.lax.slice_in_dim(padded, r + d, r + d + m, axis=1)
-        a = jnp.where(lo - bin_ == d, shifted, a)
-        c = jnp.where(hi - bin_ == d, shifted, c)
+    for d in range(-r, r + 1):  # the upper neighbour: the next copy (at the top bin, the edge held)
+        at = lo - bin_ == d
+        a, c = jnp.where(at, shifted[d + r], a), jnp.where(at, shifted[d + r + 1], c)
     return a + (c - a) * w
 
 
