@@ -14,12 +14,12 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.model.config import ModelConfig, preset
+from birdjepa.model.noise_floor import low_quantile, noise_floor
 from birdjepa.model.vit import (
     BirdJepa,
     encode_views,
     init_params,
     named_params,
-    noise_floor,
     param_count,
     param_groups,
     patchify,
@@ -192,6 +192,24 @@ def test_patchify_is_time_major():
     assert p.shape == (1, 2, 256)
     np.testing.assert_array_equal(p[0, 0], np.asarray(x[0, :16, :16]).reshape(-1))
     np.testing.assert_array_equal(p[0, 1], np.asarray(x[0, 16:, :16]).reshape(-1))
+
+
+@pytest.mark.parametrize("n", [1, 2, 25, 32, 33])
+def test_the_low_quantile_gives_the_bits_of_jnp_quantile(n: int) -> None:
+    """Two order statistics from top_k in place of a sort of each row: every bit of the quantile, both
+    jitted (XLA may fuse the interpolation into one multiply-add), with a NaN, ties, zeros and q at the
+    ends. Where a row holds -0 and +0, a zero may come back with the other sign: equal as numbers."""
+    rng = np.random.default_rng(n)
+    rows = rng.normal(size=(5, 6, n)).astype(np.float32)
+    rows[0, 0, 0] = np.nan
+    rows[1] = np.abs(np.round(rows[1], 1))  # ties, +0 among them
+    rows[2] = 0.0
+    rows[4] = np.round(rows[4], 1)  # -0 too
+    for q in (0.2, 0.5, 0.0, 1.0):
+        want = np.asarray(jax.jit(jnp.quantile, static_argnames="axis")(rows, q, axis=-1))
+        got = np.asarray(jax.jit(low_quantile, static_argnums=1)(rows, q))
+        assert np.array_equal(got[:4].view(np.uint32), want[:4].view(np.uint32)), q
+        assert np.isnan(got[0, 0]) and np.array_equal(got[4], want[4]), q
 
 
 def test_noise_floor_ignores_bursts_and_the_floor_norm_ignores_the_channel(tiny):

@@ -64,6 +64,7 @@ import jax
 import jax.numpy as jnp
 
 from birdjepa.model.config import GROUPS, OPTIONAL_GROUPS, DecoderConfig, ModelConfig
+from birdjepa.model.noise_floor import noise_floor
 
 Array = jax.Array
 PyTree = Any
@@ -76,20 +77,6 @@ def patchify(x: Array, patch: int, q: int) -> Array:
     x = x.reshape(b, t // patch, patch, m // q, q)
     x = x.transpose(0, 1, 3, 2, 4)
     return x.reshape(b, (t // patch) * (m // q), patch * q)
-
-
-NOISE_FLOOR_WINDOW = 16  # frames (160 ms): longer than a note, shorter than a song's pauses
-
-
-def noise_floor(x: Array, window: int = NOISE_FLOOR_WINDOW) -> Array:
-    """Each mel bin's noise floor in ``x [B, T, M]`` (log domain) -> ``[B, 1, M]``: the 20th percentile
-    over time of its means over windows of ``window`` frames (fewer when they do not divide T). A
-    bird sings in bursts, so the quiet windows show the background; a quantile over all T frames
-    costs 20x more (a sort of T per bin)."""
-    b, t, m = x.shape
-    window = math.gcd(window, t)
-    means = x.reshape(b, t // window, window, m).mean(axis=2)
-    return jnp.quantile(means, 0.2, axis=1, keepdims=True)
 
 
 def normalised_input(cfg: ModelConfig, x: Array) -> Array:

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from birdjepa.config import AugmentConfig
-from birdjepa.model.vit import noise_floor
+from birdjepa.model.noise_floor import noise_floor
 
 Array = jax.Array
 _DB = math.log(10.0) / 10.0  # natural-log units per dB of power
@@ -93,7 +93,7 @@ def _shift_bins(x: Array, s: Array, reach: float) -> Array:
     ``ceil(reach)`` bins of its own (its upper neighbour one more), so each value is one of the
     ``2 ceil(reach) + 2`` copies of ``x`` shifted by as many bins, picked by a select. XLA's CPU gather
     reads one element at a time, here strided along the mel axis: with it the warp took 30-35 % of the
-    tiny step's time, with the selects 13-15 % (``docs/issues/007-step-limit/warp.py``). The copies
+    tiny step's time, with the selects 13-15 % (``docs/issues/007-step-limit/tiny_step.py``). The copies
     grow with the reach: alone, the warp takes 2-4 ms at ``--augment.pitch-bins 2`` (the default),
     4-6 ms at 12 and 7-9 ms at 24, the gathers 4.6-4.8 ms at any. A bin beyond the reach stays NaN,
     which the guard reports."""

@@ -1,25 +1,28 @@
-"""The augmentation's warp in the step: its gathers as they were, its selects as they are, and no warp.
+"""The tiny step's two hot spots on a CPU, as they were and as they are: the warp's gathers, the floor's sort.
 
-    python docs/issues/007-step-limit/warp.py [--presets tiny small] [--steps 16]
+    python docs/issues/007-step-limit/tiny_step.py [--presets tiny small] [--steps 16]
 
-For each preset (float32, the CPU's batch: `birdjepa.perf.step_cost.CPU_BATCH`), the run's step three
+For each preset (float32, the CPU's batch: `birdjepa.perf.step_cost.CPU_BATCH`), the run's step four
 ways, each compiled afresh (`birdjepa.train.compiled` keeps the functions of a step configuration it
 built, so a second build of the same configuration would return the first's: the cache is cleared
 between them), then called in turn, each round starting at the next, ``--steps`` steps each:
 
-- "gathers": the warp until 2026-12-05, linear interpolation by two gathers along each axis;
-- "selects": `birdjepa.train.augment._warp`, the mel shift picked among shifted copies, the time
-  stretch gathered without XLA's bounds checks;
-- "no warp": the views as they come, what the warp costs at most (other bits: the views differ).
+- "before": as until 2026-12-05: the augmentation's warp interpolates by two gathers along each axis,
+  and the input's noise floor (`birdjepa.model.noise_floor`) takes `jnp.quantile`, which sorts;
+- "warp by selects": `birdjepa.train.augment._warp`, the mel shift picked among shifted copies, the
+  time stretch gathered without XLA's bounds checks; the floor as before;
+- "now": that warp, and the floor's quantile from two order statistics (`noise_floor.low_quantile`, top_k);
+- "now, no warp": the views as they come, what the warp costs at most (other bits: the views differ).
 
 Medians of the steps after the first two; the parameters after the last step, bit for bit, against
-the first row's. A scratch A/B of 2026-12-04 found no gain from dropping the bounds checks alone: its
-two builds came from that cache, one program timed twice (the parameters after them were equal).
+the first row's. A scratch A/B of 2026-12-04 found no gain from dropping the gathers' bounds checks
+alone: its two builds came from that cache, one program timed twice (the parameters were equal).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +37,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from birdjepa.model import vit  # noqa: E402
+from birdjepa.model.noise_floor import NOISE_FLOOR_WINDOW  # noqa: E402
 from birdjepa.perf.step_cost import CPU_BATCH, bench_config, common_call, first_step  # noqa: E402
 from birdjepa.train import augment, compiled  # noqa: E402
 
@@ -60,6 +65,14 @@ def by_gathers(x: jax.Array, shift: jax.Array, stretch: jax.Array, *, reach: flo
     return jax.vmap(jax.vmap(one))(x, shift, stretch)
 
 
+def floor_by_sort(x: jax.Array, window: int = NOISE_FLOOR_WINDOW) -> jax.Array:
+    """The noise floor as it was until 2026-12-05: `jnp.quantile`, a sort of each bin's window means."""
+    b, t, m = x.shape
+    window = math.gcd(window, t)
+    means = x.reshape(b, t // window, window, m).mean(axis=2)
+    return jnp.quantile(means, 0.2, axis=1, keepdims=True)
+
+
 def no_warp(x: jax.Array, shift: jax.Array, stretch: jax.Array, *, reach: float) -> jax.Array:
     return x
 
@@ -69,20 +82,26 @@ def main() -> None:
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
     ap.add_argument("--steps", type=int, default=16)
     args = ap.parse_args()
-    variants: dict[str, Callable] = {"gathers": by_gathers, "selects": augment._warp, "no warp": no_warp}
-    print("| preset | batch | warp | ms/step (median) | vs gathers | parameters after vs gathers' |")
+    variants: dict[str, tuple[Callable, Callable]] = {
+        "before": (by_gathers, floor_by_sort),
+        "warp by selects": (augment._warp, floor_by_sort),
+        "now": (augment._warp, vit.noise_floor),
+        "now, no warp": (no_warp, vit.noise_floor),
+    }
+    now = variants["now"]
+    print("| preset | batch | step | ms/step (median) | vs before | parameters after vs before's |")
     print("|---|---|---|---|---|---|")
     for preset in args.presets:
         batch = CPU_BATCH[preset]
         sides = {}
-        for name, warp in variants.items():
-            augment._warp = warp  # looked up when the step is traced
+        for name, (warp, floor) in variants.items():
+            augment._warp, vit.noise_floor = warp, floor  # looked up when the step is traced (vit's name)
             compiled._build.cache_clear()
             fns, state, x = first_step(bench_config(preset, "float32", batch))
             call = common_call(state, x)
             program = fns.train_step.jitted.lower(*call).compile()
             sides[name] = (program, [state.params, state.opt_state], call)
-        augment._warp = variants["selects"]
+        augment._warp, vit.noise_floor = now
         times: dict[str, list[float]] = {name: [] for name in sides}
         names = list(sides)
         for i in range(args.steps):
@@ -92,13 +111,13 @@ def main() -> None:
                 carried[0], carried[1], *_ = program(*carried, *call[2:])
                 jax.block_until_ready(carried[0])
                 times[name].append(time.perf_counter() - t0)
-        first = jax.tree.leaves(jax.device_get(sides["gathers"][1][0]))
-        base = statistics.median(times["gathers"][2:])
+        first = jax.tree.leaves(jax.device_get(sides["before"][1][0]))
+        base = statistics.median(times["before"][2:])
         for name in names:
             after = jax.tree.leaves(jax.device_get(sides[name][1][0]))
             equal = all(np.array_equal(a, b) for a, b in zip(first, after, strict=True))
             ms = statistics.median(times[name][2:])
-            bits = "-" if name == "gathers" else ("equal" if equal else "DIFFER")
+            bits = "-" if name == "before" else ("equal" if equal else "DIFFER")
             print(f"| {preset} | {batch} | {name} | {1e3 * ms:.1f} | {ms / base:.3f} | {bits} |", flush=True)
 
 
