@@ -10,7 +10,7 @@ matrix product of the same dtype measured in this run (`matmul_peak`). Beside it
 of the step and its compile time. Then where each step's time goes, from an XLA profile of more steps
 (`birdjepa.perf.profile`): matrix products, attention, norms and elementwise work, SIGReg, the
 optimizer update, the guard and monitor, the copies XLA adds, and what else shows (the augmentation,
-the input floor's sort, the record conds the loop runs off), each as a share of the time the step's
+the input floor's quantile, the record conds the loop runs off), each as a share of the time the step's
 operations took, and what the profile could not attribute to any instruction (a GPU library's kernels).
 
 Batch sizes: 16 clips a step (the README's and `--data.batch-size`'s default) on an accelerator; on a

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from birdjepa.diagnostics.collapse import effective_rank
+from birdjepa.model.noise_floor import noise_floor
 from birdjepa.perf import profile
 from birdjepa.perf.profile import (
     NOT_ATTRIBUTED,
@@ -127,13 +128,13 @@ def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
         h = jnp.tanh(x @ w)  # a matrix product outside any named part
         with jax.named_scope("sigreg"):
             s = jnp.cos(h @ w.T).sum()
-        return s + effective_rank(h)  # the step's SVD: a library call
+        return s + effective_rank(h) + noise_floor(h.reshape(2, 128, 128)).sum()  # an SVD: a library call
 
     x, w = jax.random.normal(jax.random.key(0), (256, 128)), jnp.ones((128, 128))
     compiled = jax.jit(f).lower(x, w).compile()
     text = compiled.as_text()
     parts = {part_of(i) for i in instructions(text).values()}
-    assert {"SIGReg", "matrix products", SOLVER_PART} <= parts
+    assert {"SIGReg", "matrix products", SOLVER_PART, "input floor (a quantile)"} <= parts
     p = time_by_part(text, lambda: [jax.block_until_ready(compiled(x, w)) for _ in range(3)], 3)
     assert p.parts["SIGReg"] > 0 and p.parts["matrix products"] > 0 and p.parts[SOLVER_PART] > 0
     # Equal where no two operations overlapped, up to the order of the float sums (hence 1e-9).

@@ -6,8 +6,9 @@ goes to the operations running then (`split_wall`). The compiled module's text g
 instruction's metadata, the JAX name stack of the code that made it
 (``jit(run)/jvp(BirdJepa)/encoder/block_0/attn/...``; the step names its parts with
 ``jax.named_scope``: ``optimizer``, ``guard``, ``metrics``, ``monitor``, ``record``, ``augment``,
-``sigreg``, ``collapse``), and whether it is or holds a matrix product. Each operation's share (less
-what it contains, a cond's branches) goes to the first part that claims it, in `PARTS` order.
+``sigreg``, ``collapse``, and the model's ``noise_floor``), and whether it is or holds a matrix
+product. Each operation's share (less what it contains, a cond's branches) goes to the first part
+that claims it, in `PARTS` order.
 XLA names a fusion after its root alone; a part of the step around the model (`AROUND_THE_MODEL`)
 also claims a fusion without a matrix product that holds any operation of its own: the guard's
 select, fused into the optimizer's pass over the state as its root, would otherwise take the whole
@@ -48,7 +49,7 @@ PARTS: tuple[tuple[str, Callable[[str, bool], bool]], ...] = (
     ("guard, metrics and monitor", lambda name, mm: any(s in name for s in ("guard", "metrics", "monitor"))),
     ("record conds (off)", lambda name, mm: "record" in name),
     ("augmentation", lambda name, mm: "augment" in name),
-    ("input floor (a quantile: a sort)", lambda name, mm: "quantile" in name),
+    ("input floor (a quantile)", lambda name, mm: "noise_floor" in name),
     ("attention", lambda name, mm: "/attn/" in name and not re.search(r"/attn/(qkv|proj)\b", name)),
     (SOLVER_PART, lambda name, mm: re.search(r"(^|/)collapse/", name) is not None),
     ("matrix products", lambda name, mm: mm),
