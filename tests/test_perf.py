@@ -4,7 +4,11 @@ running then."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -34,6 +38,7 @@ from birdjepa.perf.step_cost import (
     state_copies,
     training_flops,
 )
+from birdjepa.train import compile_cache
 
 
 def test_a_matrix_product_counts_2mkn_flops_in_the_lowered_program() -> None:
@@ -139,6 +144,36 @@ def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
     assert p.parts["SIGReg"] > 0 and p.parts["matrix products"] > 0 and p.parts[SOLVER_PART] > 0
     # Equal where no two operations overlapped, up to the order of the float sums (hence 1e-9).
     assert sum(p.parts.values()) <= p.wall_s and sum(p.parts.values()) <= p.operations_s * (1 + 1e-9)
+
+
+LOADED_NAMES = """
+import jax, jax.numpy as jnp
+from birdjepa.perf.step_cost import compiled_afresh
+
+def program(scope):
+    def f(x):
+        with jax.named_scope(scope):
+            return jnp.sin(x) * 3.0 + 0.25
+    return jax.jit(f).lower(jnp.ones(24))
+
+program("first_scope").compile()
+second = program("second_scope")
+print("first_scope" in second.compile().as_text())  # loaded, with the names of the first
+print("second_scope" in compiled_afresh(second).as_text())
+print("first_scope" in program("third_scope").compile().as_text())  # the cache on again
+"""
+
+
+def test_a_step_loaded_from_the_cache_is_profiled_under_this_code_s_names(tmp_path: Path) -> None:
+    """JAX's persistent cache key leaves out the module's debug information: the same computation under
+    another named scope loads the first one's entry, its names with it. The profile's parts read those
+    names, so `measure` profiles a loaded step compiled afresh, and the cache is on again after."""
+    env = compile_cache.without_jax_settings(os.environ) | {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", LOADED_NAMES], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True", "True"]
 
 
 def test_a_gpu_kernel_in_a_command_buffer_is_found_by_its_kernel_s_name() -> None:

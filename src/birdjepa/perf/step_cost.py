@@ -157,11 +157,27 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
     times = [step() for _ in range(warmup + repeats)]
     profiled = None
     if profile:
+        if loaded:  # its instructions carry the names of whichever code compiled it first
+            compiled = compiled_afresh(lowered)
         profiled = time_by_part(compiled.as_text(), lambda: [step() for _ in range(repeats)], repeats)
     return StepCost(
         cfg.model.preset, cfg.model.dtype, cfg.data.batch_size, statistics.median(times[warmup:]), flops,
         int(memory_bytes), compile_s, loaded, profiled,
     )  # fmt: skip
+
+
+def compiled_afresh(lowered: Any) -> Any:
+    """``lowered`` compiled here, not loaded from the persistent compilation cache. JAX's cache key leaves
+    out the module's debug information, the name stack of each instruction among it, so a loaded step's
+    instructions carry the names of the code that compiled it first: a named scope added since (which
+    the profile's parts read) would not show until its entry left the cache."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax.clear_caches()  # JAX keeps the executables it compiled or loaded in memory too, by module
+    try:
+        return lowered.compile({})  # options given: not the executable ``lowered`` keeps
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
 
 
 def training_flops(fns: Compiled, args: tuple) -> float:
