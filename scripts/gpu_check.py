@@ -168,7 +168,10 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
     for preset in plan.step_presets:
         for batch in plan.step_batches:
             cfg = bench_config(preset, "bfloat16", batch, steps=plan.wait_steps)
-            c = measure(cfg, repeats=plan.repeats, profile=True)
+            # On a GPU the profile runs the loaded step: compiling it again would cost the section's
+            # budget. Where the machine's cache holds an older code's entry, its parts carry that code's
+            # names (step_cost.compiled_afresh); BIRDJEPA_COMPILE_CACHE=<new folder> avoids it.
+            c = measure(cfg, repeats=plan.repeats, profile=True, names_fresh=plan.on_gpu)
             consumed[f"{preset}/{batch}"] = batch / c.step_s
             built = f"{'loaded' if c.loaded else 'compiled'} in {c.compile_s:.0f} s"
             if (prebuilt := PREBUILT.get(f"{preset} batch {batch}")) is not None:  # prebuild_jobs' name

@@ -134,10 +134,13 @@ def state_copies(compiled: Any) -> int:
     return len(re.findall(r"[\]}] copy\(%args", compiled.as_text()))
 
 
-def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False) -> StepCost:
+def measure(
+    cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bool = False, names_fresh: bool = False
+) -> StepCost:
     """Compile the run's step, count its FLOPs, and time ``repeats`` steps after ``warmup`` untimed ones
     (each on the same batch: the step's time does not depend on the values); ``profile``: then profile
-    ``repeats`` more and split their time by part of the step."""
+    ``repeats`` more and split their time by part of the step, on the step compiled afresh if it was
+    loaded from the cache (`compiled_afresh`) unless ``names_fresh`` says this code wrote the cache."""
     fns, state, x = first_step(cfg)
     args = common_call(state, x)  # compiled once here for both the cost analysis and the timing
     loads, t0 = cache_loads(), time.perf_counter()
@@ -157,7 +160,7 @@ def measure(cfg: PretrainConfig, repeats: int = 10, warmup: int = 2, profile: bo
     times = [step() for _ in range(warmup + repeats)]
     profiled = None
     if profile:
-        if loaded:  # its instructions carry the names of whichever code compiled it first
+        if loaded and not names_fresh:  # its instructions carry the names of the code that compiled it
             compiled = compiled_afresh(lowered)
         profiled = time_by_part(compiled.as_text(), lambda: [step() for _ in range(repeats)], repeats)
     return StepCost(
