@@ -140,7 +140,8 @@ def measure(
     """Compile the run's step, count its FLOPs, and time ``repeats`` steps after ``warmup`` untimed ones
     (each on the same batch: the step's time does not depend on the values); ``profile``: then profile
     ``repeats`` more and split their time by part of the step, on the step compiled afresh if it was
-    loaded from the cache (`compiled_afresh`) unless ``names_fresh`` says this code wrote the cache."""
+    loaded from the cache (`compiled_afresh`), unless ``names_fresh``: the caller takes the loaded
+    step's names as they are (`scripts/gpu_check.py` on a GPU, whose budget a second compile takes)."""
     fns, state, x = first_step(cfg)
     args = common_call(state, x)  # compiled once here for both the cost analysis and the timing
     loads, t0 = cache_loads(), time.perf_counter()
