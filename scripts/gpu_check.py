@@ -170,7 +170,7 @@ def steps(plan: Plan, consumed: dict[str, float]) -> None:
             cfg = bench_config(preset, "bfloat16", batch, steps=plan.wait_steps)
             # On a GPU the profile runs the loaded step: compiling it again would cost the section's
             # budget. Where the machine's cache holds an older code's entry, its parts carry that code's
-            # names (step_cost.compiled_afresh); BIRDJEPA_COMPILE_CACHE=<new folder> avoids it.
+            # names (compile_cache.compiled_afresh); BIRDJEPA_COMPILE_CACHE=<new folder> avoids it.
             c = measure(cfg, repeats=plan.repeats, profile=True, names_fresh=plan.on_gpu)
             consumed[f"{preset}/{batch}"] = batch / c.step_s
             built = f"{'loaded' if c.loaded else 'compiled'} in {c.compile_s:.0f} s"

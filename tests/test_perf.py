@@ -148,7 +148,7 @@ def test_the_profile_puts_each_operation_under_the_part_that_made_it() -> None:
 
 LOADED_NAMES = """
 import jax, jax.numpy as jnp
-from birdjepa.perf.step_cost import compiled_afresh
+from birdjepa.train.compile_cache import compiled_afresh
 
 def program(scope):
     def f(x):

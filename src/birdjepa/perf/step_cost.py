@@ -33,7 +33,7 @@ from jax._src.lib import _jax
 
 from birdjepa.config import PretrainConfig, resolve
 from birdjepa.perf.profile import Profiled, time_by_part
-from birdjepa.train.compile_cache import cache_loads
+from birdjepa.train.compile_cache import cache_loads, compiled_afresh
 from birdjepa.train.compiled import Compiled, jit_step
 from birdjepa.train.segment import StepInputs, open_loader, open_segment, step_inputs
 from birdjepa.train.state import TrainState
@@ -168,20 +168,6 @@ def measure(
         cfg.model.preset, cfg.model.dtype, cfg.data.batch_size, statistics.median(times[warmup:]), flops,
         int(memory_bytes), compile_s, loaded, profiled,
     )  # fmt: skip
-
-
-def compiled_afresh(lowered: Any) -> Any:
-    """``lowered`` compiled here, not loaded from the persistent compilation cache. JAX's cache key leaves
-    out the module's debug information, the name stack of each instruction among it, so a loaded step's
-    instructions carry the names of the code that compiled it first: a named scope added since (which
-    the profile's parts read) would not show until its entry left the cache."""
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    jax.clear_caches()  # JAX keeps the executables it compiled or loaded in memory too, by module
-    try:
-        return lowered.compile({})  # options given: not the executable ``lowered`` keeps
-    finally:
-        jax.config.update("jax_enable_compilation_cache", before)
 
 
 def training_flops(fns: Compiled, args: tuple) -> float:

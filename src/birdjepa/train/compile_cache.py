@@ -36,6 +36,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 from jax._src import lru_cache
@@ -147,3 +148,17 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
 
 
 lru_cache.LRUCache.put = _put_whole  # type: ignore[method-assign]
+
+
+def compiled_afresh(lowered: Any) -> Any:
+    """``lowered`` compiled here, neither loaded from the cache nor kept in it. The cache's key (JAX's)
+    leaves out the module's debug information, so a loaded program's instructions carry the name stacks
+    of whichever code compiled it first: a named scope added since (which the step's profile reads,
+    `birdjepa.perf.profile`) would not show until its entry left the cache."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax.clear_caches()  # JAX keeps the executables it compiled or loaded in memory too, by module
+    try:
+        return lowered.compile({})  # options given: not the executable ``lowered`` keeps
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
