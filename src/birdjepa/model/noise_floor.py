@@ -32,10 +32,11 @@ def low_quantile(a: Array, q: float) -> Array:
     order statistics around ``q`` that `jax.lax.top_k` finds: the quantile sorts every row, and on a
     CPU XLA's sort calls its comparator for each comparison where its top_k runs a routine of its own
     (the tiny step's floor, a sort of 32 window means a bin, took 8.5 ms; the step with top_k takes
-    0.84-0.92x the time: ``docs/issues/007-step-limit/tiny_step.py``). As the quantile, a row with a NaN
-    gives NaN. One difference: top_k orders -0 below +0 where the sort takes them as equal and keeps
-    the row's order, so in a row holding both a zero may come back with the other sign (a window mean
-    is -0 only if all its frames are, and no feature is: ``x - x`` is +0)."""
+    0.84-0.92x the time: ``docs/issues/007-step-limit/tiny_step.py``). top_k finds the ``ceil(q (n -
+    1)) + 1`` smallest, so a low ``q`` costs least. As the quantile, a row with a NaN gives NaN. One
+    difference: top_k orders -0 below +0 where the sort takes them as equal and keeps the row's order,
+    so in a row holding both a zero may come back with the other sign (a window mean is -0 only if all
+    its frames are, and no feature is: ``x - x`` is +0)."""
     n = a.shape[-1]
     pos = np.float32(q) * np.float32(n - 1)  # float32, as the quantile computes its position and weights
     lo, hi = int(np.floor(pos)), int(np.ceil(pos))
