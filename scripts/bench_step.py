@@ -1,6 +1,7 @@
 """The training step against this machine's limit: time, FLOPs, achieved FLOP/s and MFU, per preset and dtype.
 
     python scripts/bench_step.py [--presets tiny small base] [--dtypes float32 bfloat16] [--batch N]
+                                 [--reference PATH]
 
 For each preset and dtype, the run's own step (`birdjepa.perf.step_cost.measure`: the loop's compiled
 step on a batch of the demo set, 2 views a clip): the median step time, the FLOPs of its training
@@ -15,12 +16,19 @@ operations took, and what the profile could not attribute to any instruction (a 
 
 Batch sizes: 16 clips a step (the README's and `--data.batch-size`'s default) on an accelerator; on a
 CPU 16 for tiny, 4 for small and 2 for base, so that base's steps take seconds, not minutes.
+
+With ``--reference PATH`` (a checkout of samuelstevens/birdjepa), the same run then prints our LeJEPA
+step beside the reference's at the small and base presets among ``--presets``: step time and peak
+memory as ratios (``scripts/bench_reference.py``, which says what differs; it runs each side in a
+process of its own, after this process's own steps, at its own batch sizes: float32, 2 views).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+from pathlib import Path
 
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.train.determinism import deterministic_xla
@@ -49,7 +57,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, help="clips a step for every preset (default: see above)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--reference", type=Path, help="a samuelstevens/birdjepa checkout: its step beside ours")
+    ap.add_argument("--reference-venv", type=Path, help="bench_reference.py's --venv (default: its own)")
     args = ap.parse_args()
+    beside = [p for p in args.presets if p in ("small", "base")]
+    if args.reference is not None and not beside:
+        ap.error("--reference compares the small and base presets: name one in --presets")
+    if args.reference is not None and not args.reference.is_dir():  # before minutes of our own steps
+        ap.error(f"--reference {args.reference}: no such folder")
     device = jax.devices()[0]
     on_cpu = device.platform == "cpu"
     print(f"jax {jax.__version__}, {device.platform}: {device.device_kind}, {jax.device_count()} device(s)",
@@ -91,6 +106,14 @@ def main() -> None:
             shares = (f"{100 * s / p.wall_s:.1f} %" for s in (*(p.parts.get(n, 0.0) for n in parts), idle))
             rows.append((c.preset, c.dtype, str(c.batch), *shares, f"{p.operations_s / p.wall_s:.2f}"))
         table(head, rows)
+
+    if args.reference is not None:
+        cmd = [sys.executable, str(Path(__file__).with_name("bench_reference.py")), "--reference",
+               str(args.reference), "--presets", *beside]  # fmt: skip
+        if args.reference_venv is not None:
+            cmd += ["--venv", str(args.reference_venv)]
+        print(flush=True)
+        sys.exit(subprocess.run(cmd).returncode)
 
 
 if __name__ == "__main__":
