@@ -8,7 +8,9 @@ built, so a second build of the same configuration would return the first's: the
 between them), then called in turn, each round starting at the next, ``--steps`` steps each:
 
 - "before": as until 2026-12-05: the augmentation's warp interpolates by two gathers along each axis,
-  and the input's noise floor (`birdjepa.model.noise_floor`) takes `jnp.quantile`, which sorts;
+  and the input's noise floor (`birdjepa.model.noise_floor`) takes `jnp.quantile`, which sorts (in
+  place of `noise_floor.low_quantile`, so both of the floor's callers, the model and the augmentation's
+  noise, take it);
 - "warp by selects": `birdjepa.train.augment._warp`, the mel shift picked among shifted copies, the
   time stretch gathered without XLA's bounds checks; the floor as before;
 - "now": that warp, and the floor's quantile from two order statistics (`noise_floor.low_quantile`, top_k);
@@ -22,7 +24,6 @@ alone: its two builds came from that cache, one program timed twice (the paramet
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -37,8 +38,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from birdjepa.model import vit  # noqa: E402
-from birdjepa.model.noise_floor import NOISE_FLOOR_WINDOW  # noqa: E402
+from birdjepa.model import noise_floor  # noqa: E402
 from birdjepa.perf.step_cost import CPU_BATCH, bench_config, common_call, first_step  # noqa: E402
 from birdjepa.train import augment, compiled  # noqa: E402
 
@@ -65,12 +65,9 @@ def by_gathers(x: jax.Array, shift: jax.Array, stretch: jax.Array, *, reach: flo
     return jax.vmap(jax.vmap(one))(x, shift, stretch)
 
 
-def floor_by_sort(x: jax.Array, window: int = NOISE_FLOOR_WINDOW) -> jax.Array:
-    """The noise floor as it was until 2026-12-05: `jnp.quantile`, a sort of each bin's window means."""
-    b, t, m = x.shape
-    window = math.gcd(window, t)
-    means = x.reshape(b, t // window, window, m).mean(axis=2)
-    return jnp.quantile(means, 0.2, axis=1, keepdims=True)
+def quantile_by_sort(a: jax.Array, q: float) -> jax.Array:
+    """The noise floor's quantile as it was until 2026-12-05: `jnp.quantile`, a sort of each row."""
+    return jnp.quantile(a, q, axis=-1)
 
 
 def no_warp(x: jax.Array, shift: jax.Array, stretch: jax.Array, *, reach: float) -> jax.Array:
@@ -83,10 +80,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     args = ap.parse_args()
     variants: dict[str, tuple[Callable, Callable]] = {
-        "before": (by_gathers, floor_by_sort),
-        "warp by selects": (augment._warp, floor_by_sort),
-        "now": (augment._warp, vit.noise_floor),
-        "now, no warp": (no_warp, vit.noise_floor),
+        "before": (by_gathers, quantile_by_sort),
+        "warp by selects": (augment._warp, quantile_by_sort),
+        "now": (augment._warp, noise_floor.low_quantile),
+        "now, no warp": (no_warp, noise_floor.low_quantile),
     }
     now = variants["now"]
     print("| preset | batch | step | ms/step (median) | vs before | parameters after vs before's |")
@@ -94,14 +91,14 @@ def main() -> None:
     for preset in args.presets:
         batch = CPU_BATCH[preset]
         sides = {}
-        for name, (warp, floor) in variants.items():
-            augment._warp, vit.noise_floor = warp, floor  # looked up when the step is traced (vit's name)
+        for name, (warp, quantile) in variants.items():
+            augment._warp, noise_floor.low_quantile = warp, quantile  # module names, looked up when traced
             compiled._build.cache_clear()
             fns, state, x = first_step(bench_config(preset, "float32", batch))
             call = common_call(state, x)
             program = fns.train_step.jitted.lower(*call).compile()
             sides[name] = (program, [state.params, state.opt_state], call)
-        augment._warp, vit.noise_floor = now
+        augment._warp, noise_floor.low_quantile = now
         times: dict[str, list[float]] = {name: [] for name in sides}
         names = list(sides)
         for i in range(args.steps):
