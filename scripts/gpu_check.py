@@ -498,7 +498,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the tiny preset, a few steps (a CPU smoke run)")
     ap.add_argument("--budget-s", type=float, default=420, help="start no section after this many seconds")
     ap.add_argument("--resume-preset", help="the resume checks' model (default: tiny)")
-    ap.add_argument("--runs", type=Path, help="keep the runs here (default: a temporary folder)")
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        help="keep the runs in this new or empty folder (default: a temporary one)",
+    )
     ap.add_argument("--json", type=Path, help="also write the table here")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=DEFAULT_SECTIONS,
                     help=f"which to run, in this order (default: {' '.join(DEFAULT_SECTIONS)})")  # fmt: skip
@@ -520,6 +524,10 @@ def main() -> int:
         return 0
     if "noise" in args.sections and "resume" not in args.sections:
         ap.error("--sections noise traces a step of the run that the resume section trains")
+    if args.runs is not None and args.runs.exists() and (args.runs.is_file() or any(args.runs.iterdir())):
+        # Its runs would resume the last check's (a finished one exits 1: "nothing to do"), and its
+        # tables would mix two checks' rows: on a device's time limit, a wasted call.
+        ap.error(f"--runs {args.runs} is not an empty folder: give a new one (or none: a temporary one)")
     started = time.monotonic()
     device = jax.devices()[0]
     plan = Plan(args)

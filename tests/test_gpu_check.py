@@ -71,3 +71,15 @@ def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> N
     # Logging every 10th step, the median step copies no parameters to the host for norms.
     sparse = json.loads((runs / "log-every-10.json").read_text())
     assert parts["norms on the host"] > 0 and sparse["norms on the host"] == 0, (parts, sparse)
+
+
+def test_a_runs_folder_that_holds_an_earlier_check_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    # Its runs would resume the earlier check's (a finished run exits 1, "nothing to do") and the
+    # sections after it would fail on a device's metered time; refused in one line instead.
+    (tmp_path / "data-wait").mkdir()
+    out = tmp_path / "table.json"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--runs", str(tmp_path), "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--runs {tmp_path} is not an empty folder" in done.stderr
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["data-wait"]  # nothing ran
