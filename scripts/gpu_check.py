@@ -42,8 +42,8 @@ whether each step was loaded. Then, in order:
    small step consumes, and the data wait of a real ``birdjepa pretrain`` run at that setting; that
    run's loop step part by part (``scripts/bench_loop.py``: the loader, the step's inputs, the batch
    put on the device, the dispatch, the wait for the step's outputs and their copy, the callbacks);
-   then the same run logging every 10th step (``--log-every 10``): a logged step copies every
-   parameter to the host for its norms, and the next step's dispatch may wait for that copy.
+   then the same run logging every 10th step (``--log-every 10``): what a logged step's norms still
+   cost the loop now that a thread takes them while the next step runs (`birdjepa.train.param_norms`).
 7. **requeue** (only when asked: ``--sections ... requeue``): a resumed segment's time to its first
    step with the persistent compilation cache warm and off, at the small preset and batch 128
    (``scripts/bench_requeue.py``'s measurement).
@@ -219,8 +219,8 @@ def loader(runs: Path, plan: Plan, consumed: dict[str, float]) -> None:
     setting = f"birdjepa pretrain, {preset} bf16 batch {batch}, {cores} workers, {len(rows)} steady steps"
     ROWS.append(("data wait", setting, f"{100 * wait:.1f} % of step time; {ms:.1f} ms/step", "measured"))
     loop_parts_row(split, "the same run")
-    # Logging every 10th step: 9 of 10 steps then copy no parameters to the host for their norms, which
-    # the next step's dispatch may wait for (it donates those buffers).
+    # Logging every 10th step: 9 of 10 steps then copy no parameters for their norms, and the thread
+    # that takes them is idle (what logging every step still costs the loop).
     loop_parts_row(loop_run(runs, plan, "log-every-10", "--log-every", "10"), "the same, --log-every 10")
 
 

@@ -100,6 +100,10 @@ def test_straight_run_logs_every_step(straight: Path) -> None:
         for k in ("train/loss", "train/lr", "train/grad_norm", "train/update_norm", "train/param_norm"):
             assert isinstance(m[k], float), (s, k)
     assert "eval/probe_acc" in steps[2] and "eval/probe_acc" in steps[5]
+    # A step's row is written once its norms are in (on a thread, while the next step runs), and still
+    # before the evaluation's row of its step: the rows in the order the loop logged them.
+    rows = [(x["step"], "train/loss" in x) for x in read_metrics(straight) if "event" not in x]
+    assert rows == sorted(rows, key=lambda r: (r[0], not r[1])) and rows.count((2, False)) == 1, rows
     # Each checkpoint records the norms the log shows for its step (post-update), per component too.
     for step in (2, 5):
         meta = Checkpointer(straight, keep=None, async_save=False).read_meta(step)

@@ -13,8 +13,9 @@ process, before it runs `birdjepa pretrain` (a few microseconds a step; no value
 - the step's call, less waiting for the compile-ahead thread (the first step only): the dispatch;
 - waiting for the step's outputs (``jax.block_until_ready``, which their copy would wait for anyway:
   on a GPU, the device's time not hidden behind the host's work), then copying them to the host;
-- other copies to the host (the parameters, for a logged step's norms), the norms themselves (float64
-  on the host, as a checkpoint records them: `rundir.checkpoint.norms`), the callbacks, the metrics log;
+- other copies to the host; a logged step's parameters copied on the device for their norms, and the
+  wait for those norms at the next step's end (taken on a thread meanwhile: `train.param_norms`;
+  the thread's own time is no part of the loop's), the callbacks, the metrics log;
 - the rest of the loop's period (from one step's inputs to the next's): evaluation, saves, printing.
 """
 
@@ -24,6 +25,7 @@ import dataclasses
 import functools
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +35,8 @@ import jax
 #: The parts, in the loop's order (the rest comes last).
 PARTS = (
     "next batch", "step inputs", "batch to device", "step call (dispatch)", "compile wait",
-    "wait for outputs", "outputs to host", "other copies to host", "norms on the host", "callbacks",
-    "metrics log",
+    "wait for outputs", "outputs to host", "other copies to host", "parameters copied for norms",
+    "wait for the norms", "callbacks", "metrics log",
 )  # fmt: skip
 
 
@@ -53,6 +55,8 @@ class Clock:
 def _clocked(clock: Clock, part: str, fn: Callable, *, starts_step: bool = False) -> Callable:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():  # off the loop's path
+            return fn(*args, **kwargs)
         t0 = time.perf_counter()
         if starts_step:
             clock.starts.append(t0)
@@ -71,6 +75,8 @@ def _host(clock: Clock, host: Callable) -> Callable:
 
     @functools.wraps(host)
     def timed(tree: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():  # off the loop's path
+            return host(tree)
         if sys._getframe(1).f_code.co_name != "stepped":
             return _clocked(clock, "other copies to host", host)(tree)
         t0 = time.perf_counter()
@@ -90,9 +96,8 @@ def clock_the_loop() -> Clock:
     from birdjepa import multihost
     from birdjepa.data.loader import Loader
     from birdjepa.diagnostics.callbacks import Callbacks
-    from birdjepa.rundir.checkpoint import norms
     from birdjepa.rundir.metrics_log import MetricsLog
-    from birdjepa.train import compiled, recording, segment
+    from birdjepa.train import compiled, param_norms, recording, segment
 
     clock = Clock()
     segment.step_inputs = _clocked(clock, "step inputs", segment.step_inputs, starts_step=True)
@@ -100,7 +105,8 @@ def clock_the_loop() -> Clock:
         (Loader, "__next__", "next batch"), (compiled.Compiled, "on_device", "batch to device"),
         (recording.RecordableStep, "__call__", "step call (dispatch)"),
         (recording.RecordableStep, "_ready", "compile wait"), (Callbacks, "step_end", "callbacks"),
-        (MetricsLog, "log", "metrics log"), (norms, "sums_of_squares", "norms on the host"),
+        (MetricsLog, "_write_row", "metrics log"), (param_norms, "snapshot", "parameters copied for norms"),
+        (param_norms.Norms, "result", "wait for the norms"),
     ]  # fmt: skip
     for owner, name, part in wrapped:
         setattr(owner, name, _clocked(clock, part, getattr(owner, name)))

@@ -40,11 +40,11 @@ from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callba
 from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
-from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
+from birdjepa.train import param_norms
 from birdjepa.train.segment import advance, open_loader, open_segment
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
@@ -206,6 +206,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         batch, pending = (pending if pending is not None else next(loader)), None
         t_data = time.perf_counter() - t0
         state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
+        t.log.flush()  # the last logged step's row: its norms were taken while this step ran
         finite = bool(guard["finite"])
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["train/skipped_updates"] = float(state.skipped)
@@ -218,11 +219,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             progress.message(f"WARNING {warning}")
             t.log.event("warning", step, message=warning)
         if due(step, cfg.log_every, last) or report.must_log:
-            # Post-update norms on host float64, as the checkpoint computes them; only when logged,
-            # since it copies every parameter off the device.
-            norms = tree_norms(multihost.host(state.params), "param_norm")
-            metrics.update({f"train/{k}": v for k, v in norms.items()})
-            t.log.log(step, metrics)
+            # Post-update norms on host float64, as the checkpoint computes them, taken on a thread
+            # while the next step runs; only when logged, since they copy every parameter.
+            t.log.log(step, metrics, later=param_norms.later(state.params))
         progress.step(step, metrics)
         if not finite:  # before any evaluation or save: a stop leaves the last checkpoint the newest
             exit_code, line = t.nonfinite(state, metrics, guard["bad"])

@@ -221,6 +221,7 @@ class Trainer:
         """After step ``state.step - 1`` was not finite (its update not applied): the exit code (0: go on,
         skipping it) and the line to print. Logs a ``nonfinite`` event naming what was not finite."""
         cfg, step = self.cfg, state.step - 1
+        self.log.flush()  # the step's row complete (its norms): ``metrics`` is named from all of it
         if not self.leaf_names:
             self.leaf_names = leaf_names(state.params)
         names = sorted(
@@ -270,6 +271,7 @@ class Trainer:
     ) -> tuple[Batch, dict[str, Any]]:
         """Checkpoint the step just done (``state.step - 1``) with the loader's and the callbacks' state;
         returns the next batch (fetched to record what the next step will do) and the meta written."""
+        self.log.flush()  # the step's row complete: ``metrics`` then holds its norms for the meta
         free, size = self.ckpt.room() if not self.disk_warned else (0, None)  # once a segment
         if size is not None and free < 2 * size:  # early, not at the failure
             self.disk_warned = True

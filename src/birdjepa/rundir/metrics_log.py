@@ -17,13 +17,19 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from birdjepa.rundir.layout import METRICS_FILE
 
 TORN_SUFFIX = ".torn"
+
+
+class Later(Protocol):
+    """Values of a row still being computed (`birdjepa.train.param_norms.Norms`)."""
+
+    def result(self) -> Mapping[str, float]: ...
 
 
 class MetricsFileError(ValueError):
@@ -48,8 +54,29 @@ class MetricsLog:
         #: What `repair_torn_tail` cut off when the log was opened (None: nothing); the loop logs it.
         self.repaired = repair_torn_tail(self.path)
         self._file = self.path.open("a", buffering=1)  # line-buffered: a kill loses at most one line
+        self._held: tuple[int, MutableMapping[str, Any], Later] | None = None
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+    def log(self, step: int, metrics: MutableMapping[str, Any], later: Later | None = None) -> None:
+        """Writes the row of ``step``; with ``later``, holds it until `flush`, then adds ``later``'s
+        values to ``metrics`` (the caller's dict, in place) and writes it. Any write flushes a held row
+        first, so the rows keep the order of the calls; a kill loses at most the held row and the line
+        being written (a resume writes both again)."""
+        self.flush()
+        if later is not None:
+            self._held = (step, metrics, later)
+        else:
+            self._write_row(step, metrics)
+
+    def flush(self) -> None:
+        """Writes the held row, if any, once its values are in."""
+        if self._held is None:
+            return
+        step, metrics, later = self._held
+        self._held = None
+        metrics.update(later.result())
+        self._write_row(step, metrics)
+
+    def _write_row(self, step: int, metrics: Mapping[str, Any]) -> None:
         line = {"step": step, "restart": self.restart, "time": time.time()}
         line.update({k: _plain(v) for k, v in metrics.items()})
         self._write(line)
@@ -57,6 +84,7 @@ class MetricsLog:
             self.wandb_run.log({k: v for k, v in line.items() if k not in ("step", "time")}, step=step)
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
+        self.flush()
         line = {"event": kind, "step": step, "restart": self.restart, "time": time.time()}
         line.update({k: _plain(v) for k, v in fields.items()})
         self._write(line)
@@ -69,27 +97,29 @@ class MetricsLog:
 
     def close(self) -> None:
         try:
-            self._file.close()
-        except OSError:  # the last buffered bytes on a full disk: the write before already said so
-            pass
+            self.flush()
+        finally:
+            try:
+                self._file.close()
+            except OSError:  # the last buffered bytes on a full disk: the write before already said so
+                pass
 
 
 class NullLog(MetricsLog):
-    """The log of a process that does not write one (every process but 0 of a multi-process run)."""
+    """The log of a process that does not write one (every process but 0 of a multi-process run): it
+    holds and completes rows as the log does (the caller's dict gets ``later``'s values), writes none."""
 
     def __init__(self) -> None:
         self.restart = 0
         self.wandb_run = None
         self.repaired = None
+        self._held = None
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        pass
-
-    def event(self, kind: str, step: int, **fields: Any) -> None:
+    def _write(self, line: dict[str, Any]) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        self.flush()
 
 
 def _parses(text: bytes) -> bool:
