@@ -24,16 +24,17 @@ def is_main() -> bool:
     return jax.process_index() == 0
 
 
+def replica(x: Any) -> Any:
+    """One device's copy of a replicated array (this process's first); anything else as it is."""
+    return x.addressable_data(0) if isinstance(x, jax.Array) and x.is_fully_replicated else x
+
+
 def host(tree: Any) -> Any:
     """Numpy copies of a tree of replicated (or local) arrays, readable in every process. Every leaf's
     copy starts before the first is waited for (`jax.device_get`): one leaf after another, each copy
     from an accelerator waits out its own transfer (the parameters for a logged step's norms: hundreds
     of leaves)."""
-
-    def local(x: Any) -> Any:
-        return x.addressable_data(0) if isinstance(x, jax.Array) and x.is_fully_replicated else x
-
-    return jax.device_get(jax.tree.map(local, tree))
+    return jax.device_get(jax.tree.map(replica, tree))
 
 
 def local_rows(sharding: NamedSharding, batch_size: int) -> slice:

@@ -33,9 +33,14 @@ def _pool() -> ThreadPoolExecutor:
 
 
 @jax.jit
+def _copy(tree: Any) -> Any:
+    return jax.tree.map(jnp.copy, tree)  # not donated: XLA must write new buffers
+
+
 def snapshot(params: Any) -> Any:
-    """A copy of ``params`` in buffers of their own, on the same devices (not donated: XLA must copy)."""
-    return jax.tree.map(jnp.copy, params)
+    """A copy of ``params`` in buffers of their own, of one device's replica (what `multihost.host`
+    reads): a program on this process's first device alone, whatever the others run."""
+    return _copy(jax.tree.map(multihost.replica, params))
 
 
 def _norms(copy: Any) -> dict[str, float]:
