@@ -9,7 +9,9 @@ parameters on the device (the next step donates theirs, and XLA reuses donated m
 brings the copy to the host and takes its norms, while the loop fetches the next batch and the next step
 runs. The loop writes the step's row once the norms are in (`MetricsLog.flush`: after the next step,
 or before anything else is written), so the log holds the same values in the same order as before.
-The cost: one more copy of the parameters in device memory while a row is held.
+The cost: one more copy of the parameters in device memory while a row is held. On a 2-core CPU the
+loop's period does not move (`scripts/bench_param_norms.py`: the device copy is a host copy there, and
+the thread shares the cores with the step and the loader).
 """
 
 from __future__ import annotations
