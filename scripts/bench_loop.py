@@ -29,7 +29,7 @@ from birdjepa.train import param_norms
 def inline_norms(params: Any) -> param_norms.Norms:
     """The norms taken at once in the loop, from the parameters copied to the host, as before."""
     done: Future[dict[str, float]] = Future()
-    done.set_result(param_norms._norms(params))
+    done.set_result(param_norms.norms_now(params))
     return param_norms.Norms(done)
 
 

@@ -20,9 +20,14 @@ from birdjepa.rundir.metrics_log import MetricsLog
 from birdjepa.train import param_norms
 
 
+@pytest.mark.parametrize(
+    "level", ["suite", pytest.param("default", marks=[pytest.mark.slow, pytest.mark.default_level])]
+)
 def test_the_norms_are_of_the_parameters_asked_for_though_the_next_step_donates_them(
-    monkeypatch: pytest.MonkeyPatch,
+    level: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """At the suite's -O0 and at XLA's default level (the device copy and the donating step compiled
+    at each)."""
     rng = np.random.default_rng(0)
     params = {"encoder": {"w": jnp.asarray(rng.normal(size=(64, 48)), jnp.float32)},
               "probe": {"b": jnp.asarray(rng.normal(size=(7,)), jnp.float32)}}  # fmt: skip

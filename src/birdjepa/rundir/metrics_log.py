@@ -115,6 +115,9 @@ class NullLog(MetricsLog):
         self.repaired = None
         self._held = None
 
+    def _write_row(self, step: int, metrics: Mapping[str, Any]) -> None:
+        pass  # not even the line: a row a step on every process but the first
+
     def _write(self, line: dict[str, Any]) -> None:
         pass
 

@@ -45,8 +45,10 @@ def snapshot(params: Any) -> Any:
     return _copy(jax.tree.map(multihost.replica, params))
 
 
-def _norms(copy: Any) -> dict[str, float]:
-    return {f"train/{k}": v for k, v in tree_norms(multihost.host(copy), "param_norm").items()}
+def norms_now(params: Any) -> dict[str, float]:
+    """``{"train/param_norm": ..., "train/param_norm/<group>": ...}`` of ``params``, copied to the host
+    and summed here (what the thread runs on its copy)."""
+    return {f"train/{k}": v for k, v in tree_norms(multihost.host(params), "param_norm").items()}
 
 
 class Norms:
@@ -64,4 +66,4 @@ class Norms:
 def later(params: Any) -> Norms:
     """The norms of ``params`` as they are now, computed on a thread: ``params`` may be donated to the
     next step as soon as this returns."""
-    return Norms(_pool().submit(_norms, snapshot(params)))
+    return Norms(_pool().submit(norms_now, snapshot(params)))
