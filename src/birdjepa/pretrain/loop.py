@@ -18,6 +18,7 @@ optimizer state.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -201,63 +202,71 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         )
     t_start = time.perf_counter()
     evals: dict[str, float] = {}
-    for step in range(start, end):
-        t0 = time.perf_counter()
-        batch, pending = (pending if pending is not None else next(loader)), None
-        t_data = time.perf_counter() - t0
-        state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
-        t.log.flush()  # the last logged step's row: its norms were taken while this step ran
-        finite = bool(guard["finite"])
-        metrics = {k: float(v) for k, v in metrics.items()}
-        metrics["train/skipped_updates"] = float(state.skipped)
-        metrics["train/step_time"] = time.perf_counter() - t0
-        metrics["train/data_wait"] = t_data
-        metrics["dataloader/index_crc32"] = multihost.index_crc32(batch["index"][t.rows])
-        report = callbacks.step_end(StepEnd(step, batch, stats))
-        metrics.update(report.metrics)
-        for warning in report.warnings:
-            progress.message(f"WARNING {warning}")
-            t.log.event("warning", step, message=warning)
-        if due(step, cfg.log_every, last) or report.must_log:
-            # Post-update norms on host float64, as the checkpoint computes them, taken on a thread
-            # while the next step runs; only when logged, since they copy every parameter.
-            t.log.log(step, metrics, later=param_norms.later(state.params))
-        progress.step(step, metrics)
-        if not finite:  # before any evaluation or save: a stop leaves the last checkpoint the newest
-            exit_code, line = t.nonfinite(state, metrics, guard["bad"])
-            progress.message(line)
-            if exit_code:
-                break
-
-        if cfg.eval_every > 0 and due(step, cfg.eval_every, last):
-            evals, eval_rows = t.evaluate(state.params, step)
-            progress.message(
-                f"eval step {step}: kNN {evals['eval/knn_acc']:.3f} (random init "
-                f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); "
-                f"online probe {evals['eval/probe_acc']:.3f}"
-            )
-
-        # Every process must stop at the same step: a signal seen by one is acted on by all.
-        stopping = step == cfg.stop_at_step or multihost.any_process(stop.signal is not None)
-        if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
-            try:
-                pending, saved = t.save(state, loader, callbacks, metrics)
-                if stopping:  # on disk before the run says it stopped
-                    t.ckpt.wait()
-            except checkpoint.CheckpointWriteError as e:  # this save, or the previous one in the background
-                exit_code, line = t.save_failed(e, step)
+    try:
+        for step in range(start, end):
+            t0 = time.perf_counter()
+            batch, pending = (pending if pending is not None else next(loader)), None
+            t_data = time.perf_counter() - t0
+            state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
+            t.log.flush()  # the last logged step's row: its norms were taken while this step ran
+            finite = bool(guard["finite"])
+            metrics = {k: float(v) for k, v in metrics.items()}
+            metrics["train/skipped_updates"] = float(state.skipped)
+            metrics["train/step_time"] = time.perf_counter() - t0
+            metrics["train/data_wait"] = t_data
+            metrics["dataloader/index_crc32"] = multihost.index_crc32(batch["index"][t.rows])
+            report = callbacks.step_end(StepEnd(step, batch, stats))
+            metrics.update(report.metrics)
+            for warning in report.warnings:
+                progress.message(f"WARNING {warning}")
+                t.log.event("warning", step, message=warning)
+            if due(step, cfg.log_every, last) or report.must_log:
+                # Post-update norms on host float64, as the checkpoint computes them, taken on a thread
+                # while the next step runs; only when logged, since they copy every parameter.
+                t.log.log(step, metrics, later=param_norms.later(state.params))
+            progress.step(step, metrics)
+            if not finite:  # before any evaluation or save: a stop leaves the last checkpoint the newest
+                exit_code, line = t.nonfinite(state, metrics, guard["bad"])
                 progress.message(line)
+                if exit_code:
+                    break
+
+            if cfg.eval_every > 0 and due(step, cfg.eval_every, last):
+                evals, eval_rows = t.evaluate(state.params, step)
+                progress.message(
+                    f"eval step {step}: kNN {evals['eval/knn_acc']:.3f} (random init "
+                    f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); "
+                    f"online probe {evals['eval/probe_acc']:.3f}"
+                )
+
+            # Every process must stop at the same step: a signal seen by one is acted on by all.
+            stopping = step == cfg.stop_at_step or multihost.any_process(stop.signal is not None)
+            if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
+                try:
+                    pending, saved = t.save(state, loader, callbacks, metrics)
+                    if stopping:  # on disk before the run says it stopped
+                        t.ckpt.wait()
+                except checkpoint.CheckpointWriteError as e:  # this save, or the previous one (background)
+                    exit_code, line = t.save_failed(e, step)
+                    progress.message(line)
+                    break
+                if step in cfg.debug.roundtrip_steps:
+                    state = debug_roundtrip(t, state, saved)
+            if stopping:
+                signalled = step != cfg.stop_at_step
+                interrupted = stop.signal == signal.SIGINT  # by the user: not a preemption to requeue
+                on_signal = exit_codes.INTERRUPTED if interrupted else exit_codes.REQUEUE
+                exit_code = on_signal if signalled else 0
+                reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
+                t.log.event("stop", step, reason=reason, exit_code=exit_code)
+                progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
                 break
-            if step in cfg.debug.roundtrip_steps:
-                state = debug_roundtrip(t, state, saved)
-        if stopping:
-            signalled = step != cfg.stop_at_step
-            interrupted = stop.signal == signal.SIGINT  # by the user: not a preemption to requeue
-            exit_code = (exit_codes.INTERRUPTED if interrupted else exit_codes.REQUEUE) if signalled else 0
-            reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
-            t.log.event("stop", step, reason=reason, exit_code=exit_code)
-            progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
-            break
+    except BaseException:
+        # The last logged step's row waits for its norms (`param_norms`): written before the error
+        # goes up, unless that fails too (then the error above is the one to see).
+        with contextlib.suppress(Exception):
+            t.log.flush()
+        raise
 
     # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
     # summary next to its baselines.
