@@ -1,17 +1,20 @@
 """Nothing lost, whatever happens, in the real loop: a step that is not finite is never applied or
 saved (stop: the run ends there and its last checkpoint resumes; skip: the skipped update is part of
 the state and resumes exactly), and damaged checkpoints are passed over for the newest one that
-verifies (the run then equals the straight run), or the run stops with one line and exit 65."""
+verifies (the run then equals the straight run), or the run stops with one line and exit 65. An
+error that stops the run (a device's, a loader worker's) goes up after what the run finished is written."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from birdjepa import exit_codes
 from birdjepa.config import DataConfig, DebugConfig, LogConfig, PretrainConfig
+from birdjepa.pretrain import loop as train_loop
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.checkpoint import DAMAGED_DIR, Checkpointer
@@ -138,3 +141,30 @@ def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
     assert line.startswith("ERROR: cannot resume: no checkpoint in") and "verifies" in line
     assert line.endswith(f"exit {exit_codes.RESUME_CHECK}")
     assert steps_on_disk(cfg.run_dir) == []
+
+
+@pytest.mark.parametrize("failing", [3, 4], ids=["right-after-a-save", "a-step-later"])
+def test_an_error_that_stops_the_run_leaves_the_checkpoint_being_written_and_the_row_being_held(
+    failing: int, demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step of call ``failing`` raises (a device error, say). Right after step 1's save, that
+    checkpoint is still being written in the background (the process left only Orbax's temporary
+    folder); a step later, step 2's row is held for its norms (it was lost). The error goes up as it
+    is, once both are written."""
+    advance = train_loop.advance
+    calls = []
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        calls.append(None)
+        if len(calls) == failing:
+            raise RuntimeError("planted: the step fails")
+        return advance(*args, **kwargs)
+
+    monkeypatch.setattr(train_loop, "advance", fails)
+    cfg = config(demo_dir, tmp_path, "failing")
+    with pytest.raises(RuntimeError, match="planted: the step fails"):
+        pretrain(cfg)
+    rows = [r for r in read_metrics(cfg.run_dir) if "event" not in r]
+    assert [r["step"] for r in rows] == list(range(failing - 1)), rows
+    assert all(isinstance(r["train/param_norm"], float) for r in rows), rows
+    assert sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir()) == ["1"]

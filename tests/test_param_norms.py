@@ -7,16 +7,13 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_train_resume import NO_EVAL, pretrain_here
 
 from birdjepa import multihost
-from birdjepa.pretrain import loop as train_loop
 from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.layout import METRICS_FILE
 from birdjepa.rundir.metrics_log import MetricsLog
@@ -86,35 +83,3 @@ def test_a_held_row_is_written_complete_before_anything_after_it_and_at_close(tm
         log.flush()
     log.close()
     assert (tmp_path / "failed" / METRICS_FILE).read_text() == ""
-
-
-def test_a_run_that_fails_after_a_logged_step_writes_that_step_s_row(
-    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The loader fails fetching step 4's batch: step 3 finished, after step 2's save, and its row was
-    # held for its norms. The error goes up as it is, and step 3's row is in the log, complete.
-    opened = train_loop.open_loader
-
-    class FailsAtStep4:
-        def __init__(self, loader: Any) -> None:
-            self.loader, self.calls = loader, 0
-
-        def __next__(self) -> Any:
-            self.calls += 1
-            if self.calls == 5:
-                raise RuntimeError("planted: the loader fails")
-            return next(self.loader)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.loader, name)
-
-    def open_loader(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        loader, error = opened(*args, **kwargs)
-        return FailsAtStep4(loader), error
-
-    monkeypatch.setattr(train_loop, "open_loader", open_loader)
-    with pytest.raises(RuntimeError, match="planted: the loader fails"):
-        pretrain_here(demo_dir, tmp_path, "r", *NO_EVAL)
-    rows = [json.loads(line) for line in (tmp_path / "r" / METRICS_FILE).read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3], rows
-    assert all(isinstance(r["train/param_norm"], float) for r in rows), rows

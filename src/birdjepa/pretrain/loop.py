@@ -261,11 +261,16 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
                 t.log.event("stop", step, reason=reason, exit_code=exit_code)
                 progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
                 break
-    except BaseException:
-        # The last logged step's row waits for its norms (`param_norms`): written before the error
-        # goes up, unless that fails too (then the error above is the one to see).
+    except BaseException as e:
+        # An error stops the run: what it finished is written before the error goes up, unless that
+        # fails too (then the error above is the one to see). The last logged step's row, held for its
+        # norms (`param_norms`), and, unless a second Ctrl-C asks to be out at once, the checkpoint
+        # still being written in the background: without the wait, the process left it unwritten.
         with contextlib.suppress(Exception):
             t.log.flush()
+        if not isinstance(e, KeyboardInterrupt):
+            with contextlib.suppress(Exception):
+                t.ckpt.wait()
         raise
 
     # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
