@@ -169,3 +169,35 @@ def test_string_labels_give_their_sorted_vocabulary(
     assert prepare(tmp_path / "hub", tmp_path / "out", capsys)[0] is None
     vocab = json.loads((tmp_path / "out" / "vocab.json").read_text())["names"]
     assert vocab == sorted(set(text.to_pylist()))
+
+
+def test_a_set_with_other_labels_is_refused_beside_shards_whose_vocabulary_it_would_replace(
+    task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The shards' labels index their folder's vocab.json; another set written there under another prefix
+    # replaced it. Refused, with ClassLabel names before any row is copied, with string labels once they
+    # are all read (the copied shards then removed).
+    table = read_shard(next((task / "train").glob("*.arrow"))).replace_schema_metadata(None)
+    column = table.schema.get_field_index("ebird_code")
+    xy = pa.array(["x" if i % 2 else "y" for i in table.column("ebird_code").to_pylist()])
+    (tmp_path / "xy").mkdir()
+    pq.write_table(table.set_column(column, "ebird_code", xy), tmp_path / "xy" / "0000.parquet")
+    out = tmp_path / "out"
+    assert prepare(tmp_path / "xy", out, capsys)[0] is None
+    shards, vocab = sorted(out.iterdir()), (out / "vocab.json").read_text()
+    names = json.loads((task / "train" / "vocab.json").read_text())["names"]
+    text = pa.array([names[i] for i in table.column("ebird_code").to_pylist()])
+    (tmp_path / "text").mkdir()
+    pq.write_table(table.set_column(column, "ebird_code", text), tmp_path / "text" / "0000.parquet")
+    hub_parquet(task / "train", tmp_path / "classlabel")
+    capsys.readouterr()
+    for src, prefix in (("classlabel", "c"), ("text", "t")):
+        with pytest.raises(SystemExit) as e:
+            main(["prepare", str(tmp_path / src), str(out), "--prefix", prefix])
+        err = capsys.readouterr().err
+        said = (
+            f"birdjepa prepare: error: {out / 'vocab.json'} is the vocabulary of the shards already in {out}"
+        )
+        assert e.value.code == 1 and err.startswith(f"{said} (e.g. data-00000.arrow), not of these"), err
+        assert "would relabel those shards" in err and len(err.splitlines()) == 1, err
+        assert sorted(out.iterdir()) == shards and (out / "vocab.json").read_text() == vocab

@@ -188,6 +188,34 @@ def test_full_check_and_existing_shards(tmp_path: Path) -> None:
         prepare(tmp_path / "missing", tmp_path / "out2")
 
 
+def test_a_set_with_other_labels_is_refused_beside_shards_whose_vocabulary_it_would_replace(
+    tmp_path: Path,
+) -> None:
+    # A shard's label is an index into its folder's vocab.json: written beside them under another prefix,
+    # the second set's vocabulary relabelled the first set's rows without a word.
+    first = prepare(make_src(tmp_path / "src"), tmp_path / "out", workers=1)
+    before = (tmp_path / "out" / "vocab.json").read_text()
+    other = make_src(
+        tmp_path / "other", {"aaa/XC1.wav": ("wav_pcm16", 32000), "zzz/XC2.wav": ("wav_pcm16", 32000)}
+    )
+    with pytest.raises(PrepareError) as e:
+        prepare(other, tmp_path / "out", prefix="b", workers=1)
+    assert str(e.value) == (
+        f"{tmp_path / 'out' / 'vocab.json'} is the vocabulary of the shards already in {tmp_path / 'out'} "
+        "(e.g. data-00000.arrow), not of these (3 names against 2; label 0: 'amecro' against 'aaa'): writing "
+        "theirs would relabel those shards; write these to a folder of their own (a split may name several "
+        "folders)"
+    )
+    assert (
+        list_shards(tmp_path / "out") == first.shards
+        and (tmp_path / "out" / "vocab.json").read_text() == before
+    )
+    # The same labels (or this folder's vocabulary given with --vocab) are welcome.
+    same = make_src(tmp_path / "same", {"bbbwar/XC3.wav": ("wav_pcm16", 32000)})
+    prepare(same, tmp_path / "out", prefix="c", vocab_file=tmp_path / "out", workers=1)
+    assert len(list_shards(tmp_path / "out")) == 2 and (tmp_path / "out" / "vocab.json").read_text() == before
+
+
 def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = make_src(tmp_path / "src")
     main(["prepare", str(src), str(tmp_path / "out"), "--format", "stream", "--shard-mb", "0.02"])

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from birdjepa.data.shards import BATCH_ROWS, class_names, list_shards, shard_name, write_vocab
+from birdjepa.data.shards import BATCH_ROWS, class_names, list_shards, relabelled, shard_name, write_vocab
 
 
 class ParquetError(ValueError):
@@ -72,6 +72,9 @@ def convert(
                               "remove them or write to an empty folder")  # fmt: skip
     schemas = [_check_schema(file, audio_column, label_column) for file in files]  # all, before writing
     names = next((n for n in (class_names(s, label_column) for s in schemas) if n is not None), None)
+    clash = None if names is None else relabelled(out, names, label_column)
+    if clash is not None:  # ClassLabel names: known before any row is copied
+        raise ParquetError(clash)
     shards = [out / shard_name(prefix, i) for i in range(len(files))]
     # One file per thread: Arrow reads, decompresses and writes without the GIL.
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
@@ -89,6 +92,11 @@ def convert(
     rows, size = sum(n for _, n, _ in done), sum(f.stat().st_size for f in files)
     strings = set().union(*(labels for _, _, labels in done))
     vocab = names if names is not None else sorted(strings)
+    clash = None if names is not None or not vocab else relabelled(out, vocab, label_column)
+    if clash is not None:  # string labels: known once every row was read
+        for p in written:
+            p.unlink()
+        raise ParquetError(clash)
     if vocab:
         write_vocab(out, vocab, label_column, ordered=names is None)
     return Converted(written, rows, size, vocab)

@@ -37,6 +37,7 @@ from birdjepa.data.shards import (
     ShardFormat,
     ShardWriter,
     read_vocab,
+    relabelled,
     write_vocab,
 )
 from birdjepa.exit_codes import FAILED
@@ -225,6 +226,9 @@ def prepare(
     else:
         vocab = sorted({lab for lab in labels.values() if lab is not None})
     index = {name: i for i, name in enumerate(vocab)}
+    clash = relabelled(out, vocab, label_column)
+    if clash is not None:  # before any file is read or written
+        raise PrepareError(clash)
     if verbose:
         print(f"{len(files)} audio files under {src}, {len(vocab)} labels", flush=True)
 

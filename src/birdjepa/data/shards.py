@@ -332,10 +332,36 @@ def vocabulary_mismatch(
     where = f"{said(a, names_a)} and {said(b, names_b)} name different labels"
     if names_a is None or names_b is None:
         return where
+    return f"{where} ({first_difference(names_a, names_b)})"
+
+
+def first_difference(names_a: Sequence[str], names_b: Sequence[str]) -> str:
+    """``label I: 'x' against 'y'``, the first index where two vocabularies differ (``none`` past the end
+    of the shorter)."""
     pairs = zip(names_a, names_b, strict=False)
     i = next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(names_a), len(names_b)))
     x, y = (repr(names[i]) if i < len(names) else "none" for names in (names_a, names_b))
-    return f"{where} (label {i}: {x} against {y})"
+    return f"label {i}: {x} against {y}"
+
+
+def relabelled(out: Path, names: Sequence[str], label_column: str) -> str | None:
+    """Why a set whose labels index ``names`` cannot be written into ``out`` beside the shards already
+    there, in one line (None: it can): their integer labels index ``out``'s vocab.json, which the new
+    set's would replace, so one folder holds one vocabulary."""
+    there = list_shards(out)
+    if not there or vocab_names(out) is None:
+        return None
+    column, have = read_vocab(out)
+    names = list(names)
+    if column != label_column:
+        why = f"label column {column!r} against {label_column!r}"
+    elif have != names:
+        why = f"{len(have)} names against {len(names)}; {first_difference(have, names)}"
+    else:
+        return None
+    return (f"{out / VOCAB_FILE} is the vocabulary of the shards already in {out} (e.g. {there[0].name}), "
+            f"not of these ({why}): writing theirs would relabel those shards; write these to a folder "
+            "of their own (a split may name several folders)")  # fmt: skip
 
 
 def check_same_labels(train: Sequence[str], held_out: Sequence[str]) -> None:
