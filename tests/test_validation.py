@@ -33,6 +33,7 @@ INVALID = [
     (["--ckpt-every", "-1"], "--ckpt-every -1: must be >= 0 (0 = off)"),
     (["--eval-every", "-2"], "--eval-every -2: must be >= 0 (0 = off)"),
     (["--stop-at-step", "-1"], "--stop-at-step -1: must be >= 0"),
+    (["--stop-at-step", "600"], "--stop-at-step 600: must be a step in [0, 599]"),  # the run ends first
     (["--max-skips", "-1"], "--max-skips -1: must be >= 0 (0 = off)"),
     (["--debug.roundtrip-steps", "700"], "--debug.roundtrip-steps 700: each must be a step in [0, 599]"),
     (["--augment.mix-prob", "1.5"], "--augment.mix-prob 1.5: must be in [0, 1]"),
@@ -124,6 +125,26 @@ def test_data_paths_that_match_no_shard_or_lack_a_vocabulary(
         w.write_table(table)
     code, err = pretrain_exit(capsys, "--data.train", str(strings), "--data.eval", str(demo_dir / "eval"))
     assert code == 2 and f"need a vocabulary: no {strings / 'vocab.json'}" in err, err
+
+
+def test_a_stop_at_a_step_the_run_has_trained_is_refused_with_nothing_written(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # The README's first command run again, after its run saved step 1: without the check, the resumed
+    # run never met its stop and trained to the end.
+    run = ["--run", "r", "--log.runs-dir", str(tmp_path), *data_flags(demo_dir), "--steps", "4",
+           "--eval-every", "0", "--data.batch-size", "4"]  # fmt: skip
+    assert main(["pretrain", *run, "--stop-at-step", "1"]) is None
+    written = {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file() and p.name != "lease"}
+    for step in ("1", "0"):
+        code, err = pretrain_exit(capsys, *run, "--stop-at-step", step)
+        assert code == 2 and err.splitlines() == [
+            f"error: --stop-at-step {step}: run r has trained that step already (it resumes at step 2): give "
+            "a later one, or none to train to step 3"
+        ], err
+    assert {
+        p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file() and p.name != "lease"
+    } == written
 
 
 def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:

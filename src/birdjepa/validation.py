@@ -99,6 +99,8 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
             value = _get(cfg, option)
             if value is not None and not ok(value):
                 raise OptionError(option, value, allowed)
+    if cfg.stop_at_step is not None and cfg.stop_at_step >= cfg.steps:  # the run would end before it
+        raise OptionError("stop_at_step", cfg.stop_at_step, f"must be a step in [0, {cfg.steps - 1}]")
     for step in cfg.debug.roundtrip_steps:
         if not 0 <= step < cfg.steps:
             raise OptionError("debug.roundtrip_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")

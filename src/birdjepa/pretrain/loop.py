@@ -160,6 +160,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     if meta is not None:
         r, no_effect = injected(requested.debug.inject_fault).restored(r, fns.tx, fresh_chain(requested))
     cfg, train_files = r.cfg, r.train_files
+    if cfg.stop_at_step is not None and cfg.stop_at_step < r.state.step:  # else it trained to the end
+        ckpt.close()
+        raise OptionError("stop_at_step", cfg.stop_at_step, f"run {cfg.run} has trained that step already "
+                          f"(it resumes at step {r.state.step}): give a later one, or none to train to "
+                          f"step {cfg.steps - 1}")  # fmt: skip
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.fns.place(r.state)
     for fallback in ckpt.fallbacks:
