@@ -7,10 +7,12 @@ error that stops the run (a device's, a loader worker's) goes up after what the 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_loader_bad_input import read_table, with_corrupt_rows, write_table
 
 from birdjepa import exit_codes
 from birdjepa.config import DataConfig, DebugConfig, LogConfig, PretrainConfig
@@ -168,3 +170,23 @@ def test_an_error_that_stops_the_run_leaves_the_checkpoint_being_written_and_the
     assert [r["step"] for r in rows] == list(range(failing - 1)), rows
     assert all(isinstance(r["train/param_norm"], float) for r in rows), rows
     assert sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir()) == ["1"]
+
+
+def test_a_record_the_loader_cannot_read_is_a_warning_naming_its_shard_and_row(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Rows 1 and 4 of a shard are not audio: the run trains on without them and says so as it happens.
+    train = tmp_path / "train"
+    train.mkdir()
+    shard = sorted((demo_dir / "train").glob("*.arrow"))[0]
+    write_table(with_corrupt_rows(read_table(shard), {1, 4}), train / "a.arrow")
+    shutil.copy(demo_dir / "train" / "vocab.json", train)
+    cfg = config(demo_dir, tmp_path, "skips", steps=3)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=str(train)))
+    assert pretrain(cfg) == 0
+    said = [e["message"] for e in events(cfg.run_dir, "warning")]
+    assert said and all(
+        m.startswith(f"skipped a record the loader cannot read: {train / 'a.arrow'} row ") for m in said
+    ), said
+    assert {m.split(" row ")[1].split(":")[0] for m in said} == {"1", "4"}, said
+    assert f"WARNING {said[0]}" in capsys.readouterr().out  # on the console too

@@ -262,6 +262,15 @@ class Loader:
         """Counters and the skipped records (index, shard, row, file, reason)."""
         return json.loads(self._rs.diagnostics_json())
 
+    def skipped_since(self, count: int) -> tuple[int, list[str]]:
+        """The records skipped after the first ``count`` (the ``skipped`` counter, which a resumed loader
+        continues): (the counter now, ``FILE row R: REASON`` for each of them the diagnostics still list,
+        the newest 1000)."""
+        d = self.diagnostics()
+        now, listed = d["counters"]["skipped"], d["skipped"]
+        new = listed[max(0, len(listed) - (now - count)) :] if now > count else []
+        return now, [f"{s['file']} row {s['row']}: {s['reason']}" for s in new]
+
     def close(self) -> None:
         """Stop and join the worker threads now (dropping the loader does the same)."""
         del self._rs

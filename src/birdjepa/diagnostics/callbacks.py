@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from birdjepa.data import Batch
+from birdjepa.data import Batch, Loader
 from birdjepa.diagnostics.iid import IidMonitor
 from birdjepa.diagnostics.monitor import COUNT_STATS, UpdateMonitor
 
@@ -46,6 +46,8 @@ class Callback:
     """Base class: every hook is optional."""
 
     name: str = "callback"
+    stateful: bool = True
+    """Its checkpoints carry a state: a checkpoint without one resumes it fresh, with a warning."""
 
     def on_step_end(self, end: StepEnd) -> Report:
         return Report()
@@ -85,6 +87,8 @@ class Callbacks:
         notes = []
         for c in self.items:
             if c.name not in states:
+                if not c.stateful:
+                    continue
                 notes.append(f"{c.name}: checkpoint {step} has no state for it; starting fresh")
                 continue
             try:
@@ -137,3 +141,20 @@ class UpdateMonitorCallback(Callback):
 
     def on_restore(self, step: int, state: Mapping[str, Any]) -> None:
         self.monitor.load_state(state)
+
+
+class SkippedRecordsCallback(Callback):
+    """A warning for each record the loader skips (audio it cannot decode, a file a path names that is
+    missing, an event outside its recording), naming the shard and row: the run trains on without it,
+    the same in every run and resume, and says so as it happens."""
+
+    name = "skipped_records"
+    stateful = False  # the loader's own state carries its skip counter
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.said = int(loader.state()["counters"]["skipped"])  # a resumed run's earlier skips: said then
+
+    def on_step_end(self, end: StepEnd) -> Report:
+        self.said, lines = self.loader.skipped_since(self.said)
+        return Report(warnings=[f"skipped a record the loader cannot read: {line}" for line in lines])

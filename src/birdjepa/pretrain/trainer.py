@@ -19,7 +19,13 @@ from birdjepa import exit_codes, multihost
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, Loader
 from birdjepa.data.shards import split_labels
-from birdjepa.diagnostics.callbacks import Callback, Callbacks, IidCallback, UpdateMonitorCallback
+from birdjepa.diagnostics.callbacks import (
+    Callback,
+    Callbacks,
+    IidCallback,
+    SkippedRecordsCallback,
+    UpdateMonitorCallback,
+)
 from birdjepa.diagnostics.monitor import leaf_names, param_names
 from birdjepa.evaluation import report as eval_report
 from birdjepa.evaluation.embed import Encode, Split, batched
@@ -66,7 +72,7 @@ def online_probe_metrics(probe_params: Any, held_out: Split) -> dict[str, float]
 
 
 def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callbacks:
-    items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window)]
+    items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window), SkippedRecordsCallback(loader)]
     if cfg.monitor_interval > 0:
         items.append(UpdateMonitorCallback(param_names(params)))
     return Callbacks(items)
