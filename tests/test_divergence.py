@@ -92,8 +92,10 @@ def test_the_same_step_traced_in_two_processes_gives_the_same_file(
 def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_difference(
     runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    t0, t1 = tmp_path / "0.npz", tmp_path / "1.npz"
-    trace_file.write(trace_step(runs / "A", 0, only=("batch", "optimizer")), t0)
+    t0, t1 = tmp_path / "new" / "0.npz", tmp_path / "1.npz"
+    # The command makes a missing folder for its output, as `embed --out` does.
+    main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "optimizer", "--out", str(t0)])
+    assert t0.is_file()
     trace_file.write(trace_step(runs / "A", 1, only=("batch", "optimizer")), t1)
     with pytest.raises(SystemExit) as same:
         main(["diff-trace", str(t0), str(t0)])
@@ -114,6 +116,13 @@ def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_differenc
         (["trace", "{runs}/bare", "--step", "3"], "no checkpoint before step 3 and no config.json"),
         (["diff-trace", "{runs}/A/config.json", "{runs}/A/config.json"], "not a birdjepa trace"),
         (["bisect", "{runs}/A", "{runs}/nothing"], "not a run directory"),
+        (["diff-trace", "{runs}/A", "{runs}/A"], "A: a folder, not a trace file"),
+        (["trace", "{runs}/badline", "--step", "1", "--out", "{runs}/t"], "badline/metrics.jsonl:2: not a"),
+        (["bisect", "{runs}/badline", "{runs}/A"], "badline/metrics.jsonl:2: not a JSON line"),
+        (["bisect", "{runs}/empty", "{runs}/A"], "empty: it ran no step"),
+        # The output is checked first: step 99 (never run) is not reached, nor the search.
+        (["trace", "{runs}/A", "--step", "99", "--out", "{runs}/A/config.json/t"], "t: cannot be written"),
+        (["bisect", "{runs}/A", "{runs}/A", "--save", "{runs}/A/config.json"], "exists and is not a folder"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -123,11 +132,21 @@ def test_bad_input_is_one_line_and_exit_2(
     if not bare.exists():
         bare.mkdir()
         shutil.copy(runs / "A" / "metrics.jsonl", bare / "metrics.jsonl")
+    badline = runs / "badline"  # a damaged line in the middle of its log (not a torn last one)
+    if not badline.exists():
+        shutil.copytree(runs / "A", badline)
+        lines = (badline / "metrics.jsonl").read_text().splitlines()
+        (badline / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    empty = runs / "empty"  # a run that logged nothing before it stopped
+    if not empty.exists():
+        empty.mkdir()
+        (empty / "metrics.jsonl").write_text("")
     with pytest.raises(SystemExit) as e:
         main([a.format(runs=runs) for a in args])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2
-    assert len(err.splitlines()) == 1 and message in err, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert not (empty / "checkpoints").exists()  # read, never written
 
 
 def test_a_replayed_step_that_does_not_match_its_log_stops_the_trace(

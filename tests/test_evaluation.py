@@ -351,6 +351,53 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     assert audio_table.column("recording_id").null_count == 3  # a file's id is its path, in `source`
 
 
+def test_export_and_embed_errors_are_one_line(
+    tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys, monkeypatch
+):
+    """A damaged newest checkpoint, a missing source and an output that cannot be written: one line
+    naming the path and exit 2; an output or a source that cannot work fails before the restore."""
+    import shutil
+
+    import birdjepa.export.cli
+    from birdjepa.cli import main
+
+    def one_line(args: list[str], command: str, *names: object) -> str:
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        err = capsys.readouterr().err
+        assert e.value.code == 2, err
+        assert err.startswith(f"birdjepa {command}: error: ") and err.count("\n") == 1, err
+        assert all(str(n) in err for n in names) and "Traceback" not in err, err
+        return err
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_run, damaged)
+    arrays = damaged / "checkpoints" / "5" / "state" / "ocdbt.process_0" / "d"
+    biggest = max(arrays.iterdir(), key=lambda f: f.stat().st_size)
+    with biggest.open("r+b") as f:
+        f.truncate(1000)
+    where = damaged / "checkpoints" / "5"
+    one_line(["export", str(damaged), "--out", str(tmp_path / "e")], "export", where, "arrays unreadable")
+    assert not (tmp_path / "e").exists()  # nothing made for a run that cannot be exported
+    shards = str(demo_dir / "eval")
+    out = tmp_path / "e.parquet"
+    one_line(["embed", shards, "--encoder", str(damaged), "--out", str(out)], "embed", where)
+    # Checked before the (slow) restore: neither command gets that far.
+    monkeypatch.setattr(birdjepa.export.cli, "load_encoder", lambda *a: pytest.fail("the encoder loaded"))
+    monkeypatch.setattr("birdjepa.evaluation.cli.restore_checkpoint", lambda *a: pytest.fail("restored"))
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    one_line(["export", str(tiny_run), "--out", str(afile)], "export", afile, "exists and is not a folder")
+    one_line(["export", str(tiny_run), "--out", str(afile / "enc")], "export", afile / "enc",
+             "cannot be written")  # fmt: skip
+    one_line(["embed", shards, "--encoder", str(tiny_run), "--out", str(afile / "e.parquet")], "embed",
+             afile / "e.parquet", "cannot be written")  # fmt: skip
+    nowhere = tmp_path / "nosuchpath"
+    one_line(["embed", str(nowhere), "--encoder", str(tiny_run), "--out", str(out)], "embed", nowhere,
+             "no such shard file")  # fmt: skip
+    assert not out.exists()
+
+
 def hf_birdset_split(birdset_dir: Path, task: str, split: str, out: Path) -> Path:
     """One split of the stand-in written again by HF `datasets` with BirdSet's features; returns the
     .arrow file (with the task's vocab.json beside it)."""

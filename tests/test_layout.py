@@ -48,6 +48,7 @@ FLOORS = (
     "reductions",
     "seams",
     "exit_codes",
+    "outputs",
     "host_memory",
     "cores",
     "_rs",

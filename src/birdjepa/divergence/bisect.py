@@ -63,6 +63,8 @@ class Search:
 
 
 def _ckpt_info(run_dir: Path) -> dict[int, dict[str, Any]]:
+    if not layout.has_checkpoints(run_dir):  # a Checkpointer would create the folder in the run
+        return {}
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
         return {s: ckpt.read_meta(s) for s in ckpt.all_steps()}
 
@@ -88,6 +90,9 @@ def search(a: Path, b: Path) -> Search:
             first_logged, metric = s, (bad, la[s].get(bad), lb[s].get(bad))
             break
     ca, cb = _ckpt_info(a), _ckpt_info(b)
+    for run, logged, ckpts in ((a, la, ca), (b, lb, cb)):
+        if not logged and not ckpts:  # else "no difference up to step -1", exit 0, would pass for an answer
+            raise ReplayError(f"{run}: it ran no step (nothing logged and no checkpoint): nothing to compare")
     common = sorted(set(ca) & set(cb))
     first_ckpt = next((c for c in common if ca[c]["hashes"] != cb[c]["hashes"]), None)
     bound = min(x for x in (first_logged, first_ckpt, math.inf) if x is not None)

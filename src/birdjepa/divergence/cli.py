@@ -1,7 +1,8 @@
 """The commands `birdjepa trace`, `birdjepa diff-trace` and `birdjepa bisect`.
 
 Every failure that is the input's (a run directory that is not one, a step never run, a missing
-checkpoint, a file that is not a trace) is one line on stderr and exit 2.
+checkpoint, a damaged metrics log, a file that is not a trace, an output that cannot be written) is one
+line on stderr and exit 2; the output is checked before any step is re-executed.
 """
 
 from __future__ import annotations
@@ -41,14 +42,20 @@ def trace(
     from birdjepa.divergence import trace_file
     from birdjepa.divergence.replay import ReplayError
     from birdjepa.divergence.trace import trace_step
+    from birdjepa.outputs import unwritable
+    from birdjepa.rundir.metrics_log import MetricsFileError
 
     if repeat < 1:
         _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
+    path = out or Path(f"trace-{run.name}-{step}.npz")
+    why = unwritable(path)  # before the step is re-executed, not after
+    if why is not None:
+        _fail(ValueError(why))
     try:
         t = trace_step(run, step, only=only, keep=keep, repeat=repeat)
-    except ReplayError as e:
+    except (ReplayError, MetricsFileError) as e:
         _fail(e)
-    path = out or Path(f"trace-{run.name}-{step}.npz")
+    path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, as `embed --out` makes it
     trace_file.write(t, path)
     print(summary(t, path), flush=True)
 
@@ -107,12 +114,17 @@ def bisect(
     1 if they do."""
     from birdjepa.divergence.bisect import bisect as run_bisect
     from birdjepa.divergence.replay import ReplayError
+    from birdjepa.outputs import unwritable
+    from birdjepa.rundir.metrics_log import MetricsFileError
 
     if repeat < 1:
         _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
+    why = unwritable(save, folder=True) if save is not None else None  # before the search, not after
+    if why is not None:
+        _fail(ValueError(why))
     try:
         code, report, _ = run_bisect(a, b, repeat=repeat, save=save)
-    except ReplayError as e:
+    except (ReplayError, MetricsFileError) as e:
         _fail(e)
     print(report, flush=True)
     raise SystemExit(code)

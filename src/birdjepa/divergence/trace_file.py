@@ -118,6 +118,10 @@ def read(path: Path) -> Trace:
         raise
     except FileNotFoundError:
         raise TraceFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceFileError(f"{path}: a folder, not a trace file") from None
+    except OSError as e:
+        raise TraceFileError(f"{path}: cannot be read ({e.strerror or e})") from None
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, ValueError) as e:
         raise TraceFileError(f"{path}: not a birdjepa trace ({type(e).__name__}: {e})") from None
     return trace

@@ -29,6 +29,7 @@ from birdjepa.export.encoder import (
     flatten,
     load_encoder,
 )
+from birdjepa.outputs import unwritable
 
 
 def export(run: Path, out: Path, step: int | None = None) -> Path:
@@ -38,10 +39,14 @@ def export(run: Path, out: Path, step: int | None = None) -> Path:
     from safetensors.numpy import save_file
 
     from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
+    from birdjepa.rundir.checkpoint import CheckpointError
 
+    why = unwritable(out, folder=True)  # before the restore, which is the slow part
+    if why is not None:
+        raise ExportError(why)
     try:
         r = restore_checkpoint(run, step)
-    except EvaluateError as e:
+    except (EvaluateError, CheckpointError) as e:  # CheckpointError: a damaged one, as `evaluate` says
         raise ExportError(str(e)) from e
     out.mkdir(parents=True, exist_ok=True)
     save_file(flatten({"encoder": r.params["encoder"]}), str(out / WEIGHTS))
@@ -91,15 +96,16 @@ def export_cli(
 def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = DEFAULTS["n_workers"]) -> int:
     """Embeds ``source`` (shards: a glob, folder or file of .arrow; or a folder or list of audio files)
     into ``out`` (Parquet, one row per clip); returns the row count."""
-    # the files `prepare` would pack, so a folder embeds the recordings a run on it trained on
-    audio = [Path(source) / f for f in find_audio_files(Path(source))] if Path(source).is_dir() else []
+    audio, files = sources(source)
+    why = unwritable(out)
+    if why is not None:
+        raise ExportError(why)
     if audio:
         columns = encoder.embed_audio(audio, n_workers=n_workers)
         n = len(columns["source"])
         columns["row"] = columns["label"] = np.full(n, -1)  # a file of audio: no shard row, no label
         columns["label_name"] = columns["recording_id"] = [None] * n
     else:
-        files = resolve_files(source)
         parts: dict[str, list] = {"source": [], "row": [], "recording_id": [], "label": [], "label_name": [],
                                   "start_s": [], "end_s": [], "embedding": []}  # fmt: skip
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
@@ -137,6 +143,20 @@ def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = DEFAULTS
     return len(table)
 
 
+def sources(source: str) -> tuple[list[Path], list[str]]:
+    """``(audio files, shard files)`` of ``source``, one of them empty; `DataError` for a path that does
+    not exist (as `evaluate` says it), so a typo fails before the encoder is loaded."""
+    # the files `prepare` would pack, so a folder embeds the recordings a run on it trained on
+    audio = [Path(source) / f for f in find_audio_files(Path(source))] if Path(source).is_dir() else []
+    if audio:
+        return audio, []
+    files = resolve_files(source)
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise DataError(f"{missing[0]}: no such shard file")
+    return [], files
+
+
 def recording_ids(shard: Path) -> list[str | None] | None:
     """A shard's ``recording_id`` column (what `birdjepa prepare` writes), or None where it has none (a
     hub's cache file: its own columns name the recording)."""
@@ -165,6 +185,10 @@ def embed_cli(
     """
     t0 = time.perf_counter()
     try:
+        sources(source)  # what can fail at once does, before the encoder loads
+        why = unwritable(out)
+        if why is not None:
+            raise ExportError(why)
         enc = load_encoder(encoder, step)
         n = embed(source, enc, out, n_workers=n_workers)
     except (ExportError, DataError) as e:

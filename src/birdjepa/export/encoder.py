@@ -187,10 +187,11 @@ def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
         return _from_export(source)
     if layout.has_checkpoints(source):
         from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
+        from birdjepa.rundir.checkpoint import CheckpointError
 
         try:
             r = restore_checkpoint(source, step)
-        except EvaluateError as e:
+        except (EvaluateError, CheckpointError) as e:  # CheckpointError: a damaged one, as `evaluate` says
             raise ExportError(str(e)) from e
         identity = checkpoint_identity(source, r.step, r.meta)
         params = {"encoder": r.params["encoder"]}
