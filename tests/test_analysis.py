@@ -101,6 +101,37 @@ def test_a_csv_without_a_step_column_is_named(tmp_path: Path) -> None:
         analysis.load_run(path)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("run/metrics.jsonl", "", "run/metrics.jsonl: no logged step"),
+        ("log.jsonl", '{"event": "resume", "step": 3}\n', "log.jsonl: no logged step"),
+        ("header.csv", "_step,loss\n", "header.csv: no logged step"),
+        ("empty.csv", "", "empty.csv: no logged step"),
+        ("nostep.csv", "epoch,loss\n1,2.0\n", "nostep.csv row 1: no step column"),
+        ("text.csv", "step,loss,note\n0,1.0,a\n1,oops,b\n2,3,c\n", "text.csv row 2: column 'loss': 'oops'"),
+    ],
+)
+def test_a_log_analyze_cannot_use_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        birdjepa_main(["analyze", str(path.parent if name.startswith("run/") else path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {tmp_path}/{message}") and "Traceback" not in err, err
+    assert not (tmp_path / "analysis").exists() and not (tmp_path / "run" / "analysis").exists()
+
+
+def test_analyze_refuses_a_window_below_1_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        birdjepa_main(["analyze", "any", "--window", "0"])
+    assert e.value.code == 2 and capsys.readouterr().err == "error: --window 0: must be at least 1\n"
+
+
 def test_jump_is_post_mean_minus_pre_mean_and_drift_comes_from_steps_away_from_resumes() -> None:
     # x = step, plus 100 from the resume at 50 on; W = 10: pre = mean(40..49) = 44.5, post = mean(50..59)
     # + 100 = 154.5; every window away from the resume drifts by exactly W = 10.

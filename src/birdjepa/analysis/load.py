@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from birdjepa.rundir import layout
-from birdjepa.rundir.metrics_log import read_metrics_file
+from birdjepa.rundir.metrics_log import MetricsFileError, read_metrics_file
 
 #: Rows further apart than this (seconds) in a log without resume events start a new segment.
 DEFAULT_GAP_S = 600.0
@@ -33,6 +33,11 @@ STEP_COLUMNS = ("step", "_step")
 TIME_COLUMNS = ("_timestamp", "timestamp", "time")
 #: Bookkeeping columns, never treated as metrics.
 NOT_METRICS = frozenset({"step", "_step", "restart", "time", "_timestamp", "timestamp", "_runtime", "event"})
+
+
+class LogError(MetricsFileError):
+    """A log that cannot be analysed (named with its row where there is one): no logged step, no step
+    column, a step or a metric value that is not a number."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,21 +172,32 @@ def _first_column(row: Mapping[str, Any], names: Iterable[str], where: str, *, r
         if row.get(n) not in (None, ""):
             return n
     if required:
-        raise ValueError(f"{where}: no step column (one of {', '.join(names)}) in {sorted(row)[:12]}")
+        raise LogError(f"{where}: no step column (one of {', '.join(names)}) in {sorted(row)[:12]}")
     return None
 
 
 def _foreign(name: str, records: Iterable[Mapping[str, Any]], where: str, gap_s: float) -> RunLog:
     """Rows of another tool's log (dicts with a step and maybe a timestamp column); resumes inferred."""
     rows = []
+    numeric: set[str] = set()  # columns with a number in some row
+    text: dict[str, tuple[int, str]] = {}  # column -> the first row and text of a value that is not one
     for i, rec in enumerate(records):
         step_col = _first_column(rec, STEP_COLUMNS, f"{where} row {i + 1}", required=True)
         time_col = _first_column(rec, TIME_COLUMNS, where, required=False)
         step = _number(rec[step_col])
         if step is None or not float(step).is_integer():
-            raise ValueError(f"{where} row {i + 1}: step {rec[step_col]!r} is not an integer")
+            raise LogError(f"{where} row {i + 1}: step {rec[step_col]!r} is not an integer")
         t = _number(rec[time_col]) if time_col else None
         rows.append(_row(int(step), math.nan if t is None else t, rec.items()))
+        numeric.update(rows[-1].values)
+        for k, v in rec.items():
+            if isinstance(v, str) and v.strip() and k not in rows[-1].values and k not in NOT_METRICS:
+                text.setdefault(k, (i + 1, v))
+    # A column of text is no metric, but text among a metric's numbers is a damaged value, not a gap.
+    bad = sorted((row, k, v) for k, (row, v) in text.items() if k in numeric)
+    if bad:
+        row, column, value = bad[0]
+        raise LogError(f"{where} row {row}: column {column!r}: {value!r} is not a number")
     segments, resumes = _split_foreign(rows, gap_s)
     return _timeline(name, segments, resumes)
 
@@ -197,8 +213,12 @@ def load_run(path: str | Path, *, gap_s: float = DEFAULT_GAP_S, name: str | None
         raise FileNotFoundError(f"{path}: no metrics log")
     if path.suffix == ".csv":
         with path.open(newline="") as f:
-            return _foreign(name, csv.DictReader(f), str(path), gap_s)
-    return _ours(path, name)
+            log = _foreign(name, csv.DictReader(f), str(path), gap_s)
+    else:
+        log = _ours(path, name)
+    if not len(log.steps):  # nothing to plot or to measure a jump on
+        raise LogError(f"{path}: no logged step (an empty log, or a header or events only)")
+    return log
 
 
 def from_rows(name: str, rows: Iterable[Mapping[str, Any]], *, gap_s: float = DEFAULT_GAP_S) -> RunLog:

@@ -150,6 +150,9 @@ def cli(
     its z-score against normal drift; --other overlays a reference run (e.g. the uninterrupted one)
     and adds the max abs difference to it. --gap-s: in logs without resume events, a pause longer than
     this many seconds counts as a resume."""
+    if window < 1:
+        print(f"error: --window {window}: must be at least 1", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.USAGE)
     try:
         result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
     except (MetricsFileError, FileNotFoundError) as e:

@@ -14,6 +14,7 @@ from pathlib import Path
 import tyro
 
 from birdjepa import exit_codes
+from birdjepa.rundir import layout
 from birdjepa.rundir.metrics_log import MetricsFileError, metrics_by_step
 
 Logged = dict[int, dict[str, float]]
@@ -103,6 +104,18 @@ def step_ranges(steps: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
+def not_a_run(run: Path) -> str | None:
+    """Why ``run`` is no run folder to compare (None: it is one): the argument that is wrong, rather
+    than the file in it that could not be opened."""
+    if not run.exists():
+        return f"{run}: no such run folder"
+    if not run.is_dir():
+        return f"{run}: not a run folder (a file)"
+    if not layout.metrics_file(run).is_file():
+        return f"{run}: not a run folder (no {layout.METRICS_FILE} in it)"
+    return None
+
+
 def cli(
     run_a: tyro.conf.Positional[Path],
     run_b: tyro.conf.Positional[Path],
@@ -110,6 +123,11 @@ def cli(
 ) -> None:
     """Align two runs' logged metrics by step (all segments) and print per metric the max abs and rel
     difference and the first differing step; exit 1 if any selected metric differs."""
+    for run in (run_a, run_b):
+        why = not_a_run(run)
+        if why is not None:
+            print(f"error: {why}", file=sys.stderr, flush=True)
+            raise SystemExit(exit_codes.USAGE)
     try:
         diffs, coverage = compare_with_coverage(run_a, run_b, metrics)
         worst = print_table(diffs)

@@ -1,0 +1,35 @@
+"""Bad input to `birdjepa compare` is one line naming the argument that is wrong, and exit 2.
+
+(`trace`, `diff-trace` and `bisect`: tests/test_divergence.py; `export` and `embed`:
+tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from birdjepa.cli import main
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nosuch", "nosuch: no such run folder"),
+        ("afile", "afile: not a run folder (a file)"),
+        ("bare", "bare: not a run folder (no metrics.jsonl in it)"),
+    ],
+)
+def test_compare_names_the_run_folder_that_is_not_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, message: str
+) -> None:
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "metrics.jsonl").write_text('{"step": 0, "train/loss": 1.0}\n')
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "bare").mkdir()
+    for args in ([tmp_path / name, good], [good, tmp_path / name]):  # either argument
+        with pytest.raises(SystemExit) as e:
+            main(["compare", *map(str, args)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err == f"error: {tmp_path}/{message}\n", err
