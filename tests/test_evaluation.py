@@ -352,8 +352,12 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
 
 
 def test_export_and_embed_errors_are_one_line(
-    tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys, monkeypatch
-):
+    tiny_run: Path,
+    demo_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A damaged newest checkpoint, a missing source and an output that cannot be written: one line
     naming the path and exit 2; an output or a source that cannot work fails before the restore."""
     import shutil
