@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,23 @@ def test_undecodable_records_are_skipped_counted_and_named(corrupt_dir: Path) ->
     reported = {(s["shard"], s["row"], s["index"]) for s in diag["skipped"]}
     assert reported == {(0, 1, 1), (0, 4, 4)}
     assert all(s["file"].endswith("a.arrow") and s["reason"] for s in diag["skipped"])
+
+
+def test_an_eval_pass_says_in_one_line_which_records_it_skipped(
+    corrupt_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What evaluate, embed and benchmark read through: each read fewer rows than the shards hold and said
+    # nothing ("embedded 2 clips" of 4).
+    ld = loader(corrupt_dir, train=False)
+    for _ in range(2):  # each pass says its own, once
+        capsys.readouterr()
+        rows = sum(len(b["index"]) for b in ld)
+        assert next(ld, None) is None
+        said = capsys.readouterr().out.splitlines()
+        a = re.escape(str(corrupt_dir / "a.arrow"))
+        assert rows == len(ld) - 2 and len(said) == 1, said
+        assert re.fullmatch(rf"WARNING skipped 2 records the loader cannot read: {a} row 1: decode: [^;]+; "
+                            rf"{a} row 4: decode: [^;]+", said[0]), said  # fmt: skip
 
 
 def test_skips_are_deterministic_across_workers_and_resume(corrupt_dir: Path) -> None:

@@ -217,19 +217,35 @@ class Loader:
         state_json = None if state is None else json.dumps(state)
         self._rs = _rs.Loader(self.files, json.dumps(options), state_json)
         self._passes = 0
+        self._skips_before_pass = 0
 
     def __iter__(self) -> Iterator[Batch]:
         # Eval: every iteration is a full pass from the start (or from the given state).
         if not self.train and self._passes > 0:
             self._rs.restart()
         self._passes += 1
+        self._skips_before_pass = self.diagnostics()["counters"]["skipped"]
         return self
 
     def __next__(self) -> Batch:
         batch = self._rs.next_batch()
         if batch is None:
+            self._say_skipped()
             raise StopIteration
         return batch
+
+    def _say_skipped(self) -> None:
+        """At the end of an eval pass, one line for the records it skipped: every command that reads a
+        split (evaluate, embed, benchmark, the run's evaluation) then says it read fewer than the shards
+        hold, and which (training says each as it happens: `diagnostics.callbacks`)."""
+        count, lines = self.skipped_since(self._skips_before_pass)
+        n, self._skips_before_pass = count - self._skips_before_pass, count  # said once
+        if n:
+            more = f"; {n - 3} more in Loader.diagnostics()" if n > 3 else ""
+            records = f"{n} record{'s' * (n != 1)}"
+            print(
+                f"WARNING skipped {records} the loader cannot read: {'; '.join(lines[:3])}{more}", flush=True
+            )
 
     def __len__(self) -> int:
         """Number of samples in the data set."""
