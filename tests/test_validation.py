@@ -147,6 +147,22 @@ def test_a_stop_at_a_step_the_run_has_trained_is_refused_with_nothing_written(
     } == written
 
 
+def test_a_truncated_shard_found_when_the_loader_opens_it_is_one_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Options and paths check out; the shard's missing footer shows only when the loader opens it (a
+    # DataError traceback before).
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shard = sorted((demo_dir / "train").glob("*.arrow"))[0]
+    (shards / "a.arrow").write_bytes(shard.read_bytes()[:300_000])
+    (shards / "vocab.json").write_bytes((demo_dir / "train" / "vocab.json").read_bytes())
+    code, err = pretrain_exit(capsys, "--data.train", str(shards), "--data.eval", str(demo_dir / "eval"),
+                              "--log.runs-dir", str(tmp_path / "runs"), "--eval-every", "0")  # fmt: skip
+    said = f"error: {shards / 'a.arrow'}: truncated shard: Arrow IPC file without its footer"
+    assert code == 2 and err.splitlines() == [f"{said} (expected 'ARROW1' at the end)"], err
+
+
 def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--data.batch-size", "0"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)

@@ -119,6 +119,9 @@ def pretrain(cfg: PretrainConfig) -> int:
             return code
     try:
         return _pretrain(cfg, lease)
+    except DataError as e:  # a shard found unusable once the loaders open it (a truncated one), or mid-run
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return exit_codes.USAGE
     except OSError as e:  # the log or config.json on a full disk (a checkpoint says more: `save_failed`)
         if e.errno not in WRITE_ERRNOS:
             raise
