@@ -190,3 +190,22 @@ def test_a_record_the_loader_cannot_read_is_a_warning_naming_its_shard_and_row(
     ), said
     assert {m.split(" row ")[1].split(":")[0] for m in said} == {"1", "4"}, said
     assert f"WARNING {said[0]}" in capsys.readouterr().out  # on the console too
+
+
+def test_a_start_with_no_checkpoint_to_resume_keeps_the_earlier_log_apart(
+    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # The run's checkpoints removed (or a kill -9 before its first save): the next start begins at step 0,
+    # and its rows followed the earlier start's under the same step numbers, both restart 0.
+    cfg = config(demo_dir, tmp_path, "again")
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=2)) == 0
+    earlier = (cfg.run_dir / "metrics.jsonl").read_text()
+    shutil.rmtree(cfg.run_dir / "checkpoints")
+    capsys.readouterr()
+    assert pretrain(cfg) == 0
+    kept = cfg.run_dir / "metrics.earlier-1.jsonl"
+    assert f"the log of an earlier start there is kept as {kept}" in capsys.readouterr().out
+    assert kept.read_text() == earlier
+    steps = [r["step"] for r in read_metrics(cfg.run_dir) if "event" not in r]
+    assert steps == list(range(STEPS)), steps
+    assert differing(straight, cfg.run_dir) == []

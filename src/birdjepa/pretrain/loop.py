@@ -168,6 +168,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         raise OptionError("stop_at_step", cfg.stop_at_step, f"run {cfg.run} has trained that step already "
                           f"(it resumes at step {r.state.step}): give a later one, or none to train to "
                           f"step {cfg.steps - 1}")  # fmt: skip
+    if meta is None and multihost.is_main():  # a fresh start: an earlier start's log is not this run's
+        earlier = layout.set_aside_log(cfg.run_dir)
+        if earlier is not None:
+            print(f"WARNING {cfg.run_dir} holds no checkpoint to resume, so this start begins at step 0; the "
+                  f"log of an earlier start there is kept as {earlier}", flush=True)  # fmt: skip
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.fns.place(r.state)
     for fallback in ckpt.fallbacks:

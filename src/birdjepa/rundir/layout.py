@@ -4,6 +4,7 @@
       config.json          the options the run was started with (`write_config`, `read_config`)
       checkpoints/<step>/  Orbax checkpoints (`birdjepa.rundir.checkpoint`)
       metrics.jsonl        one JSON line per logged step, every segment (`birdjepa.rundir.metrics_log`)
+      metrics.earlier-N.jsonl  the log of an earlier start that saved no checkpoint (`set_aside_log`)
       lease.json           the one writer's lease, while it runs (`birdjepa.rundir.lease`)
       eval/<step>.json     `birdjepa evaluate`'s report of a checkpoint
       analysis/            `birdjepa analyze`'s figures and report
@@ -49,6 +50,21 @@ def has_checkpoints(run_dir: Path) -> bool:
 
 def metrics_file(run_dir: Path) -> Path:
     return Path(run_dir) / METRICS_FILE
+
+
+def set_aside_log(run_dir: Path) -> Path | None:
+    """Before a start that resumes no checkpoint: the log of an earlier start there (one killed before its
+    first save, or whose checkpoints were removed) is not this run's, whose steps would follow its rows
+    under the same numbers. Renamed to ``metrics.earlier-N.jsonl`` (the first free N) and kept; returns
+    that path, or None where there is no log with a line in it."""
+    log = metrics_file(run_dir)
+    if not log.is_file() or not log.read_bytes().strip():
+        return None
+    n = 1
+    while (earlier := Path(run_dir) / f"metrics.earlier-{n}.jsonl").exists():
+        n += 1
+    log.rename(earlier)
+    return earlier
 
 
 def lease_file(run_dir: Path) -> Path:
