@@ -4,19 +4,23 @@ WARNING and an event. Two real processes race for one run directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tyro
 
 from birdjepa import exit_codes
+from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.rundir.layout import LEASE_FILE, METRICS_FILE
@@ -238,3 +242,64 @@ def test_read_only_commands_answer_on_a_live_run_take_no_lease_and_change_nothin
     assert trainer.wait(timeout=600) == 0, trainer.stdout.read()[-3000:]
     diffs = compare_runs(straight, run)
     assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` unwritable while inside: mode 0o555, or for root (who writes past modes) ``chattr +i``."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(folder)]).returncode:
+        why = "root, and chattr +i is unavailable here: no folder is read-only to root"
+        if os.environ.get("CI"):  # CI's machine has it: never skipped there
+            pytest.fail(why)
+        pytest.skip(why)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_runs_or_run_folder_is_one_line_and_exit_74_with_nothing_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The lease is the first write, before the data opens or anything compiles (a PermissionError
+    # traceback from it before); the demo set, unnamed, is not even generated.
+    def refused(runs: Path) -> str:
+        args = ["--run", "r", "--log.runs-dir", str(runs), "--steps", "2", "--eval-every", "0"]
+        assert pretrain(tyro.cli(PretrainConfig, args=args)) == exit_codes.IOERR
+        out = capsys.readouterr().out
+        (line,) = [line for line in out.splitlines() if "ERROR" in line]
+        assert line.endswith("; exit 74") and "Traceback" not in out, out
+        return line
+
+    fresh = tmp_path / "fresh"  # a fresh run: its run directory cannot be created
+    fresh.mkdir()
+    with read_only(fresh):
+        assert refused(fresh).startswith(f"ERROR: cannot create the run directory {fresh / 'r'}: ")
+    assert not list(fresh.iterdir())
+    run = tmp_path / "resumed" / "r"  # a run to resume whose folder cannot be written
+    (run / "checkpoints").mkdir(parents=True)
+    (run / METRICS_FILE).write_text("")
+    with read_only(run):
+        assert refused(run.parent).startswith(f"ERROR: cannot write the lease {run / LEASE_FILE}: ")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", METRICS_FILE]
+
+
+def test_evaluate_on_a_read_only_run_is_one_line_that_points_to_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    with read_only(run), pytest.raises(SystemExit) as e:
+        main(["evaluate", str(run)])
+    assert e.value.code == exit_codes.IOERR
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"birdjepa evaluate: error: cannot write the lease {run / LEASE_FILE}: ")
+    assert "--out FILE" in line, line
+    assert [p.name for p in run.iterdir()] == ["checkpoints"]

@@ -433,3 +433,28 @@ def test_resume_never_refuses_a_run_directory_that_already_holds_a_run(
     )
     assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == before
     assert (straight / "metrics.jsonl").read_bytes() == log  # nothing written: not a second run beside it
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--resume-at", "10"], "verify-resume: error: --resume-at 10: must be a step in [0, 4]"),
+        (["--resume-at", "2", "--run", "../x"], "verify-resume: error: --run '../x': must be a folder name"),
+    ],
+    ids=["resume-at-past-the-run", "run-outside-the-runs-folder"],
+)
+def test_verify_resume_refuses_an_option_that_cannot_work_in_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, args: list[str], line: str
+) -> None:
+    # --resume-at past the run exited 1, as if the runs had differed; a --run outside the runs folder
+    # reached the subprocesses (and the rmtree of an earlier verification's folder) unchecked.
+    argv = ["verify-resume", "--run", "v", "--log.runs-dir", str(tmp_path), "--steps", "6",
+            "--data.batch-size", "4", "--eval-every", "0", *args]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["birdjepa", *argv])  # what it passes on to pretrain, unrefused
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    (said,) = capsys.readouterr().err.strip().splitlines()
+    assert said.startswith(line), said
+    assert not list(tmp_path.iterdir())  # refused before anything was written

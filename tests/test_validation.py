@@ -12,9 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from birdjepa import validation
 from birdjepa.cli import main
+from birdjepa.config import PretrainConfig
 from birdjepa.data import Loader
 from birdjepa.data.shards import read_shard, shard_schema
+from birdjepa.validation import OptionError
 
 # (flags, what the line must say); the data flags of `demo_dir` are added to each.
 INVALID = [
@@ -61,7 +64,14 @@ INVALID = [
         ["--objective.lejepa.local-views", "2", "--objective.lejepa.local-frames", "100"],
         "--objective.lejepa.local-frames 100: must be a multiple of --model.patch (16)",
     ),
-]
+    # The run directory is a folder inside the runs folder: not the runs folder itself, not outside it
+    # (a short run, should the refusal go).
+    *(
+        (["--run", run, "--steps", "2", "--data.batch-size", "4", "--eval-every", "0"],
+         f"--run {run!r}: must be a folder name inside --log.runs-dir")
+        for run in ("", "../x", "a/../../x")
+    ),
+]  # fmt: skip
 
 
 def pretrain_exit(capsys: pytest.CaptureFixture, *args: str) -> tuple[int | str | None, str]:
@@ -161,6 +171,17 @@ def test_a_truncated_shard_found_when_the_loader_opens_it_is_one_line(
                               "--log.runs-dir", str(tmp_path / "runs"), "--eval-every", "0")  # fmt: skip
     said = f"error: {shards / 'a.arrow'}: truncated shard: Arrow IPC file without its footer"
     assert code == 2 and err.splitlines() == [f"{said} (expected 'ARROW1' at the end)"], err
+
+
+@pytest.mark.parametrize("run", ["", ".", "../x", "a/../../x", "/tmp/x"])
+def test_a_run_outside_the_runs_folder_is_refused(run: str) -> None:
+    with pytest.raises(OptionError, match="must be a folder name inside --log.runs-dir"):
+        validation.check(PretrainConfig(run=run), data=False)
+
+
+@pytest.mark.parametrize("run", ["r", "sweep/a", "./r", "tiny-0"])
+def test_a_run_inside_the_runs_folder_nested_or_as_a_sweep_names_it_is_allowed(run: str) -> None:
+    validation.check(PretrainConfig(run=run), data=False)
 
 
 def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:

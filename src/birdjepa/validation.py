@@ -1,10 +1,11 @@
 """The pretrain options, checked before anything runs (no JAX here: `birdjepa sweep` imports it).
 
-`check` raises `OptionError` for the first option that cannot work: a size, count, rate or interval
-out of its range, a data path that matches no shard, string labels without their `vocab.json`, or
-options that cannot work together (views vs objective, patch vs spectrogram size). Its message is
-one line that names the option as it is typed, its value and what is allowed; `birdjepa pretrain`
-prints it and exits 2 (`exit_codes.USAGE`), before it opens a run directory.
+`check` raises `OptionError` for the first option that cannot work: a ``--run`` that is not a folder
+inside ``--log.runs-dir``, a size, count, rate or interval out of its range, a data path that matches
+no shard, string labels without their `vocab.json`, or options that cannot work together (views vs
+objective, patch vs spectrogram size). Its message is one line that names the option as it is typed,
+its value and what is allowed; `birdjepa pretrain` prints it and exits 2 (`exit_codes.USAGE`), before
+it opens a run directory.
 
 The loader's own options are checked by the Rust core (`birdjepa._rs.check_loader_options`), which
 holds their defaults and ranges; everything else is here.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from birdjepa import seams
@@ -94,6 +96,7 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
 def check(cfg: PretrainConfig, *, data: bool = True) -> None:
     """Raise `OptionError` for the first option of ``cfg`` that cannot work; ``data``: also check that
     the data paths match shards and that their labels can be counted."""
+    _check_run(cfg)
     for options, ok, allowed in _RANGES:
         for option in options:
             value = _get(cfg, option)
@@ -124,6 +127,16 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
     _check_virtual_shards(cfg)
     if data:
         check_data(cfg)
+
+
+def _check_run(cfg: PretrainConfig) -> None:
+    """The run directory is a folder inside ``--log.runs-dir``: ``--run ''`` (or ``.``) would make the runs
+    folder itself the run, ``..`` or an absolute name would write outside it. A nested name (``sweep/a``)
+    stays inside and is allowed: a sweep config may set its ``run`` to one."""
+    name = PurePath(cfg.run)
+    if not name.parts or name.is_absolute() or ".." in name.parts:
+        allowed = "must be a folder name inside --log.runs-dir (not empty, not absolute, no '..')"
+        raise OptionError("run", cfg.run, allowed)
 
 
 def _check_loader(cfg: PretrainConfig) -> None:

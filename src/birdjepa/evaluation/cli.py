@@ -23,11 +23,11 @@ from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
-from birdjepa.exit_codes import FAILED, USAGE
+from birdjepa.exit_codes import FAILED, IOERR, USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply
 from birdjepa.rundir import checkpoint, layout
-from birdjepa.rundir.lease import LeaseHeld, acquire
+from birdjepa.rundir.lease import LeaseHeld, LeaseUnwritable, acquire
 
 
 class EvaluateError(RuntimeError):
@@ -222,6 +222,10 @@ def cli(
         print(f"birdjepa evaluate: error: {e}; evaluate it with --out FILE to leave the run untouched",
               file=sys.stderr)  # fmt: skip
         raise SystemExit(USAGE) from None
+    except LeaseUnwritable as e:  # a read-only run: --out elsewhere only reads it
+        print(f"birdjepa evaluate: error: {e}; nothing was touched. Evaluate it with --out FILE in a folder "
+              "you can write: that only reads the run", file=sys.stderr)  # fmt: skip
+        raise SystemExit(IOERR) from None
     try:
         for files in (data.train, data.eval):  # before the restore: a typo fails at once
             if files is not None:

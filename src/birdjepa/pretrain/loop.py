@@ -42,7 +42,7 @@ from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
-from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, acquire
+from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseUnwritable, acquire
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
@@ -117,6 +117,10 @@ def pretrain(cfg: PretrainConfig) -> int:
             code = exit_codes.REQUEUE if slurm else exit_codes.USAGE
             print(f"ERROR: {e}; exit {code}", flush=True)
             return code
+        except LeaseUnwritable as e:  # a read-only folder: as a log or checkpoint that cannot be written
+            print(f"ERROR: {e}; nothing was touched. Make it writable or give another --log.runs-dir, then "
+                  f"run the same command; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
+            return exit_codes.IOERR
     try:
         return _pretrain(cfg, lease)
     except DataError as e:  # a shard found unusable once the loaders open it (a truncated one), or mid-run

@@ -31,11 +31,12 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa import exit_codes
+from birdjepa import exit_codes, validation
 from birdjepa.config import PretrainConfig
 from birdjepa.resume.compare import compare_with_coverage, print_table
 from birdjepa.rundir import layout
 from birdjepa.rundir.metrics_log import read_metrics
+from birdjepa.validation import OptionError
 
 # The options of this command; everything else on the command line is passed to `pretrain` as given.
 _OWN_FLAGS = ("--resume-at", "--signal-at", "--workers-after-resume", "--sequential", "--no-sequential")
@@ -60,17 +61,21 @@ class Interruption:
 
 
 def plan(opts: VerifyOptions, steps: int) -> list[Interruption]:
-    """The interruptions in step order; each must leave at least one step to run after it."""
+    """The interruptions in step order; each must leave at least one step to run after it. Raises
+    `OptionError` (a usage error) for one that cannot."""
     stops = [Interruption(s, False) for s in opts.resume_at]
     if opts.signal_at is not None:
         stops.append(Interruption(opts.signal_at, True))
     stops.sort(key=lambda i: i.step)
     steps_seen = [i.step for i in stops]
-    if len(set(steps_seen)) != len(steps_seen):
-        raise SystemExit(f"verify-resume: interruption steps must differ, got {steps_seen}")
+    twice = [s for n, s in enumerate(steps_seen) if s in steps_seen[:n]]
+    if twice:
+        raise OptionError("resume_at", twice[0], f"the interruption steps (--resume-at, --signal-at) must "
+                          f"differ, got {steps_seen}")  # fmt: skip
     for i in stops:
         if not 0 <= i.step < steps - 1:
-            raise SystemExit(f"verify-resume: interruption at step {i.step} is outside [0, {steps - 2}]")
+            allowed = f"must be a step in [0, {steps - 2}]: a step of --steps {steps} before the last"
+            raise OptionError("signal_at" if i.by_signal else "resume_at", i.step, allowed)
     return stops
 
 
@@ -125,11 +130,18 @@ def _events(run_dir: Path, kind: str) -> list[dict]:
 
 
 def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int:
-    if cfg.resume != "auto" or cfg.stop_at_step is not None:
-        raise SystemExit("verify-resume: leave --resume and --stop-at-step to it")
+    """Both runs, compared; the exit code. Raises `OptionError` before anything is written for an option
+    that cannot work: pretrain's (`validation.check`, ``--run`` among them: ``root`` is removed below) or
+    this command's own."""
+    validation.check(cfg)
+    leave = "leave --resume and --stop-at-step to verify-resume"
+    if cfg.resume != "auto":
+        raise OptionError("resume", cfg.resume, leave)
+    if cfg.stop_at_step is not None:
+        raise OptionError("stop_at_step", cfg.stop_at_step, leave)
     stops = plan(opts, cfg.steps)
     if not stops:
-        raise SystemExit("verify-resume: give at least one --resume-at step or --signal-at")
+        raise OptionError("resume_at", opts.resume_at, "give at least one --resume-at step or --signal-at")
     root = cfg.log.runs_dir / f"verify-{cfg.run}"
     if root.exists():  # our own output from an earlier verification: start both runs afresh
         shutil.rmtree(root)
@@ -208,6 +220,10 @@ def cli(
     """Train uninterrupted and with resumes (new processes), compare every logged metric, exit 0 only if
     they are bit-identical. Takes every `pretrain` option."""
     argv = sys.argv[sys.argv.index("verify-resume") + 1 :] if "verify-resume" in sys.argv else []
-    code = verify(opts, cfg, argv)
+    try:
+        code = verify(opts, cfg, argv)
+    except OptionError as e:  # a usage error, as in pretrain: one line, exit 2
+        print(f"verify-resume: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.USAGE) from None
     if code:
         raise SystemExit(code)

@@ -48,6 +48,11 @@ class LeaseHeld(RuntimeError):
         super().__init__(f"{held_by(run_dir, holder)} ({run_dir / LEASE_FILE}); nothing was touched")
 
 
+class LeaseUnwritable(RuntimeError):
+    """The run directory, or the lease in it, cannot be written (a read-only folder, a full disk): nothing
+    was touched."""
+
+
 def held_by(run_dir: Path, holder: dict[str, Any]) -> str:
     """``run r1 is held by pid 4242 on node17, job 912345, since 10:41:07``."""
     job = f", job {holder['job']}" if holder.get("job") else ""
@@ -182,9 +187,19 @@ class Lease:
 
 def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease:
     """Hold ``run_dir`` (created if needed): at once, after up to ``wait_s`` seconds for a live holder to
-    end, or by taking over a stale lease (printed as a WARNING). Raises `LeaseHeld`."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LEASE_FILE
+    end, or by taking over a stale lease (printed as a WARNING). Raises `LeaseHeld`, or `LeaseUnwritable`
+    where the run directory or its lease cannot be written."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LeaseUnwritable(f"cannot create the run directory {run_dir}: {e.strerror or e}") from None
+    try:
+        return _hold(run_dir, run_dir / LEASE_FILE, wait_s, poll_s)
+    except OSError as e:  # the lease and the marker are this process's first writes into the run
+        raise LeaseUnwritable(f"cannot write the lease {run_dir / LEASE_FILE}: {e.strerror or e}") from None
+
+
+def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
     me = _me()
     deadline = time.monotonic() + wait_s
     said = False  # that it waits, once
