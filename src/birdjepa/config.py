@@ -151,8 +151,13 @@ class PretrainConfig:
     """The linear probe at the last evaluation (seconds on the demo set, longer on large ones);
     --no-eval-linear: kNN only, and `birdjepa evaluate` probes the checkpoint later."""
     ckpt_every: int = 100
+    """A checkpoint after every N steps and after the last (0 = after the last only); a SIGTERM, SIGUSR1 or
+    Ctrl-C saves at the end of its step whatever N is."""
     ckpt_keep: int = 3
+    """The newest N checkpoints are kept, and the newest one that verifies even if older; the rest are
+    removed."""
     ckpt_async: bool = True
+    """Write checkpoints in the background while training goes on (--no-ckpt-async: the loop waits)."""
     monitor_interval: int = 10
     """Weight-update monitor (``monitor/...``): in-graph per-parameter statistics every N optimizer
     updates (N x --optim.grad-accum micro-steps; 0 = off)."""
