@@ -63,9 +63,7 @@ class Search:
 
 
 def _ckpt_info(run_dir: Path) -> dict[int, dict[str, Any]]:
-    if not layout.has_checkpoints(run_dir):  # a Checkpointer would create the folder in the run
-        return {}
-    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False, create=False) as ckpt:
         return {s: ckpt.read_meta(s) for s in ckpt.all_steps()}
 
 

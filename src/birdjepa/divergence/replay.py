@@ -121,7 +121,7 @@ def open_at(
     run_dir = Path(run_dir)
     if not layout.is_run(run_dir):
         raise ReplayError(f"{run_dir}: not a run directory (no {layout.RUN_MARKERS})")
-    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False, create=False) as ckpt:
         steps = ckpt.all_steps()
         last = last_step(run_dir, steps)
         if step < 0 or last is None or step > last:

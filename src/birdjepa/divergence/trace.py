@@ -253,7 +253,7 @@ def check_against_run(run: OpenRun, trace: Trace) -> dict[str, Any]:
         out["logged_metrics_equal"] = mismatch is None
         if mismatch:
             out["logged_mismatch"] = list(mismatch)
-    with checkpoint.Checkpointer(run.run_dir, keep=None, async_save=False) as ckpt:
+    with checkpoint.Checkpointer(run.run_dir, keep=None, async_save=False, create=False) as ckpt:
         if step in ckpt.all_steps():
             saved = ckpt.read_meta(step)["hashes"]
             arrays = checkpoint.to_host(run.state.arrays())

@@ -69,7 +69,10 @@ class Checkpointer(RetentionAndFallback):
         keep: int | None = 3,
         async_save: bool = True,
         subdir: str = CHECKPOINTS,
+        create: bool = True,
     ):
+        """``create``: make the folder now (a writer's); False for a reader, which leaves a run without
+        checkpoints as it found it."""
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")
         self.directory = Path(run_dir) / subdir if subdir else Path(run_dir)
@@ -81,7 +84,7 @@ class Checkpointer(RetentionAndFallback):
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=None,  # retention is `_retain`'s: it keeps the newest checkpoint that verifies
                 enable_async_checkpointing=async_save,
-                create=True,
+                create=create,
             ),
         )
         #: ``ckpt/...`` metrics of the last successful restore (saved/restored main norm and their ratio).
