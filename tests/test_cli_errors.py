@@ -1,4 +1,5 @@
-"""Bad input to `birdjepa compare` is one line naming the argument that is wrong, and exit 2.
+"""Bad input to `birdjepa compare` and `birdjepa loader-demo` is one line naming the argument that is
+wrong, and exit 2.
 
 (`trace`, `diff-trace` and `bisect`: tests/test_divergence.py; `export` and `embed`:
 tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
@@ -33,3 +34,24 @@ def test_compare_names_the_run_folder_that_is_not_one(
             main(["compare", *map(str, args)])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err == f"error: {tmp_path}/{message}\n", err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batches", "0"], "--batches 0: must be >= 1"),  # it ran forever
+        (["--batches", "-2"], "--batches -2: must be >= 1"),
+        (["--batch-size", "0"], "--batch-size 0: must be >= 1"),
+        (["--n-workers", "-1"], "--n-workers -1: must be >= 0"),
+        (["--data", "{tmp}"], "no shard files match"),  # a traceback before
+    ],
+)
+def test_loader_demo_options_that_cannot_work_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["loader-demo", *[f.format(tmp=tmp_path) for f in flags]])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and message in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,8 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from birdjepa.data import DEFAULTS, Loader
+from birdjepa.data import DEFAULTS, DataError, Loader
+from birdjepa.exit_codes import USAGE
 from birdjepa.synthetic.demo import ensure_demo_data
 
 
@@ -63,4 +65,14 @@ def run(cfg: LoaderDemoConfig) -> dict[str, float]:
 
 def cli(config: Annotated[LoaderDemoConfig, tyro.conf.OmitArgPrefixes] = LoaderDemoConfig()) -> None:
     """Iterate the loader over the demo set (generated on first use) and print its throughput."""
-    run(config)
+    # --batches below 1: the loop ends at a batch count it never reaches, so it ran forever.
+    for option, value, least in (("batches", config.batches, 1), ("batch-size", config.batch_size, 1),
+                                 ("n-workers", config.n_workers, 0)):  # fmt: skip
+        if value < least:
+            print(f"error: --{option} {value}: must be >= {least}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE)
+    try:
+        run(config)
+    except (DataError, ValueError) as e:  # a folder that holds no shards, a batch size of 0, ...
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE) from None
