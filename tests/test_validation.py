@@ -31,6 +31,8 @@ INVALID = [
     (["--optim.lr", "-1"], "--optim.lr -1.0: must be > 0"),
     (["--optim.lr", "0"], "--optim.lr 0.0: must be > 0"),
     (["--optim.grad-accum", "0"], "--optim.grad-accum 0: must be >= 1"),
+    # --steps counts micro-steps: a run that ended before its first update trained nothing, exit 0.
+    (["--steps", "4", "--optim.grad-accum", "8"], "--optim.grad-accum 8: must be at most --steps (4)"),
     (["--optim.b2", "1"], "--optim.b2 1.0: must be in [0, 1)"),
     (["--ckpt-keep", "0"], "--ckpt-keep 0: must be >= 1"),
     (["--ckpt-every", "-1"], "--ckpt-every -1: must be >= 0 (0 = off)"),

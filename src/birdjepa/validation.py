@@ -102,6 +102,9 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
             value = _get(cfg, option)
             if value is not None and not ok(value):
                 raise OptionError(option, value, allowed)
+    if cfg.optim.grad_accum > cfg.steps:  # --steps counts micro-steps: the run would end before an update
+        why = f"must be at most --steps ({cfg.steps}): a step is one micro-batch, an update every N of them"
+        raise OptionError("optim.grad_accum", cfg.optim.grad_accum, why)
     if cfg.stop_at_step is not None and cfg.stop_at_step >= cfg.steps:  # the run would end before it
         raise OptionError("stop_at_step", cfg.stop_at_step, f"must be a step in [0, {cfg.steps - 1}]")
     for step in cfg.debug.roundtrip_steps:
