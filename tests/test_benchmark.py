@@ -186,3 +186,28 @@ def test_the_few_shot_figure_s_legend_lies_whole_inside_it_below_the_panels(
     assert all(ax.get_tightbbox().y0 >= box.y1 for ax in fig.axes), "a panel overlaps the legend"
     # As many columns as fit: a legend of short names stays three wide.
     assert len({round(t.get_window_extent().x0) for t in legend.get_texts()}) == columns
+
+
+def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anything_is_embedded(
+    birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A result is found by (backbone, task, probe, n, seed): SYN2's files under the name SYN1 were given
+    # SYN1's stored scores, "already in the store", exit 0.
+    from birdjepa.cli import main
+
+    files = {
+        s: sorted(str(f) for f in (birdset_dir / "SYN1" / s).glob("*.arrow")) for s in ("train", "test_5s")
+    }
+    key = store.Key("raw", "SYN1", "centroid", 1, 0)
+    store.put(tmp_path, key, {"cmap": 0.5, "auroc": 0.5, "top1": 0.5}, n_train=1, n_test=1, fit_s=0.0,
+              config={"train": files["train"], "test": files["test_5s"]})  # fmt: skip
+    other = birdset_dir / "SYN2"
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--backbone", "raw", "--task", "SYN1", "--train", str(other / "train" / "*.arrow"),
+              "--test", str(other / "test_5s" / "*.arrow"), "--probe", "centroid", "--n-train", "1",
+              "--results", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"birdjepa benchmark: error: {tmp_path}: its results of task 'SYN1' were scored on "
+                          f"other train files ({files['train'][0]}"), err  # fmt: skip
+    assert not (tmp_path / "cache").exists()  # refused before the embedding pass

@@ -117,6 +117,9 @@ def run_task(
     log=print,
 ) -> list[dict]:
     """Every (backbone, probe, n, seed) result of ``task``, from the store where it is there."""
+    other = store.scored_on_other_files(results, task.name, {"train": task.train, "test": task.test})
+    if other is not None:  # before anything is embedded
+        raise BenchmarkError(other)
     default = next((b.features for b in backbones if b.features is not None), Features())
     options: dict = {"audio_root": audio_root}
     if multilabel_column and all(

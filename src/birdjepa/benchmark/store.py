@@ -106,3 +106,23 @@ def read(results: Path) -> pa.Table:
     if not files:
         return SCHEMA.empty_table()
     return pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in files])
+
+
+def scored_on_other_files(results: Path, task: str, files: dict[str, list[str]]) -> str | None:
+    """Where the store holds results of ``task`` scored on other files than ``files`` (split -> shard
+    files), one line saying so (None: it holds none): a stored result is found by its key, whose task is
+    a name, so another set under the same name would get the first set's scores."""
+
+    def real(paths: list[str]) -> list[str]:
+        return sorted(os.path.realpath(f) for f in paths)
+
+    for row in (r for r in read(results).to_pylist() if r["task"] == task):
+        config = json.loads(row["config"])
+        for split, now in files.items():
+            then = config.get(split)
+            if then is not None and real(then) != real(now):
+                was, new = (f"{fs[0]}{', ...' if len(fs) > 1 else ''}" for fs in (then, now))
+                return (f"{results}: its results of task {task!r} were scored on other {split} files "
+                        f"({was}; now {new}): a result is found by its task's name, so give these files a "
+                        "--task of their own, or another --results")  # fmt: skip
+    return None
