@@ -211,3 +211,33 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
     assert err.startswith(f"birdjepa benchmark: error: {tmp_path}: its results of task 'SYN1' were scored on "
                           f"other train files ({files['train'][0]}"), err  # fmt: skip
     assert not (tmp_path / "cache").exists()  # refused before the embedding pass
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--table", "{tmp}/nosuch"], "nosuch: no results store (no rows/ folder in it)"),  # an empty table
+        (["--table", "{tmp}/store", "--plot", "{tmp}/afile/f.png"], "f.png: cannot be written"),  # traceback
+        (["--table", "{tmp}/foreign"], "other.parquet: not a result of this store"),  # TypeError traceback
+        (["--plot", "{tmp}/f.png", "--backbone", "raw"], "--plot and --metric go with --table"),  # ignored
+    ],
+)
+def test_table_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from birdjepa.cli import main
+
+    metrics = {"cmap": 0.5, "auroc": 0.5, "top1": 0.5}
+    store.put(tmp_path / "store", store.Key("raw", "T", "centroid", 1, 0), metrics, n_train=1, n_test=1,
+              fit_s=0.0, config={})  # fmt: skip
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "foreign" / "rows").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign" / "rows" / "other.parquet")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", *[a.format(tmp=tmp_path) for a in args]])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err

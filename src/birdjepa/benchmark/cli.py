@@ -33,6 +33,7 @@ from birdjepa.benchmark.multi_label_probes import (
 from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.exit_codes import USAGE
+from birdjepa.outputs import unwritable
 from birdjepa.train.determinism import machine_kind
 
 
@@ -349,7 +350,14 @@ def cli(
             depend on it).
     """
     try:
+        if table is None and (plot is not None or metric != "cmap"):  # else silently not drawn
+            raise BenchmarkError("--plot and --metric go with --table RESULTS")
         if table is not None:
+            if not (table / store.ROWS).is_dir():  # a typo printed an empty table
+                raise BenchmarkError(f"{table}: no results store (no {store.ROWS}/ folder in it)")
+            why = unwritable(plot) if plot is not None else None
+            if why is not None:
+                raise BenchmarkError(why)
             rows = store.read(table).to_pylist()
             print(format_store(rows, metric))
             if plot is not None:

@@ -105,7 +105,19 @@ def read(results: Path) -> pa.Table:
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     if not files:
         return SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in files])
+    return pa.concat_tables([_row(f) for f in files])
+
+
+def _row(path: Path) -> pa.Table:
+    """One result file; ValueError naming a file of another tool's (read with the schema, its missing
+    columns would be nulls that the tables then fail on) or a damaged one."""
+    try:
+        missing = [n for n in SCHEMA.names if n not in pq.read_schema(path).names]
+        if missing:
+            raise ValueError(f"no column {', '.join(missing[:3])}")
+        return pq.read_table(path, schema=SCHEMA)
+    except (pa.ArrowException, ValueError, OSError) as e:
+        raise ValueError(f"{path}: not a result of this store ({e})") from None
 
 
 def scored_on_other_files(results: Path, task: str, files: dict[str, list[str]]) -> str | None:
