@@ -54,6 +54,27 @@ def test_bad_overrides_name_file_config_and_key(tmp_path: Path, body: str, messa
     assert str(e.value).startswith(str(path)) and message in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("def make_cfgs(:\n    return []\n", 1, "SyntaxError: "),
+        ("import no_such_module_here\n", 1, "ModuleNotFoundError: No module named 'no_such_module_here'"),
+        ("def make_cfgs():\n    x = {}\n    return [x['lr']]\n", 3, "KeyError: 'lr'"),
+        ("def make_benchmarks():\n    return 1 / 0\n", 2, "ZeroDivisionError: division by zero"),
+    ],
+)
+def test_a_sweep_file_that_fails_is_one_line_naming_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: int, message: str
+) -> None:
+    path = tmp_path / "broken.py"  # a traceback through birdjepa's loader before
+    path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(path), "--dry-run"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {path}:{line}: ") and message in err, err
+
+
 def test_every_type_round_trips_through_the_command_line(tmp_path: Path) -> None:
     body = (
         '[{"ckpt_async": False, "debug.roundtrip_steps": [3, 5], "stop_at_step": None, "optim.lr": 2e-3,'

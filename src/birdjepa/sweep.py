@@ -40,7 +40,7 @@ def load_benchmarks(path: Path) -> list[dict[str, Any]] | None:
     make = getattr(pretrain_sweep.load_module(path), "make_benchmarks", None)
     if make is None:
         return None
-    entries = make()
+    entries = pretrain_sweep.run_own_code(path, make)
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise SweepError(f"{path}: make_benchmarks() must return a non-empty list of dicts")
     return entries

@@ -25,8 +25,9 @@ import signal
 import socket
 import subprocess
 import sys
+import traceback
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,8 +72,24 @@ def load_module(path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(f"birdjepa_sweep_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    run_own_code(path, spec.loader.exec_module, module)
     return module
+
+
+def run_own_code(path: Path, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, which runs the sweep file's own code: an error there (a syntax error, an import
+    that fails, an exception in make_cfgs) is a `SweepError` naming the file and its line, not a
+    traceback."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 (anything the user's file raises)
+        if isinstance(e, SyntaxError) and e.lineno is not None:
+            line: int | None = e.lineno
+        else:
+            frames = traceback.extract_tb(e.__traceback__)
+            own = [f for f in frames if Path(f.filename).resolve() == path.resolve()]
+            line = own[-1].lineno if own else None
+        raise SweepError(f"{path}{f':{line}' if line else ''}: {type(e).__name__}: {e}") from None
 
 
 def load_sweep(path: Path) -> list[dict[str, Any]]:
@@ -81,7 +98,7 @@ def load_sweep(path: Path) -> list[dict[str, Any]]:
     make = getattr(module, "make_cfgs", None)
     if not callable(make):
         raise SweepError(f"{path}: defines no make_cfgs() function")
-    cfgs = make()
+    cfgs = run_own_code(path, make)
     if not isinstance(cfgs, list) or not cfgs:
         raise SweepError(
             f"{path}: make_cfgs() must return a non-empty list of dicts, got {type(cfgs).__name__}"
