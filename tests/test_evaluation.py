@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import shutil
 import socket
 import subprocess
 import time
@@ -230,6 +231,12 @@ def test_overlapping_splits_are_named_and_the_table_marked(
     )
     assert "hold the same data (fingerprint f)" in overlap((train[:1], ["elsewhere.arrow"]), ("f", "f"))
     assert overlap((train[:1], train[1:2]), ("f", "g")) is None
+    copy = tmp_path / "eval-00000.arrow"  # one train shard copied into the eval folder, renamed
+    shutil.copy(train[1], copy)
+    assert overlap((train, [str(copy)]), ("a", "b")) == (
+        f"the eval shard {copy} holds the bytes of the train shard {train[1]}: the eval scores are not "
+        "held out"
+    )
     # pretrain (its step compiled for the run above, in this process), with no evaluation at all:
     cfg = tiny_config(demo_dir, tmp_path)
     cfg = dataclasses.replace(
@@ -360,8 +367,6 @@ def test_export_and_embed_errors_are_one_line(
 ) -> None:
     """A damaged newest checkpoint, a missing source and an output that cannot be written: one line
     naming the path and exit 2; an output or a source that cannot work fails before the restore."""
-    import shutil
-
     import birdjepa.export.cli
     from birdjepa.cli import main
 

@@ -9,6 +9,7 @@ encoder, with ``_random_init`` and ``_raw`` appended for the baselines.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -117,9 +118,42 @@ def overlap(files: tuple[Sequence[str], Sequence[str]], fingerprints: tuple[str,
         more = f" and {len(shared) - 1} more" if len(shared) > 1 else ""
         return (f"the train and eval splits share the shard {shared[0]}{more}: the eval scores are not "
                 "held out")  # fmt: skip
+    copied = same_bytes(*files)
+    if copied is not None:
+        return (f"the eval shard {copied[1]} holds the bytes of the train shard {copied[0]}: the eval scores "
+                "are not held out")  # fmt: skip
     if fingerprints[0] and fingerprints[0] == fingerprints[1]:
         return (f"the train and eval splits hold the same data (fingerprint {fingerprints[0]}): the eval "
                 "scores are not held out")  # fmt: skip
+    return None
+
+
+def same_bytes(train: Sequence[str], held_out: Sequence[str]) -> tuple[str, str] | None:
+    """A train shard and an eval shard with the same bytes under other names (a shard copied into the
+    eval folder), or None. Only shards of equal size are read, and only their first and last MiB, which
+    hold their first and last record batches: shards of other recordings differ there."""
+
+    def size(f: str) -> int | None:
+        try:
+            return os.path.getsize(f)
+        except OSError:  # a path that is no file: nothing to compare
+            return None
+
+    def ends(f: str, n: int) -> bytes:
+        with open(f, "rb") as fh:
+            head = fh.read(1 << 20)
+            fh.seek(max(0, n - (1 << 20)))
+            return hashlib.sha256(head + fh.read()).digest()
+
+    by_size: dict[int, list[str]] = {}
+    for f in train:
+        if (n := size(f)) is not None:
+            by_size.setdefault(n, []).append(f)
+    for g in held_out:
+        n = size(g)
+        for f in by_size.get(n, []) if n is not None else []:
+            if ends(f, n) == ends(g, n):
+                return f, g
     return None
 
 

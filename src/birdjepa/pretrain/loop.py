@@ -305,6 +305,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             print(f"{took}; no evaluation (--eval-every 0); run directory {cfg.run_dir}", flush=True)
         else:
             title, overlap = f"encoder (step {last})", t.evaluator.overlap
+            split = "eval split, NOT HELD OUT" if overlap else "held-out split"
             print(eval_report.table(eval_rows, encoder_title=title, overlap=overlap), flush=True)
             e = evals
             linear = (
@@ -314,7 +315,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
                 else ""
             )
             print(
-                f"{took}; frozen encoder on the held-out split ({t.held_out_clips} clips): {linear}"
+                f"{took}; frozen encoder on the {split} ({t.held_out_clips} clips): {linear}"
                 f"kNN {e['eval/knn_acc']:.3f} "
                 f"(random init {e['eval/knn_acc_random_init']:.3f}, raw {e['eval/knn_acc_raw']:.3f}); "
                 f"chance {1 / t.model_cfg.n_classes:.3f}; run directory {cfg.run_dir}",
