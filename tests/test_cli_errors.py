@@ -1,5 +1,5 @@
-"""Bad input to `birdjepa compare` and `birdjepa loader-demo` is one line naming the argument that is
-wrong, and exit 2.
+"""Bad input to `birdjepa compare`, `birdjepa loader-demo` and `birdjepa demo-data` is one line naming the
+argument that is wrong, and exit 2.
 
 (`trace`, `diff-trace` and `bisect`: tests/test_divergence.py; `export` and `embed`:
 tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
@@ -55,3 +55,22 @@ def test_loader_demo_options_that_cannot_work_are_one_line(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workers", "-1"], "--workers -1: must be >= 1"),  # taken, "with -1 worker(s)"
+        (["--recordings", "5"], "--shards 500: must be in [1, --recordings (5)]"),  # "got 500, 5"
+        (["--recordings", "50", "--pool", "0"], "--pool 0: must be >= 1"),
+    ],
+)
+def test_demo_data_options_that_cannot_work_are_one_line_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["demo-data", str(tmp_path / "out"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err == f"birdjepa demo-data: error: {message}", err
+    assert not (tmp_path / "out").exists()

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa.exit_codes import FAILED
+from birdjepa.exit_codes import FAILED, USAGE
 from birdjepa.synthetic.birdset_standin import DEFAULT_BIRDSET, generate_birdset
 from birdjepa.synthetic.config import DemoConfig
 from birdjepa.synthetic.demo import DEFAULT, generate_demo_data
@@ -48,8 +48,16 @@ def cli(
         birdset: Write the BirdSet stand-in instead (of the config, only --seed counts): 3 synthetic
             tasks OUT/SYN1..SYN3, each with train (focal recordings) and test_5s (5 s windows of 30 s
             soundscapes, 0-3 species each) in BirdSet's columns; SYN3 has 2 test classes without train
-            recordings, like BirdSet's UHH (about 90 MB, 1 min on 2 cores).
+            recordings, like BirdSet's UHH (about 165 MiB, 1 min on 2 cores).
     """
+    for option, value, least in (("workers", workers, 1), ("shards", shards, 1), ("pool", pool, 1)):
+        if value is not None and value < least:  # --workers -1 was taken, and said "-1 worker(s)"
+            print(f"birdjepa demo-data: error: --{option} {value}: must be >= {least}", file=sys.stderr)
+            raise SystemExit(USAGE)
+    if recordings is not None and not 1 <= shards <= recordings:  # its default is 500
+        print(f"birdjepa demo-data: error: --shards {shards}: must be in [1, --recordings ({recordings})]",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(USAGE)
     try:
         if birdset:
             t0 = time.perf_counter()
