@@ -561,6 +561,10 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
             "cannot be imported",
         ),
         (["--backbone", str(tmp_path), "--train", str(train), "--test", str(test)], "neither an export"),
+        (
+            ["--backbone", f"{tmp_path}@abc", "--train", str(train), "--test", str(test)],
+            f"{tmp_path}@abc: the step after '@' is a number (RUN@STEP), not 'abc'",
+        ),
         (["--backbone", "raw", "--train", str(train), "--test", str(test), "--probe", "svm"], "probes are"),
         (["--backbone", "raw", "--train", str(train), "--test", str(test), "--prototypes", "0"], "are >= 1"),
     ]

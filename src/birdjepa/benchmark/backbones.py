@@ -73,6 +73,8 @@ def _run(spec: str) -> Backbone:
     from birdjepa.export.encoder import ExportError, load_encoder
 
     path, _, step = spec.partition("@")
+    if step and not step.isdigit():  # int() said only "invalid literal for int() with base 10"
+        raise BackboneError(f"{spec}: the step after '@' is a number (RUN@STEP), not {step!r}")
     try:
         encoder = load_encoder(Path(path), int(step) if step else None)
     except ExportError as e:
