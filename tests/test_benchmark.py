@@ -241,3 +241,20 @@ def test_table_errors_are_one_line(
         main(["benchmark", *[a.format(tmp=tmp_path) for a in args]])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_an_n_no_class_reaches_is_said_to_score_as_all(
+    birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A class keeps every recording when it has fewer than n: an n above every class repeated n = all's
+    # scores under its own number, without a word.
+    from birdjepa.cli import main
+
+    task = birdset_dir / "SYN1"
+    main(["benchmark", "--backbone", "raw", "--task", "SYN1", "--train", str(task / "train" / "*.arrow"),
+          "--test", str(task / "test_5s" / "*.arrow"), "--probe", "centroid", "--n-train", "1", "1000", "-1",
+          "--results", str(tmp_path), "--n-workers", "1"])  # fmt: skip
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("n = ")]
+    assert len(said) == 1 and said[0].startswith("n = 1000: no class of SYN1 has more than "), said
+    rows = {r["n"]: r["cmap"] for r in store.read(tmp_path).to_pylist()}
+    assert rows[1000] == rows[-1] and rows[1] != rows[-1]  # what the line says

@@ -175,6 +175,11 @@ def run_task(
             f"({', '.join(task.class_names[c] for c in uncovered)}); they are scored all the same, "
             "as BirdSet scores them (their AP counts in cmAP)"
         )
+    labels = train_labels(first)
+    largest = int(np.bincount(labels[labels >= 0]).max(initial=0))
+    for n in sorted({n for n in n_train if n != fewshot.ALL and n >= largest}):  # else capped unsaid
+        log(f"n = {n}: no class of {task.name} has more than {largest} train recordings, so it keeps them "
+            "all and scores as n = all")  # fmt: skip
     done = skipped = refitted = 0
     t_fit: dict[str, float] = defaultdict(float)
     machine = machine_kind()
