@@ -146,13 +146,21 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
 ) -> None:
     from birdjepa.benchmark import store
 
-    bad = benchmark_sweep(tmp_path, '[{"backbone": ["raw"], "train": "a", "test": "b"}, {"backbone": "raw"}]')
-    with pytest.raises(SystemExit) as e:
-        main(["sweep", str(bad), "--dry-run"])
-    assert (
-        e.value.code == 2
-        and "entry 1: option 'backbone' = 'raw' has the wrong type" in capsys.readouterr().err
-    )
+    train, test = (str(birdset_dir / "SYN1" / s) for s in ("train", "test_5s"))
+    good = {"backbone": ["raw"], "train": train, "test": test}
+    for entry, message in (
+        ({"backbone": "raw"}, "entry 1: option 'backbone' = 'raw' has the wrong type"),
+        # The values too, as the job checks them: these failed only once the job ran (on Slurm, queued).
+        ({**good, "train": "a"}, "entry 1: a: no such shard file"),
+        ({**good, "probe": ["centriod"]}, "entry 1: probes are "),
+        ({**good, "n_train": [0]}, "n is -1 (all) or >= 1"),
+        ({**good, "backbone": []}, "entry 1: give --backbone"),
+    ):
+        bad = benchmark_sweep(tmp_path, repr([good, entry]))
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", str(bad), "--dry-run"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and err.count("\n") == 1, err
     results = tmp_path / "results"
     entries = [
         {"backbone": ["raw"], "train": str(birdset_dir / t / "train"),

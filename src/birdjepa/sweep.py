@@ -65,6 +65,13 @@ def benchmark_flags(entry: dict[str, Any], where: str) -> list[str]:
     for needed in ("backbone", "train", "test"):
         if needed not in entry:
             raise SweepError(f"{where}: no {needed!r}: a benchmark job needs backbone, train and test")
+    # The values too, as the job would check them first: a bad one failed only once the job ran.
+    options = {k: p.default for k, p in params.items()} | entry
+    checked = inspect.signature(benchmark_cli.check_options).parameters
+    try:
+        benchmark_cli.check_options(**{k: options[k] for k in checked})
+    except benchmark_cli.BenchmarkError as e:
+        raise SweepError(f"{where}: {e}") from None
     return flags
 
 

@@ -291,6 +291,41 @@ def format_store(rows: list[dict], metric: str = "cmap") -> str:
     )
 
 
+def check_options(
+    *,
+    backbone: list[str],
+    train: str | None,
+    test: str | None,
+    task: str | None,
+    probe: list[str],
+    n_train: list[int],
+    prototypes: int,
+    probe_steps: int,
+    probe_lr: float,
+    token_batch: int,
+    n_classes: int | None,
+) -> Task:
+    """The task, once the options that need no backbone loaded check out (`BenchmarkError` for the first
+    that does not): what `benchmark` checks before it starts, and a benchmark sweep before it submits."""
+    if not backbone or train is None or test is None:
+        raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
+    bad = [p for p in probe if p not in PROBES]
+    if min(prototypes, probe_steps, token_batch) < 1 or not probe_lr > 0:
+        raise BenchmarkError(
+            f"--prototypes, --probe-steps and --token-batch are >= 1 and --probe-lr > 0, got "
+            f"{prototypes}, {probe_steps}, {token_batch}, {probe_lr}"
+        )
+    if bad or not n_train or not probe or any(n != fewshot.ALL and n < 1 for n in n_train):
+        raise BenchmarkError(
+            f"probes are {', '.join(PROBES)} and n is -1 (all) or >= 1; got {probe}, {n_train}"
+        )
+    try:
+        name = task or Path(resolve_files(test)[0]).parent.parent.name
+    except DataError as e:
+        raise BenchmarkError(str(e)) from e
+    return load_task(name, train, test, n_classes)
+
+
 def cli(
     backbone: list[str] = [],  # noqa: B006 (tyro reads the default)
     train: str | None = None,
@@ -371,19 +406,9 @@ def cli(
                 fewshot_curves(rows).savefig(plot, dpi=120)
                 print(f"wrote {plot}")
             return
-        if not backbone or train is None or test is None:
-            raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
-        bad = [p for p in probe if p not in PROBES]
-        if min(prototypes, probe_steps, token_batch) < 1 or not probe_lr > 0:
-            raise BenchmarkError(
-                f"--prototypes, --probe-steps and --token-batch are >= 1 and --probe-lr > 0, got "
-                f"{prototypes}, {probe_steps}, {token_batch}, {probe_lr}"
-            )
-        if bad or any(n != fewshot.ALL and n < 1 for n in n_train):
-            raise BenchmarkError(
-                f"probes are {', '.join(PROBES)} and n is -1 (all) or >= 1; got {probe}, {n_train}"
-            )
-        t = load_task(task or Path(resolve_files(test)[0]).parent.parent.name, train, test, n_classes)
+        t = check_options(backbone=backbone, train=train, test=test, task=task, probe=probe, n_train=n_train,
+                          prototypes=prototypes, probe_steps=probe_steps, probe_lr=probe_lr,
+                          token_batch=token_batch, n_classes=n_classes)  # fmt: skip
         t0 = time.perf_counter()
         backbones = resolve(backbone, step)
         print(
