@@ -159,6 +159,14 @@ def write_tiny_shards(
     return TinyShards(out, tuple(rows))
 
 
+def a_demo_shard_beside_its_vocabulary(demo_dir: Path, folder: Path) -> Path:
+    """Makes ``folder`` with the demo train split's vocab.json in it; returns the split's first shard, for
+    the test to write (damaged) into ``folder``."""
+    folder.mkdir(parents=True)
+    (folder / "vocab.json").write_bytes((demo_dir / "train" / "vocab.json").read_bytes())
+    return sorted((demo_dir / "train").glob("*.arrow"))[0]
+
+
 @pytest.fixture(scope="session")
 def demo_dir() -> Path:
     """The SMALL demo preset, generated once per session by the first worker that asks (read-only: do

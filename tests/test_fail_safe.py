@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import a_demo_shard_beside_its_vocabulary
 from test_loader_bad_input import read_table, with_corrupt_rows, write_table
 
 from birdjepa import exit_codes
@@ -177,10 +178,8 @@ def test_a_record_the_loader_cannot_read_is_a_warning_naming_its_shard_and_row(
 ) -> None:
     # Rows 1 and 4 of a shard are not audio: the run trains on without them and says so as it happens.
     train = tmp_path / "train"
-    train.mkdir()
-    shard = sorted((demo_dir / "train").glob("*.arrow"))[0]
+    shard = a_demo_shard_beside_its_vocabulary(demo_dir, train)
     write_table(with_corrupt_rows(read_table(shard), {1, 4}), train / "a.arrow")
-    shutil.copy(demo_dir / "train" / "vocab.json", train)
     cfg = config(demo_dir, tmp_path, "skips")  # the straight run's step, compiled once
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=str(train)))
     assert pretrain(cfg) == 0

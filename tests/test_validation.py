@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import a_demo_shard_beside_its_vocabulary
 
 from birdjepa import validation
 from birdjepa.cli import main
@@ -165,10 +166,8 @@ def test_a_truncated_shard_found_when_the_loader_opens_it_is_one_line(
     # Options and paths check out; the shard's missing footer shows only when the loader opens it (a
     # DataError traceback before).
     shards = tmp_path / "shards"
-    shards.mkdir()
-    shard = sorted((demo_dir / "train").glob("*.arrow"))[0]
+    shard = a_demo_shard_beside_its_vocabulary(demo_dir, shards)
     (shards / "a.arrow").write_bytes(shard.read_bytes()[:300_000])
-    (shards / "vocab.json").write_bytes((demo_dir / "train" / "vocab.json").read_bytes())
     code, err = pretrain_exit(capsys, "--data.train", str(shards), "--data.eval", str(demo_dir / "eval"),
                               "--log.runs-dir", str(tmp_path / "runs"), "--eval-every", "0")  # fmt: skip
     said = f"error: {shards / 'a.arrow'}: truncated shard: Arrow IPC file without its footer"
