@@ -34,6 +34,8 @@ INVALID = [
     (["--optim.grad-accum", "0"], "--optim.grad-accum 0: must be >= 1"),
     # --steps counts micro-steps: a run that ended before its first update trained nothing, exit 0.
     (["--steps", "4", "--optim.grad-accum", "8"], "--optim.grad-accum 8: must be at most --steps (4)"),
+    # ... and one whose last micro-steps accumulated an update it never applied.
+    (["--steps", "7", "--optim.grad-accum", "2"], "--steps 7: must be a multiple of --optim.grad-accum (2)"),
     (["--optim.b2", "1"], "--optim.b2 1.0: must be in [0, 1)"),
     (["--ckpt-keep", "0"], "--ckpt-keep 0: must be >= 1"),
     (["--ckpt-every", "-1"], "--ckpt-every -1: must be >= 0 (0 = off)"),

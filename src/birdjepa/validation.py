@@ -105,6 +105,10 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
     if cfg.optim.grad_accum > cfg.steps:  # --steps counts micro-steps: the run would end before an update
         why = f"must be at most --steps ({cfg.steps}): a step is one micro-batch, an update every N of them"
         raise OptionError("optim.grad_accum", cfg.optim.grad_accum, why)
+    if cfg.steps % cfg.optim.grad_accum:  # the last micro-steps would accumulate an update never applied
+        k, left = cfg.optim.grad_accum, cfg.steps % cfg.optim.grad_accum
+        why = f"must be a multiple of --optim.grad-accum ({k}): the last {left} would accumulate no update"
+        raise OptionError("steps", cfg.steps, why)
     if cfg.stop_at_step is not None and cfg.stop_at_step >= cfg.steps:  # the run would end before it
         raise OptionError("stop_at_step", cfg.stop_at_step, f"must be a step in [0, {cfg.steps - 1}]")
     for step in cfg.debug.roundtrip_steps:
