@@ -161,6 +161,12 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
             main(["sweep", str(bad), "--dry-run"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+    # The options only a pretrain sweep reads: a benchmark sweep ran without them, not a word said.
+    for option in (["--force-resume-at", "3"], ["--runs-dir", "x"], ["--slurm.ntasks", "2"]):
+        with pytest.raises(SystemExit) as e:
+            main(["sweep", str(benchmark_sweep(tmp_path, repr([good]))), "--dry-run", *option])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"a benchmark sweep (make_benchmarks) has no {option[0]}" in err, err
     results = tmp_path / "results"
     entries = [
         {"backbone": ["raw"], "train": str(birdset_dir / t / "train"),

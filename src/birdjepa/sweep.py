@@ -75,6 +75,21 @@ def benchmark_flags(entry: dict[str, Any], where: str) -> list[str]:
     return flags
 
 
+def pretrain_only(
+    path: Path, force_resume_at: int | None, runs_dir: Path | None, slurm: SlurmOptions
+) -> None:
+    """Refuse the options only a pretrain sweep reads: a benchmark sweep ran without them, silently."""
+    given = [flag for flag, value, default in (("--force-resume-at", force_resume_at, None),
+                                               ("--runs-dir", runs_dir, None),
+                                               ("--slurm.ntasks", slurm.ntasks, DEFAULT_SLURM.ntasks))
+             if value != default]  # fmt: skip
+    if given:
+        raise SweepError(
+            f"{path}: a benchmark sweep (make_benchmarks) has no {' or '.join(given)}: "
+            "pretrain sweeps (make_cfgs) only; a benchmark job writes where its 'results' says"
+        )
+
+
 def job_script(name: str, flags: list[str], slurm: SlurmOptions, workdir: Path, log_dir: Path) -> str:
     """A requeueable sbatch script: a preempted job starts again and skips what its store holds."""
     sbatch = pretrain_sweep.sbatch_lines(f"birdjepa-{name}", f"{log_dir}/{name}-%j.out", slurm, 1)
@@ -102,6 +117,7 @@ def cli(
         entries = load_benchmarks(sweep_file)
         if entries is None:
             return pretrain_sweep.cli(sweep_file, dry_run, local, force_resume_at, runs_dir, slurm)
+        pretrain_only(sweep_file, force_resume_at, runs_dir, slurm)
         jobs = []
         for i, entry in enumerate(entries):
             flags = benchmark_flags(entry, f"{sweep_file}: entry {i}")
