@@ -188,6 +188,16 @@ def test_the_few_shot_figure_s_legend_lies_whole_inside_it_below_the_panels(
     assert len({round(t.get_window_extent().x0) for t in legend.get_texts()}) == columns
 
 
+def test_the_few_shot_legend_names_the_lines_of_every_panel() -> None:
+    # It was read from the first panel only: a backbone scored on the second task alone went unnamed.
+    from birdjepa.benchmark.figures import fewshot_curves
+
+    rows = [{"task": t, "backbone": b, "probe": "linear", "n": 1, "cmap": 0.5}
+            for t, b in (("SYN1", "raw"), ("SYN2", "raw"), ("SYN2", "runs/a"))]  # fmt: skip
+    (legend,) = fewshot_curves(rows).legends
+    assert [t.get_text() for t in legend.get_texts()] == ["raw / linear", "runs/a / linear"]
+
+
 def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anything_is_embedded(
     birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -220,9 +230,15 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
         (["--table", "{tmp}/store", "--plot", "{tmp}/afile/f.png"], "f.png: cannot be written"),  # traceback
         (["--table", "{tmp}/foreign"], "other.parquet: not a result of this store"),  # TypeError traceback
         (["--plot", "{tmp}/f.png", "--backbone", "raw"], "--plot and --metric go with --table"),  # ignored
+        # A value given twice: its second score was counted "already in the store".
+        (
+            ["--backbone", "raw", "--train", "a", "--test", "b", "--n-train", "1", "4", "1"],
+            "--n-train 1 4 1: 1 given twice",
+        ),
+        (["--backbone", "raw", "raw", "--train", "a", "--test", "b"], "--backbone raw raw: raw given twice"),
     ],
 )
-def test_table_errors_are_one_line(
+def test_table_and_option_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
     import pyarrow as pa

@@ -299,6 +299,7 @@ def check_options(
     task: str | None,
     probe: list[str],
     n_train: list[int],
+    seed: list[int],
     prototypes: int,
     probe_steps: int,
     probe_lr: float,
@@ -309,6 +310,12 @@ def check_options(
     that does not): what `benchmark` checks before it starts, and a benchmark sweep before it submits."""
     if not backbone or train is None or test is None:
         raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
+    # A value given twice: its second result was counted "already in the store".
+    lists = {"--backbone": backbone, "--probe": probe, "--n-train": n_train, "--seed": seed}
+    for flag, values in lists.items():
+        twice = [str(v) for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise BenchmarkError(f"{flag} {' '.join(map(str, values))}: {', '.join(twice)} given twice")
     bad = [p for p in probe if p not in PROBES]
     if min(prototypes, probe_steps, token_batch) < 1 or not probe_lr > 0:
         raise BenchmarkError(
@@ -407,7 +414,7 @@ def cli(
                 print(f"wrote {plot}")
             return
         t = check_options(backbone=backbone, train=train, test=test, task=task, probe=probe, n_train=n_train,
-                          prototypes=prototypes, probe_steps=probe_steps, probe_lr=probe_lr,
+                          seed=seed, prototypes=prototypes, probe_steps=probe_steps, probe_lr=probe_lr,
                           token_batch=token_batch, n_classes=n_classes)  # fmt: skip
         t0 = time.perf_counter()
         backbones = resolve(backbone, step)

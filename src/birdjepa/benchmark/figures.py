@@ -49,8 +49,12 @@ def fewshot_curves(rows: list[dict], metric: str = "cmap") -> Figure:
         ax.set_ylabel(metric)
         ax.set_title(task)
         ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    legend_below(fig, handles, labels)
+    lines: dict[str, Artist] = {}  # every panel's: a backbone or probe scored on one task only is named too
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            lines.setdefault(label, handle)
+    labels = sorted(lines)
+    legend_below(fig, [lines[label] for label in labels], labels)
     return fig
 
 
