@@ -174,6 +174,12 @@ def test_a_truncated_shard_found_when_the_loader_opens_it_is_one_line(
                               "--log.runs-dir", str(tmp_path / "runs"), "--eval-every", "0")  # fmt: skip
     said = f"error: {shards / 'a.arrow'}: truncated shard: Arrow IPC file without its footer"
     assert code == 2 and err.splitlines() == [f"{said} (expected 'ARROW1' at the end)"], err
+    # It left the run an empty checkpoints/ folder, which is no run: the same start with --resume never
+    # reaches the shard again ("already holds a run" before).
+    code, again = pretrain_exit(capsys, "--data.train", str(shards), "--data.eval", str(demo_dir / "eval"),
+                                "--log.runs-dir", str(tmp_path / "runs"), "--eval-every", "0",
+                                "--resume", "never")  # fmt: skip
+    assert code == 2 and again == err, again
 
 
 @pytest.mark.parametrize("run", ["", ".", "../x", "a/../../x", "/tmp/x"])

@@ -100,8 +100,11 @@ def pretrain(cfg: PretrainConfig) -> int:
     so is the run's lease (process 0 holds it: one writer per run, `birdjepa.rundir.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     validation.check(cfg)  # before anything touches the run directory
+    # An empty checkpoints/ folder is no run: a start that failed before its first step (a truncated
+    # shard) leaves one, and the same command with --resume never was refused.
+    ckpts = layout.checkpoints(cfg.run_dir)
     if cfg.resume == "never" and (
-        layout.has_checkpoints(cfg.run_dir) or layout.metrics_file(cfg.run_dir).exists()
+        (ckpts.is_dir() and any(ckpts.iterdir())) or layout.metrics_file(cfg.run_dir).exists()
     ):
         # A fresh start there would write a second run's checkpoints and log beside the first's, and the
         # next resume would continue whichever checkpoint is newest.
