@@ -63,6 +63,15 @@ def test_loader_demo_options_that_cannot_work_are_one_line(
         (["--workers", "-1"], "--workers -1: must be >= 1"),  # taken, "with -1 worker(s)"
         (["--recordings", "5"], "--shards 500: must be in [1, --recordings (5)]"),  # "got 500, 5"
         (["--recordings", "50", "--pool", "0"], "--pool 0: must be >= 1"),
+        # Exit 1, "need n_species <= pool <= recordings, got 60", with --pool or without.
+        (
+            ["--recordings", "50", "--shards", "5", "--pool", "60"],
+            "--pool 60: must be in [--n-species (16), --recordings (50)]",
+        ),
+        (
+            ["--recordings", "10", "--shards", "5", "--n-species", "20"],
+            "--recordings 10: must be >= --n-species (20)",
+        ),
     ],
 )
 def test_demo_data_options_that_cannot_work_are_one_line_before_anything_is_written(

@@ -59,20 +59,10 @@ def test_the_set_has_its_rows_shards_codecs_and_the_pools_bytes(scale_dir: Path)
 
 
 def test_the_cli_and_the_function_write_the_same_bytes_with_1_and_2_workers(tmp_path: Path) -> None:
-    args = [
-        "--recordings",
-        "20",
-        "--shards",
-        "2",
-        "--pool",
-        "4",
-        "--n-species",
-        "4",
-        "--per-species-eval",
-        "1",
-    ]
+    # No --pool: its default (2048) is capped at --recordings (a set of fewer recordings was refused).
+    args = ["--recordings", "4", "--shards", "2", "--n-species", "4", "--per-species-eval", "1"]
     cli_main(["demo-data", str(tmp_path / "cli"), *args, "--workers", "1"])
-    config = ScaleConfig(recordings=20, shards=2, pool=4, n_species=4, eval_recordings=4)
+    config = ScaleConfig(recordings=4, shards=2, pool=4, n_species=4, eval_recordings=4)
     generate_scale_set(tmp_path / "function", config, workers=2)
     for split in ("train", "eval"):
         one = [p.read_bytes() for p in list_shards(tmp_path / "cli" / split)]

@@ -26,7 +26,7 @@ def cli(
     config: Annotated[DemoConfig, tyro.conf.OmitArgPrefixes] = DEFAULT,
     recordings: int | None = None,
     shards: int = 500,
-    pool: int = 2048,
+    pool: int | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     birdset: bool = False,
@@ -42,7 +42,8 @@ def cli(
             and n_species x per_species_eval eval recordings (e.g. --recordings 100000 --shards 500:
             14 GB, 8 min on 2 cores).
         shards: Train shards of the scale set.
-        pool: Distinct renders the scale set's train rows reuse.
+        pool: Distinct renders the scale set's train rows reuse (default: 2048, or --recordings where
+            fewer).
         workers: Processes for synthesis and encoding (default: all cores); output does not depend on it.
         overwrite: Replace a data set already in OUT.
         birdset: Write the BirdSet stand-in instead (of the config, only --seed counts): 3 synthetic
@@ -58,6 +59,15 @@ def cli(
         print(f"birdjepa demo-data: error: --shards {shards}: must be in [1, --recordings ({recordings})]",
               file=sys.stderr)  # fmt: skip
         raise SystemExit(USAGE)
+    if recordings is not None:  # the default pool is capped: --recordings 100 failed on a pool of 2048
+        pool = min(ScaleConfig.pool, recordings) if pool is None else pool
+        species = config.n_species
+        what = (f"--recordings {recordings}: must be >= --n-species ({species})" if recordings < species
+                else f"--pool {pool}: must be in [--n-species ({species}), --recordings ({recordings})]"
+                if not species <= pool <= recordings else None)  # fmt: skip
+        if what is not None:
+            print(f"birdjepa demo-data: error: {what}", file=sys.stderr)
+            raise SystemExit(USAGE)
     try:
         if birdset:
             t0 = time.perf_counter()
@@ -67,13 +77,17 @@ def cli(
         elif recordings is None:
             generate_demo_data(out, config, workers=workers, overwrite=overwrite, verbose=True)
         else:
+            assert pool is not None  # set above with --recordings
             scale = ScaleConfig(recordings=recordings, shards=shards, pool=pool, n_species=config.n_species,
                                 eval_recordings=config.n_species * config.per_species_eval,
                                 seed=config.seed)  # fmt: skip
             generate_scale_set(out, scale, workers=workers, overwrite=overwrite, verbose=True)
-    except (FileExistsError, ValueError) as e:
+    except FileExistsError as e:
         print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
         raise SystemExit(FAILED) from None
+    except ValueError as e:  # options that cannot work together: a usage error, as the checks above
+        print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
+        raise SystemExit(USAGE) from None
 
 
 def print_birdset(out: Path, seconds: float) -> None:
