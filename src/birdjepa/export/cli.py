@@ -96,10 +96,21 @@ def export_cli(
 def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = DEFAULTS["n_workers"]) -> int:
     """Embeds ``source`` (shards: a glob, folder or file of .arrow; or a folder or list of audio files)
     into ``out`` (Parquet, one row per clip); returns the row count."""
+    audio, files = checked(source, out)
+    return embed_sources(audio, files, encoder, out, n_workers=n_workers)
+
+
+def checked(source: str, out: Path) -> tuple[list[Path], list[str]]:
+    """What can fail before an encoder loads: ``source``'s files (`sources`), and ``out`` writable."""
     audio, files = sources(source)
     why = unwritable(out)
     if why is not None:
         raise ExportError(why)
+    return audio, files
+
+
+def embed_sources(audio: list[Path], files: list[str], encoder: Encoder, out: Path, *, n_workers: int) -> int:
+    """`embed` of the files `checked` found (a folder is listed once: it may hold 100,000 recordings)."""
     if audio:
         columns = encoder.embed_audio(audio, n_workers=n_workers)
         n = len(columns["source"])
@@ -185,12 +196,9 @@ def embed_cli(
     """
     t0 = time.perf_counter()
     try:
-        sources(source)  # what can fail at once does, before the encoder loads
-        why = unwritable(out)
-        if why is not None:
-            raise ExportError(why)
+        audio, files = checked(source, out)  # what can fail at once does, before the encoder loads
         enc = load_encoder(encoder, step)
-        n = embed(source, enc, out, n_workers=n_workers)
+        n = embed_sources(audio, files, enc, out, n_workers=n_workers)
     except (ExportError, DataError) as e:
         print(f"birdjepa embed: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
