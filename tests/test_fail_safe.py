@@ -7,7 +7,10 @@ error that stops the run (a device's, a loader worker's) goes up after what the 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +174,87 @@ def test_an_error_that_stops_the_run_leaves_the_checkpoint_being_written_and_the
     assert [r["step"] for r in rows] == list(range(failing - 1)), rows
     assert all(isinstance(r["train/param_norm"], float) for r in rows), rows
     assert sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir()) == ["1"]
+
+
+@pytest.mark.parametrize(
+    ("during", "rows", "saved"),
+    # It checks before its first write, after each step, and before a save.
+    [("start", None, None), ("step", [0, 1], 1), ("callbacks", [0], None)],
+)
+def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_its_next_write(
+    during: str, rows: list[int] | None, saved: int | None, demo_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+) -> None:  # fmt: skip
+    """Stopped (a suspended job, a paused node) for longer than a taker waits, as it started (restoring
+    and compiling), during step 2, or during step 1's callbacks, before its save, and taken over
+    meanwhile. Woken, it trained on into the taker's run: its rows logged beside the taker's, its
+    rotation deleting the taker's checkpoints, then a traceback. Now it writes nothing more: one line,
+    exit 2, and the taker's lease stays."""
+    from birdjepa.rundir import lease as lease_lib
+
+    held: list[lease_lib.Lease] = []
+    taker: dict[str, Any] = {}
+
+    def acquire(*args: Any, **kwargs: Any) -> lease_lib.Lease:
+        held.append(lease_lib.acquire(*args, **kwargs))
+        return held[0]
+
+    def stopped_and_taken_over() -> None:
+        (lease,) = held
+        lease.renewed -= lease_lib.STALE_AFTER_S + 1  # no heartbeat while it was stopped
+        taker.update({**lease.holder, "token": "f" * 16, "pid": 4242, "heartbeat": time.time()})
+        while not lease_lib._take_over(lease.path, lease.holder, taker):  # the heartbeat holds it
+            time.sleep(0.01)
+
+    real_open, real_advance, real_make_callbacks = (
+        train_loop.open_segment,
+        train_loop.advance,
+        train_loop.make_callbacks,
+    )
+
+    def open_segment(*args: Any, **kwargs: Any) -> Any:
+        segment = real_open(*args, **kwargs)
+        if during == "start":
+            stopped_and_taken_over()
+        return segment
+
+    def advance(fns: Any, cfg: PretrainConfig, state: Any, batch: Any) -> Any:
+        out = real_advance(fns, cfg, state, batch)
+        if during == "step" and int(state.step) == 2:
+            stopped_and_taken_over()
+        return out
+
+    def make_callbacks(*args: Any) -> Any:
+        callbacks = real_make_callbacks(*args)
+        step_end = callbacks.step_end
+
+        def taken_at_step_1(end: Any) -> Any:
+            if end.step == 1:
+                stopped_and_taken_over()
+            return step_end(end)
+
+        callbacks.step_end = taken_at_step_1 if during == "callbacks" else step_end
+        return callbacks
+
+    monkeypatch.setattr(train_loop, "acquire", acquire)
+    monkeypatch.setattr(train_loop, "open_segment", open_segment)
+    monkeypatch.setattr(train_loop, "advance", advance)
+    monkeypatch.setattr(train_loop, "make_callbacks", make_callbacks)
+    cfg = config(demo_dir, tmp_path, "taken")  # saves after steps 1, 3 and 5
+    capsys.readouterr()
+    assert pretrain(cfg) == exit_codes.USAGE
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    assert re.fullmatch(
+        r"ERROR: this trainer went \d+ s without renewing its lease \(suspended, or cut off\), "
+        r"and run taken is held by pid 4242 on .*; it stops without writing; exit 2",
+        line,
+    ), line
+    if rows is None:  # nothing written: no log, no config
+        assert sorted(p.name for p in cfg.run_dir.iterdir()) == ["checkpoints", "lease.json"]
+    else:
+        assert [r["step"] for r in read_metrics(cfg.run_dir) if "event" not in r] == rows
+    assert steps_on_disk(cfg.run_dir) == ([] if saved is None else [saved])
+    assert json.loads((cfg.run_dir / "lease.json").read_text()) == taker
 
 
 def test_a_record_the_loader_cannot_read_is_a_warning_naming_its_shard_and_row(

@@ -119,6 +119,29 @@ def test_the_heartbeat_is_renewed_and_stops_once_taken_over(tmp_path: Path, monk
     assert json.loads((run / LEASE_FILE).read_text()) == other
 
 
+def test_a_holder_woken_after_a_long_stop_renews_its_lease_or_finds_it_taken(tmp_path: Path) -> None:
+    from birdjepa.rundir.lease import STALE_AFTER_S, LeaseLost
+
+    path = tmp_path / "r" / LEASE_FILE
+    held = acquire(path.parent)
+    held.check()  # heartbeats on time: a clock read
+    # Stopped longer than a taker waits (SIGSTOP, a suspended job), and not taken over: renewed now, before
+    # a taker finds it stale.
+    held.renewed -= STALE_AFTER_S + 1
+    before = json.loads(path.read_text())["heartbeat"]
+    held.check()
+    assert json.loads(path.read_text())["heartbeat"] > before and held.renewed > before
+    # Stopped again, and taken over meanwhile: told before it writes.
+    held.renewed -= STALE_AFTER_S + 1
+    taker = {**held.holder, "token": "f" * 16, "pid": 4242, "heartbeat": time.time()}
+    while not _take_over(path, held.holder, taker):  # the heartbeat holds the marker now
+        time.sleep(0.01)
+    with pytest.raises(LeaseLost, match="went 6[12] s without renewing its lease .* held by pid 4242"):
+        held.check()
+    held.release()
+    assert json.loads(path.read_text()) == taker
+
+
 def test_a_takeover_is_never_written_back_over_by_the_holders_heartbeat(tmp_path: Path, monkeypatch) -> None:
     # The heartbeat reads its lease, then writes it renewed. A taker replacing it in between (a thread of
     # the holder keeping the CPU, as a training step does) was written back over in 34 of 50 takeovers

@@ -42,7 +42,7 @@ from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
-from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseUnwritable, acquire
+from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
@@ -126,6 +126,9 @@ def pretrain(cfg: PretrainConfig) -> int:
             return exit_codes.IOERR
     try:
         return _pretrain(cfg, lease)
+    except LeaseLost as e:  # another trainer holds the run now: it writes, this one must not
+        print(f"ERROR: {e}; exit {exit_codes.USAGE}", flush=True)
+        return exit_codes.USAGE
     except DataError as e:  # a shard found unusable once the loaders open it (a truncated one), or mid-run
         print(f"error: {e}", file=sys.stderr, flush=True)
         return exit_codes.USAGE
@@ -170,6 +173,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     if meta is not None:
         r, no_effect = injected(requested.debug.inject_fault).restored(r, fns.tx, fresh_chain(requested))
     cfg, train_files = r.cfg, r.train_files
+    # Before the writes into the run (here, after each step, before a save): this process may have been
+    # stopped (a suspended job) long enough for another trainer to take the run over (`Lease.check`).
+    # Process 0 alone holds the lease.
+    hold = lease.check if lease is not None else lambda: None
+    hold()
     if cfg.stop_at_step is not None and cfg.stop_at_step < r.state.step:  # else it trained to the end
         ckpt.close()
         raise OptionError("stop_at_step", cfg.stop_at_step, f"run {cfg.run} has trained that step already "
@@ -228,6 +236,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             batch, pending = (pending if pending is not None else next(loader)), None
             t_data = time.perf_counter() - t0
             state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
+            hold()
             t.log.flush()  # the last logged step's row: its norms were taken while this step ran
             finite = bool(guard["finite"])
             metrics = {k: float(v) for k, v in metrics.items()}
@@ -263,6 +272,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             stopping = step == cfg.stop_at_step or multihost.any_process(stop.signal is not None)
             if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
                 try:
+                    hold()
                     pending, saved = t.save(state, loader, callbacks, metrics)
                     if stopping:  # on disk before the run says it stopped
                         t.ckpt.wait()
@@ -286,9 +296,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         # fails too (then the error above is the one to see). The last logged step's row, held for its
         # norms (`param_norms`), and, unless a second Ctrl-C asks to be out at once, the checkpoint
         # still being written in the background: without the wait, the process left it unwritten.
-        with contextlib.suppress(Exception):
-            t.log.flush()
-        if not isinstance(e, KeyboardInterrupt):
+        # Nothing, once the run is another trainer's.
+        if not isinstance(e, LeaseLost):
+            with contextlib.suppress(Exception):
+                t.log.flush()
+        if not isinstance(e, (KeyboardInterrupt, LeaseLost)):
             with contextlib.suppress(Exception):
                 t.ckpt.wait()
         raise

@@ -9,7 +9,8 @@ and removed on release. A lease is stale when its holder is a process of this ho
 exists, or when its heartbeat is older than `STALE_AFTER_S`; a stale lease is taken over by the one
 taker that creates the takeover marker first, after checking the lease is still the stale one. The
 heartbeat renews under the same marker: a holder presumed dead that wakes never writes its lease back
-over the taker's.
+over the taker's, and the trainer asks `Lease.check` before it writes into the run: one that wakes
+(a suspended job, a node cut off and back) stops instead of writing beside the taker.
 
 Read-only commands (`compare`, `analyze`, `trace`, `bisect`) take no lease and work on a live run.
 """
@@ -46,6 +47,16 @@ class LeaseHeld(RuntimeError):
     def __init__(self, run_dir: Path, holder: dict[str, Any]) -> None:
         self.holder = holder
         super().__init__(f"{held_by(run_dir, holder)} ({run_dir / LEASE_FILE}); nothing was touched")
+
+
+class LeaseLost(RuntimeError):
+    """This process was presumed dead and its run taken over (or its lease removed): it must not write."""
+
+    def __init__(self, run_dir: Path, taker: dict[str, Any] | None, silent_s: float) -> None:
+        self.taker = taker
+        now = held_by(run_dir, taker) if taker else f"run {run_dir.name} has no lease"
+        super().__init__(f"this trainer went {silent_s:.0f} s without renewing its lease (suspended, or cut "
+                         f"off), and {now} ({run_dir / LEASE_FILE}); it stops without writing")  # fmt: skip
 
 
 class LeaseUnwritable(RuntimeError):
@@ -164,19 +175,45 @@ class Lease:
     """The stale holder this lease replaced, and why it was stale (None: the run was free)."""
 
     def __post_init__(self) -> None:
+        self.renewed = time.time()  # the heartbeat it was created with
+        self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._thread.start()
 
+    def _renew(self) -> bool | None:
+        """A fresh heartbeat if the lease is still this process's: True; False: it is not (taken over, or
+        removed); None: a taker is changing it now."""
+        with _exclusive(self.path) as mine:
+            if not mine:
+                return None
+            current = _read(self.path)
+            if current is None or current.get("token") != self.holder["token"]:
+                self.lost = True
+                return False
+            now = time.time()
+            _write(self.path, {**self.holder, "heartbeat": now})
+            self.renewed = now
+            return True
+
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            with _exclusive(self.path) as mine:
-                if not mine:
-                    continue  # a taker is at it: look again at the next beat
-                current = _read(self.path)
-                if current is None or current.get("token") != self.holder["token"]:
-                    return  # taken over (this process was presumed dead): stop renewing
-                _write(self.path, {**self.holder, "heartbeat": time.time()})
+            if self._renew() is False:
+                return  # taken over (this process was presumed dead): stop renewing
+
+    def check(self) -> None:
+        """Raises `LeaseLost` unless this process still holds the run; before each write into it. While
+        heartbeats come on time it reads a clock: renewed less than half `STALE_AFTER_S` ago, no taker
+        can have found the lease stale. After a longer silence (the process was stopped: a suspended
+        job, a paused machine) it renews the lease now, under the marker, or finds it taken."""
+        silent = time.time() - self.renewed
+        if not self.lost and silent < STALE_AFTER_S / 2:
+            return
+        while not self.lost:
+            if self._renew():
+                return
+            time.sleep(0.05)  # a taker holds the marker: its outcome decides
+        raise LeaseLost(self.path.parent, _read(self.path), silent)
 
     def release(self) -> None:
         self._stop.set()
