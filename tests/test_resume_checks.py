@@ -310,6 +310,12 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
     # ... and the run is the uninterrupted one, bit for bit (monitor metrics only where both checked).
     diffs = [d for d in compare_runs(straight.run_dir, run.run_dir) if d.max_abs and "monitor/" not in d.name]
     assert diffs == []
+    # Started again once finished, with another learning rate: nothing to do, and config.json still the
+    # options that trained it (it took the new ones, and trace then replayed step 0 with them).
+    config_file = run.run_dir / "config.json"
+    trained = config_file.read_bytes()
+    assert pretrain(dataclasses.replace(run, optim=dataclasses.replace(run.optim, lr=0.5))) == 0
+    assert config_file.read_bytes() == trained
 
 
 def test_a_fault_with_nothing_to_act_on_is_no_effect_not_a_miss() -> None:

@@ -214,7 +214,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             print(f"WARNING {note}", flush=True)
         pending = next(loader)
         exit_code = t.check_resume(state, meta, pending, loader, loader_error)
-    if exit_code == 0 and multihost.is_main():  # the segment that trains (a refused one leaves it)
+    # The options of the segment that trains: a refused one leaves them, and so does a start of a finished
+    # run (nothing to do, nothing checked).
+    if exit_code == 0 and state.step < cfg.steps and multihost.is_main():
         layout.write_config(cfg.run_dir, to_dict(requested))
 
     # Loop: step, evaluate, save.
