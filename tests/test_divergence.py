@@ -20,6 +20,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.divergence import trace_file
 from birdjepa.divergence.bisect import bisect
 from birdjepa.divergence.diff import diff_traces
+from birdjepa.divergence.replay import ReplayError
 from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.rundir.checkpoint import Checkpointer
@@ -147,6 +148,27 @@ def test_bad_input_is_one_line_and_exit_2(
     assert e.value.code == 2
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
     assert not (empty / "checkpoints").exists() and not (bare / "checkpoints").exists()  # read, never written
+
+
+def test_steps_before_an_allowed_option_change_replay_with_the_options_that_trained_them(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    """Trained to step 1, then on with another --optim.lr (--allow-config-change), checkpoints 1-3 kept.
+    Step 1 replays from step 0 with the options before the change, which config.json no longer holds
+    (trace said the run was trained by other code); step 2 from checkpoint 1 with the new ones, which
+    that checkpoint does not hold. Without checkpoints 1 and 2, step 3 cannot replay under one set of
+    options, and the error says why."""
+    args = [*flags(tmp_path, "C", data(demo_dir)), "--ckpt-every", "1", "--ckpt-keep", "3"]
+    assert pretrain(tyro.cli(PretrainConfig, args=[*args, "--stop-at-step", "1"])) == 0
+    changed = [*args, "--optim.lr", "0.002", "--allow-config-change"]
+    assert pretrain(tyro.cli(PretrainConfig, args=changed)) == 0
+    for step, restored_from in ((1, None), (2, 1)):
+        m = trace_step(tmp_path / "C", step).manifest
+        assert (m["restored_from"], m["matches_run"]["logged_metrics_equal"]) == (restored_from, True)
+    for old in (1, 2):
+        shutil.rmtree(tmp_path / "C" / "checkpoints" / str(old))
+    with pytest.raises(ReplayError, match=r"options changed at step 2 \(--allow-config-change: optim.lr:"):
+        trace_step(tmp_path / "C", 3)
 
 
 def test_a_replayed_step_that_does_not_match_its_log_stops_the_trace(

@@ -24,7 +24,7 @@ from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
-from birdjepa.rundir.metrics_log import metrics_by_step
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
 from birdjepa.train.segment import advance, open_loader, open_segment
@@ -106,6 +106,32 @@ def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
         raise ReplayError(f"{where}: its configuration cannot be read by this version: {e}") from e
 
 
+def options_changed(run_dir: Path, first: int, step: int) -> tuple[dict[str, Any], str] | None:
+    """The options that trained steps ``first``..``step`` (``first``: the first to replay), and where
+    they were read, where the run's options changed (--allow-config-change: ``config_changed`` events,
+    each holding the options ``before`` it): the ``before`` of the first change after ``first``, or
+    config.json's for a change at ``first`` itself. None where no change concerns them (the checkpoint's
+    before ``first`` or config.json's, as in a run never changed). Raises `ReplayError` where those steps
+    were trained under two sets of options: no checkpoint between them to start from."""
+    log = layout.metrics_file(run_dir)
+    events = read_metrics(run_dir) if log.exists() else []
+    changes = [e for e in events if e.get("event") == "config_changed"]
+    later = [e for e in changes if e["step"] > first]
+    if later and later[0]["step"] <= step:
+        at, what = later[0]["step"], ", ".join(later[0]["changes"])
+        raise ReplayError(
+            f"{run_dir}: its options changed at step {at} (--allow-config-change: {what}), and no checkpoint "
+            f"from step {at - 1} on before step {step} is kept to replay it from: steps {first}-{step} were "
+            f"trained under two sets of options. Trace a step before {at}, or one after a kept checkpoint "
+            "of the new options (keep more with --ckpt-keep)"
+        )
+    if later:
+        return later[0]["before"], f"{log}: the config_changed event of step {later[0]['step']}"
+    if any(e["step"] == first for e in changes):
+        return layout.read_config(run_dir), str(layout.config_file(run_dir))
+    return None
+
+
 def last_step(run_dir: Path, steps: list[int]) -> int | None:
     """The last step the run ran: the newest logged or checkpointed one."""
     logged = metrics_by_step(run_dir) if layout.metrics_file(run_dir).exists() else {}
@@ -129,7 +155,10 @@ def open_at(
             raise ReplayError(f"{run_dir}: step {step} was never run ({ran})")
         base = max((s for s in steps if s < step), default=None)
         where = str(layout.checkpoint(run_dir, base) if base is not None else layout.config_file(run_dir))
-        if base is not None:
+        changed = options_changed(run_dir, 0 if base is None else base + 1, step)
+        if changed is not None:  # the options of the steps replayed: config.json holds the newest only
+            cfg = read_config(*changed)
+        elif base is not None:
             cfg = read_config(ckpt.read_meta(base)["config"], where)
         elif layout.config_file(run_dir).exists():
             cfg = read_config(layout.read_config(run_dir), where)

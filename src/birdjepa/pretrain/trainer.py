@@ -202,11 +202,14 @@ class Trainer:
             print(r.line(), flush=True)
         self.log.log(step, resume_check.metrics(results))
         failed = [r.name for r in results if not r.ok]
-        if not failed:
-            return 0
-        self.log.event("resume_check_failed", step, failed=failed, action=cfg.resume_checks)
-        if cfg.resume_checks == "warn":
-            print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
+        if failed:
+            self.log.event("resume_check_failed", step, failed=failed, action=cfg.resume_checks)
+        if not failed or cfg.resume_checks == "warn":
+            if failed:
+                print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
+            allowed = next((r.got for r in results if r.expected == resume_check.BREAKING_ALLOWED), None)
+            if allowed:  # config.json will hold the new options: the steps before were trained with these
+                self.log.event("config_changed", step, changes=allowed.split(","), before=meta["config"])
             return 0
         changed = next((r.got for r in results if r.name == "config" and not r.ok), None)
         how = (  # a run extended or retuned on purpose (--steps 800 after 600) is the common case

@@ -47,6 +47,8 @@ CHECKS = (
     "next_loss",
 )
 
+#: The ``config`` check's expected value when breaking changes were given with --allow-config-change.
+BREAKING_ALLOWED = "breaking_changes_allowed"
 #: Config keys that may change across a resume without changing the run: cadences, logging, worker
 #: count, run control and the diagnostics. Everything else (batch size, seed, data options, model,
 #: objective, optimizer, schedule, steps, PRNG mode) is breaking. The data paths are harmless here
@@ -223,7 +225,7 @@ def check_resume(
 
     harmless, breaking = config_diff(meta["config"], config)
     if breaking and allow_config_change:
-        out.append(CheckResult("config", True, "breaking_changes_allowed", ",".join(breaking)))
+        out.append(CheckResult("config", True, BREAKING_ALLOWED, ",".join(breaking)))
     else:
         got = ",".join(breaking) or ("harmless:" + ",".join(harmless) if harmless else "unchanged")
         out.append(CheckResult("config", not breaking, "no_breaking_change", got))
