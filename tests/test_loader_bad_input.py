@@ -74,6 +74,21 @@ def test_undecodable_records_are_skipped_counted_and_named(corrupt_dir: Path) ->
     assert all(s["file"].endswith("a.arrow") and s["reason"] for s in diag["skipped"])
 
 
+def test_a_train_pass_that_can_read_no_record_is_an_error_not_a_wait_for_ever(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # Audio no decoder reads (IMA-ADPCM WAVs pass `prepare --check`): pretrain waited for its first batch
+    # for ever, printing nothing, deaf to SIGTERM. An epoch's worth of skips in a row is the error.
+    table = read_table(first_shard(demo_dir))
+    write_table(with_corrupt_rows(table, set(range(len(table)))), tmp_path / "a.arrow")
+    with pytest.raises(
+        DataError,
+        match=rf"none of the {len(table)} records can be read: {len(table)} were "
+        rf"skipped in a row, an epoch's worth \(the last: {re.escape(str(tmp_path))}/a.arrow row ",
+    ):
+        next(loader(tmp_path))
+
+
 def test_an_eval_pass_says_in_one_line_which_records_it_skipped(
     corrupt_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

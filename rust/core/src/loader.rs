@@ -363,6 +363,9 @@ pub struct Loader {
     counters: Counters,
     committed: (PlanState, Counters),
     skipped: VecDeque<SkippedRecord>,
+    /// Records skipped since the last one read: a train pass that skips a whole epoch's worth in a row
+    /// can read none, and would wait forever for its first batch.
+    skips_in_a_row: u64,
     failed: Option<Error>,
     finished: bool,
 }
@@ -397,6 +400,7 @@ impl Loader {
             counters: counters.clone(),
             committed: (plan, counters),
             skipped: VecDeque::new(),
+            skips_in_a_row: 0,
             failed: None,
             finished: false,
         })
@@ -451,6 +455,7 @@ impl Loader {
         self.counters = counters.clone();
         self.committed = (plan, counters);
         self.failed = None;
+        self.skips_in_a_row = 0;
         self.finished = false;
         Ok(())
     }
@@ -523,6 +528,7 @@ impl Loader {
                 b.epoch.push(item.epoch as i64);
                 b.n += 1;
                 self.counters.samples += 1;
+                self.skips_in_a_row = 0;
                 let mut spare = self.pipeline.shared.spare.lock().unwrap();
                 if spare.len() < 2 * self.cfg.n_workers {
                     spare.push(d.features);
@@ -530,17 +536,20 @@ impl Loader {
             }
             Outcome::Skip { shard, row, reason } => {
                 self.counters.skipped += 1;
+                self.skips_in_a_row += 1;
                 if self.skipped.len() == SKIP_LOG_LIMIT {
                     self.skipped.pop_front();
                 }
-                self.skipped.push_back(SkippedRecord {
-                    index: item.index,
-                    shard,
-                    row,
-                    file: self.dataset.shard_path(shard).display().to_string(),
-                    epoch: item.epoch,
-                    reason,
-                });
+                let file = self.dataset.shard_path(shard).display().to_string();
+                if self.cfg.train && self.skips_in_a_row >= self.dataset.len() {
+                    return Err(Error::data(format!(
+                        "none of the {n} records can be read: {n} were skipped in a row, an epoch's worth \
+                         (the last: {file} row {row}: {reason})",
+                        n = self.dataset.len()
+                    )));
+                }
+                let epoch = item.epoch;
+                self.skipped.push_back(SkippedRecord { index: item.index, shard, row, file, epoch, reason });
             }
             Outcome::Fatal(e) => return Err(e),
         }
