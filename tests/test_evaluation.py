@@ -358,6 +358,19 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     assert audio_table.column("recording_id").null_count == 3  # a file's id is its path, in `source`
 
 
+def test_the_windows_of_an_audio_file_name_it_by_path_not_each_a_copy(tmp_path: Path) -> None:
+    # Each window's row held the whole file: an hour-long recording's 720 rows made a 166 GB shard
+    # (extrapolated; 6.3 GB of memory measured at 8 minutes).
+    import soundfile
+
+    from birdjepa.export.encoder import window_shard
+
+    wav = tmp_path / "minute.wav"
+    soundfile.write(wav, np.zeros(60 * 16000, np.float32), 16000, subtype="FLOAT")  # 3.8 MB, 12 windows
+    shard, where = window_shard([("minute", wav)], 5.0, tmp_path)
+    assert len(where) == 12 and Path(shard).stat().st_size < 20_000
+
+
 def test_export_and_embed_errors_are_one_line(
     tiny_run: Path,
     demo_dir: Path,
@@ -391,6 +404,20 @@ def test_export_and_embed_errors_are_one_line(
     shards = str(demo_dir / "eval")
     out = tmp_path / "e.parquet"
     one_line(["embed", shards, "--encoder", str(damaged), "--out", str(out)], "embed", where)
+    # A folder listing a link to nowhere (a traceback from the read).
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "gone.wav").symlink_to(tmp_path / "nowhere.wav")
+    one_line(["embed", str(tmp_path / "linked"), "--encoder", str(tiny_run), "--out", str(out)], "embed",
+             "gone.wav: cannot read: No such file or directory")  # fmt: skip
+    # Shards none of whose rows can be read (a traceback: nothing to concatenate).
+    from test_loader_bad_input import read_table, with_corrupt_rows, write_table
+
+    (tmp_path / "unreadable").mkdir()
+    table = read_table(sorted((demo_dir / "eval").glob("*.arrow"))[0])
+    write_table(with_corrupt_rows(table, set(range(len(table)))), tmp_path / "unreadable" / "a.arrow")
+    shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "unreadable")
+    one_line(["embed", str(tmp_path / "unreadable"), "--encoder", str(tiny_run), "--out", str(out)], "embed",
+             "no row of the 1 shard file(s) could be read: nothing to embed")  # fmt: skip
     # Checked before the (slow) restore: neither command gets that far.
     monkeypatch.setattr(birdjepa.export.cli, "load_encoder", lambda *a: pytest.fail("the encoder loaded"))
     monkeypatch.setattr("birdjepa.evaluation.cli.restore_checkpoint", lambda *a: pytest.fail("restored"))

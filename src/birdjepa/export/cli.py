@@ -134,6 +134,8 @@ def embed_sources(audio: list[Path], files: list[str], encoder: Encoder, out: Pa
             parts["start_s"].append(starts)
             parts["end_s"].append(starts + clip)
             parts["embedding"].append(batch["embedding"])
+        if not parts["embedding"]:  # every row skipped (the loader's WARNING line named them)
+            raise DataError(f"no row of the {len(files)} shard file(s) could be read: nothing to embed")
         keep = ("source", "recording_id", "label_name")
         columns = {k: v if k in keep else np.concatenate(v) for k, v in parts.items()}
     dim = encoder.model.dim

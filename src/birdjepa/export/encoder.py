@@ -10,7 +10,6 @@ window) and `embed_waveform` (samples in memory), so no second feature pipeline 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import tempfile
 import zlib
@@ -128,24 +127,24 @@ class Encoder:
     ) -> dict[str, Any]:
         """Every consecutive clip-long window of each audio file (the last one zero-padded):
         ``source``, ``start_s``, ``end_s`` (arrays, one entry per window) and ``embedding [W, D]``."""
-        named = [(str(f), Path(f).read_bytes()) for f in files]
-        return self._embed_windows(named, n_workers)
+        with tempfile.TemporaryDirectory() as tmp:
+            return self._embed_windows([(str(f), Path(f)) for f in files], n_workers, Path(tmp))
 
     def embed_waveform(self, samples: np.ndarray, rate: int) -> np.ndarray:
         """``[W, D]``: each clip-long window of a mono float waveform at ``rate`` Hz, through the loader's
         resampling and log-mel (it is stored as a 32-bit float WAV, which decodes to the same samples)."""
         import soundfile
 
-        buffer = io.BytesIO()
-        soundfile.write(buffer, np.asarray(samples, np.float32), rate, format="WAV", subtype="FLOAT")
-        return self._embed_windows([("<waveform>", buffer.getvalue())], 1)["embedding"]
-
-    def _embed_windows(self, named: list[tuple[str, bytes]], n_workers: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
-            shard, where = window_shard(named, self.features.clip_seconds, Path(tmp))
-            vectors = np.zeros((len(where), self.model.dim), np.float32)
-            for batch in self.embed_files([shard], n_workers=n_workers):
-                vectors[batch["index"]] = batch["embedding"]
+            wav = Path(tmp) / "waveform.wav"
+            soundfile.write(wav, np.asarray(samples, np.float32), rate, format="WAV", subtype="FLOAT")
+            return self._embed_windows([("<waveform>", wav)], 1, Path(tmp))["embedding"]
+
+    def _embed_windows(self, files: list[tuple[str, Path]], n_workers: int, tmp: Path) -> dict[str, Any]:
+        shard, where = window_shard(files, self.features.clip_seconds, tmp)
+        vectors = np.zeros((len(where), self.model.dim), np.float32)
+        for batch in self.embed_files([shard], n_workers=n_workers):
+            vectors[batch["index"]] = batch["embedding"]
         return {
             "source": np.array([w[0] for w in where], dtype=object),
             "start_s": np.array([w[1] for w in where]),
@@ -154,29 +153,35 @@ class Encoder:
         }
 
 
-def window_shard(named: list[tuple[str, bytes]], clip: float, folder: Path) -> tuple[str, list[tuple]]:
-    """Encoded audio as one Arrow shard whose rows are its consecutive ``clip``-second windows (each
-    row holds the file's bytes and its window's start and end, as BirdSet's soundscape rows do); returns
-    the shard and, per row, (name, start s, end s)."""
+def window_shard(files: list[tuple[str, Path]], clip: float, folder: Path) -> tuple[str, list[tuple]]:
+    """Audio files as one Arrow shard whose rows are their consecutive ``clip``-second windows (each row
+    names its file by path, as BirdSet's soundscape rows do, with its window's start and end: the loader
+    seeks to each window); returns the shard and, per row, (name, start s, end s). A row holding the
+    file's bytes made the shard an hour-long file's size times its 720 windows."""
     from birdjepa._rs import decode_audio
 
     rows, where = [], []
-    for name, data in named:
+    for name, path in files:
         try:
-            samples, rate = decode_audio(data)
+            samples, rate = decode_audio(path.read_bytes())  # its length; one file's samples at a time
+        except OSError as e:  # a dangling link, a file removed since the folder was listed
+            raise DataError(f"{name}: cannot read: {e.strerror or e}") from e
         except ValueError as e:
             raise DataError(f"{name}: cannot decode: {e}") from e
         seconds = len(samples) / rate
+        del samples
+        audio = {"bytes": None, "path": str(path.absolute())}
         for k in range(max(int(np.ceil(seconds / clip - 1e-9)), 1)):
             start, end = k * clip, min((k + 1) * clip, seconds)
-            rows.append({"audio": data, "ebird_code": None, "start_time": start, "end_time": end})
+            rows.append({"audio": audio, "ebird_code": None, "start_time": start, "end_time": end})
             where.append((name, start, end))
-    schema = pa.schema([("audio", pa.binary()), ("ebird_code", pa.int64()), ("start_time", pa.float64()),
+    audio_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("audio", audio_type), ("ebird_code", pa.int64()), ("start_time", pa.float64()),
                         ("end_time", pa.float64())])  # fmt: skip
-    path = folder / "windows.arrow"
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+    out = folder / "windows.arrow"
+    with pa.OSFile(str(out), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_table(pa.Table.from_pylist(rows, schema=schema), max_chunksize=64)
-    return str(path), where
+    return str(out), where
 
 
 def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
