@@ -13,7 +13,7 @@ import soundfile as sf
 from conftest import TINY_FREQS_HZ, TinyShards, tone
 
 from birdjepa.cli import main
-from birdjepa.data.prepare import PrepareError, prepare
+from birdjepa.data.prepare import PrepareError, find_audio_files, prepare
 from birdjepa.data.shards import ShardWriter, list_shards, read_shard, read_vocab, remove_shards, shard_schema
 from birdjepa.synthetic.codecs import CODECS, encode_audio
 
@@ -63,6 +63,17 @@ def test_folder_labels_bytes_and_order(tmp_path: Path) -> None:
     assert labels == {p: (p.split("/")[0] if "/" in p else None) for p in SRC_FILES}
     assert t["recording_id"].to_pylist() == [p.rsplit(".", 1)[0] for p in paths]
     assert (result.n_files, result.n_unlabelled, result.skipped) == (len(SRC_FILES), 1, [])
+
+
+def test_folders_that_are_links_are_followed_and_a_loop_is_not(tmp_path: Path) -> None:
+    # os.walk left a linked label folder out without a word (its files were in no shard) and followed
+    # a linked file: now both are packed, and a link back to a folder it is in is not followed.
+    src = make_src(tmp_path / "src")
+    disk2 = make_src(tmp_path / "disk2", {"robin/XC030.wav": ("wav_pcm16", 16000)})
+    (src / "robin").symlink_to(disk2 / "robin", target_is_directory=True)
+    (src / "amecro" / "again").symlink_to(src / "amecro", target_is_directory=True)
+    (src / "amecro" / "sub" / "up").symlink_to(src, target_is_directory=True)
+    assert find_audio_files(src) == sorted([*SRC_FILES, "robin/XC030.wav"])
 
 
 def test_shards_split_by_size_and_batches_capped(tmp_path: Path) -> None:

@@ -66,15 +66,25 @@ class PrepareResult:
 
 
 def find_audio_files(src: Path) -> list[str]:
-    """Audio files under `src` as sorted posix paths relative to it (hidden files and folders skipped)."""
+    """Audio files under `src` as sorted posix paths relative to it (hidden files and folders skipped).
+    Folders that are links are followed (a label folder on another disk was left out without a word),
+    except one that leads back to a folder it is in."""
     found = []
-    for root, dirs, files in os.walk(src):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    for root, dirs, files in os.walk(src, followlinks=True):
+        here = os.path.realpath(root)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not _leads_back(here, Path(root) / d)]
         rel_root = Path(root).relative_to(src)
         for name in files:
             if not name.startswith(".") and name.lower().endswith(AUDIO_EXTENSIONS):
                 found.append((rel_root / name).as_posix())
     return sorted(found)
+
+
+def _leads_back(here: str, folder: Path) -> bool:
+    """Whether ``folder`` (in the folder whose real path is ``here``) is ``here`` or one it is in: a link
+    loop, which followed would never end."""
+    there = os.path.realpath(folder)
+    return here == there or here.startswith(there.rstrip(os.sep) + os.sep)
 
 
 def folder_labels(files: Sequence[str]) -> dict[str, str | None]:
