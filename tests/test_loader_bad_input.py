@@ -99,6 +99,33 @@ def test_a_train_pass_that_can_read_no_record_is_an_error_not_a_wait_for_ever(
     )
 
 
+def test_a_recording_with_samples_that_are_not_finite_is_skipped_not_read_as_silence(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # A float WAV with NaN samples: every frame with one hit the filter bank's log floor, and the record
+    # was trained on as silence without a word.
+    import io
+
+    import soundfile
+
+    samples = (0.3 * np.sin(np.arange(6 * 32000) / 10)).astype(np.float32)
+    samples[::1000] = np.nan  # in every crop
+    wav = io.BytesIO()
+    soundfile.write(wav, samples, 32000, format="WAV", subtype="FLOAT")
+    table = read_table(first_shard(demo_dir))
+    audio = table.column("audio").combine_chunks()
+    data = audio.field("bytes").to_pylist()
+    data[1] = wav.getvalue()
+    fixed = pa.StructArray.from_arrays(
+        [pa.array(data, pa.binary()), audio.field("path")], fields=list(audio.type)
+    )
+    write_table(table.set_column(table.schema.get_field_index("audio"), "audio", fixed), tmp_path / "a.arrow")
+    ld = loader(tmp_path, train=False)
+    assert 1 not in np.concatenate([b["index"] for b in ld]).tolist()
+    ((row, reason),) = [(s["row"], s["reason"]) for s in ld.diagnostics()["skipped"]]
+    assert row == 1 and "a sample that is not finite (NaN or inf) at frame " in reason, reason
+
+
 def test_an_eval_pass_says_in_one_line_which_records_it_skipped(
     corrupt_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import soundfile as sf
 from conftest import TINY_FREQS_HZ, TinyShards, tone
 
 from birdjepa.cli import main
-from birdjepa.data.prepare import PrepareError, find_audio_files, prepare
+from birdjepa.data.prepare import Check, PrepareError, find_audio_files, prepare
 from birdjepa.data.shards import ShardWriter, list_shards, read_shard, read_vocab, remove_shards, shard_schema
 from birdjepa.synthetic.codecs import CODECS, encode_audio
 
@@ -176,14 +177,33 @@ def test_bad_file_error_names_the_file(tmp_path: Path) -> None:
     assert len(table(tmp_path / "out")) == len(SRC_FILES)
 
 
-def test_opus_in_ogg_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "form", "message"),
+    [
+        ("x.ogg", ("OGG", "OPUS"), "unsupported codec"),
+        # libsndfile checked these: they passed, were packed, and were skipped at every epoch; a set of
+        # them left pretrain waiting for a first batch for ever.
+        ("x.wav", ("WAV", "IMA_ADPCM"), "unsupported codec"),
+        ("x.wav", ("W64", "PCM_16"), "unrecognised container"),
+        ("x.wav", ("WAV", "FLOAT"), "a sample that is not finite (NaN or inf) at frame 50"),  # was silence
+    ],
+    ids=["opus", "ima-adpcm", "w64", "nan"],
+)
+@pytest.mark.parametrize("check", ["header", "full"])
+def test_audio_the_loader_cannot_read_is_refused_by_its_own_decoder(
+    tmp_path: Path, name: str, form: tuple[str, str], message: str, check: Check
+) -> None:
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
+    samples = tone(440.0, 48000, 0.2)
+    samples[50] = np.nan
     buf = io.BytesIO()
-    sf.write(buf, tone(440.0, 48000, 0.2), 48000, format="OGG", subtype="OPUS")
-    (src / "a" / "x.ogg").write_bytes(buf.getvalue())
-    with pytest.raises(PrepareError, match="only Vorbis"):
-        prepare(src, tmp_path / "out")
+    sf.write(
+        buf, samples if form[1] == "FLOAT" else np.nan_to_num(samples), 48000, format=form[0], subtype=form[1]
+    )
+    (src / "a" / name).write_bytes(buf.getvalue())
+    with pytest.raises(PrepareError, match=rf"a/{name}: cannot decode: .*{re.escape(message)}"):
+        prepare(src, tmp_path / "out", check=check)
 
 
 def test_full_check_and_existing_shards(tmp_path: Path) -> None:

@@ -65,5 +65,9 @@ def log_mel(samples: npt.NDArray[np.float32], **options: Any) -> npt.NDArray[np.
 def decode_audio(data: bytes) -> tuple[npt.NDArray[np.float32], int]:
     """Encoded audio (OGG/Vorbis, FLAC, WAV, MP3) -> (mono float32 samples, native sample rate)."""
 
+def check_audio(data: bytes, full: bool, frames: int) -> None:
+    """Raises ValueError with the reason the loader would skip this recording: its container or codec,
+    its sample rate, its first ``frames`` frames (every frame with ``full``) not decoding, or not finite."""
+
 def resample(samples: npt.NDArray[np.float32], src: int, dst: int) -> npt.NDArray[np.float32]:
     """Polyphase Kaiser-sinc resampling from ``src`` Hz to ``dst`` Hz."""

@@ -1,5 +1,6 @@
 //! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
 //! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
+use birdjepa_core::audio::clip::check_recording;
 use birdjepa_core::audio::decode::decode_mono;
 use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
 use birdjepa_core::options::LoaderOptions;
@@ -47,6 +48,14 @@ fn decode_audio<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<(B
     Ok((PyArray1::from_vec(py, samples), rate))
 }
 
+/// `prepare --check`'s look at encoded audio, with the loader's decoder: raises ValueError with the
+/// reason the loader would skip it (`birdjepa_core::audio::clip::check_recording`).
+#[pyfunction]
+fn check_audio(py: Python<'_>, data: &Bound<'_, PyBytes>, full: bool, frames: usize) -> PyResult<()> {
+    let bytes = data.as_bytes().to_vec();
+    py.detach(|| check_recording(bytes, full, frames)).map_err(|e| PyValueError::new_err(e.0))
+}
+
 /// Polyphase Kaiser-sinc resampling of a mono float32 signal from `src` Hz to `dst` Hz.
 #[pyfunction]
 fn resample<'py>(
@@ -62,10 +71,11 @@ fn resample<'py>(
     Ok(PyArray1::from_vec(py, out))
 }
 
-/// Add `log_mel`, `decode_audio` and `resample` to the extension module.
+/// Add `log_mel`, `decode_audio`, `check_audio` and `resample` to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log_mel, m)?)?;
     m.add_function(wrap_pyfunction!(decode_audio, m)?)?;
+    m.add_function(wrap_pyfunction!(check_audio, m)?)?;
     m.add_function(wrap_pyfunction!(resample, m)?)?;
     Ok(())
 }

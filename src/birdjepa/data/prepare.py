@@ -7,16 +7,15 @@ from a CSV with columns `path,label` (paths relative to SRC; files it does not n
 empty label, get none). The vocabulary is the sorted set of labels; `vocab.json` maps the int labels
 back to names.
 
-Every file is checked before it is written (`check`): "header" opens it with libsndfile and decodes the
-first frames, "full" decodes it all, "none" trusts it. A file that fails stops the run with an error
-naming it (and the shards written so far are removed), unless `skip_bad`, which skips it, counts it
+Every file is checked before it is written (`check`), with the loader's decoder: "header" opens it and
+decodes the first frames, "full" decodes it all, "none" trusts it. A file that fails stops the run with
+an error naming it (and the shards written so far are removed), unless `skip_bad`, which skips it, counts it
 and lists it at the end.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import os
 import sys
 import time
@@ -26,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
 
-import soundfile as sf
 import tyro
 
 from birdjepa import _rs
@@ -161,29 +159,16 @@ def given_vocabulary(path: Path, src: Path, labels: dict[str, str | None]) -> li
 
 
 def check_audio(data: bytes, check: Check) -> str | None:
-    """None if `data` decodes (as far as `check` looks), else the reason it does not."""
+    """None if `data` decodes (as far as `check` looks) as the loader will decode it, else the reason
+    the loader would skip it: one decoder for both (`birdjepa._rs.check_audio`)."""
     if check == "none":
         return None
     if not data:
         return "empty file"
     try:
-        with sf.SoundFile(io.BytesIO(data)) as f:
-            if f.format == "OGG" and f.subtype != "VORBIS":
-                return f"Ogg with {f.subtype} audio: the loader decodes only Vorbis in Ogg"
-            if f.format == "MP3" and f.subtype != "MPEG_LAYER_III":
-                return f"{f.subtype} audio: the loader decodes only MPEG layer III"
-            if f.samplerate <= 0 or f.channels <= 0:
-                return f"bad header: {f.samplerate} Hz, {f.channels} channels"
-            if check == "full":
-                n = 0
-                for block in f.blocks(blocksize=1 << 16, dtype="float32"):
-                    n += len(block)
-                if n == 0:
-                    return "no audio frames"
-            elif len(f.read(CHECK_FRAMES, dtype="float32")) == 0:
-                return "no audio frames"
-    except (sf.SoundFileError, RuntimeError, ValueError) as e:
-        return f"cannot decode: {getattr(e, 'error_string', None) or e}"
+        _rs.check_audio(data, check == "full", CHECK_FRAMES)
+    except ValueError as e:
+        return f"cannot decode: {e}"
     return None
 
 
@@ -300,7 +285,8 @@ def cli(
         format: Arrow IPC file or stream format.
         label_column: Name of the int64 label column (and of vocab.json's label_column).
         prefix: Shard file names are PREFIX-NNNNN.arrow.
-        check: How far to decode each file before packing it: header (first frames), full, none.
+        check: How far to decode each file, with the loader's decoder, before packing it: header (container,
+            codec, rate, first frames), full (every frame), none.
         skip_bad: Skip files that fail the check (and list them) instead of stopping.
         workers: Threads reading and checking files.
         vocab: Index the labels by this vocab.json (or its folder): another split's, so that this one's

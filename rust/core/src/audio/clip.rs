@@ -125,6 +125,48 @@ pub struct SampleKey {
 const MIN_RATE: u32 = 1_000;
 const MAX_RATE: u32 = 768_000;
 
+/// A recording as `birdjepa prepare --check` sees it, through the loader's own decoder: the container
+/// opens, its rate is one [`ClipExtractor::extract`] takes, and its first `frames` frames (every frame,
+/// with `full`: as many as the container reports, which the loader's crops trust) decode to finite
+/// samples. The error is the reason the loader would skip it. (libsndfile passed IMA-ADPCM, GSM, W64
+/// and RF64 files the loader cannot read, and NaN samples, which became silence.)
+pub fn check_recording(
+    data: impl AsRef<[u8]> + Send + Sync + 'static,
+    full: bool,
+    frames: usize,
+) -> Result<(), AudioError> {
+    let mut reader = AudioReader::open(data)?;
+    let (rate, _, n_frames) = reader.info();
+    if !(MIN_RATE..=MAX_RATE).contains(&rate) {
+        return Err(AudioError(format!("unsupported sample rate {rate} Hz (accepted {MIN_RATE}..={MAX_RATE})")));
+    }
+    let samples = if full {
+        let all = reader.read_all_mono()?;
+        if let Some(n) = n_frames.filter(|&n| (all.len() as u64) < n) {
+            return Err(AudioError(format!("the stream ends at frame {} but the container reports {n}", all.len())));
+        }
+        all
+    } else {
+        let n = n_frames.map_or(frames as u64, |n| n.min(frames as u64)) as usize;
+        if n == 0 {
+            return Err(AudioError("no audio frames".into()));
+        }
+        let mut first = vec![0.0; n];
+        reader.read_window_mono(0, &mut first)?;
+        first
+    };
+    finite(&samples, 0)
+}
+
+/// An error naming the first sample of `src` (frames from `first_frame` on) that is NaN or infinite:
+/// the filter bank's log floor turned such a recording into silence.
+fn finite(src: &[f32], first_frame: u64) -> Result<(), AudioError> {
+    match src.iter().position(|x| !x.is_finite()) {
+        Some(k) => Err(AudioError(format!("a sample that is not finite (NaN or inf) at frame {}", first_frame + k as u64))),
+        None => Ok(()),
+    }
+}
+
 /// Decodes, resamples and featurises clips; immutable apart from the resampler cache, share via `Arc`.
 pub struct ClipExtractor {
     cfg: ClipConfig,
@@ -373,6 +415,7 @@ impl ClipExtractor {
         if let Some(full) = full {
             for p in plans.iter() {
                 let src = &full[p.src_lo as usize..p.src_hi as usize];
+                finite(src, p.src_lo)?;
                 self.render_view(rs, src, p, mode, key, samples, feats, out);
             }
             return Ok(());
@@ -396,6 +439,7 @@ impl ClipExtractor {
             }
             for p in &plans[i..j] {
                 let src = &src_buf[(p.src_lo - lo) as usize..(p.src_hi - lo) as usize];
+                finite(src, p.src_lo)?;
                 self.render_view(rs, src, p, mode, key, samples, feats, out);
             }
             i = j;
