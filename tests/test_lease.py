@@ -326,3 +326,22 @@ def test_evaluate_on_a_read_only_run_is_one_line_that_points_to_out(
     assert line.startswith(f"birdjepa evaluate: error: cannot write the lease {run / LEASE_FILE}: ")
     assert "--out FILE" in line, line
     assert [p.name for p in run.iterdir()] == ["checkpoints"]
+
+
+def test_analyze_on_a_read_only_run_is_one_line_that_points_to_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It wrote its figures into RUN/analysis: a traceback from mkdir on an archived or shared run.
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / METRICS_FILE).write_text("".join(json.dumps({"step": s, "train/loss": 1.0 / (s + 1)}) + "\n"
+                                            for s in range(30)))  # fmt: skip
+    with read_only(run), pytest.raises(SystemExit) as e:
+        main(["analyze", str(run)])
+    assert e.value.code == exit_codes.IOERR
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {run / 'analysis'}: cannot be written (") and line.endswith(
+        "; give --out FOLDER"
+    )
+    main(["analyze", str(run), "--out", str(tmp_path / "figures")])
+    assert (tmp_path / "figures" / "summary.md").is_file()

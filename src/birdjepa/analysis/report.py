@@ -14,6 +14,7 @@ from birdjepa import exit_codes
 from birdjepa.analysis import figures
 from birdjepa.analysis.load import DEFAULT_GAP_S, RunLog, load_run
 from birdjepa.analysis.windows import Jump, jumps, max_abs_diff
+from birdjepa.outputs import unwritable
 from birdjepa.rundir import layout
 from birdjepa.rundir.metrics_log import MetricsFileError
 
@@ -115,7 +116,11 @@ def analyze(
         if missing:
             raise SystemExit(f"{run}: no metric(s) {missing}; it logged: {', '.join(sorted(log.metrics))}")
         chosen = list(metrics)
-    out = Path(out) if out is not None else layout.analysis_dir(run if run.is_dir() else run.parent)
+    where = Path(out) if out is not None else layout.analysis_dir(run if run.is_dir() else run.parent)
+    why = unwritable(where, folder=True)  # a read-only run (an archive, another user's): a traceback
+    if why is not None:
+        raise OutputError(why if out is not None else f"{why}; give --out FOLDER")
+    out = where
     out.mkdir(parents=True, exist_ok=True)
 
     found = jumps(log, chosen, window, ref)
@@ -137,6 +142,10 @@ def analyze(
     return Analysis(summary, written, found, worst)
 
 
+class OutputError(OSError):
+    """Where the figures go cannot be written."""
+
+
 def cli(
     run: tyro.conf.Positional[Path],
     other: Path | None = None,
@@ -155,6 +164,9 @@ def cli(
         raise SystemExit(exit_codes.USAGE)
     try:
         result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(exit_codes.IOERR) from None
     except (MetricsFileError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
