@@ -371,6 +371,31 @@ def test_the_windows_of_an_audio_file_name_it_by_path_not_each_a_copy(tmp_path: 
     assert len(where) == 12 and Path(shard).stat().st_size < 20_000
 
 
+def test_a_live_run_s_newest_checkpoint_removed_while_it_is_read_gives_way_to_the_next_newest(
+    tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trainer keeping one checkpoint (--ckpt-keep 1) removes the newest as it saves the next: export,
+    # evaluate and embed said "no complete checkpoint" on a run full of them.
+    from birdjepa.export.cli import export
+    from birdjepa.rundir.checkpoint import Checkpointer
+
+    run = tmp_path / "live"
+    shutil.copytree(tiny_run, run)
+    with Checkpointer(run, keep=None, async_save=False) as ckpt:
+        steps = ckpt.all_steps()
+    read_meta, removed = Checkpointer.read_meta, []
+
+    def rotated_meanwhile(self: Checkpointer, step: int) -> dict:
+        if not removed:
+            removed.append(step)
+            shutil.rmtree(run / "checkpoints" / str(step))
+        return read_meta(self, step)
+
+    monkeypatch.setattr(Checkpointer, "read_meta", rotated_meanwhile)
+    card = json.loads((export(run, tmp_path / "export") / "encoder.json").read_text())
+    assert removed == [steps[-1]] and card["checkpoint"]["step"] == steps[-2]
+
+
 def test_export_and_embed_errors_are_one_line(
     tiny_run: Path,
     demo_dir: Path,

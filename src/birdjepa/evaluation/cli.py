@@ -101,6 +101,10 @@ class RestoredRun(RestoredCheckpoint):
     n_classes: int
 
 
+#: Reads of the newest checkpoint of a live run, each after the trainer's rotation removed the last one.
+NEWEST_TRIES = 5
+
+
 def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckpoint:
     """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it. The
     architecture comes from the checkpoint alone (its config, and its probe head's class count), so the
@@ -109,22 +113,31 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
 
     if not layout.has_checkpoints(run_dir):
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
-    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
-        steps = ckpt.all_steps()
-        if not steps:
-            raise EvaluateError(f"{run_dir / 'checkpoints'}: no complete checkpoint")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {step}; there are {steps}")
-        where = str(layout.checkpoint(run_dir, step))
-        meta = ckpt.read_meta(step)
-        cfg = run_config(meta, where)
-        shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
-        if PROBE_HEAD not in shapes:
-            raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
-        seg = open_segment(cfg, ckpt, at=step, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
-    fresh = initial_params(cfg, seg.model_cfg)
-    return RestoredCheckpoint(step, cfg, seg.model_cfg, seg.state.params, fresh, meta)
+    asked = step
+    for attempt in range(NEWEST_TRIES):
+        with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+            steps = ckpt.all_steps()
+            if not steps:
+                raise EvaluateError(f"{run_dir / 'checkpoints'}: no complete checkpoint")
+            step = steps[-1] if asked is None else asked
+            if step not in steps:
+                raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {step}; there are {steps}")
+            where = str(layout.checkpoint(run_dir, step))
+            try:
+                meta = ckpt.read_meta(step)
+                cfg = run_config(meta, where)
+                shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
+                if PROBE_HEAD not in shapes:
+                    raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
+                seg = open_segment(cfg, ckpt, at=step, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
+            except (checkpoint.CheckpointError, OSError):
+                # The newest, removed by the live trainer's rotation while it was read: the new newest.
+                if asked is None and attempt + 1 < NEWEST_TRIES and not Path(where).exists():
+                    continue
+                raise
+        fresh = initial_params(cfg, seg.model_cfg)
+        return RestoredCheckpoint(step, cfg, seg.model_cfg, seg.state.params, fresh, meta)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
