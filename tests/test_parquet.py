@@ -169,6 +169,29 @@ def test_string_labels_give_their_sorted_vocabulary(
     assert prepare(tmp_path / "hub", tmp_path / "out", capsys)[0] is None
     vocab = json.loads((tmp_path / "out" / "vocab.json").read_text())["names"]
     assert vocab == sorted(set(text.to_pylist()))
+    # The same names as pandas' Categorical (a dictionary column): written out as strings. It was
+    # converted as it came, with "0 labels", and every command refused its labels.
+    at = table.schema.get_field_index("ebird_code")
+    (tmp_path / "categorical").mkdir()
+    pq.write_table(
+        table.set_column(at, "ebird_code", text.dictionary_encode()), tmp_path / "categorical" / "0.parquet"
+    )
+    assert prepare(tmp_path / "categorical", tmp_path / "out2", capsys)[0] is None
+    assert (tmp_path / "out2" / "vocab.json").read_text() == (tmp_path / "out" / "vocab.json").read_text()
+    labels = [
+        np.concatenate([b["label"] for b in Loader(tmp_path / o, train=False)]) for o in ("out", "out2")
+    ]
+    assert np.array_equal(*labels)
+    # Ids as floats (pandas' integers with a missing value) and a file of no rows: refused, one line each.
+    ids = pa.array([None, *map(float, range(len(table) - 1))])
+    for name, bad, said in (("floats", table.set_column(at, "ebird_code", ids), "label column 'ebird_code' "
+                             "has type double: class ids (integers) or names (strings) are read"),
+                            ("empty", table.slice(0, 0), "0.parquet: no rows")):  # fmt: skip
+        (tmp_path / name).mkdir()
+        pq.write_table(bad, tmp_path / name / "0.parquet")
+        code, _, err = prepare(tmp_path / name, tmp_path / f"out-{name}", capsys)
+        assert code == 1 and said in err and err.count("\n") == 1, err
+        assert not list((tmp_path / f"out-{name}").glob("*.arrow"))
 
 
 def test_a_set_with_other_labels_is_refused_beside_shards_whose_vocabulary_it_would_replace(

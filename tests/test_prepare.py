@@ -14,6 +14,7 @@ import soundfile as sf
 from conftest import TINY_FREQS_HZ, TinyShards, tone
 
 from birdjepa.cli import main
+from birdjepa.data import Loader
 from birdjepa.data.prepare import Check, PrepareError, find_audio_files, prepare
 from birdjepa.data.shards import ShardWriter, list_shards, read_shard, read_vocab, remove_shards, shard_schema
 from birdjepa.synthetic.codecs import CODECS, encode_audio
@@ -148,6 +149,9 @@ def test_stream_format_and_label_column(tmp_path: Path) -> None:
     assert read_vocab(tmp_path / "stream") == ("species", ["amecro", "bbbwar", "zzzfin"])
     ref = table(tmp_path / "file")
     assert t["audio"].equals(ref["audio"]) and t["species"].equals(ref["ebird_code"])
+    # Read where vocab.json says (no command could: "missing column 'ebird_code'").
+    batches = [next(iter(Loader(tmp_path / f, train=False, batch_size=8))) for f in ("file", "stream")]
+    assert np.array_equal(batches[0]["label"], batches[1]["label"]) and (batches[0]["label"] >= 0).any()
 
 
 def test_stream_shard_loads_in_hf_datasets(tmp_path: Path) -> None:

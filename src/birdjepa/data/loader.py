@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from birdjepa import _rs
-from birdjepa.data.shards import split_labels
+from birdjepa.data.shards import label_column, split_labels
 
 DataError = _rs.DataError
 StateError = _rs.StateError
@@ -206,6 +206,8 @@ class Loader:
         if "label_names" not in options:
             names, mixed = split_labels(self.files)
             options["label_names"] = names if mixed else None
+        if "label_column" not in options:  # where `prepare --label-column` wrote them, its vocab.json says
+            options["label_column"] = label_column(self.files)
         options = {
             **options,
             **(features or Features()).options(),

@@ -1,7 +1,8 @@
 """Parquet as it comes from the hub (BirdSet's Parquet conversion, `datasets`' ``to_parquet``): each file
 becomes one Arrow IPC shard the loader reads (`birdjepa prepare SRC OUT` where SRC holds ``*.parquet``).
 
-Every column is kept as it is, with the schema's metadata (HF's ``huggingface`` features): the audio
+Every column is kept as it is (a dictionary label column, pandas' ``Categorical``, is written out as its
+strings), with the schema's metadata (HF's ``huggingface`` features): the audio
 (HF's ``Audio`` struct of bytes and path, a binary column, or a column of paths) is copied, never
 re-encoded; labels, the multi-label lists and BirdSet's other columns stay beside it. A file is read
 one row group at a time, ``workers`` files at once, so memory holds that many row groups.
@@ -90,6 +91,10 @@ def convert(
             raise
     written = [path for path, _, _ in done]
     rows, size = sum(n for _, n, _ in done), sum(f.stat().st_size for f in files)
+    if rows == 0:  # it said "wrote 0 rows" and exit 0, for a set every command then refused
+        for p in written:
+            p.unlink()
+        raise ParquetError(f"{files[0]}{f' and {len(files) - 1} more' if len(files) > 1 else ''}: no rows")
     strings = set().union(*(labels for _, _, labels in done))
     vocab = names if names is not None else sorted(strings)
     clash = None if names is not None or not vocab else relabelled(out, vocab, label_column)
@@ -115,15 +120,29 @@ def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema
     for column in (audio_column, label_column):
         if column not in schema.names:
             raise ParquetError(f"{file}: no column {column!r} (columns: {', '.join(schema.names)})")
+    kind = schema.field(label_column).type
+    names = pa.types.is_dictionary(kind) and _text(kind.value_type)
+    if not (pa.types.is_integer(kind) or _text(kind) or names):
+        # Converted, it was refused by every command that reads it ("has type double").
+        raise ParquetError(f"{file}: label column {label_column!r} has type {kind}: class ids (integers) or "
+                           "names (strings) are read; a float column of ids with missing values: cast it "
+                           "to an integer type (pandas: Int64)")  # fmt: skip
     return schema
+
+
+def _text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tuple[Path, int, set[str]]:
     """``file`` row group by row group into ``shard``: (the shard, its rows, the string labels seen)."""
     partial = shard.with_name(f".{shard.name}.partial")
     labels: set[str] = set()
-    text = schema.field(label_column).type
-    text_labels = pa.types.is_string(text) or pa.types.is_large_string(text)  # the vocabulary's source
+    at, kind = schema.get_field_index(label_column), schema.field(label_column).type
+    names = pa.types.is_dictionary(kind)  # pandas' Categorical: its names written out as strings
+    if names:
+        schema = schema.set(at, schema.field(at).with_type(pa.string()))
+    text_labels = names or _text(kind)  # the vocabulary's source
     rows = 0
     try:
         reader = pq.ParquetFile(file, memory_map=True)
@@ -133,6 +152,8 @@ def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tupl
                     table = reader.read_row_group(group)
                 except (OSError, pa.ArrowException) as e:
                     raise ParquetError(f"{file}: row group {group}: {one_line(e)}") from None
+                if names:
+                    table = table.set_column(at, schema.field(at), pc.cast(table.column(at), pa.string()))
                 if text_labels:
                     labels |= {x for x in pc.unique(table.column(label_column)).to_pylist() if x is not None}
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):

@@ -299,9 +299,11 @@ def cli(
             t0 = time.perf_counter()
             done = convert(files, out, label_column=label_column, prefix=prefix, workers=workers)
             mib, took = done.bytes_read / 2**20, time.perf_counter() - t0
+            vocab_said = (f"and vocab.json ({len(done.names)} labels)" if done.names else
+                          "(no vocab.json: its integer labels have no ClassLabel names)")  # fmt: skip
             print(f"wrote {done.rows} rows in {len(done.shards)} shard(s) from {len(files)} Parquet file(s) "
-                  f"({mib:.0f} MiB in {took:.1f} s, {mib / max(took, 1e-9):.0f} MiB/s) and vocab.json "
-                  f"({len(done.names)} labels) to {out}")  # fmt: skip
+                  f"({mib:.0f} MiB in {took:.1f} s, {mib / max(took, 1e-9):.0f} MiB/s) {vocab_said} "
+                  f"to {out}")  # fmt: skip
             return
         prepare(
             src,

@@ -287,6 +287,13 @@ def read_vocab(folder: Path) -> tuple[str, list[str]]:
     ), names
 
 
+def label_column(files: Sequence[str]) -> str:
+    """The label column of a split's shards: the one the first folder's `vocab.json` names (what
+    `birdjepa prepare --label-column` wrote), else the default."""
+    folder = split_folders(files)[0]
+    return read_vocab(folder)[0] if vocab_names(folder) is not None else DEFAULT_LABEL_COLUMN
+
+
 def split_labels(files: Sequence[str]) -> tuple[list[str] | None, str | None]:
     """The names a split's labels index, and where the loader must read them by name, why.
 
