@@ -15,7 +15,7 @@ from conftest import TINY_FREQS_HZ, TinyShards, tone
 
 from birdjepa.cli import main
 from birdjepa.data import Loader
-from birdjepa.data.prepare import Check, PrepareError, find_audio_files, prepare
+from birdjepa.data.prepare import Check, PrepareError, find_audio_files, prepare, recording_ids
 from birdjepa.data.shards import ShardWriter, list_shards, read_shard, read_vocab, remove_shards, shard_schema
 from birdjepa.synthetic.codecs import CODECS, encode_audio
 
@@ -76,6 +76,26 @@ def test_folders_that_are_links_are_followed_and_a_loop_is_not(tmp_path: Path) -
     (src / "amecro" / "again").symlink_to(src / "amecro", target_is_directory=True)
     (src / "amecro" / "sub" / "up").symlink_to(src, target_is_directory=True)
     assert find_audio_files(src) == sorted([*SRC_FILES, "robin/XC030.wav"])
+
+
+def test_two_files_of_one_name_but_their_extension_keep_it_in_their_recording_ids() -> None:
+    # Both were 'sp/trunc': an embedding or a result could not be told apart by its recording.
+    ids = recording_ids(["sp/trunc.wav", "sp/trunc.flac", "sp/other.ogg"])
+    assert ids == {
+        "sp/trunc.wav": "sp/trunc.wav",
+        "sp/trunc.flac": "sp/trunc.flac",
+        "sp/other.ogg": "sp/other",
+    }
+
+
+def test_loader_demo_counts_the_species_of_labelled_clips_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Three label folders and a file directly in SRC (unlabelled, -1): it said "4 species seen".
+    prepare(make_src(tmp_path / "src"), tmp_path / "out")
+    capsys.readouterr()
+    main(["loader-demo", "--data", str(tmp_path / "out"), "--batches", "3", "--batch-size", "7"])
+    assert "; 3 species seen; " in capsys.readouterr().out
 
 
 def test_shards_split_by_size_and_batches_capped(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import csv
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -83,6 +84,14 @@ def _leads_back(here: str, folder: Path) -> bool:
     loop, which followed would never end."""
     there = os.path.realpath(folder)
     return here == there or here.startswith(there.rstrip(os.sep) + os.sep)
+
+
+def recording_ids(files: Sequence[str]) -> dict[str, str]:
+    """Each file's ``recording_id``: its path without the extension (``amecro/XC001``), or with it where
+    another file has the same one (``a.wav`` and ``a.flac`` named one recording)."""
+    stems = [str(PurePosixPath(f).with_suffix("")) for f in files]
+    seen = Counter(stems)
+    return {f: f if seen[s] > 1 else s for f, s in zip(files, stems, strict=True)}
 
 
 def folder_labels(files: Sequence[str]) -> dict[str, str | None]:
@@ -229,6 +238,7 @@ def prepare(
 
     skipped: list[tuple[str, str]] = []
     n_unlabelled = 0
+    ids = recording_ids(files)
     # on any error the writer deletes what it wrote: no half data set is left behind
     with ShardWriter(out, prefix, int(shard_mb * 2**20), fmt, label_column=label_column) as writer:
         for rel, (data, problem) in zip(files, _loaded(src, files, check, workers), strict=True):
@@ -239,8 +249,7 @@ def prepare(
                 continue
             label = labels[rel]
             n_unlabelled += label is None
-            rid = str(PurePosixPath(rel).with_suffix(""))
-            writer.add(data, rel, None if label is None else index[label], rid)
+            writer.add(data, rel, None if label is None else index[label], ids[rel])
         if writer.n_rows == 0:
             raise PrepareError(f"none of the {len(files)} audio files under {src} could be read")
     shards = list(writer.paths)

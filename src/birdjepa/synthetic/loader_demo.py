@@ -43,7 +43,7 @@ def run(cfg: LoaderDemoConfig) -> dict[str, float]:
                 f"first batch after {first:.2f} s: spectrogram "
                 f"{batch['spectrogram'].shape} {batch['spectrogram'].dtype}"
             )
-        labels.update(int(x) for x in batch["label"])
+        labels.update(int(x) for x in batch["label"] if x >= 0)  # -1: an unlabelled clip, no species
         if i + 1 == cfg.batches:
             break
     elapsed = time.perf_counter() - start
