@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,6 +197,28 @@ def test_the_few_shot_legend_names_the_lines_of_every_panel() -> None:
             for t, b in (("SYN1", "raw"), ("SYN2", "raw"), ("SYN2", "runs/a"))]  # fmt: skip
     (legend,) = fewshot_curves(rows).legends
     assert [t.get_text() for t in legend.get_texts()] == ["raw / linear", "runs/a / linear"]
+
+
+def test_backbones_without_log_mel_of_their_own_carry_the_features_they_embed_in_their_identity() -> None:
+    # raw's rows under f_min 2000 were the store's default-feature rows, "already in the store".
+    from birdjepa.benchmark.backbones import Backbone, with_features_in_identity
+    from birdjepa.data import Features
+
+    raw = Backbone("raw", "raw:logmel-mean-std+patches16x128", lambda: None, None)
+    run = Backbone("runs/a", "run:a@3#1", lambda: None, Features(f_min=2000.0))
+    same = with_features_in_identity([run, raw], Features())
+    assert [b.identity for b in same] == ["run:a@3#1", "raw:logmel-mean-std+patches16x128"]
+    other = with_features_in_identity([run, raw], Features(f_min=2000.0))
+    assert other[0].identity == "run:a@3#1"
+    assert re.fullmatch(r"raw:logmel-mean-std\+patches16x128\+features#[0-9a-f]{8}", other[1].identity)
+
+
+def test_an_external_backbone_that_raises_is_a_backbone_error_naming_it() -> None:
+    from birdjepa.benchmark.backbones import BackboneError, resolve
+
+    (external,) = resolve(["math:sqrt"])  # a traceback, exit 1, before
+    with pytest.raises(BackboneError, match="external backbone 'math:sqrt' raised TypeError: "):
+        external.encode(np.zeros((2, 8, 8), np.float32), tokens=False)
 
 
 def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anything_is_embedded(

@@ -371,6 +371,32 @@ def test_the_windows_of_an_audio_file_name_it_by_path_not_each_a_copy(tmp_path: 
     assert len(where) == 12 and Path(shard).stat().st_size < 20_000
 
 
+def test_backbone_identities_tell_encoders_apart_and_one_encoder_is_named_once(
+    tiny_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import birdjepa.evaluation.cli
+    from birdjepa.benchmark.backbones import BackboneError, resolve
+
+    # The same checkpoint twice (RUN and RUN@STEP) filled the cache with both, then failed, and every
+    # later call on that store read the poisoned cache.
+    with pytest.raises(BackboneError, match=rf"{tiny_run} and {tiny_run}@5 are one encoder \(run:eval@5#"):
+        resolve([str(tiny_run), f"{tiny_run}@5"])
+    # Random init of two runs of one name whose options differ without another weight (an input
+    # normalisation): one identity, and the second read the first's scores from the store.
+    (plain,) = resolve([f"random:{tiny_run}"])
+    restore = birdjepa.evaluation.cli.restore_checkpoint
+
+    def other_input_norm(*args: object) -> object:
+        r = restore(*args)
+        return dataclasses.replace(r, model_cfg=dataclasses.replace(r.model_cfg, input_norm="clip"))
+
+    monkeypatch.setattr(birdjepa.evaluation.cli, "restore_checkpoint", other_input_norm)
+    (other,) = resolve([f"random:{tiny_run}"])
+    assert plain.identity.startswith("random:eval#") and other.identity != plain.identity
+
+
 def test_a_live_run_s_newest_checkpoint_removed_while_it_is_read_gives_way_to_the_next_newest(
     tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

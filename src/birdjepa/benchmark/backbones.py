@@ -21,7 +21,9 @@ A backbone is named on the command line as one of:
 
 Its identity (the store's key) holds what makes its embeddings what they are: a run's name, step and a
 CRC-32 of its checkpoint's leaf CRC-32s (an export keeps its run's); random init's name and a CRC of
-the init; raw's patch grid (and ``raw:input``'s normalisation); an external encoder's import path.
+the init, the model config and the features; raw's patch grid (and ``raw:input``'s normalisation); an
+external encoder's import path (a function changed under the same path needs another store); for raw and
+external ones, the features they embed where those are not the defaults.
 
 Every backbone gives patch tokens beside its embedding, but an external one that returns ``[B, D]``:
 the token probes (`token_probes`) skip it, and say so. Tokens are computed and cached (float16:
@@ -123,7 +125,10 @@ def _random_init(run_dir: Path) -> Backbone:
     except EvaluateError as e:
         raise BackboneError(str(e)) from e
     leaves = [leaf_hash(np.asarray(x)) for x in jax.tree_util.tree_leaves(r.random_init["encoder"])]
-    crc = zlib.crc32(json.dumps(leaves).encode())
+    # With the options that change its embeddings but add no weight (input norm, dtype, the features):
+    # two runs of one name in two runs folders were one key, and the second was given the first's scores.
+    config = [dataclasses.asdict(r.model_cfg), dataclasses.asdict(r.cfg.data.features)]
+    crc = zlib.crc32(json.dumps([leaves, config], sort_keys=True, default=str).encode())
     identity = f"random:{run_dir.name}#{crc:08x}"
     encoder = Encoder(r.model_cfg, r.cfg.data.features, r.cfg.data.batch_size, identity,
                       {"encoder": r.random_init["encoder"]})  # fmt: skip
@@ -143,7 +148,10 @@ def _external(spec: str) -> Backbone:
         raise BackboneError(f"external backbone {spec!r} is not callable")
 
     def encode(*x: Any, tokens: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        y = np.asarray(function(*x), np.float32)
+        try:
+            y = np.asarray(function(*x), np.float32)
+        except Exception as e:  # its own error: a traceback, exit 1
+            raise BackboneError(f"external backbone {spec!r} raised {type(e).__name__}: {e}") from e
         if y.ndim not in (2, 3) or len(y) != len(x[0]):
             raise BackboneError(f"external backbone {spec!r} returned shape {y.shape} for {len(x[0])} clips; "
                                 "expected [B, D] embeddings or [B, N, D] tokens")  # fmt: skip
@@ -169,7 +177,27 @@ def resolve(specs: Sequence[str], step: int | None = None) -> list[Backbone]:
         else:
             out.append(_run(spec if "@" in spec or step is None else f"{spec}@{step}"))
     model = next((b.model for b in out if isinstance(b, Backbone) and b.model is not None), ModelConfig())
-    return [b if isinstance(b, Backbone) else _raw(model, as_input=b == RAW_INPUT) for b in out]
+    resolved = [b if isinstance(b, Backbone) else _raw(model, as_input=b == RAW_INPUT) for b in out]
+    by_identity: dict[str, str] = {}
+    for b in resolved:  # two names of one checkpoint (RUN and RUN@STEP, a run and its export)
+        if b.identity in by_identity:
+            raise BackboneError(f"{by_identity[b.identity]} and {b.spec} are one encoder ({b.identity}): "
+                                "name it once")  # fmt: skip
+        by_identity[b.identity] = b.spec
+    return resolved
+
+
+def with_features_in_identity(backbones: Sequence[Backbone], features: Features) -> list[Backbone]:
+    """The backbones without log-mel of their own (raw, raw:input, external ones) embed ``features``
+    (the first run's): other than the defaults, those are in their identity, or another run's features
+    read their scores from the store."""
+    if features == Features():
+        return list(backbones)
+    text = json.dumps(dataclasses.asdict(features), sort_keys=True, default=str)
+    tag = f"+features#{zlib.crc32(text.encode()):08x}"
+    return [
+        b if b.features is not None else dataclasses.replace(b, identity=b.identity + tag) for b in backbones
+    ]
 
 
 def _looks_external(spec: str) -> bool:
