@@ -213,6 +213,17 @@ def test_backbones_without_log_mel_of_their_own_carry_the_features_they_embed_in
     assert re.fullmatch(r"raw:logmel-mean-std\+patches16x128\+features#[0-9a-f]{8}", other[1].identity)
 
 
+def test_a_cached_embedding_of_more_clips_than_labels_is_embedded_again(tmp_path: Path) -> None:
+    # A call that named one checkpoint twice cached both passes under one key (576 rows, 288 labels):
+    # every later call on that store failed on it.
+    from birdjepa.benchmark.backbones import Backbone, _cached
+
+    path = tmp_path / "poisoned.npz"
+    np.savez(path, features=np.zeros((4, 2), np.float32), label=np.zeros(2, np.int64),
+             targets=np.zeros((2, 3), np.uint8), seconds=0.0, pass_seconds=0.0)  # fmt: skip
+    assert _cached(path, Backbone("raw", "raw", lambda: None, None), tokens=False) is None
+
+
 def test_an_external_backbone_that_raises_is_a_backbone_error_naming_it() -> None:
     from birdjepa.benchmark.backbones import BackboneError, resolve
 

@@ -245,6 +245,8 @@ def _cached(path: Path, b: Backbone, tokens: bool) -> Embedded | None:
     if not path.is_file():
         return None
     with np.load(path) as z:
+        if len(z["features"]) != len(z["label"]):  # written by a call that named one encoder twice
+            return None
         has = "tokens" in z.files
         gives = bool(z["gives_tokens"]) if "gives_tokens" in z.files else None
         if tokens and not has and gives is not False:
