@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from conftest import run_notebook
 
 from birdjepa.config import PretrainConfig
+from birdjepa.data import DataError
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import raw_features
@@ -289,7 +291,9 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
         (tiny_run / LEASE_FILE).unlink()
 
 
-def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_dir: Path, tmp_path: Path):
+def test_export_load_and_embed_give_evaluates_embeddings(
+    tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     import pyarrow.parquet as pq
 
     import birdjepa
@@ -350,6 +354,27 @@ def test_export_load_and_embed_give_evaluates_embeddings(tiny_run: Path, demo_di
     assert windows["start_s"].tolist() == [0.0, 5.0, 10.0] and windows["end_s"].tolist() == [5.0, 10.0, 12.0]
     assert np.array_equal(encoder.embed_waveform(chirp, rate), windows["embedding"])
     assert not np.array_equal(windows["embedding"][0], windows["embedding"][1])  # the chirp moves
+    # A window the loader cannot read (a NaN sample) is left out, and said; its embedding was zeros,
+    # exit 0, and a file of no readable window "embedded" as zeros too.
+    damaged = chirp.copy()
+    damaged[7 * rate] = np.nan
+    soundfile.write(tmp_path / "nan.wav", damaged, rate, subtype="FLOAT")
+    capsys.readouterr()
+    kept = encoder.embed_audio([tmp_path / "nan.wav"])
+    assert kept["start_s"].tolist() == [0.0, 10.0] and np.array_equal(
+        kept["embedding"], windows["embedding"][[0, 2]]
+    )
+    assert (
+        f"WARNING left out 1 window(s) the loader cannot read: {tmp_path / 'nan.wav'} 5-10 s"
+        in capsys.readouterr().out
+    )
+    with pytest.raises(DataError, match="the waveform has windows the loader cannot read"):
+        encoder.embed_waveform(damaged, rate)
+    soundfile.write(tmp_path / "allnan.wav", np.full(rate, np.nan, np.float32), rate, subtype="FLOAT")
+    with pytest.raises(
+        DataError, match=rf"no window of {re.escape(str(tmp_path / 'allnan.wav'))} can be read"
+    ):
+        encoder.embed_audio([tmp_path / "allnan.wav"])
     # A folder embeds the files `prepare` would pack: macOS's "._" sidecar beside a copy is no recording.
     (tmp_path / "audio" / "._chirp.wav").write_bytes(b"\x00\x05\x16\x07" + bytes(60))
     assert embed(str(tmp_path / "audio"), encoder, tmp_path / "audio.parquet") == 3

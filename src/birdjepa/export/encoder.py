@@ -138,18 +138,36 @@ class Encoder:
         with tempfile.TemporaryDirectory() as tmp:
             wav = Path(tmp) / "waveform.wav"
             soundfile.write(wav, np.asarray(samples, np.float32), rate, format="WAV", subtype="FLOAT")
-            return self._embed_windows([("<waveform>", wav)], 1, Path(tmp))["embedding"]
+            windows = self._embed_windows([("<waveform>", wav)], 1, Path(tmp))
+        if windows["left_out"]:  # [W, D] would not say which
+            raise DataError("the waveform has windows the loader cannot read (see the WARNING)")
+        return windows["embedding"]
 
     def _embed_windows(self, files: list[tuple[str, Path]], n_workers: int, tmp: Path) -> dict[str, Any]:
+        """The windows the loader read; one it skipped (a NaN sample) is left out, said in a WARNING line
+        naming its file and seconds (its embedding was zeros, exit 0)."""
         shard, where = window_shard(files, self.features.clip_seconds, tmp)
         vectors = np.zeros((len(where), self.model.dim), np.float32)
+        read = np.zeros(len(where), bool)
         for batch in self.embed_files([shard], n_workers=n_workers):
             vectors[batch["index"]] = batch["embedding"]
+            read[batch["index"]] = True
+        if not read.any():
+            raise DataError(
+                f"no window of {', '.join(sorted({w[0] for w in where}))} can be read (see the WARNING)"
+            )
+        gone = [f"{where[i][0]} {where[i][1]:g}-{where[i][2]:g} s" for i in np.flatnonzero(~read)]
+        if gone:
+            more = f"; {len(gone) - 3} more" if len(gone) > 3 else ""
+            said = "; ".join(gone[:3])
+            print(f"WARNING left out {len(gone)} window(s) the loader cannot read: {said}{more}", flush=True)
+        keep = np.flatnonzero(read)
         return {
-            "source": np.array([w[0] for w in where], dtype=object),
-            "start_s": np.array([w[1] for w in where]),
-            "end_s": np.array([w[2] for w in where]),
-            "embedding": vectors,
+            "source": np.array([w[0] for w in where], dtype=object)[keep],
+            "start_s": np.array([w[1] for w in where])[keep],
+            "end_s": np.array([w[2] for w in where])[keep],
+            "embedding": vectors[keep],
+            "left_out": len(gone),
         }
 
 
