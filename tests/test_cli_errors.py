@@ -36,6 +36,22 @@ def test_compare_names_the_run_folder_that_is_not_one(
         assert e.value.code == 2 and err == f"error: {tmp_path}/{message}\n", err
 
 
+def test_compare_of_a_metric_neither_run_logged_is_an_error_not_equal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --metrics train/los (a typo) printed max_abs_diff=0.0 and exit 0: a resume check that passed.
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text('{"step": 0, "train/loss": 1.0}\n')
+    with pytest.raises(SystemExit) as e:
+        main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--metrics", "train/los"])
+    err = capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and err == "error: --metrics train/los: neither run logged it; they log train/loss\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -130,6 +130,13 @@ def cli(
             raise SystemExit(exit_codes.USAGE)
     try:
         diffs, coverage = compare_with_coverage(run_a, run_b, metrics)
+        unlogged = [d.name for d in diffs if d.steps == 0]  # a typo compared equal: max_abs_diff=0.0
+        if unlogged:
+            logged = sorted({k for run in (run_a, run_b) for m in metrics_by_step(run).values() for k in m})
+            more = f", ... ({len(logged)})" if len(logged) > 8 else ""
+            print(f"error: --metrics {' '.join(unlogged)}: neither run logged it; they log "
+                  f"{', '.join(logged[:8])}{more}", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(exit_codes.USAGE)
         worst = print_table(diffs)
         for line in coverage:
             print(line)
