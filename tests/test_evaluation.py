@@ -428,6 +428,7 @@ def test_a_live_run_s_newest_checkpoint_removed_while_it_is_read_gives_way_to_th
     # A trainer keeping one checkpoint (--ckpt-keep 1) removes the newest as it saves the next: export,
     # evaluate and embed said "no complete checkpoint" on a run full of them.
     from birdjepa.export.cli import export
+    from birdjepa.export.encoder import ExportError
     from birdjepa.rundir.checkpoint import Checkpointer
 
     run = tmp_path / "live"
@@ -445,6 +446,11 @@ def test_a_live_run_s_newest_checkpoint_removed_while_it_is_read_gives_way_to_th
     monkeypatch.setattr(Checkpointer, "read_meta", rotated_meanwhile)
     card = json.loads((export(run, tmp_path / "export") / "encoder.json").read_text())
     assert removed == [steps[-1]] and card["checkpoint"]["step"] == steps[-2]
+    # Another encoder's export is not replaced without a word (the same one is written again).
+    monkeypatch.undo()
+    export(run, tmp_path / "export", steps[-2])
+    with pytest.raises(ExportError, match=f"{tmp_path / 'export'} holds the export of run:live@{steps[-2]}#"):
+        export(tiny_run, tmp_path / "export")
 
 
 def test_export_and_embed_errors_are_one_line(

@@ -48,12 +48,17 @@ def export(run: Path, out: Path, step: int | None = None) -> Path:
         r = restore_checkpoint(run, step)
     except (EvaluateError, CheckpointError) as e:  # CheckpointError: a damaged one, as `evaluate` says
         raise ExportError(str(e)) from e
+    identity = checkpoint_identity(run, r.step, r.meta)
+    if (out / CARD).is_file():  # another encoder's export, replaced without a word
+        there = json.loads((out / CARD).read_text()).get("identity")
+        if there != identity:
+            raise ExportError(f"{out} holds the export of {there}: give another --out, or remove it first")
     out.mkdir(parents=True, exist_ok=True)
     save_file(flatten({"encoder": r.params["encoder"]}), str(out / WEIGHTS))
     card = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
-        "identity": checkpoint_identity(run, r.step, r.meta),
+        "identity": identity,
         "checkpoint": {
             "run": str(run.resolve()),
             "step": r.step,
