@@ -91,6 +91,10 @@ class Encoder:
     def _chunks(self, apply: Any, spectrogram: np.ndarray) -> np.ndarray:
         """``apply`` on chunks of the batch size, the last one padded with zeros (one compiled shape)."""
         x = np.asarray(spectrogram, np.float32)
+        m = self.model.resolved()
+        if x.ndim != 3 or x.shape[2] != m.n_mels:  # else the model named the padded chunk's shape
+            raise ValueError(f"the encoder takes [B, T, M={m.n_mels}] spectrograms (T <= {m.n_frames}, a "
+                             f"multiple of {m.patch}), got shape {x.shape}")  # fmt: skip
         parts: list[np.ndarray] = []
         for start in range(0, len(x), self.batch_size):
             chunk = x[start : start + self.batch_size]
@@ -99,7 +103,6 @@ class Encoder:
                 chunk = np.concatenate([chunk, np.zeros((self.batch_size - n, *chunk.shape[1:]), np.float32)])
             parts.append(np.asarray(apply(self.params, chunk), np.float32)[:n])
         if not parts:
-            m = self.model.resolved()
             return np.zeros((0, m.dim) if apply is self._apply else (0, m.n_patches, m.dim), np.float32)
         return np.concatenate(parts)
 
