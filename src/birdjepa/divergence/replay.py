@@ -24,7 +24,7 @@ from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
-from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
+from birdjepa.rundir.metrics_log import by_step, read_metrics
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
 from birdjepa.train.segment import advance, open_loader, open_segment
@@ -106,16 +106,17 @@ def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
         raise ReplayError(f"{where}: its configuration cannot be read by this version: {e}") from e
 
 
-def options_changed(run_dir: Path, first: int, step: int) -> tuple[dict[str, Any], str] | None:
+def options_changed(
+    run_dir: Path, lines: list[dict[str, Any]], first: int, step: int
+) -> tuple[dict[str, Any], str] | None:
     """The options that trained steps ``first``..``step`` (``first``: the first to replay), and where
     they were read, where the run's options changed (--allow-config-change: ``config_changed`` events,
     each holding the options ``before`` it): the ``before`` of the first change after ``first``, or
     config.json's for a change at ``first`` itself. None where no change concerns them (the checkpoint's
-    before ``first`` or config.json's, as in a run never changed). Raises `ReplayError` where those steps
-    were trained under two sets of options: no checkpoint between them to start from."""
-    log = layout.metrics_file(run_dir)
-    events = read_metrics(run_dir) if log.exists() else []
-    changes = [e for e in events if e.get("event") == "config_changed"]
+    before ``first`` or config.json's, as in a run never changed). ``lines``: the run's log. Raises
+    `ReplayError` where those steps were trained under two sets of options: no checkpoint between them to
+    start from."""
+    changes = [e for e in lines if e.get("event") == "config_changed"]
     later = [e for e in changes if e["step"] > first]
     if later and later[0]["step"] <= step:
         at, what = later[0]["step"], ", ".join(later[0]["changes"])
@@ -126,15 +127,15 @@ def options_changed(run_dir: Path, first: int, step: int) -> tuple[dict[str, Any
             "of the new options (keep more with --ckpt-keep)"
         )
     if later:
-        return later[0]["before"], f"{log}: the config_changed event of step {later[0]['step']}"
+        where = f"{layout.metrics_file(run_dir)}: the config_changed event of step {later[0]['step']}"
+        return later[0]["before"], where
     if any(e["step"] == first for e in changes):
         return layout.read_config(run_dir), str(layout.config_file(run_dir))
     return None
 
 
-def last_step(run_dir: Path, steps: list[int]) -> int | None:
-    """The last step the run ran: the newest logged or checkpointed one."""
-    logged = metrics_by_step(run_dir) if layout.metrics_file(run_dir).exists() else {}
+def last_step(logged: dict[int, dict[str, float]], steps: list[int]) -> int | None:
+    """The last step the run ran: the newest logged (``logged``: its log by step) or checkpointed one."""
     known = [*logged, *steps]
     return max(known) if known else None
 
@@ -147,15 +148,17 @@ def open_at(
     run_dir = Path(run_dir)
     if not layout.is_run(run_dir):
         raise ReplayError(f"{run_dir}: not a run directory (no {layout.RUN_MARKERS})")
+    lines = list(read_metrics(run_dir)) if layout.metrics_file(run_dir).exists() else []  # read once
+    logged = by_step(lines, everything=True)
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False, create=False) as ckpt:
         steps = ckpt.all_steps()
-        last = last_step(run_dir, steps)
+        last = last_step(logged, steps)
         if step < 0 or last is None or step > last:
             ran = f"it ran steps 0-{last}" if last is not None else "it ran no step"
             raise ReplayError(f"{run_dir}: step {step} was never run ({ran})")
         base = max((s for s in steps if s < step), default=None)
         where = str(layout.checkpoint(run_dir, base) if base is not None else layout.config_file(run_dir))
-        changed = options_changed(run_dir, 0 if base is None else base + 1, step)
+        changed = options_changed(run_dir, lines, 0 if base is None else base + 1, step)
         if changed is not None:  # the options of the steps replayed: config.json holds the newest only
             cfg = read_config(*changed)
         elif base is not None:
@@ -183,7 +186,6 @@ def open_at(
     if meta is not None and meta.get("dataset_fingerprint") not in (None, loader.fingerprint):
         loader.close()
         raise ReplayError(f"{where}: the train data changed since this checkpoint (another fingerprint)")
-    logged = metrics_by_step(run_dir, everything=True) if layout.metrics_file(run_dir).exists() else {}
     trained_on = (meta or {}).get("machine")
     run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged, trained_on)
     try:

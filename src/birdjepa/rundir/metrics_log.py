@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -197,8 +197,13 @@ def compared(key: str) -> bool:
 def metrics_by_step(run_dir: Path, *, everything: bool = False) -> dict[int, dict[str, float]]:
     """step -> {metric: value} over every segment of a run (event lines skipped); only the compared
     metrics unless ``everything``."""
+    return by_step(read_metrics(run_dir), everything=everything)
+
+
+def by_step(lines: Iterable[dict[str, Any]], *, everything: bool = False) -> dict[int, dict[str, float]]:
+    """`metrics_by_step` of a log's lines already read."""
     out: dict[int, dict[str, float]] = {}
-    for line in read_metrics(run_dir):
+    for line in lines:
         if "event" in line:
             continue
         out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if everything or compared(k)})
