@@ -108,36 +108,46 @@ NEWEST_TRIES = 5
 def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckpoint:
     """Checkpoint ``step`` (default: the newest) of ``run_dir``, restored as the trainer restores it. The
     architecture comes from the checkpoint alone (its config, and its probe head's class count), so the
-    run's data need not be on this machine."""
-    from birdjepa.train.segment import initial_params, open_segment
-
+    run's data need not be on this machine. The newest of a live run, removed by the trainer's rotation
+    while it is read, gives way to the new newest."""
     if not layout.has_checkpoints(run_dir):
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
-    asked = step
-    for attempt in range(NEWEST_TRIES):
-        with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
-            steps = ckpt.all_steps()
-            if not steps:
-                raise EvaluateError(f"{run_dir / 'checkpoints'}: no complete checkpoint")
-            step = steps[-1] if asked is None else asked
-            if step not in steps:
-                raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {step}; there are {steps}")
-            where = str(layout.checkpoint(run_dir, step))
-            try:
-                meta = ckpt.read_meta(step)
-                cfg = run_config(meta, where)
-                shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
-                if PROBE_HEAD not in shapes:
-                    raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
-                seg = open_segment(cfg, ckpt, at=step, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
-            except (checkpoint.CheckpointError, OSError):
-                # The newest, removed by the live trainer's rotation while it was read: the new newest.
-                if asked is None and attempt + 1 < NEWEST_TRIES and not Path(where).exists():
-                    continue
-                raise
-        fresh = initial_params(cfg, seg.model_cfg)
-        return RestoredCheckpoint(step, cfg, seg.model_cfg, seg.state.params, fresh, meta)
-    raise AssertionError("unreachable: the last try returns or raises")
+    for _ in range(NEWEST_TRIES - 1):
+        try:
+            return _restore(run_dir, step)
+        except _Rotated:
+            continue
+    return _restore(run_dir, step)
+
+
+class _Rotated(checkpoint.CheckpointError):
+    """The newest checkpoint, gone while it was read."""
+
+
+def _restore(run_dir: Path, step: int | None) -> RestoredCheckpoint:
+    from birdjepa.train.segment import initial_params, open_segment
+
+    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+        steps = ckpt.all_steps()
+        if not steps:
+            raise EvaluateError(f"{run_dir / 'checkpoints'}: no complete checkpoint")
+        at = steps[-1] if step is None else step
+        if at not in steps:
+            raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {at}; there are {steps}")
+        where = layout.checkpoint(run_dir, at)
+        try:
+            meta = ckpt.read_meta(at)
+            cfg = run_config(meta, str(where))
+            shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
+            if PROBE_HEAD not in shapes:
+                raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
+            seg = open_segment(cfg, ckpt, at=at, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
+        except (checkpoint.CheckpointError, OSError) as e:
+            if step is None and not where.exists():
+                raise _Rotated(str(e)) from e
+            raise
+    fresh = initial_params(cfg, seg.model_cfg)
+    return RestoredCheckpoint(at, cfg, seg.model_cfg, seg.state.params, fresh, meta)
 
 
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
