@@ -85,10 +85,14 @@ class ScaleConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # Worded as `birdjepa demo-data`'s flags, whose values these are.
         if not 1 <= self.shards <= self.recordings:
-            raise ValueError(f"need 1 <= shards <= recordings, got {self.shards}, {self.recordings}")
+            raise ValueError(f"--shards {self.shards}: must be in [1, --recordings ({self.recordings})]")
+        if self.recordings < self.n_species:
+            raise ValueError(f"--recordings {self.recordings}: must be >= --n-species ({self.n_species})")
         if not self.n_species <= self.pool <= self.recordings:
-            raise ValueError(f"need n_species <= pool <= recordings, got {self.pool}")
+            raise ValueError(f"--pool {self.pool}: must be in [--n-species ({self.n_species}), --recordings "
+                             f"({self.recordings})]")  # fmt: skip
         if self.eval_recordings < 0:
             raise ValueError(f"eval_recordings must be >= 0, got {self.eval_recordings}")
         DemoConfig(n_species=self.n_species, min_seconds=self.min_seconds, max_seconds=self.max_seconds)
