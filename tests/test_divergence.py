@@ -150,6 +150,8 @@ def test_bad_input_is_one_line_and_exit_2(
     assert not (empty / "checkpoints").exists() and not (bare / "checkpoints").exists()  # read, never written
 
 
+@pytest.mark.slow  # two segments and three traces, compiling at the default level (CI's last stage)
+@pytest.mark.default_level  # a replay's bits, at the level users run
 def test_steps_before_an_allowed_option_change_replay_with_the_options_that_trained_them(
     demo_dir: Path, tmp_path: Path
 ) -> None:
