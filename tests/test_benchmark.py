@@ -201,14 +201,14 @@ def test_the_few_shot_legend_names_the_lines_of_every_panel() -> None:
 
 def test_backbones_without_log_mel_of_their_own_carry_the_features_they_embed_in_their_identity() -> None:
     # raw's rows under f_min 2000 were the store's default-feature rows, "already in the store".
-    from birdjepa.benchmark.backbones import Backbone, with_features_in_identity
+    from birdjepa.benchmark.backbones import Backbone, identified
     from birdjepa.data import Features
 
     raw = Backbone("raw", "raw:logmel-mean-std+patches16x128", lambda: None, None)
     run = Backbone("runs/a", "run:a@3#1", lambda: None, Features(f_min=2000.0))
-    same = with_features_in_identity([run, raw], Features())
+    same = identified([run, raw], Features())
     assert [b.identity for b in same] == ["run:a@3#1", "raw:logmel-mean-std+patches16x128"]
-    other = with_features_in_identity([run, raw], Features(f_min=2000.0))
+    other = identified([run, raw], Features(f_min=2000.0))
     assert other[0].identity == "run:a@3#1"
     assert re.fullmatch(r"raw:logmel-mean-std\+patches16x128\+features#[0-9a-f]{8}", other[1].identity)
 
@@ -222,6 +222,51 @@ def test_a_cached_embedding_of_more_clips_than_labels_is_embedded_again(tmp_path
     np.savez(path, features=np.zeros((4, 2), np.float32), label=np.zeros(2, np.int64),
              targets=np.zeros((2, 3), np.uint8), seconds=0.0, pass_seconds=0.0)  # fmt: skip
     assert _cached(path, Backbone("raw", "raw", lambda: None, None), tokens=False) is None
+
+
+def test_an_external_backbone_edited_under_the_same_import_path_is_another_encoder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its identity was its import path alone: the edited function was given the old one's stored scores.
+    import importlib
+
+    from birdjepa.benchmark.backbones import identified, resolve
+    from birdjepa.data import Features
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = tmp_path / "edited_encoder.py"
+    ids = []
+    for body in ("x.mean(axis=1)", "x.mean(axis=1)", "x.max(axis=1)"):
+        module.write_text(f"def embed(x):\n    return {body}\n")
+        sys.modules.pop("edited_encoder", None)
+        importlib.invalidate_caches()
+        (b,) = identified(resolve(["edited_encoder:embed"]), Features())
+        ids.append(b.identity)
+    assert ids[0] == ids[1] != ids[2], ids
+    assert re.fullmatch(r"ext:edited_encoder:embed#[0-9a-f]{8}", ids[0]), ids
+
+
+def test_an_external_backbone_of_a_bad_output_is_a_backbone_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A NaN reached a probe's error, and a width that changed between batches numpy's concatenate error:
+    # neither named the backbone.
+    from birdjepa.benchmark.backbones import BackboneError, identified, resolve
+    from birdjepa.data import Features
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "bad_encoder.py").write_text(
+        "import numpy as np\n"
+        "def nan(x):\n    y = x.mean(axis=1)\n    y[1, 3] = np.nan\n    return y\n"
+        "def widening(x):\n    return np.zeros((len(x), 4 + len(x)), np.float32)\n"
+    )
+    with pytest.raises(
+        BackboneError, match=r"'bad_encoder:nan' returned a value that is not finite \(clip 1 "
+    ):
+        identified(resolve(["bad_encoder:nan"]), Features())
+    (widening,) = identified(resolve(["bad_encoder:widening"]), Features())  # 2 clips: width 6
+    with pytest.raises(BackboneError, match=r"'bad_encoder:widening' returned shape \(3, 7\) after \(3, 6\)"):
+        widening.encode(np.zeros((3, 8, 8), np.float32), tokens=False)
 
 
 def test_an_external_backbone_that_raises_is_a_backbone_error_naming_it() -> None:

@@ -22,8 +22,9 @@ A backbone is named on the command line as one of:
 Its identity (the store's key) holds what makes its embeddings what they are: a run's name, step and a
 CRC-32 of its checkpoint's leaf CRC-32s (an export keeps its run's); random init's name and a CRC of
 the init, the model config and the features; raw's patch grid (and ``raw:input``'s normalisation); an
-external encoder's import path (a function changed under the same path needs another store); for raw and
-external ones, the features they embed where those are not the defaults.
+external encoder's import path and a CRC-32 of its output on a fixed probe batch (a function changed under
+the same path is another encoder; one whose output is not a function of its input is embedded again at
+every call); for raw and external ones, the features they embed where those are not the defaults.
 
 Every backbone gives patch tokens beside its embedding, but an external one that returns ``[B, D]``:
 the token probes (`token_probes`) skip it, and say so. Tokens are computed and cached (float16:
@@ -147,6 +148,8 @@ def _external(spec: str) -> Backbone:
     if not callable(function):
         raise BackboneError(f"external backbone {spec!r} is not callable")
 
+    first: list[tuple[int, ...]] = []  # the shape of its first output, less the batch
+
     def encode(*x: Any, tokens: bool) -> tuple[np.ndarray, np.ndarray | None]:
         try:
             y = np.asarray(function(*x), np.float32)
@@ -155,6 +158,14 @@ def _external(spec: str) -> Backbone:
         if y.ndim not in (2, 3) or len(y) != len(x[0]):
             raise BackboneError(f"external backbone {spec!r} returned shape {y.shape} for {len(x[0])} clips; "
                                 "expected [B, D] embeddings or [B, N, D] tokens")  # fmt: skip
+        if first and y.shape[1:] != first[0]:  # else numpy's concatenate error, naming no backbone
+            raise BackboneError(f"external backbone {spec!r} returned shape {y.shape} after "
+                                f"{(len(x[0]), *first[0])}: one shape for every clip")  # fmt: skip
+        first[:] = [y.shape[1:]]
+        if not np.isfinite(y).all():  # else a probe's error far from here, naming no backbone
+            clip = int(np.flatnonzero(~np.isfinite(y.reshape(len(y), -1)).all(axis=1))[0])
+            raise BackboneError(f"external backbone {spec!r} returned a value that is not finite "
+                                f"(clip {clip} of a batch of {len(y)})")  # fmt: skip
         if y.ndim == 2:
             return y, None
         pooled = y.astype(np.float64).mean(axis=1).astype(np.float32)
@@ -187,17 +198,38 @@ def resolve(specs: Sequence[str], step: int | None = None) -> list[Backbone]:
     return resolved
 
 
-def with_features_in_identity(backbones: Sequence[Backbone], features: Features) -> list[Backbone]:
-    """The backbones without log-mel of their own (raw, raw:input, external ones) embed ``features``
-    (the first run's): other than the defaults, those are in their identity, or another run's features
-    read their scores from the store."""
-    if features == Features():
-        return list(backbones)
-    text = json.dumps(dataclasses.asdict(features), sort_keys=True, default=str)
-    tag = f"+features#{zlib.crc32(text.encode()):08x}"
-    return [
-        b if b.features is not None else dataclasses.replace(b, identity=b.identity + tag) for b in backbones
-    ]
+def identified(backbones: Sequence[Backbone], features: Features) -> list[Backbone]:
+    """The backbones, each with all of its identity once ``features`` (the first run's) are known.
+
+    Those without log-mel of their own (raw, raw:input, external ones) embed ``features``: other than
+    the defaults, those are in their identity, or another run's features read their scores from the
+    store. An external one's import path says nothing of its code: its output on a fixed probe batch
+    is in its identity, or a function edited under the same name was given the old one's scores."""
+    tag = ""
+    if features != Features():
+        text = json.dumps(dataclasses.asdict(features), sort_keys=True, default=str)
+        tag = f"+features#{zlib.crc32(text.encode()):08x}"
+    out = []
+    for b in backbones:
+        own = b.features is not None
+        out.append(b if own else dataclasses.replace(b, identity=b.identity + _probed(b, features) + tag))
+    return out
+
+
+def _probed(b: Backbone, features: Features) -> str:
+    """An external backbone's CRC-32 of its embedding of a fixed probe batch of two clips ("" for the
+    others); it raises `BackboneError` where the backbone does, or gives a wrong shape or a non-finite
+    value."""
+    if not b.identity.startswith("ext:"):
+        return ""
+    rng = np.random.default_rng(0)
+    if b.waveform:
+        length = int(round(features.clip_seconds * features.target_rate))
+        x: tuple = (0.1 * rng.standard_normal((2, length), np.float32), features.target_rate)
+    else:
+        x = (rng.standard_normal((2, features.n_frames, features.n_mels), np.float32),)
+    pooled, _ = b.encode(*x, tokens=False)
+    return f"#{zlib.crc32(np.ascontiguousarray(pooled, np.float32).tobytes()):08x}"
 
 
 def _looks_external(spec: str) -> bool:

@@ -25,8 +25,8 @@ from birdjepa.benchmark.backbones import (
     BackboneError,
     Embedded,
     embed,
+    identified,
     resolve,
-    with_features_in_identity,
 )
 from birdjepa.benchmark.metrics import all_metrics
 from birdjepa.benchmark.multi_label_probes import (
@@ -129,7 +129,7 @@ def run_task(
     if other is not None:  # before anything is embedded
         raise BenchmarkError(other)
     default = next((b.features for b in backbones if b.features is not None), Features())
-    backbones = with_features_in_identity(backbones, default)
+    backbones = identified(backbones, default)
     options: dict = {"audio_root": audio_root}
     if multilabel_column and all(
         has_column(files[0], multilabel_column) for files in (task.train, task.test)
