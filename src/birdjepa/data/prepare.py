@@ -8,7 +8,7 @@ empty label, get none). The vocabulary is the sorted set of labels; `vocab.json`
 back to names.
 
 Every file is checked before it is written (`check`), with the loader's decoder: "header" opens it and
-decodes the first frames, "full" decodes it all, "none" trusts it. A file that fails stops the run with
+decodes the first frames (and a seekable stream's last one), "full" decodes it all, "none" trusts it. A file that fails stops the run with
 an error naming it (and the shards written so far are removed), unless `skip_bad`, which skips it, counts it
 and lists it at the end.
 """
@@ -295,7 +295,7 @@ def cli(
         label_column: Name of the int64 label column (and of vocab.json's label_column).
         prefix: Shard file names are PREFIX-NNNNN.arrow.
         check: How far to decode each file, with the loader's decoder, before packing it: header (container,
-            codec, rate, first frames), full (every frame), none.
+            codec, rate, first frames, the last frame where it seeks), full (every frame), none.
         skip_bad: Skip files that fail the check (and list them) instead of stopping.
         workers: Threads reading and checking files.
         vocab: Index the labels by this vocab.json (or its folder): another split's, so that this one's

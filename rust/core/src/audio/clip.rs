@@ -128,8 +128,10 @@ const MAX_RATE: u32 = 768_000;
 /// A recording as `birdjepa prepare --check` sees it, through the loader's own decoder: the container
 /// opens, its rate is one [`ClipExtractor::extract`] takes, and its first `frames` frames (every frame,
 /// with `full`: as many as the container reports, which the loader's crops trust) decode to finite
-/// samples. The error is the reason the loader would skip it. (libsndfile passed IMA-ADPCM, GSM, W64
-/// and RF64 files the loader cannot read, and NaN samples, which became silence.)
+/// samples; without `full`, a seekable stream's last reported frame decodes too (a file cut short under
+/// an intact header passed, and the loader skipped every crop past the cut). The error is the reason
+/// the loader would skip it. (libsndfile passed IMA-ADPCM, GSM, W64 and RF64 files the loader cannot
+/// read, and NaN samples, which became silence.)
 pub fn check_recording(
     data: impl AsRef<[u8]> + Send + Sync + 'static,
     full: bool,
@@ -153,6 +155,9 @@ pub fn check_recording(
         }
         let mut first = vec![0.0; n];
         reader.read_window_mono(0, &mut first)?;
+        if let Some(last) = n_frames.filter(|&last| last > n as u64 && reader.can_seek()) {
+            reader.read_window_mono(last - 1, &mut [0.0])?; // one seek
+        }
         first
     };
     finite(&samples, 0)
@@ -536,6 +541,23 @@ mod tests {
 
     fn key(index: u64) -> SampleKey {
         SampleKey { seed: 17, epoch: 3, index }
+    }
+
+    #[test]
+    fn check_recording_finds_a_file_cut_short_under_its_header_and_passes_every_fixture() {
+        let wav = sweep_wav(3.0, 16_000);
+        let cut = wav[..44 + 2 * 30_000].to_vec(); // the header still claims 48_000 frames
+        for full in [false, true] {
+            check_recording(wav.clone(), full, 1_000).unwrap();
+            let e = check_recording(cut.clone(), full, 1_000).unwrap_err();
+            assert!(e.0.contains("ends at frame 30000 but the container reports 48000"), "{e}");
+        }
+        for name in ["birds_22k_mono_short.flac", "birds_32k_mono.mp3", "birds_32k_mono_cbr.mp3",
+                     "birds_44k_stereo.flac", "birds_44k_stereo_30s.ogg", "birds_48k_stereo.ogg"] {
+            for full in [false, true] {
+                check_recording(fixture(name), full, 1_000).unwrap_or_else(|e| panic!("{name} {full}: {e}"));
+            }
+        }
     }
 
     /// Mono 16-bit WAV with a slow frequency sweep plus a little noise (every offset looks different).
