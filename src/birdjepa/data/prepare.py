@@ -8,9 +8,9 @@ empty label, get none). The vocabulary is the sorted set of labels; `vocab.json`
 back to names.
 
 Every file is checked before it is written (`check`), with the loader's decoder: "header" opens it and
-decodes the first frames (and a seekable stream's last one), "full" decodes it all, "none" trusts it. A file that fails stops the run with
-an error naming it (and the shards written so far are removed), unless `skip_bad`, which skips it, counts it
-and lists it at the end.
+decodes the first frames (and a seekable stream's last one), "full" decodes it all, "none" trusts it.
+A file that fails stops the run with an error naming it (and the shards written so far are removed),
+unless `skip_bad`, which skips it, counts it and lists it at the end.
 """
 
 from __future__ import annotations
