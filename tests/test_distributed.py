@@ -1,18 +1,25 @@
 """Multi-process data parallel on this machine (2 processes over gloo, the group formed through
 BIRDJEPA_* variables as `birdjepa sweep --local --slurm.ntasks 2` does): two processes train and
 checkpoint, one process with as many devices resumes, two processes resume again (a requeued
-two-task job), and the whole run equals the one-process run bit for bit."""
+two-task job), and the whole run equals the one-process run bit for bit; a group whose run is taken
+over stops together."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from birdjepa import exit_codes
 from birdjepa.resume.compare import compare_runs
+from birdjepa.rundir.layout import LEASE_FILE
+from birdjepa.rundir.lease import HEARTBEAT_S
 from birdjepa.rundir.metrics_log import metrics_by_step
 from birdjepa.slurm.sweep import launch_local
 
@@ -61,3 +68,37 @@ def test_two_processes_train_the_one_process_run_and_resume_in_one_and_in_two(
     one_process_two_devices(flags(demo_dir, tmp_path, "mixed", "--stop-at-step", "3"))
     assert launch_local(flags(demo_dir, tmp_path, "mixed"), ntasks=2) == 0
     assert differing(tmp_path / "one", tmp_path / "mixed") == []
+
+
+def test_a_group_whose_run_is_taken_over_stops_together(demo_dir: Path, tmp_path: Path) -> None:
+    # Process 0 alone holds the lease: when it found the run taken, it alone stopped, and the two waited
+    # for each other for ever (process 1 in its next collective, process 0 in its exit).
+    argv = flags(demo_dir, tmp_path, "taken")
+    argv[argv.index("--steps") + 1] = "100000"  # until the lease is found taken: a heartbeat's wait
+    lease = tmp_path / "taken" / LEASE_FILE
+    taker: dict = {}
+
+    def take_over() -> None:  # as another host's trainer would, once this group holds the run
+        while not lease.exists():
+            time.sleep(0.05)
+        holder = json.loads(lease.read_text())
+        taker.update({**holder, "token": "f" * 16, "pid": 4242, "heartbeat": time.time() + 3600})
+        lease.with_suffix(".tmp").write_text(json.dumps(taker))
+        lease.with_suffix(".tmp").replace(lease)
+
+    hung: list[bool] = []
+
+    def kill() -> None:
+        hung.append(True)
+        subprocess.run(["pkill", "-9", "-f", str(tmp_path)], check=False)
+
+    threading.Thread(target=take_over, daemon=True).start()
+    watchdog = threading.Timer(HEARTBEAT_S + 240, kill)
+    watchdog.start()
+    try:
+        code = launch_local(argv, ntasks=2)  # in the main thread: it sets a SIGINT handler
+    finally:
+        watchdog.cancel()
+    assert not hung, "the group did not stop"
+    assert code == exit_codes.USAGE
+    assert json.loads(lease.read_text()) == taker

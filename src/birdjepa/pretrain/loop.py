@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -148,6 +148,24 @@ def pretrain(cfg: PretrainConfig) -> int:
             lease.release()
 
 
+def group_hold(lease: Lease | None, run_dir: Path) -> Callable[[], None]:
+    """`Lease.check`, decided for every process together (a collective where there are several): process
+    0 alone holds the lease, and when it alone stopped, the others waited for it in their next
+    collective, and it for them in its exit, for ever."""
+
+    def hold() -> None:
+        lost = None
+        if lease is not None:
+            try:
+                lease.check()
+            except LeaseLost as e:
+                lost = e
+        if multihost.any_process(lost is not None):
+            raise lost or LeaseLost(run_dir, None, None)
+
+    return hold
+
+
 def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     # Open: the data, the model, the compiled step, and the state: a fresh one, or the newest checkpoint.
     requested.run_dir.mkdir(parents=True, exist_ok=True)
@@ -175,8 +193,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     cfg, train_files = r.cfg, r.train_files
     # Before the writes into the run (here, after each step, before a save): this process may have been
     # stopped (a suspended job) long enough for another trainer to take the run over (`Lease.check`).
-    # Process 0 alone holds the lease.
-    hold = lease.check if lease is not None else lambda: None
+    hold = group_hold(lease, cfg.run_dir)
     hold()
     if cfg.stop_at_step is not None and cfg.stop_at_step < r.state.step:  # else it trained to the end
         ckpt.close()

@@ -52,8 +52,13 @@ class LeaseHeld(RuntimeError):
 class LeaseLost(RuntimeError):
     """This process was presumed dead and its run taken over (or its lease removed): it must not write."""
 
-    def __init__(self, run_dir: Path, taker: dict[str, Any] | None, silent_s: float) -> None:
+    def __init__(self, run_dir: Path, taker: dict[str, Any] | None, silent_s: float | None) -> None:
+        """``silent_s`` None: in another process of a multi-process run, which holds no lease of its own."""
         self.taker = taker
+        if silent_s is None:
+            super().__init__(f"process 0 of this trainer's group lost the lease of run {run_dir.name} "
+                             f"({run_dir / LEASE_FILE}); every process stops without writing")  # fmt: skip
+            return
         now = held_by(run_dir, taker) if taker else f"run {run_dir.name} has no lease"
         super().__init__(f"this trainer went {silent_s:.0f} s without renewing its lease (suspended, or cut "
                          f"off), and {now} ({run_dir / LEASE_FILE}); it stops without writing")  # fmt: skip
