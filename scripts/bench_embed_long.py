@@ -6,8 +6,9 @@ A tiny encoder is trained for 2 steps on the demo set (its weights do not matter
 length one 32 kHz mono 16-bit WAV of noise is written into its own folder and `birdjepa embed` runs on
 it in a fresh process, so that the peak resident memory (``ru_maxrss`` of the finished child) is its
 own. Prints windows, seconds and peak MiB per length, and each length's peak over the first one's: the
-windows name their file by path and the loader seeks to each, so memory stays near one file's decode
-(each window once held a copy of the file: 6.3 GB at 8 minutes).
+windows name their file by path and the loader seeks to each, and a file's length comes from its
+container, so memory grows by about one file's bytes (each window once held a copy of the file: 6.3 GB
+at 8 minutes; a full decode for the length took 1.3 GB at an hour).
 """
 
 from __future__ import annotations

@@ -65,6 +65,11 @@ def log_mel(samples: npt.NDArray[np.float32], **options: Any) -> npt.NDArray[np.
 def decode_audio(data: bytes) -> tuple[npt.NDArray[np.float32], int]:
     """Encoded audio (OGG/Vorbis, FLAC, WAV, MP3) -> (mono float32 samples, native sample rate)."""
 
+def audio_length(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """An audio file -> (its length in frames, its native rate), as the loader's crops see it, without
+    keeping its samples: the container's count where it seeks and its last frame decodes, else counted.
+    OSError where it cannot be read, ValueError where it cannot be decoded."""
+
 def check_audio(data: bytes, full: bool, frames: int) -> None:
     """Raises ValueError with the reason the loader would skip this recording: its container or codec,
     its sample rate, its first ``frames`` frames (every frame with ``full``) not decoding, or not finite."""

@@ -1,12 +1,13 @@
 //! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
 //! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
 use birdjepa_core::audio::clip::check_recording;
-use birdjepa_core::audio::decode::decode_mono;
+use birdjepa_core::audio::decode::{decode_mono, AudioReader};
+use birdjepa_core::audio::AudioError;
 use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
 use birdjepa_core::options::LoaderOptions;
 use birdjepa_core::audio::resample::resample as resample_core;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -48,6 +49,32 @@ fn decode_audio<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<(B
     Ok((PyArray1::from_vec(py, samples), rate))
 }
 
+/// The length of an audio file in frames, and its rate, as the loader's crops see it, without keeping
+/// its samples (`birdjepa_core::audio::decode::AudioReader::length`): OSError where it cannot be read,
+/// ValueError where it cannot be decoded. Read here, the file is in memory once (an hour's WAV: 230 MB).
+#[pyfunction]
+fn audio_length(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, u32)> {
+    let bytes = py.detach(|| std::fs::read(&path)).map_err(|e| os_error(e, &path))?;
+    py.detach(|| {
+        let mut reader = AudioReader::open(bytes)?;
+        Ok((reader.length()?, reader.info().0))
+    })
+    .map_err(|e: AudioError| PyValueError::new_err(e.0))
+}
+
+/// Python's OSError of `e` (its errno, strerror and file name, as `open` raises it; PyO3's own has
+/// neither errno nor strerror).
+fn os_error(e: std::io::Error, path: &std::path::Path) -> PyErr {
+    let text = e.to_string();
+    match e.raw_os_error() {
+        Some(n) => {
+            let strerror = text.split(" (os error").next().unwrap_or(&text).to_string();
+            PyOSError::new_err((n, strerror, path.display().to_string()))
+        }
+        None => PyOSError::new_err(text),
+    }
+}
+
 /// `prepare --check`'s look at encoded audio, with the loader's decoder: raises ValueError with the
 /// reason the loader would skip it (`birdjepa_core::audio::clip::check_recording`).
 #[pyfunction]
@@ -71,10 +98,11 @@ fn resample<'py>(
     Ok(PyArray1::from_vec(py, out))
 }
 
-/// Add `log_mel`, `decode_audio`, `check_audio` and `resample` to the extension module.
+/// Add `log_mel`, `decode_audio`, `audio_length`, `check_audio` and `resample` to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log_mel, m)?)?;
     m.add_function(wrap_pyfunction!(decode_audio, m)?)?;
+    m.add_function(wrap_pyfunction!(audio_length, m)?)?;
     m.add_function(wrap_pyfunction!(check_audio, m)?)?;
     m.add_function(wrap_pyfunction!(resample, m)?)?;
     Ok(())

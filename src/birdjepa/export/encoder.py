@@ -179,18 +179,17 @@ def window_shard(files: list[tuple[str, Path]], clip: float, folder: Path) -> tu
     names its file by path, as BirdSet's soundscape rows do, with its window's start and end: the loader
     seeks to each window); returns the shard and, per row, (name, start s, end s). A row holding the
     file's bytes made the shard an hour-long file's size times its 720 windows."""
-    from birdjepa._rs import decode_audio
+    from birdjepa._rs import audio_length
 
     rows, where = [], []
     for name, path in files:
         try:
-            samples, rate = decode_audio(path.read_bytes())  # its length; one file's samples at a time
+            frames, rate = audio_length(path)  # its samples decoded were an hour's 460 MB
         except OSError as e:  # a dangling link, a file removed since the folder was listed
             raise DataError(f"{name}: cannot read: {e.strerror or e}") from e
         except ValueError as e:
             raise DataError(f"{name}: cannot decode: {e}") from e
-        seconds = len(samples) / rate
-        del samples
+        seconds = frames / rate
         audio = {"bytes": None, "path": str(path.absolute())}
         for k in range(max(int(np.ceil(seconds / clip - 1e-9)), 1)):
             start, end = k * clip, min((k + 1) * clip, seconds)
