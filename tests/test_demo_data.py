@@ -7,6 +7,8 @@ import dataclasses
 import io
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -438,7 +440,9 @@ def test_cli_demo_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "wrote 9 recordings" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         main(["demo-data", str(out), *args.split(), "--workers", "1"])
-    assert e.value.code == 1 and "holds a demo set (use --overwrite)" in capsys.readouterr().err
+    assert (
+        e.value.code == 1 and "holds a data set (manifest.json): use --overwrite" in capsys.readouterr().err
+    )
 
 
 def test_a_script_without_a_main_guard_gets_its_recordings_in_one_process_not_a_hang(tmp_path: Path) -> None:
@@ -452,3 +456,71 @@ def test_a_script_without_a_main_guard_gets_its_recordings_in_one_process_not_a_
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[1, 2, 3]"
     assert "worker processes could not start" in done.stderr
+
+
+def test_a_demo_set_killed_as_it_is_written_leaves_the_set_before_it_and_nothing_a_loader_reads(
+    tmp_path: Path,
+) -> None:
+    # Killed (SIGTERM, kill -9) it left shards without vocab.json or manifest, which pretrain trained on
+    # without a word; with --overwrite it had removed the set that was there first.
+    out = tmp_path / "set"
+    args = "--n-species 3 --per-species-train 2 --per-species-eval 1 --min-seconds 1 --max-seconds 1.5"
+    main(["demo-data", str(out), *args.split(), "--workers", "1"])
+    (out / "mine").mkdir()  # another set a user keeps there: not demo-data's to replace
+    shutil.copy(next((out / "train").glob("*.arrow")), out / "mine" / "data-00000.arrow")
+    shutil.copy(out / "train" / "vocab.json", out / "mine" / "vocab.json")
+
+    def visible() -> dict[Path, bytes]:
+        files = (p.relative_to(out) for p in out.rglob("*") if p.is_file())
+        return {p: (out / p).read_bytes() for p in files if not any(x.startswith(".") for x in p.parts)}
+
+    before = visible()
+    killed = (
+        "import os, signal, sys\n"
+        "from birdjepa.data import shards\n"
+        "from birdjepa.cli import main\n"
+        "close = shards.ShardWriter.close\n"
+        "def close_and_die(self):\n"
+        "    close(self)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)  # its first split written whole, the second not\n"
+        "shards.ShardWriter.close = close_and_die\n"
+        "main(sys.argv[1:])\n"
+    )
+    argv = [sys.executable, "-c", killed, "demo-data", str(out), *args.split(), "--seed", "9", "--overwrite",
+            "--workers", "1"]  # fmt: skip
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == -9
+    assert visible() == before
+    left = sorted(p.name.split("-")[0] for p in out.iterdir() if p.name.startswith("."))
+    assert left == [".partial", ".writing.lock"]  # the lock: no longer held, as the kernel freed it
+    # The next run replaces the set, and removes what the killed one left.
+    main(["demo-data", str(out), *args.split(), "--seed", "9", "--overwrite", "--workers", "1"])
+    assert json.loads((out / "manifest.json").read_text())["seed"] == 9
+    assert sorted(p.name for p in out.iterdir()) == ["eval", "manifest.json", "mine", "train"]
+    assert {p: b for p, b in visible().items() if p.parts[0] == "mine"} == {
+        p: b for p, b in before.items() if p.parts[0] == "mine"
+    }
+
+
+def test_a_second_writer_into_a_folder_being_written_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two demo-data (or prepare) runs into one folder both exit 0, one set's shards mixed with the
+    # other's (or one's vocab.json relabelling the other's rows).
+    from birdjepa.data.prepare import cli as prepare_cli
+    from birdjepa.data.shards import only_writer
+
+    out = tmp_path / "out"
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    sf.write(tmp_path / "src" / "a" / "x.wav", np.zeros(16000, np.float32), 16000)
+    with only_writer(out):  # another process's hold: an flock is per open file
+        with pytest.raises(SystemExit) as e:
+            main(["demo-data", str(out), "--n-species", "2", "--per-species-train", "1", "--workers", "1"])
+        assert e.value.code == 1
+        with pytest.raises(SystemExit) as e:
+            prepare_cli(tmp_path / "src", out)
+        assert e.value.code == 1
+        said = capsys.readouterr().err.splitlines()
+        assert len(said) == 2 and all(f"{out} is being written by pid {os.getpid()} on " in x for x in said)
+    assert not any(out.iterdir())
+    prepare_cli(tmp_path / "src", out)  # once it is free
+    assert sorted(p.name for p in out.iterdir()) == ["data-00000.arrow", "vocab.json"]

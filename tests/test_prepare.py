@@ -116,6 +116,20 @@ def test_shards_split_by_size_and_batches_capped(tmp_path: Path) -> None:
         assert reader.read_all()["ebird_code"].null_count == len([i for i in range(150) if i % 7 == 0])
 
 
+def test_a_shard_writer_killed_before_it_closes_leaves_no_shard_a_loader_reads(tmp_path: Path) -> None:
+    # Each shard was named once whole: a prepare killed mid-way left shards (and no vocab.json) that
+    # pretrain took for a data set. Now they keep their hidden names until close; the next writer of
+    # the prefix removes a killed one's.
+    killed = ShardWriter(tmp_path, "x", target_bytes=8)
+    for i in range(3):
+        killed.add(b"0123456789", f"{i}.wav", 0, str(i))  # a shard each
+    assert list_shards(tmp_path) == [] and len(list(tmp_path.glob(".x-*.arrow.partial"))) == 3
+    w = ShardWriter(tmp_path, "x", target_bytes=8)  # the killed one's never closes
+    assert list(tmp_path.iterdir()) == []
+    w.add(b"0123456789", "a.wav", 0, "a")
+    assert w.close() == list_shards(tmp_path) == [tmp_path / "x-00000.arrow"]
+
+
 def table_of(src: Path) -> list[dict]:
     return [{"bytes": (src / p).read_bytes(), "path": p} for p in sorted(SRC_FILES)]
 

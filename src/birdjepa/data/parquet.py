@@ -26,7 +26,16 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from birdjepa.data.shards import BATCH_ROWS, class_names, list_shards, relabelled, shard_name, write_vocab
+from birdjepa.data.shards import (
+    BATCH_ROWS,
+    class_names,
+    list_shards,
+    only_writer,
+    partial_name,
+    relabelled,
+    shard_name,
+    write_vocab,
+)
 
 
 class ParquetError(ValueError):
@@ -66,7 +75,12 @@ def convert(
     if not files:
         raise ParquetError("no Parquet files given")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with only_writer(out):
+        return _convert(files, out, label_column, prefix, audio_column, workers)
+
+
+def _convert(files: list[Path], out: Path, label_column: str, prefix: str, audio_column: str,
+             workers: int) -> Converted:  # fmt: skip
     stale = [p for p in list_shards(out) if p.name.startswith(f"{prefix}-")]
     if stale:
         raise FileExistsError(f"{out} already holds shards with prefix {prefix!r} (e.g. {stale[0].name}); "
@@ -87,24 +101,24 @@ def convert(
                 job.cancel()
             wait(jobs)
             for p in shards:
-                p.unlink(missing_ok=True)
+                partial_name(p).unlink(missing_ok=True)
             raise
-    written = [path for path, _, _ in done]
     rows, size = sum(n for _, n, _ in done), sum(f.stat().st_size for f in files)
-    if rows == 0:  # it said "wrote 0 rows" and exit 0, for a set every command then refused
-        for p in written:
-            p.unlink()
-        raise ParquetError(f"{files[0]}{f' and {len(files) - 1} more' if len(files) > 1 else ''}: no rows")
     strings = set().union(*(labels for _, _, labels in done))
     vocab = names if names is not None else sorted(strings)
+    # String labels: known once every row was read.
     clash = None if names is not None or not vocab else relabelled(out, vocab, label_column)
-    if clash is not None:  # string labels: known once every row was read
-        for p in written:
-            p.unlink()
-        raise ParquetError(clash)
+    if rows == 0 or clash is not None:  # 0 rows: it said "wrote 0 rows" and exit 0, for a set every
+        for p in shards:  # command then refused
+            partial_name(p).unlink()
+        if clash is not None:
+            raise ParquetError(clash)
+        raise ParquetError(f"{files[0]}{f' and {len(files) - 1} more' if len(files) > 1 else ''}: no rows")
+    for p in shards:  # whole: named, each shard, then the vocabulary
+        partial_name(p).rename(p)
     if vocab:
         write_vocab(out, vocab, label_column, ordered=names is None)
-    return Converted(written, rows, size, vocab)
+    return Converted(shards, rows, size, vocab)
 
 
 def one_line(e: BaseException) -> str:
@@ -135,8 +149,9 @@ def _text(kind: pa.DataType) -> bool:
 
 
 def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tuple[Path, int, set[str]]:
-    """``file`` row group by row group into ``shard``: (the shard, its rows, the string labels seen)."""
-    partial = shard.with_name(f".{shard.name}.partial")
+    """``file`` row group by row group into ``shard``'s hidden name (`partial_name`): (the shard, its
+    rows, the string labels seen)."""
+    partial = partial_name(shard)
     labels: set[str] = set()
     at, kind = schema.get_field_index(label_column), schema.field(label_column).type
     names = pa.types.is_dictionary(kind)  # pandas' Categorical: its names written out as strings
@@ -159,9 +174,10 @@ def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tupl
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                     writer.write_batch(batch)
                 rows += table.num_rows
-        partial.rename(shard)
     except (OSError, pa.ArrowException) as e:
-        raise ParquetError(f"{file}: {one_line(e)}") from None
-    finally:
         partial.unlink(missing_ok=True)
+        raise ParquetError(f"{file}: {one_line(e)}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return shard, rows, labels

@@ -35,11 +35,12 @@ from birdjepa.data.shards import (
     VOCAB_FILE,
     ShardFormat,
     ShardWriter,
+    only_writer,
     read_vocab,
     relabelled,
     write_vocab,
 )
-from birdjepa.exit_codes import FAILED
+from birdjepa.exit_codes import FAILED, INTERRUPTED
 
 AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
 """Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3)."""
@@ -229,31 +230,32 @@ def prepare(
         vocab = given_vocabulary(vocab_file, src, labels)
     else:
         vocab = sorted({lab for lab in labels.values() if lab is not None})
-    index = {name: i for i, name in enumerate(vocab)}
-    clash = relabelled(out, vocab, label_column)
-    if clash is not None:  # before any file is read or written
-        raise PrepareError(clash)
-    if verbose:
-        print(f"{len(files)} audio files under {src}, {len(vocab)} labels", flush=True)
+    with only_writer(out):  # from the vocabulary's check to the vocab.json that follows the shards
+        index = {name: i for i, name in enumerate(vocab)}
+        clash = relabelled(out, vocab, label_column)
+        if clash is not None:  # before any file is read or written
+            raise PrepareError(clash)
+        if verbose:
+            print(f"{len(files)} audio files under {src}, {len(vocab)} labels", flush=True)
 
-    skipped: list[tuple[str, str]] = []
-    n_unlabelled = 0
-    ids = recording_ids(files)
-    # on any error the writer deletes what it wrote: no half data set is left behind
-    with ShardWriter(out, prefix, int(shard_mb * 2**20), fmt, label_column=label_column) as writer:
-        for rel, (data, problem) in zip(files, _loaded(src, files, check, workers), strict=True):
-            if problem is not None:
-                if not skip_bad:
-                    raise PrepareError(f"{src / rel}: {problem} (use --skip-bad to skip such files)")
-                skipped.append((rel, problem))
-                continue
-            label = labels[rel]
-            n_unlabelled += label is None
-            writer.add(data, rel, None if label is None else index[label], ids[rel])
-        if writer.n_rows == 0:
-            raise PrepareError(f"none of the {len(files)} audio files under {src} could be read")
-    shards = list(writer.paths)
-    write_vocab(out, vocab, label_column)
+        skipped: list[tuple[str, str]] = []
+        n_unlabelled = 0
+        ids = recording_ids(files)
+        # on any error the writer deletes what it wrote: no half data set is left behind
+        with ShardWriter(out, prefix, int(shard_mb * 2**20), fmt, label_column=label_column) as writer:
+            for rel, (data, problem) in zip(files, _loaded(src, files, check, workers), strict=True):
+                if problem is not None:
+                    if not skip_bad:
+                        raise PrepareError(f"{src / rel}: {problem} (use --skip-bad to skip such files)")
+                    skipped.append((rel, problem))
+                    continue
+                label = labels[rel]
+                n_unlabelled += label is None
+                writer.add(data, rel, None if label is None else index[label], ids[rel])
+            if writer.n_rows == 0:
+                raise PrepareError(f"none of the {len(files)} audio files under {src} could be read")
+        shards = list(writer.paths)
+        write_vocab(out, vocab, label_column)
     result = PrepareResult(shards, vocab, writer.n_rows, n_unlabelled, skipped)
     if verbose:
         print(
@@ -331,3 +333,6 @@ def cli(
     except (PrepareError, ParquetError, FileExistsError) as e:
         print(f"birdjepa prepare: error: {e}", file=sys.stderr)
         raise SystemExit(FAILED) from None
+    except KeyboardInterrupt:  # a 40-line traceback, for a stop asked for
+        print(f"birdjepa prepare: interrupted; {out} holds what it held before", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None

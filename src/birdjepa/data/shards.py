@@ -15,15 +15,21 @@ Shard layout (read by the Rust loader; keep it exactly):
 - `vocab.json` beside the shards: `{"label_column": "ebird_code", "names": [...sorted...]}`; an int
   label is an index into `names`.
 
-Shards are written to a hidden `.partial` file and renamed when complete, so a crashed run never leaves
-a truncated `*.arrow` behind.
+Shards are written to hidden `.partial` files, renamed once the writer closes: a run killed while it
+writes (SIGTERM, kill -9) leaves no `*.arrow` a loader would take for a whole data set, only hidden
+files the next writer removes. The commands that write shards hold their folder while they do
+(`only_writer`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
-from collections.abc import Sequence
+import os
+import socket
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -62,6 +68,55 @@ def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}-{index:05d}{SHARD_SUFFIX}"
 
 
+def partial_name(shard: Path) -> Path:
+    """The hidden name ``shard`` is written under until it is whole."""
+    return shard.with_name(f".{shard.name}.partial")
+
+
+WRITING_LOCK = ".writing.lock"
+
+
+class FolderBusy(FileExistsError):
+    """Another process is writing shards into the folder."""
+
+
+@contextlib.contextmanager
+def only_writer(folder: Path) -> Iterator[None]:
+    """Holds ``folder`` for this process's writes: two `prepare` or `demo-data` runs into one folder
+    mixed their shards (and one set's vocab.json relabelled the other's rows), both exit 0. An flock on
+    ``FOLDER/.writing.lock``, which the kernel releases however the process ends (a file system that
+    ignores flock, as some NFS mounts do, lets a second writer in); the file is removed on release.
+    Raises `FolderBusy` naming the holder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / WRITING_LOCK
+    while True:
+        f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (closed below, or handed to the with)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise FolderBusy(f"{folder} is being written by {holder}: wait for it to end, or write "
+                             "elsewhere") from None  # fmt: skip
+        try:
+            held = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            held = False
+        if held:
+            break
+        f.close()  # its holder removed it as this process opened it: lock the file there now
+    with f:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # before the lock goes: a waiter re-checks which file it locked
+
+
 class ShardWriter:
     """Writes rows into size-bounded Arrow IPC shards in `out_dir`.
 
@@ -72,7 +127,8 @@ class ShardWriter:
         paths = w.close()
 
     Refuses to start when `out_dir` already holds shards with the same prefix (stale shards from an
-    earlier run would otherwise be read as part of this data set).
+    earlier run would otherwise be read as part of this data set). Every shard keeps its hidden name
+    until `close`.
     """
 
     def __init__(
@@ -104,6 +160,8 @@ class ShardWriter:
                 f"{self.out_dir} already holds shards with prefix {prefix!r} (e.g. {stale[0].name}); "
                 "remove them or write to an empty folder"
             )
+        for left in self.out_dir.glob(f".{prefix}-*{SHARD_SUFFIX}.partial"):
+            left.unlink()  # a killed writer's: a live one holds the folder (`only_writer`)
         self.prefix = prefix
         self.target_bytes = int(target_bytes)
         self.fmt: ShardFormat = fmt
@@ -161,10 +219,12 @@ class ShardWriter:
             self._close_shard()
 
     def close(self) -> list[Path]:
-        """Finish the last shard; returns the paths of all shards written, in order."""
+        """Finish the last shard and give every shard its name; returns their paths, in order."""
         if not self._closed:
             self.end_shard()
             self._closed = True
+            for final in self.paths:
+                partial_name(final).rename(final)
         return list(self.paths)
 
     def __enter__(self) -> ShardWriter:
@@ -186,6 +246,7 @@ class ShardWriter:
             self._partial = None
         for p in self.paths:
             p.unlink(missing_ok=True)
+            partial_name(p).unlink(missing_ok=True)
         self.paths.clear()
         self.rows_per_shard.clear()
 
@@ -208,8 +269,7 @@ class ShardWriter:
             schema=self.schema,
         )
         if self._writer is None:
-            index = len(self.paths)
-            self._partial = self.out_dir / f".{shard_name(self.prefix, index)}.partial"
+            self._partial = partial_name(self.out_dir / shard_name(self.prefix, len(self.paths)))
             sink = pa.OSFile(str(self._partial), "wb")
             if self.fmt == "file":
                 self._writer = pa.ipc.new_file(sink, self.schema)
@@ -225,9 +285,7 @@ class ShardWriter:
         assert self._writer is not None and self._partial is not None and self._sink is not None
         self._writer.close()
         self._sink.close()
-        final = self.out_dir / shard_name(self.prefix, len(self.paths))
-        self._partial.rename(final)
-        self.paths.append(final)
+        self.paths.append(self.out_dir / shard_name(self.prefix, len(self.paths)))  # its name at `close`
         self.rows_per_shard.append(self._shard_rows)
         self._writer = None
         self._partial = None

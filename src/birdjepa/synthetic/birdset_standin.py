@@ -38,7 +38,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from birdjepa.cores import schedulable_cpus
-from birdjepa.data.shards import AUDIO_TYPE, BATCH_ROWS, remove_shards, shard_name, write_vocab
+from birdjepa.data.shards import AUDIO_TYPE, BATCH_ROWS, shard_name, write_vocab
 from birdjepa.synthetic import writer
 from birdjepa.synthetic.channel import draw_nuisance, song_events
 from birdjepa.synthetic.codecs import CODECS, draw_formats
@@ -229,19 +229,18 @@ def generate_birdset(
     out: Path, config: BirdsetConfig = DEFAULT_BIRDSET, *, workers: int | None = None, overwrite: bool = False
 ) -> Path:
     """Writes the stand-in into `out` (see the module docstring) and returns `out`. `workers` processes
-    render and encode (default: all available cores); the bytes written do not depend on it. With
-    `overwrite`, what an earlier run wrote there is removed first; otherwise it is an error."""
+    render and encode (default: all available cores); the bytes written do not depend on it. A set
+    already in `out` is replaced with `overwrite`, once this one is whole (`writer.written`); otherwise
+    it is an error."""
     out = Path(out)
-    folders = sorted(f for split in SPLITS for f in out.glob(f"*/{split}") if f.is_dir())
-    if not overwrite and (
-        (out / writer.MANIFEST_FILE).exists() or any(any(f.glob("*.arrow")) for f in folders)
-    ):
-        raise FileExistsError(f"{out} holds a data set: its manifest or shards (use --overwrite)")
-    for folder in folders:
-        remove_shards(folder)
+    folders = [f"*/{split}" for split in SPLITS]  # OUT/<task>/<split>
+    writer.written(out, overwrite, folders, lambda folder: _write_birdset(folder, config, workers))
+    return out
+
+
+def _write_birdset(out: Path, config: BirdsetConfig, workers: int | None) -> None:
     table = species_table(config)
     tasks = plan_tasks(config)
-    (out / writer.MANIFEST_FILE).unlink(missing_ok=True)
     # soundscapes first: the longest jobs start early
     owners = [(t, p) for t in tasks for p in t.soundscapes] + [(t, p) for t in tasks for p in t.train]
     jobs = [(p, [table[t.classes[c]] for c in t.seen], draw_nuisance(p, len(t.seen)))
@@ -277,7 +276,6 @@ def generate_birdset(
         "note": "Synthetic BirdSet stand-in (birdjepa demo-data --birdset); species and codes are invented.",
     }
     (out / writer.MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    return out
 
 
 def _task_json(task: Task, names: list[str], shards: dict, labels: dict[str, list[list[int]]]) -> dict:

@@ -42,7 +42,7 @@ from birdjepa.synthetic.writer import (
     encoded,
     nuisance_json,
     species_json,
-    start_set,
+    written,
 )
 
 DEFAULT = DemoConfig()
@@ -97,15 +97,20 @@ def generate_demo_data(
     """Writes the demo set into `out` (see the module docstring) and returns `out`.
 
     `workers` processes render and encode recordings (default: all available cores); the bytes written
-    do not depend on it. `overwrite` first removes shards, vocab.json and manifest.json left in `out`
-    by an earlier run; otherwise such leftovers are an error.
+    do not depend on it. A set already in `out` (a manifest or shards) is replaced with `overwrite`,
+    once this one is whole (`birdjepa.synthetic.writer.written`); otherwise it is an error.
     """
     out = Path(out)
+    written(out, overwrite, SPLITS, lambda folder: _write_demo_data(folder, out, config, workers, verbose))
+    return out
+
+
+def _write_demo_data(folder: Path, out: Path, config: DemoConfig, workers: int | None, verbose: bool) -> None:
+    """The demo set into ``folder``, said to be ``out``."""
     t0 = time.perf_counter()
     species = make_species(config)
     plans = plan_recordings(config)
     names = [s.code for s in species]
-    start_set(out, overwrite)
 
     target = int(config.shard_mb * 2**20)
     tasks = [(p, species, draw_nuisance(p, len(species))) for split in SPLITS for p in plans[split]]
@@ -114,7 +119,7 @@ def generate_demo_data(
     shards: dict[str, list[tuple[Path, int]]] = {}
     with contextlib.ExitStack() as stack:  # on error every writer deletes what it wrote
         writers = {
-            split: stack.enter_context(ShardWriter(out / split, split, target))
+            split: stack.enter_context(ShardWriter(folder / split, split, target))
             for split in SPLITS
             if plans[split]
         }
@@ -128,7 +133,7 @@ def generate_demo_data(
                 print(f"  {i + 1}/{len(tasks)} recordings, {time.perf_counter() - t0:.1f} s", flush=True)
         for split, writer in writers.items():
             shards[split] = list(zip(writer.close(), writer.rows_per_shard, strict=True))
-            write_vocab(out / split, names)
+            write_vocab(folder / split, names)
 
     manifest: dict = {
         "generator": GENERATOR,
@@ -166,14 +171,13 @@ def generate_demo_data(
             "sample_rates": {str(k): v for k, v in sorted(Counter(p.sample_rate for p in ps).items())},
             "channels": {str(k): v for k, v in sorted(Counter(p.channels for p in ps).items())},
         }
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     if verbose:
         total = sum(s["bytes"] for s in stats.values())
         print(
             f"wrote {len(tasks)} recordings ({total / 2**20:.1f} MiB of audio) to {out} "
             f"in {time.perf_counter() - t0:.1f} s with {n_workers} worker(s)"
         )
-    return out
 
 
 def default_cache_dir() -> Path:

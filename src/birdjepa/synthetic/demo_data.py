@@ -14,7 +14,7 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa.exit_codes import FAILED, USAGE
+from birdjepa.exit_codes import FAILED, INTERRUPTED, USAGE
 from birdjepa.synthetic.birdset_standin import DEFAULT_BIRDSET, generate_birdset
 from birdjepa.synthetic.config import DemoConfig
 from birdjepa.synthetic.demo import DEFAULT, generate_demo_data
@@ -73,6 +73,9 @@ def cli(
     except FileExistsError as e:
         print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
         raise SystemExit(FAILED) from None
+    except KeyboardInterrupt:  # a 40-line traceback, for a stop asked for
+        print(f"birdjepa demo-data: interrupted; {out} holds what it held before", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     except ValueError as e:  # options that cannot work together (`ScaleConfig`): a usage error
         print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None

@@ -48,10 +48,11 @@ from birdjepa.synthetic.config import DemoConfig, RecordingPlan, largest_remaind
 from birdjepa.synthetic.songs import make_species
 from birdjepa.synthetic.writer import (
     MANIFEST_FILE,
+    SPLITS,
     encoded,
     nuisance_json,
     species_json,
-    start_set,
+    written,
 )
 
 SCALE_CODEC_MIX: dict[str, float] = {
@@ -150,11 +151,17 @@ def generate_scale_set(
 ) -> Path:
     """Writes the scale set into `out` (see the module docstring) and returns `out`."""
     out = Path(out)
+    written(out, overwrite, SPLITS, lambda folder: _write_scale_set(folder, out, config, workers, verbose))
+    return out
+
+
+def _write_scale_set(
+    folder: Path, out: Path, config: ScaleConfig, workers: int | None, verbose: bool
+) -> None:
+    """The scale set into ``folder``, said to be ``out``."""
     t0 = time.perf_counter()
     species = make_species(config.species_config)
     names = [s.code for s in species]
-    start_set(out, overwrite)
-
     pool = plan_pool(config, "pool", config.pool)
     evals = plan_pool(config, "eval", config.eval_recordings)
     tasks = [(p, species, draw_nuisance(p, len(species))) for p in pool + evals]
@@ -169,7 +176,7 @@ def generate_scale_set(
     rows = shard_rows(config)
     audio_bytes = 0
     with contextlib.ExitStack() as stack:  # on error every writer deletes what it wrote
-        train = stack.enter_context(ShardWriter(out / "train", "train", target_bytes=1 << 62))
+        train = stack.enter_context(ShardWriter(folder / "train", "train", target_bytes=1 << 62))
         r = 0
         for s, n in enumerate(rows):
             for entry in pool_of[r : r + n].tolist():
@@ -182,13 +189,13 @@ def generate_scale_set(
             if verbose and (s + 1) % 50 == 0:
                 print(f"  wrote {s + 1}/{len(rows)} shards, {time.perf_counter() - t0:.0f} s", flush=True)
         train_paths = train.close()
-        write_vocab(out / "train", names)
+        write_vocab(folder / "train", names)
         if evals:
-            ev = stack.enter_context(ShardWriter(out / "eval", "eval", target_bytes=1 << 62))
+            ev = stack.enter_context(ShardWriter(folder / "eval", "eval", target_bytes=1 << 62))
             for p, d in zip(evals, eval_bytes, strict=True):
                 ev.add(d, f"{p.recording_id}.{CODECS[p.codec][2]}", p.species, p.recording_id)
             ev.close()
-            write_vocab(out / "eval", names)
+            write_vocab(folder / "eval", names)
 
     seconds = float(sum(pool[int(j)].seconds for j in pool_of))
     manifest = {
@@ -230,11 +237,10 @@ def generate_scale_set(
         "train_pool_index": [int(j) for j in pool_of],
         "note": "Synthetic bird song from birdjepa demo-data (scale set); train rows reuse the pool's bytes.",
     }
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest) + "\n", encoding="utf-8")
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest) + "\n", encoding="utf-8")
     if verbose:
         print(
             f"wrote {config.recordings} train recordings in {config.shards} shards "
             f"({audio_bytes / 2**30:.2f} GiB of audio, {seconds / 3600:.0f} h) and {len(evals)} eval "
             f"recordings to {out} in {time.perf_counter() - t0:.0f} s with {n_workers} worker(s)"
         )
-    return out

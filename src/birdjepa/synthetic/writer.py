@@ -1,5 +1,6 @@
-"""What both synthetic sets do alike when writing: a fresh output folder (`start_set`), rendering and
-encoding recordings in worker processes (`encoded`), and the manifest's species and nuisance tables.
+"""What the synthetic sets do alike when writing: a whole set or none in the output folder (`written`),
+rendering and encoding recordings in worker processes (`encoded`), and the manifest's species and
+nuisance tables.
 Each set plans its recordings and writes its shards and manifest itself (`birdjepa.synthetic.demo`,
 `birdjepa.synthetic.scale_set`); a recording's waveform comes from `channel`, its bytes from `codecs`.
 """
@@ -7,6 +8,8 @@ Each set plans its recordings and writes its shards and manifest itself (`birdje
 from __future__ import annotations
 
 import multiprocessing
+import os
+import shutil
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -15,7 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TypeVar
 
-from birdjepa.data.shards import remove_shards
+from birdjepa.data.shards import VOCAB_FILE, list_shards, only_writer, remove_shards
 from birdjepa.synthetic.channel import Nuisance, render_recording
 from birdjepa.synthetic.codecs import encode_audio
 from birdjepa.synthetic.config import RecordingPlan
@@ -25,16 +28,47 @@ SPLITS = ("train", "eval")
 MANIFEST_FILE = "manifest.json"
 
 
-def start_set(out: Path, overwrite: bool) -> None:
-    """Make `out` ready for a new set: with `overwrite`, remove the shards, vocab.json and manifest an
-    earlier run left there; without it, such a manifest is an error."""
-    if overwrite:
-        for split in SPLITS:
-            if (out / split).is_dir():
-                remove_shards(out / split)
-        (out / MANIFEST_FILE).unlink(missing_ok=True)
-    elif (out / MANIFEST_FILE).exists():
-        raise FileExistsError(f"{out / MANIFEST_FILE} exists: {out} holds a demo set (use --overwrite)")
+#: The hidden folder inside OUT a set is written into, then moved out of once whole.
+PARTIAL = ".partial-"
+
+R = TypeVar("R")
+
+
+def written(out: Path, overwrite: bool, folders: Sequence[str], write: Callable[[Path], R]) -> R:
+    """What ``write(folder)`` returns, having written a whole set into ``out``: into a hidden folder
+    inside it first, moved into place once whole (shards, then each folder's vocab.json, the manifest
+    last). A killed run (SIGTERM, kill -9) left shards without a vocabulary or manifest, which `pretrain`
+    trained on without a word, and with ``overwrite`` it had removed the set that was there first: now
+    it leaves a hidden folder (removed by the next run) and the set before it. ``out`` is held while it
+    is written (`only_writer`): two runs into it mixed their shards, both exit 0.
+
+    ``folders``: where a set of this kind keeps its shards (globs under ``out``). A set already there
+    (the manifest, or shards in those folders) is an error without ``overwrite``, and is replaced with
+    it; shards in other folders of ``out`` (another set a user keeps there) are not this command's."""
+    out.mkdir(parents=True, exist_ok=True)
+    with only_writer(out):
+        ours = [f for pattern in folders for f in sorted(out.glob(pattern)) if f.is_dir()]
+        there = next((p for p in [out / MANIFEST_FILE, *(s for f in ours for s in list_shards(f))]
+                      if p.exists()), None)  # fmt: skip
+        if there is not None and not overwrite:
+            raise FileExistsError(f"{out} holds a data set ({there.relative_to(out)}): use --overwrite to "
+                                  "replace it")  # fmt: skip
+        for left in out.glob(f"{PARTIAL}*"):  # a killed run's: a live one would hold the folder
+            shutil.rmtree(left)
+        folder = out / f"{PARTIAL}{os.getpid()}"
+        folder.mkdir()
+        try:
+            result = write(folder)
+            for old in ours:
+                remove_shards(old)
+            (out / MANIFEST_FILE).unlink(missing_ok=True)
+            new = [p for p in folder.rglob("*") if p.is_file()]
+            for p in sorted(new, key=lambda p: (p.name == MANIFEST_FILE, p.name == VOCAB_FILE, str(p))):
+                (out / p.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
+                p.replace(out / p.relative_to(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return result
 
 
 def make_recording(task: tuple[RecordingPlan, Sequence[Species], Nuisance]) -> bytes:
@@ -45,7 +79,6 @@ def make_recording(task: tuple[RecordingPlan, Sequence[Species], Nuisance]) -> b
 
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 
 def in_workers(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[R]:
