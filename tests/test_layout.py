@@ -49,6 +49,7 @@ FLOORS = (
     "seams",
     "exit_codes",
     "outputs",
+    "children",
     "host_memory",
     "cores",
     "_rs",

@@ -395,27 +395,34 @@ def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resum
 
 
 @pytest.mark.slow  # two trainers compile and start: CI runs it
-def test_a_ctrl_c_stops_verify_resume_once_both_runs_saved(demo_dir: Path, tmp_path: Path) -> None:
+def test_a_sigterm_stops_verify_resume_once_both_runs_saved_and_a_second_one_is_refused(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # A SIGTERM (`kill PID`, a scheduler's) reached verify-resume alone: it died, and its two trainers
+    # trained on, orphans. A second verify-resume of the same --run removed the first's runs as they
+    # trained. (A Ctrl-C, which the terminal sends the trainers too: the sweep's Ctrl-C test; one
+    # implementation, `birdjepa.children`.)
     argv = ["birdjepa", "verify-resume", "--run", "v", "--log.runs-dir", str(tmp_path), "--data.batch-size",
             "8", *data_flags(demo_dir), "--steps", "400", *NO_EVAL, "--ckpt-every", "1000", "--resume-at",
             "300"]  # fmt: skip
-    # As a terminal runs it (see the sweep's Ctrl-C test): one process group, which the Ctrl-C goes to.
-    start = (f"import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             f"sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
+    start = f"import sys, runpy; sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')"
     proc = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # fmt: skip
     runs = [tmp_path / "verify-v" / name for name in ("straight", "resumed")]
     while not all((r / "metrics.jsonl").exists() and metrics_by_step(r) for r in runs):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
+    second = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"ERROR: verify-resume: run verify-v is held by pid {proc.pid} on " in second.stdout, second.stdout
+    os.kill(proc.pid, signal.SIGTERM)  # to verify-resume alone
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "Traceback" not in out, out
     last = out.strip().splitlines()[-1]
-    assert last.startswith("verify-resume: interrupted (Ctrl-C); both runs saved where they stopped"), out
-    for run in runs:  # each trainer saved where the Ctrl-C found it
+    assert last.startswith("verify-resume: interrupted (SIGTERM); both runs saved where they stopped"), out
+    for run in runs:  # each trainer saved where the SIGTERM found it, and exited as a preempted one does
         (stop,) = events(run, "stop")
-        assert stop["exit_code"] == 130 and Checkpointer(run).latest_step() == stop["step"] < 299, stop
+        assert stop["exit_code"] == 75 and Checkpointer(run).latest_step() == stop["step"] < 299, stop
 
 
 def test_resume_never_refuses_a_run_directory_that_already_holds_a_run(

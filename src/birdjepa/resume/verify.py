@@ -32,9 +32,12 @@ from typing import Annotated
 import tyro
 
 from birdjepa import exit_codes, validation
+from birdjepa.children import Children
 from birdjepa.config import PretrainConfig
 from birdjepa.resume.compare import compare_with_coverage, print_table
 from birdjepa.rundir import layout
+from birdjepa.rundir.layout import LEASE_FILE
+from birdjepa.rundir.lease import LeaseHeld, acquire
 from birdjepa.rundir.metrics_log import read_metrics
 from birdjepa.validation import OptionError
 
@@ -107,12 +110,14 @@ def _last_logged_step(run_dir: Path) -> int:
     return max((line["step"] for line in read_metrics(run_dir)), default=-1)
 
 
-def run_segment(args: list[str], run_dir: Path, label: str, signal_at: int | None = None) -> int:
+def run_segment(
+    children: Children, args: list[str], run_dir: Path, label: str, signal_at: int | None = None
+) -> int:
     """Runs ``birdjepa pretrain ARGS`` in a new process, streaming its output with a label prefix;
     with ``signal_at`` sends SIGTERM once that step is in the run's metrics file. Returns the exit code."""
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", *args]
     run_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = children.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pump = threading.Thread(target=_pump, args=(proc.stdout, f"[{label}] ", run_dir / "console.log"))
     pump.start()
     signalled = signal_at is None
@@ -122,6 +127,7 @@ def run_segment(args: list[str], run_dir: Path, label: str, signal_at: int | Non
             signalled = True
         time.sleep(0.05)
     pump.join()
+    children.done(proc)
     return proc.returncode
 
 
@@ -143,8 +149,23 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     if not stops:
         raise OptionError("resume_at", opts.resume_at, "give at least one --resume-at step or --signal-at")
     root = cfg.log.runs_dir / f"verify-{cfg.run}"
-    if root.exists():  # our own output from an earlier verification: start both runs afresh
-        shutil.rmtree(root)
+    # Held while it verifies, as a trainer holds its run: a second verify-resume of the same --run removed
+    # the first's runs as they trained, and both ended in a traceback.
+    try:
+        lease = acquire(root)
+    except LeaseHeld as e:
+        print(f"ERROR: verify-resume: {e}; exit {exit_codes.USAGE}", flush=True)
+        return exit_codes.USAGE
+    try:
+        return _verify(opts, argv, stops, root)
+    finally:
+        lease.release()
+
+
+def _verify(opts: VerifyOptions, argv: Sequence[str], stops: list[Interruption], root: Path) -> int:
+    for earlier in root.iterdir():  # our own output from an earlier verification: start both runs afresh
+        if earlier.name != LEASE_FILE:
+            shutil.rmtree(earlier) if earlier.is_dir() else earlier.unlink()
     base = [*pretrain_args(argv), "--log.runs-dir", str(root)]
     straight, resumed = root / "straight", root / "resumed"
 
@@ -152,46 +173,19 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     straight_code: list[int] = []
     # The straight run trains beside the segments: each process computes on one core (deterministic XLA),
     # so on a multi-core machine this halves the wall time and changes no number.
+    children = Children()
     straight_job = threading.Thread(
-        target=lambda: straight_code.append(run_segment([*base, "--run", "straight"], straight, "straight"))
+        target=lambda: straight_code.append(
+            run_segment(children, [*base, "--run", "straight"], straight, "straight")
+        )
     )
-    # A terminal's Ctrl-C reaches both trainers (one process group): each saves and exits 130. This
+    # A Ctrl-C or SIGTERM is the trainers' to act on: each saves and exits (`birdjepa.children`). This
     # process notes it and waits for them, where a KeyboardInterrupt would leave a traceback.
-    interrupted: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
-    straight_job.start()
-    if opts.sequential:
-        straight_job.join()
-    for n, stop in enumerate([*stops, None]):
-        if interrupted:
-            break
-        args = [*base, "--run", "resumed"]
-        if n > 0 and opts.workers_after_resume is not None:
-            args += ["--data.n-workers", str(opts.workers_after_resume)]
-        if stop is not None and not stop.by_signal:
-            args += ["--stop-at-step", str(stop.step)]
-        signal_at = stop.step if stop is not None and stop.by_signal else None
-        code = run_segment(args, resumed, f"segment {n}", signal_at)
-        if stop is None:
-            if code != 0:
-                problems.append(f"the last segment exited {code}")
-            break
-        expected = exit_codes.REQUEUE if stop.by_signal else 0
-        events = _events(resumed, "stop")
-        at = events[-1]["step"] if len(events) == n + 1 else None
-        if code != expected or at is None:
-            problems.append(f"segment {n} exited {code} (expected {expected}) with stop events {events}")
-            break
-        later = [s.step for s in stops[n + 1 :]]
-        if at < stop.step or (later and at >= later[0]):
-            problems.append(f"segment {n} stopped at step {at}, not between {stop.step} and {later[:1]}")
-            break
-        print(f"verify-resume: segment {n} stopped after step {at}", flush=True)
-
-    straight_job.join()
-    signal.signal(signal.SIGINT, previous)
-    if interrupted:
-        print(f"verify-resume: interrupted (Ctrl-C); both runs saved where they stopped, under {root}, and "
+    with children.handling():
+        problems += _segments(opts, children, straight_job, base, resumed, stops)
+    if children.stopped:
+        how = "Ctrl-C" if children.stopped == signal.SIGINT else "SIGTERM"
+        print(f"verify-resume: interrupted ({how}); both runs saved where they stopped, under {root}, and "
               f"the next verify-resume starts them afresh", flush=True)  # fmt: skip
         return exit_codes.INTERRUPTED
     if straight_code != [0]:
@@ -211,6 +205,49 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
         print(f"verify-resume: {p}")
     print(f"max_abs_diff={worst}", flush=True)
     return 0 if worst == 0.0 and not problems else 1
+
+
+def _segments(
+    opts: VerifyOptions,
+    children: Children,
+    straight_job: threading.Thread,
+    base: list[str],
+    resumed: Path,
+    stops: list[Interruption],
+) -> list[str]:
+    """The straight run (its thread) beside the resumed run's segments; what went wrong with them."""
+    problems: list[str] = []
+    straight_job.start()
+    if opts.sequential:
+        straight_job.join()
+    for n, stop in enumerate([*stops, None]):
+        if children.stopped:
+            break
+        args = [*base, "--run", "resumed"]
+        if n > 0 and opts.workers_after_resume is not None:
+            args += ["--data.n-workers", str(opts.workers_after_resume)]
+        if stop is not None and not stop.by_signal:
+            args += ["--stop-at-step", str(stop.step)]
+        signal_at = stop.step if stop is not None and stop.by_signal else None
+        code = run_segment(children, args, resumed, f"segment {n}", signal_at)
+        if stop is None:
+            if code != 0:
+                problems.append(f"the last segment exited {code}")
+            break
+        expected = exit_codes.REQUEUE if stop.by_signal else 0
+        events = _events(resumed, "stop")
+        at = events[-1]["step"] if len(events) == n + 1 else None
+        if code != expected or at is None:
+            problems.append(f"segment {n} exited {code} (expected {expected}) with stop events {events}")
+            break
+        later = [s.step for s in stops[n + 1 :]]
+        if at < stop.step or (later and at >= later[0]):
+            problems.append(f"segment {n} stopped at step {at}, not between {stop.step} and {later[:1]}")
+            break
+        print(f"verify-resume: segment {n} stopped after step {at}", flush=True)
+
+    straight_job.join()
+    return problems
 
 
 def cli(

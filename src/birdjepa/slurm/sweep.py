@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Annotated, Any
 import tyro
 
 from birdjepa import exit_codes, validation
+from birdjepa.children import Children
 from birdjepa.config import ConfigError, PretrainConfig, flatten, resolve, to_dict
 from birdjepa.validation import OptionError
 
@@ -232,20 +232,21 @@ def submit(script: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def run_local(job: Job, force_resume_at: int | None, ntasks: int = 1) -> int:
+def run_local(job: Job, force_resume_at: int | None, ntasks: int, children: Children) -> int:
     """Run a job's pretrain here (twice with --force-resume-at: stop, then resume), as ``ntasks``
     processes that form one group through ``BIRDJEPA_*`` variables (see `birdjepa.slurm.distributed`)."""
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
     starts = [[*command, "--stop-at-step", str(force_resume_at)]] if force_resume_at is not None else []
     for argv in [*starts, command]:
-        code = launch_local(argv, ntasks)
-        if code != 0:
+        code = launch_local(argv, ntasks, children)
+        if code != 0 or children.stopped:
             return code
     return 0
 
 
-def launch_local(argv: list[str], ntasks: int) -> int:
-    """Start ``argv`` as ``ntasks`` processes of one group on this machine; the worst exit code."""
+def launch_local(argv: list[str], ntasks: int, children: Children | None = None) -> int:
+    """Start ``argv`` as ``ntasks`` processes of one group on this machine; the worst exit code. A Ctrl-C
+    or SIGTERM while they run is theirs to act on (`birdjepa.children`); ``children``: noted there."""
     envs: list[dict[str, str] | None] = [None]  # one process: this one's environment
     if ntasks > 1:
         with socket.socket() as s:  # a free port for the coordinator
@@ -253,15 +254,10 @@ def launch_local(argv: list[str], ntasks: int) -> int:
             port = s.getsockname()[1]
         group = {"BIRDJEPA_NUM_PROCESSES": str(ntasks), "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
         envs = [{**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)} for i in range(ntasks)]
-    procs = [subprocess.Popen(argv, env=env) for env in envs]
-    # A terminal's Ctrl-C reaches the trainers too (one process group): each saves and exits 130. This
-    # process waits for them (a KeyboardInterrupt here would kill them before their save). Set after
-    # the start: a child inherits an ignored signal, not a handler.
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
-    try:
+    children = children or Children()
+    with children.handling():
+        procs = [children.start(argv, env=env) for env in envs]
         return max(p.wait() for p in procs)
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def cli(
@@ -283,6 +279,7 @@ def cli(
         raise SystemExit(exit_codes.USAGE) from None
     workdir = Path.cwd()
     rows = []
+    children = Children()
     for job in jobs:
         run_dir = job.cfg.run_dir.absolute()
         script = job_script(job, slurm, force_resume_at, workdir)
@@ -295,9 +292,9 @@ def cli(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "job.sbatch").write_text(script)
         if local:
-            code = run_local(job, force_resume_at, slurm.ntasks)
+            code = run_local(job, force_resume_at, slurm.ntasks, children)
             rows.append((job.index, f"local exit {code}", run_dir))
-            if code == exit_codes.INTERRUPTED:  # a Ctrl-C: the user stops the sweep, not just this run
+            if children.stopped:  # a Ctrl-C or SIGTERM: the sweep stops, not just this run
                 break
         else:
             rows.append((job.index, submit(run_dir / "job.sbatch"), run_dir))
