@@ -222,6 +222,9 @@ def test_a_cached_embedding_of_more_clips_than_labels_is_embedded_again(tmp_path
     np.savez(path, features=np.zeros((4, 2), np.float32), label=np.zeros(2, np.int64),
              targets=np.zeros((2, 3), np.uint8), seconds=0.0, pass_seconds=0.0)  # fmt: skip
     assert _cached(path, Backbone("raw", "raw", lambda: None, None), tokens=False) is None
+    # One cut short (a full disk): a zipfile traceback at every later call on the store.
+    path.write_bytes(path.read_bytes()[:500])
+    assert _cached(path, Backbone("raw", "raw", lambda: None, None), tokens=False) is None
 
 
 def test_an_external_backbone_edited_under_the_same_import_path_is_another_encoder(
@@ -315,6 +318,8 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
             "--n-train 1 4 1: 1 given twice",
         ),
         (["--backbone", "raw", "raw", "--train", "a", "--test", "b"], "--backbone raw raw: raw given twice"),
+        # The probes were fitted, then a traceback from the store's first write.
+        (["--backbone", "raw", "--train", "a", "--test", "b", "--results", "{tmp}/afile"], "rows: cannot be"),
     ],
 )
 def test_table_and_option_errors_are_one_line(

@@ -275,6 +275,9 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
         assert e.value.code == 1
         assert message in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
+    with pytest.raises(SystemExit) as e:  # a traceback once the evaluation was done
+        cli(tiny_run, out=tmp_path)
+    assert e.value.code == 74 and f"{tmp_path}: is a folder, not a file" in capsys.readouterr().err
     # Writing into a run another live process holds (a trainer) is refused at once, in one line.
     holder = subprocess.Popen(["sleep", "60"])
     lease = {"host": socket.gethostname(), "pid": holder.pid, "job": None, "started": time.time(),

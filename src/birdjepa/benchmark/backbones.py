@@ -37,7 +37,9 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import os
 import time
+import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -276,7 +278,11 @@ def _cached(path: Path, b: Backbone, tokens: bool) -> Embedded | None:
     for and ``b`` gives them (a file written before tokens were asked for)."""
     if not path.is_file():
         return None
-    with np.load(path) as z:
+    try:
+        z = np.load(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # cut short (a full disk): a miss, not a
+        return None  # traceback at every later call on the store
+    with z:
         if len(z["features"]) != len(z["label"]):  # written by a call that named one encoder twice
             return None
         has = "tokens" in z.files
@@ -355,7 +361,7 @@ def embed(
         extra: dict[str, Any] = {"tokens": t} if t is not None else {}
         if b.tokens is not None:
             extra["gives_tokens"] = b.tokens
-        tmp = path.with_suffix(".tmp.npz")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")  # two jobs embedding one key write apart
         np.savez(tmp, features=x, label=label, targets=target, seconds=took[b.identity],
                  pass_seconds=pass_seconds, **extra)  # fmt: skip
         tmp.replace(path)

@@ -421,6 +421,10 @@ def cli(
                 fewshot_curves(rows).savefig(plot, dpi=120)
                 print(f"wrote {plot}")
             return
+        # Before the work: the probes were fitted, then a traceback from the store's first write.
+        why = unwritable(results / store.ROWS, folder=True) or unwritable(results / "cache", folder=True)
+        if why is not None:
+            raise BenchmarkError(why)
         t = check_options(backbone=backbone, train=train, test=test, task=task, probe=probe, n_train=n_train,
                           seed=seed, prototypes=prototypes, probe_steps=probe_steps, probe_lr=probe_lr,
                           token_batch=token_batch, n_classes=n_classes)  # fmt: skip

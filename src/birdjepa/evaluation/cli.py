@@ -26,6 +26,7 @@ from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, t
 from birdjepa.exit_codes import FAILED, IOERR, USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply
+from birdjepa.outputs import unwritable
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.lease import LeaseHeld, LeaseUnwritable, acquire
 
@@ -237,6 +238,10 @@ def cli(
             depend on it).
         out: Where to write the JSON (default: RUN/eval/<step>.json).
     """
+    why = unwritable(out) if out is not None else None
+    if why is not None:  # before the work: a traceback once the evaluation was done
+        print(f"birdjepa evaluate: error: {why}", file=sys.stderr)
+        raise SystemExit(IOERR)
     lease = None
     try:
         if out is None and layout.has_checkpoints(Path(run)):  # it writes into the run: one writer per run
