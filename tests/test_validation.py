@@ -65,6 +65,12 @@ INVALID = [
     (["--model.dropout", "1"], "--model.dropout 1.0: must be in [0, 1)"),
     (["--data.features.n-frames", "256"], "--model.n-frames 512: the model is built for 512 x 128"),
     (["--objective.lejepa.span-weight", "0.5"], "needs a predictor: set --model.predictor-depth >= 1"),
+    # Options the run would ignore, exit 0, config.json recording them as given.
+    (["--objective.kind", "mae", "--data.n-views", "1", "--objective.lejepa.lam", "0.9"],
+     "--objective.lejepa.lam 0.9: is an option of --objective.kind lejepa; this run trains mae"),
+    (["--objective.kind", "supervised", "--model.proj-dim", "7"],
+     "--model.proj-dim 7: the supervised objective sets it itself: leave it out"),
+    (["--model.n-classes", "99"], "--model.n-classes 99: is the data's class count (its vocab.json)"),
     (
         ["--objective.lejepa.local-views", "2", "--objective.lejepa.local-frames", "100"],
         "--objective.lejepa.local-frames 100: must be a multiple of --model.patch (16)",

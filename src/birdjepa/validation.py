@@ -13,6 +13,7 @@ holds their defaults and ranges; everything else is here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from birdjepa import seams
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.shards import check_same_labels, label_count
-from birdjepa.model.config import PRESETS
+from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
 
 
@@ -191,10 +192,32 @@ def _check_model(cfg: PretrainConfig) -> None:
 
 
 def _check_objective(cfg: PretrainConfig) -> None:
-    """The chosen objective's own combinations (`birdjepa.objectives.options.Options.problems`)."""
+    """The chosen objective's own combinations (`birdjepa.objectives.options.Options.problems`), and no
+    option it would ignore: another objective's (``--objective.kind mae --objective.lejepa.lam 0.9``
+    trained MAE, exit 0), or a model option it sets itself (supervised's projector is its classifier,
+    MAE's has one layer; the class count is the data's), which config.json recorded as given."""
+    kind = cfg.objective.kind
     for option, value, allowed in cfg.objective.options.problems(cfg):
-        where = "data" if option == "n_views" else f"objective.{cfg.objective.kind}"
+        where = "data" if option == "n_views" else f"objective.{kind}"
         raise OptionError(f"{where}.{option}", value, allowed)
+    for other in REGISTRY:
+        given = getattr(cfg.objective, other)
+        default = type(given)()
+        for f in dataclasses.fields(given) if other != kind else ():
+            if getattr(given, f.name) != getattr(default, f.name):
+                why = f"is an option of --objective.kind {other}; this run trains {kind}: leave it out"
+                raise OptionError(f"objective.{other}.{f.name}", getattr(given, f.name), why)
+    built, default_model = cfg.objective.options.model(cfg.model), ModelConfig()
+    for f in dataclasses.fields(cfg.model):
+        value = getattr(cfg.model, f.name)
+        if value == getattr(default_model, f.name):
+            continue
+        if f.name == "n_classes":
+            raise OptionError(
+                "model.n_classes", value, "is the data's class count (its vocab.json): leave it out"
+            )
+        if getattr(built, f.name) != value:
+            raise OptionError(f"model.{f.name}", value, f"the {kind} objective sets it itself: leave it out")
 
 
 def _check_virtual_shards(cfg: PretrainConfig) -> None:
