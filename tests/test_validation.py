@@ -63,7 +63,7 @@ INVALID = [
     (["--model.heads", "3"], "--model.heads 3: must divide --model.dim (64)"),
     (["--model.patch", "7"], "--model.patch 7: must divide --model.n-frames (512)"),
     (["--model.dropout", "1"], "--model.dropout 1.0: must be in [0, 1)"),
-    (["--data.features.n-frames", "256"], "--model.n-frames 512: the model is built for 512 x 128"),
+    (["--model.n-frames", "1024"], "--model.n-frames 1024: the model is built for 1024 x 128"),
     (["--objective.lejepa.span-weight", "0.5"], "needs a predictor: set --model.predictor-depth >= 1"),
     # Options the run would ignore, exit 0, config.json recording them as given.
     (["--objective.kind", "mae", "--data.n-views", "1", "--objective.lejepa.lam", "0.9"],
@@ -71,6 +71,14 @@ INVALID = [
     (["--objective.kind", "supervised", "--model.proj-dim", "7"],
      "--model.proj-dim 7: the supervised objective sets it itself: leave it out"),
     (["--model.n-classes", "99"], "--model.n-classes 99: is the data's class count (its vocab.json)"),
+    # Values that ran and did nothing or nonsense, a traceback, or a refusal naming no option.
+    (["--data.features.clip-seconds", "10"], "--data.features.clip-seconds 10.0: gives 998 log-mel frames"),
+    (["--data.features.f-max", "10"], "--data.features.f-max 10.0: (10 Hz) must be above f_min (20 Hz)"),
+    (["--data.features.f-min", "nan"], "--data.features.f-min nan: must be a finite number"),
+    (["--augment.pitch-bins", "1000"], "--augment.pitch-bins 1000.0: must be at most --model.n-mels (128)"),
+    (["--augment.stretch", "inf"], "--augment.stretch inf: must be a finite number"),
+    (["--optim.lr", "1e39"], "--optim.lr 1e+39: must be a float32"),
+    (["--seed", "-1"], "--seed -1: must be in [0, 2^63)"),
     (
         ["--objective.lejepa.local-views", "2", "--objective.lejepa.local-frames", "100"],
         "--objective.lejepa.local-frames 100: must be a multiple of --model.patch (16)",

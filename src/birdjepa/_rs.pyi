@@ -18,9 +18,9 @@ class WorkerError(Exception):
 def loader_defaults() -> str:
     """Every loader option with its default, as a JSON object (the only place the defaults live)."""
 
-def check_loader_options(options_json: str) -> None:
+def check_loader_options(options_json: str) -> int:
     """Raises ValueError naming the first option (of a JSON object of them) out of its range, without
-    opening a file."""
+    opening a file; else returns the log-mel frames one clip gives (the first ``n_frames`` are kept)."""
 
 def plan_indices(
     shard_rows: list[int], options_json: str, count: int

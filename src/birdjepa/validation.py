@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import PurePath
@@ -47,6 +48,12 @@ def _get(cfg: Any, option: str) -> Any:
     return cfg
 
 
+def _finite(v: Any) -> bool:
+    """A float option is a finite number: inf passed every ``>= 0`` rule (a step of ``--augment.pitch-bins
+    inf`` was an OverflowError; ``--optim.lr inf`` a non-finite step, blamed on the learning rate)."""
+    return not isinstance(v, float) or math.isfinite(v)
+
+
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ">=0": (lambda v: v >= 0, "must be >= 0 (0 = off)"),
     ">=1": (lambda v: v >= 1, "must be >= 1"),
@@ -72,10 +79,12 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
         lambda v: v >= 0, "must be >= 0 (0 = off)",
     ),
     (("stop_at_step",), lambda v: v >= 0, "must be >= 0"),
+    (("seed",), lambda v: 0 <= v < 2**63, "must be in [0, 2^63)"),
     (
-        ("optim.lr", "optim.probe_lr_scale", "data.features.std"),
+        ("optim.lr", "optim.probe_lr_scale", "data.features.std", "model.ln_epsilon"),
         lambda v: v > 0, "must be > 0",
     ),
+    (("optim.lr",), lambda v: v < 3e38, "must be a float32 (below 3e38)"),
     (
         ("optim.weight_decay", "optim.clip_norm", "augment.gain_db",
          "augment.tilt_db", "augment.noise_db", "augment.pitch_bins", "augment.stretch"),
@@ -101,6 +110,8 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
     for options, ok, allowed in _RANGES:
         for option in options:
             value = _get(cfg, option)
+            if value is not None and not _finite(value):
+                raise OptionError(option, value, "must be a finite number")
             if value is not None and not ok(value):
                 raise OptionError(option, value, allowed)
     if cfg.optim.grad_accum > cfg.steps:  # --steps counts micro-steps: the run would end before an update
@@ -127,8 +138,11 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
         raise OptionError("debug.plant", cfg.debug.plant, "plants change calls inside the blocks, which "
                           "--model.remat runs in a scan: plant in a run with --model.no-remat")  # fmt: skip
     low, high = cfg.augment.mix_db
-    if low > high:
-        raise OptionError("augment.mix_db", cfg.augment.mix_db, "must be (low, high) with low <= high")
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        raise OptionError("augment.mix_db", cfg.augment.mix_db, "must be (low, high), finite, low <= high")
+    if cfg.augment.pitch_bins > cfg.model.n_mels:  # its cost grows with it (96 s for a step at 1000)
+        why = f"must be at most --model.n-mels ({cfg.model.n_mels}): a larger shift moves every band out"
+        raise OptionError("augment.pitch_bins", cfg.augment.pitch_bins, why)
     _check_loader(cfg)
     _check_model(cfg)
     _check_objective(cfg)
@@ -159,12 +173,20 @@ def _check_loader(cfg: PretrainConfig) -> None:
     for name, value in options.items():  # the core reads counts unsigned: a negative one would go unnamed
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             raise OptionError(option(name), value, "must be >= 0")
+        if not _finite(value):  # JSON's NaN is no JSON to the core: it named an option "loader"
+            raise OptionError(option(name), value, "must be a finite number")
     try:
-        _rs.check_loader_options(json.dumps(options))
+        frames = _rs.check_loader_options(json.dumps(options))
     except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option it rejects
         message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
         name = message.split()[0]
         raise OptionError(option(name), options.get(name, "?"), message.removeprefix(f"{name} ")) from None
+    n_frames = cfg.data.features.n_frames
+    if frames > n_frames:  # the loader keeps the first n_frames: a 10 s clip trained on its first 5.1 s
+        why = (f"gives {frames} log-mel frames, more than --data.features.n-frames ({n_frames}), of which "
+               f"the rest would be cut off: a shorter clip, or --data.features.n-frames and --model.n-frames "
+               f"{frames} or more")  # fmt: skip
+        raise OptionError("data.features.clip_seconds", cfg.data.features.clip_seconds, why)
 
 
 def _check_model(cfg: PretrainConfig) -> None:

@@ -100,9 +100,11 @@ impl LoaderConfig {
 
     /// Every option in its range, checked without opening a file (a loader checks the same at its
     /// start), so a command line can be rejected before anything runs.
-    pub fn check(&self) -> Result<()> {
+    /// Errs naming the first option out of its range; else the log-mel frames one clip gives (the
+    /// first `n_frames` of them are kept).
+    pub fn check(&self) -> Result<usize> {
         self.validate()?;
-        ClipExtractor::new(self.clip.clone()).map(|_| ()).map_err(Error::config)
+        ClipExtractor::new(self.clip.clone()).map(|x| x.clip_frames()).map_err(Error::config)
     }
 
     /// The buffer never holds more than one epoch: a larger one would put repeats in one batch.
@@ -767,8 +769,17 @@ mod tests {
 
     #[test]
     fn check_names_the_first_option_out_of_range_and_passes_the_defaults() {
-        LoaderConfig::from_options(&LoaderOptions::default()).check().unwrap();
+        assert_eq!(LoaderConfig::from_options(&LoaderOptions::default()).check().unwrap(), 498); // frames
+        // Each starts with the option's name, which the CLI turns into its flag (it named "need",
+        // "clip_samples" and "time_mask.max_width"); a clip of 1e9 s aborted the process.
         for (json, name) in [
+            (r#"{"f_max": 10.0}"#, "f_max (10 Hz) must be above f_min"),
+            (r#"{"f_min": 20000.0}"#, "f_min (20000 Hz) must be in [0, f_max (16000 Hz))"),
+            (r#"{"clip_seconds": 0.0}"#, "clip_seconds gives 0 samples, fewer than win_length"),
+            (r#"{"clip_seconds": 1e9}"#, "clip_seconds gives 32000000000000 samples, more than 268435456"),
+            (r#"{"n_frames": 1000000000}"#, "n_frames (1000000000) x n_mels (128) is more than"),
+            (r#"{"time_mask_count": 1, "time_mask_width": 600}"#, "time_mask_width (600) exceeds n_frames"),
+            (r#"{"std": 0.0}"#, "std must be finite and > 0"),
             (r#"{"batch_size": 0}"#, "batch_size must be >= 1"),
             (r#"{"shuffle_buffer": 8, "shuffle_initial": 9}"#, "shuffle_initial must be in"),
             (r#"{"hop_length": 0}"#, "hop_length must be > 0"),

@@ -121,6 +121,10 @@ pub struct SampleKey {
     pub index: u64,
 }
 
+/// The most samples (and feature values) one view may hold: 2^28 (1 GiB of f32; 140 min at 32 kHz). A
+/// clip of 1e9 s asked for 128 TB and aborted the process.
+const MAX_VIEW_VALUES: usize = 1 << 28;
+
 /// Source sample rates accepted (guards filter sizes against corrupt headers).
 const MIN_RATE: u32 = 1_000;
 const MAX_RATE: u32 = 768_000;
@@ -210,27 +214,43 @@ impl ClipExtractor {
             ));
         }
         let fbank = Fbank::new(cfg.fbank.clone())?;
+        // Each message starts with the option to change (the CLI names it by that word).
         if cfg.clip_samples < cfg.fbank.win_length {
             return Err(format!(
-                "clip: clip_samples ({}) must be >= fbank.win_length ({}) to give at least one frame",
+                "clip: clip_seconds gives {} samples, fewer than win_length ({}): not one frame",
                 cfg.clip_samples, cfg.fbank.win_length
+            ));
+        }
+        if cfg.clip_samples > MAX_VIEW_VALUES {
+            return Err(format!(
+                "clip: clip_seconds gives {} samples, more than {MAX_VIEW_VALUES} a view may hold",
+                cfg.clip_samples
             ));
         }
         if cfg.n_frames == 0 {
             return Err("clip: n_frames must be > 0".into());
         }
-        if !(cfg.mean.is_finite() && cfg.std.is_finite() && cfg.std > 0.0) {
-            return Err(format!("clip: need finite mean and std > 0 (got mean={}, std={})", cfg.mean, cfg.std));
+        if cfg.n_frames.saturating_mul(cfg.fbank.n_mels) > MAX_VIEW_VALUES {
+            return Err(format!(
+                "clip: n_frames ({}) x n_mels ({}) is more than the {MAX_VIEW_VALUES} values a view may hold",
+                cfg.n_frames, cfg.fbank.n_mels
+            ));
+        }
+        if !cfg.mean.is_finite() {
+            return Err(format!("clip: mean must be finite (got {})", cfg.mean));
+        }
+        if !(cfg.std.is_finite() && cfg.std > 0.0) {
+            return Err(format!("clip: std must be finite and > 0 (got {})", cfg.std));
         }
         if cfg.time_mask.count > 0 && cfg.time_mask.max_width > cfg.n_frames {
             return Err(format!(
-                "clip: time_mask.max_width ({}) exceeds n_frames ({})",
+                "clip: time_mask_width ({}) exceeds n_frames ({})",
                 cfg.time_mask.max_width, cfg.n_frames
             ));
         }
         if cfg.freq_mask.count > 0 && cfg.freq_mask.max_width > cfg.fbank.n_mels {
             return Err(format!(
-                "clip: freq_mask.max_width ({}) exceeds n_mels ({})",
+                "clip: freq_mask_width ({}) exceeds n_mels ({})",
                 cfg.freq_mask.max_width, cfg.fbank.n_mels
             ));
         }
@@ -240,6 +260,11 @@ impl ClipExtractor {
 
     pub fn config(&self) -> &ClipConfig {
         &self.cfg
+    }
+
+    /// The log-mel frames of one clip, before the first `n_frames` are kept.
+    pub fn clip_frames(&self) -> usize {
+        self.n_fbank
     }
 
     /// Floats per view: `n_frames * n_mels`.

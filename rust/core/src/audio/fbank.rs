@@ -103,7 +103,7 @@ impl Fbank {
         let nyquist = cfg.sample_rate as f32 / 2.0;
         let f_max = cfg.f_max.unwrap_or(nyquist);
         if cfg.sample_rate == 0 {
-            return Err("fbank: sample_rate must be > 0".into());
+            return Err("fbank: target_rate must be > 0".into());
         }
         if cfg.win_length < 2 {
             return Err(format!("fbank: win_length must be >= 2 (got {})", cfg.win_length));
@@ -120,11 +120,12 @@ impl Fbank {
         if cfg.n_mels == 0 {
             return Err("fbank: n_mels must be > 0".into());
         }
-        if !(cfg.f_min >= 0.0 && cfg.f_min < f_max && f_max <= nyquist) {
-            return Err(format!(
-                "fbank: need 0 <= f_min < f_max <= Nyquist ({nyquist} Hz), got f_min={}, f_max={f_max}",
-                cfg.f_min
-            ));
+        // Each message starts with the option to change (the CLI names it): f_max where it was given.
+        if !(f_max > cfg.f_min && f_max <= nyquist) && cfg.f_max.is_some() {
+            return Err(format!("fbank: f_max ({f_max} Hz) must be above f_min ({} Hz) and at most Nyquist ({nyquist} Hz)", cfg.f_min));
+        }
+        if !(cfg.f_min >= 0.0 && cfg.f_min < f_max) {
+            return Err(format!("fbank: f_min ({} Hz) must be in [0, f_max ({f_max} Hz))", cfg.f_min));
         }
         if !(0.0..=1.0).contains(&cfg.preemphasis) {
             return Err(format!("fbank: preemphasis must be in [0, 1] (got {})", cfg.preemphasis));
