@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import soundfile as sf
 
-from birdjepa.data import Loader, StateError
+from birdjepa.data import DataError, Loader, StateError
 from birdjepa.data.shards import read_shard
 
 RATE, CLIP = 32_000, 160_000
@@ -117,3 +117,15 @@ def test_a_bad_event_is_a_counted_skip_naming_it(
     assert any(
         s["row"] == 0 and "event 0: [5, 4] s is not a window" in s["reason"] for s in diagnostics["skipped"]
     )
+
+
+def test_an_event_column_no_shard_has_is_an_error_naming_it(
+    with_events: tuple[list[str], dict[int, list]],
+) -> None:
+    # Rows without events keep the uniform crop: a misnamed column (a typo) trained on uniform crops only,
+    # exit 0.
+    files, _ = with_events
+    with pytest.raises(
+        DataError, match=r"event_column 'detected_event': no shard has it, .* columns .*detected_events"
+    ):
+        Loader(files, batch_size=4, seed=1, crop_events=True, event_column="detected_event")

@@ -416,6 +416,18 @@ impl Dataset {
             offsets.push(offsets.last().unwrap() + shard.rows());
             shards.push(ShardEntry { shard, audio, audio_root, label, window, events, vocab });
         }
+        if let (Some(name), Some(first)) = (&columns.event_column, shards.first()) {
+            // Rows without events keep the uniform crop; no shard with the column is a misnamed one (a
+            // typo trained on uniform crops, without a word).
+            if !shards.iter().any(|s| s.events) {
+                let fields = first.shard.schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>();
+                return Err(Error::data(format!(
+                    "event_column '{name}': no shard has it, so no view would be cropped around an event ({}: columns {})",
+                    sorted[0].display(),
+                    fields.join(", ")
+                )));
+            }
+        }
         let n_classes = match (&columns.multilabel_column, &columns.label_names) {
             (Some(_), Some(names)) => Some(columns.n_classes.unwrap_or(names.len())),
             (Some(_), None) => Some(multi_hot_width(&shards, columns.n_classes)?),
