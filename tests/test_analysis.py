@@ -126,10 +126,22 @@ def test_a_log_analyze_cannot_use_is_one_line_naming_it(
     assert not (tmp_path / "analysis").exists() and not (tmp_path / "run" / "analysis").exists()
 
 
-def test_analyze_refuses_a_window_below_1_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--window", "0"], "--window 0: must be at least 1"),
+        (["--metrics"], "--metrics: give at least one"),  # a matplotlib traceback
+        (["--gap-s", "-1"], "--gap-s -1.0: must be a number >= 0"),  # a resume at every line
+        (["--gap-s", "nan"], "--gap-s nan: must be a number >= 0"),  # none found
+    ],
+)
+def test_analyze_refuses_an_option_that_cannot_work_in_one_line(
+    flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as e:
-        birdjepa_main(["analyze", "any", "--window", "0"])
-    assert e.value.code == 2 and capsys.readouterr().err == "error: --window 0: must be at least 1\n"
+        birdjepa_main(["analyze", "any", *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {said}") and err.count("\n") == 1, err
 
 
 def test_jump_is_post_mean_minus_pre_mean_and_drift_comes_from_steps_away_from_resumes() -> None:
@@ -257,6 +269,12 @@ def test_analyze_writes_figures_and_a_jump_table(resumed_run: Path, tmp_path: Pa
     assert abs(jumped.jump - 1.0) < 0.1 and jumped.z > 10 and abs(quiet.z) < 4
     assert lag_jumped.z > 4 and abs(lag_quiet.z) < 4
     assert result.max_abs_diff is None and quiet.other_max_abs is None
+    # Again into the first's folder, of another metric: the first's figures are not left beside it (a
+    # mix of two analyses, or two runs'); a file of the user's stays.
+    (out / "notes.txt").write_text("mine")
+    analysis.analyze(resumed_run, window=20, out=out, metrics=("train/step_time",))
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["iid_grid.png", "notes.txt", "overview.png", "summary.md", "window-train_step_time.png"]
 
 
 def test_analyze_names_an_unknown_metric(resumed_run: Path) -> None:

@@ -97,6 +97,11 @@ def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_differenc
     # The command makes a missing folder for its output, as `embed --out` does.
     main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "optimizer", "--out", str(t0)])
     assert t0.is_file()
+    with pytest.raises(SystemExit) as typo:  # a trace of 0 tensors, exit 0
+        main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "optimiser", "--out", str(t1)])
+    said = capsys.readouterr().err
+    assert typo.value.code == 2 and "--only optimiser: matches no tensor of the step" in said
+    assert not t1.exists()
     trace_file.write(trace_step(runs / "A", 1, only=("batch", "optimizer")), t1)
     with pytest.raises(SystemExit) as same:
         main(["diff-trace", str(t0), str(t0)])

@@ -278,6 +278,9 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
     with pytest.raises(SystemExit) as e:  # a traceback once the evaluation was done
         cli(tiny_run, out=tmp_path)
     assert e.value.code == 74 and f"{tmp_path}: is a folder, not a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the run's batch size, said nowhere
+        cli(tiny_run, batch_size=0)
+    assert e.value.code == 2 and "--batch-size 0: must be >= 1" in capsys.readouterr().err
     # Writing into a run another live process holds (a trainer) is refused at once, in one line.
     holder = subprocess.Popen(["sleep", "60"])
     lease = {"host": socket.gethostname(), "pid": holder.pid, "job": None, "started": time.time(),
@@ -505,6 +508,11 @@ def test_export_and_embed_errors_are_one_line(
     shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "unreadable")
     one_line(["embed", str(tmp_path / "unreadable"), "--encoder", str(tiny_run), "--out", str(out)], "embed",
              "no row of the 1 shard file(s) could be read: nothing to embed")  # fmt: skip
+    from birdjepa.export.cli import export
+
+    folder = export(tiny_run, tmp_path / "export")  # of step 5: its step was embedded, exit 0
+    one_line(["embed", shards, "--encoder", str(folder), "--step", "2", "--out", str(out)], "embed", folder,
+             "an export of step 5, not of the step 2 asked for")  # fmt: skip
     # Checked before the (slow) restore: neither command gets that far.
     monkeypatch.setattr(birdjepa.export.cli, "load_encoder", lambda *a: pytest.fail("the encoder loaded"))
     monkeypatch.setattr("birdjepa.evaluation.cli.restore_checkpoint", lambda *a: pytest.fail("restored"))

@@ -122,6 +122,14 @@ def analyze(
         raise OutputError(why if out is not None else f"{why}; give --out FOLDER")
     out = where
     out.mkdir(parents=True, exist_ok=True)
+    # An earlier analysis's files there, this one's names: its summary and figures of other metrics stood
+    # beside this one's (another run's, with another --out given twice). The summary goes last: a folder
+    # with one holds one whole analysis.
+    for earlier in [
+        *(out / n for n in ("summary.md", "overview.png", "iid_grid.png")),
+        *out.glob("window-*.png"),
+    ]:
+        earlier.unlink(missing_ok=True)
 
     found = jumps(log, chosen, window, ref)
     whole = max_abs_diff(log, ref) if ref is not None else None
@@ -159,9 +167,13 @@ def cli(
     its z-score against normal drift; --other overlays a reference run (e.g. the uninterrupted one)
     and adds the max abs difference to it. --gap-s: in logs without resume events, a pause longer than
     this many seconds counts as a resume."""
-    if window < 1:
-        print(f"error: --window {window}: must be at least 1", file=sys.stderr, flush=True)
-        raise SystemExit(exit_codes.USAGE)
+    # An empty --metrics was a matplotlib traceback; a --gap-s below 0 found a resume at every line, NaN none.
+    for bad, said in ((window < 1, f"--window {window}: must be at least 1"),
+                      (metrics == (), "--metrics: give at least one, or leave it out for the main ones"),
+                      (not gap_s >= 0, f"--gap-s {gap_s}: must be a number >= 0")):  # fmt: skip
+        if bad:
+            print(f"error: {said}", file=sys.stderr, flush=True)
+            raise SystemExit(exit_codes.USAGE)
     try:
         result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
     except OutputError as e:

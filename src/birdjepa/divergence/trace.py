@@ -235,9 +235,14 @@ def manifest(run: OpenRun, step: int, entries: list[Entry]) -> dict[str, Any]:
 
 
 def keep_only(trace: Trace, patterns: Sequence[str]) -> Trace:
-    """The entries whose ``stage/name`` matches any of ``patterns`` (see `matches`)."""
+    """The entries whose ``stage/name`` matches any of ``patterns`` (see `matches`); `ReplayError` for a
+    pattern that matches none (a typo gave a trace of 0 tensors, exit 0)."""
     if not patterns:
         return trace
+    unmatched = [p for p in patterns if not any(matches(e.key, [p]) for e in trace.entries)]
+    if unmatched:
+        raise ReplayError(f"--only {' '.join(unmatched)}: matches no tensor of the step (stages: "
+                          f"{', '.join(STAGES)}; e.g. {trace.entries[0].key})")  # fmt: skip
     kept = [e for e in trace.entries if matches(e.key, patterns)]
     return Trace({**trace.manifest, "only": list(patterns)}, kept)
 

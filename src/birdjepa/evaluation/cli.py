@@ -238,6 +238,10 @@ def cli(
             depend on it).
         out: Where to write the JSON (default: RUN/eval/<step>.json).
     """
+    for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
+        if value is not None and value < least:  # --batch-size 0 was the run's batch size, said nowhere
+            print(f"birdjepa evaluate: error: {flag} {value}: must be >= {least}", file=sys.stderr)
+            raise SystemExit(USAGE)
     why = unwritable(out) if out is not None else None
     if why is not None:  # before the work: a traceback once the evaluation was done
         print(f"birdjepa evaluate: error: {why}", file=sys.stderr)

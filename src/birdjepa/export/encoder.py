@@ -209,6 +209,10 @@ def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
     checkpoint, or ``step``)."""
     source = Path(source)
     if (source / CARD).is_file():
+        held = json.loads((source / CARD).read_text()).get("checkpoint", {}).get("step")
+        if step is not None and step != held:  # else the export's step was embedded, exit 0
+            raise ExportError(f"{source}: an export of step {held}, not of the step {step} asked for "
+                              "(--step or @STEP is for a run directory)")  # fmt: skip
         return _from_export(source)
     if layout.has_checkpoints(source):
         from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint

@@ -123,6 +123,9 @@ def cli(
 ) -> None:
     """Align two runs' logged metrics by step (all segments) and print per metric the max abs and rel
     difference and the first differing step; exit 1 if any selected metric differs."""
+    if metrics == ():  # compared nothing: max_abs_diff=inf, exit 1, a run "different" from itself
+        print("error: --metrics: give at least one, or leave it out for every metric", file=sys.stderr)
+        raise SystemExit(exit_codes.USAGE)
     for run in (run_a, run_b):
         why = not_a_run(run)
         if why is not None:
