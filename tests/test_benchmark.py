@@ -343,6 +343,27 @@ def test_table_and_option_errors_are_one_line(
     assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
 
 
+def test_a_class_count_other_than_the_task_vocabulary_s_is_refused_before_anything_is_embedded(
+    birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An IndexError once every clip was embedded.
+    from birdjepa.cli import main
+
+    task = birdset_dir / "SYN1"
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--backbone", "raw", "--task", "SYN1", "--train", str(task / "train" / "*.arrow"),
+              "--test", str(task / "test_5s" / "*.arrow"), "--n-classes", "2",
+              "--results", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--n-classes 2: the task's classes are the " in err, err
+    assert not (tmp_path / "cache").exists()
+    from birdjepa.benchmark.backbones import _one_hot  # a task without vocab.json: labels past the count
+    from birdjepa.data import DataError
+
+    with pytest.raises(DataError, match="a clip's label is 3, outside the 2 classes of --n-classes"):
+        _one_hot(np.array([0, 3, -1]), 2)
+
+
 def test_an_n_no_class_reaches_is_said_to_score_as_all(
     birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

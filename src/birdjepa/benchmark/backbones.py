@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from birdjepa.data import Features, Loader
+from birdjepa.data import DataError, Features, Loader
 from birdjepa.evaluation.embed import raw_features
 from birdjepa.model.config import ModelConfig
 
@@ -370,6 +370,9 @@ def embed(
 
 
 def _one_hot(label: np.ndarray, n_classes: int) -> np.ndarray:
+    if len(label) and label.max() >= n_classes:  # an IndexError, naming nothing
+        top = int(label.max())
+        raise DataError(f"a clip's label is {top}, outside the {n_classes} classes of --n-classes")
     out = np.zeros((len(label), n_classes), np.uint8)
     has = label >= 0
     out[np.flatnonzero(has), label[has]] = 1

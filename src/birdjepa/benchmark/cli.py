@@ -66,6 +66,9 @@ def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
         if not Path(f).is_file():
             raise BenchmarkError(f"{f}: no such shard file")
     names = _vocab(train_files) or _vocab(test_files)
+    if n_classes is not None and names is not None and n_classes != len(names):  # an IndexError, later
+        raise BenchmarkError(f"--n-classes {n_classes}: the task's classes are the {len(names)} of "
+                             f"{Path(train_files[0]).parent / VOCAB_FILE}; leave it out")  # fmt: skip
     if n_classes is None:
         if names is None:
             raise BenchmarkError(
