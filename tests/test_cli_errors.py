@@ -80,7 +80,8 @@ def test_loader_demo_options_that_cannot_work_are_one_line(
     ("flags", "message"),
     [
         (["--workers", "-1"], "--workers -1: must be >= 1"),  # taken, "with -1 worker(s)"
-        (["--recordings", "5"], "--shards 500: must be in [1, --recordings (5)]"),  # "got 500, 5"
+        (["--recordings", "20"], "--shards 500: must be in [1, --recordings (20)]"),  # "got 500, 20"
+        (["--recordings", "0"], "--recordings 0: must be >= --n-species (16)"),  # it named --shards
         (["--recordings", "50", "--pool", "0"], "--pool 0: must be >= 1"),
         # Exit 1, "need n_species <= pool <= recordings, got 60", with --pool or without.
         (

@@ -443,6 +443,10 @@ def test_cli_demo_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert (
         e.value.code == 1 and "holds a data set (manifest.json): use --overwrite" in capsys.readouterr().err
     )
+    with pytest.raises(SystemExit) as e:  # a file there: a NotADirectoryError's traceback
+        main(["demo-data", str(out / "manifest.json" / "x"), *args.split(), "--workers", "1"])
+    said = capsys.readouterr().err
+    assert e.value.code == 1 and said.count("\n") == 1 and "cannot be written" in said, said
 
 
 def test_a_script_without_a_main_guard_gets_its_recordings_in_one_process_not_a_hang(tmp_path: Path) -> None:

@@ -425,3 +425,24 @@ def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its
     assert e.value.code == 1 and not (tmp_path / "eval2").exists()
     err = capsys.readouterr().err
     assert f"{held_out / 'newbir' / 'XC050.wav'}: label 'newbir' is not one of the 3 of " in err, err
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"shard_mb": float("nan")}, "--shard-mb nan: must be > 0"),  # "cannot convert float NaN", later
+        ({"prefix": ""}, "--prefix '': must be a file name's start"),  # a ValueError's traceback
+        ({"prefix": "a/b"}, "--prefix 'a/b': must be a file name's start"),
+        ({"label_column": ""}, "--label-column '': must be a name"),
+    ],
+)
+def test_prepare_options_that_cannot_work_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: dict, said: str
+) -> None:
+    from birdjepa.data.prepare import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli(make_src(tmp_path / "src"), tmp_path / "out", **options)
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith(f"birdjepa prepare: error: {said}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()

@@ -220,8 +220,14 @@ def prepare(
     src, out = Path(src), Path(out)
     if not src.is_dir():
         raise PrepareError(f"source folder {src} does not exist or is not a folder")
-    if shard_mb <= 0:
-        raise PrepareError(f"shard_mb must be positive, got {shard_mb}")
+    if not shard_mb > 0:  # NaN too
+        raise PrepareError(f"--shard-mb {shard_mb}: must be > 0")
+    if not prefix or "/" in prefix:  # else a ValueError's traceback, from the shard writer
+        raise PrepareError(f"--prefix {prefix!r}: must be a file name's start, not empty, without '/'")
+    if label_column in ("", "audio", "recording_id"):
+        raise PrepareError(
+            f"--label-column {label_column!r}: must be a name other than 'audio' and 'recording_id'"
+        )
     files = find_audio_files(src)
     if not files:
         raise PrepareError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {src}")

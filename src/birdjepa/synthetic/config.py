@@ -51,7 +51,7 @@ class DemoConfig:
             )
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-        if self.shard_mb <= 0:
+        if not self.shard_mb > 0:  # NaN too: "cannot convert float NaN to integer", later
             raise ValueError(f"shard_mb must be positive, got {self.shard_mb}")
         if self.order not in ("shuffled", "species"):
             raise ValueError(f"order must be 'shuffled' or 'species', got {self.order!r}")

@@ -87,10 +87,10 @@ class ScaleConfig:
 
     def __post_init__(self) -> None:
         # Worded as `birdjepa demo-data`'s flags, whose values these are.
+        if self.recordings < self.n_species:  # first: --recordings 0 named --shards
+            raise ValueError(f"--recordings {self.recordings}: must be >= --n-species ({self.n_species})")
         if not 1 <= self.shards <= self.recordings:
             raise ValueError(f"--shards {self.shards}: must be in [1, --recordings ({self.recordings})]")
-        if self.recordings < self.n_species:
-            raise ValueError(f"--recordings {self.recordings}: must be >= --n-species ({self.n_species})")
         if not self.n_species <= self.pool <= self.recordings:
             raise ValueError(f"--pool {self.pool}: must be in [--n-species ({self.n_species}), --recordings "
                              f"({self.recordings})]")  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from birdjepa.data.shards import VOCAB_FILE, list_shards, only_writer, remove_shards
+from birdjepa.outputs import unwritable
 from birdjepa.synthetic.channel import Nuisance, render_recording
 from birdjepa.synthetic.codecs import encode_audio
 from birdjepa.synthetic.config import RecordingPlan
@@ -45,6 +46,9 @@ def written(out: Path, overwrite: bool, folders: Sequence[str], write: Callable[
     ``folders``: where a set of this kind keeps its shards (globs under ``out``). A set already there
     (the manifest, or shards in those folders) is an error without ``overwrite``, and is replaced with
     it; shards in other folders of ``out`` (another set a user keeps there) are not this command's."""
+    why = unwritable(out, folder=True)  # a file there: a NotADirectoryError's traceback
+    if why is not None:
+        raise FileExistsError(why)
     out.mkdir(parents=True, exist_ok=True)
     with only_writer(out):
         ours = [f for pattern in folders for f in sorted(out.glob(pattern)) if f.is_dir()]
