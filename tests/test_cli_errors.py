@@ -6,6 +6,7 @@ tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,18 @@ def test_demo_data_options_that_cannot_work_are_one_line_before_anything_is_writ
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err == f"birdjepa demo-data: error: {message}", err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_wandb_mirror_that_cannot_start_is_a_warning_not_the_end_of_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --log.wandb online without an API key (or a compute node without network) stopped the run with
+    # wandb's traceback; the log in the run directory is the source of truth.
+    from birdjepa.pretrain.wandb_mirror import open_run
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setattr("sys.stdin", open(os.devnull))  # as a batch job: no prompt
+    assert open_run("online", tmp_path, "r", "p", {}, 0) is None
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("WARNING the wandb mirror could not start (UsageError: No API key configured.")

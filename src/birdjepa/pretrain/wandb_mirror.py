@@ -28,19 +28,27 @@ def run_id(run_dir: Path, run: str) -> str:
 def open_run(
     mode: WandbMode, run_dir: Path, run: str, project: str, config: dict[str, Any], restart: int
 ) -> Any | None:
-    """A wandb run to mirror metrics into, or None when disabled."""
+    """A wandb run to mirror metrics into, or None when disabled, or when wandb cannot start (no API key,
+    no network on a compute node): a WARNING, and the run trains on, its log the source of truth. It
+    stopped the run with wandb's traceback."""
     if mode == "disabled":
         return None
     import wandb  # only when asked for: it is slow to import
 
-    wb = wandb.init(
-        project=project,
-        id=run_id(run_dir, run),
-        name=run,
-        dir=str(run_dir),
-        mode=mode,
-        resume="allow",
-        config=config,
-    )
+    try:
+        wb = wandb.init(
+            project=project,
+            id=run_id(run_dir, run),
+            name=run,
+            dir=str(run_dir),
+            mode=mode,
+            resume="allow",
+            config=config,
+        )
+    except Exception as e:  # wandb's own errors (UsageError, CommError, ...) have no common base to name
+        said = " ".join(str(e).split())
+        print(f"WARNING the wandb mirror could not start ({type(e).__name__}: {said}); the run trains on, "
+              f"logged to {run_dir} only (--log.wandb offline needs no network)", flush=True)  # fmt: skip
+        return None
     wb.summary["restart"] = restart
     return wb
