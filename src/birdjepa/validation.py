@@ -170,10 +170,8 @@ def _check_loader(cfg: PretrainConfig) -> None:
     def option(name: str) -> str:
         return f"data.{name}" if name in data else f"data.features.{name}"
 
-    for name, value in options.items():  # the core reads counts unsigned: a negative one would go unnamed
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            raise OptionError(option(name), value, "must be >= 0")
-        if not _finite(value):  # JSON's NaN is no JSON to the core: it named an option "loader"
+    for name, value in options.items():  # JSON's NaN is no JSON to the core: it named an option "loader"
+        if not _finite(value):
             raise OptionError(option(name), value, "must be a finite number")
     try:
         frames = _rs.check_loader_options(json.dumps(options))

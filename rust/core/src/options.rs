@@ -132,8 +132,24 @@ impl Default for LoaderOptions {
 
 impl LoaderOptions {
     /// Parse a JSON object of options; absent ones take their defaults.
+    /// Errs naming the option at fault where one is (serde names none for a value of the wrong type or
+    /// range: "invalid value: integer `-1`, expected usize at line 1 column 17").
     pub fn from_json(text: &str) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| Error::config(format!("loader options: {e}")))
+        serde_json::from_str(text).map_err(|e| {
+            let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
+                return Error::config(format!("loader options: {e}"));
+            };
+            for (key, value) in map {
+                let alone = serde_json::Value::Object([(key.clone(), value.clone())].into_iter().collect());
+                if let Err(e) = serde_json::from_value::<Self>(alone) {
+                    return Error::config(match value.as_i64() {
+                        Some(n) if n < 0 => format!("{key} must be >= 0 (got {n})"),
+                        _ => format!("{key} {value}: {e}"),
+                    });
+                }
+            }
+            Error::config(format!("loader options: {e}"))
+        })
     }
 
     pub fn to_json(&self) -> String {
@@ -157,7 +173,9 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::Config);
         assert!(e.message.contains("unknown field `shuffle_bufer`"), "{}", e.message);
         let e = LoaderOptions::from_json(r#"{"n_mels": "many"}"#).unwrap_err();
-        assert!(e.message.contains("invalid type"), "{}", e.message);
+        assert!(e.message.starts_with("n_mels \"many\": invalid type"), "{}", e.message);
+        let e = LoaderOptions::from_json(r#"{"batch_size": 4, "n_workers": -1}"#).unwrap_err();
+        assert_eq!(e.message, "n_workers must be >= 0 (got -1)"); // serde named no field
     }
 
     #[test]

@@ -202,6 +202,9 @@ def embed_cli(
             depend on it).
     """
     t0 = time.perf_counter()
+    if n_workers < 0:  # the loader's ValueError, a traceback
+        print(f"birdjepa embed: error: --n-workers {n_workers}: must be >= 0", file=sys.stderr)
+        raise SystemExit(USAGE)
     try:
         audio, files = checked(source, out)  # what can fail at once does, before the encoder loads
         enc = load_encoder(encoder, step)
