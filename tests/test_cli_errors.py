@@ -7,6 +7,8 @@ tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,16 +108,17 @@ def test_demo_data_options_that_cannot_work_are_one_line_before_anything_is_writ
     assert not (tmp_path / "out").exists()
 
 
-def test_a_wandb_mirror_that_cannot_start_is_a_warning_not_the_end_of_the_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_wandb_mirror_that_cannot_start_is_a_warning_not_the_end_of_the_run(tmp_path: Path) -> None:
     # --log.wandb online without an API key (or a compute node without network) stopped the run with
-    # wandb's traceback; the log in the run directory is the source of truth.
-    from birdjepa.pretrain.wandb_mirror import open_run
-
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
-    monkeypatch.setattr("sys.stdin", open(os.devnull))  # as a batch job: no prompt
-    assert open_run("online", tmp_path, "r", "p", {}, 0) is None
-    (line,) = capsys.readouterr().out.splitlines()
-    assert line.startswith("WARNING the wandb mirror could not start (UsageError: No API key configured.")
+    # wandb's traceback; the log in the run directory is the source of truth. In a process of its own:
+    # wandb's threads outlive the failed start (one parsed source beside tyro's in a test worker, and
+    # CPython 3.11's AST state is not per thread: "AST constructor recursion depth mismatch").
+    code = "from birdjepa.pretrain.wandb_mirror import open_run; import sys; print(open_run('online', " \
+           f"__import__('pathlib').Path({str(tmp_path)!r}), 'r', 'p', {{}}, 0))"  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {"HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    warning, result = done.stdout.splitlines()[-2:]
+    assert warning.startswith("WARNING the wandb mirror could not start (UsageError: No API key configured.")
+    assert result == "None"
