@@ -45,6 +45,12 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
         ('[{"run": "a"}, {"run": "a"}]', "two configs share a run directory"),
         ("[]", "non-empty list"),
         ("[3]", "config 0 is a int"),
+        # Dropped, merged or a traceback, and the run went on without a word.
+        ('[{"optim.lr": 1e-3, "optim": {"lr": 3e-3}}]', "config 0: optim.lr is set twice"),
+        ('[{"steps": 4, "optim": {}}]', "config 0: optim is an empty dict, which sets nothing"),
+        ("[{1: 2}]", "config 0: 1 is no option name (1)"),
+        # A newline ended the job script's #SBATCH lines, its next line a command of the script.
+        ('[{"run": "ok\\ntouch pwned"}]', "config 0: its run directory"),
     ],
 )
 def test_bad_overrides_name_file_config_and_key(tmp_path: Path, body: str, message: str) -> None:
@@ -61,6 +67,8 @@ def test_bad_overrides_name_file_config_and_key(tmp_path: Path, body: str, messa
         ("import no_such_module_here\n", 1, "ModuleNotFoundError: No module named 'no_such_module_here'"),
         ("def make_cfgs():\n    x = {}\n    return [x['lr']]\n", 3, "KeyError: 'lr'"),
         ("def make_benchmarks():\n    return 1 / 0\n", 2, "ZeroDivisionError: division by zero"),
+        # The sweep ended with exit 0, nothing run and nothing said.
+        ("import sys\ndef make_cfgs():\n    sys.exit(0)\n", 3, "SystemExit: 0"),
     ],
 )
 def test_a_sweep_file_that_fails_is_one_line_naming_its_line(
@@ -115,6 +123,13 @@ def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) 
     assert done.stdout.count("#!/bin/bash") == 2 and "--optim.lr 0.003" in done.stdout
     assert '"lr": 0.003' in done.stdout and '"batch_size": 8' in done.stdout  # the resolved configs
     assert not list(tmp_path.iterdir())
+    # Where sbatch fails (here: none on PATH), one line saying what was submitted (a traceback).
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "sweep", str(REPO / "sweeps" / "tiny.py"),
+                           "--runs-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: config 0: sbatch is not on PATH"), done.stderr
 
 
 @pytest.mark.slow  # two trainings; the job script's requeue is proved below in the suite
@@ -155,6 +170,8 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
         ({**good, "probe": ["centriod"]}, "entry 1: probes are "),
         ({**good, "n_train": [0]}, "n is -1 (all) or >= 1"),
         ({**good, "backbone": []}, "entry 1: give --backbone"),
+        ({**good, "seed": []}, "entry 1: --seed: give at least one value"),  # 0 fitted, exit 0
+        ({**good, "results": str(tmp_path / "a\nb")}, "entry 1: its results folder"),
     ):
         bad = benchmark_sweep(tmp_path, repr([good, entry]))
         with pytest.raises(SystemExit) as e:
@@ -255,3 +272,12 @@ def test_a_ctrl_c_stops_a_local_sweep_once_its_trainer_saved(demo_dir: Path, tmp
     (stop,) = [x for x in read_metrics(first) if x.get("event") == "stop"]
     assert stop["exit_code"] == 130 and Checkpointer(first).latest_step() == stop["step"] < 399
     assert not (runs / "ctrl-1").exists()  # the sweep stopped too: the second config never started
+
+
+def test_a_sweep_file_of_both_kinds_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # make_cfgs was dropped without a word.
+    path = tmp_path / "both.py"
+    path.write_text("def make_cfgs():\n    return [{}]\ndef make_benchmarks():\n    return [{}]\n")
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(path), "--dry-run"])
+    assert e.value.code == 2 and "defines both make_cfgs() and make_benchmarks()" in capsys.readouterr().err

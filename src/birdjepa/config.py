@@ -208,16 +208,25 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return plain(cfg)
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Mapping[str, Any], prefix: str = "", *, where: str | None = None) -> dict[str, Any]:
     """Nested dicts to dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``): how config
     differences and sweep overrides name an option; an option recorded under an old name (`RENAMED`)
-    comes out under its new one."""
+    comes out under its new one. ``where`` (a sweep config's, written by hand): `ConfigError` for a key
+    that is no name, an empty dict (it set nothing: the run took the defaults) or an option set twice
+    (``optim.lr`` beside ``optim: {lr}``: one was dropped)."""
     out: dict[str, Any] = {}
     for k, v in tree.items():
+        if where is not None and (not isinstance(k, str) or not k or (isinstance(v, Mapping) and not v)):
+            raise ConfigError(f"{where}: {prefix}{k!s} is " + ("an empty dict, which sets nothing" if
+                              isinstance(k, str) and k else f"no option name ({k!r})"))  # fmt: skip
         if isinstance(v, Mapping):
-            out.update(flatten(v, f"{prefix}{k}."))
+            inner = flatten(v, f"{prefix}{k}.", where=where)
         else:
-            out[RENAMED.get(prefix + k, prefix + k)] = v
+            inner = {RENAMED.get(prefix + k, prefix + k): v}
+        twice = out.keys() & inner.keys()
+        if where is not None and twice:
+            raise ConfigError(f"{where}: {min(twice)} is set twice")
+        out.update(inner)
     return out
 
 

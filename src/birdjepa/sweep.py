@@ -37,9 +37,12 @@ NOT_IN_JOBS = ("table", "plot")
 
 def load_benchmarks(path: Path) -> list[dict[str, Any]] | None:
     """``make_benchmarks()`` of a sweep file, or None when it defines none (a pretrain sweep)."""
-    make = getattr(pretrain_sweep.load_module(path), "make_benchmarks", None)
+    module = pretrain_sweep.load_module(path)
+    make = getattr(module, "make_benchmarks", None)
     if make is None:
         return None
+    if hasattr(module, "make_cfgs"):  # make_cfgs was dropped without a word
+        raise SweepError(f"{path}: defines both make_cfgs() and make_benchmarks(): one sweep file, one kind")
     entries = pretrain_sweep.run_own_code(path, make)
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise SweepError(f"{path}: make_benchmarks() must return a non-empty list of dicts")
@@ -121,7 +124,9 @@ def cli(
         jobs = []
         for i, entry in enumerate(entries):
             flags = benchmark_flags(entry, f"{sweep_file}: entry {i}")
-            jobs.append((f"{sweep_file.stem}-{i}", flags, Path(entry.get("results", "results"))))
+            results = Path(entry.get("results", "results"))
+            pretrain_sweep.slurm_safe(results.absolute(), "its results folder", f"{sweep_file}: entry {i}")
+            jobs.append((f"{sweep_file.stem}-{i}", flags, results))
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
@@ -139,6 +144,12 @@ def cli(
             failed += code != 0
             print(f"{name}: local exit {code}")
         else:
-            print(f"{name}: job {submit(log_dir / f'{name}.sbatch')}")
+            try:
+                print(f"{name}: job {submit(log_dir / f'{name}.sbatch')}")
+            except RuntimeError as e:  # a traceback
+                print(
+                    f"error: {name}: {e}; the entries above were submitted, those below not", file=sys.stderr
+                )
+                raise SystemExit(exit_codes.FAILED) from None
     if failed:
         raise SystemExit(exit_codes.FAILED)

@@ -324,6 +324,8 @@ def check_options(
     # A value given twice: its second result was counted "already in the store".
     lists = {"--backbone": backbone, "--probe": probe, "--n-train": n_train, "--seed": seed}
     for flag, values in lists.items():
+        if not values:  # --seed with no value: 0 probes fitted, exit 0
+            raise BenchmarkError(f"{flag}: give at least one value, or leave it out for the default")
         twice = [str(v) for i, v in enumerate(values) if v in values[:i]]
         if twice:
             raise BenchmarkError(f"{flag} {' '.join(map(str, values))}: {', '.join(twice)} given twice")

@@ -82,7 +82,8 @@ def run_own_code(path: Path, fn: Callable[..., Any], *args: Any) -> Any:
     traceback."""
     try:
         return fn(*args)
-    except Exception as e:  # noqa: BLE001 (anything the user's file raises)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 (anything the user's file raises; sys.exit(0)
+        # in it ended the sweep with exit 0, nothing run and nothing said)
         if isinstance(e, SyntaxError) and e.lineno is not None:
             line: int | None = e.lineno
         else:
@@ -132,12 +133,23 @@ class Job:
     """The `birdjepa pretrain` flags of this run (parsed back to ``cfg`` exactly, see `plan`)."""
 
 
+def slurm_safe(path: Path, what: str, where: str) -> None:
+    """`SweepError` for a path an sbatch line cannot hold: ``#SBATCH`` lines are not quoted, and a newline
+    in a run name ended them, its next line a command of the job script."""
+    if any(c.isspace() or not c.isprintable() for c in str(path)):
+        raise SweepError(f"{where}: {what} {str(path)!r} has a space or a control character, which a Slurm "
+                         "job script's #SBATCH lines cannot hold")  # fmt: skip
+
+
 def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None = None) -> list[Job]:
     """Every config of a sweep file, validated and resolved; raises SweepError before any submission."""
     jobs = []
     for i, overrides in enumerate(load_sweep(path)):
         where = f"{path}: config {i}"
-        overrides = flatten(overrides)
+        try:
+            overrides = flatten(overrides, where=where)
+        except ConfigError as e:
+            raise SweepError(str(e)) from None
         overrides.setdefault("run", f"{Path(path).stem}-{i}")
         if runs_dir is not None:
             overrides.setdefault("log.runs_dir", str(Path(runs_dir).absolute()))
@@ -153,6 +165,7 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
             validation.check(cfg)
         except OptionError as e:
             raise SweepError(f"{where}: {e}") from None
+        slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
         if force_resume_at is not None and not 0 <= force_resume_at < cfg.steps - 1:
             raise SweepError(
                 f"{where}: --force-resume-at {force_resume_at} is not inside its {cfg.steps} steps"
@@ -226,7 +239,10 @@ def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workd
 
 def submit(script: Path) -> str:
     """sbatch a script; returns the job id."""
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    try:
+        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise RuntimeError("sbatch is not on PATH: not a Slurm login node? (--local runs here)") from None
     if done.returncode != 0:
         raise RuntimeError(f"sbatch {script} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout.strip().split(";")[0]
@@ -279,6 +295,7 @@ def cli(
         raise SystemExit(exit_codes.USAGE) from None
     workdir = Path.cwd()
     rows = []
+    failed = ""
     children = Children()
     for job in jobs:
         run_dir = job.cfg.run_dir.absolute()
@@ -297,10 +314,16 @@ def cli(
             if children.stopped:  # a Ctrl-C or SIGTERM: the sweep stops, not just this run
                 break
         else:
-            rows.append((job.index, submit(run_dir / "job.sbatch"), run_dir))
+            try:
+                rows.append((job.index, submit(run_dir / "job.sbatch"), run_dir))
+            except RuntimeError as e:  # a traceback, and the jobs already submitted said nowhere
+                failed = f"error: config {job.index}: {e}; the configs above were submitted, those below not"
+                break
     if rows:
         print(f"{'config':>6}  {'job':<14}  run directory")
         for i, job_id, run_dir in rows:
             print(f"{i:>6}  {job_id:<14}  {run_dir}")
-    if local and any(not str(r[1]).endswith(" 0") for r in rows):
+    if failed:
+        print(failed, file=sys.stderr, flush=True)
+    if failed or (local and any(not str(r[1]).endswith(" 0") for r in rows)):
         raise SystemExit(exit_codes.FAILED)
