@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.ipc as ipc
+import pytest
 
 from birdjepa.data import Features, Loader, take
 
@@ -42,6 +43,26 @@ def test_iterating_again_gives_the_same_pass(demo_dir: Path) -> None:
     for a, b in zip(first, second, strict=True):
         for k in a:
             assert np.array_equal(a[k], b[k])
+
+
+def test_a_pass_begun_by_next_is_followed_by_a_whole_one_and_a_closed_loader_keeps_its_state(
+    demo_dir: Path,
+) -> None:
+    # A `for` after a `next()` gave the rest of the first pass only; an index past the end panicked in
+    # the core with its lock held (every later call a PoisonError); a second close(), or state() after
+    # a `with` block, was an AttributeError.
+    whole = [i for b in eval_loader(demo_dir) for i in b["index"].tolist()]
+    loader = eval_loader(demo_dir)
+    next(loader)
+    assert [i for b in loader for i in b["index"].tolist()] == whole
+    with pytest.raises(IndexError, match=f"sample index {len(loader)}: the loader has {len(loader)} samples"):
+        loader.encoded_audio(len(loader))
+    state = loader.state()
+    loader.close()
+    loader.close()
+    assert loader.state() == state and loader.diagnostics()["counters"] == state["counters"]
+    with pytest.raises(ValueError, match="the loader is closed"):
+        next(loader)
 
 
 def test_drop_last(demo_dir: Path) -> None:

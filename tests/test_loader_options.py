@@ -14,7 +14,7 @@ import tyro
 
 from birdjepa import _rs
 from birdjepa.config import PretrainConfig
-from birdjepa.data import DEFAULTS, TRAIN_VIEWS, DataConfig, Features, Loader
+from birdjepa.data import DEFAULTS, TRAIN_VIEWS, DataConfig, DataError, Features, Loader
 from birdjepa.pretrain.loop import pretrain
 
 # Loader options that no config exposes: set per call by the trainer, the evaluation or tests.
@@ -44,6 +44,20 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
         Loader(demo_dir / "train", shuffle_bufer=8)
     with pytest.raises(ValueError, match="invalid type"):
         Loader(demo_dir / "train", batch_size="eight")
+    # None of these named the option: a traceback's IndexError, JSON's NaN, serde's "expected usize",
+    # and a batch of 2^40 rows aborted the process.
+    with pytest.raises(DataError, match="no shard files given"):
+        Loader([])
+    with pytest.raises(ValueError, match=r"f_min must be a finite number \(got nan\)"):
+        Loader(demo_dir / "train", features=Features(f_min=float("nan")))
+    with pytest.raises(ValueError, match=r"n_workers must be >= 0 \(got -1\)"):
+        Loader(demo_dir / "train", n_workers=-1)
+    with pytest.raises(ValueError, match="batch_size x n_views x n_frames x n_mels must be at most 2"):
+        Loader(demo_dir / "train", batch_size=2**40)
+    # One shard under two names was read twice an epoch.
+    shard = sorted((demo_dir / "train").glob("*.arrow"))[0]
+    with pytest.raises(DataError, match="are one shard file: name it once"):
+        Loader([str(shard), os.path.relpath(shard)])
     with pytest.raises(ValueError, match="unknown field `sample_rate`"):
         _rs.log_mel(np.zeros(1000, np.float32), sample_rate=16000)
 

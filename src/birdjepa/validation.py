@@ -14,7 +14,6 @@ holds their defaults and ranges; everything else is here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import Any
 from birdjepa import seams
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError, resolve_files
+from birdjepa.data.loader import options_json
 from birdjepa.data.shards import check_same_labels, label_count
 from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
@@ -170,11 +170,8 @@ def _check_loader(cfg: PretrainConfig) -> None:
     def option(name: str) -> str:
         return f"data.{name}" if name in data else f"data.features.{name}"
 
-    for name, value in options.items():  # JSON's NaN is no JSON to the core: it named an option "loader"
-        if not _finite(value):
-            raise OptionError(option(name), value, "must be a finite number")
     try:
-        frames = _rs.check_loader_options(json.dumps(options))
+        frames = _rs.check_loader_options(options_json(options))
     except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option it rejects
         message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
         name = message.split()[0]

@@ -189,12 +189,21 @@ impl LoaderConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
+        const MAX_PREFETCH: usize = 4096;
+        const MAX_BATCH_VALUES: usize = 1 << 31;
         let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(Error::config(msg)) };
         check(self.batch_size >= 1, "batch_size must be >= 1")?;
         check(self.n_workers >= 1, "n_workers must be >= 1")?;
         check(self.n_views >= 1, "n_views must be >= 1")?;
         check(self.interleave.is_none_or(|k| k >= 1), "interleave must be >= 1 (or None: all shards)")?;
-        check(self.prefetch_batches >= 1, "prefetch_batches must be >= 1")?;
+        // Upper bounds: a batch of 2^40 rows aborted the process (its allocation failed), and a prefetch
+        // of 2^63 batches wrapped the window's end around, a hang.
+        check((1..=MAX_PREFETCH).contains(&self.prefetch_batches), "prefetch_batches must be in 1..=4096")?;
+        let values = [self.n_views, self.clip.n_frames, self.clip.fbank.n_mels]
+            .iter()
+            .try_fold(self.batch_size, |a, &b| a.checked_mul(b))
+            .filter(|&v| v <= MAX_BATCH_VALUES);
+        check(values.is_some(), "batch_size x n_views x n_frames x n_mels must be at most 2^31 values a batch")?;
         check(!self.train || self.shuffle_buffer >= 1, "shuffle_buffer must be >= 1 in train mode")?;
         let initial_ok = self.shuffle_initial.is_none_or(|i| (1..=self.shuffle_buffer).contains(&i));
         check(initial_ok, "shuffle_initial must be in 1..=shuffle_buffer")?;
@@ -777,10 +786,12 @@ mod tests {
             (r#"{"f_min": 20000.0}"#, "f_min (20000 Hz) must be in [0, f_max (16000 Hz))"),
             (r#"{"clip_seconds": 0.0}"#, "clip_seconds gives 0 samples, fewer than win_length"),
             (r#"{"clip_seconds": 1e9}"#, "clip_seconds gives 32000000000000 samples, more than 268435456"),
-            (r#"{"n_frames": 1000000000}"#, "n_frames (1000000000) x n_mels (128) is more than"),
+            (r#"{"batch_size": 1, "n_frames": 4194304}"#, "n_frames (4194304) x n_mels (128) is more than"),
             (r#"{"time_mask_count": 1, "time_mask_width": 600}"#, "time_mask_width (600) exceeds n_frames"),
             (r#"{"std": 0.0}"#, "std must be finite and > 0"),
             (r#"{"batch_size": 0}"#, "batch_size must be >= 1"),
+            (r#"{"batch_size": 1099511627776}"#, "batch_size x n_views x n_frames x n_mels must be at most"),
+            (r#"{"prefetch_batches": 9223372036854775807}"#, "prefetch_batches must be in 1..=4096"),
             (r#"{"shuffle_buffer": 8, "shuffle_initial": 9}"#, "shuffle_initial must be in"),
             (r#"{"hop_length": 0}"#, "hop_length must be > 0"),
             (r#"{"debug_crop_shift_index": -2}"#, "debug_crop_shift_index must be >= -1"),

@@ -9,7 +9,7 @@ use birdjepa_core::loader::{Batch, Loader, LoaderConfig, LoaderState, Poll};
 use birdjepa_core::options::LoaderOptions;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -167,6 +167,10 @@ impl PyLoader {
     fn encoded_audio<'py>(&self, py: Python<'py>, index: u64) -> PyResult<Bound<'py, PyBytes>> {
         let guard = self.inner.lock().unwrap();
         let dataset = guard.dataset();
+        if index >= dataset.len() {
+            // Else the core's assert panicked with the lock held: every later call a PoisonError.
+            return Err(PyIndexError::new_err(format!("sample index {index}: the loader has {} samples", dataset.len())));
+        }
         match dataset.record(index) {
             Ok(record) => Ok(PyBytes::new(py, record.audio.as_slice())),
             Err(RecordError::Skip(why)) => {

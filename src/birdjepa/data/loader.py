@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 import pathlib
 from collections.abc import Iterator, Sequence
@@ -127,7 +128,23 @@ def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str
         if not found:
             raise DataError(f"no shard files match {text!r}{_what_the_folder_holds(text)}")
         out.extend(found)
+    if not out:  # an IndexError, further on
+        raise DataError("no shard files given")
+    seen: dict[str, str] = {}
+    for path in out:  # one file under two spellings (a link, a relative path) was read twice an epoch
+        first = seen.setdefault(os.path.realpath(path), path)
+        if first != path:
+            raise DataError(f"{first} and {path} are one shard file: name it once")
     return sorted(out)
+
+
+def options_json(options: dict[str, Any]) -> str:
+    """The loader options as the Rust core reads them; a ValueError naming one that is not a finite
+    number (JSON has no NaN: the core's error named no option)."""
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number (got {value})")
+    return json.dumps(options)
 
 
 def _what_the_folder_holds(path: str) -> str:
@@ -217,9 +234,10 @@ class Loader:
             "window_end_column": window_end_column,
         }
         state_json = None if state is None else json.dumps(state)
-        self._rs = _rs.Loader(self.files, json.dumps(options), state_json)
+        self._rs: Any = _rs.Loader(self.files, options_json(options), state_json)
         self._passes = 0
         self._skips_before_pass = 0
+        self._closed: tuple[str, str] | None = None  # the state and diagnostics it closed with
 
     def __iter__(self) -> Iterator[Batch]:
         # Eval: every iteration is a full pass from the start (or from the given state).
@@ -230,6 +248,9 @@ class Loader:
         return self
 
     def __next__(self) -> Batch:
+        if self._closed is not None:
+            raise ValueError("the loader is closed")
+        self._passes = max(self._passes, 1)  # a pass begun by next(): a later `for` starts a whole one
         batch = self._rs.next_batch()
         if batch is None:
             self._say_skipped()
@@ -273,12 +294,13 @@ class Loader:
         return list(self._rs.shard_rows())
 
     def state(self) -> dict[str, Any]:
-        """JSON-able state after the last batch returned: counters and buffered sample indices."""
-        return json.loads(self._rs.state_json())
+        """JSON-able state after the last batch returned: counters and buffered sample indices (once
+        closed, the state it closed with: saved after a ``with`` block, it was an AttributeError)."""
+        return json.loads(self._rs.state_json() if self._closed is None else self._closed[0])
 
     def diagnostics(self) -> dict[str, Any]:
         """Counters and the skipped records (index, shard, row, file, reason)."""
-        return json.loads(self._rs.diagnostics_json())
+        return json.loads(self._rs.diagnostics_json() if self._closed is None else self._closed[1])
 
     def skipped_since(self, count: int) -> tuple[int, list[str]]:
         """The records skipped after the first ``count`` (the ``skipped`` counter, which a resumed loader
@@ -290,8 +312,10 @@ class Loader:
         return now, [f"{s['file']} row {s['row']}: {s['reason']}" for s in new]
 
     def close(self) -> None:
-        """Stop and join the worker threads now (dropping the loader does the same)."""
-        del self._rs
+        """Stop and join the worker threads now (dropping the loader does the same); again, nothing."""
+        if self._closed is None:
+            self._closed = (self._rs.state_json(), self._rs.diagnostics_json())
+            self._rs = None
 
     def __enter__(self) -> Loader:
         return self
