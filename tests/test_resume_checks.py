@@ -310,11 +310,13 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
     # ... and the run is the uninterrupted one, bit for bit (monitor metrics only where both checked).
     diffs = [d for d in compare_runs(straight.run_dir, run.run_dir) if d.max_abs and "monitor/" not in d.name]
     assert diffs == []
-    # Started again once finished, with another learning rate: nothing to do, and config.json still the
+    # Started again once finished: with its own options, nothing to do; with another learning rate, refused
+    # (it said "nothing to do", exit 0, as if an edited sweep config had run), and config.json still the
     # options that trained it (it took the new ones, and trace then replayed step 0 with them).
     config_file = run.run_dir / "config.json"
     trained = config_file.read_bytes()
-    assert pretrain(dataclasses.replace(run, optim=dataclasses.replace(run.optim, lr=0.5))) == 0
+    assert pretrain(run) == 0
+    assert pretrain(dataclasses.replace(run, optim=dataclasses.replace(run.optim, lr=0.5))) == 65
     assert config_file.read_bytes() == trained
 
 

@@ -231,6 +231,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
             print(f"WARNING {note}", flush=True)
         pending = next(loader)
         exit_code = t.check_resume(state, meta, pending, loader, loader_error)
+    elif meta is not None:
+        exit_code = t.check_finished(state, meta)
     # The options of the segment that trains: a refused one leaves them, and so does a start of a finished
     # run (nothing to do, nothing checked).
     if exit_code == 0 and state.step < cfg.steps and multihost.is_main():
@@ -243,7 +245,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     progress = Progress(
         total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
     )
-    if start >= cfg.steps:
+    if start >= cfg.steps and not exit_code:
         print(
             f"run {cfg.run} already finished at step {start - 1} ({cfg.run_dir}); nothing to do", flush=True
         )

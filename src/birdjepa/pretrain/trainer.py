@@ -162,6 +162,17 @@ class Trainer:
             state.step, batch, key, update, float(self.schedule(update)), accumulated, loss, self.n_devices
         )
 
+    def check_finished(self, state: TrainState, meta: dict[str, Any]) -> int:
+        """A start of a finished run: 0 (nothing to do), or `RESUME_CHECK` where options that change the run
+        were given (an edited sweep config said "nothing to do", exit 0, as if it had run)."""
+        _, breaking = resume_check.config_diff(meta["config"], self.config)
+        if not breaking or self.cfg.allow_config_change:
+            return 0
+        print(f"ERROR: run {self.cfg.run} finished at step {state.step - 1} with other options than these "
+              f"({','.join(breaking)}): nothing was trained with them. Give another --run, or leave them "
+              f"out; exit {exit_codes.RESUME_CHECK}", flush=True)  # fmt: skip
+        return exit_codes.RESUME_CHECK
+
     def check_resume(
         self, state: TrainState, meta: dict[str, Any], batch: Batch, loader: Loader, loader_error: str | None
     ) -> int:
