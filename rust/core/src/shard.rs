@@ -117,6 +117,10 @@ fn file_stamp(path: &Path) -> Result<(u64, u128)> {
 /// Returns None at an end-of-stream marker.
 fn read_message_at(path: &Path, data: &[u8], offset: u64) -> Result<Option<(MessageBlock, MessageHeader)>> {
     let truncated = || {
+        if offset == 0 && !data.starts_with(&CONTINUATION) {
+            // A vocab.json or a script given as a shard was called truncated.
+            return Error::data(format!("{}: not an Arrow shard (no IPC file or stream starts it)", path.display()));
+        }
         Error::data(format!(
             "{}: truncated shard: an IPC message at byte {offset} runs past the end of the file ({} bytes)",
             path.display(),

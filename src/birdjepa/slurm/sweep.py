@@ -120,6 +120,8 @@ def to_flags(overrides: Mapping[str, Any]) -> list[str]:
             out.append(flag if value else (f"{head}.no-{last}" if head else f"--no-{flag[2:]}"))
         elif isinstance(value, (list, tuple)):
             out += [flag, *map(str, value)]
+        elif str(value).startswith("-") and not isinstance(value, (int, float)):
+            out.append(f"{flag}={value}")  # as two words, tyro took "--x" for a flag: a usage box
         else:
             out += [flag, str(value)]
     return out
