@@ -97,6 +97,10 @@ def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_differenc
     # The command makes a missing folder for its output, as `embed --out` does.
     main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "optimizer", "--out", str(t0)])
     assert t0.is_file()
+    with pytest.raises(SystemExit) as own:  # the run's log became a zip, its run unusable
+        main(["trace", str(runs / "A"), "--step", "0", "--out", str(runs / "A" / "metrics.jsonl")])
+    said = capsys.readouterr().err
+    assert own.value.code == 2 and "metrics.jsonl: exists and is no trace (a run's own file?)" in said
     with pytest.raises(SystemExit) as typo:  # a trace of 0 tensors, exit 0
         main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "optimiser", "--out", str(t1)])
     said = capsys.readouterr().err
@@ -120,6 +124,7 @@ def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_differenc
         (["trace", "{runs}/A", "--step", "99"], "step 99 was never run (it ran steps 0-3)"),
         (["trace", "{runs}", "--step", "0"], "not a run directory"),
         (["trace", "{runs}/bare", "--step", "3"], "no checkpoint before step 3 and no config.json"),
+        (["trace", "{runs}/badconfig", "--step", "0"], "badconfig/config.json: not a readable config"),
         (["diff-trace", "{runs}/A/config.json", "{runs}/A/config.json"], "not a birdjepa trace"),
         (["bisect", "{runs}/A", "{runs}/nothing"], "not a run directory"),
         (["diff-trace", "{runs}/A", "{runs}/A"], "A: a folder, not a trace file"),
@@ -143,6 +148,11 @@ def test_bad_input_is_one_line_and_exit_2(
         shutil.copytree(runs / "A", badline)
         lines = (badline / "metrics.jsonl").read_text().splitlines()
         (badline / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    badconfig = runs / "badconfig"  # a config.json cut short: a JSONDecodeError's traceback
+    if not badconfig.exists():
+        badconfig.mkdir()
+        shutil.copy(runs / "A" / "metrics.jsonl", badconfig / "metrics.jsonl")
+        (badconfig / "config.json").write_text('{"steps": ')
     empty = runs / "empty"  # a run that logged nothing before it stopped
     if not empty.exists():
         empty.mkdir()
@@ -334,3 +344,19 @@ def test_the_region_names_the_code_between_the_last_equal_call_and_the_first_dif
     from birdjepa.divergence.region import describe
 
     assert expected in describe(BLOCK, f"global/encoder/block_0/{first}", SITES, params)
+
+
+def test_a_step_of_resume_checks_alone_was_never_run_and_an_unlogged_replay_is_said() -> None:
+    # A refused resume logs its checks at a step it never trains: trace re-executed that step and said
+    # it matched the run. Steps replayed without logged metrics (--log-every N) were "equal".
+    from birdjepa.divergence.cli import summary
+    from birdjepa.divergence.replay import last_step
+    from birdjepa.divergence.trace import Trace
+
+    logged = {0: {"train/loss": 1.0}, 1: {"train/loss": 0.9}, 4: {"resume/failed": 1.0}}
+    assert last_step(logged, [1, 3]) == 3
+    m = {"step": 5, "restored_from": 1, "replayed": [2, 4], "replayed_unlogged": 2, "noise": [], "repeat": 1,
+         "inexact": None,
+         "matches_run": {}}  # fmt: skip
+    line = summary(Trace(m, []), Path("t.npz"))
+    assert "steps 2-4 replayed with their logged metrics equal (2 of them logged none to compare)" in line

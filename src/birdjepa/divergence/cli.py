@@ -49,6 +49,8 @@ def trace(
         _fail(ValueError(f"--repeat {repeat}: must be at least 1"))
     path = out or Path(f"trace-{run.name}-{step}.npz")
     why = unwritable(path)  # before the step is re-executed, not after
+    if why is None and path.exists() and not trace_file.is_trace(path):  # --out RUN/metrics.jsonl: a zip
+        why = f"{path}: exists and is no trace (a run's own file?): give another --out"
     if why is not None:
         _fail(ValueError(why))
     try:
@@ -66,6 +68,8 @@ def summary(t: Any, path: Path) -> str:
     origin = f"checkpoint {m['restored_from']}" if m["restored_from"] is not None else "the run's start"
     if m["replayed"]:
         origin += f", steps {m['replayed'][0]}-{m['replayed'][1]} replayed with their logged metrics equal"
+        if m.get("replayed_unlogged"):  # else called equal with nothing compared (--log-every N)
+            origin += f" ({m['replayed_unlogged']} of them logged none to compare)"
     checks = {"logged_metrics_equal": "its logged metrics", "checkpoint_equal": "its checkpoint"}
     matched = [what for k, what in checks.items() if m["matches_run"].get(k)]
     missed = [what for k, what in checks.items() if m["matches_run"].get(k) is False]

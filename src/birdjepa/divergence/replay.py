@@ -57,6 +57,8 @@ class OpenRun:
     logged: dict[int, dict[str, float]]
     trained_on: dict[str, str] | None = None
     """`machine_kind` recorded by the checkpoint it started from (None: not recorded)."""
+    unlogged: list[int] = dataclasses.field(default_factory=list)
+    """Replayed steps the log holds no metrics of (nothing to compare: said, not called equal)."""
 
     def batch(self) -> Batch:
         """The batch of step ``state.step`` (each call takes the next one)."""
@@ -99,6 +101,14 @@ def first_mismatch(logged: dict[str, Any], replayed: dict[str, float]) -> tuple[
     return None
 
 
+def _saved_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config.json; `ReplayError` where it is no JSON (a traceback, exit 1)."""
+    try:
+        return layout.read_config(run_dir)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ReplayError(f"{layout.config_file(run_dir)}: not a readable config ({e})") from None
+
+
 def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
     try:
         return resolve(PretrainConfig(), config, where)
@@ -130,13 +140,15 @@ def options_changed(
         where = f"{layout.metrics_file(run_dir)}: the config_changed event of step {later[0]['step']}"
         return later[0]["before"], where
     if any(e["step"] == first for e in changes):
-        return layout.read_config(run_dir), str(layout.config_file(run_dir))
+        return _saved_config(run_dir), str(layout.config_file(run_dir))
     return None
 
 
 def last_step(logged: dict[int, dict[str, float]], steps: list[int]) -> int | None:
-    """The last step the run ran: the newest logged (``logged``: its log by step) or checkpointed one."""
-    known = [*logged, *steps]
+    """The last step the run ran: the newest logged (``logged``: its log by step) or checkpointed one. A
+    line of a step's resume checks alone is no step run: a refused resume logs one, and its step was
+    traced and said to match (``compared_keys``: what a step that ran logs)."""
+    known = [*(s for s, m in logged.items() if compared_keys(m)), *steps]
     return max(known) if known else None
 
 
@@ -164,7 +176,7 @@ def open_at(
         elif base is not None:
             cfg = read_config(ckpt.read_meta(base)["config"], where)
         elif layout.config_file(run_dir).exists():
-            cfg = read_config(layout.read_config(run_dir), where)
+            cfg = read_config(_saved_config(run_dir), where)
         else:
             raise ReplayError(
                 f"{run_dir}: no checkpoint before step {step} and no {layout.CONFIG_FILE} to start from"
@@ -214,6 +226,8 @@ def replay_to(
                 f"(replayed from {origin}){why}"
             )
         run.replayed.append(s)
+        if not compared_keys(run.logged.get(s, {})):  # --log-every N, a log cut short: nothing compared
+            run.unlogged.append(s)
         if on_step is not None:
             on_step(s, metrics)
 

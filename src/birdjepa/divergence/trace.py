@@ -229,6 +229,7 @@ def manifest(run: OpenRun, step: int, entries: list[Entry]) -> dict[str, Any]:
         "platform": jax.devices()[0].platform,
         "restored_from": run.restored_from,
         "replayed": [run.replayed[0], run.replayed[-1]] if run.replayed else [],
+        "replayed_unlogged": len(run.unlogged),
         "stages": list(STAGES),
         "calls": {site: CALL_SITES[site] for site in sorted(sites)},  # where each module method is written
     }

@@ -97,6 +97,15 @@ def write(trace: Trace, path: Path) -> None:
     tmp.replace(path)
 
 
+def is_trace(path: Path) -> bool:
+    """Whether ``path`` holds a trace (a zip with its manifest), without reading it."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return MANIFEST in z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def read(path: Path) -> Trace:
     """The trace in ``path``; `TraceFileError` (naming the file) if it is not one."""
     path = Path(path)
