@@ -224,3 +224,46 @@ def test_a_set_with_other_labels_is_refused_beside_shards_whose_vocabulary_it_wo
         assert e.value.code == 1 and err.startswith(f"{said} (e.g. data-00000.arrow), not of these"), err
         assert "would relabel those shards" in err and len(err.splitlines()) == 1, err
         assert sorted(out.iterdir()) == shards and (out / "vocab.json").read_text() == vocab
+
+
+def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
+    task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each was converted with exit 0: a second file's ClassLabel names in another order (its ids read as
+    # the first file's names), bare ids beside named ones, an id past the names (the run's probe loss then
+    # NaN, blamed on the learning rate); duplicate names left named shards without a vocab.json.
+    table = read_shard(next((task / "train").glob("*.arrow")))
+    meta = json.loads(table.schema.metadata[b"huggingface"])
+    names = meta["info"]["features"]["ebird_code"]["names"]
+    at = table.schema.get_field_index("ebird_code")
+
+    def write(folder: str, name: str, rows: pa.Table, labels: list[str] | None) -> None:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        if labels is None:
+            rows = rows.replace_schema_metadata(None)
+        else:
+            meta["info"]["features"]["ebird_code"]["names"] = labels
+            rows = rows.replace_schema_metadata({b"huggingface": json.dumps(meta).encode()})
+        pq.write_table(rows, tmp_path / folder / name, row_group_size=8)
+
+    write("order", "a.parquet", table, names)
+    write("order", "b.parquet", table, names[::-1])
+    write("bare", "a.parquet", table, names)
+    write("bare", "b.parquet", table, None)
+    past = table.column("ebird_code").to_pylist()
+    past[9] = len(names) + 3
+    write("past", "a.parquet", table.set_column(at, "ebird_code", pa.array(past, pa.int64())), names)
+    write("twice", "a.parquet", table, [names[0]] * len(names))
+    for folder, said in (
+        ("order", "b.parquet: its ClassLabel names of 'ebird_code' are not "),
+        ("bare", "b.parquet: integer labels without ClassLabel names beside "),
+        ("past", f"a.parquet: row group 1: label {len(names) + 3} is outside its {len(names)} ClassLabel"),
+        ("twice", "a.parquet: its ClassLabel names cannot be a vocabulary: vocab names must be unique"),
+    ):
+        code, _, err = prepare(tmp_path / folder, tmp_path / f"out-{folder}", capsys)
+        assert code == 1 and said in err and err.count("\n") == 1, err
+        assert not [p for p in (tmp_path / f"out-{folder}").glob("*") if p.suffix in (".arrow", ".json")]
+    # An audio folder's options, ignored without a word.
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(tmp_path / "order"), str(tmp_path / "o"), "--check", "full"])
+    assert e.value.code == 1 and "--check full: a folder of audio files' option" in capsys.readouterr().err

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from birdjepa.data.shards import (
     BATCH_ROWS,
+    bad_names,
     class_names,
     list_shards,
     only_writer,
@@ -86,14 +87,18 @@ def _convert(files: list[Path], out: Path, label_column: str, prefix: str, audio
         raise FileExistsError(f"{out} already holds shards with prefix {prefix!r} (e.g. {stale[0].name}); "
                               "remove them or write to an empty folder")  # fmt: skip
     schemas = [_check_schema(file, audio_column, label_column) for file in files]  # all, before writing
-    names = next((n for n in (class_names(s, label_column) for s in schemas) if n is not None), None)
+    names = _one_vocabulary(files, schemas, label_column)
     clash = None if names is None else relabelled(out, names, label_column)
     if clash is not None:  # ClassLabel names: known before any row is copied
         raise ParquetError(clash)
     shards = [out / shard_name(prefix, i) for i in range(len(files))]
     # One file per thread: Arrow reads, decompresses and writes without the GIL.
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(files)))) as pool:
-        jobs = [pool.submit(_copy, *job, label_column) for job in zip(files, schemas, shards, strict=True)]
+        n_names = None if names is None else len(names)
+        jobs = [
+            pool.submit(_copy, *job, label_column, n_names)
+            for job in zip(files, schemas, shards, strict=True)
+        ]
         try:
             done = [job.result() for job in jobs]
         except BaseException:
@@ -106,8 +111,10 @@ def _convert(files: list[Path], out: Path, label_column: str, prefix: str, audio
     rows, size = sum(n for _, n, _ in done), sum(f.stat().st_size for f in files)
     strings = set().union(*(labels for _, _, labels in done))
     vocab = names if names is not None else sorted(strings)
-    # String labels: known once every row was read.
+    # String labels: known once every row was read. Checked before a shard is named: a vocabulary that
+    # cannot be written left named shards without one, which a second run then refused to replace.
     clash = None if names is not None or not vocab else relabelled(out, vocab, label_column)
+    clash = clash or (bad_names(vocab, ordered=names is None) if vocab else None)
     if rows == 0 or clash is not None:  # 0 rows: it said "wrote 0 rows" and exit 0, for a set every
         for p in shards:  # command then refused
             partial_name(p).unlink()
@@ -124,6 +131,30 @@ def _convert(files: list[Path], out: Path, label_column: str, prefix: str, audio
 def one_line(e: BaseException) -> str:
     """An error's text on one printable line (Arrow's Parquet errors span lines and quote raw bytes)."""
     return " ".join("".join(c if c.isprintable() else " " for c in str(e)).split())
+
+
+def _one_vocabulary(files: list[Path], schemas: list[pa.Schema], label_column: str) -> list[str] | None:
+    """The ClassLabel names the files' labels index (None: none named), where every file's labels
+    mean the same classes: a file naming them in another order had its ids read as the first file's
+    names, and bare ids beside named or string labels as positions in that vocabulary, without a word."""
+    named = [(f, class_names(s, label_column)) for f, s in zip(files, schemas, strict=True)]
+    first = next(((f, n) for f, n in named if n is not None), None)
+    for f, n in named:
+        if first is not None and n is not None and n != first[1]:
+            raise ParquetError(f"{f}: its ClassLabel names of {label_column!r} are not {first[0]}'s (or not "
+                               "in their order): its ids would be read as that file's classes; convert the "
+                               "two apart")  # fmt: skip
+    bare = [f for (f, n), s in zip(named, schemas, strict=True)
+            if n is None and pa.types.is_integer(s.field(label_column).type)]  # fmt: skip
+    other = next((f for f, n in named if f not in bare), None)
+    if bare and other is not None:
+        raise ParquetError(f"{bare[0]}: integer labels without ClassLabel names beside {other}'s named "
+                           "ones: its ids would be read as positions in that vocabulary; convert the two "
+                           "apart")  # fmt: skip
+    if first is not None and bad_names(first[1], ordered=False):
+        raise ParquetError(f"{first[0]}: its ClassLabel names cannot be a vocabulary: "
+                           f"{bad_names(first[1], ordered=False)}")  # fmt: skip
+    return None if first is None else first[1]
 
 
 def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema:
@@ -148,9 +179,12 @@ def _text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tuple[Path, int, set[str]]:
+def _copy(
+    file: Path, schema: pa.Schema, shard: Path, label_column: str, n_names: int | None
+) -> tuple[Path, int, set[str]]:
     """``file`` row group by row group into ``shard``'s hidden name (`partial_name`): (the shard, its
-    rows, the string labels seen)."""
+    rows, the string labels seen). An integer label outside its ``n_names`` ClassLabel names is an error
+    naming the row group (it passed, and the run's probe loss was NaN, blamed on the learning rate)."""
     partial = partial_name(shard)
     labels: set[str] = set()
     at, kind = schema.get_field_index(label_column), schema.field(label_column).type
@@ -169,6 +203,12 @@ def _copy(file: Path, schema: pa.Schema, shard: Path, label_column: str) -> tupl
                     raise ParquetError(f"{file}: row group {group}: {one_line(e)}") from None
                 if names:
                     table = table.set_column(at, schema.field(at), pc.cast(table.column(at), pa.string()))
+                elif n_names is not None and table.num_rows and pa.types.is_integer(schema.field(at).type):
+                    low, high = pc.min_max(table.column(at)).values()
+                    if low.is_valid and (low.as_py() < -1 or high.as_py() >= n_names):
+                        bad = low.as_py() if low.as_py() < -1 else high.as_py()
+                        raise ParquetError(f"{file}: row group {group}: label {bad} is outside its {n_names} "
+                                           f"ClassLabel names")  # fmt: skip
                 if text_labels:
                     labels |= {x for x in pc.unique(table.column(label_column)).to_pylist() if x is not None}
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):

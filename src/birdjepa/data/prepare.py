@@ -313,6 +313,13 @@ def cli(
         if files := parquet_files(src):
             if vocab is not None:
                 raise PrepareError(f"--vocab {vocab}: a Parquet set keeps its own ClassLabel names")
+            # Each Parquet file becomes one shard as it is: these were ignored without a word.
+            for flag, given, default in (("--labels-csv", labels_csv, None), ("--shard-mb", shard_mb, 256.0),
+                                         ("--format", format, "file"), ("--check", check, "header"),
+                                         ("--skip-bad", skip_bad, False)):  # fmt: skip
+                if given != default:
+                    raise PrepareError(f"{flag} {given}: a folder of audio files' option; a Parquet set is "
+                                       "converted file for file, as it is")  # fmt: skip
             t0 = time.perf_counter()
             done = convert(files, out, label_column=label_column, prefix=prefix, workers=workers)
             mib, took = done.bytes_read / 2**20, time.perf_counter() - t0

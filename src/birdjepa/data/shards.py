@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -299,15 +299,22 @@ def write_vocab(
     """Write `vocab.json`; `names` must be unique and, where ``ordered``, sorted (an int label indexes
     it; a ``ClassLabel``'s names keep their own order: ``ordered=False``)."""
     names = list(names)
-    if len(set(names)) != len(names) or (ordered and names != sorted(names)):
-        raise ValueError(f"vocab names must be {'sorted and ' if ordered else ''}unique, got {names[:10]}...")
-    for n in names:
-        if not isinstance(n, str) or not n:
-            raise ValueError(f"vocab name {n!r} must be a non-empty string")
+    why = bad_names(names, ordered=ordered)
+    if why is not None:
+        raise ValueError(why)
     path = Path(out_dir) / VOCAB_FILE
     text = json.dumps({"label_column": label_column, "names": names}, indent=1) + "\n"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def bad_names(names: Sequence[Any], *, ordered: bool = True) -> str | None:
+    """Why ``names`` cannot be a vocab.json's (None: they can): unique, non-empty strings, sorted where
+    ``ordered``."""
+    if len(set(names)) != len(names) or (ordered and list(names) != sorted(names)):
+        return f"vocab names must be {'sorted and ' if ordered else ''}unique, got {list(names)[:10]}..."
+    empty = next((n for n in names if not isinstance(n, str) or not n), None)
+    return None if empty is None and all(names) else f"vocab name {empty!r} must be a non-empty string"
 
 
 def vocab_names(folder: Path) -> list[str] | None:
