@@ -48,6 +48,8 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
     # and a batch of 2^40 rows aborted the process.
     with pytest.raises(DataError, match="no shard files given"):
         Loader([])
+    with pytest.raises(DataError, match="an empty path names no shard file"):
+        Loader("")
     with pytest.raises(DataError, match=r"vocab.json: not an Arrow shard \(no IPC file or stream"):
         Loader(demo_dir / "train" / "vocab.json")  # "truncated shard"
     with pytest.raises(ValueError, match=r"f_min must be a finite number \(got nan\)"):

@@ -119,6 +119,8 @@ def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     out: list[str] = []
     for item in items:
         text = os.fspath(item)
+        if not text:  # the core's ": cannot open"
+            raise DataError("an empty path names no shard file")
         if os.path.isdir(text):
             found = sorted(glob.glob(os.path.join(text, "*.arrow")))
         elif glob.has_magic(text):
