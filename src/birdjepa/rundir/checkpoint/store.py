@@ -12,6 +12,7 @@ Orbax never lists as a step; ``latest_step`` additionally requires both item fol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping
@@ -161,6 +162,10 @@ class Checkpointer(RetentionAndFallback):
         """After a save of ``step`` failed: its temporary folders removed, the retention stopped, and the
         one-line error (what, where, the free space, the newest intact checkpoint)."""
         self.write_failed, self._in_flight = True, None
+        # Orbax's writer threads may still be writing the failed step's other arrays (a save in the step's
+        # thread raised at its first failed write): removed under them, its temporary folder stayed.
+        with contextlib.suppress(Exception):
+            self._mngr.wait_until_finished()
         remove_temporaries(self.directory)
         intact = next((s for s in reversed(self._committed()) if self.verify(s)), None)
         size = folder_bytes(self.directory / str(intact)) if intact is not None else None
