@@ -6,6 +6,7 @@ and the row group, and leaves no shard behind."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -263,6 +264,18 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
         code, _, err = prepare(tmp_path / folder, tmp_path / f"out-{folder}", capsys)
         assert code == 1 and said in err and err.count("\n") == 1, err
         assert not [p for p in (tmp_path / f"out-{folder}").glob("*") if p.suffix in (".arrow", ".json")]
+    # The hub's layout (repo/data/*.parquet) named by its repo folder said "no audio files" only; a glob
+    # matching nothing, "source folder ... does not exist"; a FIFO named *.parquet hung the conversion.
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    (tmp_path / "order" / "a.parquet").rename(tmp_path / "repo" / "data" / "a.parquet")
+    code, _, err = prepare(tmp_path / "repo", tmp_path / "o", capsys)
+    assert code == 1 and f"{tmp_path / 'repo' / 'data'} holds Parquet files: birdjepa prepare" in err, err
+    code, _, err = prepare(tmp_path / "nothing-*.parquet", tmp_path / "o", capsys)
+    assert code == 1 and "nothing-*.parquet matches no file" in err, err
+    from birdjepa.data.parquet import parquet_files
+
+    os.mkfifo(tmp_path / "repo" / "data" / "b.parquet")  # read as a file, it blocks for ever
+    assert parquet_files(tmp_path / "repo" / "data") == [tmp_path / "repo" / "data" / "a.parquet"]
     # An audio folder's options, ignored without a word.
     with pytest.raises(SystemExit) as e:
         main(["prepare", str(tmp_path / "order"), str(tmp_path / "o"), "--check", "full"])

@@ -282,3 +282,11 @@ def test_a_sweep_file_of_both_kinds_is_refused(tmp_path: Path, capsys: pytest.Ca
     with pytest.raises(SystemExit) as e:
         main(["sweep", str(path), "--dry-run"])
     assert e.value.code == 2 and "defines both make_cfgs() and make_benchmarks()" in capsys.readouterr().err
+
+
+def test_a_sweep_file_s_own_code_runs_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Asked for make_benchmarks, then make_cfgs: its module ran twice (its prints, the folders it makes).
+    path = tmp_path / "once.py"
+    path.write_text("print('EXECUTED')\ndef make_cfgs():\n    return [{'steps': 4}]\n")
+    main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")])
+    assert capsys.readouterr().out.count("EXECUTED") == 1

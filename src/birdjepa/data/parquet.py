@@ -56,8 +56,8 @@ class Converted:
 def parquet_files(src: Path | str) -> list[Path]:
     """The ``*.parquet`` files of a folder (not recursive), a glob or one file, sorted; [] where none."""
     text = os.fspath(src)
-    if os.path.isdir(text):
-        return sorted(Path(text).glob("*.parquet"))
+    if os.path.isdir(text):  # regular files: a FIFO of that name hung the conversion
+        return sorted(p for p in Path(text).glob("*.parquet") if p.is_file())
     found = glob.glob(text) if glob.has_magic(text) else [text]
     return sorted(Path(p) for p in found if p.endswith(".parquet") and os.path.isfile(p))
 

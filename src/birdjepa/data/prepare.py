@@ -16,6 +16,7 @@ unless `skip_bad`, which skips it, counts it and lists it at the end.
 from __future__ import annotations
 
 import csv
+import glob
 import os
 import sys
 import time
@@ -219,7 +220,8 @@ def prepare(
     ``vocab_file``: index the labels by that `vocab.json`'s names (another split's) instead of their own."""
     src, out = Path(src), Path(out)
     if not src.is_dir():
-        raise PrepareError(f"source folder {src} does not exist or is not a folder")
+        what = "matches no file" if glob.has_magic(str(src)) else "does not exist or is not a folder"
+        raise PrepareError(f"source {src} {what} (a folder of audio files, or Parquet files)")
     if not shard_mb > 0:  # NaN too
         raise PrepareError(f"--shard-mb {shard_mb}: must be > 0")
     if not prefix or "/" in prefix:  # else a ValueError's traceback, from the shard writer
@@ -230,7 +232,9 @@ def prepare(
         )
     files = find_audio_files(src)
     if not files:
-        raise PrepareError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {src}")
+        hub = next((d for d in sorted(src.iterdir()) if d.is_dir() and parquet_files(d)), None)
+        hint = f"; {hub} holds Parquet files: birdjepa prepare {hub} OUT" if hub is not None else ""
+        raise PrepareError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {src}{hint}")
     labels = csv_labels(Path(labels_csv), src, files) if labels_csv is not None else folder_labels(files)
     if vocab_file is not None:
         vocab = given_vocabulary(vocab_file, src, labels)

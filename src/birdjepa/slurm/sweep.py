@@ -17,6 +17,7 @@ and requeue itself: the whole preemption path, on demand.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -64,16 +65,24 @@ class SlurmOptions:
 
 
 # ----------------------------------------------------------------------------------------- sweep files
+_LOADED: dict[tuple[str, bytes], types.ModuleType] = {}
+"""Sweep files executed in this process, by path and content: `birdjepa sweep` asks for
+make_benchmarks, then make_cfgs, and a file's own code (its prints, the folders it makes) ran twice."""
+
+
 def load_module(path: Path) -> types.ModuleType:
-    """A sweep file, executed as a module of its own."""
+    """A sweep file, executed as a module of its own (once per content in a process)."""
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file")
-    spec = importlib.util.spec_from_file_location(f"birdjepa_sweep_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    run_own_code(path, spec.loader.exec_module, module)
-    return module
+    key = (str(path.resolve()), hashlib.sha256(path.read_bytes()).digest())
+    if key not in _LOADED:
+        spec = importlib.util.spec_from_file_location(f"birdjepa_sweep_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        run_own_code(path, spec.loader.exec_module, module)
+        _LOADED[key] = module
+    return _LOADED[key]
 
 
 def run_own_code(path: Path, fn: Callable[..., Any], *args: Any) -> Any:
