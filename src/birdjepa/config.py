@@ -216,9 +216,10 @@ def flatten(tree: Mapping[str, Any], prefix: str = "", *, where: str | None = No
     (``optim.lr`` beside ``optim: {lr}``: one was dropped)."""
     out: dict[str, Any] = {}
     for k, v in tree.items():
-        if where is not None and (not isinstance(k, str) or not k or (isinstance(v, Mapping) and not v)):
-            raise ConfigError(f"{where}: {prefix}{k!s} is " + ("an empty dict, which sets nothing" if
-                              isinstance(k, str) and k else f"no option name ({k!r})"))  # fmt: skip
+        if where is not None and (not isinstance(k, str) or not k):
+            raise ConfigError(f"{where}: {prefix}{k!s} is no option name ({k!r})")
+        if where is not None and isinstance(v, Mapping) and not v:
+            raise ConfigError(f"{where}: {prefix}{k} is an empty dict, which sets nothing")
         if isinstance(v, Mapping):
             inner = flatten(v, f"{prefix}{k}.", where=where)
         else:

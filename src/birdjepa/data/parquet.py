@@ -151,10 +151,12 @@ def _one_vocabulary(files: list[Path], schemas: list[pa.Schema], label_column: s
         raise ParquetError(f"{bare[0]}: integer labels without ClassLabel names beside {other}'s named "
                            "ones: its ids would be read as positions in that vocabulary; convert the two "
                            "apart")  # fmt: skip
-    if first is not None and bad_names(first[1], ordered=False):
-        raise ParquetError(f"{first[0]}: its ClassLabel names cannot be a vocabulary: "
-                           f"{bad_names(first[1], ordered=False)}")  # fmt: skip
-    return None if first is None else first[1]
+    if first is None:
+        return None
+    why = bad_names(first[1], ordered=False)
+    if why is not None:
+        raise ParquetError(f"{first[0]}: its ClassLabel names cannot be a vocabulary: {why}")
+    return first[1]
 
 
 def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema:
