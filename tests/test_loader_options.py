@@ -103,4 +103,7 @@ def test_a_run_says_how_many_decode_threads_its_loader_runs(
             "--data.eval", str(demo_dir / "eval")]  # fmt: skip
     assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
     threads = Loader(demo_dir / "train", seed=0, batch_size=4).n_workers  # the resolution: the test above
-    assert f"loader: {threads} decode thread{'s' * (threads != 1)}\n" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"loader: {threads} decode thread{'s' * (threads != 1)}\n" in out
+    # ... and that its warmup (10, the default) outlasts its 4 updates: a try, or a mistyped --steps.
+    assert "WARNING --optim.warmup-steps 10 >= the run's 4 optimizer updates: its LR never reaches" in out

@@ -69,6 +69,10 @@ def test_schedule_shapes() -> None:
     assert [float(wsd(s)) for s in range(2, 15)] == [1.0] * 13
     assert float(wsd(19)) == pytest.approx(0.2)
     assert float(wsd(15)) < 1.0
+    # A fraction of 0 decays nothing (it once put the last update at the floor).
+    flat_cfg = OptimConfig(lr=1.0, warmup_steps=2, schedule="wsd", decay_fraction=0.0, min_lr_ratio=0.2)
+    flat = make_schedule(flat_cfg, 20)
+    assert [float(flat(s)) for s in range(2, 20)] == [1.0] * 18
 
 
 def test_accumulation_applies_one_update_per_k_micro_steps() -> None:

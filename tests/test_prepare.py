@@ -446,3 +446,17 @@ def test_prepare_options_that_cannot_work_are_one_line(
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.startswith(f"birdjepa prepare: error: {said}"), err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_prepare_into_its_own_source_folder_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from birdjepa.data.prepare import cli
+
+    src = make_src(tmp_path / "src")
+    before = sorted(src.rglob("*"))
+    with pytest.raises(SystemExit) as e:
+        cli(src, tmp_path / "src" / ".." / "src")
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "is where SRC's files are: the shards would sit among them" in err, err
+    assert sorted(src.rglob("*")) == before

@@ -79,6 +79,10 @@ INVALID = [
     (["--augment.stretch", "inf"], "--augment.stretch inf: must be a finite number"),
     (["--optim.lr", "1e39"], "--optim.lr 1e+39: must be a float32"),
     (["--seed", "-1"], "--seed -1: must be in [0, 2^63)"),
+    (["--data.features.time-mask-count", "2"],
+     "--data.features.time-mask-width 0: must be >= 1 where time_mask_count is 2"),
+    (["--log.print-every", "0"], "--log.print-every 0: must be >= 1"),
+    (["--steps", str(2**62)], f"--steps {2**62}: must be at most 10_000_000"),  # a hang building the LR table
     (
         ["--objective.lejepa.local-views", "2", "--objective.lejepa.local-frames", "100"],
         "--objective.lejepa.local-frames 100: must be a multiple of --model.patch (16)",
@@ -114,6 +118,24 @@ def test_invalid_option_exits_2_with_one_line(
     (line,) = err.strip().splitlines()
     assert line.startswith("error: ") and message in line, line
     assert not list(tmp_path.iterdir())  # nothing ran: not even a run directory
+
+
+def test_a_run_inside_another_or_over_others_is_refused(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """One run's folder holding another's: analyze and compare of the outer one read both, and removing
+    it to start over removes the inner one. (A config.json is what marks a run; nothing trains here.)"""
+    runs = tmp_path / "runs"
+    for run in ("a", "sweep/x"):
+        (runs / run).mkdir(parents=True)
+        (runs / run / "config.json").write_text("{}")
+    flags = [*data_flags(demo_dir), "--log.runs-dir", str(runs), "--steps", "2"]
+    code, err = pretrain_exit(capsys, *flags, "--run", "a/b")
+    assert code == 2 and f"error: --run 'a/b': lies inside the run {runs / 'a'}" in err
+    code, err = pretrain_exit(capsys, *flags, "--run", "sweep")
+    assert code == 2 and f"error: --run 'sweep': {runs / 'sweep'} holds the run {runs / 'sweep/x'}" in err
+    written = sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*"))
+    assert written == ["a", "a/config.json", "sweep", "sweep/x", "sweep/x/config.json"]  # nothing more
 
 
 def test_data_paths_that_match_no_shard_or_lack_a_vocabulary(

@@ -68,7 +68,7 @@ class OptimConfig:
     """cosine: linear warmup then cosine decay; wsd: warmup, stable, then linear decay."""
     warmup_steps: int = 10
     decay_fraction: float = 0.2
-    """wsd only: the fraction of updates spent decaying at the end."""
+    """wsd only: the fraction of updates spent decaying at the end (0: none, the LR stays at its peak)."""
     min_lr_ratio: float = 0.0
     """Final LR as a fraction of the peak."""
     clip_norm: float = 1.0

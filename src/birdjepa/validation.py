@@ -28,6 +28,9 @@ from birdjepa.data.shards import check_same_labels, label_count
 from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
 
+MAX_STEPS = 10_000_000
+"""The most micro-steps a run may take."""
+
 
 class OptionError(ValueError):
     """An option whose value cannot work."""
@@ -67,7 +70,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 # (options, predicate, what is allowed); an option left at None means "the default" and is not checked.
 _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
     (
-        ("steps", "log_every", "ckpt_keep", "iid_window", "optim.grad_accum",
+        ("steps", "log_every", "log.print_every", "ckpt_keep", "iid_window", "optim.grad_accum",
          "model.patch", "model.n_frames", "model.n_mels", "model.n_classes", "model.dim", "model.depth",
          "model.heads", "model.mlp_ratio", "model.patch_freq", "model.proj_hidden", "model.proj_dim"),
         lambda v: v >= 1, "must be >= 1",
@@ -79,6 +82,9 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
         lambda v: v >= 0, "must be >= 0 (0 = off)",
     ),
     (("stop_at_step",), lambda v: v >= 0, "must be >= 0"),
+    # The LR schedule is a table of one value per update, held in the compiled step (train.optim): 40 MB
+    # and 10 s to build at the most; 2^62 never finished building it.
+    (("steps",), lambda v: v <= MAX_STEPS, f"must be at most {MAX_STEPS:_}"),
     (("seed",), lambda v: 0 <= v < 2**63, "must be in [0, 2^63)"),
     (
         ("optim.lr", "optim.probe_lr_scale", "data.features.std", "model.ln_epsilon"),

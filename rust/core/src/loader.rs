@@ -788,6 +788,7 @@ mod tests {
             (r#"{"clip_seconds": 1e9}"#, "clip_seconds gives 32000000000000 samples, more than 268435456"),
             (r#"{"batch_size": 1, "n_frames": 4194304}"#, "n_frames (4194304) x n_mels (128) is more than"),
             (r#"{"time_mask_count": 1, "time_mask_width": 600}"#, "time_mask_width (600) exceeds n_frames"),
+            (r#"{"freq_mask_count": 2}"#, "freq_mask_width must be >= 1 where freq_mask_count is 2"),
             (r#"{"std": 0.0}"#, "std must be finite and > 0"),
             (r#"{"batch_size": 0}"#, "batch_size must be >= 1"),
             (r#"{"batch_size": 1099511627776}"#, "batch_size x n_views x n_frames x n_mels must be at most"),

@@ -314,6 +314,9 @@ def cli(
             labels name the same classes, even where it lacks some (a held-out split: --data.eval).
     """
     try:
+        if out.resolve() == (src.resolve() if src.is_dir() else src.resolve().parent):
+            raise PrepareError(f"OUT {out} is where SRC's files are: the shards would sit among them "
+                               "(and be read as the source next time): give another folder")  # fmt: skip
         if files := parquet_files(src):
             if vocab is not None:
                 raise PrepareError(f"--vocab {vocab}: a Parquet set keeps its own ClassLabel names")

@@ -46,7 +46,7 @@ from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, L
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
-from birdjepa.train.segment import advance, open_loader, open_segment
+from birdjepa.train.segment import advance, open_loader, open_segment, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
 from birdjepa.validation import OptionError
@@ -100,6 +100,8 @@ def pretrain(cfg: PretrainConfig) -> int:
     so is the run's lease (process 0 holds it: one writer per run, `birdjepa.rundir.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     validation.check(cfg)  # before anything touches the run directory
+    if (nested := layout.nesting(cfg.log.runs_dir, cfg.run_dir)) is not None:
+        raise OptionError("run", cfg.run, nested)
     # An empty checkpoints/ folder is no run: a start that failed before its first step (a truncated
     # shard) leaves one, and the same command with --resume never was refused.
     ckpts = layout.checkpoints(cfg.run_dir)
@@ -222,6 +224,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     loader, loader_error = open_loader(cfg, train_files, state.loader_state, resumed=meta is not None)
     threads = loader.n_workers  # --data.n-workers 0 (the default) runs one per CPU this process may use
     print(f"loader: {threads} decode thread{'s' * (threads != 1)}", flush=True)
+    if meta is None and cfg.optim.warmup_steps >= (updates := total_updates(cfg)):  # allowed: a short try
+        print(f"WARNING --optim.warmup-steps {cfg.optim.warmup_steps} >= the run's {updates} optimizer "
+              f"updates: its LR never reaches --optim.lr {cfg.optim.lr:g}", flush=True)  # fmt: skip
     callbacks = make_callbacks(cfg, loader, state.params)
     # The batch of the coming step is fetched ahead whenever a save or a resume needs to fingerprint it.
     pending: Batch | None = None

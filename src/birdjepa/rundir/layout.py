@@ -88,6 +88,21 @@ def is_run(run_dir: Path) -> bool:
     return any(p.exists() for p in (metrics_file(run_dir), checkpoints(run_dir), config_file(run_dir)))
 
 
+def nesting(runs_dir: Path, run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot hold a run, or None: it lies inside another run's folder (``--run a/b`` beside
+    a run ``a``), or it is no run and holds runs (``--run sweep`` over ``sweep/a``). Either way one
+    run's folder would hold another's: `birdjepa analyze` and `compare` of the outer one would read them
+    as one, and removing it to start over would remove the inner ones."""
+    for outer in run_dir.relative_to(runs_dir).parents:
+        if outer != Path(".") and is_run(runs_dir / outer):
+            return f"lies inside the run {runs_dir / outer}: give a name outside it"
+    if run_dir.is_dir() and not is_run(run_dir):
+        inner = next((p.parent for p in sorted(run_dir.rglob(CONFIG_FILE))), None)
+        if inner is not None:
+            return f"{run_dir} holds the run {inner}: give another --run"
+    return None
+
+
 def read_config(run_dir: Path) -> dict[str, Any]:
     return json.loads(config_file(run_dir).read_text())
 

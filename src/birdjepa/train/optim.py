@@ -34,7 +34,8 @@ def lr_table(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> np.nd
     peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
     warmup = max(cfg.warmup_steps, 0)
     total = max(total_updates, warmup + 1)
-    decay_start = total - max(int(round(cfg.decay_fraction * total)), 1)
+    # A positive fraction decays over one update at least; 0 keeps the peak (it decayed the last update).
+    decay_start = total - max(int(round(cfg.decay_fraction * total)), 1) if cfg.decay_fraction > 0 else total
     out = np.empty(total, np.float64)
     for s in range(total):
         if s < warmup:

@@ -242,6 +242,15 @@ impl ClipExtractor {
         if !(cfg.std.is_finite() && cfg.std > 0.0) {
             return Err(format!("clip: std must be finite and > 0 (got {})", cfg.std));
         }
+        // A mask's width is drawn from [0, max_width]: at 0 every mask is empty, the option set for nothing.
+        for (name, mask) in [("time", &cfg.time_mask), ("freq", &cfg.freq_mask)] {
+            if mask.count > 0 && mask.max_width == 0 {
+                return Err(format!(
+                    "clip: {name}_mask_width must be >= 1 where {name}_mask_count is {} (a width of 0 masks nothing)",
+                    mask.count
+                ));
+            }
+        }
         if cfg.time_mask.count > 0 && cfg.time_mask.max_width > cfg.n_frames {
             return Err(format!(
                 "clip: time_mask_width ({}) exceeds n_frames ({})",
