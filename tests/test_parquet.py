@@ -264,6 +264,14 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
         code, _, err = prepare(tmp_path / folder, tmp_path / f"out-{folder}", capsys)
         assert code == 1 and said in err and err.count("\n") == 1, err
         assert not [p for p in (tmp_path / f"out-{folder}").glob("*") if p.suffix in (".arrow", ".json")]
+    # Bare ids, then a named set beside them: its vocab.json named the first set's ids, exit 0.
+    write("ids", "a.parquet", table, None)
+    code, _, err = prepare(tmp_path / "ids", tmp_path / "shared", capsys)
+    assert code in (0, None) and not (tmp_path / "shared" / "vocab.json").exists(), err
+    (tmp_path / "shared" / "data-00000.arrow").rename(tmp_path / "shared" / "ids-00000.arrow")
+    code, _, err = prepare(tmp_path / "order" / "a.parquet", tmp_path / "shared", capsys)
+    assert code == 1 and "(e.g. ids-00000.arrow) have no vocab.json: their labels are bare class ids" in err
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["ids-00000.arrow"]
     # The hub's layout (repo/data/*.parquet) named by its repo folder said "no audio files" only; a glob
     # matching nothing, "source folder ... does not exist"; a FIFO named *.parquet hung the conversion.
     (tmp_path / "repo" / "data").mkdir(parents=True)

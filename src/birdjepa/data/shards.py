@@ -421,8 +421,12 @@ def relabelled(out: Path, names: Sequence[str], label_column: str) -> str | None
     there, in one line (None: it can): their integer labels index ``out``'s vocab.json, which the new
     set's would replace, so one folder holds one vocabulary."""
     there = list_shards(out)
-    if not there or vocab_names(out) is None:
+    if not there:
         return None
+    if vocab_names(out) is None:  # bare ids (the hub's, no ClassLabel names): a vocab.json would name them
+        return (f"the shards already in {out} (e.g. {there[0].name}) have no {VOCAB_FILE}: their labels are "
+                "bare class ids, which the vocabulary written with these would name; write these to a "
+                "folder of their own (a split may name several folders)")  # fmt: skip
     column, have = read_vocab(out)
     names = list(names)
     if column != label_column:
