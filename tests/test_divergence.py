@@ -102,11 +102,19 @@ def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_differenc
     said = capsys.readouterr().err
     assert own.value.code == 2 and "metrics.jsonl: exists and is no trace (a run's own file?)" in said
     with pytest.raises(SystemExit) as typo:  # a trace of 0 tensors, exit 0
-        main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "optimiser", "--out", str(t1)])
+        main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "batch/idx", "--out", str(t1)])
     said = capsys.readouterr().err
-    assert typo.value.code == 2 and "--only optimiser: matches no tensor of the step" in said
+    assert typo.value.code == 2 and "--only batch/idx: matches no tensor of the step" in said
+    # A stage misspelt is said before the step runs; --keep's too (it was accepted, nothing kept whole).
+    for option, pattern in (("--only", "optimiser"), ("--keep", "forwrd/*")):
+        with pytest.raises(SystemExit) as typo:
+            main(["trace", str(runs / "A"), "--step", "0", option, pattern, "--out", str(t1)])
+        out, err = capsys.readouterr()
+        said = f"{option} {pattern}: {pattern.split('/')[0]!r} is no stage of the step"
+        assert typo.value.code == 2 and said in err and "traced step" not in out, (out, err)
     assert not t1.exists()
-    trace_file.write(trace_step(runs / "A", 1, only=("batch", "optimizer")), t1)
+    trace_file.write(trace_step(runs / "A", 1, only=("batch", "optimizer"), keep=("batch/idx",)), t1)
+    assert "WARNING --keep batch/idx: matches no tensor of the step" in capsys.readouterr().out
     with pytest.raises(SystemExit) as same:
         main(["diff-trace", str(t0), str(t0)])
     assert same.value.code == 0

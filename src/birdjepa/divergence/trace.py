@@ -248,6 +248,15 @@ def keep_only(trace: Trace, patterns: Sequence[str]) -> Trace:
     return Trace({**trace.manifest, "only": list(patterns)}, kept)
 
 
+def check_stages(option: str, patterns: Sequence[str]) -> None:
+    """`ReplayError` for a pattern whose stage, spelled without a wildcard, is none of `STAGES`."""
+    for p in patterns:
+        stage = p.split("/", 1)[0]
+        if not any(c in stage for c in "*?[") and stage not in STAGES:
+            stages = ", ".join(STAGES)
+            raise ReplayError(f"--{option} {p}: {stage!r} is no stage of the step (stages: {stages})")
+
+
 def check_against_run(run: OpenRun, trace: Trace) -> dict[str, Any]:
     """The traced step against what the run logged and, where one exists, checkpointed for it."""
     step = trace.manifest["step"]
@@ -277,6 +286,8 @@ def trace_step(
 ) -> Trace:
     """Step ``step`` of ``run_dir`` re-executed and recorded (see the module doc), the tensors matching
     ``keep`` whole; only the entries matching ``only``, if given. Raises `ReplayError`."""
+    for option, patterns in (("only", only), ("keep", keep)):  # a typo found before the step runs
+        check_stages(option, patterns)
     t0 = time.perf_counter()
     run = open_at(Path(run_dir), step)
     try:
@@ -288,6 +299,9 @@ def trace_step(
     trace.manifest["noise"] = noise
     trace.manifest["kept"] = list(keep)
     print(f"traced step {step} of {run_dir} in {time.perf_counter() - t0:.1f} s", flush=True)
+    if unkept := [p for p in keep if not any(matches(e.key, [p]) for e in trace.entries)]:
+        print(f"WARNING --keep {' '.join(unkept)}: matches no tensor of the step, none kept whole by it "
+              f"(e.g. {trace.entries[0].key})", flush=True)  # fmt: skip
     return keep_only(trace, only)
 
 
