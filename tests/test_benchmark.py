@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -303,6 +304,33 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
     assert err.startswith(f"birdjepa benchmark: error: {tmp_path}: its results of task 'SYN1' were scored on "
                           f"other train files ({files['train'][0]}"), err  # fmt: skip
     assert not (tmp_path / "cache").exists()  # refused before the embedding pass
+    # The same files rewritten in place (relabelled at the same size: the old scores, exit 0), or read
+    # with other targets (a mistyped --multilabel-column fell back to the one label, stored as the task's).
+    import shutil
+
+    from birdjepa.benchmark.backbones import files_stamp
+
+    copy = shutil.copytree(birdset_dir / "SYN1", tmp_path / "SYN1", ignore=shutil.ignore_patterns("cache*"))
+    files = {s: sorted(str(f) for f in (copy / s).glob("*.arrow")) for s in ("train", "test_5s")}
+    data = {"train": files_stamp(files["train"]), "test": files_stamp(files["test_5s"]), "targets": "label"}
+    config = {"train": files["train"], "test": files["test_5s"], "data": data}
+    store.put(tmp_path / "2", key, {"cmap": 0.5, "auroc": 0.5, "top1": 0.5}, n_train=1, n_test=1,
+              fit_s=0.0, config=config)  # fmt: skip
+    own = ["benchmark", "--backbone", "raw", "--task", "SYN1", "--probe", "centroid", "--n-train", "1",
+           "--train", str(copy / "train" / "*.arrow"), "--test", str(copy / "test_5s" / "*.arrow"),
+           "--results", str(tmp_path / "2")]  # fmt: skip
+    for args, said in (
+        (["--multilabel-column", "ebird_code_multilable"], "--multilabel-column 'ebird_code_multilable': "),
+        ([], "were scored with other targets"),  # this set has the default column: its targets are those
+        (["--multilabel-column", ""], "were scored on these files as they were before"),  # one label
+    ):
+        if not args:
+            os.utime(files["train"][0], ns=(0, 0))
+        with pytest.raises(SystemExit) as e:
+            main([*own, *args])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "2" / "cache").exists()
 
 
 @pytest.mark.parametrize(

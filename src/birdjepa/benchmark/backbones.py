@@ -262,10 +262,19 @@ class Embedded:
     """[N, T, D] float16 patch tokens, where asked for and the backbone gives them."""
 
 
+def files_stamp(files: Sequence[str]) -> str:
+    """The files as they are now: their names, sizes and modification times (a shard rewritten in place,
+    relabelled at the same size, got the old one's embeddings and scores); not their bytes, which would
+    read the whole data set at every call."""
+    stats = [(f, st.st_size, st.st_mtime_ns) for f in files for st in [Path(f).stat()]]
+    return hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
+
+
 def split_key(files: Sequence[str], features: Features, loader_options: dict[str, Any]) -> str:
-    """What a split's clips are: the files' names and sizes, the features and the loader's options."""
-    stats = [(f, Path(f).stat().st_size) for f in files]
-    text = json.dumps([stats, dataclasses.asdict(features), loader_options], sort_keys=True, default=str)
+    """What a split's clips are: the files as they are now (`files_stamp`), the features and the loader's
+    options."""
+    text = json.dumps([files_stamp(files), dataclasses.asdict(features), loader_options], sort_keys=True,
+                      default=str)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -25,6 +25,7 @@ from birdjepa.benchmark.backbones import (
     BackboneError,
     Embedded,
     embed,
+    files_stamp,
     identified,
     resolve,
 )
@@ -42,6 +43,9 @@ from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, 
 from birdjepa.exit_codes import USAGE
 from birdjepa.outputs import unwritable
 from birdjepa.train.determinism import machine_kind
+
+MULTILABEL_COLUMN = "ebird_code_multilabel"
+"""BirdSet's list-of-labels column: read where the shards have it."""
 
 
 class BenchmarkError(RuntimeError):
@@ -128,20 +132,26 @@ def run_task(
     log=print,
 ) -> list[dict]:
     """Every (backbone, probe, n, seed) result of ``task``, from the store where it is there."""
-    other = store.scored_on_other_files(results, task.name, {"train": task.train, "test": task.test})
-    if other is not None:  # before anything is embedded
-        raise BenchmarkError(other)
-    default = next((b.features for b in backbones if b.features is not None), Features())
-    backbones = identified(backbones, default)
     options: dict = {"audio_root": audio_root}
-    if multilabel_column and all(
-        has_column(files[0], multilabel_column) for files in (task.train, task.test)
-    ):
+    files = [*task.train, *task.test] if multilabel_column else []
+    has = {f: has_column(f, multilabel_column) for f in files}
+    if has and all(has.values()):
         options |= {"multilabel_column": multilabel_column, "n_classes": task.n_classes}
+    elif any(has.values()) or (multilabel_column and multilabel_column != MULTILABEL_COLUMN):
+        # A typo, or a split without it: its scores would be stored as the task's, under the same key.
+        lacking = next(f for f, there in has.items() if not there)
+        raise BenchmarkError(f"--multilabel-column {multilabel_column!r}: {lacking} has no such column")
     else:
         log(
             f"{task.name}: no {multilabel_column!r} column in its shards; each clip's target is its one label"
         )
+    targets = f"multilabel:{multilabel_column}" if "multilabel_column" in options else "label"
+    data = {"train": files_stamp(task.train), "test": files_stamp(task.test), "targets": targets}
+    other = store.scored_on_other_files(results, task.name, {"train": task.train, "test": task.test}, data)
+    if other is not None:  # before anything is embedded
+        raise BenchmarkError(other)
+    default = next((b.features for b in backbones if b.features is not None), Features())
+    backbones = identified(backbones, default)
     embedded: dict[str, dict[str, Embedded]] = {"train": {}, "test": {}}
     tokens = any(p in TOKEN_PROBES for p in probes)
     for features in {b.features or default for b in backbones}:
@@ -221,6 +231,7 @@ def run_task(
                         "recipe": dataclasses.asdict(recipe),
                         "train": task.train,
                         "test": task.test,
+                        "data": data,
                         "n_classes": task.n_classes,
                         "backbone_spec": b.spec,
                         "machine": machine,  # the probes' last bits follow it (as a step's do)
@@ -364,7 +375,7 @@ def cli(
     table: Annotated[Path | None, tyro.conf.arg(metavar="RESULTS")] = None,
     metric: str = "cmap",
     plot: Path | None = None,
-    multilabel_column: str = "ebird_code_multilabel",
+    multilabel_column: str = MULTILABEL_COLUMN,
     n_classes: int | None = None,
     audio_root: str | None = None,
     batch_size: int = 16,
@@ -400,7 +411,7 @@ def cli(
         metric: With --table: the metric shown (cmap, auroc or top1).
         plot: With --table: also draw cmAP against n per task, backbone and probe into this PNG.
         multilabel_column: The list-of-labels column (BirdSet's); where the shards have none, each clip's
-            target is the one-hot of its label.
+            target is the one-hot of its label (a column named other than the default must be there).
         n_classes: Classes (default: the vocab.json beside the shards, else the ClassLabel names a
             file written by HF datasets keeps).
         audio_root: Where rows that name their audio by a relative path find it (default: each shard's

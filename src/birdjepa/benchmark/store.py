@@ -120,10 +120,14 @@ def _row(path: Path) -> pa.Table:
         raise ValueError(f"{path}: not a result of this store ({e})") from None
 
 
-def scored_on_other_files(results: Path, task: str, files: dict[str, list[str]]) -> str | None:
+def scored_on_other_files(
+    results: Path, task: str, files: dict[str, list[str]], data: dict[str, str]
+) -> str | None:
     """Where the store holds results of ``task`` scored on other files than ``files`` (split -> shard
-    files), one line saying so (None: it holds none): a stored result is found by its key, whose task is
-    a name, so another set under the same name would get the first set's scores."""
+    files), or on these files as they were before or read with other targets (``data``: the config's
+    ``data``, absent from results stored before it was), one line saying so (None: it holds none): a
+    stored result is found by its key, whose task is a name, so another set under the same name would
+    get the first set's scores."""
 
     def real(paths: list[str]) -> list[str]:
         return sorted(os.path.realpath(f) for f in paths)
@@ -137,4 +141,10 @@ def scored_on_other_files(results: Path, task: str, files: dict[str, list[str]])
                 return (f"{results}: its results of task {task!r} were scored on other {split} files "
                         f"({was}; now {new}): a result is found by its task's name, so give these files a "
                         "--task of their own, or another --results")  # fmt: skip
+        then = config.get("data")
+        if then is not None and then != data:
+            what = ("with other targets" if then.get("targets") != data["targets"] else
+                    "on these files as they were before (their sizes or times differ now)")  # fmt: skip
+            return (f"{results}: its results of task {task!r} were scored {what} ({then} against {data}): "
+                    "give another --results, or a --task of their own")  # fmt: skip
     return None
