@@ -391,7 +391,8 @@ def cli(
             random:RUN (its architecture at random init), raw (log-mel mean and std; as tokens, its
             patches), raw:input (the same of the log-mel as the first run's encoder receives it: its
             input normalisation, nothing learned), module:function (an external encoder: spectrogram
-            [B, T, M] in, [B, D] embeddings or [B, N, D] tokens out).
+            [B, T, M] in, [B, D] embeddings or [B, N, D] tokens out), waveform:module:function (the
+            same, called with (waveform [B, samples], sample rate)).
         train: Shards the probes are fitted on (a glob, a folder or a file), e.g. 'hsn/train/*.arrow'.
         test: Shards the probes are scored on, e.g. 'hsn/test_5s/*.arrow'.
         task: The task's name in the store (default: the test split's parent folder's name).
