@@ -340,7 +340,7 @@ def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path,
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     args = ["verify-resume", "--run", "v", "--log.runs-dir", str(tmp_path), "--data.batch-size", "4",
             *data_flags(demo_dir), "--steps", "10", "--optim.grad-accum", "2", *NO_EVAL, "--ckpt-every", "0",
-            "--sequential", "--resume-at", "2", "--signal-at", "6"]  # fmt: skip
+            "--sequential", "--resume-at", "2", "--signal-at", "5"]  # fmt: skip
     done = birdjepa(*args, env=env)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "max_abs_diff=0.0"
@@ -447,8 +447,10 @@ def test_resume_never_refuses_a_run_directory_that_already_holds_a_run(
     [
         (["--resume-at", "10"], "verify-resume: error: --resume-at 10: must be a step in [0, 4]"),
         (["--resume-at", "2", "--run", "../x"], "verify-resume: error: --run '../x': must be a folder name"),
+        # The segment stopped past the end (or the next --resume-at), a failure minutes in.
+        (["--signal-at", "2"], "verify-resume: error: --signal-at 2: must leave 4 steps before the next"),
     ],
-    ids=["resume-at-past-the-run", "run-outside-the-runs-folder"],
+    ids=["resume-at-past-the-run", "run-outside-the-runs-folder", "signal-at-too-late"],
 )
 def test_verify_resume_refuses_an_option_that_cannot_work_in_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, args: list[str], line: str

@@ -57,6 +57,11 @@ class VerifyOptions:
     """Train the straight run first, then the segments (default: side by side)."""
 
 
+SIGNAL_SLACK = 4
+"""Steps a ``--signal-at`` leaves before the next interruption: the segment stops one to a few steps
+after it (one for the log's lag, more where steps are faster than the 50 ms poll)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Interruption:
     step: int
@@ -79,6 +84,13 @@ def plan(opts: VerifyOptions, steps: int) -> list[Interruption]:
         if not 0 <= i.step < steps - 1:
             allowed = f"must be a step in [0, {steps - 2}]: a step of --steps {steps} before the last"
             raise OptionError("signal_at" if i.by_signal else "resume_at", i.step, allowed)
+    for i, after in zip(stops, [*steps_seen[1:], steps - 1], strict=True):
+        if i.by_signal and after - i.step < SIGNAL_SLACK:
+            # Else the segment stopped past the next interruption, or finished, and verify failed minutes in.
+            why = (f"must leave {SIGNAL_SLACK} steps before the next --resume-at and the last step ({after}):"
+                   " the SIGTERM goes once the step is logged, as the next one ends, and the segment saves "
+                   "after the step it is in")  # fmt: skip
+            raise OptionError("signal_at", i.step, why)
     return stops
 
 
@@ -107,7 +119,9 @@ def _pump(stream: object, prefix: str, log_file: Path) -> None:
 def _last_logged_step(run_dir: Path) -> int:
     if not layout.metrics_file(run_dir).exists():
         return -1
-    return max((line["step"] for line in read_metrics(run_dir)), default=-1)
+    # Steps only: a segment's resume event, written at its first step before it trains, sent the SIGTERM
+    # before the trainer's handler was there (exit -15).
+    return max((line["step"] for line in read_metrics(run_dir) if "event" not in line), default=-1)
 
 
 def run_segment(
