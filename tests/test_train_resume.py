@@ -442,6 +442,16 @@ def test_resume_never_refuses_a_run_directory_that_already_holds_a_run(
     assert (straight / "metrics.jsonl").read_bytes() == log  # nothing written: not a second run beside it
 
 
+def test_verify_resume_signals_a_segment_once_it_logged_the_step_not_its_resume_event(tmp_path: Path) -> None:
+    # The resume event a segment writes at its first step, before it trains, counted as that step logged:
+    # --resume-at 2 --signal-at 3 sent the SIGTERM before the trainer's handler was there (exit -15).
+    from birdjepa.resume.verify import _last_logged_step
+
+    lines = [{"step": 2, "train/loss": 1.0}, {"event": "resume", "step": 3}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert _last_logged_step(tmp_path) == 2
+
+
 @pytest.mark.parametrize(
     "args,line",
     [
