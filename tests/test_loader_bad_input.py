@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -191,6 +192,24 @@ def test_missing_column_names_file_and_column(demo_dir: Path, tmp_path: Path) ->
         loader(bad)
     with pytest.raises(DataError, match=r"missing column 'sound'"):
         loader(first_shard(demo_dir), audio_column="sound")
+
+
+def test_a_label_past_the_vocabulary_beside_it_stops_the_loader_naming_the_row(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # It was read as a class no probe has (evaluate counted those clips wrong, exit 0; a run's probe
+    # loss went NaN).
+    table = read_table(first_shard(demo_dir)).slice(0, 4)
+    names = json.loads((demo_dir / "train" / "vocab.json").read_text())["names"]
+    at = table.schema.get_field_index("ebird_code")
+    table = table.set_column(at, "ebird_code", pa.array([0, 1, len(names) + 2, 0], pa.int64()))
+    bad = write_table(table, tmp_path / "past.arrow")
+    (tmp_path / "vocab.json").write_text(json.dumps({"names": names}))
+    with pytest.raises(DataError) as e:
+        list(Loader(bad, seed=0, batch_size=4, train=False))
+    vocab = tmp_path / "vocab.json"
+    said = f"past.arrow: row 2: label {len(names) + 2} is outside {vocab}'s {len(names)} names"
+    assert said in str(e.value)
 
 
 def test_wrong_column_type_names_file_and_column(demo_dir: Path, tmp_path: Path) -> None:

@@ -98,7 +98,7 @@ def test_string_lists_map_through_the_vocabulary(demo: tuple, tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("bad", "feature", "why"),
     [
-        ([7, 99], Value("int64"), "class 99 (element 1) is outside [0, 10)"),
+        ([7, 11], Value("int64"), "class 11 (element 1) is outside [0, 10)"),  # in the vocabulary, past n
         (None, Value("int64"), "the list is null"),
         ([1, None], Value("int64"), "element 1 is null"),
         (["aaa", "nosuch"], Value("string"), "label 'nosuch' is not in"),
@@ -112,7 +112,7 @@ def test_a_bad_list_is_one_error_naming_the_shard_and_row(
     lists = [good, good, bad, good]
     columns = {"audio": audio[:4], "ebird_code": [0] * 4, "ebird_code_multilabel": lists}
     features = {"ebird_code": Value("int64"), "ebird_code_multilabel": Sequence(feature)}
-    arrow = save_hf(columns, features, tmp_path / "hf", vocab=["aaa", "bbb"])
+    arrow = save_hf(columns, features, tmp_path / "hf", vocab=["aaa", "bbb", *(f"c{i}" for i in range(10))])
     with pytest.raises(DataError) as e:
         eval_batches(arrow, multilabel_column="ebird_code_multilabel", n_classes=10)
     message = str(e.value)

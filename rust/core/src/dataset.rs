@@ -106,13 +106,16 @@ impl Vocab {
     }
 
     /// Label `local` (a position in this vocabulary) in the label names read into; `local` itself
-    /// without them, and a missing label (negative) stays as it is.
+    /// without them, and a missing label (negative) stays as it is. A position past the names is an error.
     fn relabelled(&self, local: i64) -> std::result::Result<i64, String> {
-        let Some(relabel) = self.relabel.as_ref().filter(|_| local >= 0) else {
+        if local < 0 {
             return Ok(local);
-        };
+        }
         let at = usize::try_from(local).ok().filter(|&i| i < self.names.len());
         let at = at.ok_or_else(|| format!("label {local} is outside {}'s {} names", self.file.display(), self.names.len()))?;
+        let Some(relabel) = self.relabel.as_ref() else {
+            return Ok(local);
+        };
         relabel[at].ok_or_else(|| {
             format!("label '{}' of {} is not among the names labels are read into", self.names[at], self.file.display())
         })
@@ -128,6 +131,9 @@ enum VocabNeed {
     Width,
     /// `label_names` given: every label is read by its name.
     ByName,
+    /// Integer labels beside a vocabulary: each must index it (an id past it was read as a class the
+    /// run's probe and every evaluation count without it: a NaN loss, or a clip scored wrong).
+    Bounds,
 }
 
 struct ShardEntry {
@@ -293,6 +299,7 @@ fn load_vocab(
             VocabNeed::Names => ("string labels need a vocabulary", "`birdjepa prepare` writes one"),
             VocabNeed::Width => ("the multi-hot's width is the vocabulary's length", "or pass n_classes"),
             VocabNeed::ByName => ("labels read by name need their folder's vocabulary", "`birdjepa prepare` writes one"),
+            VocabNeed::Bounds => ("its integer labels index the vocabulary beside it", "repair or remove it"),
         };
         Error::data(format!("{}: {why}, but {} cannot be read ({e}); {fix}", path.display(), file.display()))
     })?;
@@ -409,8 +416,10 @@ impl Dataset {
                 Some(VocabNeed::ByName)
             } else if strings {
                 Some(VocabNeed::Names)
+            } else if multilabel.is_some() && columns.n_classes.is_none() {
+                Some(VocabNeed::Width)
             } else {
-                (multilabel.is_some() && columns.n_classes.is_none()).then_some(VocabNeed::Width)
+                path.with_file_name(VOCAB_FILE).is_file().then_some(VocabNeed::Bounds)
             };
             let vocab = need.map(|n| load_vocab(path, n, columns.label_names.as_deref(), &mut vocabs)).transpose()?;
             offsets.push(offsets.last().unwrap() + shard.rows());
@@ -675,5 +684,9 @@ mod tests {
         assert_eq!(multi_hot(&named, 0, 3, Some(&vocab)).unwrap(), vec![0, 0, 1]);
         let numbered: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1)])]));
         assert_eq!(multi_hot(&numbered, 0, 3, Some(&vocab)).unwrap(), vec![1, 0, 0]);
+        // Integer labels read as they are (no names to read into) must index the vocabulary all the same.
+        let plain = Vocab { relabel: None, ..vocab };
+        assert_eq!((plain.relabelled(2), plain.relabelled(-1)), (Ok(2), Ok(-1)));
+        assert_eq!(plain.relabelled(3).unwrap_err(), "label 3 is outside /data/vocab.json's 3 names");
     }
 }
