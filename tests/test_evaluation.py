@@ -298,6 +298,32 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
         (tiny_run / LEASE_FILE).unlink()
 
 
+def test_a_run_s_relative_data_read_from_another_folder_is_refused(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # config.json keeps --data.train as given: from another folder, data/train was another set, scored
+    # with exit 0 as the run's own split.
+    from birdjepa.evaluation.cli import cli
+    from birdjepa.pretrain.loop import pretrain
+
+    for folder, (train, held_out) in (("started", ("train", "eval")), ("elsewhere", ("eval", "train"))):
+        (tmp_path / folder / "data").mkdir(parents=True)
+        (tmp_path / folder / "data" / "train").symlink_to(demo_dir / train)
+        (tmp_path / folder / "data" / "eval").symlink_to(demo_dir / held_out)
+    cfg = tiny_config(demo_dir, tmp_path / "runs")
+    cfg = dataclasses.replace(cfg, eval_every=0, data=dataclasses.replace(cfg.data, train="data/train",
+                                                                            eval="data/eval"))  # fmt: skip
+    monkeypatch.chdir(tmp_path / "started")
+    assert pretrain(cfg) == 0
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli(cfg.run_dir, out=tmp_path / "e.json")
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "'data/train', the train split its config names, holds other data" in err
+    assert not (tmp_path / "e.json").exists()
+
+
 def test_export_load_and_embed_give_evaluates_embeddings(
     tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):

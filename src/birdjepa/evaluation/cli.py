@@ -176,6 +176,24 @@ def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalDat
                        n_classes=n_classes)  # fmt: skip
 
 
+def check_trained_on(run: RestoredRun) -> None:
+    """`EvaluateError` where the run's train split, as its config names it, holds other data here than it
+    trained on: a relative path read from another folder scored another data set, exit 0."""
+    trained_on = run.meta.get("dataset_fingerprint")  # absent from checkpoints older than it
+    if not trained_on:
+        return
+    data = run.cfg.data
+    with Loader(run.train_files, seed=0, batch_size=1, n_workers=1, train=False, features=data.features,
+                audio_root=data.audio_root) as loader:  # fmt: skip
+        here = loader.fingerprint
+    if here != trained_on:
+        raise EvaluateError(
+            f"{run.cfg.data.train!r}, the train split its config names, holds other data here than the run "
+            f"trained on (fingerprint {here}, not {trained_on}): a relative path is read from the current "
+            "folder, so evaluate from the folder the run was started in, or give --data.train and --data.eval"
+        )
+
+
 def evaluate_checkpoint(
     run_dir: Path,
     step: int | None = None,
@@ -191,6 +209,8 @@ def evaluate_checkpoint(
     t0 = time.perf_counter()
     run = restore_run(run_dir, step, data)
     cfg, model_cfg, train_files, eval_files = run.cfg, run.model_cfg, run.train_files, run.eval_files
+    if data.train is None:
+        check_trained_on(run)
     train, held_out = embed_splits(
         train_files, eval_files, {ENCODER: run.params, RANDOM_INIT: run.random_init}, model_cfg,
         cfg.data.features, seed=cfg.seed, batch_size=batch_size or cfg.data.batch_size, n_workers=n_workers,
