@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -157,6 +158,14 @@ def write_tiny_shards(
             rows.append(TinyRow(rid, label, freq, codec, sr, channels, seconds, shard, row, kind is not None))
     write_vocab(out, list(TINY_LABELS))
     return TinyShards(out, tuple(rows))
+
+
+def rewrite_meta(meta_file: Path, meta: dict) -> None:
+    """A checkpoint's meta as another machine or birdjepa wrote it: with its CRC-32 recomputed (an edit
+    without it is damage, which these tests are not about)."""
+    from birdjepa.rundir.checkpoint.integrity import meta_crc
+
+    meta_file.write_text(json.dumps({**meta, "meta_crc": meta_crc(meta)}))
 
 
 def a_demo_shard_beside_its_vocabulary(demo_dir: Path, folder: Path) -> Path:

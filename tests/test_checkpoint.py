@@ -294,6 +294,9 @@ def test_tampered_recorded_norm_is_caught(tmp_path):
     meta = json.loads(meta_file.read_text())
     good = meta["norms"]["opt_state_norm/acc_grads"]
     meta["norms"]["opt_state_norm/acc_grads"] = float(np.nextafter(good, np.inf))  # one ulp
+    from birdjepa.rundir.checkpoint.integrity import meta_crc
+
+    meta["meta_crc"] = meta_crc(meta)  # the norm comparison's own catch, past the meta's CRC-32
     meta_file.write_text(json.dumps(meta))
     with pytest.raises(ck.NormMismatchError, match=r"opt_state_norm/acc_grads saved="):
         ck.Checkpointer(tmp_path, async_save=False).restore(3, make_target())
@@ -480,6 +483,17 @@ def test_damage_is_caught_and_the_restore_falls_back_to_the_newest_that_verifies
     assert c.all_steps() == [1]  # moved aside: never picked again
 
 
+def test_a_changed_byte_in_the_meta_is_damage(tmp_path):
+    # The meta's config is what a bare resume trains with: one byte (b2 0.999 -> 0.995) trained on with
+    # every resume check passing and exit 0; the arrays alone had CRC-32s.
+    with ck.Checkpointer(tmp_path, keep=None, async_save=False) as c:
+        c.save(1, make_state(), {"config": {"optim": {"b2": 0.999}}})
+    meta_file = tmp_path / "checkpoints" / "1" / "meta" / "metadata"
+    meta_file.write_text(meta_file.read_text().replace("0.999", "0.995"))
+    with pytest.raises(ck.IntegrityError, match="meta differs from its recorded CRC-32"):
+        ck.Checkpointer(tmp_path, keep=None).restore(1, make_target())
+
+
 def test_a_flipped_byte_anywhere_is_caught_or_was_never_read(tmp_path):
     # The array files are compressed: most flips change decoded values (only the CRC-32 sees a change in
     # a low mantissa bit), some break the decoding, and a few land in bytes the restore does not read.
@@ -511,8 +525,8 @@ def test_no_checkpoint_that_verifies_raises_and_a_newer_format_names_both_versio
         c.save(2, make_state(), {})
     meta_file = tmp_path / "checkpoints" / "2" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
-    meta_file.write_text(json.dumps({**meta, "checkpoint_format": 3}))
-    with pytest.raises(ck.CheckpointError, match="checkpoint format 3, this birdjepa reads formats 1, 2"):
+    meta_file.write_text(json.dumps({**meta, "checkpoint_format": 4}))
+    with pytest.raises(ck.CheckpointError, match="checkpoint format 4, this birdjepa reads formats 1, 2, 3"):
         ck.Checkpointer(tmp_path, keep=None).restore_latest(make_target())
     assert (tmp_path / "checkpoints" / "2").is_dir()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tyro
+from conftest import rewrite_meta
 
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
@@ -220,7 +221,7 @@ def test_a_replayed_step_that_does_not_match_its_log_stops_the_trace(
     meta_file = edited / "checkpoints" / "1" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
     here = meta["machine"]["device"]
-    meta_file.write_text(json.dumps({**meta, "machine": {**meta["machine"], "device": "Other CPU (avx2)"}}))
+    rewrite_meta(meta_file, {**meta, "machine": {**meta["machine"], "device": "Other CPU (avx2)"}})
     with pytest.raises(SystemExit) as e:
         main(["trace", str(edited), "--step", "3"])
     err = capsys.readouterr().err.strip()

@@ -134,6 +134,27 @@ def test_a_damaged_checkpoint_falls_back_and_the_run_equals_the_straight_one(
     assert differing(straight, cfg.run_dir) == []
 
 
+def test_a_bare_resume_past_a_damaged_checkpoint_takes_the_options_of_the_one_it_resumes(
+    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Checkpoint 3 holds a declared change (lr 0.002) and is damaged: its options were read all the same,
+    # and the resume of checkpoint 1 was refused for them, "leave them out" of a command that gave none.
+    from birdjepa.cli import main
+
+    cfg = config(demo_dir, tmp_path, "declared")
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=1)) == 0
+    run = ["pretrain", "--run", "declared", "--log.runs-dir", str(tmp_path)]
+    main([*run, "--optim.lr", "0.002", "--allow-config-change", "--stop-at-step", "3"])
+    damage(cfg.run_dir, 3)
+    capsys.readouterr()
+    main(run)  # exit 0: a non-zero code is a SystemExit
+    out = capsys.readouterr().out
+    assert "run declared: options from checkpoint 1's config" in out
+    assert "WARNING checkpoint 3 is damaged" in out
+    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [1, 1]
+    assert differing(straight, cfg.run_dir) == []
+
+
 def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from conftest import TEST_XLA_FLAG
+from conftest import TEST_XLA_FLAG, rewrite_meta
 
 from birdjepa import exit_codes
 from birdjepa.cli import main
@@ -95,7 +95,7 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     # by a birdjepa that did not record the CPU thread pool or the step's revision yet.
     other = {**here, "device": "Other CPU (avx2)", "jaxlib": "0.1", "lock": "0123456789ab"}
     del other["cpu_threads"], meta["step_revision"]
-    meta_file.write_text(json.dumps({**meta, "machine": other}))
+    rewrite_meta(meta_file, {**meta, "machine": other})
 
     code, out = command(capsys, "pretrain", "--run", "m", "--log.runs-dir", tmp_path)
     assert code == 0 and "ok=False" not in out, out
@@ -130,7 +130,7 @@ def test_a_run_a_revision_does_not_apply_to_resumes_across_it_exactly(
     meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "v", steps=2, stop=0)
     (last,) = revisions.between(revisions.REVISION - 1)
     assert last.training and last.applies is not None
-    meta_file.write_text(json.dumps({**meta, "step_revision": revisions.REVISION - 1}))
+    rewrite_meta(meta_file, {**meta, "step_revision": revisions.REVISION - 1})
 
     code, out = command(capsys, "pretrain", "--run", "v", "--log.runs-dir", tmp_path)
     assert code == 0 and "ok=False" not in out, out
@@ -181,7 +181,7 @@ def test_a_format_1_checkpoint_of_the_old_code_resumes_and_continues_the_old_cod
     # Where it was written is not known, and the training revisions it crossed are named too.
     assert "(rtol=1e-05,machine:unrecorded+step_revision)" in out, out
     meta = json.loads((tmp_path / "old" / "checkpoints" / "5" / "meta" / "metadata").read_text())
-    assert meta["checkpoint_format"] == FORMAT_VERSION == 2 and len(meta["hashes"]) == len(
+    assert meta["checkpoint_format"] == FORMAT_VERSION == 3 and len(meta["hashes"]) == len(
         meta["state_leaves"]
     )
 

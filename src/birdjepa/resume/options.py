@@ -35,15 +35,19 @@ SEGMENT_ONLY = (
 
 
 def saved_config(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
-    """``(step, config)`` of the newest checkpoint in ``run_dir`` whose meta reads, or None (a fresh run).
-    Its arrays are verified later, by the restore; a damaged newest one is passed over there too."""
+    """``(step, config)`` of the newest checkpoint in ``run_dir`` that verifies (meta and arrays, as the
+    restore then finds it), or None (a fresh run). The restore passes a damaged newest one over and
+    resumes an older one, whose options these must be: read from the damaged one, a declared change it
+    held was refused against the older one's ("leave them out" of a bare command), or a changed byte
+    in its config trained on."""
     if not layout.has_checkpoints(run_dir):
         return None
     ckpt = Checkpointer(run_dir, async_save=False)
     try:
         for step in reversed(ckpt.all_steps()):
             try:
-                return step, ckpt.read_meta(step)["config"]
+                if ckpt.verify(step):
+                    return step, ckpt.read_meta(step)["config"]
             except (CheckpointError, KeyError, OSError, ValueError):
                 continue
         return None

@@ -25,6 +25,7 @@ from pathlib import Path
 from birdjepa import exit_codes
 from birdjepa.resume.compare import MetricDiff, compare_logged, compare_runs
 from birdjepa.rundir import layout
+from birdjepa.rundir.checkpoint import FORMAT_VERSION
 from birdjepa.rundir.checkpoint.space import TMP_SUFFIX, folder_bytes
 from birdjepa.rundir.metrics_log import TORN_SUFFIX, metrics_by_step, read_metrics
 from birdjepa.train import revisions
@@ -251,10 +252,12 @@ class Matrix:
         meta = json.loads((layout.checkpoint(run, newest) / "meta" / "metadata").read_text())
         return FsRow(
             "format-1 checkpoint (old code)",
-            "read and verified by its norms, said in one line; the next save writes format 2",
+            f"read and verified by its norms, said in one line; the next save writes format {FORMAT_VERSION}",
             f"exit {done.returncode}: {line[:70]}...; newest checkpoint {newest} of format "
             f"{meta.get('checkpoint_format')}",
-            done.returncode == 0 and "CKPT_FORMAT" in line and meta.get("checkpoint_format") == 2,
+            done.returncode == 0
+            and "CKPT_FORMAT" in line
+            and meta.get("checkpoint_format") == FORMAT_VERSION,
             not continues_old_run(run, self.format1 / "straight"),  # ends as the old code ended it
         )
 

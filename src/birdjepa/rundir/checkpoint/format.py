@@ -11,7 +11,8 @@ Layout: ``<run_dir>/checkpoints/<step>/`` with two items (written by `birdjepa.r
   plus ``step``, ``norms`` (float64 norms of params / opt_state / the rest, see
   ``birdjepa.rundir.checkpoint.norms``),
   ``state_leaves`` (path, shape, dtype of every leaf, so a target with another structure fails loudly)
-  and ``hashes`` (the CRC-32 of every leaf's bytes; `birdjepa.rundir.checkpoint.integrity`).
+  ``hashes`` (the CRC-32 of every leaf's bytes; `birdjepa.rundir.checkpoint.integrity`) and
+  ``meta_crc`` (the CRC-32 of the meta itself: its config is the options a bare resume trains with).
 
 Limitations: single process (multi-host sharded arrays would need a gather first; they raise).
 """
@@ -23,11 +24,13 @@ from typing import Any
 import jax
 import numpy as np
 
-#: 2: ``hashes`` (CRC-32 of every leaf) beside the norms. Format 1 had the norms only.
-FORMAT_VERSION = 2
-#: What `Checkpointer` restores: format 1 is verified by its norms alone (it recorded no CRC-32s).
-FORMATS_READ = (1, 2)
-RESERVED_META_KEYS = ("step", "norms", "state_leaves", "hashes", "checkpoint_format")
+#: 3: ``meta_crc`` (a byte changed in the meta's config trained on silently with it); 2: ``hashes``
+#: (CRC-32 of every leaf) beside the norms. Format 1 had the norms only.
+FORMAT_VERSION = 3
+#: What `Checkpointer` restores: format 1 is verified by its norms alone (it recorded no CRC-32s), format 2
+#: by its leaves' CRC-32s (its meta by its shape only).
+FORMATS_READ = (1, 2, 3)
+RESERVED_META_KEYS = ("step", "norms", "state_leaves", "hashes", "checkpoint_format", "meta_crc")
 
 
 class CheckpointError(RuntimeError):

@@ -6,6 +6,7 @@ calls them.
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections.abc import Mapping
@@ -18,6 +19,13 @@ from birdjepa.rundir.checkpoint import norms as norms_lib
 from birdjepa.rundir.checkpoint.format import path_str
 
 NORM_GROUPS = (("params", "param_norm"), ("opt_state", "opt_state_norm"))
+
+
+def meta_crc(meta: Mapping[str, Any]) -> int:
+    """CRC-32 of a checkpoint's meta as canonical JSON, every key but ``meta_crc`` itself."""
+    rest = {k: v for k, v in meta.items() if k != "meta_crc"}
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"))
+    return zlib.crc32(text.encode())
 
 
 def leaf_hash(a: np.ndarray) -> int:

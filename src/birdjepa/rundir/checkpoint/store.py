@@ -37,7 +37,7 @@ from birdjepa.rundir.checkpoint.format import (
     path_str,
     to_host,
 )
-from birdjepa.rundir.checkpoint.integrity import leaf_hash, main_norm_name, same_float, state_norms
+from birdjepa.rundir.checkpoint.integrity import leaf_hash, main_norm_name, meta_crc, same_float, state_norms
 from birdjepa.rundir.checkpoint.retention import RetentionAndFallback
 from birdjepa.rundir.checkpoint.space import (
     CheckpointWriteError,
@@ -131,6 +131,7 @@ class Checkpointer(RetentionAndFallback):
             full_meta = json.loads(json.dumps(full_meta))
         except TypeError as e:
             raise CheckpointError(f"checkpoint meta for step {step} is not JSON-serialisable: {e}") from e
+        full_meta["meta_crc"] = meta_crc(full_meta)
         flat = {f"leaf_{i:06d}": a for i, (_, a) in enumerate(leaves)}
         self.wait()  # the previous save commits (Orbax would wait for it too) and the retention applies
         self._in_flight = step
@@ -232,6 +233,8 @@ class Checkpointer(RetentionAndFallback):
                 f"{where}: checkpoint format {fmt}, this birdjepa reads formats "
                 f"{', '.join(map(str, FORMATS_READ))} (a newer birdjepa wrote it: resume with that one)"
             )
+        if fmt >= 3 and meta.get("meta_crc") != meta_crc(meta):
+            raise IntegrityError(f"{where}: meta differs from its recorded CRC-32 (bytes changed)")
         crcs_missing = fmt >= 2 and len(meta.get("hashes", ())) != len(meta.get("state_leaves", ()))
         if meta.get("step") != step or crcs_missing:
             raise IntegrityError(f"{where}: meta does not describe step {step} and its leaves")
@@ -316,8 +319,10 @@ class Checkpointer(RetentionAndFallback):
         if not (ratio == 1.0 or (math.isnan(saved) and math.isnan(restored))):
             raise NormMismatchError(f"checkpoint {step}: restore ratio {ratio!r} != 1.0")
         if meta["checkpoint_format"] < FORMAT_VERSION:
-            print(f"CKPT_FORMAT checkpoint {step} is of format {meta['checkpoint_format']}, without CRC-32s: "
-                  f"verified by its {len(saved_norms)} norms only; the next save writes format "
+            fmt = meta["checkpoint_format"]
+            how = (f"without CRC-32s: verified by its {len(saved_norms)} norms only" if fmt == 1 else
+                   "without a CRC-32 of its meta: its leaves verified by theirs")  # fmt: skip
+            print(f"CKPT_FORMAT checkpoint {step} is of format {fmt}, {how}; the next save writes format "
                   f"{FORMAT_VERSION}", flush=True)  # fmt: skip
         self._verified.add(step)
         self.last_restore = {
