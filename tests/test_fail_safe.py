@@ -155,6 +155,22 @@ def test_a_bare_resume_past_a_damaged_checkpoint_takes_the_options_of_the_one_it
     assert differing(straight, cfg.run_dir) == []
 
 
+def test_an_option_that_shapes_the_state_changed_at_a_resume_is_named(
+    straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # The refusal was 1,500 characters of tree paths ("in checkpoint only: ...") naming no option.
+    from birdjepa.cli import main
+
+    shutil.copytree(straight, tmp_path / "copy")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", "--run", "copy", "--log.runs-dir", str(tmp_path), "--optim.grad-accum", "2"])
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    assert e.value.code == exit_codes.RESUME_CHECK and len(line) < 600, line
+    said = "ERROR: cannot resume: the options optim.grad_accum:1->2 changed since checkpoint 5"
+    assert line.startswith(said), line
+
+
 def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

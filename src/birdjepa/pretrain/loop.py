@@ -38,6 +38,7 @@ from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
+from birdjepa.resume.checks import config_diff
 from birdjepa.resume.options import resume_defaults, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
@@ -177,7 +178,16 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
     try:
         at = "newest" if requested.resume == "auto" else None
         seg = open_segment(requested, ckpt, at=at, compile_ahead=jax.process_count() == 1)
-    except checkpoint.CheckpointError as e:  # none verifies, or the run asks for another structure
+    except checkpoint.StructureError as e:  # a list of tree paths, naming no option: name the options
+        _, changed = config_diff(ckpt.read_meta(e.step).get("config", {}), to_dict(requested))
+        why = (f"the options {', '.join(changed)} changed since checkpoint {e.step}, and the state it holds "
+               "has another shape than they build: no resume changes that (--allow-config-change neither); "
+               "train them in a new run" if changed else
+               f"checkpoint {e.step} holds a state of another shape than these options build")  # fmt: skip
+        print(f"ERROR: cannot resume: {why} ({e}); exit {exit_codes.RESUME_CHECK}", flush=True)
+        ckpt.close()
+        return exit_codes.RESUME_CHECK
+    except checkpoint.CheckpointError as e:  # none verifies
         print(f"ERROR: cannot resume: {e}; exit {exit_codes.RESUME_CHECK}", flush=True)
         ckpt.close()
         return exit_codes.RESUME_CHECK

@@ -14,6 +14,7 @@ from birdjepa.rundir.checkpoint.format import (
     IntegrityError,
     NormMismatchError,
     NoValidCheckpointError,
+    StructureError,
     to_host,
 )
 from birdjepa.rundir.checkpoint.integrity import assert_trees_identical, leaf_hash, state_norms
@@ -31,6 +32,7 @@ __all__ = [
     "IntegrityError",
     "NoValidCheckpointError",
     "NormMismatchError",
+    "StructureError",
     "assert_trees_identical",
     "leaf_hash",
     "load",

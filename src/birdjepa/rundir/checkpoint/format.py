@@ -45,6 +45,14 @@ class NormMismatchError(IntegrityError):
     """The norms recomputed after a restore differ from the ones recorded at save time."""
 
 
+class StructureError(CheckpointError):
+    """A checkpoint holds another tree than the target asks for (options that shape the state changed)."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class NoValidCheckpointError(CheckpointError):
     """Checkpoints exist, and none of them verifies."""
 

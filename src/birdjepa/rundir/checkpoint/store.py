@@ -30,6 +30,7 @@ from birdjepa.rundir.checkpoint.format import (
     CheckpointError,
     IntegrityError,
     NormMismatchError,
+    StructureError,
     dtype_name,
     leaf_spec,
     like_target,
@@ -282,16 +283,18 @@ class Checkpointer(RetentionAndFallback):
         if [s[0] for s in specs] != [w[0] for w in want]:
             missing = sorted(set(s[0] for s in specs) - set(w[0] for w in want))
             extra = sorted(set(w[0] for w in want) - set(s[0] for s in specs))
-            raise CheckpointError(
-                f"checkpoint {step}: target structure differs from the saved one "
-                f"(in checkpoint only: {missing[:10]}, in target only: {extra[:10]}, "
-                f"{len(specs)} saved leaves vs {len(want)} target leaves)"
+            apart = [f"{len(names)} in the {where} only, e.g. {names[0]}"
+                     for names, where in ((missing, "checkpoint"), (extra, "target")) if names]  # fmt: skip
+            apart.append(f"{len(specs)} saved leaves vs {len(want)} target leaves")
+            raise StructureError(
+                step, f"checkpoint {step}: target structure differs from the saved one ({'; '.join(apart)})"
             )
         for s, w in zip(specs, want, strict=True):
             if s != w:
-                raise CheckpointError(
+                raise StructureError(
+                    step,
                     f"checkpoint {step}: leaf {s[0]} saved as shape={s[1]} dtype={s[2]}, "
-                    f"target has shape={w[1]} dtype={w[2]}"
+                    f"target has shape={w[1]} dtype={w[2]}",
                 )
         flat = self._read_verified(step, meta)
         names = [name for name, _, _ in specs]
