@@ -62,3 +62,28 @@ def test_a_resume_cuts_the_torn_tail_off_and_ends_equal_to_the_straight_run(
     assert all(line.strip() for line in log.read_text().splitlines())  # every record on its own line
     diffs = compare_runs(tmp_path / "straight", tmp_path / "torn")
     assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
+
+
+def cut_first_line(log: Path) -> None:
+    first, rest = log.read_bytes().split(b"\n", 1)
+    log.write_bytes(first[:40] + b"\n" + rest)
+
+
+def test_a_resume_says_when_its_log_lost_rows_or_holds_a_bad_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Both resumed with exit 0 and no word; only a later compare found them (max_abs_diff=inf, or the
+    # log refused).
+    for run, damage, said in (
+        ("emptied", lambda log: log.write_bytes(b""), "holds rows of no step, and checkpoint 1 was written"),
+        ("cut", cut_first_line, f"{METRICS_FILE}:1: not a JSON line"),
+    ):
+        assert train(demo_dir, tmp_path, run, "--stop-at-step", "1") == 0
+        damage(tmp_path / run / METRICS_FILE)
+        capsys.readouterr()
+        assert train(demo_dir, tmp_path, run) == 0
+        out = capsys.readouterr().out
+        assert f"WARNING {tmp_path / run / METRICS_FILE}" in out and said in out, out
+        lines = (tmp_path / run / METRICS_FILE).read_text().splitlines()
+        (event,) = [json.loads(x) for x in lines if '"log_damaged"' in x]
+        assert said in event["why"] and event["step"] == 2

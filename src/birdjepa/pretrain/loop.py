@@ -44,6 +44,7 @@ from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
+from birdjepa.rundir.metrics_log import log_damage
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
@@ -225,6 +226,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         t.log.event("torn_log", state.step, **t.log.repaired)
     if lease is not None and lease.took_over is not None:
         t.log.event("lease_taken_over", state.step, **lease.took_over)
+    if meta is not None and t.main:  # what a later `compare` found first, said at the resume
+        hurt = log_damage(layout.metrics_file(cfg.run_dir), state.step - 1, slack=2 * cfg.log_every)
+        if hurt is not None:
+            print(f"WARNING {hurt}", flush=True)
+            t.log.event("log_damaged", state.step, why=hurt)
     if meta is not None:
         t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
         if cfg.debug.inject_fault:

@@ -159,6 +159,30 @@ def repair_torn_tail(path: Path) -> dict[str, Any] | None:
     return {"line": line, "bytes": len(tail), "moved_to": str(torn)}
 
 
+def log_damage(path: Path, checkpoint: int, slack: int) -> str | None:
+    """Why a resumed run's log is not the log of the steps its checkpoint holds, in one line (None: it
+    is): a line that does not parse (compare and analyze refuse the log), or no step row within
+    ``slack`` steps of checkpoint ``checkpoint`` (the log was emptied, removed or replaced). Said at the
+    resume: it was found only by a later `compare`."""
+    rows = path.read_bytes().split(b"\n") if path.exists() else []
+    last = -1
+    for i, line in enumerate(rows):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return f"{path}:{i + 1}: not a JSON line: compare and analyze refuse the log until it is repaired"
+        if isinstance(row, dict) and "event" not in row and isinstance(row.get("step"), int):
+            last = max(last, row["step"])
+    if last + slack <= checkpoint:
+        upto = f"up to step {last} only" if last >= 0 else "no step"
+        return (f"{path} holds rows of {upto}, and checkpoint {checkpoint} was written after step "
+                f"{checkpoint}: the log lost rows (emptied, removed or replaced); compare will lack "
+                "them")  # fmt: skip
+    return None
+
+
 def read_metrics(run_dir: Path) -> Iterator[dict[str, Any]]:
     """Every line of a run's metrics file, in order (events included); see `read_metrics_file`."""
     return read_metrics_file(Path(run_dir) / METRICS_FILE)
