@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import tyro
 
+from birdjepa import exit_codes
 from birdjepa.analysis import analyze
 from birdjepa.cli import main
 from birdjepa.config import OptimConfig, PretrainConfig
@@ -392,6 +393,27 @@ def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resum
     # No step lost or redone: resumed, the run equals the straight one.
     assert pretrain_here(demo_dir, tmp_path, "straight", "--no-eval-linear") == 0
     assert differing(straight, run) == []
+
+
+def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # Before the loop's handler (a restore, a compile: minutes on a GPU) it killed the trainer without a
+    # word: exit -15, its lease left behind.
+    run = tmp_path / "early"
+    cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", *pretrain_flags(demo_dir, tmp_path, "early")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the trainer's first line, printed as the run opens, before the loop
+        if line.startswith("devices="):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == exit_codes.REQUEUE, out
+    (stop,) = events(run, "stop")
+    assert stop["reason"] == f"signal {int(signal.SIGTERM)}"
+    assert Checkpointer(run).latest_step() == stop["step"]
+    assert not (run / "lease.json").exists()
 
 
 @pytest.mark.slow  # two trainers compile and start: CI runs it

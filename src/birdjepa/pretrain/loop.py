@@ -67,9 +67,12 @@ class StopRequest:
     second Ctrl-C raises KeyboardInterrupt; an ignored SIGINT (a job started in the background by a
     shell without job control) stays ignored."""
 
-    def __init__(self) -> None:
+    def __init__(self, signals: Sequence[int] = STOP_SIGNALS) -> None:
         self.signal: int | None = None
-        for sig in STOP_SIGNALS:
+        self.watch(signals)
+
+    def watch(self, signals: Sequence[int]) -> None:
+        for sig in signals:
             if sig != signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
                 signal.signal(sig, self._handle)
 
@@ -101,6 +104,10 @@ def pretrain(cfg: PretrainConfig) -> int:
     handlers it installs are removed again when it returns (a process may train several runs), and
     so is the run's lease (process 0 holds it: one writer per run, `birdjepa.rundir.lease`)."""
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    # A preemption while the run opens (a restore, a compile: minutes on a GPU) killed it without a word
+    # (exit -15, its lease left): recorded from here, it stops the run after its first step, saved. A
+    # Ctrl-C stays immediate until the loop: nothing is trained yet.
+    stop = StopRequest((signal.SIGTERM, signal.SIGUSR1))
     validation.check(cfg)  # before anything touches the run directory
     if (nested := layout.nesting(cfg.log.runs_dir, cfg.run_dir)) is not None:
         raise OptionError("run", cfg.run, nested)
@@ -129,7 +136,7 @@ def pretrain(cfg: PretrainConfig) -> int:
                   f"run the same command; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
             return exit_codes.IOERR
     try:
-        return _pretrain(cfg, lease)
+        return _pretrain(cfg, lease, stop)
     except LeaseLost as e:  # another trainer holds the run now: it writes, this one must not
         print(f"ERROR: {e}; exit {exit_codes.USAGE}", flush=True)
         return exit_codes.USAGE
@@ -170,7 +177,7 @@ def group_hold(lease: Lease | None, run_dir: Path) -> Callable[[], None]:
     return hold
 
 
-def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
+def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest) -> int:
     # Open: the data, the model, the compiled step, and the state: a fresh one, or the newest checkpoint.
     requested.run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = checkpoint.Checkpointer(
@@ -260,7 +267,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None) -> int:
         layout.write_config(cfg.run_dir, to_dict(requested))
 
     # Loop: step, evaluate, save.
-    stop = StopRequest()
+    stop.watch([signal.SIGINT])
     last = cfg.steps - 1
     start, end = state.step, state.step if exit_code else cfg.steps
     progress = Progress(
