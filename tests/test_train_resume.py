@@ -395,6 +395,27 @@ def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resum
     assert differing(straight, run) == []
 
 
+def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_ctrl_c_twice_quits() -> None:
+    # INT then TERM said "exit 130" and exited 75; TERM then INT exited 130 (a preempted job not requeued);
+    # INT, TERM, INT: the second Ctrl-C did not quit, the TERM between had overwritten the first.
+    from birdjepa.pretrain.loop import STOP_SIGNALS, StopRequest
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a worker may ignore it)
+    try:
+        for order in ((signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)):
+            stop = StopRequest()
+            for sig in order:
+                os.kill(os.getpid(), sig)
+            assert stop.signal == signal.SIGTERM, order
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler runs in the main thread, between two bytecodes
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
     demo_dir: Path, tmp_path: Path
 ) -> None:

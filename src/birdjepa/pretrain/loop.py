@@ -65,10 +65,12 @@ CTRL_C = (
 class StopRequest:
     """Records a stop signal for the loop (`pretrain` puts the previous handlers back when it returns). A
     second Ctrl-C raises KeyboardInterrupt; an ignored SIGINT (a job started in the background by a
-    shell without job control) stays ignored."""
+    shell without job control) stays ignored. A preemption (SIGTERM, SIGUSR1) is the signal the run
+    stops for once it came, before or after a Ctrl-C: its exit (75) requeues the job."""
 
     def __init__(self, signals: Sequence[int] = STOP_SIGNALS) -> None:
         self.signal: int | None = None
+        self.ctrl_c = False
         self.watch(signals)
 
     def watch(self, signals: Sequence[int]) -> None:
@@ -78,9 +80,13 @@ class StopRequest:
 
     def _handle(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGINT:
-            if self.signal == signal.SIGINT:
+            if self.ctrl_c:  # the second, whatever came between
                 raise KeyboardInterrupt
-            os.write(sys.stderr.fileno(), CTRL_C)  # not print: the handler may interrupt a print
+            self.ctrl_c = True
+            if self.signal is None:
+                os.write(sys.stderr.fileno(), CTRL_C)  # not print: the handler may interrupt a print
+                self.signal = signum
+            return
         self.signal = signum
 
 
