@@ -64,6 +64,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly
     assert said[1].startswith("ERROR: could not write checkpoint 4 to ")
     assert "No space left on device" in said[1]
     assert "the newest intact checkpoint is 3" in said[1] and said[1].endswith("exit 74")
+    assert "Free space or move the run directory, then run the same command" in said[1]
     run = moved / "r"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0", "1", "2", "3"]  # no temporaries
     assert not any(p.name.endswith(TMP_SUFFIX) for p in run.rglob("*"))
@@ -73,6 +74,22 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly
     assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, moved))) == 0  # on the larger disk
     diffs = compare_runs(straight, run)
     assert diffs and all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
+
+
+def test_a_checkpoints_folder_that_cannot_be_written_says_so_not_free_space(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A read-only mount (GBs free) was told to free space.
+    from test_lease import read_only
+
+    args = [*flags(demo_dir, tmp_path), "--no-ckpt-async"]
+    assert pretrain(tyro.cli(PretrainConfig, args=[*args, "--stop-at-step", "0"])) == 0
+    capsys.readouterr()
+    with read_only(tmp_path / "r" / "checkpoints"):
+        assert pretrain(tyro.cli(PretrainConfig, args=args)) == exit_codes.IOERR
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    assert line.startswith("ERROR: could not write checkpoint 1 to ") and line.endswith("; exit 74"), line
+    assert "Make the checkpoints folder writable, then run the same command" in line, line
 
 
 @pytest.mark.slow  # a minute; CI runs it beside the suite

@@ -323,8 +323,8 @@ class Trainer:
         except OSError:
             pass  # the log is on the same full disk; the line says it
         return code, (
-            f"ERROR: {e}. Training stopped after step {step}; nothing was deleted. Free space or move the "
-            f"run directory, then run the same command: it resumes exactly; exit {code}"
+            f"ERROR: {e}. Training stopped after step {step}; nothing was deleted. {e.fix()}, then run the "
+            f"same command: it resumes exactly; exit {code}"
         )
 
     def close(self, exit_code: int) -> None:

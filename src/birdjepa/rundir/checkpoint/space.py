@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 from birdjepa.rundir.checkpoint.format import CheckpointError
@@ -29,6 +30,14 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (a full disk, a quota, an I/O error). What was on disk before it
     is intact; the failed write's temporary folders are gone."""
+
+    def fix(self) -> str:
+        """What to do before the same command: space was not the reason where the folder cannot be written
+        (a read-only mount, permissions), and freeing it then changed nothing."""
+        denied = (os.strerror(n) for n in (errno.EROFS, errno.EACCES, errno.EPERM))
+        if any(f": {why} (" in str(self) for why in denied):
+            return "Make the checkpoints folder writable"
+        return "Free space or move the run directory"
 
 
 def mib(n: int | None) -> str:
@@ -106,6 +115,10 @@ def quiet_orbax_errors() -> None:
     for logger in (logging.getLogger("absl"), logging.getLogger("asyncio")):
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+    # A write that failed before its coroutines ran leaves them unawaited: one warning each at exit (8
+    # lines after the one that says what failed, a read-only folder's).
+    # (birdjepa runs no coroutine of its own.)
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)
     previous = sys.unraisablehook
     if getattr(previous, "birdjepa", False):
         return
