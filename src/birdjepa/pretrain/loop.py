@@ -223,9 +223,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     hold()
     if cfg.stop_at_step is not None and cfg.stop_at_step < r.state.step:  # else it trained to the end
         ckpt.close()
-        raise OptionError("stop_at_step", cfg.stop_at_step, f"run {cfg.run} has trained that step already "
-                          f"(it resumes at step {r.state.step}): give a later one, or none to train to "
-                          f"step {cfg.steps - 1}")  # fmt: skip
+        at = r.state.step
+        later = (f"(it resumes at step {at}): give a later one, or none to train to step {cfg.steps - 1}"
+                 if at < cfg.steps else "and finished: no step is left to stop at")  # fmt: skip
+        why = f"run {cfg.run} has trained that step already {later}"
+        raise OptionError("stop_at_step", cfg.stop_at_step, why)
     if meta is None and multihost.is_main():  # a fresh start: an earlier start's log is not this run's
         earlier = layout.set_aside_log(cfg.run_dir)
         if earlier is not None:

@@ -168,9 +168,13 @@ class Trainer:
         _, breaking = resume_check.config_diff(meta["config"], self.config)
         if not breaking or self.cfg.allow_config_change:
             return 0
-        print(f"ERROR: run {self.cfg.run} finished at step {state.step - 1} with other options than these "
-              f"({','.join(breaking)}): nothing was trained with them. Give another --run, or leave them "
-              f"out; exit {exit_codes.RESUME_CHECK}", flush=True)  # fmt: skip
+        # Its checkpoint may be a stop before its own end (--steps given below it): not "finished".
+        last = state.step - 1
+        done = (f"finished at step {last}" if state.step >= meta["config"].get("steps", state.step) else
+                f"has trained through step {last}, --steps {self.cfg.steps} ends it there,")  # fmt: skip
+        print(f"ERROR: run {self.cfg.run} {done} with other options than these ({','.join(breaking)}): "
+              "nothing was trained with them. Give another --run, or leave them out; exit "
+              f"{exit_codes.RESUME_CHECK}", flush=True)  # fmt: skip
         return exit_codes.RESUME_CHECK
 
     def check_resume(
