@@ -276,6 +276,17 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
         assert e.value.code == 1
         assert message in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
+    # A newest step folder that is empty (a copy cut short, a stray mkdir): a KeyError's traceback.
+    from birdjepa.evaluation.cli import restore_checkpoint
+
+    copy = shutil.copytree(tiny_run, tmp_path / "copy", ignore=shutil.ignore_patterns(LEASE_FILE))
+    (copy / "checkpoints" / "9").mkdir()
+    with pytest.raises(SystemExit) as e:
+        cli(copy, step=9, out=tmp_path / "9.json")
+    said = capsys.readouterr().err
+    assert e.value.code == 1 and f"{copy / 'checkpoints' / '9'}: its meta and state folder is missing" in said
+    assert restore_checkpoint(copy).step == 5
+    assert f"WARNING {copy / 'checkpoints' / '9'}: its meta and state" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:  # a traceback once the evaluation was done
         cli(tiny_run, out=tmp_path)
     assert e.value.code == 74 and f"{tmp_path}: is a folder, not a file" in capsys.readouterr().err

@@ -135,9 +135,17 @@ def _restore(run_dir: Path, step: int | None) -> RestoredCheckpoint:
         at = steps[-1] if step is None else step
         if at not in steps:
             raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {at}; there are {steps}")
+        while step is None and at != steps[0]:  # the newest whose meta reads, as a resume would pick it
+            try:
+                ckpt.checked_meta(at)
+                break
+            except checkpoint.IntegrityError as e:  # an empty or half-copied folder: a KeyError's traceback
+                older = steps[steps.index(at) - 1]
+                print(f"WARNING {e}: evaluating checkpoint {older}", flush=True)
+                at = older
         where = layout.checkpoint(run_dir, at)
         try:
-            meta = ckpt.read_meta(at)
+            meta = ckpt.checked_meta(at)
             cfg = run_config(meta, str(where))
             shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
             if PROBE_HEAD not in shapes:

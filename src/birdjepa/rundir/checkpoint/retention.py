@@ -22,7 +22,7 @@ DAMAGED_DIR = "checkpoints.damaged"
 
 class RetentionAndFallback:
     """What `Checkpointer` does across steps: keep, verify, fall back. It reads the store through what
-    `Checkpointer` defines: `all_steps`, `restore`, `_committed`, `_read_meta_checked`, `_read_verified`
+    `Checkpointer` defines: `all_steps`, `restore`, `_committed`, `checked_meta`, `_read_verified`
     and the Orbax manager `_mngr`."""
 
     _mngr: Any
@@ -38,7 +38,7 @@ class RetentionAndFallback:
         per step and process."""
         if step not in self._verified:
             try:
-                meta = self._read_meta_checked(step)
+                meta = self.checked_meta(step)
                 self._read_verified(step, meta)
             except CheckpointError:  # damaged, or of another format
                 return False

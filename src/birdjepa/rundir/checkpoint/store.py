@@ -218,7 +218,7 @@ class Checkpointer(RetentionAndFallback):
         out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         return {name: np.asarray(out["state"][f"leaf_{i:06d}"]) for i, (name, _, _) in enumerate(specs)}
 
-    def _read_meta_checked(self, step: int) -> dict[str, Any]:
+    def checked_meta(self, step: int) -> dict[str, Any]:
         """The meta of ``step``, readable and of this format (else `IntegrityError` / `CheckpointError`)."""
         where = self.directory / str(step)
         if not (where / "meta").is_dir() or not (where / "state").is_dir():
@@ -276,7 +276,7 @@ class Checkpointer(RetentionAndFallback):
         step = int(step)
         if step not in self.all_steps():
             raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}")
-        meta = self._read_meta_checked(step)
+        meta = self.checked_meta(step)
         tleaves, treedef = jax.tree_util.tree_flatten_with_path(target)
         specs = meta["state_leaves"]
         want = [[path_str(p), list(np.shape(x)), dtype_name(x)] for p, x in tleaves]
