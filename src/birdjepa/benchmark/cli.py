@@ -40,6 +40,7 @@ from birdjepa.benchmark.multi_label_probes import (
 )
 from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
+from birdjepa.evaluation.report import overlap
 from birdjepa.exit_codes import USAGE
 from birdjepa.outputs import unwritable
 from birdjepa.train.determinism import machine_kind
@@ -150,6 +151,9 @@ def run_task(
     other = store.scored_on_other_files(results, task.name, {"train": task.train, "test": task.test}, data)
     if other is not None:  # before anything is embedded
         raise BenchmarkError(other)
+    shared = overlap((task.train, task.test), ("", ""))  # a shard in both splits, or copied: as evaluate says
+    if shared is not None:
+        log(f"WARNING {task.name}: {shared.replace('eval', 'test')}")
     default = next((b.features for b in backbones if b.features is not None), Features())
     backbones = identified(backbones, default)
     embedded: dict[str, dict[str, Embedded]] = {"train": {}, "test": {}}
@@ -189,6 +193,11 @@ def run_task(
                 f"{', '.join(p for p in probes if p in TOKEN_PROBES)} skipped for it")  # fmt: skip
     first = embedded["train"][backbones[0].identity]
     test_targets = embedded["test"][backbones[0].identity].targets
+    for split, targets, files in (("train", first.targets, task.train), ("test", test_targets, task.test)):
+        if not targets.any():  # scored anyway: NaN rows stored, and every later table's mean NaN
+            more = " and more" if len(files) > 1 else ""
+            raise BenchmarkError(f"{task.name}: no {split} clip has a label ({files[0]}{more}): nothing "
+                                 "to fit or score")  # fmt: skip
     uncovered = np.flatnonzero(test_targets.any(axis=0) & ~first.targets.any(axis=0))
     if len(uncovered):
         log(
