@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
-from conftest import run_notebook
+from conftest import a_demo_shard_beside_its_vocabulary, run_notebook
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError
@@ -258,7 +258,7 @@ def test_overlapping_splits_are_named_and_the_table_marked(
     assert "share the shard" in json.loads(out.read_text())["data"]["overlap"]
 
 
-def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
+def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys):
     from birdjepa.evaluation.cli import cli
 
     cases = [
@@ -287,6 +287,22 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
     assert e.value.code == 1 and f"{copy / 'checkpoints' / '9'}: its meta and state folder is missing" in said
     assert restore_checkpoint(copy).step == 5
     assert f"WARNING {copy / 'checkpoints' / '9'}: its meta and state" in capsys.readouterr().out
+    # A train split of one class: every row at chance, "converged" in 0 iterations, exit 0.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from birdjepa.data.shards import read_shard
+    from birdjepa.evaluation.cli import EvalData
+
+    table = read_shard(a_demo_shard_beside_its_vocabulary(demo_dir, tmp_path / "one"))
+    table = table.filter(pc.equal(table["ebird_code"], table["ebird_code"][0]))
+    one = tmp_path / "one" / "one.arrow"
+    with pa.OSFile(str(one), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    with pytest.raises(SystemExit) as e:
+        cli(tiny_run, data=EvalData(train=str(one)), out=tmp_path / "one.json")
+    said = capsys.readouterr().err
+    assert e.value.code == 1 and "holds clips of one class: a probe has nothing to tell apart" in said, said
     with pytest.raises(SystemExit) as e:  # a traceback once the evaluation was done
         cli(tiny_run, out=tmp_path)
     assert e.value.code == 74 and f"{tmp_path}: is a folder, not a file" in capsys.readouterr().err
@@ -307,6 +323,22 @@ def test_evaluate_errors_are_clear(tiny_run: Path, tmp_path: Path, capsys):
         holder.kill()
         holder.wait()
         (tiny_run / LEASE_FILE).unlink()
+
+
+def test_a_train_split_too_thin_for_the_protocol_is_said() -> None:
+    from birdjepa.evaluation.cli import thin_train_split
+    from birdjepa.evaluation.report import Row
+
+    held = {"linear": Row("raw", 2, 0.5, 0.5, 0.5, 0.5, {"folds": [2, 2]})}
+    assert thin_train_split(np.array([0, 0, 1, 1]), np.array([0, 1]), held) == []
+    said = thin_train_split(
+        np.array([0, 1]), np.array([0, 1, 2, 2]), {"raw": Row("raw", 2, 0, 0, 0, 0, {"folds": []})}
+    )
+    assert said == [
+        "1 eval classes have no train clip (classes 2): their 2 clips count as wrong in every row",
+        "too few train clips per class to hold any out: the linear probe's C was not chosen by "
+        "cross-validation, it is 1.0",
+    ]
 
 
 def test_a_run_s_relative_data_read_from_another_folder_is_refused(

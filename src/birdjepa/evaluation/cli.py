@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import jax
+import numpy as np
 import tyro
 
 from birdjepa.config import PretrainConfig
@@ -228,13 +229,33 @@ def evaluate_checkpoint(
         if len(split.labels) == 0:
             raise EvaluateError(f"the {name} split ({train_files if name == 'train' else eval_files}) "
                                 "has no labelled clip")  # fmt: skip
+    if len(np.unique(train.labels)) < 2:  # every row 1/C, "converged" with 0 iterations, exit 0
+        raise EvaluateError(f"the train split ({train_files}) holds clips of one class: a probe has nothing "
+                            "to tell apart")  # fmt: skip
     t_embed = time.perf_counter() - t0
     rows = score(train, held_out, linear=True, seed=cfg.seed)
     files, splits = (train_files, eval_files), (train, held_out)
     doc = info(run_dir, run.step, cfg.seed, model_cfg, files, splits, run.n_classes)
+    doc["warnings"] = thin_train_split(train.labels, held_out.labels, rows)
     doc["timing_s"] = {"embed": t_embed, "probes": time.perf_counter() - t0 - t_embed}
     doc["written_to"] = str(write_json(out or layout.eval_report(run_dir, run.step), rows, doc))
     return rows, doc
+
+
+def thin_train_split(train: np.ndarray, held_out: np.ndarray, rows: dict[str, Row]) -> list[str]:
+    """What the scores cannot say, from a train split too thin for the protocol: eval classes it lacks
+    (their clips count wrong in every row), and cross-validation it could not hold (C left at 1.0)."""
+    out = []
+    lacking = sorted(set(held_out.tolist()) - set(train.tolist()))
+    if lacking:
+        n = int(np.isin(held_out, lacking).sum())
+        ids = ", ".join(map(str, lacking))
+        out.append(f"{len(lacking)} eval classes have no train clip (classes {ids}): their {n} clips count "
+                   "as wrong in every row")  # fmt: skip
+    if any(r.linear is not None and not r.linear["folds"] for r in rows.values()):
+        out.append("too few train clips per class to hold any out: the linear probe's C was not chosen by "
+                   "cross-validation, it is 1.0")  # fmt: skip
+    return out
 
 
 def summary_line(doc: dict[str, Any]) -> str:
@@ -299,8 +320,8 @@ def cli(
     finally:
         if lease is not None:
             lease.release()
-    if doc["data"]["overlap"]:
-        print(f"WARNING {doc['data']['overlap']}", flush=True)
+    for warning in ([doc["data"]["overlap"]] if doc["data"]["overlap"] else []) + doc["warnings"]:
+        print(f"WARNING {warning}", flush=True)
     print(summary_line(doc))
     print(table(rows, encoder_title=f"encoder (step {doc['step']})", overlap=doc["data"]["overlap"]))
     print(f"wrote {doc['written_to']}")
