@@ -270,11 +270,14 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
         if kw.get("data") == "missing":
             from birdjepa.evaluation.cli import EvalData
 
-            kw = {"data": EvalData(eval=str(tmp_path / "missing"))}
+            kw = {"data": EvalData(eval=str(tmp_path / "missing")), "out": tmp_path / "m.json"}
         with pytest.raises(SystemExit) as e:
             cli(run, **kw)
         assert e.value.code == 1
         assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # other data's scores replaced the run's own record
+        cli(tiny_run, data=EvalData(eval=str(tiny_run)))
+    assert e.value.code == 2 and "--data.train/--data.eval without --out: " in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
     # A newest step folder that is empty (a copy cut short, a stray mkdir): a KeyError's traceback.
     from birdjepa.evaluation.cli import restore_checkpoint

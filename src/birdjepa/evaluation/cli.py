@@ -285,12 +285,18 @@ def cli(
             another size can change embeddings in the last bits).
         n_workers: Loader decode threads; 0: one per CPU this process may run on (the result does not
             depend on it).
-        out: Where to write the JSON (default: RUN/eval/<step>.json).
+        out: Where to write the JSON (default: RUN/eval/<step>.json; needed with --data.train or --data.eval,
+            whose scores are not the run's own).
     """
     for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
         if value is not None and value < least:  # --batch-size 0 was the run's batch size, said nowhere
             print(f"birdjepa evaluate: error: {flag} {value}: must be >= {least}", file=sys.stderr)
             raise SystemExit(USAGE)
+    if out is None and (data.train is not None or data.eval is not None):  # it replaced the run's own record
+        print(f"birdjepa evaluate: error: --data.train/--data.eval without --out: {run}/eval/<step>.json "
+              "holds the evaluation on the run's own splits; give --out FILE for this one",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(USAGE)
     why = unwritable(out) if out is not None else None
     if why is not None:  # before the work: a traceback once the evaluation was done
         print(f"birdjepa evaluate: error: {why}", file=sys.stderr)
