@@ -122,3 +122,19 @@ def test_a_wandb_mirror_that_cannot_start_is_a_warning_not_the_end_of_the_run(tm
     warning, result = done.stdout.splitlines()[-2:]
     assert warning.startswith("WARNING the wandb mirror could not start (UsageError: No API key configured.")
     assert result == "None"
+
+
+def test_a_ctrl_c_in_any_command_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # benchmark and evaluate printed KeyboardInterrupt's traceback (what they wrote stays whole: the store
+    # and the cache are renamed into place, the evaluation's JSON is written at its end).
+    import birdjepa.cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(birdjepa.cli, "resolve", lambda _target: interrupted)
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark"])
+    assert e.value.code == 130 and capsys.readouterr().err == "birdjepa benchmark: interrupted; exit 130\n"

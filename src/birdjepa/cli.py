@@ -19,6 +19,7 @@ from typing import Any
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
+from birdjepa.exit_codes import INTERRUPTED
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.train.determinism import deterministic_xla
 
@@ -90,6 +91,15 @@ def main(argv: Sequence[str] | None = None) -> Any:
     # and sizes its CPU thread pool once, when the backend starts.
     deterministic_xla()
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # a 40-line traceback for a stop asked for (the commands that save say more)
+        name = f" {args[0]}" if args and args[0] in COMMANDS else ""
+        print(f"birdjepa{name}: interrupted; exit {INTERRUPTED}", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED) from None
+
+
+def _run(args: list[str]) -> Any:
     if args and args[0] in COMMANDS:  # import only the subcommand asked for
         function = resolve(COMMANDS[args[0]])
         own_parser = getattr(function, "parse", None)  # a command whose defaults depend on its flags
