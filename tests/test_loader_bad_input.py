@@ -212,6 +212,13 @@ def test_a_label_past_the_vocabulary_beside_it_stops_the_loader_naming_the_row(
     assert said in str(e.value)
 
 
+def test_shards_of_no_rows_name_the_first(demo_dir: Path, tmp_path: Path) -> None:
+    # "the 1 shard(s) hold no rows" named neither a file nor a split.
+    empty = write_table(read_table(first_shard(demo_dir)).slice(0, 0), tmp_path / "empty.arrow")
+    with pytest.raises(DataError, match=re.escape(f"{empty}: no rows (every shard given is empty)")):
+        loader(empty)
+
+
 def test_wrong_column_type_names_file_and_column(demo_dir: Path, tmp_path: Path) -> None:
     table = read_table(first_shard(demo_dir))
     table = table.set_column(0, "audio", pa.array(range(len(table)), pa.int64()))

@@ -386,7 +386,9 @@ impl Loader {
         cfg.validate()?;
         let dataset = Arc::new(Dataset::open(files, cfg.columns.clone())?);
         if dataset.is_empty() {
-            return Err(Error::data(format!("the {} shard(s) hold no rows", dataset.n_shards())));
+            let first = dataset.shard_path(0).display();
+            let more = if dataset.n_shards() > 1 { format!(" and {} more", dataset.n_shards() - 1) } else { String::new() };
+            return Err(Error::data(format!("{first}{more}: no rows (every shard given is empty)")));
         }
         let extractor = Arc::new(ClipExtractor::new(cfg.clip.clone()).map_err(Error::config)?);
         let (plan, counters) = match state {
