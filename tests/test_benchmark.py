@@ -388,7 +388,7 @@ def test_a_class_count_other_than_the_task_vocabulary_s_is_refused_before_anythi
     from birdjepa.benchmark.backbones import _one_hot  # a task without vocab.json: labels past the count
     from birdjepa.data import DataError
 
-    with pytest.raises(DataError, match="a clip's label is 3, outside the 2 classes of --n-classes"):
+    with pytest.raises(DataError, match=r"a clip's label is 3, outside the task's 2 classes \(--n-classes"):
         _one_hot(np.array([0, 3, -1]), 2)
 
 

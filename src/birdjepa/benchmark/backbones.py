@@ -381,7 +381,8 @@ def embed(
 def _one_hot(label: np.ndarray, n_classes: int) -> np.ndarray:
     if len(label) and label.max() >= n_classes:  # an IndexError, naming nothing
         top = int(label.max())
-        raise DataError(f"a clip's label is {top}, outside the {n_classes} classes of --n-classes")
+        raise DataError(f"a clip's label is {top}, outside the task's {n_classes} classes (--n-classes, or "
+                        "the ClassLabel names its files keep)")  # fmt: skip
     out = np.zeros((len(label), n_classes), np.uint8)
     has = label >= 0
     out[np.flatnonzero(has), label[has]] = 1
