@@ -10,6 +10,7 @@ with another recipe (then it is fitted again and replaced). ``--table RESULTS`` 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from collections import defaultdict
@@ -350,7 +351,7 @@ def check_options(
         if twice:
             raise BenchmarkError(f"{flag} {' '.join(map(str, values))}: {', '.join(twice)} given twice")
     bad = [p for p in probe if p not in PROBES]
-    if min(prototypes, probe_steps, token_batch) < 1 or not probe_lr > 0:
+    if min(prototypes, probe_steps, token_batch) < 1 or not 0 < probe_lr < math.inf:  # inf: NaN scores
         raise BenchmarkError(
             f"--prototypes, --probe-steps and --token-batch are >= 1 and --probe-lr > 0, got "
             f"{prototypes}, {probe_steps}, {token_batch}, {probe_lr}"
@@ -359,6 +360,8 @@ def check_options(
         raise BenchmarkError(
             f"probes are {', '.join(PROBES)} and n is -1 (all) or >= 1; got {probe}, {n_train}"
         )
+    if task is not None and not task.strip():  # '' took the test folder's name, unsaid
+        raise BenchmarkError(f"--task {task!r}: give a name, or leave it out for the test split's folder's")
     try:
         name = task or Path(resolve_files(test)[0]).parent.parent.name
     except DataError as e:
@@ -476,4 +479,5 @@ def cli(
         print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
     print(format_table(rows))
-    print(f"{len(rows)} results in {results / store.ROWS}")
+    held = len(store.read(results))  # this call's rows are its task's and backbones' only
+    print(f"{len(rows)} results of this task and these backbones; {held} in {results / store.ROWS}")
