@@ -239,6 +239,20 @@ def test_overlapping_splits_are_named_and_the_table_marked(
         f"the eval shard {copy} holds the bytes of the train shard {train[1]}: the eval scores are not "
         "held out"
     )
+    # Eight train rows repacked into an eval shard of their own (no shard or byte in common): 1.000, unsaid.
+    import pyarrow as pa
+
+    from birdjepa.data.shards import read_shard
+
+    rows = read_shard(Path(train[1])).slice(0, 8)
+    repacked = tmp_path / "eval-00001.arrow"
+    with pa.OSFile(str(repacked), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as w:
+        w.write_table(rows)
+    first = sorted(rows.column("recording_id").to_pylist())[0]
+    assert overlap((train, [str(repacked)]), ("a", "b")) == (
+        f"8 recordings are in the train and the eval split (recording_id, e.g. {first}): the eval scores are "
+        "not held out"
+    )
     # pretrain (its step compiled for the run above, in this process), with no evaluation at all:
     cfg = tiny_config(demo_dir, tmp_path)
     cfg = dataclasses.replace(

@@ -49,17 +49,19 @@ VOCAB_FILE: str = _rs.VOCAB_FILE
 ShardFormat = Literal["file", "stream"]
 
 AUDIO_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+RECORDING_ID = "recording_id"
+"""The column naming each row's recording (`birdjepa prepare` and the demo sets write it)."""
 
 
 def shard_schema(label_column: str = DEFAULT_LABEL_COLUMN) -> pa.Schema:
     """The shard schema with the label stored in `label_column`."""
-    if label_column in ("audio", "recording_id") or not label_column:
+    if label_column in ("audio", RECORDING_ID) or not label_column:
         raise ValueError(f"label column name {label_column!r} is empty or clashes with another column")
     return pa.schema(
         [
             pa.field("audio", AUDIO_TYPE),
             pa.field(label_column, pa.int64(), nullable=True),
-            pa.field("recording_id", pa.string()),
+            pa.field(RECORDING_ID, pa.string()),
         ]
     )
 
