@@ -437,6 +437,8 @@ def test_export_load_and_embed_give_evaluates_embeddings(
     assert np.array_equal(pooled, encoder(x)) and tokens.shape == (3, m.n_patches, m.dim)
     with pytest.raises(ValueError, match=r"got shape \(512, 128\)$"):  # was the padded chunk's (16, 128)
         encoder(x[0])
+    with pytest.raises(ValueError, match=r"got shape \(3, 100, 128\)$"):  # a T the patch does not divide
+        encoder(x[:, :100])
     # Audio files and waveforms go through the loader window by window: 12 s -> 0-5, 5-10, 10-12 s.
     import soundfile
 

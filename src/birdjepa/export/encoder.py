@@ -92,7 +92,9 @@ class Encoder:
         """``apply`` on chunks of the batch size, the last one padded with zeros (one compiled shape)."""
         x = np.asarray(spectrogram, np.float32)
         m = self.model.resolved()
-        if x.ndim != 3 or x.shape[2] != m.n_mels:  # else the model named the padded chunk's shape
+        frames = x.shape[1] if x.ndim == 3 else 0
+        # Else the model named the padded chunk's shape, not the caller's.
+        if x.ndim != 3 or x.shape[2] != m.n_mels or not 0 < frames <= m.n_frames or frames % m.patch:
             raise ValueError(f"the encoder takes [B, T, M={m.n_mels}] spectrograms (T <= {m.n_frames}, a "
                              f"multiple of {m.patch}), got shape {x.shape}")  # fmt: skip
         parts: list[np.ndarray] = []
