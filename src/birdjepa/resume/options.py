@@ -10,6 +10,7 @@ still meet the resume checks' breaking-change rule. Only the options that steer 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,24 +36,32 @@ SEGMENT_ONLY = (
 
 
 def saved_config(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
-    """``(step, config)`` of the newest checkpoint in ``run_dir`` that verifies (meta and arrays, as the
-    restore then finds it), or None (a fresh run). The restore passes a damaged newest one over and
-    resumes an older one, whose options these must be: read from the damaged one, a declared change it
-    held was refused against the older one's ("leave them out" of a bare command), or a changed byte
-    in its config trained on."""
+    """``(step, config)`` of the checkpoint in ``run_dir`` the restore will resume, or None (a fresh run).
+    The restore passes a damaged newest one over and resumes an older one, whose options these must be:
+    read from the damaged one, a declared change it held was refused against the older one's ("leave
+    them out" of a bare command), or a changed byte in its config trained on. A meta is verified by its
+    CRC-32 here; the arrays (seconds a GB, which the restore reads again) only where the checkpoints'
+    options differ, so that which of them the restore picks decides the options."""
     if not layout.has_checkpoints(run_dir):
         return None
     ckpt = Checkpointer(run_dir, async_save=False)
     try:
+        found = []  # newest first: the checkpoints whose meta verifies
         for step in reversed(ckpt.all_steps()):
             try:
-                if ckpt.verify(step):
-                    return step, ckpt.read_meta(step)["config"]
+                found.append((step, ckpt.checked_meta(step)["config"]))
             except (CheckpointError, KeyError, OSError, ValueError):
                 continue
-        return None
+        if len({_options(config) for _, config in found}) <= 1:
+            return found[0] if found else None
+        return next(((s, c) for s, c in found if ckpt.verify(s)), None)
     finally:
         ckpt.close()
+
+
+def _options(config: Mapping[str, Any]) -> str:
+    """A config's options a resume takes from it (`SEGMENT_ONLY` left out), as one comparable string."""
+    return json.dumps({k: v for k, v in flatten(config).items() if k not in SEGMENT_ONLY}, sort_keys=True)
 
 
 def resume_defaults(saved: Mapping[str, Any], where: str) -> tuple[PretrainConfig, list[str]]:
