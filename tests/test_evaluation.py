@@ -615,6 +615,9 @@ def test_export_and_embed_errors_are_one_line(
     nowhere = tmp_path / "nosuchpath"
     one_line(["embed", str(nowhere), "--encoder", str(tiny_run), "--out", str(out)], "embed", nowhere,
              "no such shard file")  # fmt: skip
+    (tmp_path / "empty").mkdir()  # "no shard files match": as if audio files were not read at all
+    one_line(["embed", str(tmp_path / "empty"), "--encoder", str(tiny_run), "--out", str(out)], "embed",
+             tmp_path / "empty", "a folder with neither audio files (.flac")  # fmt: skip
     one_line(["embed", shards, "--encoder", str(tiny_run), "--out", str(out), "--n-workers", "-1"], "embed",
              "--n-workers -1: must be >= 0")  # fmt: skip
     assert not out.exists()

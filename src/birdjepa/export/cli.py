@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import tyro
 
 from birdjepa.data import DEFAULTS, DataError, resolve_files
-from birdjepa.data.prepare import find_audio_files
+from birdjepa.data.prepare import AUDIO_EXTENSIONS, find_audio_files
 from birdjepa.data.shards import read_shard, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
@@ -168,6 +168,9 @@ def sources(source: str) -> tuple[list[Path], list[str]]:
     audio = [Path(source) / f for f in find_audio_files(Path(source))] if Path(source).is_dir() else []
     if audio:
         return audio, []
+    if Path(source).is_dir() and not any(Path(source).glob("*.arrow")):  # "no shard files match": half of it
+        kinds = ", ".join(AUDIO_EXTENSIONS)
+        raise DataError(f"{source}: a folder with neither audio files ({kinds}) under it nor shards in it")
     files = resolve_files(source)
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
