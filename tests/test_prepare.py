@@ -448,6 +448,27 @@ def test_prepare_options_that_cannot_work_are_one_line(
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
+def test_a_fifo_is_no_audio_file_and_a_name_that_is_not_utf8_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A FIFO named pipe.wav hung prepare; a name unpacked from an old zip was a UnicodeEncodeError's
+    # traceback once a batch of files had been read.
+    import os
+
+    from birdjepa.data.prepare import cli, find_audio_files
+
+    src = make_src(tmp_path / "src")
+    listed = find_audio_files(src)
+    os.mkfifo(src / "amecro" / "pipe.wav")
+    assert find_audio_files(src) == listed
+    os.rename(src / "amecro" / "XC001.ogg", os.fsencode(src / "amecro") + b"/caf\xe9.wav")
+    with pytest.raises(SystemExit) as e:
+        cli(src, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "caf\\xe9.wav': a file name that is not UTF-8" in err, err
+    assert err.count("\n") == 1
+
+
 def test_prepare_into_its_own_source_folder_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

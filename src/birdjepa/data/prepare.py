@@ -69,15 +69,26 @@ class PrepareResult:
 def find_audio_files(src: Path) -> list[str]:
     """Audio files under `src` as sorted posix paths relative to it (hidden files and folders skipped).
     Folders that are links are followed (a label folder on another disk was left out without a word),
-    except one that leads back to a folder it is in."""
+    except one that leads back to a folder it is in. A FIFO or device under an audio name is no file
+    (reading it hung prepare); a link to nowhere is kept, for the reader to name. `PrepareError` for a
+    name that is not UTF-8 (a shard stores names as strings: a traceback once a batch was read)."""
     found = []
     for root, dirs, files in os.walk(src, followlinks=True):
         here = os.path.realpath(root)
         dirs[:] = [d for d in dirs if not d.startswith(".") and not _leads_back(here, Path(root) / d)]
         rel_root = Path(root).relative_to(src)
         for name in files:
-            if not name.startswith(".") and name.lower().endswith(AUDIO_EXTENSIONS):
-                found.append((rel_root / name).as_posix())
+            if name.startswith(".") or not name.lower().endswith(AUDIO_EXTENSIONS):
+                continue
+            path = Path(root) / name
+            if os.path.exists(path) and not os.path.isfile(path):
+                continue
+            try:
+                (rel_root / name).as_posix().encode("utf-8")
+            except UnicodeEncodeError:
+                raise PrepareError(f"{os.fsencode(path)!r}: a file name that is not UTF-8 (unpacked from an "
+                                   "old archive?): rename it") from None  # fmt: skip
+            found.append((rel_root / name).as_posix())
     return sorted(found)
 
 

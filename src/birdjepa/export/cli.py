@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import tyro
 
 from birdjepa.data import DEFAULTS, DataError, resolve_files
-from birdjepa.data.prepare import AUDIO_EXTENSIONS, find_audio_files
+from birdjepa.data.prepare import AUDIO_EXTENSIONS, PrepareError, find_audio_files
 from birdjepa.data.shards import read_shard, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
@@ -212,7 +212,7 @@ def embed_cli(
         audio, files = checked(source, out)  # what can fail at once does, before the encoder loads
         enc = load_encoder(encoder, step)
         n = embed_sources(audio, files, enc, out, n_workers=n_workers)
-    except (ExportError, DataError) as e:
+    except (ExportError, DataError, PrepareError) as e:  # PrepareError: a file name that is not UTF-8
         print(f"birdjepa embed: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
     print(f"embedded {n} clips with {enc.identity} into {out} in {time.perf_counter() - t0:.1f} s")

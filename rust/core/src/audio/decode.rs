@@ -190,14 +190,44 @@ impl Drop for PooledDecoder {
     }
 }
 
+thread_local! {
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `f()`, or the message of a panic in it, caught and not printed: a bad file's header is an error of
+/// that file, said once by the caller (a skip naming the row, prepare's line), not a backtrace.
+fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info)
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(true));
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(false));
+    out.map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic".into())
+    })
+}
+
 fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
     if bytes.as_ref().is_empty() {
         return Err(AudioError::new("decode: empty input (0 bytes)"));
     }
     let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes.clone())), MediaSourceStreamOptions::default());
     let fmt_opts = FormatOptions { enable_gapless: false, ..Default::default() };
-    let probed = symphonia::default::get_probe()
-        .format(&Hint::new(), mss, &fmt_opts, &MetadataOptions::default())
+    // A header symphonia cannot take panics in it (a WAV of sample rate 0: "TimeBase cannot have 0
+    // numerator"), which stopped a training run at that row for good and was a traceback in prepare.
+    let probed = quietly(|| symphonia::default::get_probe().format(&Hint::new(), mss, &fmt_opts, &MetadataOptions::default()))
+        .map_err(|panic| AudioError::new(format!("decode: the container's header cannot be read ({panic})")))?
         .map_err(|e| sym_err("decode: unrecognised container", e))?;
     let format = probed.format;
     let track = format
@@ -649,6 +679,15 @@ pub(crate) mod tests {
         let mono_pcm: Vec<i16> = pcm.iter().step_by(2).copied().collect();
         let (m1, _) = decode_mono(wav_i16(&mono_pcm, 1, 8000)).unwrap();
         assert!(m1.iter().zip(&mono_pcm).all(|(a, &b)| *a == b as f32 / 32768.0));
+    }
+
+    #[test]
+    fn a_header_symphonia_panics_on_is_an_error_not_a_panic() {
+        // The fmt chunk's sample rate (byte 24) set to 0: "TimeBase cannot have 0 numerator" in the probe.
+        let mut bytes = wav_i16(&[0, 1, 2, 3], 1, 32_000);
+        bytes[24..28].copy_from_slice(&0u32.to_le_bytes());
+        let e = decode_mono(bytes).unwrap_err().to_string();
+        assert!(e.starts_with("decode: the container's header cannot be read ("), "{e}");
     }
 
     #[test]
