@@ -469,6 +469,29 @@ def test_a_fifo_is_no_audio_file_and_a_name_that_is_not_utf8_is_one_line(
     assert err.count("\n") == 1
 
 
+def test_a_file_over_a_row_s_bytes_is_a_file_s_problem_and_reading_is_bounded_by_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over the row's limit (an hour of 96 kHz audio was, at 512 MiB): a ValueError's traceback, no skip.
+    # And 64 files were held at once, whatever their size (64 hour-long ones: ~20 GB).
+    import birdjepa.data.prepare as prep
+
+    src = make_src(tmp_path / "src")
+    whole = prep.prepare(src, tmp_path / "whole")
+    monkeypatch.setattr(prep, "READ_BYTES", 1)  # one file at a time: the same shards
+    assert prep.prepare(src, tmp_path / "one").n_files == whole.n_files
+    assert [p.read_bytes() for p in list_shards(tmp_path / "one")] == [p.read_bytes() for p in whole.shards]
+    sizes = {rel: (src / rel).stat().st_size for rel in SRC_FILES}
+    monkeypatch.setattr(prep, "MAX_ROW_BYTES", sorted(sizes.values())[-2])  # the largest is over it
+    largest = max(sizes, key=sizes.get)
+    skipped = prep.prepare(src, tmp_path / "skip", skip_bad=True).skipped
+    assert skipped == [(largest, f"{sizes[largest]} bytes, over the {prep.MAX_ROW_BYTES} a shard row holds")]
+    with pytest.raises(SystemExit) as e:
+        prep.cli(src, tmp_path / "stop")
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"{src / largest}: {sizes[largest]} bytes, over the" in err, err
+
+
 def test_prepare_into_its_own_source_folder_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

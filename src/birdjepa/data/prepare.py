@@ -33,6 +33,7 @@ from birdjepa import _rs
 from birdjepa.data.parquet import ParquetError, convert, parquet_files
 from birdjepa.data.shards import (
     DEFAULT_LABEL_COLUMN,
+    MAX_ROW_BYTES,
     VOCAB_FILE,
     ShardFormat,
     ShardWriter,
@@ -47,6 +48,7 @@ AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
 """Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3)."""
 CHECK_FRAMES = 4096
 READ_CHUNK = 64  # files read (and checked, in parallel) at a time
+READ_BYTES = 1 << 30  # ... and at most this many of their bytes (or one file)
 
 Check = Literal["header", "full", "none"]
 
@@ -197,6 +199,8 @@ def check_audio(data: bytes, check: Check) -> str | None:
 def _load(args: tuple[Path, str, Check]) -> tuple[bytes, str | None]:
     src, rel, check = args
     try:
+        if (size := (src / rel).stat().st_size) > MAX_ROW_BYTES:  # a ValueError's traceback from the writer
+            return b"", f"{size} bytes, over the {MAX_ROW_BYTES} a shard row holds"
         data = (src / rel).read_bytes()
     except OSError as e:
         return b"", f"cannot read: {e.strerror or e}"
@@ -206,10 +210,24 @@ def _load(args: tuple[Path, str, Check]) -> tuple[bytes, str | None]:
 def _loaded(
     src: Path, files: Sequence[str], check: Check, workers: int
 ) -> Iterator[tuple[bytes, str | None]]:
+    """Each file's bytes and problem, in order, read ``workers`` at a time, and at most `READ_CHUNK`
+    files or `READ_BYTES` (or one file) held at once: 64 hour-long recordings held ~20 GB."""
+    sizes = [_size(src / rel) for rel in files]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for i in range(0, len(files), READ_CHUNK):
-            chunk = [(src, rel, check) for rel in files[i : i + READ_CHUNK]]
-            yield from pool.map(_load, chunk)
+        i = 0
+        while i < len(files):
+            j = i + 1
+            while j < len(files) and j - i < READ_CHUNK and sum(sizes[i : j + 1]) <= READ_BYTES:
+                j += 1
+            yield from pool.map(_load, [(src, rel, check) for rel in files[i:j]])
+            i = j
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # said by `_load`
+        return 0
 
 
 def prepare(

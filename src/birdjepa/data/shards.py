@@ -42,7 +42,8 @@ DEFAULT_LABEL_COLUMN: str = json.loads(_rs.loader_defaults())["label_column"]
 """The loader's default label column (its defaults live in the Rust core, once)."""
 BATCH_ROWS = 64
 BATCH_BYTES = 512 << 20  # a record batch is also cut here: `binary` offsets are int32 (< 2 GiB per batch)
-MAX_ROW_BYTES = BATCH_BYTES
+MAX_ROW_BYTES = (1 << 31) - 1
+"""The most one row may hold: a `binary` value's int32 offsets (an hour of 96 kHz audio is 691 MB)."""
 SHARD_SUFFIX = ".arrow"
 VOCAB_FILE: str = _rs.VOCAB_FILE
 
@@ -195,6 +196,8 @@ class ShardWriter:
             )
         if not isinstance(path, str) or not isinstance(recording_id, str):
             raise TypeError(f"path and recording_id must be str, got {path!r}, {recording_id!r}")
+        if self._pending_bytes + len(audio_bytes) > MAX_ROW_BYTES:  # one batch's offsets are int32 too
+            self._flush_batch()
         if label is not None and (isinstance(label, bool) or int(label) != label or label < 0):
             raise ValueError(f"label of {recording_id!r} must be a non-negative int or None, got {label!r}")
         p = self._pending
