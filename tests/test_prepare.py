@@ -163,6 +163,23 @@ def test_csv_errors_name_the_row(tmp_path: Path, rows: str, message: str) -> Non
     assert not (tmp_path / "out").exists()  # the CSV is checked before anything is written
 
 
+def test_a_csv_not_in_utf8_is_one_line_and_a_name_matches_in_either_unicode_form(tmp_path: Path) -> None:
+    # A spreadsheet's cp1252 was a UnicodeDecodeError's traceback; a name typed composed ("ñ") did not
+    # find the file macOS stored decomposed, "not found" showing a name that looked the same.
+    import unicodedata
+
+    src = make_src(tmp_path / "src")
+    (tmp_path / "cp1252.csv").write_bytes("path,label\namecro/XC001.ogg,pi\u00f1on\n".encode("cp1252"))
+    with pytest.raises(PrepareError, match=r"cp1252\.csv: not UTF-8 text \(invalid .* at byte \d+\): save"):
+        prepare(src, tmp_path / "out", labels_csv=tmp_path / "cp1252.csv")
+    decomposed = unicodedata.normalize("NFD", "and\u00fa.wav")
+    (src / "amecro" / "XC001.ogg").rename(src / "amecro" / decomposed)
+    (tmp_path / "nfc.csv").write_text("path,label\namecro/and\u00fa.wav,amecro\n", encoding="utf-8")
+    prepare(src, tmp_path / "out", labels_csv=tmp_path / "nfc.csv")
+    paths = [a["path"] for a in table(tmp_path / "out")["audio"].to_pylist()]
+    assert table(tmp_path / "out")["ebird_code"].to_pylist()[paths.index(f"amecro/{decomposed}")] == 0
+
+
 def test_csv_needs_path_and_label_columns(tmp_path: Path) -> None:
     src = make_src(tmp_path / "src")
     (tmp_path / "labels.csv").write_text("file,species\nXC099.wav,a\n")
@@ -490,6 +507,17 @@ def test_a_file_over_a_row_s_bytes_is_a_file_s_problem_and_reading_is_bounded_by
         prep.cli(src, tmp_path / "stop")
     err = capsys.readouterr().err
     assert e.value.code == 1 and f"{src / largest}: {sizes[largest]} bytes, over the" in err, err
+
+
+def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from birdjepa.data.prepare import cli
+
+    (tmp_path / "afile").write_text("")  # OUT under a file: NotADirectoryError's traceback
+    with pytest.raises(SystemExit) as e:
+        cli(make_src(tmp_path / "src"), tmp_path / "afile" / "sub")
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith("birdjepa prepare: error: cannot write "), err
+    assert err.count("\n") == 1
 
 
 def test_prepare_into_its_own_source_folder_is_refused(

@@ -20,6 +20,7 @@ import glob
 import os
 import sys
 import time
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -122,43 +123,60 @@ def _normalise_csv_path(raw: str) -> str | None:
 
 
 def csv_labels(csv_path: Path, src: Path, files: Sequence[str]) -> dict[str, str | None]:
-    """Labels from a CSV with columns `path,label` (paths relative to `src`). Errors name the CSV row."""
-    known = set(files)
+    """Labels from a CSV with columns `path,label` (paths relative to `src`). Errors name the CSV row. A
+    path is matched in Unicode's composed form (NFC): a name typed as ``ñ`` names the file macOS stored
+    as ``n`` + combining tilde."""
+    by_form = {unicodedata.normalize("NFC", f): f for f in files}
     labels: dict[str, str | None] = dict.fromkeys(files)
-    first_row: dict[str, int] = {}
     try:
         fh = open(csv_path, newline="", encoding="utf-8-sig")
     except OSError as e:
         raise PrepareError(f"cannot read labels CSV {csv_path}: {e}") from e
     with fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        if "path" not in header or "label" not in header:
-            raise PrepareError(f"{csv_path}: needs a header with columns 'path' and 'label', got {header}")
-        reader.fieldnames = header
-        for row in reader:
-            line = reader.line_num
-            raw_path, raw_label = row.get("path"), row.get("label")
-            if raw_path is None or raw_label is None:
-                raise PrepareError(f"{csv_path} row {line}: missing 'path' or 'label' value: {row}")
-            rel = _normalise_csv_path(raw_path)
-            if rel is None:
-                raise PrepareError(f"{csv_path} row {line}: path {raw_path!r} must be relative to {src}")
-            if rel in first_row:
-                raise PrepareError(
-                    f"{csv_path} row {line}: path {rel!r} already labelled in row {first_row[rel]}"
-                )
-            if rel not in known:
-                if not (src / rel).exists():
-                    raise PrepareError(f"{csv_path} row {line}: file {rel!r} not found in {src}")
-                raise PrepareError(
-                    f"{csv_path} row {line}: {rel!r} is not an audio file prepare reads "
-                    f"(extensions {', '.join(AUDIO_EXTENSIONS)}; hidden files and folders are skipped)"
-                )
-            first_row[rel] = line
-            label = raw_label.strip()
-            labels[rel] = label or None
+        try:
+            _read_csv_labels(csv.DictReader(fh), csv_path, src, by_form, labels)
+        except UnicodeDecodeError as e:  # a traceback: saved as cp1252 by a spreadsheet
+            why = f"{e.reason} at byte {e.start}"
+            raise PrepareError(f"{csv_path}: not UTF-8 text ({why}): save it as UTF-8") from None
     return labels
+
+
+def _read_csv_labels(
+    reader: csv.DictReader,
+    csv_path: Path,
+    src: Path,
+    by_form: dict[str, str],
+    labels: dict[str, str | None],
+) -> None:
+    """`csv_labels`' rows into ``labels`` (``by_form``: each file by its NFC name)."""
+    first_row: dict[str, int] = {}
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    if "path" not in header or "label" not in header:
+        raise PrepareError(f"{csv_path}: needs a header with columns 'path' and 'label', got {header}")
+    reader.fieldnames = header
+    for row in reader:
+        line = reader.line_num
+        raw_path, raw_label = row.get("path"), row.get("label")
+        if raw_path is None or raw_label is None:
+            raise PrepareError(f"{csv_path} row {line}: missing 'path' or 'label' value: {row}")
+        rel = _normalise_csv_path(raw_path)
+        if rel is None:
+            raise PrepareError(f"{csv_path} row {line}: path {raw_path!r} must be relative to {src}")
+        rel = by_form.get(unicodedata.normalize("NFC", rel), rel)
+        if rel in first_row:
+            raise PrepareError(
+                f"{csv_path} row {line}: path {rel!r} already labelled in row {first_row[rel]}"
+            )
+        if rel not in labels:
+            if not (src / rel).exists():
+                raise PrepareError(f"{csv_path} row {line}: file {rel!r} not found in {src}")
+            raise PrepareError(
+                f"{csv_path} row {line}: {rel!r} is not an audio file prepare reads "
+                f"(extensions {', '.join(AUDIO_EXTENSIONS)}; hidden files and folders are skipped)"
+            )
+        first_row[rel] = line
+        label = raw_label.strip()
+        labels[rel] = label or None
 
 
 def given_vocabulary(path: Path, src: Path, labels: dict[str, str | None]) -> list[str]:
@@ -381,6 +399,10 @@ def cli(
         )
     except (PrepareError, ParquetError, FileExistsError) as e:
         print(f"birdjepa prepare: error: {e}", file=sys.stderr)
+        raise SystemExit(FAILED) from None
+    except OSError as e:  # OUT under a file, a folder it may not write, a full disk: a traceback
+        print(f"birdjepa prepare: error: cannot write {e.filename or out}: {e.strerror or e}; {out} holds "
+              "what it held before", file=sys.stderr)  # fmt: skip
         raise SystemExit(FAILED) from None
     except KeyboardInterrupt:  # a 40-line traceback, for a stop asked for
         print(f"birdjepa prepare: interrupted; {out} holds what it held before", file=sys.stderr)
