@@ -313,7 +313,14 @@ def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert e.value.code == 1
     assert "amecro/bad.mp3" in capsys.readouterr().err
     main(["prepare", str(src), str(tmp_path / "out3"), "--skip-bad"])
-    assert "skipped 1 bad file(s):\n  amecro/bad.mp3: cannot decode" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "skipped 1 bad file(s):\n  amecro/bad.mp3: cannot decode" in out and "no row" not in out
+    # A label whose every file was skipped stays in vocab.json: chance levels count it, unsaid.
+    (src / "badwar").mkdir()
+    (src / "badwar" / "x.wav").write_bytes(b"nonsense")
+    main(["prepare", str(src), str(tmp_path / "out4"), "--skip-bad"])
+    said = f"WARNING 1 label(s) have no row, every file of theirs skipped: badwar; they stay in {tmp_path}"
+    assert said in capsys.readouterr().out
 
 
 def test_tiny_fixtures(

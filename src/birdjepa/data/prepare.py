@@ -323,6 +323,13 @@ def prepare(
             print(f"skipped {len(skipped)} bad file(s):")
             for rel, why in skipped:
                 print(f"  {rel}: {why}")
+            # Their labels stay in vocab.json (rows written index it): every probe's chance level counts them.
+            gone = {rel for rel, _ in skipped}
+            written = {labels[rel] for rel in files if rel not in gone}
+            empty = [name for name in vocab if name not in written]
+            if empty and vocab_file is None:
+                print(f"WARNING {len(empty)} label(s) have no row, every file of theirs skipped: "
+                      f"{', '.join(empty)}; they stay in {out / VOCAB_FILE}")  # fmt: skip
     return result
 
 
