@@ -586,6 +586,15 @@ mod tests {
             let e = check_recording(cut.clone(), full, 1_000).unwrap_err();
             assert!(e.0.contains("ends at frame 30000 but the container reports 48000"), "{e}");
         }
+        // Written to a pipe (ffmpeg): the RIFF and data sizes 0xFFFFFFFF, a length not known. It was
+        // refused ("the container reports 2147483647"); it decodes to the same samples as the file.
+        let mut streamed = wav.clone();
+        streamed[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        streamed[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+        for full in [false, true] {
+            check_recording(streamed.clone(), full, 1_000).unwrap();
+        }
+        assert_eq!(decode_mono(streamed).unwrap(), decode_mono(wav.clone()).unwrap());
         for name in ["birds_22k_mono_short.flac", "birds_32k_mono.mp3", "birds_32k_mono_cbr.mp3",
                      "birds_44k_stereo.flac", "birds_44k_stereo_30s.ogg", "birds_48k_stereo.ogg"] {
             for full in [false, true] {

@@ -190,6 +190,23 @@ impl Drop for PooledDecoder {
     }
 }
 
+/// Whether `bytes` is a RIFF WAVE whose `data` chunk says its size is unknown (0xFFFFFFFF, as a writer
+/// to a pipe leaves it).
+fn streamed_wav(bytes: &[u8]) -> bool {
+    if bytes.len() < 12 || &bytes[0..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
+        return false;
+    }
+    let mut at = 12;
+    while at + 8 <= bytes.len() {
+        let size = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+        if &bytes[at..at + 4] == b"data" {
+            return size == u32::MAX;
+        }
+        at = at.saturating_add(8 + size as usize + (size as usize & 1)); // chunks are padded to an even size
+    }
+    false
+}
+
 thread_local! {
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -263,7 +280,9 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
         track_id: track.id,
         sample_rate,
         channels: params.channels.map(|c| c.count()).unwrap_or(0),
-        n_frames: params.n_frames,
+        // A streamed WAV (ffmpeg to a pipe) writes 0xFFFFFFFF as its data size: a length it does not know,
+        // read as 2^31 frames (prepare's check refused it; the window past its end read as zeros).
+        n_frames: params.n_frames.filter(|_| !streamed_wav(bytes.as_ref())),
         start_ts: params.start_ts,
         codec_name,
         vorbis_long_block,
