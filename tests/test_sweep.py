@@ -149,6 +149,10 @@ def test_local_sweep_runs_each_config_here_with_a_forced_resume(
     assert [x["step"] for x in lines if x.get("event") == "stop"] == [0]
     assert [x["restart"] for x in lines if x.get("event") == "resume"] == [1]
     assert max(x["step"] for x in lines if "train/loss" in x) == 5
+    # The same sweep again (after a Ctrl-C, or finished): the forced stop was refused, "has trained that
+    # step already", exit 2; a run past it is resumed as it is.
+    main(["sweep", str(path), "--local", "--runs-dir", str(tmp_path / "runs"), "--force-resume-at", "0"])
+    assert "local (past the forced stop) exit 0" in capsys.readouterr().out
 
 
 def benchmark_sweep(tmp_path: Path, entries: str) -> Path:

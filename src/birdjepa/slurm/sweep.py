@@ -36,6 +36,7 @@ import tyro
 from birdjepa import exit_codes, validation
 from birdjepa.children import Children
 from birdjepa.config import ConfigError, PretrainConfig, flatten, resolve, to_dict
+from birdjepa.rundir import layout
 from birdjepa.validation import OptionError
 
 
@@ -310,7 +311,12 @@ def cli(
     children = Children()
     for job in jobs:
         run_dir = job.cfg.run_dir.absolute()
-        script = job_script(job, slurm, force_resume_at, workdir)
+        # A run already past the forced stop (the same sweep run again after a Ctrl-C, or finished) is
+        # resumed as it is: the stop was refused, "has trained that step already", exit 2.
+        newest = max(layout.checkpoint_steps(run_dir), default=-1)
+        past = force_resume_at is not None and newest >= force_resume_at
+        force = None if past else force_resume_at
+        script = job_script(job, slurm, force, workdir)
         if dry_run:
             print(f"# config {job.index} ({run_dir}), resolved:")
             print(json.dumps(to_dict(job.cfg), indent=1))
@@ -320,8 +326,8 @@ def cli(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "job.sbatch").write_text(script)
         if local:
-            code = run_local(job, force_resume_at, slurm.ntasks, children)
-            rows.append((job.index, f"local exit {code}", run_dir))
+            code = run_local(job, force, slurm.ntasks, children)
+            rows.append((job.index, f"local{' (past the forced stop)' if past else ''} exit {code}", run_dir))
             if children.stopped:  # a Ctrl-C or SIGTERM: the sweep stops, not just this run
                 break
         else:
