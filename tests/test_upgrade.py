@@ -85,7 +85,8 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
 ) -> None:
     meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "m", steps=3, stop=1)
     here = meta["machine"]
-    assert set(here) == {"jax", "jaxlib", "device", "lock", "cpu_threads", "lapack"}
+    assert set(here) == {"jax", "jaxlib", "device", "lock", "cpu_threads", "lapack", "xla_flags"}
+    assert here["xla_flags"] == " ".join(sorted(os.environ["XLA_FLAGS"].split()))  # the suite's, and ours
     assert here["jax"] == jax.__version__
     assert here["cpu_threads"] == os.environ["PJRT_NPROC"]  # the pool deterministic_xla fixed
     lock = hashlib.sha256((Path(__file__).parents[1] / "uv.lock").read_bytes()).hexdigest()[:12]
@@ -93,7 +94,8 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     assert meta["step_revision"] == revisions.REVISION
     # As if checkpoint 1 had been written by a job on another partition, under an older jaxlib and lock,
     # by a birdjepa that did not record the CPU thread pool or the step's revision yet.
-    other = {**here, "device": "Other CPU (avx2)", "jaxlib": "0.1", "lock": "0123456789ab"}
+    # (And another optimisation level: it moved every later step's last bits, every check passing.)
+    other = {**here, "device": "Other CPU (avx2)", "jaxlib": "0.1", "lock": "0123456789ab", "xla_flags": "-O"}
     del other["cpu_threads"], meta["step_revision"]
     rewrite_meta(meta_file, {**meta, "machine": other})
 
@@ -103,12 +105,13 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     assert warning == [
         f"WARNING resumed on another kind of machine than checkpoint 1 was written on (device: Other CPU "
         f"(avx2) -> {here['device']}; jaxlib: 0.1 -> {here['jaxlib']}; lock: 0123456789ab -> {lock}; "
+        f"xla_flags: -O -> {here['xla_flags']}; "
         f"cpu_threads: unrecorded -> {here['cpu_threads']}): XLA compiles for the device and its version, "
         f"so from here the run can differ from an uninterrupted one in the last bits"
     ]
     assert "RESUME_CHECK name=next_loss ok=True expected=" in out
     # Revision 3 moves the training's bits (the probe clipped apart): the tolerance names it too.
-    assert "(rtol=1e-05,machine:device+jaxlib+lock+cpu_threads+step_revision)" in out, out
+    assert "(rtol=1e-05,machine:device+jaxlib+lock+xla_flags+cpu_threads+step_revision)" in out, out
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "machine_changed"]
     assert event["step"] == 2 and event["device"] == ["Other CPU (avx2)", here["device"]]
     # Each revision crossed is said, in order.

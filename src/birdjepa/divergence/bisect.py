@@ -43,6 +43,7 @@ from birdjepa.divergence.trace import trace_step
 from birdjepa.divergence.trace_file import Trace, read, write
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.metrics_log import metrics_by_step
+from birdjepa.train.determinism import DEVICE_COUNT_FLAG
 from birdjepa.train.step import step_key
 
 
@@ -174,7 +175,7 @@ def trace_apart(
 ) -> Trace:
     """Trace in a process of its own with ``devices`` CPU devices (another topology than this one's)."""
     # This process's XLA flags too (its optimisation level, say): only the device count is another.
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {DEVICE_COUNT_FLAG}={devices}"
     env = {**os.environ, "XLA_FLAGS": flags.strip()}
     cmd = [sys.executable, "-m", "birdjepa.cli", "trace", str(run), "--step", str(step), "--out", str(out),
            "--repeat", str(repeat), *(["--keep", *keep] if keep else [])]  # fmt: skip

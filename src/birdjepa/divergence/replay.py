@@ -26,7 +26,7 @@ from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.metrics_log import by_step, read_metrics
 from birdjepa.train.compiled import Compiled
-from birdjepa.train.determinism import machine_kind
+from birdjepa.train.determinism import DEVICE_COUNT_FLAG, machine_kind
 from birdjepa.train.segment import advance, open_loader, open_segment
 from birdjepa.train.state import TrainState
 
@@ -241,5 +241,5 @@ def check_devices(run_dir: Path, meta: dict[str, Any] | None) -> None:
     if want is not None and want != have and not virtual:
         raise ReplayError(
             f"{run_dir}: it trained on {want} devices and this process has {have}; re-run with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={want} (CPU) or on {want} devices"
+            f"XLA_FLAGS={DEVICE_COUNT_FLAG}={want} (CPU) or on {want} devices"
         )

@@ -98,20 +98,32 @@ def lock_hash() -> str:
 
 
 def machine_kind() -> dict[str, str]:
-    """What a step's last bits depend on besides its inputs and flags: the JAX and jaxlib versions, the
+    """What a step's last bits depend on besides its inputs and options: the JAX and jaxlib versions, the
     device (the GPU's name; on CPU, the host's model and instruction set, its thread pool's size and the
-    LAPACK kernels its OpenBLAS picked), and the dependency lock the environment was installed from
-    (another lock can bring another XLA)."""
+    LAPACK kernels its OpenBLAS picked), the dependency lock the environment was installed from
+    (another lock can bring another XLA), and the XLA flags (an optimisation level set for one segment
+    moved the last bits of every step after it, every resume check passing)."""
     import jax
     import jaxlib
 
     device = jax.devices()[0]
-    kind = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    kind = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "xla_flags": xla_flags()}
     if device.platform != "cpu":
         return {**kind, "device": device.device_kind, "lock": lock_hash()}
     threads = str(cpu_threads(jax.local_device_count()))
     return {**kind, "device": cpu_model(), "lock": lock_hash(), "cpu_threads": threads,
             "lapack": lapack_kernels()}  # fmt: skip
+
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+"""The XLA flag that simulates CPU devices."""
+
+
+def xla_flags() -> str:
+    """``$XLA_FLAGS`` as a step's numbers see it: sorted, without the simulated CPU device count (which the
+    resume compares as a device count: `--train.virtual-shards`); "none" where empty."""
+    flags = (f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG))
+    return " ".join(sorted(flags)) or "none"
 
 
 def lapack_kernels() -> str:

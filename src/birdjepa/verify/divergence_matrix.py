@@ -23,6 +23,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.divergence.bisect import bisect
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.rundir import layout
+from birdjepa.train.determinism import DEVICE_COUNT_FLAG
 from birdjepa.verify.catalogue import EXPECTED_DIFFERENCE, EXPECTED_REGION, LATE_STEP
 
 STEPS = 4
@@ -147,7 +148,7 @@ def train(runs: Path, run: str, data: tuple[str, ...], options: tuple[str, ...],
         code = pretrain(tyro.cli(PretrainConfig, args=args))
     else:
         # This process's XLA flags too: its optimisation level and the twin's must be the same.
-        xla = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+        xla = f"{os.environ.get('XLA_FLAGS', '')} {DEVICE_COUNT_FLAG}={devices}"
         env = {**os.environ, "XLA_FLAGS": xla.strip()}
         done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "pretrain", *args], env=env,
                               capture_output=True, text=True)  # fmt: skip
