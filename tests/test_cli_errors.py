@@ -138,3 +138,15 @@ def test_a_ctrl_c_in_any_command_is_one_line_and_exit_130(
     with pytest.raises(SystemExit) as e:
         main(["benchmark"])
     assert e.value.code == 130 and capsys.readouterr().err == "birdjepa benchmark: interrupted; exit 130\n"
+
+
+def test_compare_counts_a_nan_against_a_number_as_a_difference_and_two_nans_as_equal() -> None:
+    # max(0.0, nan) is 0.0: a NaN against a number (a log written by plain json.dumps) compared equal.
+    from birdjepa.resume.compare import compare_logged
+
+    a = {0: {"train/loss": 0.5}, 1: {"train/loss": float("nan")}, 2: {"train/loss": float("nan")}}
+    b = {0: {"train/loss": 0.5}, 1: {"train/loss": 0.25}, 2: {"train/loss": float("nan")}}
+    (diff,) = compare_logged(a, b)
+    assert diff.max_abs == float("inf") and diff.first_step == 1
+    (same,) = compare_logged(a, {**a})
+    assert same.max_abs == 0.0 and same.first_step is None

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -37,6 +38,10 @@ def compare_runs(a: Path, b: Path, metrics: Iterable[str] | None = None) -> list
     return compare_logged(metrics_by_step(a), metrics_by_step(b), metrics)
 
 
+def _nan(v: object) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
 def compare_logged(ma: Logged, mb: Logged, metrics: Iterable[str] | None = None) -> list[MetricDiff]:
     """`compare_runs` of two runs' logs already read (`metrics_by_step`)."""
     names = sorted(
@@ -48,9 +53,10 @@ def compare_logged(ma: Logged, mb: Logged, metrics: Iterable[str] | None = None)
         diff = MetricDiff(name, 0.0, 0.0, None, None, len(logged_at))
         for s in logged_at:
             va, vb = ma.get(s, {}).get(name), mb.get(s, {}).get(name)
-            if va == vb:
+            if va == vb or (_nan(va) and _nan(vb)):
                 continue
-            if va is None or vb is None or isinstance(va, str) or isinstance(vb, str):
+            # A NaN against a number (a log written by plain json.dumps) was max(0.0, nan) = 0.0: equal.
+            if va is None or vb is None or isinstance(va, str) or isinstance(vb, str) or _nan(va) or _nan(vb):
                 d, r = float("inf"), float("inf")
             else:
                 d = abs(va - vb)
