@@ -156,6 +156,12 @@ def test_jump_is_post_mean_minus_pre_mean_and_drift_comes_from_steps_away_from_r
     # t in [10, 90] minus the 19 steps t in (40, 60) whose windows straddle the resume at 50.
     assert len(drift) == 81 - 19 and np.all(drift == 10.0)
     assert j.z == math.inf and j.drift_sd == 0.0 and j.n_drift == 62  # constant drift: the jump is off it
+    # A diverged step (inf) and a huge value, far before the resume: its windows as they were (prefix sums
+    # made every later window nan, or swamped it to 0).
+    x[0], x[1] = math.inf, 1e17
+    log = analysis.RunLog("t", steps, steps * 1.0, {"x": x}, [analysis.Resume(50, 1, "test", 0.0)])
+    (j,) = analysis.jumps(log, ["x"], 10)
+    assert (j.pre, j.post, j.jump) == (44.5, 154.5, 110.0)
 
 
 def test_z_scores_a_real_jump_high_and_a_non_event_low() -> None:

@@ -54,28 +54,31 @@ def _window_means(
     steps: np.ndarray, values: np.ndarray, at: np.ndarray, width: int
 ) -> tuple[np.ndarray, ...]:
     """Means over ``[at - width, at)`` and ``[at, at + width)`` of the logged (non-nan) values, and the
-    number of values in each (prefix sums: one pass for every ``at``)."""
-    ok = ~np.isnan(values)
-    cs = np.concatenate([[0.0], np.cumsum(np.where(ok, values, 0.0))])
-    cn = np.concatenate([[0], np.cumsum(ok)])
+    number of values in each. Each window summed on its own: prefix sums carried one ``inf`` (a diverged
+    step) into every later window as nan, and one huge value swamped every later sum to 0."""
+    logged = ~np.isnan(values)
     lo, mid, hi = (np.searchsorted(steps, x) for x in (at - width, at, at + width))
-    n_pre, n_post = cn[mid] - cn[lo], cn[hi] - cn[mid]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        pre = (cs[mid] - cs[lo]) / n_pre
-        post = (cs[hi] - cs[mid]) / n_post
-    return pre, post, n_pre, n_post
+    out = np.full((4, len(at)), np.nan)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i, (a, m, b) in enumerate(zip(lo, mid, hi, strict=True)):
+            left, right = values[a:m][logged[a:m]], values[m:b][logged[m:b]]
+            out[:, i] = (left.mean() if len(left) else np.nan, right.mean() if len(right) else np.nan,
+                         len(left), len(right))  # fmt: skip
+    pre, post, n_pre, n_post = out
+    return pre, post, n_pre.astype(np.int64), n_post.astype(np.int64)
 
 
 def normal_drift(log: RunLog, metric: str, width: int) -> np.ndarray:
     """``post - pre`` at every logged step whose two windows lie inside the run, hold no resume, and have
-    at least one value each."""
+    at least one value each, finite (a window over a diverged step's inf is no drift to compare with)."""
     steps, values = log.steps, log.metrics[metric]
     t = steps[(steps - width >= steps[0]) & (steps + width - 1 <= steps[-1])]
     for r in log.resumes:
         t = t[~((t - width < r.step) & (r.step < t + width))]
     pre, post, n_pre, n_post = _window_means(steps, values, t, width)
-    keep = (n_pre > 0) & (n_post > 0)
-    return (post - pre)[keep]
+    with np.errstate(invalid="ignore"):
+        drift = post - pre
+    return drift[(n_pre > 0) & (n_post > 0) & np.isfinite(drift)]
 
 
 @dataclasses.dataclass(frozen=True)
