@@ -93,6 +93,12 @@ def test_wandb_export_resumes_are_found_by_step_going_back_and_by_clock_gaps(tmp
     assert [r.step for r in analysis.load_run(tmp_path / "export.csv", gap_s=8000).resumes] == [25]
     # In-memory rows (wandb's scan_history) read the same way.
     assert [r.step for r in analysis.from_rows("api", rows).resumes] == [20, 25]
+    # Each export's analysis beside it, in a folder of its own (two in one folder wrote over each other).
+    write_csv(tmp_path / "other.csv", rows)
+    for name in ("export", "other"):
+        analysis.analyze(tmp_path / f"{name}.csv", metrics=("loss",), window=2)
+    assert (tmp_path / "export-analysis" / "summary.md").is_file()
+    assert (tmp_path / "other-analysis" / "summary.md").is_file()
 
 
 def test_a_csv_without_a_step_column_is_named(tmp_path: Path) -> None:
@@ -256,7 +262,7 @@ def test_analyze_writes_figures_and_a_jump_table(resumed_run: Path, tmp_path: Pa
     printed = capsys.readouterr().out
     names = sorted(p.name for p in out.iterdir())
     # Of the default metrics this run logged only the loss; it has one IID metric for the grid.
-    assert names == ["iid_grid.png", "overview.png", "summary.md", "window-train_loss.png"]
+    assert names == [".analysis-files", "iid_grid.png", "overview.png", "summary.md", "window-train_loss.png"]
     assert all(is_png(out / n) for n in names if n.endswith(".png"))
     summary = (out / "summary.md").read_text()
     assert summary in printed and "- step 100: resume event (checkpoint 99)" in summary
@@ -276,11 +282,14 @@ def test_analyze_writes_figures_and_a_jump_table(resumed_run: Path, tmp_path: Pa
     assert lag_jumped.z > 4 and abs(lag_quiet.z) < 4
     assert result.max_abs_diff is None and quiet.other_max_abs is None
     # Again into the first's folder, of another metric: the first's figures are not left beside it (a
-    # mix of two analyses, or two runs'); a file of the user's stays.
+    # mix of two analyses, or two runs'); a file of the user's stays, a figure of the same pattern too (it
+    # removed every window-*.png).
     (out / "notes.txt").write_text("mine")
+    (out / "window-mine.png").write_text("mine")
     analysis.analyze(resumed_run, window=20, out=out, metrics=("train/step_time",))
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["iid_grid.png", "notes.txt", "overview.png", "summary.md", "window-train_step_time.png"]
+    assert names == [".analysis-files", "iid_grid.png", "notes.txt", "overview.png", "summary.md",
+                     "window-mine.png", "window-train_step_time.png"]  # fmt: skip
 
 
 def test_analyze_names_an_unknown_metric(resumed_run: Path) -> None:

@@ -116,20 +116,26 @@ def analyze(
         if missing:
             raise SystemExit(f"{run}: no metric(s) {missing}; it logged: {', '.join(sorted(log.metrics))}")
         chosen = list(metrics)
-    where = Path(out) if out is not None else layout.analysis_dir(run if run.is_dir() else run.parent)
+    if out is not None:
+        where = Path(out)
+    elif run.suffix.lower() == ".csv":  # two exports in one folder wrote over each other's analysis
+        where = run.parent / f"{run.stem}-analysis"
+    else:
+        where = layout.analysis_dir(run if run.is_dir() else run.parent)
     why = unwritable(where, folder=True)  # a read-only run (an archive, another user's): a traceback
     if why is not None:
         raise OutputError(why if out is not None else f"{why}; give --out FOLDER")
     out = where
     out.mkdir(parents=True, exist_ok=True)
     # An earlier analysis's files there, this one's names: its summary and figures of other metrics stood
-    # beside this one's (another run's, with another --out given twice). The summary goes last: a folder
-    # with one holds one whole analysis.
-    for earlier in [
-        *(out / n for n in ("summary.md", "overview.png", "iid_grid.png")),
-        *out.glob("window-*.png"),
-    ]:
-        earlier.unlink(missing_ok=True)
+    # beside this one's (another run's, with another --out given twice). Only the files it listed as its
+    # own: every window-*.png removed a user's figure of that name. The summary goes last: a folder with
+    # one holds one whole analysis.
+    listed = out / WRITTEN
+    names = listed.read_text().splitlines() if listed.is_file() else []
+    for name in {"summary.md", "overview.png", "iid_grid.png", *names}:
+        if name and (out / name).parent == out:  # a name, not a path elsewhere
+            (out / name).unlink(missing_ok=True)
 
     found = jumps(log, chosen, window, ref)
     whole = max_abs_diff(log, ref) if ref is not None else None
@@ -144,10 +150,15 @@ def analyze(
     if any(m in log.metrics for m in figures.IID_GRID):
         figures.iid_grid(log).savefig(path := out / "iid_grid.png", dpi=100)
         written.append(path)
+    listed.write_text("".join(f"{p.name}\n" for p in written))
     summary = out / "summary.md"
     summary.write_text(summary_markdown(log, found, window, ref, whole))
     worst = max(whole.values(), default=math.inf) if whole is not None else None
     return Analysis(summary, written, found, worst)
+
+
+WRITTEN = ".analysis-files"
+"""The figures an analysis wrote into its folder, one name a line: the next one there removes those."""
 
 
 class OutputError(OSError):
