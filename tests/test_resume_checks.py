@@ -315,7 +315,9 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
     # options that trained it (it took the new ones, and trace then replayed step 0 with them).
     config_file = run.run_dir / "config.json"
     trained = config_file.read_bytes()
+    resumes = [e for e in read_metrics(run.run_dir) if e.get("event") == "resume"]
     assert pretrain(run) == 0
+    assert [e for e in read_metrics(run.run_dir) if e.get("event") == "resume"] == resumes  # analyze saw one
     assert pretrain(dataclasses.replace(run, optim=dataclasses.replace(run.optim, lr=0.5))) == 65
     assert config_file.read_bytes() == trained
 

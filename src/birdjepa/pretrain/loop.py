@@ -246,7 +246,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         if hurt is not None:
             print(f"WARNING {hurt}", flush=True)
             t.log.event("log_damaged", state.step, why=hurt)
-    if meta is not None:
+    if meta is not None and state.step < cfg.steps:  # a finished run's start resumes nothing: no event
         t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
         if cfg.debug.inject_fault:
             t.log.event("fault_injected", state.step, fault=cfg.debug.inject_fault, no_effect=no_effect)
