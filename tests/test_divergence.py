@@ -44,6 +44,29 @@ def runs(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return runs
 
 
+def test_a_damaged_checkpoint_is_replayed_past_and_the_device_count_is_the_segment_s(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Trace ended at a damaged checkpoint ("its state folder is missing", the path said twice) where the
+    # docs promise "the newest earlier one, replaying"; bisect too.
+    copy = shutil.copytree(runs / "A", tmp_path / "A")
+    shutil.rmtree(copy / "checkpoints" / "1" / "state")
+    t = trace_step(copy, 3)
+    assert (t.manifest["restored_from"], t.manifest["matches_run"]["logged_metrics_equal"]) == (None, True)
+    said = f"WARNING {copy / 'checkpoints' / '1'}: its state folder is missing: replaying"
+    assert said in capsys.readouterr().out
+    # Which device count trained a step: its segment's (its resume event's, else the first checkpoint it
+    # wrote), not the restored checkpoint's, which the segment before wrote (4 devices, then 1: refused).
+    from birdjepa.divergence.replay import devices_at
+
+    four = {"next_step": {"n_devices": 4}}
+    lines = [{"step": 0}, {"event": "resume", "step": 3, "n_devices": 1}, {"step": 3}]
+    assert [devices_at(lines, {2: four}, s) for s in (1, 3, 5)] == [4, 1, 1]
+    older = [{"step": 0}, {"event": "resume", "step": 3}]  # a log written before the event said it
+    assert [devices_at(older, {2: four, 5: {"next_step": {"n_devices": 2}}}, s) for s in (1, 4)] == [4, 2]
+    assert devices_at([], {}, 0) is None
+
+
 def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoint(runs: Path) -> None:
     t = trace_step(runs / "A", 3, repeat=2, keep=("params_out",))
     m = t.manifest

@@ -35,6 +35,7 @@ from birdjepa.divergence.region import event
 from birdjepa.divergence.replay import (
     ReplayError,
     compared_keys,
+    devices_at,
     first_mismatch,
     open_at,
     read_config,
@@ -42,7 +43,7 @@ from birdjepa.divergence.replay import (
 from birdjepa.divergence.trace import trace_step
 from birdjepa.divergence.trace_file import Trace, read, write
 from birdjepa.rundir import checkpoint, layout
-from birdjepa.rundir.metrics_log import metrics_by_step
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 from birdjepa.train.determinism import DEVICE_COUNT_FLAG
 from birdjepa.train.step import step_key
 
@@ -60,17 +61,19 @@ class Search:
     """The newest common checkpoint before those that agrees (None: the runs' start)."""
     last: int
     """The last step both runs ran."""
-    devices: tuple[int | None, int | None]
+    runs: tuple[tuple[list[dict[str, Any]], dict[int, dict[str, Any]]], ...]
+    """Each run's log lines and checkpoint metas: which device count trained a step."""
+
+    def devices(self, step: int) -> tuple[int | None, int | None]:
+        """The device counts that trained ``step`` in each run (the newest checkpoint's were those of the
+        segment that wrote it: a run resumed on 1 device after 4 was traced on 4, and refused)."""
+        (la, ma), (lb, mb) = self.runs
+        return devices_at(la, ma, step), devices_at(lb, mb, step)
 
 
 def _ckpt_info(run_dir: Path) -> dict[int, dict[str, Any]]:
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False, create=False) as ckpt:
         return {s: ckpt.read_meta(s) for s in ckpt.all_steps()}
-
-
-def _devices(ckpts: dict[int, dict[str, Any]]) -> int | None:
-    metas = list(ckpts.values())
-    return metas[-1].get("next_step", {}).get("n_devices") if metas else None
 
 
 def search(a: Path, b: Path) -> Search:
@@ -97,7 +100,8 @@ def search(a: Path, b: Path) -> Search:
     bound = min(x for x in (first_logged, first_ckpt, math.inf) if x is not None)
     start = max((c for c in common if c < bound and ca[c]["hashes"] == cb[c]["hashes"]), default=None)
     last = min(max([*la, *ca], default=-1), max([*lb, *cb], default=-1))
-    return Search(first_logged, metric, first_ckpt, start, last, (_devices(ca), _devices(cb)))
+    lines = tuple(list(read_metrics(r)) if layout.metrics_file(r).exists() else [] for r in (a, b))
+    return Search(first_logged, metric, first_ckpt, start, last, ((lines[0], ca), (lines[1], cb)))
 
 
 def _differs(x: Any, y: Any) -> bool:
@@ -189,13 +193,13 @@ def trace_apart(
 def trace_both(
     a: Path, b: Path, step: int, s: Search, repeat: int, keep: Sequence[str] = ()
 ) -> tuple[Trace, Trace]:
-    here = jax.device_count()
-    if all(d in (None, here) for d in s.devices):
+    here, devices = jax.device_count(), s.devices(step)
+    if all(d in (None, here) for d in devices):
         return trace_step(a, step, repeat=repeat, keep=keep), trace_step(b, step, repeat=repeat, keep=keep)
     with tempfile.TemporaryDirectory() as tmp:
         return tuple(  # type: ignore[return-value]
             trace_apart(r, step, d or here, repeat, Path(tmp) / f"{i}.npz", keep)
-            for i, (r, d) in enumerate(((a, s.devices[0]), (b, s.devices[1])))
+            for i, (r, d) in enumerate(((a, devices[0]), (b, devices[1])))
         )
 
 
@@ -270,8 +274,8 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
     if not first.real:
         floor = f"measured with --repeat {repeat}" if repeat > 1 else "of this hardware"
         where += f" It is at the noise floor ({floor}): not a bug."
-    elif s.devices[0] != s.devices[1] and None not in s.devices:
-        devices = f" The runs trained on {s.devices[0]} and {s.devices[1]} devices"
+    elif (trained := s.devices(step))[0] != trained[1] and None not in trained:
+        devices = f" The runs trained on {trained[0]} and {trained[1]} devices"
         if inputs_agree and first.rel_to_scale <= TOPOLOGY_RTOL:
             where += (
                 f"{devices} and everything going into the step agrees: a topology difference at the noise "
@@ -310,7 +314,8 @@ def bisect(
         else "checkpoint CRC-32s: equal wherever both runs have one"
     )
     here = jax.device_count()
-    if all(d in (None, here) for d in s.devices):
+    known = [x for x in (s.first_logged, s.first_ckpt) if x is not None]
+    if all(d in (None, here) for d in s.devices(min(known, default=s.last))):
         step, noisy = first_differing_step(a, b, s)
         origin = f"checkpoint {s.start}" if s.start is not None else "step 0"
         found = f"first differ at step {step}" if step is not None else "no step differs"

@@ -9,6 +9,7 @@ traced after that point could be trusted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -109,6 +110,27 @@ def _saved_config(run_dir: Path) -> dict[str, Any]:
         raise ReplayError(f"{layout.config_file(run_dir)}: not a readable config ({e})") from None
 
 
+def _options_at(
+    run_dir: Path, ckpt: checkpoint.Checkpointer, lines: list[dict[str, Any]], base: int | None, step: int
+) -> tuple[PretrainConfig, str]:
+    """The options to replay ``base + 1``..``step`` with (``base`` None: from the start), and where they
+    come from."""
+    where = str(layout.checkpoint(run_dir, base) if base is not None else layout.config_file(run_dir))
+    changed = options_changed(run_dir, lines, 0 if base is None else base + 1, step)
+    if changed is not None:  # the options of the steps replayed: config.json holds the newest only
+        return read_config(*changed), where
+    if base is not None:
+        try:
+            return read_config(ckpt.read_meta(base)["config"], where), where
+        except (checkpoint.CheckpointError, KeyError, OSError, ValueError):  # open_segment says it as damage
+            pass
+    if layout.config_file(run_dir).exists():
+        return read_config(_saved_config(run_dir), where), where
+    raise ReplayError(
+        f"{run_dir}: no checkpoint before step {step} and no {layout.CONFIG_FILE} to start from"
+    )
+
+
 def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
     try:
         return resolve(PretrainConfig(), config, where)
@@ -168,29 +190,27 @@ def open_at(
         if step < 0 or last is None or step > last:
             ran = f"it ran steps 0-{last}" if last is not None else "it ran no step"
             raise ReplayError(f"{run_dir}: step {step} was never run ({ran})")
-        base = max((s for s in steps if s < step), default=None)
-        where = str(layout.checkpoint(run_dir, base) if base is not None else layout.config_file(run_dir))
-        changed = options_changed(run_dir, lines, 0 if base is None else base + 1, step)
-        if changed is not None:  # the options of the steps replayed: config.json holds the newest only
-            cfg = read_config(*changed)
-        elif base is not None:
-            cfg = read_config(ckpt.read_meta(base)["config"], where)
-        elif layout.config_file(run_dir).exists():
-            cfg = read_config(_saved_config(run_dir), where)
-        else:
-            raise ReplayError(
-                f"{run_dir}: no checkpoint before step {step} and no {layout.CONFIG_FILE} to start from"
-            )
-        try:
-            seg = open_segment(cfg, ckpt, at=base)
-        except checkpoint.CheckpointError as e:
-            raise ReplayError(f"{where}: {e}") from e
-        except (DataError, FileNotFoundError) as e:
-            raise ReplayError(f"{run_dir}: its train data cannot be read: {e}") from e
-        except ValueError as e:  # --train.virtual-shards that this process's devices do not divide
-            raise ReplayError(f"{where}: {e}") from e
+        # The newest checkpoint before the step that verifies, the steps after it replayed (a damaged one
+        # ended trace and bisect, which the docs promise go back to "the newest earlier one").
+        for base in [*sorted((s for s in steps if s < step), reverse=True), None]:
+            cfg, where = _options_at(run_dir, ckpt, lines, base, step)
+            try:
+                seg = open_segment(cfg, ckpt, at=base)
+                break
+            except checkpoint.IntegrityError as e:
+                print(f"WARNING {e}: replaying from the checkpoint before it", flush=True)
+            except checkpoint.CheckpointError as e:
+                raise ReplayError(str(e)) from e
+            except (DataError, FileNotFoundError) as e:
+                raise ReplayError(f"{run_dir}: its train data cannot be read: {e}") from e
+            except ValueError as e:  # --train.virtual-shards that this process's devices do not divide
+                raise ReplayError(f"{where}: {e}") from e
+        metas = {}
+        for s in steps:  # what each segment trained on: the device check's
+            with contextlib.suppress(Exception):
+                metas[s] = ckpt.read_meta(s)
     (train_files, _), model_cfg, fns, state, meta = seg.files, seg.model_cfg, seg.fns, seg.state, seg.meta
-    check_devices(run_dir, meta)
+    check_devices(run_dir, devices_at(lines, metas, step), cfg.train.virtual_shards)
     loader, error = open_loader(cfg, train_files, state.loader_state, resumed=base is not None)
     if error is not None:
         loader.close()
@@ -232,12 +252,23 @@ def replay_to(
             on_step(s, metrics)
 
 
-def check_devices(run_dir: Path, meta: dict[str, Any] | None) -> None:
-    """A step re-executes exactly only on as many devices as it ran on; with ``--train.virtual-shards``
-    on any device count that divides it (checked where the step is built)."""
-    want = (meta or {}).get("next_step", {}).get("n_devices")
+def devices_at(lines: list[dict[str, Any]], metas: dict[int, dict[str, Any]], step: int) -> int | None:
+    """The device count of the segment that trained ``step`` (None: unknown): its resume event's (the
+    last one logged at or before ``step``), else that of the first checkpoint it wrote (a checkpoint's
+    ``next_step`` holds its writer's). The restored checkpoint's was the segment's before: a run resumed
+    on 1 device after 4 was refused for 4, and its steps could be traced on no count."""
+    starts = [e for e in lines if e.get("event") == "resume" and e.get("step", math.inf) <= step]
+    if starts and starts[-1].get("n_devices") is not None:
+        return starts[-1]["n_devices"]
+    begun = starts[-1]["step"] if starts else 0
+    written = sorted(s for s in metas if s >= begun)
+    return metas[written[0]].get("next_step", {}).get("n_devices") if written else None
+
+
+def check_devices(run_dir: Path, want: int | None, virtual: int | None) -> None:
+    """A step re-executes exactly only on as many devices as it ran on (``want``); with
+    ``--train.virtual-shards`` on any device count that divides it (checked where the step is built)."""
     have = jax.device_count()
-    virtual = (meta or {}).get("config", {}).get("train", {}).get("virtual_shards")
     if want is not None and want != have and not virtual:
         raise ReplayError(
             f"{run_dir}: it trained on {want} devices and this process has {have}; re-run with "

@@ -247,7 +247,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
             print(f"WARNING {hurt}", flush=True)
             t.log.event("log_damaged", state.step, why=hurt)
     if meta is not None and state.step < cfg.steps:  # a finished run's start resumes nothing: no event
-        t.log.event("resume", state.step, checkpoint=state.step - 1, **ckpt.last_restore)
+        # n_devices: what trained the steps from here (trace and bisect re-execute them on as many).
+        resumed = {"checkpoint": state.step - 1, "n_devices": t.n_devices, **ckpt.last_restore}
+        t.log.event("resume", state.step, **resumed)
         if cfg.debug.inject_fault:
             t.log.event("fault_injected", state.step, fault=cfg.debug.inject_fault, no_effect=no_effect)
         print(f"resumed from checkpoint {state.step - 1}: continuing at step {state.step} "
