@@ -67,6 +67,22 @@ def test_a_damaged_checkpoint_is_replayed_past_and_the_device_count_is_the_segme
     assert devices_at([], {}, 0) is None
 
 
+def test_a_verdict_says_a_step_that_does_not_re_execute_as_it_trained(runs: Path) -> None:
+    # Two runs' logs differed at step 3 (one segment resumed under another optimisation level) and their
+    # re-executions here did not: "No tensor differs at step 3. The configs agree." under that header.
+    from birdjepa.divergence.bisect import search, verdict
+    from birdjepa.divergence.trace_file import Trace
+
+    t = trace_step(runs / "A", 1)
+    moved = Trace({**t.manifest, "matches_run": {"logged_metrics_equal": False}}, t.entries)
+    said = verdict(1, diff_traces(t, t), search(runs / "A", runs / "A"), 1, t, moved)
+    assert said.startswith("No tensor differs at step 1 as the runs re-execute here, but B's step 1 does not "
+                           "re-execute as it trained (its logged metrics differ)"), said  # fmt: skip
+    assert verdict(1, diff_traces(t, t), search(runs / "A", runs / "A"), 1, t, t).startswith(
+        "No tensor differs at step 1. The configs agree."
+    )
+
+
 def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoint(runs: Path) -> None:
     t = trace_step(runs / "A", 3, repeat=2, keep=("params_out",))
     m = t.manifest

@@ -257,6 +257,16 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
                 f"differ between executions of it on the same inputs (measured with --repeat {repeat}). The "
                 f"runs' difference is at the noise floor: not a bug.{changed}"
             )
+        # The logs differ and the re-executions do not: a run's step is not what it trained (it said "the
+        # configs agree" under a header of differing metrics).
+        apart = [name for name, t in (("A", ta), ("B", tb))
+                 if t.manifest.get("matches_run", {}).get("logged_metrics_equal") is False]  # fmt: skip
+        if apart:
+            runs = " and ".join(apart)
+            return (f"No tensor differs at step {step} as the runs re-execute here, but {runs}'s "
+                    f"step {step} does not re-execute as it trained (its logged metrics differ): it trained "
+                    "under other conditions than these (XLA flags, machine or code: its checkpoint's machine "
+                    f"record, and the resume's WARNING, say which).{changed}")  # fmt: skip
         return f"No tensor differs at step {step}.{changed}"
     order = [st.stage for st in d.stages]
     before = [st.stage for st in d.stages[: order.index(first.stage)] if st.identical and st.compared]
