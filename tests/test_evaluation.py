@@ -478,6 +478,10 @@ def test_export_load_and_embed_give_evaluates_embeddings(
     audio_table = pq.read_table(tmp_path / "audio.parquet")
     assert audio_table.column("label").null_count == audio_table.column("label_name").null_count == 3
     assert audio_table.column("recording_id").null_count == 3  # a file's id is its path, in `source`
+    # One audio file, named: it was read as a shard ("not an Arrow IPC shard").
+    one = next(p for p in sorted((tmp_path / "audio").glob("*.wav")) if not p.name.startswith("."))
+    assert embed(str(one), encoder, tmp_path / "one.parquet") >= 1
+    assert set(pq.read_table(tmp_path / "one.parquet").column("source").to_pylist()) == {str(one)}
 
 
 def test_the_windows_of_an_audio_file_name_it_by_path_not_each_a_copy(tmp_path: Path) -> None:

@@ -166,6 +166,8 @@ def sources(source: str) -> tuple[list[Path], list[str]]:
     not exist (as `evaluate` says it), so a typo fails before the encoder is loaded."""
     # the files `prepare` would pack, so a folder embeds the recordings a run on it trained on
     audio = [Path(source) / f for f in find_audio_files(Path(source))] if Path(source).is_dir() else []
+    if Path(source).is_file() and source.lower().endswith(AUDIO_EXTENSIONS):  # read as a shard: "not Arrow"
+        audio = [Path(source)]
     if audio:
         return audio, []
     if Path(source).is_dir() and not any(Path(source).glob("*.arrow")):  # "no shard files match": half of it
@@ -196,8 +198,8 @@ def embed_cli(
     recording id, label and its name for a shard row, window start and end in seconds, embedding).
 
     Args:
-        source: A folder of audio files (every clip-long window of each), or shards (a glob, a folder or
-            a file of .arrow: one row per shard row, its centre crop or its start/end window).
+        source: An audio file or a folder of them (every clip-long window of each), or shards (a glob, a
+            folder or a file of .arrow: one row per shard row, its centre crop or its start/end window).
         encoder: An export folder (birdjepa export) or a run directory.
         out: The Parquet file to write.
         step: With a run directory: the checkpoint step (default: the newest).
