@@ -527,6 +527,14 @@ def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.C
     assert err.count("\n") == 1
 
 
+def test_a_glob_of_audio_files_says_to_give_their_folder(tmp_path: Path) -> None:
+    from birdjepa.data.prepare import prepare
+
+    src = make_src(tmp_path / "src")  # it said "matches no file" of a glob that matched five
+    with pytest.raises(PrepareError, match=r"src/\*/\*\.wav matches 1 files, not Parquet ones: audio files"):
+        prepare(src / "*" / "*.wav", tmp_path / "out")
+
+
 def test_prepare_into_its_own_source_folder_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

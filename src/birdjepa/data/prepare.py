@@ -267,7 +267,11 @@ def prepare(
     ``vocab_file``: index the labels by that `vocab.json`'s names (another split's) instead of their own."""
     src, out = Path(src), Path(out)
     if not src.is_dir():
-        what = "matches no file" if glob.has_magic(str(src)) else "does not exist or is not a folder"
+        magic = glob.has_magic(str(src))
+        matched = glob.glob(str(src)) if magic else []
+        audio = (f"matches {len(matched)} files, not Parquet ones: audio files are read from their folder "
+                 "(labels from its sub-folders), not a glob")  # fmt: skip
+        what = "does not exist or is not a folder" if not magic else audio if matched else "matches no file"
         raise PrepareError(f"source {src} {what} (a folder of audio files, or Parquet files)")
     if not shard_mb > 0:  # NaN too
         raise PrepareError(f"--shard-mb {shard_mb}: must be > 0")
