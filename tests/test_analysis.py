@@ -105,6 +105,21 @@ def test_a_csv_without_a_step_column_is_named(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "bad.csv", [{"epoch": 1, "loss": 2.0}])
     with pytest.raises(ValueError, match=r"bad.csv row 1: no step column"):
         analysis.load_run(path)
+    # An empty step cell said "no step column" of a file that has one.
+    path = write_csv(tmp_path / "gap.csv", [{"_step": 0, "loss": 2.0}, {"_step": "", "loss": 1.0}])
+    with pytest.raises(ValueError, match=r"gap.csv row 2: its '_step' cell is empty"):
+        analysis.load_run(path)
+
+
+def test_a_spreadsheet_s_csv_reads_its_byte_order_mark_and_iso_times(tmp_path: Path) -> None:
+    # Its BOM made the step column '\ufeff_step' ("no step column"); ISO times were ignored (no resume
+    # found at a 2-hour gap).
+    rows = [{"_step": s, "_timestamp": f"2026-01-01T00:{s:02d}:00", "loss": s} for s in range(5)]
+    rows += [{"_step": s, "_timestamp": f"2026-01-01T02:{s:02d}:00", "loss": s} for s in range(5, 8)]
+    path = write_csv(tmp_path / "sheet.csv", rows)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    log = analysis.load_run(path)
+    assert [(r.step, r.reason) for r in log.resumes] == [(5, "time gap 7260 s")]
 
 
 @pytest.mark.parametrize(

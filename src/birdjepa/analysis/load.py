@@ -5,8 +5,8 @@ Sources:
 * our run directory (or its ``metrics.jsonl``): every segment appends to one file and each resume writes
   an explicit ``resume`` event, so the boundaries are exact;
 * a CSV, e.g. a wandb export, with a step column (``step`` or ``_step``) and optionally a timestamp
-  column (``_timestamp``, ``timestamp`` or ``time``, seconds): logs of other tools carry no resume
-  events, so a resume is inferred where the step goes back or where consecutive rows are more than
+  column (``_timestamp``, ``timestamp`` or ``time``: seconds, or ISO 8601): logs of other tools carry no
+  resume events, so a resume is inferred where the step goes back or where consecutive rows are more than
   ``gap_s`` seconds apart (600 s by default: a requeued job waits minutes, a healthy step never does).
 
 A segment that restarts at an earlier step than the previous one reached (the previous one trained past
@@ -15,8 +15,10 @@ its last checkpoint before it was killed) replaces those steps: the timeline is 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import datetime
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -93,6 +95,16 @@ def _number(value: Any) -> float | None:
         except ValueError:
             return None
     return None
+
+
+def _seconds(value: Any) -> float | None:
+    """A time cell as seconds: a number, or an ISO 8601 date and time (ignored before: a 2-hour gap
+    between two such rows found no resume)."""
+    seconds = _number(value)
+    if seconds is None and isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            seconds = datetime.datetime.fromisoformat(value.strip()).timestamp()
+    return seconds
 
 
 def _row(step: int, time: float, items: Iterable[tuple[str, Any]]) -> _Row:
@@ -172,6 +184,8 @@ def _first_column(row: Mapping[str, Any], names: Iterable[str], where: str, *, r
         if row.get(n) not in (None, ""):
             return n
     if required:
+        if any(n in row for n in names):  # the column is there: "no step column" sent one looking for it
+            raise LogError(f"{where}: its {next(n for n in names if n in row)!r} cell is empty")
         raise LogError(f"{where}: no step column (one of {', '.join(names)}) in {sorted(row)[:12]}")
     return None
 
@@ -187,7 +201,7 @@ def _foreign(name: str, records: Iterable[Mapping[str, Any]], where: str, gap_s:
         step = _number(rec[step_col])
         if step is None or not float(step).is_integer():
             raise LogError(f"{where} row {i + 1}: step {rec[step_col]!r} is not an integer")
-        t = _number(rec[time_col]) if time_col else None
+        t = _seconds(rec[time_col]) if time_col else None
         rows.append(_row(int(step), math.nan if t is None else t, rec.items()))
         numeric.update(rows[-1].values)
         for k, v in rec.items():
@@ -212,7 +226,7 @@ def load_run(path: str | Path, *, gap_s: float = DEFAULT_GAP_S, name: str | None
     if not path.exists():
         raise FileNotFoundError(f"{path}: no metrics log")
     if path.suffix == ".csv":
-        with path.open(newline="") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM: "no step column"
             log = _foreign(name, csv.DictReader(f), str(path), gap_s)
     else:
         log = _ours(path, name)
