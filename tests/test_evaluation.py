@@ -478,6 +478,10 @@ def test_export_load_and_embed_give_evaluates_embeddings(
     audio_table = pq.read_table(tmp_path / "audio.parquet")
     assert audio_table.column("label").null_count == audio_table.column("label_name").null_count == 3
     assert audio_table.column("recording_id").null_count == 3  # a file's id is its path, in `source`
+    # A folder of audio files beside a shard: the audio is embedded (the shard was left out unsaid).
+    shutil.copy(next((demo_dir / "eval").glob("*.arrow")), tmp_path / "audio" / "x.arrow")
+    assert embed(str(tmp_path / "audio"), encoder, tmp_path / "audio.parquet") == 3
+    assert "holds 1 shard(s) too (x.arrow): its 1 audio file(s) are embedded" in capsys.readouterr().out
     # One audio file, named: it was read as a shard ("not an Arrow IPC shard").
     one = next(p for p in sorted((tmp_path / "audio").glob("*.wav")) if not p.name.startswith("."))
     assert embed(str(one), encoder, tmp_path / "one.parquet") >= 1

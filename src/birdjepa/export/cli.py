@@ -169,6 +169,9 @@ def sources(source: str) -> tuple[list[Path], list[str]]:
     if Path(source).is_file() and source.lower().endswith(AUDIO_EXTENSIONS):  # read as a shard: "not Arrow"
         audio = [Path(source)]
     if audio:
+        if shards := sorted(Path(source).glob("*.arrow")) if Path(source).is_dir() else []:
+            print(f"WARNING {source} holds {len(shards)} shard(s) too ({shards[0].name}): its {len(audio)} "
+                  "audio file(s) are embedded; name the shards to embed those", flush=True)  # fmt: skip
         return audio, []
     if Path(source).is_dir() and not any(Path(source).glob("*.arrow")):  # "no shard files match": half of it
         kinds = ", ".join(AUDIO_EXTENSIONS)
