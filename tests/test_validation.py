@@ -4,6 +4,7 @@ option, its value and what is allowed, never a traceback; sweep files get the sa
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -113,7 +114,9 @@ def data_flags(demo_dir: Path) -> list[str]:
 def test_invalid_option_exits_2_with_one_line(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str
 ) -> None:
+    handler = signal.getsignal(signal.SIGTERM)
     code, err = pretrain_exit(capsys, *data_flags(demo_dir), "--log.runs-dir", str(tmp_path), *flags)
+    assert signal.getsignal(signal.SIGTERM) is handler  # a refused start leaves the caller's handlers
     assert code == 2
     (line,) = err.strip().splitlines()
     assert line.startswith("error: ") and message in line, line

@@ -114,6 +114,15 @@ def pretrain(cfg: PretrainConfig) -> int:
     # (exit -15, its lease left): recorded from here, it stops the run after its first step, saved. A
     # Ctrl-C stays immediate until the loop: nothing is trained yet.
     stop = StopRequest((signal.SIGTERM, signal.SIGUSR1))
+    try:
+        return _held(cfg, stop)
+    finally:  # however it ends (a refused option, a held lease): the caller's handlers back
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
+    """`pretrain` under its signal handlers: the checks, the run's lease, the segment."""
     validation.check(cfg)  # before anything touches the run directory
     if (nested := layout.nesting(cfg.log.runs_dir, cfg.run_dir)) is not None:
         raise OptionError("run", cfg.run, nested)
@@ -159,8 +168,6 @@ def pretrain(cfg: PretrainConfig) -> int:
               f"resume; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
         return exit_codes.IOERR
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if lease is not None:
             lease.release()
 
