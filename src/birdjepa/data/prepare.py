@@ -214,11 +214,11 @@ def check_audio(data: bytes, check: Check) -> str | None:
     return None
 
 
-def _load(args: tuple[Path, str, Check]) -> tuple[bytes, str | None]:
-    src, rel, check = args
+def _load(args: tuple[Path, str, Check, int]) -> tuple[bytes, str | None]:
+    src, rel, check, size = args
+    if size > MAX_ROW_BYTES:  # a ValueError's traceback from the writer
+        return b"", f"{size} bytes, over the {MAX_ROW_BYTES} a shard row holds"
     try:
-        if (size := (src / rel).stat().st_size) > MAX_ROW_BYTES:  # a ValueError's traceback from the writer
-            return b"", f"{size} bytes, over the {MAX_ROW_BYTES} a shard row holds"
         data = (src / rel).read_bytes()
     except OSError as e:
         return b"", f"cannot read: {e.strerror or e}"
@@ -234,10 +234,10 @@ def _loaded(
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         i = 0
         while i < len(files):
-            j = i + 1
-            while j < len(files) and j - i < READ_CHUNK and sum(sizes[i : j + 1]) <= READ_BYTES:
-                j += 1
-            yield from pool.map(_load, [(src, rel, check) for rel in files[i:j]])
+            j, held = i + 1, sizes[i]
+            while j < len(files) and j - i < READ_CHUNK and held + sizes[j] <= READ_BYTES:
+                held, j = held + sizes[j], j + 1
+            yield from pool.map(_load, [(src, files[k], check, sizes[k]) for k in range(i, j)])
             i = j
 
 

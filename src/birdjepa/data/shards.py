@@ -497,6 +497,13 @@ def read_shard(path: Path) -> pa.Table:
         raise _rs.DataError(f"{path}: not an Arrow IPC shard ({why})") from None
 
 
+def shard_recording_ids(shard: Path) -> list[str | None] | None:
+    """A shard's ``recording_id`` column (what `birdjepa prepare` writes), or None where it has none (a
+    hub's cache file: its own columns name the recording)."""
+    table = read_shard(shard)
+    return table.column(RECORDING_ID).to_pylist() if RECORDING_ID in table.schema.names else None
+
+
 def remove_shards(folder: Path) -> list[Path]:
     """Deletes the `*.arrow` shards, leftover `.partial` files and `vocab.json` of a folder (for
     `--overwrite`); touches nothing else. Returns what was removed."""

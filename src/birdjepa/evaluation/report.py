@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from birdjepa.data import DataError
-from birdjepa.data.shards import RECORDING_ID, read_shard
+from birdjepa.data.shards import shard_recording_ids
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import RAW, Split
 from birdjepa.rundir import layout
@@ -142,12 +142,12 @@ def shared_recordings(train: Sequence[str], held_out: Sequence[str]) -> set[str]
         found: set[str] = set()
         for f in files:
             try:
-                table = read_shard(Path(f))
+                column = shard_recording_ids(Path(f))
             except (OSError, DataError):  # a path that is no shard: the loader says so
                 return set()
-            if RECORDING_ID not in table.schema.names:
+            if column is None:
                 return set()
-            found.update(x for x in table.column(RECORDING_ID).to_pylist() if x)
+            found.update(x for x in column if x)
         ids.append(found)
     return ids[0] & ids[1]
 

@@ -16,7 +16,7 @@ import tyro
 
 from birdjepa.data import DEFAULTS, DataError, resolve_files
 from birdjepa.data.prepare import AUDIO_EXTENSIONS, PrepareError, find_audio_files
-from birdjepa.data.shards import read_shard, split_labels
+from birdjepa.data.shards import shard_recording_ids, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
     CARD,
@@ -126,7 +126,7 @@ def embed_sources(audio: list[Path], files: list[str], encoder: Encoder, out: Pa
                                   "start_s": [], "end_s": [], "embedding": []}  # fmt: skip
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
         names, _ = split_labels(files)  # what the loader's labels index, whichever folder a shard is in
-        ids = [recording_ids(Path(f)) for f in files]
+        ids = [shard_recording_ids(Path(f)) for f in files]
         for batch in encoder.embed_files(files, n_workers=n_workers):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]
@@ -181,13 +181,6 @@ def sources(source: str) -> tuple[list[Path], list[str]]:
     if missing:
         raise DataError(f"{missing[0]}: no such shard file")
     return [], files
-
-
-def recording_ids(shard: Path) -> list[str | None] | None:
-    """A shard's ``recording_id`` column (what `birdjepa prepare` writes), or None where it has none (a
-    hub's cache file: its own columns name the recording)."""
-    table = read_shard(shard)
-    return table.column("recording_id").to_pylist() if "recording_id" in table.schema.names else None
 
 
 def embed_cli(
