@@ -128,6 +128,37 @@ def test_check_resume_is_exact_and_names_each_difference() -> None:
     assert res["loader_state"].line().endswith('got="refused: other data"')
 
 
+def test_a_loss_term_or_a_gradient_changed_under_the_totals_rounding_fails_the_gradient_check() -> None:
+    # The case one float32 total hid: a term one ulp off with the same total (0.30026564 vs 0.30026561).
+    terms = {"loss": 2.5, "sigreg": 0.30026564, "probe_ce": 0.5}
+    grads = {"encoder/patch_embed/kernel": "00ab", "probe/kernel": "00cd"}
+    rec = NextStep(5, "b", [1], 2, 0.5, 1, 2.8362224, 1, terms, grads)
+    res = _check(_meta(rec), rec)
+    assert res["next_gradient"].ok and res["next_gradient"].expected == "3_terms,2_gradients"
+    nudged = dataclasses.replace(rec, terms={**terms, "sigreg": 0.30026561})
+    res = _check(_meta(rec), nudged)
+    assert [n for n, r in res.items() if not r.ok] == ["next_gradient"]
+    assert res["next_gradient"].line().endswith("expected=sigreg=0.30026564 got=sigreg=0.30026561")
+    # A backward pass changed (the forward, so every term, the same): the first parameter it moved.
+    backward = dataclasses.replace(rec, gradients={**grads, "probe/kernel": "00ce"})
+    assert (
+        _check(_meta(rec), backward)["next_gradient"]
+        .line()
+        .endswith("expected=gradient[probe/kernel]=00cd got=gradient[probe/kernel]=00ce")
+    )
+    both = dataclasses.replace(backward, terms={**terms, "probe_ce": 0.25})
+    assert _check(_meta(rec), both)["next_gradient"].got == "probe_ce=0.25(+1_more)"
+    # Where the loss has its tolerance the bits move: not compared, and the line says so.
+    res = _check(_meta(rec), dataclasses.replace(nudged, n_devices=4))
+    assert res["next_gradient"].ok and res["next_gradient"].expected == "not_compared(devices:1->4)"
+    # A checkpoint written before the record: nothing to compare, said.
+    old = dataclasses.replace(rec, terms=None, gradients=None)
+    meta = _meta(old)
+    meta["next_step"] = {k: v for k, v in meta["next_step"].items() if k not in ("terms", "gradients")}
+    res = _check(meta, nudged)
+    assert res["next_gradient"].ok and res["next_gradient"].expected == "unrecorded"
+
+
 def test_check_resume_loss_tolerance_only_across_device_counts() -> None:
     rec = NextStep(step=5, batch="b", key=[1], update=2, lr=0.5, accumulation=1, loss=1.0, n_devices=4)
     close = dataclasses.replace(rec, loss=1.0 + 1e-7, n_devices=1)

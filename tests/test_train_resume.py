@@ -25,6 +25,7 @@ from birdjepa.config import OptimConfig, PretrainConfig
 from birdjepa.divergence import trace_file
 from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain import loop as train_loop
+from birdjepa.resume.checks import CHECKS
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.checkpoint import Checkpointer
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
@@ -173,7 +174,7 @@ def test_a_run_resumed_mid_update_in_a_new_process_with_another_worker_count_equ
     assert sorted(logged) == list(range(12))
     assert logged[4]["train/accum_progress"] == 1.0 and logged[5]["train/accum_progress"] == 0.0
     assert [e["restart"] for e in events(resumed, "resume")] == [1]
-    assert done.stdout.count("RESUME_CHECK") == 11 and "ok=False" not in done.stdout
+    assert done.stdout.count("RESUME_CHECK") == len(CHECKS) and "ok=False" not in done.stdout
     assert not events(resumed, "resume_check_failed")
     assert json.loads((resumed / "config.json").read_text())["data"]["n_workers"] == 1
 
@@ -203,7 +204,7 @@ def test_verify_resume_three_resumes_signal_accumulation_and_workers(demo_dir: P
     console = (resumed / "console.log").read_text()
     assert console.count("CKPT_RESTORE") == 3 and "ratio=1.0" in console
     # Every resume check passed at every resume, and the diagnostics were part of the comparison.
-    assert console.count("RESUME_CHECK") == 3 * 11 and "ok=False" not in console
+    assert console.count("RESUME_CHECK") == 3 * len(CHECKS) and "ok=False" not in console
     assert not events(resumed, "resume_check_failed")
     for s in (9, 15, 23):  # first steps after the resumes (the signal stop lands on 14 or later)
         if s in logged:
@@ -264,6 +265,40 @@ def test_the_legacy_resume_bug_is_caught_by_the_checks_and_by_compare(
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 | train/loss |")]
     assert row.split("|")[-2].strip() == f"{loss.max_abs:.4g}"
     assert (resumed / "analysis" / "window-train_loss.png").stat().st_size > 5000
+
+
+def test_a_resume_by_code_whose_backward_pass_alone_changed_names_the_parameter(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe's logits pass through an identity whose gradient is scaled by 1 + 2^-10: the forward,
+    # so the loss and every term, is the same to the bit; only the gradients of the probe's head move.
+    import jax
+
+    from birdjepa.objectives import health
+    from birdjepa.train import compiled
+
+    @jax.custom_vjp
+    def identity(x: jax.Array) -> jax.Array:
+        return x
+
+    identity.defvjp(lambda x: (x, None), lambda _, g: (g * (1 + 2.0**-10),))
+    terms = health.terms
+    flags = (*NO_EVAL, "--no-eval-linear")
+    assert pretrain_here(demo_dir, tmp_path, "run", *flags, "--stop-at-step", "1") == 0
+    monkeypatch.setattr(
+        health, "terms", lambda out, b: terms({**out, "probe_logits": identity(out["probe_logits"])}, b)
+    )
+    compiled._build.cache_clear()  # this process's functions were built by the code before
+    capsys.readouterr()
+    try:
+        assert pretrain_here(demo_dir, tmp_path, "run", *flags) == exit_codes.RESUME_CHECK
+    finally:
+        compiled._build.cache_clear()
+    lines = {
+        ln.split()[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("RESUME_CHECK")
+    }
+    assert "ok=True" in lines["name=next_loss"]
+    assert "ok=False expected=gradient[probe/" in lines["name=next_gradient"], lines["name=next_gradient"]
 
 
 @pytest.mark.slow  # a second run; the suite's exact-resume test is the three-resume one above

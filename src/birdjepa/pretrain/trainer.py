@@ -44,6 +44,7 @@ from birdjepa.train import revisions
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import machine_kind
+from birdjepa.train.digest import hex_digest
 from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
 from birdjepa.train.segment import total_updates
 from birdjepa.train.state import TrainState
@@ -157,9 +158,12 @@ class Trainer:
         key, _ = step_key(self.cfg, state.chain, state.step)
         update = int(multihost.host(update_count(state.opt_state)))
         accumulated = int(multihost.host(accumulation_progress(state.opt_state)))
-        loss = float(multihost.host(self.fns.loss_only(state.params, self.fns.on_device(batch), key)))
+        loss, terms, grads = multihost.host(self.fns.next_step(state.params, self.fns.on_device(batch), key))
+        terms = {k: float(v) for k, v in terms.items()}
+        grads = {k: hex_digest(v) for k, v in grads.items()}
+        lr = float(self.schedule(update))
         return resume_check.NextStep.of(
-            state.step, batch, key, update, float(self.schedule(update)), accumulated, loss, self.n_devices
+            state.step, batch, key, update, lr, accumulated, float(loss), self.n_devices, terms, grads
         )
 
     def check_finished(self, state: TrainState, meta: dict[str, Any]) -> int:

@@ -45,6 +45,7 @@ CHECKS = (
     "param_norms",
     "opt_state_norms",
     "next_loss",
+    "next_gradient",
 )
 
 #: The ``config`` check's expected value when breaking changes were given with --allow-config-change.
@@ -114,6 +115,11 @@ class NextStep:
     loss: float
     """Its batch's loss under the parameters before it, with its key."""
     n_devices: int
+    terms: dict[str, float] | None = None
+    """The scalar terms of its loss (`birdjepa.train.step.scalar_terms`); None in a checkpoint written
+    before they were recorded."""
+    gradients: dict[str, str] | None = None
+    """Each parameter's path -> the hex digest of its gradient, in flatten order; None as ``terms``."""
 
     @classmethod
     def of(
@@ -126,16 +132,20 @@ class NextStep:
         accumulation: int,
         loss: float,
         n_devices: int,
+        terms: dict[str, float] | None = None,
+        gradients: dict[str, str] | None = None,
     ) -> NextStep:
         key_data = np.asarray(jax.random.key_data(key)).ravel().tolist()
-        return cls(step, batch_fingerprint(batch), key_data, update, lr, accumulation, loss, n_devices)
+        fingerprint = batch_fingerprint(batch)
+        return cls(step, fingerprint, key_data, update, lr, accumulation, loss, n_devices, terms, gradients)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NextStep:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: d[f.name] if f.default is dataclasses.MISSING else d.get(f.name, f.default)
+                      for f in dataclasses.fields(cls)})  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,8 +290,35 @@ def check_resume(
         loss_ok = abs(now.loss - rec.loss) <= LOSS_RTOL_ELSEWHERE * abs(rec.loss)
         expected = f"{_text(rec.loss)}(rtol={LOSS_RTOL_ELSEWHERE:g},{','.join(elsewhere)})"
     out.append(CheckResult("next_loss", loss_ok, expected, _text(now.loss)))
+    out.append(_gradient_check(rec, now, elsewhere))
     assert [c.name for c in out] == list(CHECKS)
     return out
+
+
+def _gradient_check(rec: NextStep, now: NextStep, elsewhere: Sequence[str]) -> CheckResult:
+    """The next step's loss terms and each parameter's gradient digest, exact where the loss is; not
+    compared where the loss has its tolerance (the bits move there) or the checkpoint has no record."""
+    name, counted = "next_gradient", f"{len(now.terms or {})}_terms,{len(now.gradients or {})}_gradients"
+    if rec.terms is None or rec.gradients is None:
+        return CheckResult(name, True, "unrecorded", counted)
+    if elsewhere:
+        return CheckResult(name, True, f"not_compared({','.join(elsewhere)})", counted)
+    now_terms, now_grads = now.terms or {}, now.gradients or {}
+    bad = [(k, _text(v), _text(now_terms.get(k, "absent"))) for k, v in rec.terms.items()
+           if not _same(v, now_terms.get(k))]  # fmt: skip
+    bad += [(f"gradient[{k}]", v, now_grads.get(k, "absent")) for k, v in rec.gradients.items()
+            if v != now_grads.get(k)]  # fmt: skip
+    extra = [k for k in now_terms if k not in rec.terms] + [k for k in now_grads if k not in rec.gradients]
+    bad += [(k, "absent", "present") for k in extra]
+    if not bad:
+        return CheckResult(name, True, f"{len(rec.terms)}_terms,{len(rec.gradients)}_gradients", "same")
+    k, want, got = bad[0]
+    more = f"(+{len(bad) - 1}_more)" if len(bad) > 1 else ""
+    return CheckResult(name, False, f"{k}={want}", f"{k}={got}{more}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def machine_changes(saved: Mapping[str, str] | None, now: Mapping[str, str]) -> dict[str, tuple[str, str]]:

@@ -24,7 +24,7 @@ from birdjepa.train import compile_cache, virtual_shards
 from birdjepa.train.optim import make_optimizer
 from birdjepa.train.recording import RecordableStep, recordable
 from birdjepa.train.state import TrainState
-from birdjepa.train.step import StepConfig, make_loss_fn
+from birdjepa.train.step import StepConfig, make_loss_fn, make_next_step
 
 #: The batch arrays a step reads, sharded over the devices along the batch axis.
 BATCH_KEYS = ("spectrogram", "label")
@@ -42,8 +42,9 @@ class Compiled:
     """``(params, opt_state, batch, key, check) -> (params, opt_state, metrics, stats, guard)``; the
     default step (`birdjepa.train.recording.RecordableStep`, which can also record itself) donates the
     first two, the virtual-shard step (`birdjepa.train.virtual_shards.VirtualShardStep`) leaves them."""
-    loss_only: Callable
-    """``(params, batch, key) -> loss``: what the resume checks re-derive for the next step."""
+    next_step: Callable
+    """``(params, batch, key) -> (loss, terms, gradients)`` (`birdjepa.train.step.make_next_step`): what
+    the resume checks record of the next step at save and derive again after a restore."""
     encode: Callable
     """``(params, spectrogram) -> embedding`` of the encoder alone (evaluation)."""
 
@@ -93,11 +94,10 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     tx = make_optimizer(optim, total_updates, spec.seams)
     if spec.virtual_shards:  # its own executables, one device each (see there)
         step = virtual_shards.VirtualShardStep(spec, tx, devices)
-        return Compiled(spec, tx, replicated, sharded, step, step.loss, step.encode)
+        return Compiled(spec, tx, replicated, sharded, step, step.next_step, step.encode)
     # The step that can record itself (`birdjepa trace` runs this executable); the loop records nothing.
     step, names = recordable(spec, tx, optim)
     train_step = RecordableStep(jit_step(step, replicated, sharded, extra=1), names)
-    loss_fn = make_loss_fn(spec)
-    loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
+    next_step = jax.jit(make_next_step(make_loss_fn(spec)), in_shardings=(replicated, batch, None))
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
-    return Compiled(spec, tx, replicated, sharded, train_step, loss_only, encode)
+    return Compiled(spec, tx, replicated, sharded, train_step, next_step, encode)

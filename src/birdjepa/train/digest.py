@@ -61,6 +61,13 @@ def digest(x: jax.Array) -> jax.Array:
     return jnp.stack(one_pass([_wrapping_sum(h) for h in _lanes(x)]))
 
 
+def tree_digests(tree: Any) -> dict[str, jax.Array]:
+    """`digest` of each leaf of ``tree``, keyed by its path (``encoder/block_0/attn/qkv/kernel``), in
+    flatten order: what the resume checks compare of the next step's gradients."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(p, simple=True, separator="/"): digest(x) for p, x in leaves}
+
+
 @functools.partial(jax.jit, static_argnames="whole", inline=True)
 def summary(x: jax.Array, *, whole: bool = False) -> dict[str, jax.Array]:
     """What a trace records of ``x``: its digest, `STATS` over its values (zeros for an empty tensor),

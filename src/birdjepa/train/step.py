@@ -24,6 +24,7 @@ from birdjepa.objectives.base import Objective, build
 from birdjepa.objectives.options import ObjectiveConfig
 from birdjepa.seams import NONE, Seams, planted
 from birdjepa.train.augment import augment_views
+from birdjepa.train.digest import tree_digests
 from birdjepa.train.model_calls import ModelCalls
 from birdjepa.train.optim import accumulation_progress, applied_lr, clip_apart, group_norms, update_count
 
@@ -155,6 +156,24 @@ def make_loss_fn(spec: StepConfig, *, record: bool = False, terms: Terms = whole
         return loss, {**aux, "record": numbered(rec)} if rec is not None else aux
 
     return loss_fn
+
+
+def make_next_step(loss_fn: Callable) -> Callable:
+    """``(params, batch, key) -> (loss, terms, gradients)``: what the resume checks record of the next
+    step at save and derive again after a restore: its loss, the scalar terms of its ``aux`` (each
+    loss term, the probe's, the ranks) and `digest.tree_digests` of its gradients. The terms and the
+    gradients see what one float32 total hides: a term changed by an ulp, a backward pass changed."""
+
+    def next_step(params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple:
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+        return loss, scalar_terms(aux), tree_digests(grads)
+
+    return next_step
+
+
+def scalar_terms(aux: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """The scalars of a loss function's ``aux`` (its terms and metrics, not its tensors)."""
+    return {k: v for k, v in aux.items() if jnp.ndim(v) == 0}
 
 
 def make_train_step(

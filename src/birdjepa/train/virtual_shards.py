@@ -40,7 +40,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from birdjepa.model.vit import encoder_apply
 from birdjepa.objectives import health
 from birdjepa.objectives.base import Objective, build, in_order
-from birdjepa.train.step import StepConfig, Terms, make_loss_fn, make_update, step_keys
+from birdjepa.train.digest import tree_digests
+from birdjepa.train.step import StepConfig, Terms, make_loss_fn, make_update, scalar_terms, step_keys
 
 AXIS = "data"
 """The mesh axis the batch is sharded over (`birdjepa.train.compiled`)."""
@@ -125,6 +126,7 @@ class VirtualShardStep:
         # Gradients added as they come, in shard order: the first device holds the sum and one shard's,
         # not V shards' at once (the same additions, in the same order, as adding them all at the end).
         self._add = jax.jit(lambda total, grads: jax.tree.map(jnp.add, total, grads), donate_argnums=0)
+        self._digests = jax.jit(tree_digests)
         self._update = jax.jit(make_update(tx, clip_norm=clip_norm))
         self._split = jax.jit(lambda x: tuple(jnp.split(x, self.per_device)))
         self._encode = jax.jit(encoder_apply(spec.model))
@@ -179,9 +181,11 @@ class VirtualShardStep:
         out = [self._encode(params_on[d], shards[i]["spectrogram"]) for i, d in enumerate(self.where)]
         return np.concatenate(jax.device_get(out))
 
-    def loss(self, params: Any, batch: dict[str, jax.Array], key: jax.Array) -> jax.Array:
-        """The step's loss (what the resume checks re-derive)."""
-        return self.gradients(params, batch, key)[0][0]
+    def next_step(self, params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple:
+        """What the resume checks record of the step (`birdjepa.train.step.make_next_step`), from the
+        step's own passes."""
+        (loss, aux), grads = self.gradients(params, batch, key)
+        return loss, scalar_terms(aux), self._digests(grads)
 
     def on_first_device(
         self, params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array, check: bool
