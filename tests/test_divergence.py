@@ -16,6 +16,7 @@ import pytest
 import tyro
 from conftest import rewrite_meta
 
+from birdjepa import exit_codes
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
 from birdjepa.divergence import trace_file
@@ -81,6 +82,26 @@ def test_a_verdict_says_a_step_that_does_not_re_execute_as_it_trained(runs: Path
     assert verdict(1, diff_traces(t, t), search(runs / "A", runs / "A"), 1, t, t).startswith(
         "No tensor differs at step 1. The configs agree."
     )
+
+
+def test_trace_of_a_step_that_does_not_re_execute_as_logged_exits_1(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It exited 0 with "outputs DIFFER" in its line: a script checking the exit code took it as equal.
+    from birdjepa.rundir.layout import METRICS_FILE
+
+    copy = shutil.copytree(runs / "A", tmp_path / "A")
+    rows = [json.loads(line) for line in (copy / METRICS_FILE).read_text().splitlines()]
+    for r in rows:
+        if r.get("step") == 0 and "train/loss" in r and "event" not in r:
+            r["train/loss"] += 1e-3  # as a run trained by other code would have logged
+    (copy / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "t.npz"
+    with pytest.raises(SystemExit) as e:
+        main(["trace", str(copy), "--step", "0", "--out", str(out)])
+    assert e.value.code == exit_codes.FAILED and out.exists()
+    assert "outputs DIFFER from its logged metrics" in capsys.readouterr().out
+    main(["trace", str(runs / "A"), "--step", "0", "--out", str(out)])  # equal: returns, exit 0
 
 
 def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoint(runs: Path) -> None:

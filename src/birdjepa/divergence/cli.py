@@ -38,7 +38,8 @@ def trace(
     non-finite count); --keep stores some whole (fnmatch on stage/name, e.g. --keep gradients
     'forward/global/encoder/block_0/*'; --keep '*' keeps all). --only records only some stages or
     tensors; --repeat K runs the step K times and records what differs between executions (the noise
-    floor)."""
+    floor). Exit 0; 1 where the re-executed step's outputs differ from what the run logged or saved
+    for it (the file is written either way)."""
     from birdjepa.divergence import trace_file
     from birdjepa.divergence.replay import ReplayError
     from birdjepa.divergence.trace import trace_step
@@ -60,6 +61,13 @@ def trace(
     path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, as `embed --out` makes it
     trace_file.write(t, path)
     print(summary(t, path), flush=True)
+    if differs_from_run(t.manifest):
+        raise SystemExit(exit_codes.FAILED)
+
+
+def differs_from_run(manifest: dict) -> bool:
+    """The traced step's outputs differ from what the run logged or saved for it."""
+    return any(v is False for v in manifest["matches_run"].values())
 
 
 def summary(t: Any, path: Path) -> str:
