@@ -155,6 +155,34 @@ def test_local_sweep_runs_each_config_here_with_a_forced_resume(
     assert "local (past the forced stop) exit 0" in capsys.readouterr().out
 
 
+def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_submitted(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # Its jobs waited in the queue to exit 65 at their start, and each run's job.sbatch was rewritten
+    # with options that never trained it.
+    import tyro
+
+    from birdjepa.config import PretrainConfig
+    from birdjepa.pretrain.loop import pretrain
+
+    data = {"data.train": str(demo_dir / "train"), "data.eval": str(demo_dir / "eval"), "data.batch_size": 8}
+    cfg = {"steps": 6, "eval_every": 0, "eval_linear": False, "stop_at_step": 0, **data}
+    (job,) = plan(sweep_file(tmp_path, repr([cfg])), tmp_path)
+    assert pretrain(tyro.cli(PretrainConfig, args=job.flags)) == 0
+    script = job.cfg.run_dir / "job.sbatch"
+    script.write_text("the script that trained it")
+    edited = sweep_file(tmp_path, repr([{**cfg, "optim.lr": 0.002}]))
+    with pytest.raises(SweepError, match=r"config 0: run .* has checkpoint 0, trained with other options "
+                       r"than these \(optim.lr:0.001->0.002\)"):  # fmt: skip
+        plan(edited, tmp_path)
+    assert script.read_text() == "the script that trained it"
+    # Harmless changes, and a change the config allows, plan as before.
+    assert plan(sweep_file(tmp_path, repr([{**cfg, "log.print_every": 3}])), tmp_path)
+    assert plan(
+        sweep_file(tmp_path, repr([{**cfg, "optim.lr": 0.002, "allow_config_change": True}])), tmp_path
+    )
+
+
 def benchmark_sweep(tmp_path: Path, entries: str) -> Path:
     path = tmp_path / "bench.py"
     path.write_text(f"def make_benchmarks():\n    return {entries}\n")

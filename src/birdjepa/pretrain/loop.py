@@ -39,7 +39,7 @@ from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
 from birdjepa.resume.checks import config_diff
-from birdjepa.resume.options import resume_defaults, saved_config
+from birdjepa.resume.options import resumed_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
@@ -414,17 +414,14 @@ def parse(args: Sequence[str]) -> PretrainConfig:
     only be joined before that."""
     distributed.initialize()
     cfg = tyro.cli(PretrainConfig, args=args, prog="birdjepa pretrain", description=cli.__doc__)
-    found = saved_config(cfg.run_dir) if cfg.resume == "auto" else None
-    if found is None:
-        return cfg
-    step, saved = found
-    where = f"{cfg.run_dir / 'checkpoints' / str(step)}"
     try:
-        defaults, kept = resume_defaults(saved, where)
+        found = resumed_config(args, cfg, prog="birdjepa pretrain")
     except ConfigError as e:  # an option whose type changed: this birdjepa cannot take the run's value
         print(f"error: {e}; set it on the command line", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
-    cfg = tyro.cli(PretrainConfig, args=args, default=defaults, prog="birdjepa pretrain")
+    if found is None:
+        return cfg
+    step, _, cfg, kept = found
     differ = f"; where this birdjepa's defaults differ: {', '.join(kept)}" if kept else ""
     if distributed.launched_rank() == 0:  # one console: the group is not joined yet
         print(f"run {cfg.run}: options from checkpoint {step}'s config unless set on the command line"

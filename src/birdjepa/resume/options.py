@@ -11,9 +11,11 @@ still meet the resume checks' breaking-change rule. Only the options that steer 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import tyro
 
 from birdjepa.config import PretrainConfig, flatten, resolve, to_dict
 from birdjepa.rundir import layout
@@ -74,3 +76,18 @@ def resume_defaults(saved: Mapping[str, Any], where: str) -> tuple[PretrainConfi
     kept = [f"{k}={recorded[k]} (default now {defaults[k]})" for k in sorted(recorded) if
             recorded[k] != defaults[k]]  # fmt: skip
     return resolve(PretrainConfig(), recorded, where), kept
+
+
+def resumed_config(
+    args: Sequence[str], fresh: PretrainConfig, **cli: Any
+) -> tuple[int, dict[str, Any], PretrainConfig, list[str]] | None:
+    """What ``birdjepa pretrain ARGS`` (``fresh``: ARGS parsed for a new run) resumes: the checkpoint's
+    step, its config, the config the segment trains with (ARGS over `resume_defaults`; ``cli``: more of
+    `tyro.cli`'s arguments) and `resume_defaults`' list; None where it starts afresh. Raises
+    `birdjepa.config.ConfigError` where a saved option's type changed."""
+    found = saved_config(fresh.run_dir) if fresh.resume == "auto" else None
+    if found is None:
+        return None
+    step, saved = found
+    defaults, kept = resume_defaults(saved, f"{fresh.run_dir / 'checkpoints' / str(step)}")
+    return step, saved, tyro.cli(PretrainConfig, args=list(args), default=defaults, **cli), kept

@@ -178,6 +178,7 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
         except OptionError as e:
             raise SweepError(f"{where}: {e}") from None
         slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
+        refused_resume(cfg, flags, where)
         if force_resume_at is not None and not 0 <= force_resume_at < cfg.steps - 1:
             raise SweepError(
                 f"{where}: --force-resume-at {force_resume_at} is not inside its {cfg.steps} steps"
@@ -187,6 +188,31 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
     if len(set(runs)) != len(runs):
         raise SweepError(f"{path}: two configs share a run directory: {sorted(map(str, runs))}")
     return jobs
+
+
+def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> None:
+    """Raises SweepError where the run has checkpoints trained with other options than the config
+    gives (an edited sweep run again): its job would be refused at its start (exit 65) after its wait in
+    the queue, and its job script would no longer be the one that trained it."""
+    if not layout.has_checkpoints(cfg.run_dir):
+        return
+    from birdjepa.resume.checks import config_diff  # JAX: only where a run has checkpoints
+    from birdjepa.resume.options import resumed_config
+
+    try:
+        found = resumed_config(flags, cfg)
+    except ConfigError as e:
+        raise SweepError(f"{where}: {e}") from None
+    if found is None:
+        return
+    step, saved, resumed, _ = found
+    _, breaking = config_diff(saved, to_dict(resumed))
+    if breaking and not resumed.allow_config_change:
+        raise SweepError(
+            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with other options than these "
+            f"({', '.join(breaking)}): give the config another run, or allow_config_change=True to train "
+            "on under them; nothing was submitted"
+        )
 
 
 # ---------------------------------------------------------------------------------------- job scripts
