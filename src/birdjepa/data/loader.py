@@ -221,6 +221,9 @@ class Loader:
         ``label_names``: every ``label`` is the position of its name among the split's names, whichever
         folder it came from; other splits' labels are as stored (their signature unchanged)."""
         self.files = resolve_files(files)
+        self.say_skips = True
+        """Whether an eval pass ends with its WARNING line of the records it skipped (False: the caller
+        says them in its own terms, from `diagnostics`)."""
         self.train = bool(options.get("train", DEFAULTS["train"]))
         if "label_names" not in options:
             names, mixed = split_labels(self.files)
@@ -265,7 +268,7 @@ class Loader:
         hold, and which (training says each as it happens: `diagnostics.callbacks`)."""
         count, lines = self.skipped_since(self._skips_before_pass)
         n, self._skips_before_pass = count - self._skips_before_pass, count  # said once
-        if n:
+        if n and self.say_skips:
             more = f"; {n - 3} more in Loader.diagnostics()" if n > 3 else ""
             records = f"{n} record{'s' * (n != 1)}"
             print(

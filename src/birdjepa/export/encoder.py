@@ -109,13 +109,19 @@ class Encoder:
         return np.concatenate(parts)
 
     def embed_files(
-        self, files: Sequence[str], *, n_workers: int = DEFAULTS["n_workers"]
+        self,
+        files: Sequence[str],
+        *,
+        n_workers: int = DEFAULTS["n_workers"],
+        skipped: list[dict[str, Any]] | None = None,
     ) -> Iterator[dict[str, np.ndarray]]:
         """Batches of shard rows through the eval-mode loader: ``index`` (over all shards), ``shard_id``,
         ``row`` (in its shard), ``label`` (-1: none), ``crop_offset`` (samples at the target rate) and
-        ``embedding``."""
+        ``embedding``. The rows the loader skipped are said in its WARNING line, or, given ``skipped``,
+        appended to it (`Loader.diagnostics`' records) for the caller to say."""
         with Loader(list(files), batch_size=self.batch_size, n_workers=n_workers, train=False,
                     features=self.features) as loader:  # fmt: skip
+            loader.say_skips = skipped is None
             first_index = np.r_[0, np.cumsum(loader.shard_sizes)]
             for batch in loader:
                 yield {
@@ -126,6 +132,8 @@ class Encoder:
                     "crop_offset": batch["crop_offset"],
                     "embedding": self(batch["spectrogram"]),
                 }
+            if skipped is not None:
+                skipped += loader.diagnostics()["skipped"]
 
     def embed_audio(
         self, files: Sequence[str | Path], *, n_workers: int = DEFAULTS["n_workers"]
@@ -150,18 +158,20 @@ class Encoder:
 
     def _embed_windows(self, files: list[tuple[str, Path]], n_workers: int, tmp: Path) -> dict[str, Any]:
         """The windows the loader read; one it skipped (a NaN sample) is left out, said in a WARNING line
-        naming its file and seconds (its embedding was zeros, exit 0)."""
+        naming its file, seconds and why (its embedding was zeros, exit 0; the loader's own line named
+        the temporary shard's row)."""
         shard, where = window_shard(files, self.features.clip_seconds, tmp)
         vectors = np.zeros((len(where), self.model.dim), np.float32)
         read = np.zeros(len(where), bool)
-        for batch in self.embed_files([shard], n_workers=n_workers):
+        skipped: list[dict[str, Any]] = []
+        for batch in self.embed_files([shard], n_workers=n_workers, skipped=skipped):
             vectors[batch["index"]] = batch["embedding"]
             read[batch["index"]] = True
+        why = {int(s["row"]): s["reason"] for s in skipped}
+        gone = [f"{where[i][0]} {where[i][1]:g}-{where[i][2]:g} s ({why.get(int(i), 'not read')})"
+                for i in np.flatnonzero(~read)]  # fmt: skip
         if not read.any():
-            raise DataError(
-                f"no window of {', '.join(sorted({w[0] for w in where}))} can be read (see the WARNING)"
-            )
-        gone = [f"{where[i][0]} {where[i][1]:g}-{where[i][2]:g} s" for i in np.flatnonzero(~read)]
+            raise DataError(f"no window of {', '.join(sorted({w[0] for w in where}))} can be read: {gone[0]}")
         if gone:
             more = f"; {len(gone) - 3} more" if len(gone) > 3 else ""
             said = "; ".join(gone[:3])
