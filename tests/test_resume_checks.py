@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import signal
@@ -166,6 +167,11 @@ def test_check_resume_loss_tolerance_only_across_device_counts() -> None:
     assert res["next_loss"].ok and "rtol=1e-05,devices:4->1" in res["next_loss"].expected
     assert not _check(_meta(rec), dataclasses.replace(close, loss=1.001))["next_loss"].ok
     assert not _check(_meta(rec), dataclasses.replace(close, n_devices=4))["next_loss"].ok
+    # A step that is not finite (--on-nonfinite skip) was refused here, exit 65: nan is not within 1e-5.
+    for bad in (math.nan, math.inf):
+        res = _check(_meta(dataclasses.replace(rec, loss=bad)), dataclasses.replace(close, loss=bad))
+        assert res["next_loss"].ok, bad
+    assert not _check(_meta(dataclasses.replace(rec, loss=math.inf)), close)["next_loss"].ok
 
 
 def test_on_another_kind_of_machine_the_loss_is_compared_to_the_tolerance_and_the_line_says_why() -> None:
