@@ -153,15 +153,22 @@ class Trainer:
         params = init_params(self.model_cfg, init_key(self.cfg))["params"]
         return self.encoder(jax.device_put(params, self.fns.replicated))
 
-    def next_step(self, state: TrainState, batch: Batch) -> resume_check.NextStep:
-        """What step ``state.step`` will do with ``batch`` (recorded at save, re-derived on resume)."""
+    def next_step(self, state: TrainState, batch: Batch, *, legacy: bool = False) -> resume_check.NextStep:
+        """What step ``state.step`` will do with ``batch`` (recorded at save, re-derived on resume);
+        ``legacy``: as a checkpoint written before the terms and gradients were recorded holds it."""
         key, _ = step_key(self.cfg, state.chain, state.step)
         update = int(multihost.host(update_count(state.opt_state)))
         accumulated = int(multihost.host(accumulation_progress(state.opt_state)))
-        loss, terms, grads = multihost.host(self.fns.next_step(state.params, self.fns.on_device(batch), key))
+        lr = float(self.schedule(update))
+        params, on_device = state.params, self.fns.on_device(batch)
+        if legacy:
+            loss = float(multihost.host(self.fns.loss_only(params, on_device, key)))
+            return resume_check.NextStep.of(
+                state.step, batch, key, update, lr, accumulated, loss, self.n_devices
+            )
+        loss, terms, grads = multihost.host(self.fns.next_step(params, on_device, key))
         terms = {k: float(v) for k, v in terms.items()}
         grads = {k: hex_digest(v) for k, v in grads.items()}
-        lr = float(self.schedule(update))
         return resume_check.NextStep.of(
             state.step, batch, key, update, lr, accumulated, float(loss), self.n_devices, terms, grads
         )
@@ -204,7 +211,7 @@ class Trainer:
                 moved = {**moved, "step_revision": (str(saved_revision), str(revisions.REVISION))}
         results = resume_check.check_resume(
             meta,
-            self.next_step(state, batch),
+            self.next_step(state, batch, legacy=meta["next_step"].get("gradients") is None),
             config=self.config,
             dataset=loader.fingerprint,
             loader_error=loader_error,

@@ -45,6 +45,10 @@ class Compiled:
     next_step: Callable
     """``(params, batch, key) -> (loss, terms, gradients)`` (`birdjepa.train.step.make_next_step`): what
     the resume checks record of the next step at save and derive again after a restore."""
+    loss_only: Callable
+    """``(params, batch, key) -> loss`` by a forward pass alone: the next step's loss as checkpoints
+    written before the gradients were recorded hold it (in bfloat16 its last bits are not the step's).
+    Compiled only where a resume restores one."""
     encode: Callable
     """``(params, spectrogram) -> embedding`` of the encoder alone (evaluation)."""
 
@@ -94,10 +98,12 @@ def _build(spec: StepConfig, optim: OptimConfig, total_updates: int, devices: tu
     tx = make_optimizer(optim, total_updates, spec.seams)
     if spec.virtual_shards:  # its own executables, one device each (see there)
         step = virtual_shards.VirtualShardStep(spec, tx, devices)
-        return Compiled(spec, tx, replicated, sharded, step, step.next_step, step.encode)
+        return Compiled(spec, tx, replicated, sharded, step, step.next_step, step.loss, step.encode)
     # The step that can record itself (`birdjepa trace` runs this executable); the loop records nothing.
     step, names = recordable(spec, tx, optim)
     train_step = RecordableStep(jit_step(step, replicated, sharded, extra=1), names)
-    next_step = jax.jit(make_next_step(make_loss_fn(spec)), in_shardings=(replicated, batch, None))
+    loss_fn = make_loss_fn(spec)
+    next_step = jax.jit(make_next_step(loss_fn), in_shardings=(replicated, batch, None))
+    loss_only = jax.jit(lambda p, b, k: loss_fn(p, b, k)[0], in_shardings=(replicated, batch, None))
     encode = jax.jit(encoder_apply(spec.model), in_shardings=(replicated, sharded), out_shardings=replicated)
-    return Compiled(spec, tx, replicated, sharded, train_step, next_step, encode)
+    return Compiled(spec, tx, replicated, sharded, train_step, next_step, loss_only, encode)

@@ -181,6 +181,10 @@ class VirtualShardStep:
         out = [self._encode(params_on[d], shards[i]["spectrogram"]) for i, d in enumerate(self.where)]
         return np.concatenate(jax.device_get(out))
 
+    def loss(self, params: Any, batch: dict[str, jax.Array], key: jax.Array) -> jax.Array:
+        """The step's loss, from its own passes (what checkpoints recorded before `next_step`)."""
+        return self.gradients(params, batch, key)[0][0]
+
     def next_step(self, params: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple:
         """What the resume checks record of the step (`birdjepa.train.step.make_next_step`), from the
         step's own passes."""
