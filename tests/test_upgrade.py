@@ -221,3 +221,22 @@ def test_a_checkpoint_whose_next_loss_the_old_code_took_by_a_forward_alone_resum
     (loss,) = [line for line in out.splitlines() if line.startswith("RESUME_CHECK name=next_loss")]
     if "WARNING resumed on another kind of machine" not in out:  # where it was written: to the bit
         assert re.fullmatch(r"RESUME_CHECK name=next_loss ok=True expected=(\S+) got=\1", loss), loss
+
+
+def test_a_trace_of_steps_an_older_revision_trained_names_the_revisions_between(tmp_path: Path) -> None:
+    # It said only "step 0 does not replay as it ran" (train/grad_norm, which revision 4 redefined), as
+    # if the run were non-deterministic or damaged, where the checkpoint records the revision it ran.
+    from birdjepa.divergence.replay import ReplayError, revision_at
+    from birdjepa.divergence.trace import trace_step
+
+    shutil.copytree(FORMAT1 / "run", tmp_path / "old")
+    said = (r"step 0 does not replay as it ran: .* It was trained by revision 1 of the step and this "
+            rf"birdjepa computes revision {revisions.REVISION} \(the update monitor .*\): trace it with the "
+            "birdjepa that trained it")  # fmt: skip
+    with pytest.raises(ReplayError, match=said):
+        trace_step(tmp_path / "old", 2)
+    # Which revision trained a step: that of the first checkpoint its segment wrote.
+    lines = [{"step": 0}, {"event": "resume", "step": 3}]
+    metas = {2: {}, 5: {"step_revision": revisions.REVISION}}
+    assert [revision_at(lines, metas, s) for s in (0, 2, 3, 5, 6)] == [1, 1, *[revisions.REVISION] * 3]
+    assert revision_at(lines, {2: {}}, 4) is None

@@ -26,6 +26,7 @@ from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.metrics_log import by_step, read_metrics
+from birdjepa.train import revisions
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import DEVICE_COUNT_FLAG, machine_kind
 from birdjepa.train.segment import advance, open_loader, open_segment
@@ -58,6 +59,9 @@ class OpenRun:
     logged: dict[int, dict[str, float]]
     trained_on: dict[str, str] | None = None
     """`machine_kind` recorded by the checkpoint it started from (None: not recorded)."""
+    revisions: dict[int, int] = dataclasses.field(default_factory=dict)
+    """The revision of the step (`birdjepa.train.revisions`) that trained each step, where the checkpoints
+    say it (`revision_at`)."""
     unlogged: list[int] = dataclasses.field(default_factory=list)
     """Replayed steps the log holds no metrics of (nothing to compare: said, not called equal)."""
 
@@ -219,7 +223,9 @@ def open_at(
         loader.close()
         raise ReplayError(f"{where}: the train data changed since this checkpoint (another fingerprint)")
     trained_on = (meta or {}).get("machine")
-    run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged, trained_on)
+    replayed = range(0 if base is None else base + 1, step + 1)
+    by = {s: r for s in replayed if (r := revision_at(lines, metas, s)) is not None}
+    run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged, trained_on, by)
     try:
         replay_to(run, step, on_step)
     except BaseException:
@@ -241,6 +247,7 @@ def replay_to(
             origin = f"checkpoint {run.restored_from}" if run.restored_from is not None else "step 0"
             moved = describe_changes(machine_changes(run.trained_on, machine_kind()))
             why = f". It trained on another kind of machine ({moved}): trace it on that kind" if moved else ""
+            why += revised(run.revisions.get(s))
             raise ReplayError(
                 f"{run.run_dir}: step {s} does not replay as it ran: {name} logged {a!r}, replayed {b!r} "
                 f"(replayed from {origin}){why}"
@@ -257,12 +264,41 @@ def devices_at(lines: list[dict[str, Any]], metas: dict[int, dict[str, Any]], st
     last one logged at or before ``step``), else that of the first checkpoint it wrote (a checkpoint's
     ``next_step`` holds its writer's). The restored checkpoint's was the segment's before: a run resumed
     on 1 device after 4 was refused for 4, and its steps could be traced on no count."""
-    starts = [e for e in lines if e.get("event") == "resume" and e.get("step", math.inf) <= step]
+    starts = _starts(lines, step)
     if starts and starts[-1].get("n_devices") is not None:
         return starts[-1]["n_devices"]
+    meta = _first_written(starts, metas)
+    return meta.get("next_step", {}).get("n_devices") if meta is not None else None
+
+
+def revision_at(lines: list[dict[str, Any]], metas: dict[int, dict[str, Any]], step: int) -> int | None:
+    """The revision of the step that trained ``step`` (None: unknown): that of the first checkpoint its
+    segment wrote (one written before revisions were recorded was written at revision 1)."""
+    meta = _first_written(_starts(lines, step), metas)
+    return meta.get("step_revision", 1) if meta is not None else None
+
+
+def revised(trained_by: int | None) -> str:
+    """Why a step trained by revision ``trained_by`` of the step does not re-execute as it ran ("" where
+    this code's is the same, or unknown)."""
+    crossed = revisions.between(trained_by) if trained_by is not None else []
+    if not crossed:
+        return ""
+    return (f". It was trained by revision {trained_by} of the step and this birdjepa computes revision "
+            f"{revisions.REVISION} ({'; '.join(r.what for r in crossed)}): trace it with the birdjepa "
+            "that trained it")  # fmt: skip
+
+
+def _starts(lines: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
+    """The resume events logged at or before ``step``."""
+    return [e for e in lines if e.get("event") == "resume" and e.get("step", math.inf) <= step]
+
+
+def _first_written(starts: list[dict[str, Any]], metas: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The meta of the first checkpoint the segment that began at the last of ``starts`` wrote."""
     begun = starts[-1]["step"] if starts else 0
     written = sorted(s for s in metas if s >= begun)
-    return metas[written[0]].get("next_step", {}).get("n_devices") if written else None
+    return metas[written[0]] if written else None
 
 
 def check_devices(run_dir: Path, want: int | None, virtual: int | None) -> None:

@@ -293,6 +293,7 @@ def trace_step(
     try:
         trace, noise = record_step(run, repeat=repeat, keep=keep)
         trace.manifest["matches_run"] = check_against_run(run, trace)
+        trace.manifest["trained_revision"] = run.revisions.get(step)
     finally:
         run.close()
     trace.manifest["repeat"] = repeat
