@@ -49,6 +49,21 @@ def test_our_log_splits_at_resume_events_and_a_redo_replaces_steps(tmp_path: Pat
     assert r.gap_s >= 0
 
 
+def test_a_resume_by_another_revision_of_the_step_or_on_another_machine_says_so(tmp_path: Path) -> None:
+    # A metric a revision redefined (train/grad_norm at revision 4) jumped at an upgraded run's resume
+    # with nothing in the report saying why.
+    write_segments(tmp_path / "r", [(0, range(0, 3), {"train/loss": float})])
+    log = MetricsLog(tmp_path / "r", restart=1)
+    log.event("resume", 3, checkpoint=2)
+    log.event("machine_changed", 3, device=["Intel Xeon (avx2)", "AMD EPYC (avx512f)"], jaxlib=["0.1", "0.2"])
+    log.event("step_revised", 3, revision=[1, 5])
+    log.log(3, {"train/loss": 3.0})
+    log.close()
+    (r,) = analysis.load_run(tmp_path / "r").resumes
+    assert r.reason == ("resume event (checkpoint 2); on another kind of machine (device, jaxlib); by "
+                        "another revision of the step (1 -> 5, which redefines train/grad_norm)")  # fmt: skip
+
+
 def test_a_log_cut_mid_line_by_a_kill_loads_and_damage_elsewhere_names_the_line(tmp_path: Path) -> None:
     write_segments(tmp_path / "r", [(0, range(3), {"train/loss": float})])
     path = tmp_path / "r" / "metrics.jsonl"

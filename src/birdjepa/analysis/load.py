@@ -20,7 +20,7 @@ import csv
 import dataclasses
 import datetime
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from birdjepa.rundir import layout
 from birdjepa.rundir.metrics_log import MetricsFileError, read_metrics_file
+from birdjepa.train import revisions
 
 #: Rows further apart than this (seconds) in a log without resume events start a new segment.
 DEFAULT_GAP_S = 600.0
@@ -139,6 +140,25 @@ def _timeline(name: str, segments: list[list[_Row]], resumes: list[Resume]) -> R
     return RunLog(name, steps, time, metrics, resumes)
 
 
+def _revised(event: dict[str, Any]) -> str:
+    saved, now = event["revision"]
+    redefined = sorted({m for r in revisions.between(saved, now) for m in r.redefines})
+    more = f", which redefines {', '.join(redefined)}" if redefined else ""
+    return f"by another revision of the step ({saved} -> {now}{more})"
+
+
+def _moved(event: dict[str, Any]) -> str:
+    changed = [k for k, v in event.items() if isinstance(v, list)]  # each as [saved, now]
+    return f"on another kind of machine ({', '.join(changed)})"
+
+
+#: Events the trainer logs at a resume that say its metrics may move for a reason besides the resume.
+AT_A_RESUME: dict[str, Callable[[dict[str, Any]], str]] = {
+    "step_revised": _revised,
+    "machine_changed": _moved,
+}
+
+
 def _ours(path: Path, name: str) -> RunLog:
     """Our JSON lines: segments split at the explicit ``resume`` events."""
     segments: list[list[_Row]] = [[]]
@@ -152,6 +172,9 @@ def _ours(path: Path, name: str) -> RunLog:
                        f"{line.get('checkpoint')})", time - last_time)
             )  # fmt: skip
             segments.append([])
+        elif line.get("event") in AT_A_RESUME and resumes and resumes[-1].step == line.get("step"):
+            said = AT_A_RESUME[line["event"]](line)
+            resumes[-1] = dataclasses.replace(resumes[-1], reason=f"{resumes[-1].reason}; {said}")
         elif "event" not in line:
             segments[-1].append(_row(int(line["step"]), time, line.items()))
             last_time = time
