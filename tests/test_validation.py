@@ -84,6 +84,8 @@ INVALID = [
      "--data.features.time-mask-width 0: must be >= 1 where time_mask_count is 2"),
     (["--log.print-every", "0"], "--log.print-every 0: must be >= 1"),
     (["--steps", str(2**62)], f"--steps {2**62}: must be at most 10_000_000"),  # a hang building the LR table
+    (["--optim.warmup-steps", "1000000000"], "--optim.warmup-steps 1000000000: must be at most 10_000_000"),
+    (["--data.features.n-fft", "100000000"], "--data.features.n-fft 100000000: must be at most 65536"),
     (
         ["--objective.lejepa.local-views", "2", "--objective.lejepa.local-frames", "100"],
         "--objective.lejepa.local-frames 100: must be a multiple of --model.patch (16)",

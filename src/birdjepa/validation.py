@@ -30,6 +30,8 @@ from birdjepa.objectives.options import REGISTRY
 
 MAX_STEPS = 10_000_000
 """The most micro-steps a run may take."""
+MAX_N_FFT = 2**16
+"""The longest FFT of the log-mel features."""
 
 
 class OptionError(ValueError):
@@ -84,7 +86,10 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
     (("stop_at_step",), lambda v: v >= 0, "must be >= 0"),
     # The LR schedule is a table of one value per update, held in the compiled step (train.optim): 40 MB
     # and 10 s to build at the most; 2^62 never finished building it.
-    (("steps",), lambda v: v <= MAX_STEPS, f"must be at most {MAX_STEPS:_}"),
+    (("steps", "optim.warmup_steps"), lambda v: v <= MAX_STEPS, f"must be at most {MAX_STEPS:_}"),
+    # Each frame is a real FFT of this length for every clip: 10^8 held 9.5 GB, ran on for minutes before
+    # a step, and a preemption's SIGTERM could not stop it (handled at a step's end). 2^16: 2 s at 32 kHz.
+    (("data.features.n_fft",), lambda v: v <= MAX_N_FFT, f"must be at most {MAX_N_FFT}"),
     (("seed",), lambda v: 0 <= v < 2**63, "must be in [0, 2^63)"),
     (
         ("optim.lr", "optim.probe_lr_scale", "data.features.std", "model.ln_epsilon"),
