@@ -56,6 +56,22 @@ def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cfg.run_dir
 
 
+def test_an_update_that_overflows_with_finite_gradients_stops_the_run_in_one_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # The probe's LR 1e30 times its gradients overflows its parameters: the loss and the gradients were
+    # finite, so the guard let the update through, and the save that refused the state was a traceback.
+    from birdjepa.config import OptimConfig
+
+    cfg = config(demo_dir, tmp_path, "over", optim=OptimConfig(probe_lr_scale=1e30), ckpt_every=1)
+    assert pretrain(cfg) == exit_codes.NONFINITE
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    assert re.match(r"ERROR: the state after step \d is not finite \(param_norm=inf\) though its loss and "
+                    r"gradients were: an update overflowed", line), line  # fmt: skip
+    (event,) = events(cfg.run_dir, "nonfinite")
+    assert event["action"] == "stop" and event["metrics"] == ["param_norm"]
+
+
 def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
     demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

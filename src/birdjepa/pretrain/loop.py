@@ -346,6 +346,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     exit_code, line = t.save_failed(e, step)
                     progress.message(line)
                     break
+                except checkpoint.NotFiniteError as e:  # an update that overflowed, its gradients finite
+                    exit_code, line = t.state_not_finite(e)
+                    progress.message(line)
+                    break
                 if step in cfg.debug.roundtrip_steps:
                     state = debug_roundtrip(t, state, saved)
             if stopping:

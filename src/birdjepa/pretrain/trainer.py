@@ -283,6 +283,20 @@ class Trainer:
             f"--on-nonfinite skip; exit {exit_codes.NONFINITE}"
         )
 
+    def state_not_finite(self, e: checkpoint.NotFiniteError) -> tuple[int, str]:
+        """The state after step ``e.step`` is not finite though its loss and gradients were (the update
+        overflowed: an LR or a probe LR scale too large), found as it was to be saved: the exit code and
+        the line. Logs a ``nonfinite`` event."""
+        self.log.event("nonfinite", e.step, metrics=[e.norm], params=[], action="stop")
+        latest = self.ckpt.latest_step()
+        since = f"the newest checkpoint ({latest}) is finite" if latest is not None else "no checkpoint yet"
+        return exit_codes.NONFINITE, (
+            f"ERROR: the state after step {e.step} is not finite ({e.norm}={e.value!r}) though its loss and "
+            f"gradients were: an update overflowed (an --optim.lr or --optim.probe-lr-scale too large). "
+            f"Nothing was saved; {since}. Resume from it with a lower LR and --allow-config-change; "
+            f"exit {exit_codes.NONFINITE}"
+        )
+
     def evaluate(self, params: Any, step: int) -> tuple[dict[str, float], dict[str, Row]]:
         """Frozen-encoder kNN beside its baselines; at the last step also the linear probe (unless
         --no-eval-linear) and the table's JSON."""

@@ -53,6 +53,15 @@ class StructureError(CheckpointError):
         self.step = step
 
 
+class NotFiniteError(CheckpointError):
+    """A state to save holds a NaN or an inf (an update that overflowed with finite gradients)."""
+
+    def __init__(self, step: int, norm: str, value: float) -> None:
+        super().__init__(f"refusing to save step {step}: {norm}={value!r} is not finite (a diverged state "
+                         "would push a finite checkpoint out of the retention window)")  # fmt: skip
+        self.step, self.norm, self.value = step, norm, value
+
+
 class NoValidCheckpointError(CheckpointError):
     """Checkpoints exist, and none of them verifies."""
 

@@ -30,6 +30,7 @@ from birdjepa.rundir.checkpoint.format import (
     CheckpointError,
     IntegrityError,
     NormMismatchError,
+    NotFiniteError,
     StructureError,
     dtype_name,
     leaf_spec,
@@ -114,10 +115,7 @@ class Checkpointer(RetentionAndFallback):
         norms = state_norms(host)
         bad = [name for name, v in norms.items() if not math.isfinite(v)]
         if bad:
-            raise CheckpointError(
-                f"refusing to save step {step}: {bad[0]}={norms[bad[0]]!r} is not finite (a diverged state "
-                "would push a finite checkpoint out of the retention window)"
-            )
+            raise NotFiniteError(step, bad[0], norms[bad[0]])
         full_meta = {
             **meta,
             "step": step,
