@@ -66,6 +66,11 @@ INVALID = [
     (["--model.dropout", "1"], "--model.dropout 1.0: must be in [0, 1)"),
     (["--model.n-frames", "1024"], "--model.n-frames 1024: the model is built for 1024 x 128"),
     (["--objective.lejepa.span-weight", "0.5"], "needs a predictor: set --model.predictor-depth >= 1"),
+    (  # every span hidden: the predictor had nothing to predict from, and the run trained on (exit 0)
+        ["--objective.lejepa.span-weight", "1", "--model.predictor-depth", "1",
+         "--objective.lejepa.span-ratio", "0.99"],
+        "--objective.lejepa.span-ratio 0.99: must hide some but not all of the 8 spans of 4 time tokens",
+    ),  # fmt: skip
     # Options the run would ignore, exit 0, config.json recording them as given.
     (["--objective.kind", "mae", "--data.n-views", "1", "--objective.lejepa.lam", "0.9"],
      "--objective.lejepa.lam 0.9: is an option of --objective.kind lejepa; this run trains mae"),
@@ -86,6 +91,11 @@ INVALID = [
     (["--steps", str(2**62)], f"--steps {2**62}: must be at most 10_000_000"),  # a hang building the LR table
     (["--optim.warmup-steps", "1000000000"], "--optim.warmup-steps 1000000000: must be at most 10_000_000"),
     (["--data.features.n-fft", "100000000"], "--data.features.n-fft 100000000: must be at most 65536"),
+    # Each trained on an erased log-mel (all zeros to the encoder) and exited 0; the last a panic.
+    (["--data.features.std", "1e-30"], "--data.features.std 1e-30: must be in [1e-6, 1e6]"),
+    (["--data.features.mean", "1e30"], "--data.features.mean 1e+30: must be in [-1e6, 1e6]"),
+    (["--augment.gain-db", "1e9"], "--augment.gain-db 1000000000.0: must be at most 100 dB"),
+    (["--data.n-workers", "1000000"], "--data.n-workers 1000000: must be at most 1024"),
     (
         ["--objective.lejepa.local-views", "2", "--objective.lejepa.local-frames", "100"],
         "--objective.lejepa.local-frames 100: must be a multiple of --model.patch (16)",

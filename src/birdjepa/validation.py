@@ -96,6 +96,16 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
         lambda v: v > 0, "must be > 0",
     ),
     (("optim.lr",), lambda v: v < 3e38, "must be a float32 (below 3e38)"),
+    # Past these the float32 log-mel is erased (a 1e9 dB offset, a normalisation by 1e-30): a run on
+    # zeros that exits 0. No recording's spread or level comes near them.
+    (("data.features.std",), lambda v: 1e-6 <= v <= 1e6, "must be in [1e-6, 1e6] (a log-mel's spread)"),
+    (("data.features.mean",), lambda v: abs(v) <= 1e6, "must be in [-1e6, 1e6] (a log-mel's mean)"),
+    (
+        ("augment.gain_db", "augment.tilt_db", "augment.noise_db"),
+        lambda v: v <= 100, "must be at most 100 dB",
+    ),
+    # One decode thread each: 10^6 failed to spawn (a panic); 5,000 waited a minute before a step.
+    (("data.n_workers",), lambda v: v <= 1024, "must be at most 1024 (0: one per CPU)"),
     (
         ("optim.weight_decay", "optim.clip_norm", "augment.gain_db",
          "augment.tilt_db", "augment.noise_db", "augment.pitch_bins", "augment.stretch"),

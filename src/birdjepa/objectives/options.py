@@ -99,6 +99,11 @@ class LeJepaConfig(Options):
         time_tokens = m.n_frames // m.patch
         if self.span_weight and time_tokens % self.span_tokens:
             yield "span_tokens", self.span_tokens, f"must divide the {time_tokens} time tokens"
+        elif self.span_weight:  # the predictor works from the spans left: all hidden, it has nothing
+            spans = time_tokens // self.span_tokens
+            if max(1, round(self.span_ratio * spans)) >= spans:
+                what = f"must hide some but not all of the {spans} spans of {self.span_tokens} time tokens"
+                yield "span_ratio", self.span_ratio, what
         if self.local_views and (self.local_frames % m.patch or self.local_frames > m.n_frames):
             allowed = f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames"
             yield "local_frames", self.local_frames, allowed
