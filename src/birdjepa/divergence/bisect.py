@@ -30,7 +30,6 @@ from typing import Any
 
 import jax
 
-from birdjepa import exit_codes
 from birdjepa.divergence.diff import TraceDiff, diff_traces
 from birdjepa.divergence.region import event
 from birdjepa.divergence.replay import (
@@ -42,7 +41,7 @@ from birdjepa.divergence.replay import (
     read_config,
 )
 from birdjepa.divergence.trace import trace_step
-from birdjepa.divergence.trace_file import Trace, is_trace, read, write
+from birdjepa.divergence.trace_file import Trace, read, traced, write
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 from birdjepa.train.determinism import DEVICE_COUNT_FLAG
@@ -185,8 +184,7 @@ def trace_apart(
     cmd = [sys.executable, "-m", "birdjepa.cli", "trace", str(run), "--step", str(step), "--out", str(out),
            "--repeat", str(repeat), *(["--keep", *keep] if keep else [])]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    # Exit 1 with the file written: the step does not re-execute as it trained, an answer for the verdict.
-    if done.returncode != 0 and not (done.returncode == exit_codes.FAILED and is_trace(out)):
+    if not traced(done.returncode, out):
         why = done.stderr.strip().splitlines()[-1:] or ["no output"]
         raise ReplayError(f"{run}: tracing step {step} on {devices} devices failed: {why[0]}")
     return read(out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -59,9 +60,9 @@ class OpenRun:
     logged: dict[int, dict[str, float]]
     trained_on: dict[str, str] | None = None
     """`machine_kind` recorded by the checkpoint it started from (None: not recorded)."""
-    revisions: dict[int, int] = dataclasses.field(default_factory=dict)
-    """The revision of the step (`birdjepa.train.revisions`) that trained each step, where the checkpoints
-    say it (`revision_at`)."""
+    revision_at: Callable[[int], int | None] = lambda step: None
+    """The revision of the step (`birdjepa.train.revisions`) that trained a step, where the checkpoints
+    say it (`revision_at`); asked only where a step does not replay or is traced."""
     unlogged: list[int] = dataclasses.field(default_factory=list)
     """Replayed steps the log holds no metrics of (nothing to compare: said, not called equal)."""
 
@@ -223,8 +224,7 @@ def open_at(
         loader.close()
         raise ReplayError(f"{where}: the train data changed since this checkpoint (another fingerprint)")
     trained_on = (meta or {}).get("machine")
-    replayed = range(0 if base is None else base + 1, step + 1)
-    by = {s: r for s in replayed if (r := revision_at(lines, metas, s)) is not None}
+    by = functools.partial(revision_at, lines, metas)  # each call reads the whole log: asked rarely
     run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged, trained_on, by)
     try:
         replay_to(run, step, on_step)
@@ -247,7 +247,7 @@ def replay_to(
             origin = f"checkpoint {run.restored_from}" if run.restored_from is not None else "step 0"
             moved = describe_changes(machine_changes(run.trained_on, machine_kind()))
             why = f". It trained on another kind of machine ({moved}): trace it on that kind" if moved else ""
-            why += revised(run.revisions.get(s))
+            why += revised(run.revision_at(s))
             raise ReplayError(
                 f"{run.run_dir}: step {s} does not replay as it ran: {name} logged {a!r}, replayed {b!r} "
                 f"(replayed from {origin}){why}"

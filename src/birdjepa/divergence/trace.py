@@ -293,7 +293,7 @@ def trace_step(
     try:
         trace, noise = record_step(run, repeat=repeat, keep=keep)
         trace.manifest["matches_run"] = check_against_run(run, trace)
-        trace.manifest["trained_revision"] = run.revisions.get(step)
+        trace.manifest["trained_revision"] = run.revision_at(step)
     finally:
         run.close()
     trace.manifest["repeat"] = repeat

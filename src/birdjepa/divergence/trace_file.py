@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from birdjepa import exit_codes
+
 MANIFEST = "manifest.json"
 FORMAT = 2  # 1: every tensor whole, with a CRC-32 (birdjepa before digests)
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no wall clock in the file
@@ -95,6 +97,12 @@ def write(trace: Trace, path: Path) -> None:
         manifest = {"format": FORMAT, **trace.manifest, "entries": rows}
         z.writestr(zipfile.ZipInfo(MANIFEST, _EPOCH), json.dumps(manifest, indent=1, sort_keys=False) + "\n")
     tmp.replace(path)
+
+
+def traced(returncode: int, path: Path) -> bool:
+    """Whether a `birdjepa trace` process that exited ``returncode`` wrote its trace to ``path``: exit 0,
+    or exit 1 with the file (the step's outputs differ from the run's: an answer, not a failure)."""
+    return returncode == 0 or (returncode == exit_codes.FAILED and is_trace(path))
 
 
 def is_trace(path: Path) -> bool:

@@ -275,12 +275,10 @@ class Trainer:
             return 0, (f"WARNING step {step} is not finite: {what}; update skipped ({state.skip_streak} in a "
                        f"row, {state.skipped} in all)")  # fmt: skip
         why = "" if cfg.on_nonfinite == "stop" else f" after {state.skip_streak} skipped updates in a row"
-        latest = self.ckpt.latest_step()
-        since = f"the newest checkpoint ({latest}) is finite" if latest is not None else "no checkpoint yet"
         return exit_codes.NONFINITE, (
             f"ERROR: step {step} is not finite: {what}{why}. It was not applied and nothing was saved; "
-            f"{since}. Resume from it with a lower --optim.lr and --allow-config-change, or with "
-            f"--on-nonfinite skip; exit {exit_codes.NONFINITE}"
+            f"{self._newest_finite()}. Resume from it with a lower --optim.lr and --allow-config-change, or "
+            f"with --on-nonfinite skip; exit {exit_codes.NONFINITE}"
         )
 
     def state_not_finite(self, e: checkpoint.NotFiniteError) -> tuple[int, str]:
@@ -288,14 +286,16 @@ class Trainer:
         overflowed: an LR or a probe LR scale too large), found as it was to be saved: the exit code and
         the line. Logs a ``nonfinite`` event."""
         self.log.event("nonfinite", e.step, metrics=[e.norm], params=[], action="stop")
-        latest = self.ckpt.latest_step()
-        since = f"the newest checkpoint ({latest}) is finite" if latest is not None else "no checkpoint yet"
         return exit_codes.NONFINITE, (
             f"ERROR: the state after step {e.step} is not finite ({e.norm}={e.value!r}) though its loss and "
             f"gradients were: an update overflowed (an --optim.lr or --optim.probe-lr-scale too large). "
-            f"Nothing was saved; {since}. Resume from it with a lower LR and --allow-config-change; "
-            f"exit {exit_codes.NONFINITE}"
+            f"Nothing was saved; {self._newest_finite()}. Resume from it with a lower LR and "
+            f"--allow-config-change; exit {exit_codes.NONFINITE}"
         )
+
+    def _newest_finite(self) -> str:
+        latest = self.ckpt.latest_step()  # every checkpoint is finite: a state that is not is never saved
+        return f"the newest checkpoint ({latest}) is finite" if latest is not None else "no checkpoint yet"
 
     def evaluate(self, params: Any, step: int) -> tuple[dict[str, float], dict[str, Row]]:
         """Frozen-encoder kNN beside its baselines; at the last step also the linear probe (unless
