@@ -27,6 +27,11 @@ INVALID = [
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--data.batch-size", "0"], "--data.batch-size 0: must be >= 1"),
     (["--data.n-workers", "-1"], "--data.n-workers -1: must be >= 0"),
+    (["--data.batch-size", "-1"], "--data.batch-size -1: must be >= 1"),  # not its type's ">= 0"
+    # A product of options: each named with its value (the batch size alone was blamed).
+    (["--data.n-views", "1000000"],
+     "--data.batch-size 16: x --data.n-views 1000000 x --data.features.n-frames 512 x --data.features.n-mels "
+     "128 = 1,048,576,000,000 values a batch, which must be at most 2^31"),
     (["--data.shuffle-buffer", "8", "--data.shuffle-initial", "9"], "--data.shuffle-initial 9:"),
     (["--data.features.hop-length", "0"], "--data.features.hop-length 0: must be > 0"),
     (["--data.n-views", "1"], "--data.n-views 1: the lejepa objective compares views: need >= 2"),
@@ -77,6 +82,32 @@ INVALID = [
     (["--objective.kind", "supervised", "--model.proj-dim", "7"],
      "--model.proj-dim 7: the supervised objective sets it itself: leave it out"),
     (["--model.n-classes", "99"], "--model.n-classes 99: is the data's class count (its vocab.json)"),
+    # ... or read by nothing with the rest of the options (`validation.unused`).
+    (["--optim.decay-fraction", "0.3"],
+     "--optim.decay-fraction 0.3: is --optim.schedule wsd's, not cosine's"),
+    (["--optim.schedule", "wsd", "--optim.decay-fraction", "0", "--optim.min-lr-ratio", "0.1"],
+     "--optim.min-lr-ratio 0.1: is where the decay ends, and --optim.decay-fraction 0 keeps the LR"),
+    (["--max-skips", "3"], "--max-skips 3: counts skipped updates: --on-nonfinite is stop, not skip"),
+    (["--model.predictor-depth", "2"],
+     "--model.predictor-depth 2: the predictor is read only by the span term: without --objective.lejepa"),
+    (["--objective.lejepa.span-tokens", "8"], "--objective.lejepa.span-tokens 8: is the span term's"),
+    (["--objective.lejepa.local-frames", "64"],
+     "--objective.lejepa.local-frames 64: is the local views': --objective.lejepa.local-views is 0"),
+    (["--objective.kind", "mae", "--data.n-views", "1", "--objective.mae.block-time", "4"],
+     "--objective.mae.block-time 4: is read by --objective.mae.masking time or block, not random"),
+    (["--objective.kind", "mae", "--data.n-views", "1", "--model.predictor-depth", "1"],
+     "--model.predictor-depth 1: the mae objective has no span term: leave it out"),
+    (["--objective.kind", "mae", "--data.n-views", "1", "--model.proj-dim", "64"],
+     "--model.proj-dim 64: no loss of the mae objective reads the projector"),
+    (["--objective.kind", "supervised", "--data.n-views", "1", "--model.proj-norm", "batch"],
+     "--model.proj-norm 'batch': is the projector's hidden layers', and it has none (--model.proj-layers "
+     "0, as supervised sets)"),
+    (["--model.proj-layers", "0", "--model.proj-hidden", "256"],
+     "--model.proj-hidden 256: is the projector's hidden layers', and it has none (--model.proj-layers 0)"),
+    (["--data.features.time-mask-width", "8"],
+     "--data.features.time-mask-width 8: is each mask's width: --data.features.time-mask-count is 0"),
+    (["--data.event-column", "events"], "--data.event-column 'events': is read by --data.crop-events"),
+    (["--augment.mix-db", "-10", "-3"], "--augment.mix-db (-10.0, -3.0): is the mixed-in level"),
     # Values that ran and did nothing or nonsense, a traceback, or a refusal naming no option.
     (["--data.features.clip-seconds", "10"], "--data.features.clip-seconds 10.0: gives 998 log-mel frames"),
     (["--data.features.f-max", "10"], "--data.features.f-max 10.0: (10 Hz) must be above f_min (20 Hz)"),
@@ -194,13 +225,17 @@ def test_data_paths_that_match_no_shard_or_lack_a_vocabulary(
 
 
 def test_a_stop_at_a_step_the_run_has_trained_is_refused_with_nothing_written(
-    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The README's first command run again, after its run saved step 1: without the check, the resumed
     # run never met its stop and trained to the end.
     run = ["--run", "r", "--log.runs-dir", str(tmp_path), *data_flags(demo_dir), "--steps", "4",
            "--eval-every", "0", "--data.batch-size", "4"]  # fmt: skip
-    assert main(["pretrain", *run, "--stop-at-step", "1"]) is None
+    # Trained by a birdjepa that did not refuse an option it never reads: its resumes are not refused
+    # for it (the checks below come later), or the run could never go on.
+    with monkeypatch.context() as m:
+        m.setattr(validation, "_check_unused", lambda cfg: None)
+        assert main(["pretrain", *run, "--stop-at-step", "1", "--optim.decay-fraction", "0.3"]) is None
     written = {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file() and p.name != "lease"}
     for step in ("1", "0"):
         code, err = pretrain_exit(capsys, *run, "--stop-at-step", step)

@@ -124,9 +124,11 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
 ]  # fmt: skip
 
 
-def check(cfg: PretrainConfig, *, data: bool = True) -> None:
+def check(cfg: PretrainConfig, *, data: bool = True, fresh: bool = True) -> None:
     """Raise `OptionError` for the first option of ``cfg`` that cannot work; ``data``: also check that
-    the data paths match shards and that their labels can be counted."""
+    the data paths match shards and that their labels can be counted; ``fresh``: a run that starts here,
+    whose options are refused where it would never read them (`unused`). A resumed run's came from its
+    checkpoint: refusing them there would stop a run that trained with them (before this check) for good."""
     _check_run(cfg)
     for options, ok, allowed in _RANGES:
         for option in options:
@@ -167,6 +169,8 @@ def check(cfg: PretrainConfig, *, data: bool = True) -> None:
     _check_loader(cfg)
     _check_model(cfg)
     _check_objective(cfg)
+    if fresh:
+        _check_unused(cfg)
     _check_virtual_shards(cfg)
     if data:
         check_data(cfg)
@@ -191,12 +195,30 @@ def _check_loader(cfg: PretrainConfig) -> None:
     def option(name: str) -> str:
         return f"data.{name}" if name in data else f"data.features.{name}"
 
-    try:
-        frames = _rs.check_loader_options(options_json(options))
-    except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option it rejects
-        message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
-        name = message.split()[0]
-        raise OptionError(option(name), options.get(name, "?"), message.removeprefix(f"{name} ")) from None
+    def rejected(values: dict[str, Any]) -> tuple[str, str] | None:
+        """(option, the Rust core's message less the option's name) of the first option it rejects."""
+        try:
+            _rs.check_loader_options(options_json(values))
+        except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option
+            message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
+            name = message.split()[0]
+            return name, message.removeprefix(f"{name} ")
+        return None
+
+    if (found := rejected(options)) is not None:
+        name, why = found
+        value = options.get(name, "?")
+        if isinstance(value, int) and value < 0:  # its type's ">= 0": say the bound it has (batch: >= 1)
+            at_zero = rejected({**options, name: 0})
+            why = at_zero[1] if at_zero is not None and at_zero[0] == name else "must be >= 0"
+        elif why.startswith("x "):  # a product ("batch_size x n_views x ..."): each option, with its value
+            product, rule = why.removeprefix("x ").split(" must ", 1)
+            names = product.split(" x ")
+            terms = " x ".join(f"{flag(option(n))} {options[n]}" for n in names)
+            total = math.prod(int(options[n]) for n in (name, *names))
+            why = f"x {terms} = {total:,} values a batch, which must {rule.removesuffix(' values a batch')}"
+        raise OptionError(option(name), value, why)
+    frames = _rs.check_loader_options(options_json(options))
     n_frames = cfg.data.features.n_frames
     if frames > n_frames:  # the loader keeps the first n_frames: a 10 s clip trained on its first 5.1 s
         why = (f"gives {frames} log-mel frames, more than --data.features.n-frames ({n_frames}), of which "
@@ -256,6 +278,39 @@ def _check_objective(cfg: PretrainConfig) -> None:
             )
         if getattr(built, f.name) != value:
             raise OptionError(f"model.{f.name}", value, f"the {kind} objective sets it itself: leave it out")
+
+
+def unused(cfg: PretrainConfig) -> list[tuple[str, Any, str]]:
+    """The options given a value other than their default that this run would never read, each with
+    why: the objective's (`birdjepa.objectives.options.Options.unused`) and the rest of the recipe's.
+    Each trained as if left out (exit 0), while config.json, a sweep's table and the run's name said it
+    was set."""
+    optim, features, kind = cfg.optim, cfg.data.features, cfg.objective.kind
+    hidden = cfg.objective.options.model(cfg.model).proj_layers > 0
+    none = "(--model.proj-layers 0)" if kind == "lejepa" else f"(--model.proj-layers 0, as {kind} sets)"
+    rules = [  # (option, whether this run reads it, why not)
+        ("optim.decay_fraction", optim.schedule == "wsd", "is --optim.schedule wsd's, not cosine's"),
+        ("optim.min_lr_ratio", optim.schedule == "cosine" or optim.decay_fraction > 0,
+         "is where the decay ends, and --optim.decay-fraction 0 keeps the LR at its peak"),
+        ("max_skips", cfg.on_nonfinite == "skip", "counts skipped updates: --on-nonfinite is stop, not skip"),
+        *((f"data.features.{axis}_mask_width", getattr(features, f"{axis}_mask_count") > 0,
+           f"is each mask's width: --data.features.{axis}-mask-count is 0") for axis in ("time", "freq")),
+        ("data.event_column", cfg.data.crop_events, "is read by --data.crop-events, which is off"),
+        ("augment.mix_db", cfg.augment.mix_prob > 0, "is the mixed-in level: --augment.mix-prob is 0"),
+        *((f"model.{name}", hidden, f"is the projector's hidden layers', and it has none {none}")
+          for name in ("proj_hidden", "proj_norm")),
+    ]  # fmt: skip
+    found = list(cfg.objective.options.unused(cfg))
+    default = PretrainConfig()
+    for option, read, why in rules:
+        if not read and _get(cfg, option) != _get(default, option):
+            found.append((option, _get(cfg, option), why))
+    return found
+
+
+def _check_unused(cfg: PretrainConfig) -> None:
+    for option, value, why in unused(cfg):
+        raise OptionError(option, value, f"{why}: leave it out, or set what reads it")
 
 
 def _check_virtual_shards(cfg: PretrainConfig) -> None:

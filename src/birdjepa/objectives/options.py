@@ -33,6 +33,15 @@ class Options:
         """Options of this group that cannot work with the rest of ``cfg`` (the chosen objective only)."""
         return iter(())
 
+    def unused(self, cfg: PretrainConfig) -> Iterator[Problem]:
+        """Options given a value other than their default that this objective would never read with
+        the rest of ``cfg`` (here the option is its whole path, ``model.predictor_depth``): a run trained
+        without them, config.json recording them as given. The predictor by default: only LeJEPA's span
+        term reads it."""
+        depth = cfg.model.predictor_depth
+        if depth:
+            yield "model.predictor_depth", depth, f"the {cfg.objective.kind} objective has no span term"
+
     def model(self, model_cfg: ModelConfig) -> ModelConfig:
         """The model this objective trains, from the configured one (with the data's class count)."""
         return model_cfg
@@ -108,6 +117,19 @@ class LeJepaConfig(Options):
             allowed = f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames"
             yield "local_frames", self.local_frames, allowed
 
+    def unused(self, cfg: PretrainConfig) -> Iterator[Problem]:
+        default, where = LeJepaConfig(), "objective.lejepa"
+        if not self.span_weight:
+            off = "without --objective.lejepa.span-weight (0: no span term)"
+            if depth := cfg.model.predictor_depth:
+                yield "model.predictor_depth", depth, f"the predictor is read only by the span term: {off}"
+            for name in ("span_tokens", "span_ratio"):
+                if getattr(self, name) != getattr(default, name):
+                    yield f"{where}.{name}", getattr(self, name), f"is the span term's: {off}"
+        if not self.local_views and self.local_frames != default.local_frames:
+            why = "is the local views': --objective.lejepa.local-views is 0"
+            yield f"{where}.local_frames", self.local_frames, why
+
     def decoder(self, model_cfg: ModelConfig) -> DecoderConfig | None:
         # The patch term's read-out: a decoder without blocks maps each token to its own patch's values.
         m = model_cfg.resolved()
@@ -158,6 +180,17 @@ class MaeConfig(Options):
         decoder = self.decoder(m)
         if decoder.dim % decoder.heads:
             yield "decoder_heads", decoder.heads, f"must divide the decoder's width ({decoder.dim})"
+
+    def unused(self, cfg: PretrainConfig) -> Iterator[Problem]:
+        yield from super().unused(cfg)
+        default, m = MaeConfig(), cfg.model
+        reads = {"block_time": ("time", "block"), "block_freq": ("freq", "block")}
+        for name, maskings in reads.items():
+            if getattr(self, name) != getattr(default, name) and self.masking not in maskings:
+                why = f"is read by --objective.mae.masking {' or '.join(maskings)}, not {self.masking}"
+                yield f"objective.mae.{name}", getattr(self, name), why
+        if m.proj_dim is not None:  # the projector is built (one layer), and no loss reads it
+            yield "model.proj_dim", m.proj_dim, "no loss of the mae objective reads the projector"
 
     def model(self, model_cfg: ModelConfig) -> ModelConfig:
         # No loss reads the projector: one linear layer (the model always has one) is all it costs.

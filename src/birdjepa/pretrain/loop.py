@@ -123,15 +123,14 @@ def pretrain(cfg: PretrainConfig) -> int:
 
 def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
     """`pretrain` under its signal handlers: the checks, the run's lease, the segment."""
-    validation.check(cfg)  # before anything touches the run directory
-    if (nested := layout.nesting(cfg.log.runs_dir, cfg.run_dir)) is not None:
-        raise OptionError("run", cfg.run, nested)
     # An empty checkpoints/ folder is no run: a start that failed before its first step (a truncated
     # shard) leaves one, and the same command with --resume never was refused.
     ckpts = layout.checkpoints(cfg.run_dir)
-    if cfg.resume == "never" and (
-        (ckpts.is_dir() and any(ckpts.iterdir())) or layout.metrics_file(cfg.run_dir).exists()
-    ):
+    saved = ckpts.is_dir() and any(ckpts.iterdir())
+    validation.check(cfg, fresh=not (saved and cfg.resume == "auto"))  # before anything touches the run
+    if (nested := layout.nesting(cfg.log.runs_dir, cfg.run_dir)) is not None:
+        raise OptionError("run", cfg.run, nested)
+    if cfg.resume == "never" and (saved or layout.metrics_file(cfg.run_dir).exists()):
         # A fresh start there would write a second run's checkpoints and log beside the first's, and the
         # next resume would continue whichever checkpoint is newest.
         raise OptionError("resume", "never", f"{cfg.run_dir} already holds a run: give another --run, or "

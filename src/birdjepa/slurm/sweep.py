@@ -174,7 +174,7 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
         if parsed != cfg:  # the job's command line must mean exactly this config
             raise SweepError(f"{where}: flags {shlex.join(flags)} do not parse back to the config")
         try:  # the values pretrain would reject, here, before anything is submitted
-            validation.check(cfg)
+            validation.check(cfg, fresh=not layout.has_checkpoints(cfg.run_dir))  # as pretrain's start
         except OptionError as e:
             raise SweepError(f"{where}: {e}") from None
         slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
