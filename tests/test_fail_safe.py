@@ -345,3 +345,38 @@ def test_a_start_with_no_checkpoint_to_resume_keeps_the_earlier_log_apart(
     steps = [r["step"] for r in read_metrics(cfg.run_dir) if "event" not in r]
     assert steps == list(range(STEPS)), steps
     assert differing(straight, cfg.run_dir) == []
+
+
+def test_a_model_larger_than_the_memory_is_one_line_before_an_array_is_allocated(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # 9.6e9 parameters x 4 copies at --model.dim 20000 (here 2.4e11): the parameters were allocated one by
+    # one, until XLA's RESOURCE_EXHAUSTED (a traceback) or, on a host that lets them through, the kernel's
+    # out-of-memory killer (no word at all).
+    cfg = config(demo_dir, tmp_path, "huge", model=dataclasses.replace(PretrainConfig().model, dim=100_000))
+    assert pretrain(cfg) == exit_codes.USAGE
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(
+        r"error: the model's 240,[\d,]+ parameters, their gradients and the optimizer state take [\d.]+ "
+        r"GiB on one cpu device, which holds [\d.]+ GiB, before a step's activations: train a smaller .*",
+        line,
+    ), line
+    assert steps_on_disk(cfg.run_dir) == []
+
+
+@pytest.mark.slow  # 26 s: the step compiles (ahead, in a thread the process waits for) before the failure
+def test_a_device_out_of_memory_is_one_line_and_exit_2(demo_dir: Path, tmp_path: Path) -> None:
+    # A state that fits the host, in a process whose address space does not hold it (as a GPU's memory
+    # would not): XLA's RESOURCE_EXHAUSTED was a traceback, exit 1.
+    import subprocess
+    import sys
+
+    limited = ["bash", "-c", 'ulimit -v 6291456 && exec "$@"', "-"]  # 6 GiB (no preexec_fn: JAX's threads)
+    args = [*limited, sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", "r",
+            "--log.runs-dir", str(tmp_path),
+            "--data.train", str(demo_dir / "train"), "--data.eval", str(demo_dir / "eval"), "--steps", "2",
+            "--eval-every", "0", "--data.batch-size", "2", "--model.dim", "3072"]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    said = [line for line in done.stdout.splitlines() if line.startswith("ERROR")]
+    assert done.returncode == exit_codes.USAGE and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(said) == 1 and said[0].startswith("ERROR: the device ran out of memory (RESOURCE_EXHAUSTED: ")

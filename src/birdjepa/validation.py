@@ -104,6 +104,17 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
         ("augment.gain_db", "augment.tilt_db", "augment.noise_db"),
         lambda v: v <= 100, "must be at most 100 dB",
     ),
+    # Each block is traced in Python before the step compiles: 10^6 decoder blocks traced for minutes (no
+    # step, no SIGTERM); ViT-22B has 48.
+    (("model.depth", "model.predictor_depth", "objective.mae.decoder_depth"), lambda v: v <= 256,
+     "must be at most 256 blocks"),
+    # Each multiplies a tensor of the step (tokens, local crops, SIGReg's projections at each knot): 10^6
+    # local views traced one of 3.3e10 values, past what a jitted argument holds (an OverflowError).
+    # LeJEPA's own: 256-1024 directions, 17 knots, a few local views; registers: 4-16.
+    (("model.registers",), lambda v: v <= 1024, "must be at most 1024"),
+    (("objective.lejepa.local_views",), lambda v: v <= 64, "must be at most 64"),
+    (("objective.lejepa.num_directions",), lambda v: v <= 2**16, "must be at most 65536"),
+    (("objective.lejepa.num_knots",), lambda v: v <= 1024, "must be at most 1024"),
     # One decode thread each: 10^6 failed to spawn (a panic); 5,000 waited a minute before a step.
     (("data.n_workers",), lambda v: v <= 1024, "must be at most 1024 (0: one per CPU)"),
     (

@@ -85,7 +85,7 @@ def summary(x: jax.Array, *, whole: bool = False) -> dict[str, jax.Array]:
         (f, inf, jax.lax.min), (f, -inf, jax.lax.max), (f, 0.0, add), (f * f, 0.0, add),
         ((~jnp.isfinite(f)).astype(jnp.float32), 0.0, add),
     ])  # fmt: skip
-    stats = jnp.stack([lo, hi, total / max(f.size, 1), jnp.sqrt(squares), nonfinite])
+    stats = jnp.stack([lo, hi, total / float(max(f.size, 1)), jnp.sqrt(squares), nonfinite])
     out = {"digest": jnp.stack([h0, h1]), "stats": stats if f.size else jnp.zeros_like(stats)}
     if whole or x.size <= SMALL:
         out["array"] = x

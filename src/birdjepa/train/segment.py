@@ -29,6 +29,7 @@ from birdjepa.seams import planted
 from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled, compiled
+from birdjepa.train.memory_fit import check_fits
 from birdjepa.train.optim import make_optimizer
 from birdjepa.train.recording import RecordableStep
 from birdjepa.train.state import TrainState
@@ -121,12 +122,13 @@ def open_segment(
     `open_loader`'s, at the state's loader position. ``compile_ahead``: where steps are left, the step
     compiles in a thread from here on, while the state is built and restored and the caller opens its
     loader and checks the resume (the loop's; `RecordableStep.compile_ahead`). Raises
-    `checkpoint.CheckpointError` (a restore) and the data's errors."""
+    `checkpoint.CheckpointError` (a restore), `memory_fit.DoesNotFit` and the data's errors."""
     files = data_files(cfg) if n_classes is None else None
     model_cfg = model_config(cfg, n_classes if files is None else label_count(files[0]))
     fns = compiled(StepConfig.of(cfg, model_cfg), cfg.optim, total_updates(cfg)) if step_fns else None
     tx = fns.tx if fns is not None else make_optimizer(cfg.optim, total_updates(cfg))
     template = state_template(cfg, model_cfg, tx)
+    check_fits(template)  # before the step compiles or any array of the state is allocated
     if compile_ahead and fns is not None and isinstance(fns.train_step, RecordableStep):
         newest = ckpt.latest_step() if at == "newest" and ckpt is not None else at
         if (0 if newest is None else newest + 1) < cfg.steps:  # a finished run steps no more
