@@ -22,6 +22,9 @@ Fixtures (all < 200 KB):
 - ``birds_32k_mono.mp3``      4.0 s, 32 kHz, mono, MPEG layer III (variable bit rate, a Xing header)
 - ``birds_32k_mono_cbr.mp3``  4.0 s, 32 kHz, mono, MPEG layer III at a constant bit rate (an Info
   header); its own generator (``SEED + 1``), so adding it left the others' signals as they were
+- ``birds_24k_mono_8kbps.mp3``  8.0 s, 24 kHz, mono, MPEG-2 layer III at 8 kbps (constant), and
+  ``birds_48k_mono_vbr.mp3``  6.0 s, 48 kHz, mono, variable rate: bit reservoirs that reach back many
+  frames; their own generator (``SEED + 2``)
 """
 
 from __future__ import annotations
@@ -95,6 +98,18 @@ def write_cbr_mp3(out: Path) -> None:
              bitrate_mode="CONSTANT", compression_level=0.5)  # fmt: skip
 
 
+def write_low_rate_mp3s(out: Path) -> None:
+    """Streams whose bit reservoir reaches back many frames (a crop's decode must start further back than
+    a few frames): MPEG-2 at 24 kHz and libsndfile's lowest constant rate (8 kbps: 24-byte frames, 11
+    bytes of main data each, a reservoir of up to 255), and MPEG-1 at 48 kHz, variable rate."""
+    rng = np.random.default_rng(SEED + 2)
+    x = birdsong(rng, 8.0, 24000, 1, noise=0.01)
+    sf.write(out / "birds_24k_mono_8kbps.mp3", x[:, 0], 24000, format="MP3", subtype="MPEG_LAYER_III",
+             bitrate_mode="CONSTANT", compression_level=0.99)  # fmt: skip
+    x = birdsong(rng, 6.0, 48000, 1, noise=0.01)
+    sf.write(out / "birds_48k_mono_vbr.mp3", x[:, 0], 48000, format="MP3", subtype="MPEG_LAYER_III")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only print the sizes of existing fixtures")
@@ -143,6 +158,7 @@ def main() -> None:
         sf.write(out / "birds_32k_mono.mp3", x[:, 0], 32000, format="MP3", subtype="MPEG_LAYER_III")
 
         write_cbr_mp3(out)
+        write_low_rate_mp3s(out)
 
     too_big = []
     for p in sorted(out.iterdir()):

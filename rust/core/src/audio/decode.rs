@@ -21,11 +21,14 @@
 //! counted from its frames' headers at open (`super::mp3_frames`; without a Xing/Info header, common at
 //! a constant bit rate, the container's estimate from the first frame is off for a variable rate), and
 //! a seek opens the stream at the frame holding `start - margin` instead of parsing every frame from the
-//! start (a stream that does not scan cleanly counts and seeks through the demuxer instead): its margin (`DEFAULT_MARGIN`, about 7 frames) covers the bit
-//! reservoir (at most 511 bytes, under 2 frames) and the synthesis filter bank's history, after which
-//! the decoder's output no longer depends on where decoding began (checked bit for bit on the fixture
-//! and, when this was written, on 440 random windows of the 22 demo-set MP3s). Streams of unknown
-//! length are decoded whole once and the window copied out of it.
+//! start (a stream that does not scan cleanly counts and seeks through the demuxer instead). The frame
+//! it starts at is back far enough for the bit reservoir of the frames before `start` (up to 511 bytes
+//! of main data, which at 8 kbps spans 23 frames: `Mp3Frames::decode_from` counts them from the
+//! frames' own sizes) and the synthesis filter bank's history, and at least `DEFAULT_MARGIN` (about 7
+//! frames, which a seek through the demuxer keeps: enough from 32 kbps MPEG-1 up), after which the
+//! decoder's output no longer depends on where decoding began (checked bit for bit on the fixtures,
+//! 8 kbps at 24 kHz among them). Streams of unknown length are decoded whole once and the window copied
+//! out of it.
 //!
 //! Packets that fail to decode (`DecodeError`) are skipped, as players do; they are counted in
 //! [`AudioReader::packet_errors`]. A stream that yields no audio frame at all is an error.
@@ -532,13 +535,15 @@ impl AudioReader {
         self.fresh = false;
         if let Some(from) = seek_from {
             if let Some(frames) = self.mp3.clone() {
-                // Open the stream at the frame holding `from`: no frame before it is parsed.
-                let k = (from / frames.samples_per_frame) as usize;
+                // Open the stream at the frame holding `from`, or before it where the bit reservoir of
+                // the frames before `start` reaches further: no frame before it is parsed.
+                let spf = frames.samples_per_frame;
+                let k = ((from / spf) as usize).min(frames.decode_from((start / spf) as usize));
                 let offset = frames.offsets.get(k).copied().unwrap_or(self.bytes.as_ref().len());
                 let tail = SharedBytes(Arc::new(Tail(self.bytes.clone(), offset)));
                 let o = open_stream(&tail)?;
                 (self.format, self.decoder, self.track_id) = (o.format, o.decoder, o.track_id);
-                self.ts_base = k as u64 * frames.samples_per_frame;
+                self.ts_base = k as u64 * spf;
             } else {
                 let to = SeekTo::TimeStamp { ts: self.start_ts + from, track_id: self.track_id };
                 self.format
@@ -837,6 +842,14 @@ pub(crate) mod tests {
     #[test]
     fn mp3_seek_windows_equal_full_decode() {
         check_windows_equal_full("birds_32k_mono.mp3", &random_windows(6, 40, 4 * 32_000, 60_000));
+    }
+
+    #[test]
+    fn mp3_windows_of_a_bit_reservoir_that_reaches_back_many_frames_equal_full_decode() {
+        // 8 kbps at 24 kHz: a frame's main data may begin 255 bytes back, 23 frames of 11 bytes; a crop
+        // whose decode started a fixed 14 frames before it opened with up to 180 ms of zeros.
+        check_windows_equal_full("birds_24k_mono_8kbps.mp3", &random_windows(8, 40, 8 * 24_000, 60_000));
+        check_windows_equal_full("birds_48k_mono_vbr.mp3", &random_windows(9, 40, 6 * 48_000, 60_000));
     }
 
     /// `bytes` without its first frame, which must be a Xing/Info header: a file written without one.

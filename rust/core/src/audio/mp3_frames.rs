@@ -7,6 +7,12 @@
 //! at a frame a few frames before the crop (`super::decode`), whose output from there on equals a
 //! whole decode's, bit for bit.
 //!
+//! A frame's main data may begin in the frames before it (the bit reservoir: up to 511 bytes back in
+//! MPEG-1, 255 in MPEG-2 and 2.5), and a decoder that starts without those bytes renders zeros until
+//! its reservoir holds them. At a low bit rate that is many frames: 8 kbps at 24 kHz carries 11 bytes
+//! of main data a frame, so 255 bytes reach back 23 frames. [`Mp3Frames::decode_from`] walks back
+//! from a crop's first frame over the frames' own main-data sizes until they hold a full reservoir.
+//!
 //! Only a stream that parses cleanly to its end is indexed: an ID3v2 tag in front, then layer III frames
 //! back to back (a Xing/Info/VBRI header frame first is skipped, as the demuxer skips it), then at most
 //! an ID3v1 tag or an APE/Lyrics trailer. Anything else (junk between frames, free-format bit rates,
@@ -19,21 +25,52 @@ pub struct Mp3Frames {
     pub offsets: Vec<usize>,
     /// 1152 (MPEG-1) or 576 (MPEG-2 and 2.5).
     pub samples_per_frame: u64,
+    /// Each frame's bytes of main data (what follows its header, CRC and side information).
+    main_bytes: Vec<u16>,
+    /// The farthest back a frame's main data may begin: 511 bytes (MPEG-1) or 255 (MPEG-2 and 2.5).
+    reservoir: usize,
 }
+
+/// Frames decoded before a crop's first frame beyond those its reservoir needs: the IMDCT overlaps
+/// each granule with the one before, and the synthesis filter bank keeps 512 samples of history, so
+/// the two frames before the crop must decode as in a whole decode too.
+const OVERLAP_FRAMES: usize = 2;
 
 impl Mp3Frames {
     /// Frames in the stream times the samples each renders: the whole decode's length.
     pub fn n_samples(&self) -> u64 {
         self.offsets.len() as u64 * self.samples_per_frame
     }
+
+    /// The frame a decode must start at for frame `first` on to equal a whole decode's: the frames from
+    /// it to the [`OVERLAP_FRAMES`] before `first` hold at least a full reservoir of main data, which
+    /// is as far back as any of those frames can reach (or the stream's first frame).
+    pub fn decode_from(&self, first: usize) -> usize {
+        let mut k = first.saturating_sub(OVERLAP_FRAMES).min(self.offsets.len());
+        let mut held = 0;
+        while k > 0 && held < self.reservoir {
+            k -= 1;
+            held += self.main_bytes[k] as usize;
+        }
+        k
+    }
 }
 
 const KBPS_V1: [u32; 15] = [0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320];
 const KBPS_V2: [u32; 15] = [0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160];
 
-/// `(frame bytes, samples per frame, a key that must not change along the stream)` of the layer III
-/// header at the start of `h`, or None.
-fn header(h: &[u8]) -> Option<(usize, u64, u8)> {
+/// The layer III header at the start of a frame.
+struct Header {
+    bytes: usize,
+    samples: u64,
+    /// Header, CRC and side information: the bytes before the main data.
+    overhead: usize,
+    /// What must not change along the stream (version and sample rate).
+    key: u8,
+}
+
+/// The layer III header at the start of `h`, or None.
+fn header(h: &[u8]) -> Option<Header> {
     if h.len() < 4 || h[0] != 0xFF || h[1] & 0xE0 != 0xE0 {
         return None;
     }
@@ -50,7 +87,15 @@ fn header(h: &[u8]) -> Option<(usize, u64, u8)> {
     let padding = ((h[2] >> 1) & 1) as usize;
     let (kbps, spf) = if version == 3 { (KBPS_V1[bitrate], 1152u64) } else { (KBPS_V2[bitrate], 576u64) };
     let bytes = (spf as usize / 8) * kbps as usize * 1000 / sample_rate as usize + padding;
-    Some((bytes, spf, h[1] & 0x18 | (h[2] & 0x0C)))
+    let mono = h[3] >> 6 == 3;
+    let side = match (version == 3, mono) {
+        (true, true) => 17,
+        (true, false) => 32,
+        (false, true) => 9,
+        (false, false) => 17,
+    };
+    let crc = if h[1] & 1 == 0 { 2 } else { 0 };
+    Some(Header { bytes, samples: spf, overhead: 4 + crc + side, key: h[1] & 0x18 | (h[2] & 0x0C) })
 }
 
 /// Whether `frame` is a Xing/Info/VBRI header rather than audio.
@@ -66,27 +111,32 @@ pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
         let size = data[6..10].iter().fold(0usize, |s, &b| (s << 7) | (b & 0x7F) as usize);
         at = 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
     }
-    let (mut offsets, mut spf, mut key) = (Vec::new(), 0, None);
+    let (mut offsets, mut main_bytes, mut spf, mut key) = (Vec::new(), Vec::new(), 0, None);
+    let done = |offsets: Vec<usize>, main_bytes, spf| {
+        let reservoir = if spf == 1152 { 511 } else { 255 };
+        (!offsets.is_empty()).then_some(Mp3Frames { offsets, samples_per_frame: spf, main_bytes, reservoir })
+    };
     while at < data.len() {
         let rest = &data[at..];
-        let Some((len, frame_spf, frame_key)) = header(rest) else {
+        let Some(h) = header(rest) else {
             // The end: nothing, or a trailing tag.
             let trailer = rest.starts_with(b"TAG") && rest.len() == 128
                 || rest.starts_with(b"APETAGEX")
                 || rest.starts_with(b"LYRICS");
-            return (trailer && !offsets.is_empty()).then_some(Mp3Frames { offsets, samples_per_frame: spf });
+            return if trailer { done(offsets, main_bytes, spf) } else { None };
         };
-        if key.is_some_and(|k| k != frame_key) || len > rest.len() {
-            return None; // another version or rate midway, or a last frame cut short
+        if key.is_some_and(|k| k != h.key) || h.bytes > rest.len() || h.bytes < h.overhead {
+            return None; // another version or rate midway, a last frame cut short, or no main data
         }
-        if !(offsets.is_empty() && key.is_none() && is_info_frame(&rest[..len])) {
+        if !(offsets.is_empty() && key.is_none() && is_info_frame(&rest[..h.bytes])) {
             offsets.push(at);
+            main_bytes.push((h.bytes - h.overhead) as u16);
         }
-        key = Some(frame_key);
-        spf = frame_spf;
-        at += len;
+        key = Some(h.key);
+        spf = h.samples;
+        at += h.bytes;
     }
-    (!offsets.is_empty()).then_some(Mp3Frames { offsets, samples_per_frame: spf })
+    done(offsets, main_bytes, spf)
 }
 
 #[cfg(test)]
