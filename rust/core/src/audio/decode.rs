@@ -25,7 +25,7 @@
 //! it starts at is back far enough for the bit reservoir of the frames before `start` (up to 511 bytes
 //! of main data, which at 8 kbps spans 23 frames: `Mp3Frames::decode_from` counts them from the
 //! frames' own sizes) and the synthesis filter bank's history, and at least `DEFAULT_MARGIN` (about 7
-//! frames, which a seek through the demuxer keeps: enough from 32 kbps MPEG-1 up), after which the
+//! frames, which a seek through the demuxer keeps: enough from 64 kbps up), after which the
 //! decoder's output no longer depends on where decoding began (checked bit for bit on the fixtures,
 //! 8 kbps at 24 kHz among them). Streams of unknown length are decoded whole once and the window copied
 //! out of it.
