@@ -255,15 +255,28 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
     past[9] = len(names) + 3
     write("past", "a.parquet", table.set_column(at, "ebird_code", pa.array(past, pa.int64())), names)
     write("twice", "a.parquet", table, [names[0]] * len(names))
+    # String labels beside ClassLabel ids: the vocabulary was the names alone, and a run stopped at its
+    # first string outside them.
+    write("strings", "a.parquet", table, names)
+    strings = pa.array([f"new-{x}" for x in table.column("ebird_code").to_pylist()])
+    write("strings", "b.parquet", table.set_column(at, "ebird_code", strings), None)
     for folder, said in (
         ("order", "b.parquet: its ClassLabel names of 'ebird_code' are not "),
         ("bare", "b.parquet: integer labels without ClassLabel names beside "),
+        ("strings", "b.parquet: string labels beside "),
         ("past", f"a.parquet: row group 1: label {len(names) + 3} is outside its {len(names)} ClassLabel"),
         ("twice", "a.parquet: its ClassLabel names cannot be a vocabulary: vocab names must be unique"),
     ):
         code, _, err = prepare(tmp_path / folder, tmp_path / f"out-{folder}", capsys)
         assert code == 1 and said in err and err.count("\n") == 1, err
         assert not [p for p in (tmp_path / f"out-{folder}").glob("*") if p.suffix in (".arrow", ".json")]
+    # Bare ids in another column than ebird_code: no vocab.json recorded the column, and every reader read
+    # ebird_code's labels, exit 0.
+    write("species", "a.parquet", table.append_column("species", table.column("ebird_code")), None)
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(tmp_path / "species"), str(tmp_path / "o"), "--label-column", "species"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "a.parquet: --label-column species: its integer labels have no " in err, err
     # Bare ids, then a named set beside them: its vocab.json named the first set's ids, exit 0.
     write("ids", "a.parquet", table, None)
     code, _, err = prepare(tmp_path / "ids", tmp_path / "shared", capsys)

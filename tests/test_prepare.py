@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet
 import pytest
 import soundfile as sf
 from conftest import TINY_FREQS_HZ, TinyShards, tone
@@ -321,6 +322,23 @@ def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     main(["prepare", str(src), str(tmp_path / "out4"), "--skip-bad"])
     said = f"WARNING 1 label(s) have no row, every file of theirs skipped: badwar; they stay in {tmp_path}"
     assert said in capsys.readouterr().out
+    # Audio of formats the loader does not read: left out, and a class of them gone, without a word.
+    (src / "amecro" / "bad.mp3").unlink()
+    (src / "badwar" / "x.wav").unlink()
+    (src / "amecro" / "z.aif").write_bytes(b"FORM")
+    for name in ("x.m4a", "y.opus"):
+        (src / "badwar" / name).write_bytes(b"\0")
+    (src / "notes.txt").write_text("not audio: no word of it")
+    main(["prepare", str(src), str(tmp_path / "out5")])
+    out = capsys.readouterr().out
+    assert f"WARNING 3 audio file(s) under {src} left out (1 .aif, 1 .m4a, 1 .opus; e.g. amecro/z.aif)" in out
+    assert "WARNING label folder(s) badwar held only those: no class of theirs" in out and ".txt" not in out
+    # Parquet beside them: the audio was left out without a word.
+    pa.parquet.write_table(pa.table({"audio": [b""], "ebird_code": [0]}), src / "meta.parquet")
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(src), str(tmp_path / "out6")])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"{src} holds Parquet files and 7 audio file(s) (e.g. XC099.wav)" in err, err
 
 
 def test_tiny_fixtures(

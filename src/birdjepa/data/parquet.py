@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from birdjepa.data.shards import (
     BATCH_ROWS,
+    DEFAULT_LABEL_COLUMN,
     bad_names,
     class_names,
     list_shards,
@@ -88,6 +89,15 @@ def _convert(files: list[Path], out: Path, label_column: str, prefix: str, audio
                               "remove them or write to an empty folder")  # fmt: skip
     schemas = [_check_schema(file, audio_column, label_column) for file in files]  # all, before writing
     names = _one_vocabulary(files, schemas, label_column)
+    if (
+        names is None
+        and label_column != DEFAULT_LABEL_COLUMN
+        and all(pa.types.is_integer(s.field(label_column).type) for s in schemas)
+    ):  # only a vocab.json records the column a reader takes: without one, every reader took ebird_code
+        raise ParquetError(f"{files[0]}: --label-column {label_column}: its integer labels have no "
+                           "ClassLabel names, so no vocab.json records the column and every reader would "
+                           f"read {DEFAULT_LABEL_COLUMN!r}: give the column its ClassLabel names, or its "
+                           "labels as strings")  # fmt: skip
     clash = None if names is None else relabelled(out, names, label_column)
     if clash is not None:  # ClassLabel names: known before any row is copied
         raise ParquetError(clash)
@@ -151,6 +161,11 @@ def _one_vocabulary(files: list[Path], schemas: list[pa.Schema], label_column: s
         raise ParquetError(f"{bare[0]}: integer labels without ClassLabel names beside {other}'s named "
                            "ones: its ids would be read as positions in that vocabulary; convert the two "
                            "apart")  # fmt: skip
+    text = next((f for f, s in zip(files, schemas, strict=True) if _text(s.field(label_column).type)), None)
+    if first is not None and text is not None:  # prepare passed, and the first string missing from the
+        raise ParquetError(f"{text}: string labels beside {first[0]}'s ClassLabel ids: the vocabulary "
+                           "would be the ClassLabel's names alone, and a training run stops at the first "
+                           "string outside them; convert the two apart")  # fmt: skip
     if first is None:
         return None
     why = bad_names(first[1], ordered=False)

@@ -46,6 +46,10 @@ from birdjepa.data.shards import (
 from birdjepa.exit_codes import FAILED, INTERRUPTED
 
 AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
+#: Audio that the loader's decoder does not read: counted and named when prepare leaves such files out
+#: (three files and a whole class of .aif, .opus and .m4a went without a word).
+OTHER_AUDIO = (".3gp", ".aac", ".aif", ".aifc", ".aiff", ".amr", ".ape", ".au", ".caf", ".m4a", ".mka",
+               ".mp2", ".mp4", ".opus", ".webm", ".wma", ".wv")  # fmt: skip
 """Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3)."""
 CHECK_FRAMES = 4096
 READ_CHUNK = 64  # files read (and checked, in parallel) at a time
@@ -69,19 +73,20 @@ class PrepareResult:
     """(path relative to SRC, reason) of files skipped with `skip_bad`."""
 
 
-def find_audio_files(src: Path) -> list[str]:
-    """Audio files under `src` as sorted posix paths relative to it (hidden files and folders skipped).
-    Folders that are links are followed (a label folder on another disk was left out without a word),
-    except one that leads back to a folder it is in. A FIFO or device under an audio name is no file
-    (reading it hung prepare); a link to nowhere is kept, for the reader to name. `PrepareError` for a
-    name that is not UTF-8 (a shard stores names as strings: a traceback once a batch was read)."""
+def find_audio_files(src: Path, extensions: tuple[str, ...] = AUDIO_EXTENSIONS) -> list[str]:
+    """Audio files under `src` (by ``extensions``) as sorted posix paths relative to it (hidden files and
+    folders skipped). Folders that are links are followed (a label folder on another disk was left out
+    without a word), except one that leads back to a folder it is in. A FIFO or device under an audio
+    name is no file (reading it hung prepare); a link to nowhere is kept, for the reader to name.
+    `PrepareError` for a name that is not UTF-8 (a shard stores names as strings: a traceback once a
+    batch was read)."""
     found = []
     for root, dirs, files in os.walk(src, followlinks=True):
         here = os.path.realpath(root)
         dirs[:] = [d for d in dirs if not d.startswith(".") and not _leads_back(here, Path(root) / d)]
         rel_root = Path(root).relative_to(src)
         for name in files:
-            if name.startswith(".") or not name.lower().endswith(AUDIO_EXTENSIONS):
+            if name.startswith(".") or not name.lower().endswith(extensions):
                 continue
             path = Path(root) / name
             if os.path.exists(path) and not os.path.isfile(path):
@@ -93,6 +98,23 @@ def find_audio_files(src: Path) -> list[str]:
                                    "old archive?): rename it") from None  # fmt: skip
             found.append((rel_root / name).as_posix())
     return sorted(found)
+
+
+def say_left_out(src: Path, files: Sequence[str], *, by_folder: bool) -> None:
+    """A WARNING for the audio files under ``src`` of a format the loader does not read (`OTHER_AUDIO`),
+    counted by extension, and (``by_folder``: labels from sub-folders) for the label folders that held
+    only those, which are no class."""
+    others = find_audio_files(src, OTHER_AUDIO)
+    if not others:
+        return
+    count = Counter(PurePosixPath(f).suffix.lower() for f in others)
+    kinds = ", ".join(f"{n} {ext}" for ext, n in sorted(count.items()))
+    print(f"WARNING {len(others)} audio file(s) under {src} left out ({kinds}; e.g. {others[0]}): the loader "
+          f"reads {', '.join(AUDIO_EXTENSIONS)}; convert them to FLAC to keep them", flush=True)  # fmt: skip
+    folders = {f.split("/")[0] for f in others if "/" in f} - {f.split("/")[0] for f in files if "/" in f}
+    if by_folder and folders:
+        print(f"WARNING label folder(s) {', '.join(sorted(folders))} held only those: no class of "
+              "theirs", flush=True)  # fmt: skip
 
 
 def _leads_back(here: str, folder: Path) -> bool:
@@ -285,6 +307,8 @@ def prepare(
     if not files:
         hub = next((d for d in sorted(src.iterdir()) if d.is_dir() and parquet_files(d)), None)
         hint = f"; {hub} holds Parquet files: birdjepa prepare {hub} OUT" if hub is not None else ""
+        if others := find_audio_files(src, OTHER_AUDIO):
+            hint += f"; {len(others)} of other formats (e.g. {others[0]}): convert them to FLAC"
         raise PrepareError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {src}{hint}")
     labels = csv_labels(Path(labels_csv), src, files) if labels_csv is not None else folder_labels(files)
     if vocab_file is not None:
@@ -298,6 +322,7 @@ def prepare(
             raise PrepareError(clash)
         if verbose:
             print(f"{len(files)} audio files under {src}, {len(vocab)} labels", flush=True)
+            say_left_out(src, files, by_folder=labels_csv is None)
 
         skipped: list[tuple[str, str]] = []
         n_unlabelled = 0
@@ -376,6 +401,11 @@ def cli(
             raise PrepareError(f"OUT {out} is where SRC's files are: the shards would sit among them "
                                "(and be read as the source next time): give another folder")  # fmt: skip
         if files := parquet_files(src):
+            audio = find_audio_files(src) if src.is_dir() else []
+            if audio:  # the audio was left out without a word (HF's audiofolder: metadata.parquet)
+                raise PrepareError(f"{src} holds Parquet files and {len(audio)} audio file(s) (e.g. "
+                                   f"{audio[0]}): give the Parquet files as '{src}/*.parquet', or the audio "
+                                   "files in a folder of their own")  # fmt: skip
             if vocab is not None:
                 raise PrepareError(f"--vocab {vocab}: a Parquet set keeps its own ClassLabel names")
             # Each Parquet file becomes one shard as it is: these were ignored without a word.
