@@ -338,6 +338,13 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
     [
         (["--table", "{tmp}/nosuch"], "nosuch: no results store (no rows/ folder in it)"),  # an empty table
         (["--table", "{tmp}/store", "--plot", "{tmp}/afile/f.png"], "f.png: cannot be written"),  # traceback
+        (["--table", "{tmp}/store", "--plot", "{tmp}/f.foo"], "f.foo: .foo is no figure format; one of "),
+        # Seeds fitted with other recipes, averaged into one cell as if they were seeds of one.
+        (
+            ["--table", "{tmp}/mixed"],
+            "(raw, T, centroid, n = 1): seed 1 fitted with probe_steps 500, seed 0 "
+            "with probe_steps 5: their mean would mix two recipes",
+        ),
         (["--table", "{tmp}/foreign"], "other.parquet: not a result of this store"),  # TypeError traceback
         (["--plot", "{tmp}/f.png", "--backbone", "raw"], "--plot and --metric go with --table"),  # ignored
         # A value given twice: its second score was counted "already in the store".
@@ -364,6 +371,10 @@ def test_table_and_option_errors_are_one_line(
     metrics = {"cmap": 0.5, "auroc": 0.5, "top1": 0.5}
     store.put(tmp_path / "store", store.Key("raw", "T", "centroid", 1, 0), metrics, n_train=1, n_test=1,
               fit_s=0.0, config={})  # fmt: skip
+    for seed, steps in ((0, 5), (1, 500)):
+        key = store.Key("raw", "T", "centroid", 1, seed)
+        store.put(tmp_path / "mixed", key, metrics, n_train=1, n_test=1, fit_s=0.0,
+                  config={"recipe": {"probe_steps": steps, "loss": "bce"}})  # fmt: skip
     (tmp_path / "afile").write_text("")
     (tmp_path / "foreign" / "rows").mkdir(parents=True)
     pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign" / "rows" / "other.parquet")

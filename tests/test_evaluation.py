@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import re
 import shutil
 import socket
@@ -609,6 +610,23 @@ def test_export_and_embed_errors_are_one_line(
     folder = export(tiny_run, tmp_path / "export")  # of step 5: its step was embedded, exit 0
     one_line(["embed", shards, "--encoder", str(folder), "--step", "2", "--out", str(out)], "embed", folder,
              "an export of step 5, not of the step 2 asked for")  # fmt: skip
+    # Readable by others as any file the user writes (safetensors made it 0600, for the colleague it is for).
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    # A damaged export: tracebacks, one naming no file.
+    card = json.loads((folder / "encoder.json").read_text())
+    for name, damage, said in (
+        ("nowts", lambda f: (f / "model.safetensors").unlink(), "model.safetensors: cannot be read"),
+        ("cutwts", lambda f: os.truncate(f / "model.safetensors", 1000), "model.safetensors: cannot be read"),
+        ("cutcard", lambda f: os.truncate(f / "encoder.json", 24), "encoder.json: not an export's card"),
+        ("otherdim", lambda f: (f / "encoder.json").write_text(json.dumps({**card, "model": {**card["model"],
+         "dim": 32}})), "model.safetensors: not the weights of the model"),
+    ):  # fmt: skip
+        shutil.copytree(folder, tmp_path / name)
+        damage(tmp_path / name)
+        one_line(["embed", shards, "--encoder", str(tmp_path / name), "--out", str(out)], "embed",
+                 tmp_path / name / said.split(":")[0], said)  # fmt: skip
     # Checked before the (slow) restore: neither command gets that far.
     monkeypatch.setattr(birdjepa.export.cli, "load_encoder", lambda *a: pytest.fail("the encoder loaded"))
     monkeypatch.setattr("birdjepa.evaluation.cli.restore_checkpoint", lambda *a: pytest.fail("restored"))
@@ -750,11 +768,14 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     cached = [np.load(f) for f in (results / "cache").glob("*.npz")]
     assert {str(z["tokens"].dtype) for z in cached if "tokens" in z.files} == {"float16"}
     # The store as a table and as the few-shot figure.
-    main(["benchmark", "--table", str(results), "--plot", str(tmp_path / "curves.png")])
+    # Into a folder not made yet (a traceback after the table), named without its extension (the file was
+    # curves.png, the line said "wrote .../curves").
+    main(["benchmark", "--table", str(results), "--plot", str(tmp_path / "figures" / "curves")])
     table = capsys.readouterr().out.splitlines()
     assert table[1].split() == ["backbone", "probe", "n", "SYN2"]
     assert len(table) == 2 + 30 + 11 + 1  # title, head, rows, "wrote"
-    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert table[-1] == f"wrote {tmp_path / 'figures' / 'curves.png'}"
+    assert (tmp_path / "figures" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     main(["benchmark", "--table", str(results), "--metric", "auroc"])
     assert capsys.readouterr().out.startswith("auroc, mean over seeds")
     # The notebook draws the same store headless.

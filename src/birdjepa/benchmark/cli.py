@@ -10,6 +10,7 @@ with another recipe (then it is fitted again and replaced). ``--table RESULTS`` 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -294,6 +295,27 @@ def format_table(rows: list[dict], metrics: tuple[str, ...] = ("cmap", "auroc", 
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
 
 
+def mixed_recipes(rows: list[dict]) -> str | None:
+    """Where a cell of the store's table (backbone, task, probe, n) holds seeds fitted with other recipes
+    (a `--probe-steps` or `--loss` changed between two runs into one store, each replacing only its own
+    seeds' rows), what differs (None: nothing): the table averaged them as seeds of one recipe."""
+    cells: dict[tuple, list[tuple[int, dict]]] = defaultdict(list)
+    for r in rows:
+        recipe = json.loads(r["config"] or "{}").get("recipe", {})
+        cells[(r["backbone"], r["task"], r["probe"], r["n"])].append((r["seed"], recipe))
+    for (backbone, task, probe, n), fits in sorted(cells.items(), key=str):
+        (seed, first), *rest = sorted(fits, key=lambda f: f[0])
+        other = next(((s, r) for s, r in rest if r != first), None)
+        if other is not None:
+            keys = sorted(k for k in {*first, *other[1]} if first.get(k) != other[1].get(k))
+            said = [", ".join(f"{k} {r.get(k)}" for k in keys) for r in (other[1], first)]
+            where = f"({backbone}, {task}, {probe}, n = {'all' if n == fewshot.ALL else n})"
+            return (f"{where}: seed {other[0]} fitted with {said[0]}, seed {seed} with {said[1]}: their mean "
+                    "would mix two recipes; fit them again with one (the benchmark with the same options), "
+                    "or keep each recipe in a --results of its own")  # fmt: skip
+    return None
+
+
 def format_store(rows: list[dict], metric: str = "cmap") -> str:
     """The store as tasks (columns) by backbone, probe and n (rows): ``metric``'s mean over seeds."""
     if metric not in ("cmap", "auroc", "top1"):
@@ -321,6 +343,24 @@ def format_store(rows: list[dict], metric: str = "cmap") -> str:
         + "\n"
         + "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
     )
+
+
+def checked_plot(plot: Path) -> Path:
+    """The file ``--plot`` writes: matplotlib's format of its extension, or a PNG with ``.png`` added
+    (matplotlib adds it, and the name said was the one given); `BenchmarkError` where it cannot be
+    written or its extension is no format matplotlib writes (a traceback after the table)."""
+    from birdjepa.benchmark.figures import figure_formats
+
+    plot = plot if plot.suffix else plot.with_name(plot.name + ".png")
+    formats = figure_formats()
+    if plot.suffix.lower().lstrip(".") not in formats:
+        raise BenchmarkError(
+            f"--plot {plot}: {plot.suffix} is no figure format; one of .{', .'.join(formats)}"
+        )
+    why = unwritable(plot)
+    if why is not None:
+        raise BenchmarkError(why)
+    return plot
 
 
 def check_options(
@@ -439,14 +479,16 @@ def cli(
         if table is not None:
             if not (table / store.ROWS).is_dir():  # a typo printed an empty table
                 raise BenchmarkError(f"{table}: no results store (no {store.ROWS}/ folder in it)")
-            why = unwritable(plot) if plot is not None else None
-            if why is not None:
-                raise BenchmarkError(why)
+            if plot is not None:
+                plot = checked_plot(plot)
             rows = store.read(table).to_pylist()
+            if (mixed := mixed_recipes(rows)) is not None:
+                raise BenchmarkError(f"{table}: {mixed}")
             print(format_store(rows, metric))
             if plot is not None:
                 from birdjepa.benchmark.figures import fewshot_curves
 
+                plot.parent.mkdir(parents=True, exist_ok=True)  # as `unwritable` promised (a traceback)
                 fewshot_curves(rows).savefig(plot, dpi=120)
                 print(f"wrote {plot}")
             return

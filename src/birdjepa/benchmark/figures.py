@@ -15,6 +15,13 @@ if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the
     from matplotlib.figure import Figure
 
 
+def figure_formats() -> list[str]:
+    """The file extensions matplotlib writes a figure as (png, pdf, svg, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
 def fewshot_curves(rows: list[dict], metric: str = "cmap") -> Figure:
     import matplotlib
 

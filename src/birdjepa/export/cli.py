@@ -28,6 +28,7 @@ from birdjepa.export.encoder import (
     checkpoint_identity,
     flatten,
     load_encoder,
+    read_card,
 )
 from birdjepa.outputs import unwritable
 
@@ -36,7 +37,7 @@ def export(run: Path, out: Path, step: int | None = None) -> Path:
     """Writes checkpoint ``step`` (default: the newest) of ``run``'s encoder to ``out``: the weights in
     safetensors, and a card with the model config, the feature options, the batch size embeddings are
     computed in and the checkpoint's identity."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
     from birdjepa.rundir.checkpoint import CheckpointError
@@ -50,11 +51,15 @@ def export(run: Path, out: Path, step: int | None = None) -> Path:
         raise ExportError(str(e)) from e
     identity = checkpoint_identity(run, r.step, r.meta)
     if (out / CARD).is_file():  # another encoder's export, replaced without a word
-        there = json.loads((out / CARD).read_text()).get("identity")
+        there = read_card(out).get("identity")
         if there != identity:
             raise ExportError(f"{out} holds the export of {there}: give another --out, or remove it first")
     out.mkdir(parents=True, exist_ok=True)
-    save_file(flatten({"encoder": r.params["encoder"]}), str(out / WEIGHTS))
+    # Written as any file is (safetensors' own writer made it 0600: unreadable by the colleague the
+    # export is for, on a shared cluster), whole or not at all.
+    partial = out / f".{WEIGHTS}.partial"
+    partial.write_bytes(save(flatten({"encoder": r.params["encoder"]})))
+    partial.replace(out / WEIGHTS)
     card = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

@@ -221,7 +221,7 @@ def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
     checkpoint, or ``step``)."""
     source = Path(source)
     if (source / CARD).is_file():
-        held = json.loads((source / CARD).read_text()).get("checkpoint", {}).get("step")
+        held = read_card(source).get("checkpoint", {}).get("step")
         if step is not None and step != held:  # else the export's step was embedded, exit 0
             raise ExportError(f"{source}: an export of step {held}, not of the step {step} asked for "
                               "(--step or @STEP is for a run directory)")  # fmt: skip
@@ -240,12 +240,26 @@ def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
     raise ExportError(f"{source}: neither an export (no {CARD}) nor a run directory (no checkpoints/)")
 
 
+def read_card(folder: Path) -> dict[str, Any]:
+    """An export's card; `ExportError` naming it where it cannot be read (a copy cut short)."""
+    try:
+        card = json.loads((folder / CARD).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ExportError(f"{folder / CARD}: not an export's card ({e}): export the run again") from None
+    if not isinstance(card, dict):
+        raise ExportError(f"{folder / CARD}: not an export's card (a JSON {type(card).__name__})")
+    return card
+
+
 def _from_export(folder: Path) -> Encoder:
+    import jax
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     from birdjepa.config import ConfigError, resolve
+    from birdjepa.model.vit import encoder_apply
 
-    card = json.loads((folder / CARD).read_text())
+    card = read_card(folder)
     if card.get("format") != FORMAT or card.get("version") != FORMAT_VERSION:
         raise ExportError(f"{folder / CARD}: format {card.get('format')} version {card.get('version')}; "
                           f"this birdjepa reads {FORMAT} version {FORMAT_VERSION}")  # fmt: skip
@@ -254,5 +268,18 @@ def _from_export(folder: Path) -> Encoder:
         features = resolve(Features(), card["features"], str(folder / CARD))
     except ConfigError as e:
         raise ExportError(str(e)) from e
-    params = unflatten(load_file(str(folder / WEIGHTS)))
+    weights = folder / WEIGHTS
+    try:
+        params = unflatten(load_file(str(weights)))
+    except (OSError, SafetensorError) as e:  # missing, or cut short: "invalid header length"
+        raise ExportError(f"{weights}: cannot be read ({e}): export the run again") from None
+    m = model.resolved()
+    try:  # the weights of the card's model: a traceback of flax's at the first batch, else
+        jax.eval_shape(
+            encoder_apply(model), params, jax.ShapeDtypeStruct((1, m.n_frames, m.n_mels), np.float32)
+        )
+    except Exception as e:  # flax's ScopeParamShapeError, a missing name's KeyError, ...
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExportError(f"{weights}: not the weights of the model {folder / CARD} describes ({said}): "
+                          "export the run again") from None  # fmt: skip
     return Encoder(model, features, int(card["batch_size"]), card["identity"], params)
