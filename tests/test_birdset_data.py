@@ -223,7 +223,7 @@ def test_deterministic_whatever_the_worker_count_and_cli(
     assert "SYN2/test_5s: 12 rows" in printed and "wrote the BirdSet stand-in (2 tasks" in printed
     with pytest.raises(SystemExit) as e:
         main(["demo-data", str(out), "--birdset", "--workers", "1"])
-    assert e.value.code == 1 and "use --overwrite" in capsys.readouterr().err
+    assert e.value.code == 2 and "use --overwrite" in capsys.readouterr().err
     (out / "SYN1" / "train" / "train-00007.arrow").write_bytes(b"stale")  # an earlier run's shard
     main(["demo-data", str(out), "--birdset", "--overwrite"])
     assert digests(out) == digests(birdset_dir)

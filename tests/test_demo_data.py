@@ -441,12 +441,12 @@ def test_cli_demo_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as e:
         main(["demo-data", str(out), *args.split(), "--workers", "1"])
     assert (
-        e.value.code == 1 and "holds a data set (manifest.json): use --overwrite" in capsys.readouterr().err
+        e.value.code == 2 and "holds a data set (manifest.json): use --overwrite" in capsys.readouterr().err
     )
     with pytest.raises(SystemExit) as e:  # a file there: a NotADirectoryError's traceback
         main(["demo-data", str(out / "manifest.json" / "x"), *args.split(), "--workers", "1"])
     said = capsys.readouterr().err
-    assert e.value.code == 1 and said.count("\n") == 1 and "cannot be written" in said, said
+    assert e.value.code == 2 and said.count("\n") == 1 and "cannot be written" in said, said
 
 
 def test_a_script_without_a_main_guard_gets_its_recordings_in_one_process_not_a_hang(tmp_path: Path) -> None:
@@ -519,10 +519,10 @@ def test_a_second_writer_into_a_folder_being_written_is_refused_in_one_line(
     with only_writer(out):  # another process's hold: an flock is per open file
         with pytest.raises(SystemExit) as e:
             main(["demo-data", str(out), "--n-species", "2", "--per-species-train", "1", "--workers", "1"])
-        assert e.value.code == 1
+        assert e.value.code == 2
         with pytest.raises(SystemExit) as e:
             prepare_cli(tmp_path / "src", out)
-        assert e.value.code == 1
+        assert e.value.code == 2
         said = capsys.readouterr().err.splitlines()
         assert len(said) == 2 and all(f"{out} is being written by pid {os.getpid()} on " in x for x in said)
     assert not any(out.iterdir())

@@ -288,7 +288,7 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
             kw = {"data": EvalData(eval=str(tmp_path / "missing")), "out": tmp_path / "m.json"}
         with pytest.raises(SystemExit) as e:
             cli(run, **kw)
-        assert e.value.code == 1
+        assert e.value.code == 2
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # other data's scores replaced the run's own record
         cli(tiny_run, data=EvalData(eval=str(tiny_run)))
@@ -302,7 +302,7 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     with pytest.raises(SystemExit) as e:
         cli(copy, step=9, out=tmp_path / "9.json")
     said = capsys.readouterr().err
-    assert e.value.code == 1 and f"{copy / 'checkpoints' / '9'}: its meta and state folder is missing" in said
+    assert e.value.code == 2 and f"{copy / 'checkpoints' / '9'}: its meta and state folder is missing" in said
     assert restore_checkpoint(copy).step == 5
     assert f"WARNING {copy / 'checkpoints' / '9'}: its meta and state" in capsys.readouterr().out
     # A train split of one class: every row at chance, "converged" in 0 iterations, exit 0.
@@ -320,10 +320,10 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     with pytest.raises(SystemExit) as e:
         cli(tiny_run, data=EvalData(train=str(one)), out=tmp_path / "one.json")
     said = capsys.readouterr().err
-    assert e.value.code == 1 and "holds clips of one class: a probe has nothing to tell apart" in said, said
+    assert e.value.code == 2 and "holds clips of one class: a probe has nothing to tell apart" in said, said
     with pytest.raises(SystemExit) as e:  # a traceback once the evaluation was done
         cli(tiny_run, out=tmp_path)
-    assert e.value.code == 74 and f"{tmp_path}: is a folder, not a file" in capsys.readouterr().err
+    assert e.value.code == 2 and f"{tmp_path}: is a folder, not a file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # the run's batch size, said nowhere
         cli(tiny_run, batch_size=0)
     assert e.value.code == 2 and "--batch-size 0: must be >= 1" in capsys.readouterr().err
@@ -381,7 +381,7 @@ def test_a_run_s_relative_data_read_from_another_folder_is_refused(
     with pytest.raises(SystemExit) as e:
         cli(cfg.run_dir, out=tmp_path / "e.json")
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "'data/train', the train split its config names, holds other data" in err
+    assert e.value.code == 2 and "'data/train', the train split its config names, holds other data" in err
     assert not (tmp_path / "e.json").exists()
 
 

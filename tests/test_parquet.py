@@ -88,7 +88,7 @@ def test_a_damaged_row_group_is_one_line_naming_the_file_and_row_group(
     data[start : start + 64] = b"\xff" * 64  # the page header of row group 1's first column
     damaged.write_bytes(bytes(data))
     code, _, err = prepare(tmp_path / "hub", tmp_path / "out", capsys)
-    assert code == 1
+    assert code == 2
     assert len(err.strip().splitlines()) == 1, err
     line = err.strip()
     assert f"{damaged}: row group 1:" in line, line
@@ -191,7 +191,7 @@ def test_string_labels_give_their_sorted_vocabulary(
         (tmp_path / name).mkdir()
         pq.write_table(bad, tmp_path / name / "0.parquet")
         code, _, err = prepare(tmp_path / name, tmp_path / f"out-{name}", capsys)
-        assert code == 1 and said in err and err.count("\n") == 1, err
+        assert code == 2 and said in err and err.count("\n") == 1, err
         assert not list((tmp_path / f"out-{name}").glob("*.arrow"))
 
 
@@ -222,7 +222,7 @@ def test_a_set_with_other_labels_is_refused_beside_shards_whose_vocabulary_it_wo
         said = (
             f"birdjepa prepare: error: {out / 'vocab.json'} is the vocabulary of the shards already in {out}"
         )
-        assert e.value.code == 1 and err.startswith(f"{said} (e.g. data-00000.arrow), not of these"), err
+        assert e.value.code == 2 and err.startswith(f"{said} (e.g. data-00000.arrow), not of these"), err
         assert "would relabel those shards" in err and len(err.splitlines()) == 1, err
         assert sorted(out.iterdir()) == shards and (out / "vocab.json").read_text() == vocab
 
@@ -268,7 +268,7 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
         ("twice", "a.parquet: its ClassLabel names cannot be a vocabulary: vocab names must be unique"),
     ):
         code, _, err = prepare(tmp_path / folder, tmp_path / f"out-{folder}", capsys)
-        assert code == 1 and said in err and err.count("\n") == 1, err
+        assert code == 2 and said in err and err.count("\n") == 1, err
         assert not [p for p in (tmp_path / f"out-{folder}").glob("*") if p.suffix in (".arrow", ".json")]
     # Bare ids in another column than ebird_code: no vocab.json recorded the column, and every reader read
     # ebird_code's labels, exit 0.
@@ -276,23 +276,23 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
     with pytest.raises(SystemExit) as e:
         main(["prepare", str(tmp_path / "species"), str(tmp_path / "o"), "--label-column", "species"])
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "a.parquet: --label-column species: its integer labels have no " in err, err
+    assert e.value.code == 2 and "a.parquet: --label-column species: its integer labels have no " in err, err
     # Bare ids, then a named set beside them: its vocab.json named the first set's ids, exit 0.
     write("ids", "a.parquet", table, None)
     code, _, err = prepare(tmp_path / "ids", tmp_path / "shared", capsys)
     assert code in (0, None) and not (tmp_path / "shared" / "vocab.json").exists(), err
     (tmp_path / "shared" / "data-00000.arrow").rename(tmp_path / "shared" / "ids-00000.arrow")
     code, _, err = prepare(tmp_path / "order" / "a.parquet", tmp_path / "shared", capsys)
-    assert code == 1 and "(e.g. ids-00000.arrow) have no vocab.json: their labels are bare class ids" in err
+    assert code == 2 and "(e.g. ids-00000.arrow) have no vocab.json: their labels are bare class ids" in err
     assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["ids-00000.arrow"]
     # The hub's layout (repo/data/*.parquet) named by its repo folder said "no audio files" only; a glob
     # matching nothing, "source folder ... does not exist"; a FIFO named *.parquet hung the conversion.
     (tmp_path / "repo" / "data").mkdir(parents=True)
     (tmp_path / "order" / "a.parquet").rename(tmp_path / "repo" / "data" / "a.parquet")
     code, _, err = prepare(tmp_path / "repo", tmp_path / "o", capsys)
-    assert code == 1 and f"{tmp_path / 'repo' / 'data'} holds Parquet files: birdjepa prepare" in err, err
+    assert code == 2 and f"{tmp_path / 'repo' / 'data'} holds Parquet files: birdjepa prepare" in err, err
     code, _, err = prepare(tmp_path / "nothing-*.parquet", tmp_path / "o", capsys)
-    assert code == 1 and "nothing-*.parquet matches no file" in err, err
+    assert code == 2 and "nothing-*.parquet matches no file" in err, err
     from birdjepa.data.parquet import parquet_files
 
     os.mkfifo(tmp_path / "repo" / "data" / "b.parquet")  # read as a file, it blocks for ever
@@ -300,4 +300,4 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
     # An audio folder's options, ignored without a word.
     with pytest.raises(SystemExit) as e:
         main(["prepare", str(tmp_path / "order"), str(tmp_path / "o"), "--check", "full"])
-    assert e.value.code == 1 and "--check full: a folder of audio files' option" in capsys.readouterr().err
+    assert e.value.code == 2 and "--check full: a folder of audio files' option" in capsys.readouterr().err

@@ -311,7 +311,7 @@ def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     (src / "amecro" / "bad.mp3").write_bytes(b"nonsense" * 10)
     with pytest.raises(SystemExit) as e:
         main(["prepare", str(src), str(tmp_path / "out2")])
-    assert e.value.code == 1
+    assert e.value.code == 2
     assert "amecro/bad.mp3" in capsys.readouterr().err
     main(["prepare", str(src), str(tmp_path / "out3"), "--skip-bad"])
     out = capsys.readouterr().out
@@ -338,7 +338,7 @@ def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as e:
         main(["prepare", str(src), str(tmp_path / "out6")])
     err = capsys.readouterr().err
-    assert e.value.code == 1 and f"{src} holds Parquet files and 7 audio file(s) (e.g. XC099.wav)" in err, err
+    assert e.value.code == 2 and f"{src} holds Parquet files and 7 audio file(s) (e.g. XC099.wav)" in err, err
 
 
 def test_tiny_fixtures(
@@ -464,7 +464,7 @@ def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its
     (tmp_path / "held" / "newbir" / "XC050.wav").write_bytes((held_out / "zzzfin" / "XC012.wav").read_bytes())
     with pytest.raises(SystemExit) as e:
         main(["prepare", str(held_out), str(tmp_path / "eval2"), "--vocab", str(tmp_path / "train")])
-    assert e.value.code == 1 and not (tmp_path / "eval2").exists()
+    assert e.value.code == 2 and not (tmp_path / "eval2").exists()
     err = capsys.readouterr().err
     assert f"{held_out / 'newbir' / 'XC050.wav'}: label 'newbir' is not one of the 3 of " in err, err
 
@@ -486,7 +486,7 @@ def test_prepare_options_that_cannot_work_are_one_line(
     with pytest.raises(SystemExit) as e:
         cli(make_src(tmp_path / "src"), tmp_path / "out", **options)
     err = capsys.readouterr().err
-    assert e.value.code == 1 and err.startswith(f"birdjepa prepare: error: {said}"), err
+    assert e.value.code == 2 and err.startswith(f"birdjepa prepare: error: {said}"), err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
@@ -507,7 +507,7 @@ def test_a_fifo_is_no_audio_file_and_a_name_that_is_not_utf8_is_one_line(
     with pytest.raises(SystemExit) as e:
         cli(src, tmp_path / "out")
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "caf\\xe9.wav': a file name that is not UTF-8" in err, err
+    assert e.value.code == 2 and "caf\\xe9.wav': a file name that is not UTF-8" in err, err
     assert err.count("\n") == 1
 
 
@@ -531,7 +531,7 @@ def test_a_file_over_a_row_s_bytes_is_a_file_s_problem_and_reading_is_bounded_by
     with pytest.raises(SystemExit) as e:
         prep.cli(src, tmp_path / "stop")
     err = capsys.readouterr().err
-    assert e.value.code == 1 and f"{src / largest}: {sizes[largest]} bytes, over the" in err, err
+    assert e.value.code == 2 and f"{src / largest}: {sizes[largest]} bytes, over the" in err, err
 
 
 def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -541,7 +541,7 @@ def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit) as e:
         cli(make_src(tmp_path / "src"), tmp_path / "afile" / "sub")
     err = capsys.readouterr().err
-    assert e.value.code == 1 and err.startswith("birdjepa prepare: error: cannot write "), err
+    assert e.value.code == 74 and err.startswith("birdjepa prepare: error: cannot write "), err
     assert err.count("\n") == 1
 
 
@@ -563,5 +563,5 @@ def test_prepare_into_its_own_source_folder_is_refused(
     with pytest.raises(SystemExit) as e:
         cli(src, tmp_path / "src" / ".." / "src")
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "is where SRC's files are: the shards would sit among them" in err, err
+    assert e.value.code == 2 and "is where SRC's files are: the shards would sit among them" in err, err
     assert sorted(src.rglob("*")) == before

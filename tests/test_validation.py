@@ -372,7 +372,7 @@ def test_a_run_on_your_shards_is_never_evaluated_on_another_vocabulary_s_classes
     # Evaluating that run needs held-out shards of its classes.
     with pytest.raises(SystemExit) as e:
         main(["evaluate", str(tmp_path / "runs" / "mine")])
-    assert e.value.code == 1
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert "trained on" in err and "without --data.eval: give held-out" in err, err
 

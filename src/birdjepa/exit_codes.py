@@ -7,10 +7,12 @@ fail the same way".
 
 from __future__ import annotations
 
-#: The command's answer is no (two runs or traces differ) or its input could not be used; also what
+#: The command's answer is no (two runs or traces differ, a sweep's job failed); also what
 #: ``SystemExit("message")`` exits with.
 FAILED = 1
-#: A command line that cannot work (the shell's and argparse's usage error).
+#: A command line that cannot work (the shell's and argparse's usage error): an option out of range, or
+#: an input it names that cannot be used (a run, checkpoint, shard, audio file or output path), in every
+#: command alike (evaluate and prepare said 1 for what export and embed said 2).
 USAGE = 2
 #: A resume check failed or no checkpoint verifies: requeueing would fail the same way (EX_DATAERR).
 RESUME_CHECK = 65

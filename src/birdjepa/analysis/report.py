@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import sys
@@ -113,8 +114,15 @@ def analyze(
         chosen = [m for m in DEFAULT_METRICS if m in log.metrics] or sorted(log.metrics)[:8]
     else:
         missing = [m for m in metrics if m not in log.metrics]
-        if missing:
-            raise SystemExit(f"{run}: no metric(s) {missing}; it logged: {', '.join(sorted(log.metrics))}")
+        if missing:  # exit 1 with all its ~80 names, where compare's typo is one line and exit 2
+            near = difflib.get_close_matches(missing[0], sorted(log.metrics), n=3)
+            hint = (
+                f"; did you mean {', '.join(near)}?"
+                if near
+                else f"; it logged {', '.join(sorted(log.metrics)[:5])}, ..."
+            )
+            raise MetricsFileError(f"--metrics {' '.join(missing)}: {run} did not log it ({len(log.metrics)} "
+                                   f"metrics){hint}")  # fmt: skip
         chosen = list(metrics)
     if out is not None:
         where = Path(out)
@@ -187,9 +195,9 @@ def cli(
             raise SystemExit(exit_codes.USAGE)
     try:
         result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
-    except OutputError as e:
+    except OutputError as e:  # checked before the work, as every command's output: exit 2
         print(f"error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(exit_codes.IOERR) from None
+        raise SystemExit(exit_codes.USAGE) from None
     except (MetricsFileError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None

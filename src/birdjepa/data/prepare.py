@@ -43,7 +43,7 @@ from birdjepa.data.shards import (
     relabelled,
     write_vocab,
 )
-from birdjepa.exit_codes import FAILED, INTERRUPTED
+from birdjepa.exit_codes import INTERRUPTED, IOERR, USAGE
 
 AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
 #: Audio that the loader's decoder does not read: counted and named when prepare leaves such files out
@@ -438,13 +438,17 @@ def cli(
             vocab_file=vocab,
             verbose=True,
         )
-    except (PrepareError, ParquetError, FileExistsError) as e:
+    except (
+        PrepareError,
+        ParquetError,
+        FileExistsError,
+    ) as e:  # input it cannot use: exit 2, as every command
         print(f"birdjepa prepare: error: {e}", file=sys.stderr)
-        raise SystemExit(FAILED) from None
+        raise SystemExit(USAGE) from None
     except OSError as e:  # OUT under a file, a folder it may not write, a full disk: a traceback
         print(f"birdjepa prepare: error: cannot write {e.filename or out}: {e.strerror or e}; {out} holds "
               "what it held before", file=sys.stderr)  # fmt: skip
-        raise SystemExit(FAILED) from None
+        raise SystemExit(IOERR) from None
     except KeyboardInterrupt:  # a 40-line traceback, for a stop asked for
         print(f"birdjepa prepare: interrupted; {out} holds what it held before", file=sys.stderr)
         raise SystemExit(INTERRUPTED) from None

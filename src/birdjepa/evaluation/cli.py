@@ -24,7 +24,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
-from birdjepa.exit_codes import FAILED, IOERR, USAGE
+from birdjepa.exit_codes import IOERR, USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply
 from birdjepa.outputs import unwritable
@@ -300,7 +300,7 @@ def cli(
     why = unwritable(out) if out is not None else None
     if why is not None:  # before the work: a traceback once the evaluation was done
         print(f"birdjepa evaluate: error: {why}", file=sys.stderr)
-        raise SystemExit(IOERR)
+        raise SystemExit(USAGE)
     lease = None
     try:
         if out is None and layout.has_checkpoints(Path(run)):  # it writes into the run: one writer per run
@@ -320,9 +320,9 @@ def cli(
                 if missing:
                     raise EvaluateError(f"{missing[0]}: no such shard file")
         rows, doc = evaluate_checkpoint(run, step, data, batch_size=batch_size, n_workers=n_workers, out=out)
-    except (EvaluateError, DataError, checkpoint.CheckpointError) as e:
+    except (EvaluateError, DataError, checkpoint.CheckpointError) as e:  # as export's and embed's: exit 2
         print(f"birdjepa evaluate: error: {e}", file=sys.stderr)
-        raise SystemExit(FAILED) from None
+        raise SystemExit(USAGE) from None
     finally:
         if lease is not None:
             lease.release()

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import tyro
 
-from birdjepa.exit_codes import FAILED, INTERRUPTED, USAGE
+from birdjepa.exit_codes import INTERRUPTED, USAGE
 from birdjepa.synthetic.birdset_standin import DEFAULT_BIRDSET, generate_birdset
 from birdjepa.synthetic.config import DemoConfig
 from birdjepa.synthetic.demo import DEFAULT, generate_demo_data
@@ -72,7 +72,7 @@ def cli(
             generate_scale_set(out, scale, workers=workers, overwrite=overwrite, verbose=True)
     except FileExistsError as e:
         print(f"birdjepa demo-data: error: {e}", file=sys.stderr)
-        raise SystemExit(FAILED) from None
+        raise SystemExit(USAGE) from None
     except KeyboardInterrupt:  # a 40-line traceback, for a stop asked for
         print(f"birdjepa demo-data: interrupted; {out} holds what it held before", file=sys.stderr)
         raise SystemExit(INTERRUPTED) from None
