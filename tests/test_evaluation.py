@@ -807,7 +807,16 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
     with pa.OSFile(str(silent / "a.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
         w.write_table(table)
     (silent / "vocab.json").write_text((test / "vocab.json").read_text())
+    one = tmp_path / "one"  # a one-class task: every probe scored cmAP 1.0, exit 0
+    one.mkdir()
+    shutil.copy(sorted(train.glob("*.arrow"))[0], one / "a.arrow")
+    (one / "vocab.json").write_text(json.dumps({"names": ["amecro"]}))
     cases = [
+        (["--backbone", "raw", "--train", str(one), "--test", str(one)], "has 1 class: a probe has nothing"),
+        (
+            ["--backbone", "raw", "--train", str(train), "--test", str(test), "--batch-size", "-4"],
+            "--batch-size -4: must be >= 1",
+        ),  # fmt: skip
         (
             ["--backbone", "raw", "--train", str(train), "--test", str(silent), "--probe", "centroid"],
             f"SYN1: no test clip has a label ({silent / 'a.arrow'})",

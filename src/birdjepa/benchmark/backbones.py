@@ -319,7 +319,9 @@ def embed(
     """Every backbone's embedding of every clip of ``files`` (identity -> `Embedded`; with ``tokens``,
     its patch tokens too), from the cache where it is there, else from one ordered eval-mode pass that
     feeds every missing backbone."""
-    key = split_key(files, features, {**loader_options, "n_classes": n_classes})
+    # The batch size too: an external encoder computes on the loader's batches (ours chunk by their own
+    # run's batch size), and its last bits may depend on it.
+    key = split_key(files, features, {**loader_options, "n_classes": n_classes, "batch_size": batch_size})
     out: dict[str, Embedded] = {}
     missing = []
     for b in backbones:

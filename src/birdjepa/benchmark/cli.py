@@ -46,6 +46,7 @@ from birdjepa.evaluation.report import overlap
 from birdjepa.exit_codes import USAGE
 from birdjepa.outputs import unwritable
 from birdjepa.train.determinism import machine_kind
+from birdjepa.train.memory_fit import out_of_memory
 
 MULTILABEL_COLUMN = "ebird_code_multilabel"
 """BirdSet's list-of-labels column: read where the shards have it."""
@@ -82,6 +83,8 @@ def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
                 f"no {VOCAB_FILE} beside {train_files[0]} and no ClassLabel names in it: give --n-classes"
             )
         n_classes = len(names)
+    if n_classes < 2:  # every probe scored cmAP 1.0 and exit 0, where evaluate refuses it
+        raise BenchmarkError(f"task {name!r} has {n_classes} class: a probe has nothing to tell apart")
     for files in (train_files, test_files):
         other = _vocab(files)
         if other is not None and names is not None and other != names:
@@ -492,6 +495,11 @@ def cli(
                 fewshot_curves(rows).savefig(plot, dpi=120)
                 print(f"wrote {plot}")
             return
+        # Checked after the backbones loaded, naming no option ("batch_size must be >= 0 (got -4)"); and
+        # with every embedding cached, --batch-size 0 passed.
+        for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
+            if value < least:
+                raise BenchmarkError(f"{flag} {value}: must be >= {least}")
         # Before the work: the probes were fitted, then a traceback from the store's first write.
         why = unwritable(results / store.ROWS, folder=True) or unwritable(results / "cache", folder=True)
         if why is not None:
@@ -517,7 +525,14 @@ def cli(
             multilabel_column=multilabel_column,
             audio_root=audio_root,
         )
-    except (BenchmarkError, BackboneError, DataError, ValueError) as e:
+    except (BenchmarkError, BackboneError, DataError, RuntimeError, ValueError) as e:
+        said = out_of_memory(e)
+        if said is None and not isinstance(e, (BenchmarkError, BackboneError, DataError, ValueError)):
+            raise  # another RuntimeError: a bug's traceback
+        if said is not None:  # a traceback (--token-batch 100000: 56 GB)
+            e = BenchmarkError(
+                f"the device ran out of memory ({said}): a smaller --token-batch or --batch-size"
+            )
         print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
     print(format_table(rows))

@@ -48,7 +48,7 @@ from birdjepa.rundir.metrics_log import log_damage
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
-from birdjepa.train.memory_fit import DoesNotFit
+from birdjepa.train.memory_fit import DoesNotFit, out_of_memory
 from birdjepa.train.segment import advance, open_loader, open_segment, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
@@ -158,12 +158,9 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
     except (DataError, DoesNotFit) as e:  # a shard found unusable once opened (a truncated one), or mid-run
         print(f"error: {e}", file=sys.stderr, flush=True)
         return exit_codes.USAGE
-    except (RuntimeError, ValueError) as e:  # XLA's out of memory (JaxRuntimeError, or a ValueError where
-        if "RESOURCE_EXHAUSTED" not in str(
-            e
-        ):  # an array is placed on a device; XlaRuntimeError in older JAX)
+    except (RuntimeError, ValueError) as e:
+        if (said := out_of_memory(e)) is None:
             raise
-        said = str(e).strip().splitlines()[0]
         print(f"ERROR: the device ran out of memory ({said}): a smaller --data.batch-size "
               "(--optim.grad-accum keeps the batch an update sees), a smaller model, or --model.remat; the "
               f"checkpoints already written are intact; exit {exit_codes.USAGE}", flush=True)  # fmt: skip

@@ -79,3 +79,12 @@ def check_fits(template: dict[str, Any]) -> None:
             f"{need / GIB:.1f} GiB on {on}, which holds {have / GIB:.1f} GiB, before a step's activations: "
             "train a smaller model (--model.preset, --model.dim, --model.depth, --model.mlp-ratio)"
         )
+
+
+def out_of_memory(e: BaseException) -> str | None:
+    """XLA's line where ``e`` is a device running out of memory (a `jax.errors.JaxRuntimeError`, or a
+    ValueError where an array is placed on a device; XlaRuntimeError in older JAX), else None."""
+    text = str(e).strip()
+    if isinstance(e, (RuntimeError, ValueError)) and "RESOURCE_EXHAUSTED" in text:
+        return text.splitlines()[0]
+    return None
