@@ -89,11 +89,9 @@ def _convert(files: list[Path], out: Path, label_column: str, prefix: str, audio
                               "remove them or write to an empty folder")  # fmt: skip
     schemas = [_check_schema(file, audio_column, label_column) for file in files]  # all, before writing
     names = _one_vocabulary(files, schemas, label_column)
-    if (
-        names is None
-        and label_column != DEFAULT_LABEL_COLUMN
-        and all(pa.types.is_integer(s.field(label_column).type) for s in schemas)
-    ):  # only a vocab.json records the column a reader takes: without one, every reader took ebird_code
+    # Only a vocab.json records the column a reader takes: without one, every reader took ebird_code.
+    bare = all(pa.types.is_integer(s.field(label_column).type) for s in schemas)
+    if names is None and label_column != DEFAULT_LABEL_COLUMN and bare:
         raise ParquetError(f"{files[0]}: --label-column {label_column}: its integer labels have no "
                            "ClassLabel names, so no vocab.json records the column and every reader would "
                            f"read {DEFAULT_LABEL_COLUMN!r}: give the column its ClassLabel names, or its "
