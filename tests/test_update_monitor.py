@@ -181,6 +181,12 @@ def test_vanishing_gradient_is_reported_by_name():
         metrics, warnings = monitor.observe(s, st)
         assert metrics["monitor/vanishing"] == 1.0 and metrics["monitor/frozen"] == 0.0
         assert len(warnings) == 1 and "vanishing" in warnings[0] and "unused/kernel" in warnings[0]
+    # A parameter the objective builds and no loss reads (MAE's projector): warned at every check.
+    idle = UpdateMonitor(NAMES + ["unused/kernel"], idle=("unused/",), patience=1, frozen_ratio=1.0)
+    for s, st in enumerate(stats):
+        metrics, warnings = idle.observe(s, st)
+        assert metrics["monitor/vanishing"] == 0.0 and not any("unused/" in w for w in warnings), warnings
+    assert "unused/kernel" not in idle.frozen and idle.frozen  # the others still are, at this ratio
 
 
 def test_healthy_run_has_no_warnings():

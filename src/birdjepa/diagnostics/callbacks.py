@@ -126,8 +126,8 @@ class UpdateMonitorCallback(Callback):
 
     name = "update_monitor"
 
-    def __init__(self, names: Sequence[str]) -> None:
-        self.monitor = UpdateMonitor(names)
+    def __init__(self, names: Sequence[str], idle: tuple[str, ...] = ()) -> None:
+        self.monitor = UpdateMonitor(names, idle=idle)
 
     def on_step_end(self, end: StepEnd) -> Report:
         # Steps off the check interval carry `empty_stats` (counts of -1): nothing was measured.

@@ -218,7 +218,9 @@ class UpdateMonitor:
     *frozen* once its update ratio has been <= ``frozen_ratio`` for ``patience`` consecutive checks; its
     streak resets (and it is no longer frozen) as soon as a check shows a larger ratio. ``top_k`` smallest
     ratios are logged by name. ``vanishing``/``exploding`` are the gradient-norm thresholds (the same
-    defaults as ``update_stats``); ``max_listed`` caps the names quoted in one warning.
+    defaults as ``update_stats``); ``max_listed`` caps the names quoted in one warning. Parameters named
+    with a prefix in ``idle`` (the objective's `IDLE_PARAMS`: read by no loss) are never reported
+    vanishing or frozen: MAE's projector warned so every check, a warning users learn to skip.
 
     All comparisons are done in float32 on the float32 stats, as the graph does them; summaries in float64.
     """
@@ -235,6 +237,7 @@ class UpdateMonitor:
         vanishing: float = VANISHING_GRAD_NORM,
         exploding: float = EXPLODING_GRAD_NORM,
         max_listed: int = 10,
+        idle: tuple[str, ...] = (),
     ) -> None:
         names = list(names)
         if not names or names != sorted(set(names)):
@@ -250,6 +253,9 @@ class UpdateMonitor:
         self.vanishing = vanishing
         self.exploding = exploding
         self.max_listed = max_listed
+        self.watched = (
+            np.array([not n.startswith(idle) for n in names]) if idle else np.ones(len(names), bool)
+        )
         self._streak = np.zeros(len(names), np.int64)
         self._frozen = np.zeros(len(names), bool)
         self._last_step: int | None = None
@@ -283,13 +289,13 @@ class UpdateMonitor:
         ratio = self._vector(stats, "update_ratio")
         gnorm = self._vector(stats, "grad_norm")
 
-        low = ratio <= np.float32(self.frozen_ratio)
+        low = (ratio <= np.float32(self.frozen_ratio)) & self.watched
         self._streak = np.where(low, self._streak + 1, 0)
         frozen = self._streak >= self.patience
         newly = np.flatnonzero(frozen & ~self._frozen)
         self._frozen = frozen
         self._last_step = step
-        vanishing = np.flatnonzero(gnorm <= np.float32(self.vanishing))
+        vanishing = np.flatnonzero((gnorm <= np.float32(self.vanishing)) & self.watched)
         exploding = np.flatnonzero(~(gnorm < np.float32(self.exploding)))  # NaN counts as exploding
 
         metrics = _summary("monitor/update_ratio", ratio)

@@ -28,6 +28,9 @@ class Options:
     """(fields, rule): rule one of ">=0", ">=1", ">=2", ">0", "[0,1]", "(0,1)" (`birdjepa.validation`)."""
     NEEDS_LABELS: ClassVar[bool] = False
     """Whether the objective trains on the labels (train shards without any are then refused)."""
+    IDLE_PARAMS: ClassVar[tuple[str, ...]] = ()
+    """Name prefixes of parameters the model builds that no loss of this objective reads: their zero
+    gradients are no vanishing gradients, and the update monitor does not report them."""
 
     def problems(self, cfg: PretrainConfig) -> Iterator[Problem]:
         """Options of this group that cannot work with the rest of ``cfg`` (the chosen objective only)."""
@@ -161,6 +164,7 @@ class MaeConfig(Options):
     decoder_heads: int | None = None
     """Attention heads of the decoder (None: the encoder's)."""
 
+    IDLE_PARAMS: ClassVar = ("projector/",)  # built (one layer, `model`), read by no loss
     RANGES: ClassVar = (
         (("block_time", "block_freq", "decoder_dim", "decoder_depth", "decoder_heads"), ">=1"),
         (("mask_ratio",), "(0,1)"),

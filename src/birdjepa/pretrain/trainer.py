@@ -75,7 +75,7 @@ def online_probe_metrics(probe_params: Any, held_out: Split) -> dict[str, float]
 def make_callbacks(cfg: PretrainConfig, loader: Loader, params: Any) -> Callbacks:
     items: list[Callback] = [IidCallback(loader.shard_sizes, cfg.iid_window), SkippedRecordsCallback(loader)]
     if cfg.monitor_interval > 0:
-        items.append(UpdateMonitorCallback(param_names(params)))
+        items.append(UpdateMonitorCallback(param_names(params), idle=cfg.objective.options.IDLE_PARAMS))
     return Callbacks(items)
 
 
