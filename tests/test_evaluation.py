@@ -610,6 +610,10 @@ def test_export_and_embed_errors_are_one_line(
     folder = export(tiny_run, tmp_path / "export")  # of step 5: its step was embedded, exit 0
     one_line(["embed", shards, "--encoder", str(folder), "--step", "2", "--out", str(out)], "embed", folder,
              "an export of step 5, not of the step 2 asked for")  # fmt: skip
+    # Another encoder's embeddings, replaced without a word (export refuses its own case).
+    main(["embed", shards, "--encoder", str(tiny_run), "--step", "2", "--out", str(tmp_path / "two.parquet")])
+    one_line(["embed", shards, "--encoder", str(folder), "--out", str(tmp_path / "two.parquet")], "embed",
+             f"{tmp_path / 'two.parquet'} holds the embeddings of run:eval@2#")  # fmt: skip
     # Readable by others as any file the user writes (safetensors made it 0600, for the colleague it is for).
     umask = os.umask(0)
     os.umask(umask)

@@ -121,6 +121,13 @@ def checked(source: str, out: Path) -> tuple[list[Path], list[str]]:
 
 def embed_sources(audio: list[Path], files: list[str], encoder: Encoder, out: Path, *, n_workers: int) -> int:
     """`embed` of the files `checked` found (a folder is listed once: it may hold 100,000 recordings)."""
+    if out.is_file():  # another encoder's embeddings were replaced without a word (export refuses it)
+        try:
+            there = (pq.read_schema(out).metadata or {}).get(b"encoder", b"").decode() or None
+        except (OSError, pa.ArrowException):
+            there = None
+        if there is not None and there != encoder.identity:
+            raise ExportError(f"{out} holds the embeddings of {there}: give another --out, or remove it")
     if audio:
         columns = encoder.embed_audio(audio, n_workers=n_workers)
         n = len(columns["source"])
