@@ -99,7 +99,9 @@ def test_a_bad_event_is_a_counted_skip_naming_it(
 ) -> None:
     files, _ = with_events
     table = read_shard(Path(files[0]))
-    bad = [[[5.0, 4.0]]] + [None] * (len(table) - 1)  # end before start
+    # End before start; and past the recording's end (milliseconds read as seconds), which was clamped
+    # to the recording's last clip without a word.
+    bad = [[[5.0, 4.0]], [[1.0, 2.0], [5000.0, 6000.0]]] + [None] * (len(table) - 2)
     table = table.set_column(
         table.schema.get_field_index("detected_events"),
         "detected_events",
@@ -117,6 +119,10 @@ def test_a_bad_event_is_a_counted_skip_naming_it(
     assert any(
         s["row"] == 0 and "event 0: [5, 4] s is not a window" in s["reason"] for s in diagnostics["skipped"]
     )
+    assert any(
+        s["row"] == 1 and "event 1: starts at 5000 s, at or past the recording's end (" in s["reason"]
+        for s in diagnostics["skipped"]
+    ), diagnostics["skipped"]
 
 
 def test_an_event_column_no_shard_has_is_an_error_naming_it(

@@ -354,6 +354,19 @@ impl ClipExtractor {
                 )))
             }
             CropMode::Window { end, .. } => Ok(end.min(n_out)),
+            // An event past the end was clamped to the recording's last clip without a word: events in
+            // milliseconds made every event crop an end-of-file crop. A skipped record, as a window's.
+            CropMode::Events(ref events) => match events.iter().position(|&(start, _)| start >= n_out) {
+                Some(i) => {
+                    let rate = self.cfg.target_rate as f64;
+                    Err(AudioError(format!(
+                        "event {i}: starts at {} s, at or past the recording's end ({} s)",
+                        events[i].0 as f64 / rate,
+                        n_out as f64 / rate
+                    )))
+                }
+                None => Ok(n_out),
+            },
             _ => Ok(n_out),
         }
     }
@@ -733,6 +746,11 @@ mod tests {
         assert!(ex.events(&[(1.0, 1.0)]).unwrap_err().0.contains("event 0: [1, 1] s is not a window"));
         assert!(ex.events(&[]).is_err());
         assert_eq!(ex.crop_offset(clip - 1, &mode, key(0), 0), 0);
+        // An event past the recording's end (milliseconds read as seconds) is an error, not a clamp.
+        let past = ex.events(&[(3.0, 4.5), (70.0, 71.0)]).unwrap();
+        let e = ex.audio_end(n_out, &past).unwrap_err().0;
+        assert_eq!(e, "event 1: starts at 70 s, at or past the recording's end (60 s)");
+        assert_eq!(ex.audio_end(n_out, &mode).unwrap(), n_out);
     }
 
     #[test]
