@@ -77,7 +77,8 @@ def check_fits(template: dict[str, Any]) -> None:
         raise DoesNotFit(
             f"the model's {count:,} parameters, their gradients and the optimizer state take "
             f"{need / GIB:.1f} GiB on {on}, which holds {have / GIB:.1f} GiB, before a step's activations: "
-            "train a smaller model (--model.preset, --model.dim, --model.depth, --model.mlp-ratio)"
+            "train a smaller model (--model.preset, --model.dim, --model.depth, --model.mlp-ratio), or "
+            "resume a run that trained elsewhere on a machine with that memory"
         )
 
 
