@@ -162,6 +162,16 @@ def test_a_log_analyze_cannot_use_is_one_line_naming_it(
     assert not (tmp_path / "analysis").exists() and not (tmp_path / "run" / "analysis").exists()
 
 
+def test_an_out_analyze_cannot_write_is_exit_2_as_every_command_s(
+    resumed_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "afile").write_text("")  # it said 74, where export's, embed's and evaluate's say 2
+    with pytest.raises(SystemExit) as e:
+        birdjepa_main(["analyze", str(resumed_run), "--out", str(tmp_path / "afile")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == f"error: {tmp_path / 'afile'}: exists and is not a folder\n", err
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
     [

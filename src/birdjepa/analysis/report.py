@@ -195,9 +195,9 @@ def cli(
             raise SystemExit(exit_codes.USAGE)
     try:
         result = analyze(run, other=other, metrics=metrics, window=window, out=out, gap_s=gap_s)
-    except OutputError as e:  # checked before the work, as every command's output: exit 2
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(exit_codes.USAGE) from None
+    except OutputError as e:  # an --out given: exit 2, as every command's; the run's own folder: 74, as
+        print(f"error: {e}", file=sys.stderr, flush=True)  # evaluate's into a read-only run
+        raise SystemExit(exit_codes.USAGE if out is not None else exit_codes.IOERR) from None
     except (MetricsFileError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
