@@ -839,6 +839,11 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
             ["--backbone", f"{tmp_path}@abc", "--train", str(train), "--test", str(test)],
             f"{tmp_path}@abc: the step after '@' is a number (RUN@STEP), not 'abc'",
         ),
+        # "RUN@" was the newest checkpoint; "random:RUN@9" said "not a run directory"; "raw:foo" was
+        # tried as an import ("No module named 'raw'").
+        (["--backbone", f"{tmp_path}@", "--train", str(train), "--test", str(test)], "not ''"),
+        (["--backbone", f"random:{tmp_path}@9", "--train", str(train), "--test", str(test)], "without @STEP"),
+        (["--backbone", "raw:foo", "--train", str(train), "--test", str(test)], "baselines are raw and"),
         (["--backbone", "raw", "--train", str(train), "--test", str(test), "--probe", "svm"], "probes are"),
         (["--backbone", "raw", "--train", str(train), "--test", str(test), "--prototypes", "0"], "are >= 1"),
     ]

@@ -77,9 +77,9 @@ class Backbone:
 def _run(spec: str) -> Backbone:
     from birdjepa.export.encoder import ExportError, load_encoder
 
-    path, _, step = spec.partition("@")
-    if step and not step.isdigit():  # int() said only "invalid literal for int() with base 10"
-        raise BackboneError(f"{spec}: the step after '@' is a number (RUN@STEP), not {step!r}")
+    path, at, step = spec.partition("@")
+    if at and not step.isdigit():  # int() said only "invalid literal for int() with base 10"; "RUN@" was
+        raise BackboneError(f"{spec}: the step after '@' is a number (RUN@STEP), not {step!r}")  # the newest
     try:
         encoder = load_encoder(Path(path), int(step) if step else None)
     except ExportError as e:
@@ -184,7 +184,12 @@ def resolve(specs: Sequence[str], step: int | None = None) -> list[Backbone]:
         if spec in ("raw", RAW_INPUT):
             out.append(spec)  # once the runs' patch grid (and input normalisation) is known
         elif spec.startswith("random:"):
+            if "@" in spec:  # "random:RUN@9: not a run directory"
+                raise BackboneError(f"{spec}: random init is a run's step 0, whatever its checkpoints: "
+                                    f"{spec.partition('@')[0]}, without @STEP")  # fmt: skip
             out.append(_random_init(Path(spec.removeprefix("random:"))))
+        elif spec.startswith("raw:"):  # "raw:foo" was tried as an import: "No module named 'raw'"
+            raise BackboneError(f"{spec}: the raw baselines are raw and {RAW_INPUT}")
         elif _looks_external(spec):
             out.append(_external(spec))
         else:

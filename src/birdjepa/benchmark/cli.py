@@ -348,6 +348,10 @@ def format_store(rows: list[dict], metric: str = "cmap") -> str:
     )
 
 
+MAX_PROBE_STEPS = 1_000_000
+"""The most steps a probe fits for: 2,000x the recipe's, minutes a fit on the encoders' tokens."""
+
+
 def checked_plot(plot: Path) -> Path:
     """The file ``--plot`` writes: matplotlib's format of its extension, or a PNG with ``.png`` added
     (matplotlib adds it, and the name said was the one given); `BenchmarkError` where it cannot be
@@ -393,6 +397,8 @@ def check_options(
         twice = [str(v) for i, v in enumerate(values) if v in values[:i]]
         if twice:
             raise BenchmarkError(f"{flag} {' '.join(map(str, values))}: {', '.join(twice)} given twice")
+    if probe_steps > MAX_PROBE_STEPS:  # 10^9 fitted for ever (the recipe's is 500)
+        raise BenchmarkError(f"--probe-steps {probe_steps}: must be at most {MAX_PROBE_STEPS:,}")
     bad = [p for p in probe if p not in PROBES]
     if min(prototypes, probe_steps, token_batch) < 1 or not 0 < probe_lr < math.inf:  # inf: NaN scores
         raise BenchmarkError(
