@@ -355,7 +355,10 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
         (["--backbone", "raw", "raw", "--train", "a", "--test", "b"], "--backbone raw raw: raw given twice"),
         # Every probe's scores NaN ("scores hold NaN or inf", naming nothing); the test folder's name, unsaid.
         (["--backbone", "raw", "--train", "a", "--test", "b", "--probe-lr", "inf"], "--probe-lr > 0, got"),
-        (["--backbone", "raw", "--train", "a", "--test", "b", "--probe-steps", "1000000000"], "at most 1,0"),
+        (
+            ["--backbone", "raw", "--train", "a", "--test", "b", "--probe-steps", "1000000000"],
+            "--probe-steps 1000000000: must be at most 1,000,000",
+        ),  # it fitted for ever
         (["--backbone", "raw", "--train", "a", "--test", "b", "--task", ""], "--task '': give a name"),
         # The probes were fitted, then a traceback from the store's first write.
         (["--backbone", "raw", "--train", "a", "--test", "b", "--results", "{tmp}/afile"], "rows: cannot be"),
