@@ -273,6 +273,29 @@ def test_overlapping_splits_are_named_and_the_table_marked(
     assert "share the shard" in json.loads(out.read_text())["data"]["overlap"]
 
 
+def test_a_record_evaluate_cannot_read_is_said_once_and_in_its_record(
+    tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Printed by the loader, and the evaluation's JSON said "warnings": [].
+    from test_loader_bad_input import read_table, with_corrupt_rows, write_table
+
+    from birdjepa.evaluation.cli import EvalData, cli
+
+    shards = sorted((demo_dir / "eval").glob("*.arrow"))
+    (tmp_path / "eval").mkdir()
+    for i, shard in enumerate(shards):
+        table = read_table(shard)
+        write_table(with_corrupt_rows(table, {0}) if i == 0 else table, tmp_path / "eval" / shard.name)
+    shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "eval")
+    out = tmp_path / "e.json"
+    capsys.readouterr()
+    cli(tiny_run, data=EvalData(eval=str(tmp_path / "eval")), out=out)
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING")]
+    said = f"skipped 1 eval record the loader cannot read: {tmp_path / 'eval' / shards[0].name} row 0: "
+    assert len(warnings) == 1 and warnings[0].startswith(f"WARNING {said}"), warnings
+    assert [w for w in json.loads(out.read_text())["warnings"] if w.startswith(said)], out.read_text()
+
+
 def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys):
     from birdjepa.evaluation.cli import cli
 

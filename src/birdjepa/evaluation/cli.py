@@ -74,8 +74,22 @@ def embed_splits(
     for files in (train_files, eval_files):
         with Loader(files, seed=seed, batch_size=batch_size, n_workers=n_workers, train=False,
                     features=features, audio_root=audio_root) as loader:  # fmt: skip
+            loader.say_skips = False  # the evaluation's warnings say them, in its record too
             splits.append(embed_split(loader, encoders))
     return splits[0], splits[1]
+
+
+def unreadable(*splits: tuple[str, Split]) -> list[str]:
+    """A warning for each split with records the loader could not read (a NaN sample, a file a path
+    names that is gone): printed, where the evaluation's record listed none."""
+    out = []
+    for name, split in splits:
+        n, lines = split.unreadable
+        if n:
+            more = f"; {n - 3} more" if n > 3 else ""
+            out.append(f"skipped {n} {name} record{'s' * (n != 1)} the loader cannot read: "
+                       f"{'; '.join(lines[:3])}{more}")  # fmt: skip
+    return out
 
 
 PROBE_HEAD = "['params']['probe']['head']['kernel']"
@@ -236,7 +250,8 @@ def evaluate_checkpoint(
     rows = score(train, held_out, linear=True, seed=cfg.seed)
     files, splits = (train_files, eval_files), (train, held_out)
     doc = info(run_dir, run.step, cfg.seed, model_cfg, files, splits, run.n_classes)
-    doc["warnings"] = thin_train_split(train.labels, held_out.labels, rows)
+    doc["warnings"] = [*unreadable(("train", train), ("eval", held_out)),
+                       *thin_train_split(train.labels, held_out.labels, rows)]  # fmt: skip
     doc["timing_s"] = {"embed": t_embed, "probes": time.perf_counter() - t0 - t_embed}
     doc["written_to"] = str(write_json(out or layout.eval_report(run_dir, run.step), rows, doc))
     return rows, doc

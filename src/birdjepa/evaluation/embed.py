@@ -29,6 +29,9 @@ class Split:
     skipped_unlabelled: int
     fingerprint: str = ""
     """The data set's fingerprint (`birdjepa.data.Loader.fingerprint`): equal ones hold the same data."""
+    unreadable: tuple[int, tuple[str, ...]] = (0, ())
+    """Records of the pass the loader could not read: their count, and ``FILE row R: REASON`` of each
+    (`birdjepa.data.Loader.skipped_since`)."""
 
 
 def raw_features(spectrogram: np.ndarray) -> np.ndarray:
@@ -58,6 +61,7 @@ def embed_split(loader: Loader, encoders: Mapping[str, Encode], raw: bool = True
     parts: dict[str, list[np.ndarray]] = {name: [] for name in [*encoders, *([RAW] if raw else [])]}
     labels: list[np.ndarray] = []
     skipped = 0
+    before = loader.diagnostics()["counters"]["skipped"]
     for batch in loader:
         keep = batch["label"] >= 0
         skipped += int((~keep).sum())
@@ -69,4 +73,5 @@ def embed_split(loader: Loader, encoders: Mapping[str, Encode], raw: bool = True
         labels.append(batch["label"][keep])
     features = {name: np.concatenate(p) if p else np.zeros((0, 0), np.float32) for name, p in parts.items()}
     label_array = np.concatenate(labels).astype(np.int64) if labels else np.zeros(0, np.int64)
-    return Split(features, label_array, skipped, loader.fingerprint)
+    now, lines = loader.skipped_since(before)
+    return Split(features, label_array, skipped, loader.fingerprint, (now - before, tuple(lines)))
