@@ -251,9 +251,16 @@ def test_overlapping_splits_are_named_and_the_table_marked(
         w.write_table(rows)
     first = sorted(rows.column("recording_id").to_pylist())[0]
     assert overlap((train, [str(repacked)]), ("a", "b")) == (
-        f"8 recordings are in the train and the eval split (recording_id, e.g. {first}): the eval scores are "
-        "not held out"
+        f"8 recordings are in the train and the eval split (recording_id and audio, e.g. {first}): the eval "
+        "scores are not held out"
     )
+    # The same ids with other audio: two splits that each number their files (aaa/0001.wav) share names,
+    # not recordings, and were called not held out.
+    other = rows.column("audio").take(pa.array([*range(1, 8), 0]))  # each id another row's audio
+    renamed = rows.set_column(rows.schema.get_field_index("audio"), "audio", other)
+    with pa.OSFile(str(repacked), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as w:
+        w.write_table(renamed)
+    assert overlap((train, [str(repacked)]), ("a", "b")) is None
     # pretrain (its step compiled for the run above, in this process), with no evaluation at all:
     cfg = tiny_config(demo_dir, tmp_path)
     cfg = dataclasses.replace(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from birdjepa.data import DataError
-from birdjepa.data.shards import shard_recording_ids
+from birdjepa.data.shards import read_shard, shard_recording_ids
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import RAW, Split
 from birdjepa.rundir import layout
@@ -129,17 +129,20 @@ def overlap(files: tuple[Sequence[str], Sequence[str]], fingerprints: tuple[str,
                 "scores are not held out")  # fmt: skip
     both = shared_recordings(*files)
     if both:
-        return (f"{len(both)} recordings are in the train and the eval split (recording_id, e.g. "
+        return (f"{len(both)} recordings are in the train and the eval split (recording_id and audio, e.g. "
                 f"{sorted(both)[0]}): the eval scores are not held out")  # fmt: skip
     return None
 
 
-def shared_recordings(train: Sequence[str], held_out: Sequence[str]) -> set[str]:
-    """The recording ids both splits hold (rows repacked into other shards, which no shard or byte check
-    sees; it scored 1.000 unsaid); empty where a split's shards have no ``recording_id`` column."""
-    ids = []
+def shared_recordings(train: Sequence[str], held_out: Sequence[str], checked: int = 64) -> set[str]:
+    """The recording ids both splits hold with the same audio (rows repacked into other shards, which no
+    shard or byte check sees; it scored 1.000 unsaid); empty where a split's shards have no
+    ``recording_id`` column. An id is a path relative to the folder `prepare` read: two splits that each
+    number their files (``aaa/0001.wav``) share ids, not recordings, and were called not held out. The
+    audio (its bytes, or the path a row reads it from) of the first ``checked`` shared ids decides."""
+    where: list[dict[str, tuple[str, int]]] = []
     for files in (train, held_out):
-        found: set[str] = set()
+        found: dict[str, tuple[str, int]] = {}
         for f in files:
             try:
                 column = shard_recording_ids(Path(f))
@@ -147,9 +150,20 @@ def shared_recordings(train: Sequence[str], held_out: Sequence[str]) -> set[str]
                 return set()
             if column is None:
                 return set()
-            found.update(x for x in column if x)
-        ids.append(found)
-    return ids[0] & ids[1]
+            found.update((x, (f, r)) for r, x in enumerate(column) if x)
+        where.append(found)
+    both = sorted(where[0].keys() & where[1].keys())
+    tables: dict[str, Any] = {}
+
+    def audio(shard: str, row: int) -> Any:  # as the loader reads it: its bytes, or the path they're at
+        table = tables.setdefault(shard, read_shard(Path(shard)))
+        if "audio" not in table.schema.names:
+            return None
+        value = table.column("audio")[row].as_py()
+        return (value.get("bytes") or value.get("path")) if isinstance(value, dict) else value
+
+    same = [i for i in both[:checked] if audio(*where[0][i]) == audio(*where[1][i])]
+    return set(both) if same else set()
 
 
 def same_bytes(train: Sequence[str], held_out: Sequence[str]) -> tuple[str, str] | None:
