@@ -35,7 +35,9 @@ def pretrain(runs: Path, run: str, cache: str, demo_dir: Path, *extra: str) -> s
 def test_a_run_is_bit_identical_with_the_cache_cold_warm_and_off(tmp_path: Path, demo_dir: Path) -> None:
     cache = tmp_path / "cache"
     cold = pretrain(tmp_path, "resumed", str(cache), demo_dir, "--stop-at-step", "1")
-    assert HIT not in cold.stderr and any(cache.glob("jit_run-*")), "the first segment compiles, and keeps it"
+    assert HIT not in cold.stderr and any(cache.glob(f"{compile_cache.machine_key()}/jit_run-*")), (
+        "the first segment compiles, and keeps it"
+    )
     warm = pretrain(tmp_path, "resumed", str(cache), demo_dir)
     assert HIT in warm.stderr, "the requeued segment loads the step instead of compiling it"
     built = compile_cache.compiled_not_loaded(warm.stderr)  # ... nor any other program it runs
@@ -123,3 +125,14 @@ def test_a_writer_killed_while_it_writes_an_entry_leaves_no_entry(tmp_path: Path
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "whole-cache").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_cache_folder_given_keeps_a_folder_per_kind_of_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # BIRDJEPA_COMPILE_CACHE=<folder> held the entries itself: on a shared file system another kind of
+    # machine or JAX loaded them, where the default folder keys them.
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    assert compile_cache.cache_dir() == tmp_path / compile_cache.machine_key()
+    monkeypatch.setenv(compile_cache.ENV, "off")
+    assert compile_cache.cache_dir() is None

@@ -471,7 +471,8 @@ def cli(
         step: The checkpoint of every RUN named without @STEP (default: its newest).
         table: Print the store in RESULTS as a table (tasks as columns) and exit.
         metric: With --table: the metric shown (cmap, auroc or top1).
-        plot: With --table: also draw cmAP against n per task, backbone and probe into this PNG.
+        plot: With --table: also draw the metric against n per task, backbone and probe into this figure
+            (a PNG; its extension picks another format).
         multilabel_column: The list-of-labels column (BirdSet's); where the shards have none, each clip's
             target is the one-hot of its label (a column named other than the default must be there).
         n_classes: Classes (default: the vocab.json beside the shards, else the ClassLabel names a
@@ -498,7 +499,7 @@ def cli(
                 from birdjepa.benchmark.figures import fewshot_curves
 
                 plot.parent.mkdir(parents=True, exist_ok=True)  # as `unwritable` promised (a traceback)
-                fewshot_curves(rows).savefig(plot, dpi=120)
+                fewshot_curves(rows, metric).savefig(plot, dpi=120)  # it drew cmAP whatever --metric said
                 print(f"wrote {plot}")
             return
         # Checked after the backbones loaded, naming no option ("batch_size must be >= 0 (got -4)"); and

@@ -56,11 +56,13 @@ def machine_key() -> str:
 
 
 def cache_dir() -> Path | None:
-    """Where this process keeps its compiled steps (None: off, or left to ``JAX_COMPILATION_CACHE_DIR``)."""
+    """Where this process keeps its compiled steps (None: off, or left to ``JAX_COMPILATION_CACHE_DIR``):
+    a folder per kind of machine (`machine_key`), under the folder ``BIRDJEPA_COMPILE_CACHE`` names too
+    (it held the entries itself: on a shared file system, another kind of machine or JAX loaded them)."""
     choice = os.environ.get(ENV, "")
     if choice == "off" or (not choice and os.environ.get("JAX_COMPILATION_CACHE_DIR")):
         return None
-    return Path(choice) if choice else default_cache_dir() / "xla" / machine_key()
+    return (Path(choice) if choice else default_cache_dir() / "xla") / machine_key()
 
 
 def without_jax_settings(env: Mapping[str, str]) -> dict[str, str]:
