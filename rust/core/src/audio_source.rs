@@ -53,6 +53,14 @@ impl AudioLayout {
         let layout = match field.data_type() {
             DataType::Struct(fields) => {
                 let typed = |name: &str| fields.iter().find(|f| f.name() == name).map(|f| f.data_type().clone());
+                if typed("bytes").is_none() && typed("array").is_some() {
+                    // HF's decoded form: every row read its path, "cannot open", naming nothing of why.
+                    return Err(Error::data(format!(
+                        "{}: column '{}' holds decoded samples (HF's array and sampling_rate), not the                          encoded audio the loader decodes: save the data set with Audio(decode=False)",
+                        shard.display(),
+                        field.name()
+                    )));
+                }
                 let bytes = typed("bytes").and_then(|t| binary(&t));
                 let path = typed("path").and_then(|t| string(&t));
                 Self { in_struct: true, bytes, path }
@@ -209,6 +217,14 @@ mod tests {
         assert!(missing.starts_with("audio file ") && missing.contains("clips/missing.flac"), "{missing}");
         assert_eq!(read(4).unwrap_err(), "audio bytes and path are null");
         std::fs::remove_dir_all(&dir).unwrap();
+        // HF's decoded form (array, sampling_rate, path): every row was "cannot open" its path.
+        let decoded = Fields::from(vec![
+            Field::new("array", DataType::new_list(DataType::Float32, true), true),
+            Field::new("sampling_rate", DataType::Int64, true),
+            Field::new("path", DataType::Utf8, true),
+        ]);
+        let e = AudioLayout::of(Path::new("s.arrow"), &Field::new("audio", DataType::Struct(decoded), true));
+        assert!(e.unwrap_err().to_string().contains("holds decoded samples (HF's array and sampling_rate)"));
     }
 
     #[test]

@@ -248,7 +248,11 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
     // numerator"), which stopped a training run at that row for good and was a traceback in prepare.
     let probed = quietly(|| symphonia::default::get_probe().format(&Hint::new(), mss, &fmt_opts, &MetadataOptions::default()))
         .map_err(|panic| AudioError::new(format!("decode: the container's header cannot be read ({panic})")))?
-        .map_err(|e| sym_err("decode: unrecognised container", e))?;
+        .map_err(|e| match bytes.as_ref().get(..4) {
+            // A WAV past 4 GB's form, which symphonia does not read: "unrecognised container: end of stream"
+            Some(b"RF64") => AudioError::new("decode: an RF64 WAV (a WAV past 4 GB's form) is not read: convert it to FLAC"),
+            _ => sym_err("decode: unrecognised container", e),
+        })?;
     let format = probed.format;
     let track = format
         .tracks()
@@ -879,6 +883,14 @@ pub(crate) mod tests {
             assert_eq!(r.info().2, AudioReader::open(with).unwrap().info().2, "{name}: = the header's length");
             check_bytes_windows_equal_full(name, without, &random_windows(7, 40, 4 * 32_000, 60_000));
         }
+    }
+
+    #[test]
+    fn an_rf64_wav_says_what_it_is() {
+        let mut rf64 = wav_i16(&[0, 1, 2, 3], 1, 16_000);
+        rf64[..4].copy_from_slice(b"RF64");
+        let e = decode_mono(rf64).unwrap_err();
+        assert!(e.0.contains("an RF64 WAV (a WAV past 4 GB's form) is not read"), "{e}");
     }
 
     #[test]
