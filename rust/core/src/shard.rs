@@ -87,7 +87,8 @@ pub(crate) fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
         return Err(Error::data(format!("{}: file is empty (truncated?)", path.display())));
     }
     // SAFETY: shards and audio files are treated as immutable while the loader runs; the data set's
-    // fingerprint records sizes and times, so a file rewritten between segments is refused at resume.
+    // fingerprint and its shards' digests (`Dataset::shard_digests`) see a file rewritten between
+    // segments, and the resume's dataset check refuses it.
     let mmap = unsafe { memmap2::Mmap::map(&file) }
         .map_err(|e| Error::data(format!("{}: cannot mmap: {e}", path.display())))?;
     // Rows are read where the plan points, from every shard at once by default: the kernel's
@@ -382,16 +383,25 @@ impl Shard {
     /// The record batch holding `row`, and the row's offset inside it.
     pub fn batch_for_row(&self, row: u64) -> Result<(RecordBatch, usize)> {
         let i = self.batch_starts.partition_point(|&s| s <= row).saturating_sub(1);
-        let block = self.index.batches.get(i).filter(|_| row < self.rows()).ok_or_else(|| {
-            Error::data(format!("{}: row {row} out of range ({} rows)", self.path.display(), self.rows()))
-        })?;
+        if i >= self.index.batches.len() || row >= self.rows() {
+            return Err(Error::data(format!("{}: row {row} out of range ({} rows)", self.path.display(), self.rows())));
+        }
+        Ok((self.batch(i)?, (row - self.batch_starts[i]) as usize))
+    }
+
+    /// Record batch `i`, decoded (its arrays are views of the mapped file).
+    pub fn batch(&self, i: usize) -> Result<RecordBatch> {
+        let block = &self.index.batches[i];
         let buf = self.data.slice_with_length(block.offset as usize, (block.meta_len as u64 + block.body_len) as usize);
-        let batch = self
-            .decoder
+        self.decoder
             .read_record_batch(&block.ipc_block(), &buf)
             .map_err(|e| Error::data(format!("{}: cannot read record batch at byte {}: {e}", self.path.display(), block.offset)))?
-            .ok_or_else(|| Error::data(format!("{}: empty record batch at byte {}", self.path.display(), block.offset)))?;
-        Ok((batch, (row - self.batch_starts[i]) as usize))
+            .ok_or_else(|| Error::data(format!("{}: empty record batch at byte {}", self.path.display(), block.offset)))
+    }
+
+    /// Record batches in the file.
+    pub fn n_batches(&self) -> usize {
+        self.index.batches.len()
     }
 
     /// The named column of a decoded batch, or an error naming the file and column.

@@ -152,6 +152,11 @@ impl PyLoader {
         self.inner.lock().unwrap().dataset().fingerprint().to_string()
     }
 
+    /// Each shard's file name and content digest (`Dataset::shard_digests`).
+    fn shard_digests(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
+        py.detach(|| self.inner.lock().unwrap().dataset().shard_digests()).map_err(to_py)
+    }
+
     /// The decode threads it runs (`n_workers`; 0 asked for one per CPU this process may run on).
     fn n_workers(&self) -> usize {
         self.inner.lock().unwrap().config().n_workers

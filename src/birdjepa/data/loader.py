@@ -283,6 +283,13 @@ class Loader:
     def fingerprint(self) -> str:
         return self._rs.fingerprint()
 
+    def shard_digests(self) -> dict[str, str]:
+        """Each shard's file name -> a digest of its content but the audio's bytes (labels, ids, events,
+        windows, paths, each recording's size) and of the vocab.json beside it: what the fingerprint,
+        which reads a shard's size and ends only, does not see (a shard relabelled at the same size).
+        Reads every shard's non-audio columns: milliseconds a shard."""
+        return dict(self._rs.shard_digests())
+
     @property
     def n_workers(self) -> int:
         """The decode threads it runs (``n_workers=0``, the default: one per CPU this process may run on)."""

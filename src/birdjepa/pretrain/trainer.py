@@ -119,6 +119,7 @@ class Trainer:
         self.rows = multihost.local_rows(fns.sharded, cfg.data.batch_size)
         self.leaf_names: list[str] = []  # of the parameters, for the non-finite guard's report
         self.disk_warned = False
+        self._shard_digests: dict[str, str] | None = None
         # None without eval shards: a run on the user's shards with --eval-every 0 (`segment.data_files`).
         self.evaluator = PeriodicEval(
             self.train_files, self.eval_files, features=cfg.data.features, seed=cfg.seed,
@@ -152,6 +153,13 @@ class Trainer:
     def random_init(self) -> Encode:  # fresh arrays: the first params are donated to the first step
         params = init_params(self.model_cfg, init_key(self.cfg))["params"]
         return self.encoder(jax.device_put(params, self.fns.replicated))
+
+    def shard_digests(self, loader: Loader) -> dict[str, str]:
+        """The train shards' content digests (`Loader.shard_digests`), read once a segment: every save
+        records them, and the resume's dataset check compares them."""
+        if self._shard_digests is None:
+            self._shard_digests = loader.shard_digests()
+        return self._shard_digests
 
     def next_step(self, state: TrainState, batch: Batch, *, legacy: bool = False) -> resume_check.NextStep:
         """What step ``state.step`` will do with ``batch`` (recorded at save, re-derived on resume);
@@ -214,6 +222,7 @@ class Trainer:
             self.next_step(state, batch, legacy=meta["next_step"].get("gradients") is None),
             config=self.config,
             dataset=loader.fingerprint,
+            shards=self.shard_digests(loader),
             loader_error=loader_error,
             norms=checkpoint.state_norms(checkpoint.to_host(state.arrays(), copy=False)),
             opt_state_spec=resume_check.tree_spec(state.opt_state),
@@ -229,7 +238,8 @@ class Trainer:
         self.log.log(step, resume_check.metrics(results))
         failed = [r.name for r in results if not r.ok]
         if failed:
-            self.log.event("resume_check_failed", step, failed=failed, action=cfg.resume_checks)
+            got = {r.name: r.got for r in results if not r.ok}  # what each found: the log says what changed
+            self.log.event("resume_check_failed", step, failed=failed, got=got, action=cfg.resume_checks)
         if not failed or cfg.resume_checks == "warn":
             if failed:
                 print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
@@ -238,12 +248,17 @@ class Trainer:
                 self.log.event("config_changed", step, changes=allowed.split(","), before=meta["config"])
             return 0
         changed = next((r.got for r in results if r.name == "config" and not r.ok), None)
-        how = (  # a run extended or retuned on purpose (--steps 800 after 600) is the common case
-            f"Options that change the run were given ({changed}): pass --allow-config-change to train on "
-            "under them (the run is then no longer exact), or leave them out"
-            if changed is not None
-            else "Fix the cause"
-        )
+        if (
+            changed is not None
+        ):  # a run extended or retuned on purpose (--steps 800 after 600) is the common case
+            how = (f"Options that change the run were given ({changed}): pass --allow-config-change to train "
+                   "on under them (the run is then no longer exact), or leave them out")  # fmt: skip
+        elif "dataset" in failed:
+            how = (f"The data changed since checkpoint {step - 1} (the dataset line names the shards "
+                   "where it knows them): resume on the data it trained on, or train this data in a new "
+                   "run")  # fmt: skip
+        else:
+            how = "Fix the cause"
         print(
             f"ERROR: resume checks failed before step {step}: {', '.join(failed)} (see the RESUME_CHECK "
             f"lines). Nothing was trained. {how}, or pass --resume-checks warn to continue anyway; "
@@ -337,6 +352,7 @@ class Trainer:
             "machine": self.machine,
             "step_revision": revisions.REVISION,
             "dataset_fingerprint": loader.fingerprint,
+            "dataset_shards": self.shard_digests(loader),
             "next_step": self.next_step(state, pending).to_json(),
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
         }

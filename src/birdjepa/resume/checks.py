@@ -209,12 +209,28 @@ def _norm_check(name: str, prefix: str, saved: Mapping[str, float], now: Mapping
     return CheckResult(name, False, f"{k}={_text(saved.get(k))}", f"{k}={_text(now.get(k))}{more}")
 
 
+def dataset_check(meta: Mapping[str, Any], dataset: str, shards: Mapping[str, str] | None) -> CheckResult:
+    """The data the run resumes on is the data it trained on: the fingerprint (names, sizes, the ends of
+    each shard) and, where the checkpoint recorded them (`Loader.shard_digests`), each shard's content
+    but the audio's bytes and its vocab.json, naming the shards that changed: one relabelled at the same
+    size (a second `prepare`) kept the fingerprint and passed every check, the run then not exact."""
+    saved, saved_shards = meta["dataset_fingerprint"], meta.get("dataset_shards")
+    changed = []
+    if saved_shards is not None and shards is not None:
+        changed = sorted(n for n in {*saved_shards, *shards} if saved_shards.get(n) != shards.get(n))
+    if not changed:
+        return CheckResult("dataset", dataset == saved, saved, dataset)
+    more = f"(+{len(changed) - 3}_more)" if len(changed) > 3 else ""
+    return CheckResult("dataset", False, saved, f"{dataset}+changed_shards:{','.join(changed[:3])}{more}")
+
+
 def check_resume(
     meta: Mapping[str, Any],
     now: NextStep,
     *,
     config: Mapping[str, Any],
     dataset: str,
+    shards: Mapping[str, str] | None = None,
     loader_error: str | None,
     norms: Mapping[str, float],
     opt_state_spec: list,
@@ -242,8 +258,7 @@ def check_resume(
         got = ",".join(breaking) or ("harmless:" + ",".join(harmless) if harmless else "unchanged")
         out.append(CheckResult("config", not breaking, "no_breaking_change", got))
 
-    saved_ds = meta["dataset_fingerprint"]
-    out.append(CheckResult("dataset", dataset == saved_ds, saved_ds, dataset))
+    out.append(dataset_check(meta, dataset, shards))
     out.append(CheckResult("loader_state", loader_error is None, "restored", loader_error or "restored"))
     out.append(CheckResult("next_batch", now.batch == rec.batch, rec.batch, now.batch))
     out.append(CheckResult("prng", now.key == rec.key, _text(rec.key), _text(now.key)))

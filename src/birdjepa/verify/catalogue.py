@@ -26,6 +26,7 @@ Fault = Literal[
     "drop_accumulation",
     "perturb_params",
     "dataset_changed",
+    "shard_relabelled",
 ]
 
 
@@ -42,6 +43,7 @@ EXPECTED_CHECK = {
     "drop_accumulation": "accumulation",  # the accumulated micro-gradients are lost
     "perturb_params": "param_norms",  # parameters off by 1e-6 relative
     "dataset_changed": "dataset",  # one train shard fewer
+    "shard_relabelled": "dataset",  # one label of a shard changed, at the same size (a second prepare)
 }
 
 

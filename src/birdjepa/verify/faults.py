@@ -5,6 +5,7 @@ its name when this module is imported. JAX and optax are imported where a fault 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from birdjepa import seams
@@ -74,9 +75,58 @@ def inject(fault: str, r: Restored, tx: Any, fresh_chain: Any) -> tuple[Restored
         if len(r.train_files) < 2:
             raise ValueError("dataset_changed drops a train shard; this run has only one")
         r = dataclasses.replace(r, train_files=r.train_files[:-1])
+    elif fault == "shard_relabelled":
+        folder, sources = r.cfg.run_dir / "fault-data", [Path(f).resolve() for f in r.train_files]
+        relabelled = None
+        # The last shard with a batch clear of its ends (two batches or more), which only the shards'
+        # digests see; else the last shard's last batch, which the fingerprint sees too.
+        for src, edge in [*((src, 64 * 1024) for src in reversed(sources)), (sources[-1], 0)]:
+            try:
+                relabelled = relabelled_copy(src, folder, edge)
+                break
+            except ValueError:
+                continue
+        if relabelled is None:
+            raise ValueError("shard_relabelled: no shard holds its labels as one run of int64 bytes")
+        for src in sources:  # the others linked beside it: the data set's order is its paths'
+            if src.name != relabelled.name:
+                (folder / src.name).symlink_to(src)
+        r = dataclasses.replace(r, train_files=[str(folder / src.name) for src in sources])
     note = f" (no effect here: {no_effect})" if no_effect else ""
     print(f"DEBUG_INJECT_FAULT {fault}{note}", flush=True)
     return r, no_effect
+
+
+def relabelled_copy(shard: Path, folder: Path, edge: int = 64 * 1024) -> Path:
+    """A copy of ``shard`` (and its vocab.json) in ``folder`` where one labelled row is of another class:
+    its label's bytes changed in place, in a record batch clear of the file's first and last ``edge``
+    bytes, so the file keeps its name, size and the bytes at both ends, all the data set's fingerprint
+    reads (a second `prepare` with one label corrected). ValueError where no batch is clear of them."""
+    import numpy as np
+    import pyarrow as pa
+
+    from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE
+
+    data = bytearray(shard.read_bytes())
+    with pa.memory_map(str(shard)) as source:
+        reader = pa.ipc.open_file(source)
+        batches = [reader.get_batch(i).column(DEFAULT_LABEL_COLUMN) for i in range(reader.num_record_batches)]
+    for labels in batches:
+        values = np.asarray(labels.fill_null(-1), np.int64)
+        where = data.find(values.tobytes())
+        if edge <= where and where + values.nbytes <= len(data) - edge and data.count(values.tobytes()) == 1:
+            break
+    else:
+        raise ValueError(f"{shard}: no batch's labels lie clear of its first and last {edge} bytes")
+    row = int(np.flatnonzero(values >= 0)[0])
+    changed = values.copy()
+    changed[row] = (values[row] + 1) % (values.max() + 1)
+    data[where : where + changed.nbytes] = changed.tobytes()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / shard.name).write_bytes(bytes(data))
+    if (shard.parent / VOCAB_FILE).exists():
+        (folder / VOCAB_FILE).write_bytes((shard.parent / VOCAB_FILE).read_bytes())
+    return folder / shard.name
 
 
 def _fresh_moments(opt_state: Any, fresh: Any) -> Any:
