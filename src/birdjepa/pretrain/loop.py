@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -166,13 +168,16 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
               f"checkpoints already written are intact; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
         return exit_codes.USAGE
     except OSError as e:  # the log or config.json on a full disk (a checkpoint says more: `save_failed`)
-        if e.errno not in WRITE_ERRNOS:
+        # A log the run may not write (read-only, immutable) was a traceback, exit 1: a file of the run's.
+        denied = e.errno in (errno.EACCES, errno.EPERM) and bool(e.filename)
+        ours = denied and Path(e.filename).resolve().is_relative_to(cfg.run_dir.resolve())
+        if e.errno not in WRITE_ERRNOS and not ours:
             raise
         what = e.filename or f"to {cfg.run_dir}"
         where = Path(e.filename).parent if e.filename else cfg.run_dir
         print(f"ERROR: could not write {what}: {e.strerror} ({mib(free_bytes(where))} free there); "
-              "the checkpoints already written are intact. Free space or move the run directory, then "
-              f"resume; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
+              "the checkpoints already written are intact. Free space, make it writable or move the run "
+              f"directory, then resume; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
         return exit_codes.IOERR
     finally:
         if lease is not None:
@@ -454,7 +459,28 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
               f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(exit_codes.INTERRUPTED) from None
     if code:
+        exit_past_stuck_threads(code)
         raise SystemExit(code)
+
+
+#: How long a process that stops waits for its other threads before it exits without them.
+STUCK_THREADS_S = 30.0
+
+
+def exit_past_stuck_threads(code: int, wait_s: float = STUCK_THREADS_S) -> None:
+    """Exit ``code`` now where a thread the interpreter would wait for at exit is still running after
+    ``wait_s``: Orbax's save threads, after a save that could not be written (an immutable checkpoints
+    folder), waited for a signal that never came, and the process said "exit 74" and ran on until the
+    job's time limit. What the run saved is on disk by then. The step compiled ahead is waited for: it
+    ends, and keeps its program for the next start (`recording.RecordableStep.compile_ahead`)."""
+    deadline = time.monotonic() + wait_s
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in others:  # Thread's own join: Orbax's threads raise TimeoutError from theirs
+        threading.Thread.join(t, None if t.name == "compile-ahead" else max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in others):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 cli.parse = parse  # type: ignore[attr-defined]  # `birdjepa.cli.main` parses pretrain's flags with it
