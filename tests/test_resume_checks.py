@@ -244,6 +244,15 @@ def test_breaking_config_change_fails_unless_allowed() -> None:
     assert allowed.ok and allowed.expected == "breaking_changes_allowed" and allowed.got == "seed:0->1"
     harmless = _check(meta, rec, config={**meta["config"], "log_every": 3})["config"]
     assert harmless.ok and harmless.got == "harmless:log_every:<absent>->3"
+    # An allowed change that moves the next step's loss (a helper's --objective.lejepa.lam 0.1): its
+    # record is of the old options, and it failed next_loss and next_gradient, "fix the cause".
+    moved = dataclasses.replace(rec, loss=1.5)
+    res = _check(meta, moved, config=changed, allow_config_change=True)
+    assert res["next_loss"].ok and res["next_loss"].expected == "not_compared(config_changed:seed)"
+    assert res["next_gradient"].ok and not _check(meta, moved, config=changed)["next_loss"].ok
+    # The optimizer's options act after the loss: it is still compared, exactly.
+    lr = {**meta["config"], "optim": {"lr": 2.0}}
+    assert not _check(meta, moved, config=lr, allow_config_change=True)["next_loss"].ok
 
 
 # ------------------------------------------------------------------------------------ in the real loop

@@ -240,7 +240,7 @@ def test_a_stop_at_a_step_the_run_has_trained_is_refused_with_nothing_written(
     # Trained by a birdjepa that did not refuse an option it never reads: its resumes are not refused
     # for it (the checks below come later), or the run could never go on.
     with monkeypatch.context() as m:
-        m.setattr(validation, "_check_unused", lambda cfg: None)
+        m.setattr(validation, "_check_unused", lambda cfg, saved: None)
         assert main(["pretrain", *run, "--stop-at-step", "1", "--optim.decay-fraction", "0.3"]) is None
     written = {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file() and p.name != "lease"}
     for step in ("1", "0"):
@@ -249,6 +249,11 @@ def test_a_stop_at_a_step_the_run_has_trained_is_refused_with_nothing_written(
             f"error: --stop-at-step {step}: run r has trained that step already (it resumes at step 2): give "
             "a later one, or none to train to step 3"
         ], err
+    # One given anew on a resume's command line is refused as at a start: it was taken as a harmless
+    # change and recorded (--max-skips), or as a breaking one, exit 65 (--optim.decay-fraction 0.4).
+    for flag, value in (("--max-skips", "3"), ("--optim.decay-fraction", "0.4")):
+        code, err = pretrain_exit(capsys, *run, flag, value)
+        assert code == 2 and err.startswith(f"error: {flag} {value}: "), err
     assert {
         p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file() and p.name != "lease"
     } == written
@@ -400,3 +405,25 @@ def test_unlabelled_shards_pretrain_self_supervised_and_the_supervised_objective
     main(["pretrain", "--run", "unlabelled", *flags, "--steps", "2", "--data.batch-size", "2"])
     logged = metrics_by_step(tmp_path / "unlabelled")
     assert sorted(logged) == [0, 1] and all(m["train/probe_ce"] == 0.0 for m in logged.values())
+
+
+def test_jax_enable_x64_is_refused_in_one_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A resume under it: "checkpoint 5 holds a state of another shape" (float64 against the float32 saved),
+    # naming no setting; a fresh start: a KeyError traceback from the digest at step 0 (a helper's hunt).
+    import jax
+
+    from birdjepa.train.determinism import machine_kind
+
+    monkeypatch.setenv("JAX_ENABLE_X64", "1")
+    jax.config.update("jax_enable_x64", True)
+    try:
+        code, err = pretrain_exit(capsys, *data_flags(demo_dir), "--log.runs-dir", str(tmp_path))
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    said = "error: $JAX_ENABLE_X64 '1': birdjepa trains and checkpoints in float32: unset it\n"
+    assert code == 2 and err == said, err
+    assert not list(tmp_path.iterdir())
+    # The settings that move numbers are in the machine record: a resume under another says which.
+    assert "jax_threefry_partitionable=True" in machine_kind()["jax_config"]

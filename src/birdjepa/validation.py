@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
 from birdjepa import seams
-from birdjepa.config import PretrainConfig
+from birdjepa.config import PretrainConfig, flatten, to_dict
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.loader import options_json
 from birdjepa.data.shards import check_same_labels, label_count
@@ -43,8 +43,9 @@ class OptionError(ValueError):
 
 
 def flag(option: str) -> str:
-    """The command-line spelling of a config field path (``data.batch_size`` -> ``--data.batch-size``)."""
-    return "--" + option.replace("_", "-")
+    """The command-line spelling of a config field path (``data.batch_size`` -> ``--data.batch-size``);
+    an environment variable (``$JAX_ENABLE_X64``) as it is."""
+    return option if option.startswith("$") else "--" + option.replace("_", "-")
 
 
 def _get(cfg: Any, option: str) -> Any:
@@ -135,11 +136,13 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
 ]  # fmt: skip
 
 
-def check(cfg: PretrainConfig, *, data: bool = True, fresh: bool = True) -> None:
+def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | None = None) -> None:
     """Raise `OptionError` for the first option of ``cfg`` that cannot work; ``data``: also check that
-    the data paths match shards and that their labels can be counted; ``fresh``: a run that starts here,
-    whose options are refused where it would never read them (`unused`). A resumed run's came from its
-    checkpoint: refusing them there would stop a run that trained with them (before this check) for good."""
+    the data paths match shards and that their labels can be counted. An option the run would never
+    read (`unused`) is refused, but where ``saved`` (the flattened config of the checkpoint a run
+    resumes) holds the same value: a resumed run that trained with it (before this check) must go on,
+    and one given anew on its command line is refused as at a start (it was taken as a harmless or a
+    breaking change: a false alarm)."""
     _check_run(cfg)
     for options, ok, allowed in _RANGES:
         for option in options:
@@ -180,8 +183,7 @@ def check(cfg: PretrainConfig, *, data: bool = True, fresh: bool = True) -> None
     _check_loader(cfg)
     _check_model(cfg)
     _check_objective(cfg)
-    if fresh:
-        _check_unused(cfg)
+    _check_unused(cfg, saved)
     _check_virtual_shards(cfg)
     if data:
         check_data(cfg)
@@ -319,8 +321,11 @@ def unused(cfg: PretrainConfig) -> list[tuple[str, Any, str]]:
     return found
 
 
-def _check_unused(cfg: PretrainConfig) -> None:
+def _check_unused(cfg: PretrainConfig, saved: Mapping[str, Any] | None) -> None:
+    now = flatten(to_dict(cfg)) if saved is not None else {}
     for option, value, why in unused(cfg):
+        if saved is not None and option in saved and saved[option] == now.get(option):
+            continue  # trained with it
         raise OptionError(option, value, f"{why}: leave it out, or set what reads it")
 
 

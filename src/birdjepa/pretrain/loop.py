@@ -34,14 +34,14 @@ import jax
 import tyro
 
 from birdjepa import exit_codes, multihost, validation
-from birdjepa.config import ConfigError, PretrainConfig, to_dict
+from birdjepa.config import ConfigError, PretrainConfig, flatten, to_dict
 from birdjepa.data import Batch, DataError
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
 from birdjepa.resume.checks import config_diff
-from birdjepa.resume.options import resumed_config
+from birdjepa.resume.options import resumed_config, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
@@ -130,7 +130,8 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
     # shard) leaves one, and the same command with --resume never was refused.
     ckpts = layout.checkpoints(cfg.run_dir)
     saved = ckpts.is_dir() and any(ckpts.iterdir())
-    validation.check(cfg, fresh=not (saved and cfg.resume == "auto"))  # before anything touches the run
+    found = saved_config(cfg.run_dir) if saved and cfg.resume == "auto" else None
+    validation.check(cfg, saved=flatten(found[1]) if found else None)  # before anything touches the run
     if (nested := layout.nesting(cfg.log.runs_dir, cfg.run_dir)) is not None:
         raise OptionError("run", cfg.run, nested)
     if cfg.resume == "never" and (saved or layout.metrics_file(cfg.run_dir).exists()):

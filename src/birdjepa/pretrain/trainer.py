@@ -8,6 +8,7 @@ below, in `birdjepa.train` (state, step, compiled functions, checkpoints, the se
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,12 @@ def check_device_options(cfg: PretrainConfig) -> None:
     checkpointer exists (`validation.check` holds the rest; it imports no JAX): the batch divides over
     the devices, and ``--train.virtual-shards`` runs in one process (its step moves each shard's results
     between devices of one process), whose devices divide it."""
+    if jax.config.jax_enable_x64:  # float64 params restored into float32 checkpoints: "another shape", or a
+        raise OptionError(  # KeyError from the digest at a fresh start's first step
+            "$JAX_ENABLE_X64",
+            os.environ.get("JAX_ENABLE_X64", True),
+            "birdjepa trains and checkpoints in float32: unset it",
+        )
     shards, devices = cfg.train.virtual_shards, jax.device_count()
     if shards and jax.process_count() > 1:
         raise OptionError("train.virtual_shards", shards, f"runs in one process, not {jax.process_count()}")

@@ -300,6 +300,17 @@ def check_resume(
     moved = now.n_devices != rec.n_devices and not virtual
     elsewhere = [f"devices:{rec.n_devices}->{now.n_devices}"] if moved else []
     elsewhere += [f"machine:{'+'.join(machine_changed)}"] if machine_changed else []
+    # An allowed change that moves the next step's loss (an objective's weight, the model, the data, the
+    # seed; not the optimizer's, which acts after it) failed these two, "fix the cause", and the option
+    # allowed nothing: their records are of the old options.
+    retrained = [c.split(":")[0] for c in breaking if not c.startswith(("optim.", "steps:"))]
+    if allow_config_change and retrained:
+        why = f"not_compared(config_changed:{','.join(retrained)})"
+        out += [
+            CheckResult("next_loss", True, why, _text(now.loss)),
+            CheckResult("next_gradient", True, why, "-"),
+        ]
+        return out
     if not elsewhere:
         loss_ok = _same(now.loss, rec.loss)
         expected = _text(rec.loss)

@@ -174,7 +174,7 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
         if parsed != cfg:  # the job's command line must mean exactly this config
             raise SweepError(f"{where}: flags {shlex.join(flags)} do not parse back to the config")
         try:  # the values pretrain would reject, here, before anything is submitted
-            validation.check(cfg, fresh=not layout.has_checkpoints(cfg.run_dir))  # as pretrain's start
+            validation.check(cfg, saved=trained_config(cfg))  # as pretrain's start
         except OptionError as e:
             raise SweepError(f"{where}: {e}") from None
         slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
@@ -188,6 +188,17 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
     if len(set(runs)) != len(runs):
         raise SweepError(f"{path}: two configs share a run directory: {sorted(map(str, runs))}")
     return jobs
+
+
+def trained_config(cfg: PretrainConfig) -> dict[str, Any] | None:
+    """The flattened config of the checkpoint ``cfg``'s run resumes (None: none), as pretrain's start
+    reads it for `validation.check`."""
+    if not layout.has_checkpoints(cfg.run_dir):
+        return None
+    from birdjepa.resume.options import saved_config  # JAX: only where a run has checkpoints
+
+    found = saved_config(cfg.run_dir)
+    return flatten(found[1]) if found else None
 
 
 def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> None:

@@ -101,18 +101,32 @@ def machine_kind() -> dict[str, str]:
     """What a step's last bits depend on besides its inputs and options: the JAX and jaxlib versions, the
     device (the GPU's name; on CPU, the host's model and instruction set, its thread pool's size and the
     LAPACK kernels its OpenBLAS picked), the dependency lock the environment was installed from
-    (another lock can bring another XLA), and the XLA flags (an optimisation level set for one segment
-    moved the last bits of every step after it, every resume check passing)."""
+    (another lock can bring another XLA), the XLA flags (an optimisation level set for one segment
+    moved the last bits of every step after it, every resume check passing) and JAX's settings that move
+    numbers (`JAX_NUMERICS`)."""
     import jax
     import jaxlib
 
     device = jax.devices()[0]
-    kind = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "xla_flags": xla_flags()}
+    kind = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "xla_flags": xla_flags(),
+            "jax_config": jax_numerics()}  # fmt: skip
     if device.platform != "cpu":
         return {**kind, "device": device.device_kind, "lock": lock_hash()}
     threads = str(cpu_threads(jax.local_device_count()))
     return {**kind, "device": cpu_model(), "lock": lock_hash(), "cpu_threads": threads,
             "lapack": lapack_kernels()}  # fmt: skip
+
+
+JAX_NUMERICS = ("jax_threefry_partitionable", "jax_default_prng_impl", "jax_default_matmul_precision")
+"""JAX's settings a user may export (``JAX_THREEFRY_PARTITIONABLE=0``, ...) that change a step's draws,
+its keys' layout or its matrix products: a resume under another one failed its checks naming none."""
+
+
+def jax_numerics() -> str:
+    """`JAX_NUMERICS` as this process has them, e.g. "jax_default_matmul_precision=None ..."."""
+    import jax
+
+    return " ".join(f"{name}={getattr(jax.config, name)}" for name in JAX_NUMERICS)
 
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
