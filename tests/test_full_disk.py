@@ -195,8 +195,9 @@ def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -
         "class Stuck(threading.Thread):\n"
         "    def join(self, timeout=None):\n"
         "        raise TimeoutError('Orbax-style')\n"
+        "before = set(threading.enumerate())\n"
         "Stuck(target=threading.Event().wait).start()\n"
-        "exit_past_stuck_threads(74, wait_s=0.5)\n"
+        "exit_past_stuck_threads(74, set(threading.enumerate()) - before, wait_s=0.5)\n"
         "print('not reached')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -86,7 +86,8 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
 ) -> None:
     meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "m", steps=3, stop=1)
     here = meta["machine"]
-    assert set(here) == {"jax", "jaxlib", "device", "lock", "cpu_threads", "lapack", "xla_flags"}
+    recorded = {"jax", "jaxlib", "device", "lock", "cpu_threads", "lapack", "xla_flags", "jax_config"}
+    assert set(here) == recorded
     assert here["xla_flags"] == " ".join(sorted(os.environ["XLA_FLAGS"].split()))  # the suite's, and ours
     assert here["jax"] == jax.__version__
     assert here["cpu_threads"] == os.environ["PJRT_NPROC"]  # the pool deterministic_xla fixed

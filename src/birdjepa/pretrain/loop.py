@@ -450,6 +450,7 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
     if not multihost.is_main():  # one console: process 0 speaks for the group
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    before = set(threading.enumerate())  # a caller's own threads (a test runner's) are not this run's
     try:
         code = pretrain(cfg)
     except OptionError as e:  # pretrain checks the options first, before a run directory exists
@@ -460,7 +461,7 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
               f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(exit_codes.INTERRUPTED) from None
     if code:
-        exit_past_stuck_threads(code)
+        exit_past_stuck_threads(code, set(threading.enumerate()) - before)
         raise SystemExit(code)
 
 
@@ -468,14 +469,17 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
 STUCK_THREADS_S = 30.0
 
 
-def exit_past_stuck_threads(code: int, wait_s: float = STUCK_THREADS_S) -> None:
-    """Exit ``code`` now where a thread the interpreter would wait for at exit is still running after
-    ``wait_s``: Orbax's save threads, after a save that could not be written (an immutable checkpoints
-    folder), waited for a signal that never came, and the process said "exit 74" and ran on until the
-    job's time limit. What the run saved is on disk by then. The step compiled ahead is waited for: it
-    ends, and keeps its program for the next start (`recording.RecordableStep.compile_ahead`)."""
+def exit_past_stuck_threads(
+    code: int, started: set[threading.Thread], wait_s: float = STUCK_THREADS_S
+) -> None:
+    """Exit ``code`` now where a thread of ``started`` (those the run started) that the interpreter would
+    wait for at exit is still running after ``wait_s``: Orbax's save threads, after a save that could
+    not be written (an immutable checkpoints folder), waited for a signal that never came, and the
+    process said "exit 74" and ran on until the job's time limit. What the run saved is on disk by
+    then. The step compiled ahead is waited for: it ends, and keeps its program for the next start
+    (`recording.RecordableStep.compile_ahead`)."""
     deadline = time.monotonic() + wait_s
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    others = [t for t in started if t is not threading.main_thread() and not t.daemon]
     for t in others:  # Thread's own join: Orbax's threads raise TimeoutError from theirs
         threading.Thread.join(t, None if t.name == "compile-ahead" else max(0.0, deadline - time.monotonic()))
     if any(t.is_alive() for t in others):
