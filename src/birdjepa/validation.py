@@ -208,22 +208,23 @@ def _check_loader(cfg: PretrainConfig) -> None:
     def option(name: str) -> str:
         return f"data.{name}" if name in data else f"data.features.{name}"
 
-    def rejected(values: dict[str, Any]) -> tuple[str, str] | None:
-        """(option, the Rust core's message less the option's name) of the first option it rejects."""
+    def checked(values: dict[str, Any]) -> int | tuple[str, str]:
+        """The log-mel frames the options give, or (option, the Rust core's message less its name) of the
+        first one it rejects."""
         try:
-            _rs.check_loader_options(options_json(values))
+            return _rs.check_loader_options(options_json(values))
         except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option
             message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
             name = message.split()[0]
             return name, message.removeprefix(f"{name} ")
-        return None
 
-    if (found := rejected(options)) is not None:
-        name, why = found
+    frames = checked(options)
+    if isinstance(frames, tuple):
+        name, why = frames
         value = options.get(name, "?")
         if isinstance(value, int) and value < 0:  # its type's ">= 0": say the bound it has (batch: >= 1)
-            at_zero = rejected({**options, name: 0})
-            why = at_zero[1] if at_zero is not None and at_zero[0] == name else "must be >= 0"
+            at_zero = checked({**options, name: 0})
+            why = at_zero[1] if isinstance(at_zero, tuple) and at_zero[0] == name else "must be >= 0"
         elif why.startswith("x "):  # a product ("batch_size x n_views x ..."): each option, with its value
             product, rule = why.removeprefix("x ").split(" must ", 1)
             names = product.split(" x ")
@@ -231,7 +232,6 @@ def _check_loader(cfg: PretrainConfig) -> None:
             total = math.prod(int(options[n]) for n in (name, *names))
             why = f"x {terms} = {total:,} values a batch, which must {rule.removesuffix(' values a batch')}"
         raise OptionError(option(name), value, why)
-    frames = _rs.check_loader_options(options_json(options))
     n_frames = cfg.data.features.n_frames
     if frames > n_frames:  # the loader keeps the first n_frames: a 10 s clip trained on its first 5.1 s
         why = (f"gives {frames} log-mel frames, more than --data.features.n-frames ({n_frames}), of which "

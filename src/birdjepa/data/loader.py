@@ -113,6 +113,14 @@ class DataConfig:
         return d
 
 
+def skipped_line(n: int, lines: Sequence[str], what: str = "", where: str = "") -> str:
+    """``n`` records the loader could not read, the first three of ``lines`` (`Loader.skipped_since`)
+    named: "skipped 2 [what ]records the loader cannot read: FILE row R: REASON; ...; 1 more[where]"."""
+    more = f"; {n - 3} more{where}" if n > 3 else ""
+    kind = f"{what} " if what else ""
+    return f"skipped {n} {kind}record{'s' * (n != 1)} the loader cannot read: {'; '.join(lines[:3])}{more}"
+
+
 def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
     """Shard paths from a list, a glob pattern or a folder (every ``*.arrow`` in it), sorted."""
     items = [files] if isinstance(files, (str, os.PathLike)) else list(files)
@@ -269,11 +277,7 @@ class Loader:
         count, lines = self.skipped_since(self._skips_before_pass)
         n, self._skips_before_pass = count - self._skips_before_pass, count  # said once
         if n and self.say_skips:
-            more = f"; {n - 3} more in Loader.diagnostics()" if n > 3 else ""
-            records = f"{n} record{'s' * (n != 1)}"
-            print(
-                f"WARNING skipped {records} the loader cannot read: {'; '.join(lines[:3])}{more}", flush=True
-            )
+            print(f"WARNING {skipped_line(n, lines, where=' in Loader.diagnostics()')}", flush=True)
 
     def __len__(self) -> int:
         """Number of samples in the data set."""

@@ -22,6 +22,7 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
+from birdjepa.data.loader import skipped_line
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
 from birdjepa.exit_codes import IOERR, USAGE
@@ -82,14 +83,7 @@ def embed_splits(
 def unreadable(*splits: tuple[str, Split]) -> list[str]:
     """A warning for each split with records the loader could not read (a NaN sample, a file a path
     names that is gone): printed, where the evaluation's record listed none."""
-    out = []
-    for name, split in splits:
-        n, lines = split.unreadable
-        if n:
-            more = f"; {n - 3} more" if n > 3 else ""
-            out.append(f"skipped {n} {name} record{'s' * (n != 1)} the loader cannot read: "
-                       f"{'; '.join(lines[:3])}{more}")  # fmt: skip
-    return out
+    return [skipped_line(*split.unreadable, name) for name, split in splits if split.unreadable[0]]
 
 
 PROBE_HEAD = "['params']['probe']['head']['kernel']"
