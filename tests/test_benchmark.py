@@ -346,6 +346,8 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
             "with probe_steps 5: their mean would mix two recipes",
         ),
         (["--table", "{tmp}/foreign"], "other.parquet: not a result of this store"),  # TypeError traceback
+        # A store whose first run failed before a result: a table of headers, then --plot's traceback.
+        (["--table", "{tmp}/empty", "--plot", "{tmp}/f.png"], "empty: the store holds no results yet"),
         (["--plot", "{tmp}/f.png", "--backbone", "raw"], "--plot and --metric go with --table"),  # ignored
         # A value given twice: its second score was counted "already in the store".
         (
@@ -381,6 +383,7 @@ def test_table_and_option_errors_are_one_line(
                   config={"recipe": {"probe_steps": steps, "loss": "bce"}})  # fmt: skip
     (tmp_path / "afile").write_text("")
     (tmp_path / "foreign" / "rows").mkdir(parents=True)
+    (tmp_path / "empty" / "rows").mkdir(parents=True)
     pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign" / "rows" / "other.parquet")
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:

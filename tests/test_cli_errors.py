@@ -140,6 +140,20 @@ def test_a_ctrl_c_in_any_command_is_one_line_and_exit_130(
     assert e.value.code == 130 and capsys.readouterr().err == "birdjepa benchmark: interrupted; exit 130\n"
 
 
+def test_a_reader_that_closes_the_pipe_ends_a_command_quietly_with_the_shell_s_code(tmp_path: Path) -> None:
+    # `birdjepa benchmark --table R | head -1` printed two BrokenPipeError tracebacks, exit 1.
+    from birdjepa.benchmark import store
+
+    # One row: the table is written at the buffer's flush, which came after main (Python's own message).
+    store.put(tmp_path, store.Key("raw", "T", "centroid", 1, 0), {"cmap": 0.5, "auroc": 0.5, "top1": 0.5},
+              n_train=1, n_test=1, fit_s=0.0, config={})  # fmt: skip
+    command = [sys.executable, "-m", "birdjepa.cli", "benchmark", "--table", str(tmp_path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as done:
+        done.stdout.close()  # before the child has imported anything: its first write fails
+        err = done.stderr.read().decode()
+    assert done.returncode == 141 and err == "", err
+
+
 def test_compare_counts_a_nan_against_a_number_as_a_difference_and_two_nans_as_equal() -> None:
     # max(0.0, nan) is 0.0: a NaN against a number (a log written by plain json.dumps) compared equal.
     from birdjepa.resume.compare import compare_logged

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
-from birdjepa.exit_codes import INTERRUPTED
+from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.train.determinism import deterministic_xla
 
@@ -92,11 +93,16 @@ def main(argv: Sequence[str] | None = None) -> Any:
     deterministic_xla()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _run(args)
+        result = _run(args)
+        sys.stdout.flush()  # here, not at exit: a pipe closed early fails in this try, not after it
+        return result
     except KeyboardInterrupt:  # a 40-line traceback for a stop asked for (the commands that save say more)
         name = f" {args[0]}" if args and args[0] in COMMANDS else ""
         print(f"birdjepa{name}: interrupted; exit {INTERRUPTED}", file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED) from None
+    except BrokenPipeError:  # `| head` closed the pipe: a traceback, then another at exit's flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(PIPE_CLOSED) from None
 
 
 def _run(args: list[str]) -> Any:

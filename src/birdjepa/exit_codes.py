@@ -24,6 +24,9 @@ NONFINITE = 70
 IOERR = 74
 #: After a SIGTERM/SIGUSR1 save: the job should be requeued (EX_TEMPFAIL).
 REQUEUE = 75
+#: The reader of standard output went away (``birdjepa benchmark --table R | head``): what it read is what
+#: it asked for; the shell's code for a command a closed pipe stopped (128 + SIGPIPE), as a C tool's.
+PIPE_CLOSED = 141
 #: After a Ctrl-C (SIGINT) save: the shell's code for an interrupted command; not requeued (a user
 #: stopped it), and the same command resumes.
 INTERRUPTED = 130

@@ -492,6 +492,8 @@ def cli(
             if plot is not None:
                 plot = checked_plot(plot)
             rows = store.read(table).to_pylist()
+            if not rows:  # the headers alone, then --plot's traceback
+                raise BenchmarkError(f"{table}: the store holds no results yet")
             if (mixed := mixed_recipes(rows)) is not None:
                 raise BenchmarkError(f"{table}: {mixed}")
             print(format_store(rows, metric))
