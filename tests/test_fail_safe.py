@@ -187,6 +187,33 @@ def test_an_option_that_shapes_the_state_changed_at_a_resume_is_named(
     assert line.startswith(said), line
 
 
+def test_a_class_added_to_the_data_at_a_resume_is_named_with_its_vocabulary(
+    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # A second `prepare` of the folder with one more class: "checkpoint 5 holds a state of another shape
+    # than these options build (leaf params/probe/head/bias saved as shape=[16] ...)", naming no data.
+    from birdjepa.cli import main
+
+    shutil.copytree(straight, tmp_path / "copy")
+    n = len(json.loads((demo_dir / "train" / "vocab.json").read_text())["names"])
+    for split in ("train", "eval"):  # the shards linked, each split's vocabulary one class longer
+        (tmp_path / split).mkdir()
+        for shard in (demo_dir / split).glob("*.arrow"):
+            (tmp_path / split / shard.name).symlink_to(shard)
+        vocab = json.loads((demo_dir / split / "vocab.json").read_text())
+        (tmp_path / split / "vocab.json").write_text(
+            json.dumps({**vocab, "names": [*vocab["names"], "zzznew"]})
+        )
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", "--run", "copy", "--log.runs-dir", str(tmp_path),
+              "--data.train", str(tmp_path / "train"), "--data.eval", str(tmp_path / "eval")])  # fmt: skip
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    vocab = tmp_path / "train" / "vocab.json"
+    said = f"ERROR: cannot resume: the train data holds {n + 1} classes ({vocab}), checkpoint 5's probe {n}"
+    assert e.value.code == exit_codes.RESUME_CHECK and line.startswith(said), line
+
+
 def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -51,7 +51,7 @@ from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
 from birdjepa.train.memory_fit import DoesNotFit, out_of_memory
-from birdjepa.train.segment import advance, open_loader, open_segment, total_updates
+from birdjepa.train.segment import advance, classes_changed, open_loader, open_segment, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
 from birdjepa.validation import OptionError
@@ -213,11 +213,15 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         at = "newest" if requested.resume == "auto" else None
         seg = open_segment(requested, ckpt, at=at, compile_ahead=jax.process_count() == 1)
     except checkpoint.StructureError as e:  # a list of tree paths, naming no option: name the options
-        _, changed = config_diff(ckpt.read_meta(e.step).get("config", {}), to_dict(requested))
-        why = (f"the options {', '.join(changed)} changed since checkpoint {e.step}, and the state it holds "
-               "has another shape than they build: no resume changes that (--allow-config-change neither); "
-               "train them in a new run" if changed else
-               f"checkpoint {e.step} holds a state of another shape than these options build")  # fmt: skip
+        meta = ckpt.read_meta(e.step)
+        _, changed = config_diff(meta.get("config", {}), to_dict(requested))
+        why = classes_changed(requested, meta) or (
+            f"the options {', '.join(changed)} changed since checkpoint {e.step}, and the state it holds "
+            "has another shape than they build: no resume changes that (--allow-config-change neither); "
+            "train them in a new run"
+            if changed
+            else f"checkpoint {e.step} holds a state of another shape than these options build"
+        )
         print(f"ERROR: cannot resume: {why} ({e}); exit {exit_codes.RESUME_CHECK}", flush=True)
         ckpt.close()
         return exit_codes.RESUME_CHECK

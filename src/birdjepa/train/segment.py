@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import jax
@@ -20,7 +21,7 @@ import optax
 from birdjepa import multihost
 from birdjepa.config import PretrainConfig
 from birdjepa.data import Loader, open_train_loader, resolve_files
-from birdjepa.data.shards import check_same_labels, label_count
+from birdjepa.data.shards import VOCAB_FILE, check_same_labels, label_count
 from birdjepa.diagnostics.monitor import check_due
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
@@ -56,6 +57,24 @@ def model_config(cfg: PretrainConfig, n_classes: int) -> ModelConfig:
     trains (its ``train/probe_ce`` and ``train/probe_acc`` log as 0): a head of none has no output."""
     model = dataclasses.replace(cfg.model, n_classes=max(n_classes, 1))
     return cfg.objective.options.model(model.resolved())
+
+
+def classes_changed(cfg: PretrainConfig, meta: Mapping[str, Any]) -> str | None:
+    """Where the class count of ``cfg``'s train data differs from the one checkpoint ``meta``'s probe was
+    built for (a second `prepare` added a class to the folder), what changed, naming the data; else
+    None. The probe's shape then differs, and the restore's refusal named a tree leaf, not the data."""
+    leaves = meta.get("state_leaves", [])
+    saved = [shape for name, shape, _ in leaves if name.endswith("['probe']['head']['bias']")]
+    if not saved:
+        return None
+    train, _ = data_files(cfg)
+    now = max(label_count(train), 1)
+    if now == saved[0][0]:
+        return None
+    where = Path(train[0]).parent / VOCAB_FILE
+    source = str(where) if where.is_file() else f"the largest label in {Path(train[0]).parent}"
+    step = meta.get("step")
+    return f"the train data holds {now} classes ({source}), checkpoint {step}'s probe {saved[0][0]}"
 
 
 def total_updates(cfg: PretrainConfig) -> int:
