@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -202,6 +203,12 @@ def test_machine_changes_name_what_differs_and_nothing_for_a_checkpoint_that_did
     assert resume_check.machine_changes({**locked, "lock": "b" * 12}, locked) == {
         "lock": ("b" * 12, "a" * 12)
     }
+    # A JAX setting recorded then and no longer (the default PRNG, since the run's keys pin theirs) is
+    # not compared; one recorded in both and changed is.
+    then = {**here, "jax_config": "jax_threefry_partitionable=True jax_default_prng_impl=threefry2x32"}
+    assert resume_check.machine_changes(then, {**here, "jax_config": "jax_threefry_partitionable=True"}) == {}
+    moved = resume_check.machine_changes(then, {**here, "jax_config": "jax_threefry_partitionable=False"})
+    assert list(moved) == ["jax_config"]
 
 
 LAPACK_PROBE = """
@@ -345,8 +352,14 @@ def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, 
         dict(),
     ]
     before = signal.getsignal(signal.SIGTERM)
-    for seg in segments:
-        assert pretrain(dataclasses.replace(run, **seg)) == 0
+    for i, seg in enumerate(segments):
+        # The fifth under another default PRNG ($JAX_DEFAULT_PRNG_IMPL=rbg): its restore was JAX's
+        # traceback (the checkpoint's chain of 2 words, where rbg's keys have 4). The run's keys keep theirs.
+        jax.config.update("jax_default_prng_impl", "rbg" if i == 4 else "threefry2x32")
+        try:
+            assert pretrain(dataclasses.replace(run, **seg)) == 0
+        finally:
+            jax.config.update("jax_default_prng_impl", "threefry2x32")
         assert signal.getsignal(signal.SIGTERM) is before  # the run's stop handler is gone again
     assert [e["step"] for e in events(run.run_dir, "resume")] == [2, 4, 5, 7, 9]
     checks = [m for m in metrics_by_step(run.run_dir, everything=True).values() if "resume/failed" in m]

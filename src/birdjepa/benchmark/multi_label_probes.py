@@ -35,6 +35,7 @@ import optax
 from birdjepa.benchmark.recipe import Loss, Recipe, padded
 from birdjepa.benchmark.token_probes import TOKEN_PROBES, fit_and_score_tokens
 from birdjepa.evaluation.single_label_probes import standardise
+from birdjepa.train.step import seed_key
 
 ProbeName = Literal["linear", "mlp", "centroid", "proto", "attentive", "softmax", "knn"]
 PROBES: tuple[str, ...] = ("linear", "mlp", "centroid", "proto", "attentive", "softmax", "knn")
@@ -115,7 +116,7 @@ def fit_and_score(
     y = np.zeros((size, train_y.shape[1]), np.float32)
     weight = np.zeros(size, np.float32)
     x[:n], y[:n], weight[:n] = a, train_y, 1.0
-    params = _fit(probe, recipe, jnp.asarray(x), jnp.asarray(y), jnp.asarray(weight), jax.random.key(seed))
+    params = _fit(probe, recipe, jnp.asarray(x), jnp.asarray(y), jnp.asarray(weight), seed_key(seed))
     return np.asarray(_apply(params, jnp.asarray(b, jnp.float32)), np.float64)
 
 

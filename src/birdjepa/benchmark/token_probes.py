@@ -36,6 +36,7 @@ import optax
 
 from birdjepa.benchmark.recipe import Recipe, padded
 from birdjepa.evaluation.single_label_probes import standardise
+from birdjepa.train.step import seed_key
 
 TOKEN_PROBES: tuple[str, ...] = ("proto", "attentive")
 HEADS = 4
@@ -183,7 +184,7 @@ def fit_and_score_tokens(
     x = np.zeros((size, *a.shape[1:]), np.float32)
     y = np.zeros((size, train_y.shape[1]), np.float32)
     x[:n], y[:n] = a, train_y
-    params = _fit(probe, recipe, jnp.asarray(x), jnp.asarray(y), jnp.asarray(n), jax.random.key(seed))
+    params = _fit(probe, recipe, jnp.asarray(x), jnp.asarray(y), jnp.asarray(n), seed_key(seed))
     out = []
     for start in range(0, len(b), SCORE_CHUNK):
         chunk = b[start : start + SCORE_CHUNK]

@@ -360,6 +360,12 @@ def machine_changes(saved: Mapping[str, str] | None, now: Mapping[str, str]) -> 
     if not saved:
         return {}
     changed = {k: (saved[k], now.get(k, "?")) for k in sorted(saved) if saved[k] != now.get(k)}
+    if "jax_config" in changed and "jax_config" in now:  # a setting recorded then, no longer: not compared
+        was, is_ = (
+            dict(p.split("=", 1) for p in text.split()) for text in (saved["jax_config"], now["jax_config"])
+        )
+        if all(was.get(name, value) == value for name, value in is_.items()):
+            del changed["jax_config"]
     if "cpu_threads" in now and "cpu_threads" not in saved:
         changed["cpu_threads"] = ("unrecorded", now["cpu_threads"])
     return changed

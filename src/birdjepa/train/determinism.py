@@ -117,9 +117,10 @@ def machine_kind() -> dict[str, str]:
             "lapack": lapack_kernels()}  # fmt: skip
 
 
-JAX_NUMERICS = ("jax_threefry_partitionable", "jax_default_prng_impl", "jax_default_matmul_precision")
-"""JAX's settings a user may export (``JAX_THREEFRY_PARTITIONABLE=0``, ...) that change a step's draws,
-its keys' layout or its matrix products: a resume under another one failed its checks naming none."""
+JAX_NUMERICS = ("jax_threefry_partitionable", "jax_default_matmul_precision")
+"""JAX's settings a user may export (``JAX_THREEFRY_PARTITIONABLE=0``, ...) that change a step's draws
+or its matrix products: a resume under another one failed its checks naming none. (The default PRNG,
+recorded once, moves nothing: a run's keys are of `step.PRNG_IMPL` whatever it says.)"""
 
 
 def jax_numerics() -> str:

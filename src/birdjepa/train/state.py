@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from birdjepa.rundir.checkpoint import Checkpointer
+from birdjepa.train.step import PRNG_IMPL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,7 @@ def from_checkpoint(step: int, arrays: dict[str, Any], meta: dict[str, Any]) -> 
         restart=meta["restart"] + 1,
         params=arrays["params"],
         opt_state=arrays["opt_state"],
-        chain=jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32)),
+        chain=jax.random.wrap_key_data(np.asarray(meta["prng_chain"], np.uint32), impl=PRNG_IMPL),
         loader_state=meta["loader_state"],
         callbacks=meta["callbacks"],
         # Absent from checkpoints written before --on-nonfinite skip existed: nothing was skipped then.
