@@ -98,6 +98,16 @@ def test_remat_scans_the_same_parameters_and_keeps_a_block_s_activations_not_eve
     assert calls[1]["encoder/blocks.__call__#0/out"].shape == calls[0]["encoder/block_3.__call__#0/out"].shape
 
 
+def test_remat_with_drop_path_trains_in_bfloat16() -> None:
+    # A scanned block's drop-path rate is a float32 array: it made the bfloat16 activations float32, and
+    # the scan's carry changed type (a traceback), with any objective. Each option alone trained.
+    cfg = preset("tiny", n_frames=64, remat=True, drop_path=0.1, dtype="bfloat16")
+    params = init_params(cfg, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (4, 64, 128))
+    out = BirdJepa(cfg).apply(params, x, deterministic=False, rngs={"dropout": jax.random.key(2)})
+    assert out["tokens"].shape == (4, 4, cfg.dim) and np.isfinite(np.asarray(out["tokens"])).all()
+
+
 def test_remat_recomputes_the_predictor_s_and_the_decoder_s_blocks_too() -> None:
     # One encoder block, three of each head over every token: what an encoder scanned alone leaves kept.
     kw = {"depth": 1, "predictor_depth": 3, "patch_freq": 16, "n_frames": 256}

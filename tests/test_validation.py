@@ -81,7 +81,17 @@ INVALID = [
      "--objective.lejepa.lam 0.9: is an option of --objective.kind lejepa; this run trains mae"),
     (["--objective.kind", "supervised", "--model.proj-dim", "7"],
      "--model.proj-dim 7: the supervised objective sets it itself: leave it out"),
+    (["--objective.kind", "supervised", "--model.proj-dim", "10"],  # the default class count: passed
+     "--model.proj-dim 10: the supervised objective sets it itself: leave it out"),
     (["--model.n-classes", "99"], "--model.n-classes 99: is the data's class count (its vocab.json)"),
+    # Tracebacks at the first step: a decoder's heads of 6 wide under rope, a SwiGLU of no hidden unit.
+    (["--objective.kind", "mae", "--data.n-views", "1", "--model.rope", "--objective.mae.decoder-dim", "24",
+      "--objective.mae.decoder-heads", "4"],
+     "--objective.mae.decoder-heads 4: --model.rope needs a decoder head width that 4 divides (it is 6)"),
+    (["--model.dim", "1", "--model.heads", "1", "--model.mlp-ratio", "1", "--model.swiglu"],
+     "--model.swiglu True: needs 2/3 of --model.mlp-ratio x --model.dim to be >= 1"),
+    (["--model.depth", "1", "--model.drop-path", "0.5"],
+     "--model.drop-path 0.5: is the last block's rate, rising from 0 at the first: one block"),
     # ... or read by nothing with the rest of the options (`validation.unused`).
     (["--optim.decay-fraction", "0.3"],
      "--optim.decay-fraction 0.3: is --optim.schedule wsd's, not cosine's"),

@@ -251,6 +251,8 @@ def _check_model(cfg: PretrainConfig) -> None:
         raise OptionError(
             "model.rope", m.rope, f"needs a head width that 4 divides (it is {r.dim // r.heads})"
         )
+    if m.swiglu and 2 * r.mlp_ratio * r.dim // 3 < 1:  # a hidden width of 0: a ZeroDivisionError at init
+        raise OptionError("model.swiglu", m.swiglu, "needs 2/3 of --model.mlp-ratio x --model.dim to be >= 1")
     if m.n_frames % m.patch:
         raise OptionError("model.patch", m.patch, f"must divide --model.n-frames ({m.n_frames})")
     if m.n_mels % m.patch_mels:
@@ -280,7 +282,10 @@ def _check_objective(cfg: PretrainConfig) -> None:
             if getattr(given, f.name) != getattr(default, f.name):
                 why = f"is an option of --objective.kind {other}; this run trains {kind}: leave it out"
                 raise OptionError(f"objective.{other}.{f.name}", getattr(given, f.name), why)
-    built, default_model = cfg.objective.options.model(cfg.model), ModelConfig()
+    # Built with a class count no option equals: supervised's projector is the data's classes wide, and
+    # the default count (10) let --model.proj-dim 10 through, recorded as given.
+    built = cfg.objective.options.model(dataclasses.replace(cfg.model, n_classes=-1))
+    default_model = ModelConfig()
     for f in dataclasses.fields(cfg.model):
         value = getattr(cfg.model, f.name)
         if value == getattr(default_model, f.name):
@@ -310,6 +315,8 @@ def unused(cfg: PretrainConfig) -> list[tuple[str, Any, str]]:
            f"is each mask's width: --data.features.{axis}-mask-count is 0") for axis in ("time", "freq")),
         ("data.event_column", cfg.data.crop_events, "is read by --data.crop-events, which is off"),
         ("augment.mix_db", cfg.augment.mix_prob > 0, "is the mixed-in level: --augment.mix-prob is 0"),
+        ("model.drop_path", cfg.model.resolved().depth > 1,
+         "is the last block's rate, rising from 0 at the first: one block (--model.depth 1) drops nothing"),
         *((f"model.{name}", hidden, f"is the projector's hidden layers', and it has none {none}")
           for name in ("proj_hidden", "proj_norm")),
     ]  # fmt: skip

@@ -114,7 +114,9 @@ class DropPath(nn.Module):
             return x
         keep = 1.0 - self.rate
         mask = jax.random.bernoulli(self.make_rng("dropout"), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
-        return jnp.where(mask, x / keep, jnp.zeros_like(x))
+        # In x's dtype: a scanned block's float32 rate made bfloat16 activations float32, and the scan's
+        # carry then changed type (a traceback). A Python float's weak type gave the same division.
+        return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros_like(x))
 
 
 def rope_angles(positions: Array, head_dim: int) -> Array:

@@ -184,6 +184,13 @@ class MaeConfig(Options):
         decoder = self.decoder(m)
         if decoder.dim % decoder.heads:
             yield "decoder_heads", decoder.heads, f"must divide the decoder's width ({decoder.dim})"
+        elif m.rope and (decoder.dim // decoder.heads) % 4:  # the encoder's is checked; this one was not
+            width = decoder.dim // decoder.heads
+            yield (
+                "decoder_heads",
+                decoder.heads,
+                f"--model.rope needs a decoder head width that 4 divides (it is {width})",
+            )
 
     def unused(self, cfg: PretrainConfig) -> Iterator[Problem]:
         yield from super().unused(cfg)
