@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,16 @@ import tyro
 
 from birdjepa import _rs
 from birdjepa.config import PretrainConfig
-from birdjepa.data import DEFAULTS, TRAIN_VIEWS, DataConfig, DataError, Features, Loader
+from birdjepa.data import (
+    DEFAULTS,
+    TRAIN_VIEWS,
+    DataConfig,
+    DataError,
+    Features,
+    Loader,
+    StateError,
+    plan_indices,
+)
 from birdjepa.pretrain.loop import pretrain
 
 # Loader options that no config exposes: set per call by the trainer, the evaluation or tests.
@@ -64,6 +74,40 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
         Loader([str(shard), os.path.relpath(shard)])
     with pytest.raises(ValueError, match="unknown field `sample_rate`"):
         _rs.log_mel(np.zeros(1000, np.float32), sample_rate=16000)
+    # A helper's hunt: a feature option beside the loader's was overwritten by Features' default without
+    # a word; a dict for features, an AttributeError; 2**64 "invalid type: floating point"; 100000
+    # workers a Rust panic with 600 threads left waiting; n_fft 2^28 built its FFT for minutes, deaf to
+    # Ctrl-C; 2^40 masks took each sample for ever; numpy's integers "not JSON serializable".
+    train = demo_dir / "train"
+    with pytest.raises(TypeError, match=r"^clip_seconds, n_mels: feature options go in features=Features"):
+        Loader(train, n_mels=64, clip_seconds=2.0)
+    with pytest.raises(TypeError, match="features must be a birdjepa.data.Features, got dict"):
+        Loader(train, features={"n_mels": 64})
+    with pytest.raises(ValueError, match=r"seed must be below 2\*\*64 \(got 18446744073709551616\)"):
+        Loader(train, seed=2**64)
+    for features, said in (
+        (Features(n_fft=2**28), "n_fft must be at most 65536"),
+        (Features(time_mask_count=2**40, time_mask_width=1), "time_mask_count (1099511627776) exceeds"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            Loader(train, features=features)
+    with pytest.raises(ValueError, match=re.escape("n_workers must be in 0..=1024")):
+        Loader(train, n_workers=100_000)
+    with pytest.raises(ValueError, match="at most 268435456 samples are planned at once"):
+        plan_indices([10], 2**40)
+    ld = Loader(train, seed=np.uint64(3), batch_size=np.int64(2), n_workers=1)
+    assert np.array_equal(next(ld)["index"], next(Loader(train, seed=3, batch_size=2, n_workers=1))["index"])
+    # An edited state near 2^64 was taken, and the loader waited for ever.
+    state = ld.state()
+    state["plan"]["position"] = 2**64 - 2
+    with pytest.raises(StateError, match="position 18446744073709551614 and .* do not fit epoch"):
+        Loader(train, seed=3, batch_size=2, n_workers=1, state=state)
+    # Closed: every method said "'NoneType' object has no attribute ..." but next() and state().
+    ld.close()
+    for use in (len, lambda x: x.fingerprint, lambda x: x.n_workers, lambda x: x.shard_sizes, iter, next):
+        with pytest.raises(ValueError, match="the loader is closed"):
+            use(ld)
+    assert ld.state()["plan"]["position"] == 2
 
 
 def test_the_stub_declares_what_the_extension_exports() -> None:

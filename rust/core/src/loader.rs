@@ -67,8 +67,12 @@ pub fn workers_for(n_workers: usize) -> usize {
     if n_workers > 0 {
         return n_workers;
     }
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS))
 }
+
+/// The most decode threads a loader runs: 100000 panicked when the OS refused a thread, leaving the
+/// ones started waiting for ever, and 2^63 overflowed a capacity.
+pub const MAX_WORKERS: usize = 1024;
 
 impl Default for LoaderConfig {
     /// What the default [`LoaderOptions`] build: the defaults are written there only.
@@ -193,7 +197,7 @@ impl LoaderConfig {
         const MAX_BATCH_VALUES: usize = 1 << 31;
         let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(Error::config(msg)) };
         check(self.batch_size >= 1, "batch_size must be >= 1")?;
-        check(self.n_workers >= 1, "n_workers must be >= 1")?;
+        check((1..=MAX_WORKERS).contains(&self.n_workers), "n_workers must be in 0..=1024 (0: one per CPU)")?;
         check(self.n_views >= 1, "n_views must be >= 1")?;
         check(self.interleave.is_none_or(|k| k >= 1), "interleave must be >= 1 (or None: all shards)")?;
         // Upper bounds: a batch of 2^40 rows aborted the process (its allocation failed), and a prefetch
@@ -793,6 +797,11 @@ mod tests {
             (r#"{"freq_mask_count": 2}"#, "freq_mask_width must be >= 1 where freq_mask_count is 2"),
             (r#"{"std": 0.0}"#, "std must be finite and > 0"),
             (r#"{"batch_size": 0}"#, "batch_size must be >= 1"),
+            (r#"{"n_workers": 100000}"#, "n_workers must be in 0..=1024"),
+            (r#"{"n_fft": 268435456}"#, "n_fft must be at most 65536"), // a hang, or an abort at 2^40
+            (r#"{"n_mels": 600}"#, "n_mels (600) must be at most n_fft / 2 + 1 (513)"),
+            (r#"{"time_mask_count": 1099511627776, "time_mask_width": 1}"#, "time_mask_count (1099511627776) exceeds n_frames"),
+            (r#"{"freq_mask_count": 129, "freq_mask_width": 1}"#, "freq_mask_count (129) exceeds n_mels"),
             (r#"{"batch_size": 1099511627776}"#, "batch_size x n_views x n_frames x n_mels must be at most"),
             (r#"{"prefetch_batches": 9223372036854775807}"#, "prefetch_batches must be in 1..=4096"),
             (r#"{"shuffle_buffer": 8, "shuffle_initial": 9}"#, "shuffle_initial must be in"),

@@ -217,6 +217,27 @@ fn validate(cfg: &PlanConfig, rows: &[u64], total: u64, st: &PlanState) -> Resul
     if let Some([i, _]) = st.buffer.iter().find(|[i, _]| *i >= total) {
         return bad(format!("buffered sample index {i} >= {total} samples"));
     }
+    // What an edited or damaged state held, accepted: a position near 2^64 (the window's end wrapped
+    // around: a hang), a shard open twice (its rows read twice an epoch), epochs never reached.
+    let mut open: Vec<u64> = st.open.iter().map(|[s, _]| *s).collect();
+    open.sort_unstable();
+    if let Some(w) = open.windows(2).find(|w| w[0] == w[1]) {
+        return bad(format!("shard {} is open twice", w[0]));
+    }
+    if let Some([i, e]) = st.buffer.iter().find(|[_, e]| *e > st.epoch) {
+        return bad(format!("buffered sample {i} of epoch {e}, past the state's epoch {}", st.epoch));
+    }
+    if !cfg.repeat && st.epoch > 0 {
+        return bad(format!("epoch {} of a single pass", st.epoch));
+    }
+    // Read so far: the epochs before this one whole, and the items handed out or buffered.
+    let read = st.position.checked_add(st.buffer.len() as u64);
+    let whole = st.epoch.checked_mul(total);
+    let at_most = st.epoch.checked_add(1).and_then(|e| e.checked_mul(total));
+    if !matches!((read, whole, at_most), (Some(r), Some(w), Some(m)) if w <= r && r <= m) {
+        let buffered = st.buffer.len();
+        return bad(format!("position {} and {buffered} buffered do not fit epoch {} of {total} samples", st.position, st.epoch));
+    }
     Ok(())
 }
 
@@ -324,5 +345,28 @@ mod tests {
         take(&mut p, 5);
         let err = Planner::new(cfg(true, true, 2, 4), &[3, 3], Some(p.state().clone())).err().unwrap();
         assert!(err.message.contains("does not fit"), "{}", err.message);
+    }
+
+    #[test]
+    fn an_edited_state_is_rejected_and_every_state_the_planner_reaches_is_not() {
+        let c = cfg(true, true, 2, 4);
+        let mut p = Planner::new(c.clone(), &[3, 3], None).unwrap();
+        for _ in 0..40 {
+            Planner::new(c.clone(), &[3, 3], Some(p.state().clone())).unwrap(); // epochs 0..6, every position
+            take(&mut p, 1);
+        }
+        let st = p.state().clone();
+        for (edited, said) in [
+            (PlanState { position: u64::MAX - 2, ..st.clone() }, "do not fit epoch"), // the loader hung
+            (PlanState { epoch: u64::MAX, ..st.clone() }, "do not fit epoch"),
+            (PlanState { open: vec![[0, 0], [0, 1]], ..st.clone() }, "shard 0 is open twice"),
+            (PlanState { buffer: vec![[0, st.epoch + 1]], ..st.clone() }, "past the state's epoch"),
+        ] {
+            let err = Planner::new(c.clone(), &[3, 3], Some(edited)).err().unwrap();
+            assert!(err.message.contains(said), "{said}: {}", err.message);
+        }
+        let single = cfg(false, false, 1, 0);
+        let err = Planner::new(single, &[3, 3], Some(PlanState { epoch: 1, ..PlanState::start() })).err().unwrap();
+        assert!(err.message.contains("epoch 1 of a single pass"), "{}", err.message);
     }
 }

@@ -43,6 +43,9 @@ fn check_loader_options(options_json: &str) -> PyResult<usize> {
     LoaderOptions::from_json(options_json).and_then(|o| LoaderConfig::from_options(&o).check()).map_err(to_py)
 }
 
+/// 2^28 indices and epochs: 4 GiB.
+const MAX_PLANNED: usize = 1 << 28;
+
 /// (global sample index, epoch) of output positions 0..count that a loader with these options draws
 /// from shards of `shard_rows` rows: its planner alone, no file read (IID measurements at scale).
 #[pyfunction]
@@ -54,6 +57,10 @@ fn plan_indices<'py>(
     count: usize,
 ) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>)> {
     let cfg = LoaderConfig::from_options(&LoaderOptions::from_json(options_json).map_err(to_py)?);
+    if count > MAX_PLANNED {
+        // 2^40 aborted the process (its allocation failed), deaf to Ctrl-C
+        return Err(PyValueError::new_err(format!("count {count}: at most {MAX_PLANNED} samples are planned at once")));
+    }
     let planner = cfg.planner(&shard_rows, None).map_err(to_py)?;
     let (index, epoch): (Vec<u64>, Vec<u64>) = py.detach(|| planner.take(count).map(|i| (i.index, i.epoch)).unzip());
     Ok((PyArray1::from_vec(py, index), PyArray1::from_vec(py, epoch)))
@@ -136,20 +143,22 @@ impl PyLoader {
         py.detach(|| self.inner.lock().unwrap().restart()).map_err(to_py)
     }
 
-    fn state_json(&self) -> String {
-        serde_json::to_string(&self.inner.lock().unwrap().state()).expect("state serialises")
+    // Each call below waits for the loader's lock without the GIL: `next_batch` holds the lock through
+    // its 100 ms polls, and a `state()` from another thread froze every Python thread meanwhile.
+    fn state_json(&self, py: Python<'_>) -> String {
+        py.detach(|| serde_json::to_string(&self.inner.lock().unwrap().state()).expect("state serialises"))
     }
 
-    fn diagnostics_json(&self) -> String {
-        serde_json::to_string(&self.inner.lock().unwrap().diagnostics()).expect("diagnostics serialise")
+    fn diagnostics_json(&self, py: Python<'_>) -> String {
+        py.detach(|| serde_json::to_string(&self.inner.lock().unwrap().diagnostics()).expect("diagnostics serialise"))
     }
 
-    fn __len__(&self) -> usize {
-        self.inner.lock().unwrap().dataset().len() as usize
+    fn __len__(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.inner.lock().unwrap().dataset().len() as usize)
     }
 
-    fn fingerprint(&self) -> String {
-        self.inner.lock().unwrap().dataset().fingerprint().to_string()
+    fn fingerprint(&self, py: Python<'_>) -> String {
+        py.detach(|| self.inner.lock().unwrap().dataset().fingerprint().to_string())
     }
 
     /// Each shard's file name and content digest (`Dataset::shard_digests`).
@@ -158,13 +167,13 @@ impl PyLoader {
     }
 
     /// The decode threads it runs (`n_workers`; 0 asked for one per CPU this process may run on).
-    fn n_workers(&self) -> usize {
-        self.inner.lock().unwrap().config().n_workers
+    fn n_workers(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.inner.lock().unwrap().config().n_workers)
     }
 
     /// Rows per shard, in shard-id order (for the IID diagnostics' shard statistics).
-    fn shard_rows(&self) -> Vec<u64> {
-        self.inner.lock().unwrap().dataset().shard_rows()
+    fn shard_rows(&self, py: Python<'_>) -> Vec<u64> {
+        py.detach(|| self.inner.lock().unwrap().dataset().shard_rows())
     }
 
     /// The encoded audio of global sample `index`, as the loader reads it (bytes in the shard, or the

@@ -149,11 +149,16 @@ def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str
 
 
 def options_json(options: dict[str, Any]) -> str:
-    """The loader options as the Rust core reads them; a ValueError naming one that is not a finite
-    number (JSON has no NaN: the core's error named no option)."""
+    """The loader options as the Rust core reads them, numpy's scalars as Python's (``seed=np.int64(3)``
+    was "Object of type int64 is not JSON serializable"); a ValueError naming one that is not a finite
+    number (JSON has no NaN: the core's error named no option) or an integer past 64 bits (the core read
+    it as a float)."""
+    options = {k: v.item() if isinstance(v, np.generic) else v for k, v in options.items()}
     for name, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number (got {value})")
+        if isinstance(value, int) and value >= 1 << 64:
+            raise ValueError(f"{name} must be below 2**64 (got {value})")
     return json.dumps(options)
 
 
@@ -214,8 +219,8 @@ class Loader:
         **options: Any,
     ) -> None:
         """``options`` are the Rust core's loader options (`DEFAULTS` lists them with their defaults:
-        ``seed``, ``batch_size``, ``train``, ``n_views``, ``shuffle_buffer``, ...); an unknown name or a
-        wrong type is a ValueError naming it.
+        ``seed``, ``batch_size``, ``train``, ``n_views``, ``shuffle_buffer``, ...; those of `Features`
+        go in ``features``); an unknown name or a wrong type is a ValueError naming it.
 
         ``multilabel_column``: a list column of class ids or names (BirdSet's
         ``ebird_code_multilabel``) read as the batches' ``multilabel`` multi-hot; None (default): off.
@@ -228,6 +233,11 @@ class Loader:
         A split whose folders index different vocabularies (`split_labels`) is read with
         ``label_names``: every ``label`` is the position of its name among the split's names, whichever
         folder it came from; other splits' labels are as stored (their signature unchanged)."""
+        features = Features() if features is None else features
+        if not isinstance(features, Features):  # a dict: "'dict' object has no attribute 'options'"
+            raise TypeError(f"features must be a birdjepa.data.Features, got {type(features).__name__}")
+        if given := sorted(options.keys() & features.options().keys()):  # else the Features' values won
+            raise TypeError(f"{', '.join(given)}: feature options go in features=Features(...)")
         self.files = resolve_files(files)
         self.say_skips = True
         """Whether an eval pass ends with its WARNING line of the records it skipped (False: the caller
@@ -240,7 +250,7 @@ class Loader:
             options["label_column"] = label_column(self.files)
         options = {
             **options,
-            **(features or Features()).options(),
+            **features.options(),
             "multilabel_column": multilabel_column,
             "n_classes": n_classes,
             "window_start_column": window_start_column,
@@ -252,19 +262,27 @@ class Loader:
         self._skips_before_pass = 0
         self._closed: tuple[str, str] | None = None  # the state and diagnostics it closed with
 
+    @property
+    def _core(self) -> Any:
+        """The Rust loader; a ValueError once closed (every method but `state` and `diagnostics`, which
+        keep what it closed with, was a NoneType error)."""
+        if self._closed is not None:
+            raise ValueError("the loader is closed")
+        return self._rs
+
     def __iter__(self) -> Iterator[Batch]:
         # Eval: every iteration is a full pass from the start (or from the given state).
+        core = self._core
         if not self.train and self._passes > 0:
-            self._rs.restart()
+            core.restart()
         self._passes += 1
         self._skips_before_pass = self.diagnostics()["counters"]["skipped"]
         return self
 
     def __next__(self) -> Batch:
-        if self._closed is not None:
-            raise ValueError("the loader is closed")
+        core = self._core
         self._passes = max(self._passes, 1)  # a pass begun by next(): a later `for` starts a whole one
-        batch = self._rs.next_batch()
+        batch = core.next_batch()
         if batch is None:
             self._say_skipped()
             raise StopIteration
@@ -281,33 +299,33 @@ class Loader:
 
     def __len__(self) -> int:
         """Number of samples in the data set."""
-        return len(self._rs)
+        return len(self._core)
 
     @property
     def fingerprint(self) -> str:
-        return self._rs.fingerprint()
+        return self._core.fingerprint()
 
     def shard_digests(self) -> dict[str, str]:
         """Each shard's file name -> a digest of its content but the audio's bytes (labels, ids, events,
         windows, paths, each recording's size) and of the vocab.json beside it: what the fingerprint,
         which reads a shard's size and ends only, does not see (a shard relabelled at the same size).
         Reads every shard's non-audio columns: milliseconds a shard."""
-        return dict(self._rs.shard_digests())
+        return dict(self._core.shard_digests())
 
     @property
     def n_workers(self) -> int:
         """The decode threads it runs (``n_workers=0``, the default: one per CPU this process may run on)."""
-        return self._rs.n_workers()
+        return self._core.n_workers()
 
     def encoded_audio(self, index: int) -> bytes:
         """Global sample ``index``'s encoded audio as this loader reads it: its bytes in the shard, or
         the file its path names (under ``audio_root``); a `DataError` where the loader skips the row."""
-        return self._rs.encoded_audio(index)
+        return self._core.encoded_audio(index)
 
     @property
     def shard_sizes(self) -> list[int]:
         """Samples per shard, indexed by the batches' ``shard_id``."""
-        return list(self._rs.shard_rows())
+        return list(self._core.shard_rows())
 
     def state(self) -> dict[str, Any]:
         """JSON-able state after the last batch returned: counters and buffered sample indices (once

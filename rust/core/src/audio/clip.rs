@@ -251,6 +251,15 @@ impl ClipExtractor {
                 ));
             }
         }
+        // More masks than frames (bins) only masks them again: 2^40 masks took each sample for ever.
+        if cfg.time_mask.count > cfg.n_frames {
+            let (count, frames) = (cfg.time_mask.count, cfg.n_frames);
+            return Err(format!("clip: time_mask_count ({count}) exceeds n_frames ({frames})"));
+        }
+        if cfg.freq_mask.count > cfg.fbank.n_mels {
+            let (count, mels) = (cfg.freq_mask.count, cfg.fbank.n_mels);
+            return Err(format!("clip: freq_mask_count ({count}) exceeds n_mels ({mels})"));
+        }
         if cfg.time_mask.count > 0 && cfg.time_mask.max_width > cfg.n_frames {
             return Err(format!(
                 "clip: time_mask_width ({}) exceeds n_frames ({})",

@@ -97,6 +97,9 @@ impl std::fmt::Debug for Fbank {
     }
 }
 
+/// The longest FFT: 2 s at 32 kHz, 16x the default's.
+pub const MAX_N_FFT: usize = 1 << 16;
+
 impl Fbank {
     /// Validate the configuration and precompute window, filters and FFT plan.
     pub fn new(cfg: FbankConfig) -> Result<Self, String> {
@@ -107,6 +110,10 @@ impl Fbank {
         }
         if cfg.win_length < 2 {
             return Err(format!("fbank: win_length must be >= 2 (got {})", cfg.win_length));
+        }
+        if cfg.n_fft > MAX_N_FFT {
+            // 2^28 built its FFT plan for minutes, deaf to Ctrl-C; 2^40 aborted the process.
+            return Err(format!("fbank: n_fft must be at most {MAX_N_FFT} (got {})", cfg.n_fft));
         }
         if cfg.n_fft < cfg.win_length || !cfg.n_fft.is_multiple_of(2) {
             return Err(format!(
@@ -119,6 +126,11 @@ impl Fbank {
         }
         if cfg.n_mels == 0 {
             return Err("fbank: n_mels must be > 0".into());
+        }
+        if cfg.n_mels > cfg.n_fft / 2 + 1 {
+            // More filters than the spectrum has bins: an n_mels x bins filter bank of empty rows.
+            let bins = cfg.n_fft / 2 + 1;
+            return Err(format!("fbank: n_mels ({}) must be at most n_fft / 2 + 1 ({bins})", cfg.n_mels));
         }
         // Each message starts with the option to change (the CLI names it): f_max where it was given.
         if !(f_max > cfg.f_min && f_max <= nyquist) && cfg.f_max.is_some() {
