@@ -483,7 +483,7 @@ impl AudioReader {
             // Decode from the beginning; stop once past the window.
             self.reopen()?;
             let w = self.decode_into(None, start, out)?;
-            return self.check_window(&w, start, errors_before);
+            return self.check_window(&w, start, out.len(), errors_before);
         }
         if self.n_frames.is_some_and(|n| start >= n) {
             return Ok(());
@@ -492,7 +492,7 @@ impl AudioReader {
         for _ in 0..SEEK_TRIES {
             let from = start.saturating_sub(margin);
             match self.decode_into(Some(from), start, out) {
-                Ok(w) if w.covered && w.rendered > 0 => return self.check_window(&w, start, errors_before),
+                Ok(w) if w.covered && w.rendered > 0 => return self.check_window(&w, start, out.len(), errors_before),
                 // Overshoot, nothing decodable after the seek point, or a seek failure: widen the
                 // margin and retry.
                 _ => {
@@ -510,10 +510,10 @@ impl AudioReader {
         self.fallbacks += 1;
         self.reopen()?;
         let w = self.decode_into(None, start, out)?;
-        self.check_window(&w, start, errors_before)
+        self.check_window(&w, start, out.len(), errors_before)
     }
 
-    fn check_window(&self, w: &Window, start: u64, errors_before: usize) -> Result<(), AudioError> {
+    fn check_window(&self, w: &Window, start: u64, len: usize, errors_before: usize) -> Result<(), AudioError> {
         let errors = self.packet_errors - errors_before;
         if w.rendered == 0 && errors > 0 {
             return Err(AudioError(format!(
@@ -522,8 +522,12 @@ impl AudioReader {
             )));
         }
         if let Some(n) = self.n_frames {
-            // The container promised frames here but the stream ended before the window.
-            if w.stream_end <= start && start < n && !w.stopped_early {
+            // The container promised frames here but the stream ended before the window, or inside it
+            // (a file cut short under its header: the crop's tail was silence, and the next crop past
+            // the cut skipped the record). A codec's last packet may end short of its header's count by
+            // a few frames (priming, padding): a stream within `END_SLACK` of that count is whole.
+            let cut_inside = w.stream_end < (start + len as u64).min(n) && n - w.stream_end > END_SLACK;
+            if (w.stream_end <= start || cut_inside) && start < n && !w.stopped_early {
                 return Err(AudioError(format!(
                     "decode ({}): stream ends at frame {} but the container reports {n} frames",
                     self.codec_name, w.stream_end
@@ -592,6 +596,10 @@ impl AudioReader {
         Ok(w)
     }
 }
+
+/// Frames a stream may end short of its container's count and be whole (a codec's priming and padding:
+/// an MP3 frame is 1152, an AAC one 1024, a Vorbis block at most 8192 / 2).
+const END_SLACK: u64 = 4096;
 
 /// What one windowed decode pass saw.
 struct Window {
@@ -840,6 +848,9 @@ pub(crate) mod tests {
             (5000..6000).map(|i| (pcm[2 * i] as f32 / 32768.0 + pcm[2 * i + 1] as f32 / 32768.0) / 2.0).collect();
         assert_eq!(w, want);
         let e = r.read_window_mono(30_000, &mut w).unwrap_err();
+        assert!(e.0.contains("stream ends at frame 20000 but the container reports 50000 frames"), "{e}");
+        // A window across the cut: its last 500 frames were silence, without a word.
+        let e = r.read_window_mono(19_500, &mut w).unwrap_err();
         assert!(e.0.contains("stream ends at frame 20000 but the container reports 50000 frames"), "{e}");
     }
 
