@@ -342,6 +342,8 @@ class Checkpointer(RetentionAndFallback):
         except Exception:  # noqa: BLE001
             if not self.write_failed:
                 raise
+        if self.write_failed:  # again, its writers closed: one still writing (under load) made it anew
+            remove_temporaries(self.directory)
 
     def __enter__(self) -> Checkpointer:
         return self
