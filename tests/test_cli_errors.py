@@ -154,6 +154,20 @@ def test_a_reader_that_closes_the_pipe_ends_a_command_quietly_with_the_shell_s_c
     assert done.returncode == 141 and err == "", err
 
 
+@pytest.mark.parametrize("command", [["export", "x" * 300, "--out", "e"], ["evaluate", "x" * 300]])
+def test_a_name_longer_than_the_file_system_takes_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    # OSError: [Errno 36] File name too long, as a traceback, from every command that reads a run.
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(command)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.endswith(": File name too long\n"), err
+    assert err.startswith(f"birdjepa {command[0]}: error: "), err
+
+
 def test_compare_counts_a_nan_against_a_number_as_a_difference_and_two_nans_as_equal() -> None:
     # max(0.0, nan) is 0.0: a NaN against a number (a log written by plain json.dumps) compared equal.
     from birdjepa.resume.compare import compare_logged

@@ -537,8 +537,20 @@ def test_verify_resume_signals_a_segment_once_it_logged_the_step_not_its_resume_
         (["--resume-at", "2", "--run", "../x"], "verify-resume: error: --run '../x': must be a folder name"),
         # The segment stopped past the end (or the next --resume-at), a failure minutes in.
         (["--signal-at", "2"], "verify-resume: error: --signal-at 2: must leave 4 steps before the next"),
+        (
+            [],
+            "verify-resume: error: --resume-at (): give at least one --resume-at step or --signal-at",
+        ),  # a traceback
+        # A traceback: past the file system's 255 bytes with the verification's prefix (in every command).
+        (["--resume-at", "2", "--run", "x" * 250], "verify-resume: error: --run 'xxx"),
     ],
-    ids=["resume-at-past-the-run", "run-outside-the-runs-folder", "signal-at-too-late"],
+    ids=[
+        "resume-at-past-the-run",
+        "run-outside-the-runs-folder",
+        "signal-at-too-late",
+        "no-interruption",
+        "run-name-too-long",
+    ],  # fmt: skip
 )
 def test_verify_resume_refuses_an_option_that_cannot_work_in_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, args: list[str], line: str
@@ -555,3 +567,18 @@ def test_verify_resume_refuses_an_option_that_cannot_work_in_one_line_exit_2(
     (said,) = capsys.readouterr().err.strip().splitlines()
     assert said.startswith(line), said
     assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_verify_resume_into_a_folder_it_cannot_write_is_one_line_exit_74(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A read-only --log.runs-dir: LeaseUnwritable's traceback, exit 1 (pretrain says this line).
+    (tmp_path / "runs").write_text("")  # a file where the runs folder goes: as unwritable as read-only
+    argv = ["verify-resume", "--run", "v", "--log.runs-dir", str(tmp_path / "runs" / "in"), "--steps", "6",
+            "--data.batch-size", "4", "--eval-every", "0", "--resume-at", "2"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["birdjepa", *argv])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr().out
+    assert e.value.code == 74 and "ERROR: verify-resume: cannot create the run directory" in out, out

@@ -10,6 +10,7 @@ the subcommand's arguments instead.
 
 from __future__ import annotations
 
+import errno
 import gc
 import importlib
 import os
@@ -20,7 +21,7 @@ from typing import Any
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
-from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED
+from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, USAGE
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.train.determinism import deterministic_xla
 
@@ -103,6 +104,12 @@ def main(argv: Sequence[str] | None = None) -> Any:
     except BrokenPipeError:  # `| head` closed the pipe: a traceback, then another at exit's flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(PIPE_CLOSED) from None
+    except OSError as e:  # a name past the file system's 255 bytes: each command's traceback
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        name = f" {args[0]}" if args and args[0] in COMMANDS else ""
+        print(f"birdjepa{name}: error: {e.filename}: {e.strerror}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE) from None
 
 
 def _run(args: list[str]) -> Any:

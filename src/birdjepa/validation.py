@@ -189,6 +189,10 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
         check_data(cfg)
 
 
+#: The longest file name most file systems take (ext4, XFS, Lustre, GPFS): a longer one was an OSError.
+NAME_MAX = 255
+
+
 def _check_run(cfg: PretrainConfig) -> None:
     """The run directory is a folder inside ``--log.runs-dir``: ``--run ''`` (or ``.``) would make the runs
     folder itself the run, ``..`` or an absolute name would write outside it. A nested name (``sweep/a``)
@@ -197,6 +201,9 @@ def _check_run(cfg: PretrainConfig) -> None:
     if not name.parts or name.is_absolute() or ".." in name.parts:
         allowed = "must be a folder name inside --log.runs-dir (not empty, not absolute, no '..')"
         raise OptionError("run", cfg.run, allowed)
+    # Named in the verification's folder too: verify-resume's prefix may take a name past the limit.
+    if (longest := max(len(part.encode()) for part in name.parts)) > NAME_MAX - len("verify-"):
+        raise OptionError("run", cfg.run, f"has a folder name of {longest} bytes: at most {NAME_MAX - 7}")
 
 
 def _check_loader(cfg: PretrainConfig) -> None:

@@ -37,7 +37,7 @@ from birdjepa.config import PretrainConfig
 from birdjepa.resume.compare import compare_with_coverage, print_table
 from birdjepa.rundir import layout
 from birdjepa.rundir.layout import LEASE_FILE
-from birdjepa.rundir.lease import LeaseHeld, acquire
+from birdjepa.rundir.lease import LeaseHeld, LeaseUnwritable, acquire
 from birdjepa.rundir.metrics_log import read_metrics
 from birdjepa.validation import OptionError
 
@@ -74,6 +74,8 @@ def plan(opts: VerifyOptions, steps: int) -> list[Interruption]:
     stops = [Interruption(s, False) for s in opts.resume_at]
     if opts.signal_at is not None:
         stops.append(Interruption(opts.signal_at, True))
+    if not stops:  # checked after the plan, a ValueError's traceback from it came first
+        raise OptionError("resume_at", opts.resume_at, "give at least one --resume-at step or --signal-at")
     stops.sort(key=lambda i: i.step)
     steps_seen = [i.step for i in stops]
     twice = [s for n, s in enumerate(steps_seen) if s in steps_seen[:n]]
@@ -160,8 +162,6 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     if cfg.stop_at_step is not None:
         raise OptionError("stop_at_step", cfg.stop_at_step, leave)
     stops = plan(opts, cfg.steps)
-    if not stops:
-        raise OptionError("resume_at", opts.resume_at, "give at least one --resume-at step or --signal-at")
     root = cfg.log.runs_dir / f"verify-{cfg.run}"
     # Held while it verifies, as a trainer holds its run: a second verify-resume of the same --run removed
     # the first's runs as they trained, and both ended in a traceback.
@@ -170,6 +170,9 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     except LeaseHeld as e:
         print(f"ERROR: verify-resume: {e}; exit {exit_codes.USAGE}", flush=True)
         return exit_codes.USAGE
+    except LeaseUnwritable as e:  # a read-only --log.runs-dir: a traceback (pretrain says this line)
+        print(f"ERROR: verify-resume: {e}; exit {exit_codes.IOERR}", flush=True)
+        return exit_codes.IOERR
     try:
         return _verify(opts, argv, stops, root)
     finally:
