@@ -586,6 +586,35 @@ def test_a_live_run_s_newest_checkpoint_removed_while_it_is_read_gives_way_to_th
     export(run, tmp_path / "export", steps[-2])
     with pytest.raises(ExportError, match=f"{tmp_path / 'export'} holds the export of run:live@{steps[-2]}#"):
         export(tiny_run, tmp_path / "export")
+    monkeypatch.undo()
+    # The newer committed first, the one read removed under the read, its folder not yet gone ("arrays
+    # unreadable", exit 2: a helper's live run, 1 read in 4); and Orbax's listing meeting a folder as it
+    # went (a FileNotFoundError's traceback from the checkpointer's start).
+    run = tmp_path / "live2"
+    shutil.copytree(tiny_run, run)
+    newer = tmp_path / "newer"
+    (run / "checkpoints" / str(steps[-1])).rename(newer)  # committed once the read began
+    restore, init, calls = Checkpointer.restore, Checkpointer.__init__, []
+
+    def committed_and_rotated(self: Checkpointer, step: int, template: object) -> object:
+        if calls == ["init"]:
+            calls.append(step)
+            newer.rename(run / "checkpoints" / str(steps[-1]))
+            for f in (run / "checkpoints" / str(step) / "state").rglob("*"):
+                if f.is_file():
+                    f.write_bytes(b"")
+        return restore(self, step, template)
+
+    def listing_met_a_removal(self: Checkpointer, *args: object, **kw: object) -> None:
+        if not calls:
+            calls.append("init")
+            raise FileNotFoundError(2, "No such file or directory", str(run / "checkpoints" / "1"))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(Checkpointer, "restore", committed_and_rotated)
+    monkeypatch.setattr(Checkpointer, "__init__", listing_met_a_removal)
+    card = json.loads((export(run, tmp_path / "export2") / "encoder.json").read_text())
+    assert calls == ["init", steps[-2]] and card["checkpoint"]["step"] == steps[-1]
 
 
 def test_export_and_embed_errors_are_one_line(

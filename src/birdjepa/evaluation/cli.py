@@ -137,7 +137,13 @@ class _Rotated(checkpoint.CheckpointError):
 def _restore(run_dir: Path, step: int | None) -> RestoredCheckpoint:
     from birdjepa.train.segment import initial_params, open_segment
 
-    with checkpoint.Checkpointer(run_dir, keep=None, async_save=False) as ckpt:
+    try:
+        opened = checkpoint.Checkpointer(run_dir, keep=None, async_save=False)
+    except FileNotFoundError as e:  # Orbax reads each step's time as it opens: one removed meanwhile
+        if step is None:
+            raise _Rotated(str(e)) from e
+        raise
+    with opened as ckpt:
         steps = ckpt.all_steps()
         if not steps:
             raise EvaluateError(f"{run_dir / 'checkpoints'}: no complete checkpoint")
@@ -161,11 +167,20 @@ def _restore(run_dir: Path, step: int | None) -> RestoredCheckpoint:
                 raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
             seg = open_segment(cfg, ckpt, at=at, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
         except (checkpoint.CheckpointError, OSError) as e:
-            if step is None and not where.exists():
+            if step is None and (not where.exists() or _superseded(ckpt, at)):
                 raise _Rotated(str(e)) from e
             raise
     fresh = initial_params(cfg, seg.model_cfg)
     return RestoredCheckpoint(at, cfg, seg.model_cfg, seg.state.params, fresh, meta)
+
+
+def _superseded(ckpt: checkpoint.Checkpointer, step: int) -> bool:
+    """Whether a newer checkpoint than ``step`` was committed: a trainer's retention removes ``step`` once
+    it is, and a read of its files mid-removal failed ("arrays unreadable"), its folder still there."""
+    try:
+        return ckpt.all_steps()[-1:] != [step]
+    except OSError:  # the listing met a folder as it went
+        return True
 
 
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
