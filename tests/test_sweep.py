@@ -42,7 +42,10 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
         ('[{"prng": "random"}]', "config 0: key 'prng' = 'random' has the wrong type"),
         ('[{"optim": 3}]', "config 0: key 'optim' is a group"),
         ('[{"steps.x": 3}]', "config 0: unknown key 'steps.x'"),
-        ('[{"run": "a"}, {"run": "a"}]', "two configs share a run directory"),
+        (
+            '[{"run": "b"}, {"run": "a"}, {"run": "a"}]',
+            "configs 1 and 2 share the run directory ",
+        ),  # not which
         ("[]", "non-empty list"),
         ("[3]", "config 0 is a int"),
         # Dropped, merged or a traceback, and the run went on without a word.
@@ -95,6 +98,31 @@ def test_every_type_round_trips_through_the_command_line(tmp_path: Path) -> None
     assert cfg.ckpt_async is False and cfg.debug.roundtrip_steps == (3, 5) and cfg.optim.lr == 2e-3
     assert cfg.objective.kind == "supervised" and cfg.data.features.f_max == 8000.0
     assert "--no-ckpt-async" in job.flags and "--debug.disable-stochastic" in job.flags
+
+
+def test_a_sweep_into_a_folder_it_cannot_write_starts_nothing_and_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A read-only runs folder: an OSError's traceback from the first job's job.sbatch.
+    from birdjepa.cli import main
+
+    (tmp_path / "runs").write_text("")  # a file where the runs folder goes
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(
+            [
+                "sweep",
+                str(REPO / "sweeps" / "tiny.py"),
+                "--local",
+                "--runs-dir",
+                str(tmp_path / "runs" / "in"),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert e.value.code == 74 and err.startswith("error: config 0: ") and err.count("\n") == 1, err
+    assert err.endswith(
+        "cannot be written (" + str(tmp_path / "runs") + " is a file, not a folder); nothing was started\n"
+    )
 
 
 def test_force_resume_must_fall_inside_the_run(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ import tyro
 from birdjepa import exit_codes, validation
 from birdjepa.children import Children
 from birdjepa.config import ConfigError, PretrainConfig, flatten, resolve, to_dict
+from birdjepa.outputs import unwritable
 from birdjepa.rundir import layout
 from birdjepa.validation import OptionError
 
@@ -184,9 +185,11 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
                 f"{where}: --force-resume-at {force_resume_at} is not inside its {cfg.steps} steps"
             )
         jobs.append(Job(i, cfg, flags))
-    runs = [j.cfg.run_dir.absolute() for j in jobs]
-    if len(set(runs)) != len(runs):
-        raise SweepError(f"{path}: two configs share a run directory: {sorted(map(str, runs))}")
+    first: dict[Path, int] = {}
+    for job in jobs:  # it listed every config's run directory, and named no config
+        run_dir = job.cfg.run_dir.absolute()
+        if (other := first.setdefault(run_dir, job.index)) != job.index:
+            raise SweepError(f"{path}: configs {other} and {job.index} share the run directory {run_dir}")
     return jobs
 
 
@@ -342,6 +345,11 @@ def cli(
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
+    if not dry_run:  # before the first job: a read-only runs folder was a traceback, jobs started or not
+        for job in jobs:
+            if (why := unwritable(job.cfg.run_dir.absolute(), folder=True)) is not None:
+                print(f"error: config {job.index}: {why}; nothing was started", file=sys.stderr, flush=True)
+                raise SystemExit(exit_codes.IOERR)
     workdir = Path.cwd()
     rows = []
     failed = ""
