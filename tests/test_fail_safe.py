@@ -147,6 +147,18 @@ def test_a_damaged_checkpoint_falls_back_and_the_run_equals_the_straight_one(
     assert fallback["moved_to"] == str(cfg.run_dir / DAMAGED_DIR / "5")
     assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [3]
     assert (cfg.run_dir / DAMAGED_DIR / "5").is_dir()
+    assert differing(straight, cfg.run_dir) == [] and not events(cfg.run_dir, "checkpoint_missing")
+    # Removed by hand (or lost with a disk), not damaged: the resume from 3 retrained 4-5 without a word.
+    cfg = config(demo_dir, tmp_path, "removed")
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=5)) == 0
+    shutil.rmtree(cfg.run_dir / "checkpoints" / "5")
+    capsys.readouterr()
+    assert pretrain(cfg) == 0
+    said = "checkpoint 5, which the log says this run saved when it stopped, is gone from"
+    assert f"WARNING {said}" in capsys.readouterr().out
+    (missing,) = events(cfg.run_dir, "checkpoint_missing")
+    assert missing["step"] == 4 and missing["why"].startswith(said)
+    assert missing["why"].endswith("resuming from checkpoint 3, steps 4-5 train again")
     assert differing(straight, cfg.run_dir) == []
 
 

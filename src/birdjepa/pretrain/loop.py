@@ -46,7 +46,7 @@ from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
-from birdjepa.rundir.metrics_log import log_damage
+from birdjepa.rundir.metrics_log import log_damage, lost_checkpoint
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
@@ -270,6 +270,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         if hurt is not None:
             print(f"WARNING {hurt}", flush=True)
             t.log.event("log_damaged", state.step, why=hurt)
+        lost = lost_checkpoint(cfg.run_dir, state.step - 1)
+        if lost is not None:
+            print(f"WARNING {lost}", flush=True)
+            t.log.event("checkpoint_missing", state.step, why=lost)
     if meta is not None and state.step < cfg.steps:  # a finished run's start resumes nothing: no event
         # n_devices: what trained the steps from here (trace and bisect re-execute them on as many).
         resumed = {"checkpoint": state.step - 1, "n_devices": t.n_devices, **ckpt.last_restore}

@@ -20,6 +20,8 @@ from typing import Any
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
+#: Where a restore moves a checkpoint that does not verify (``5``, then ``5-1``, ...).
+DAMAGED_DIR = "checkpoints.damaged"
 METRICS_FILE = "metrics.jsonl"
 LEASE_FILE = "lease.json"
 EVAL = "eval"

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from birdjepa.rundir.layout import METRICS_FILE
+from birdjepa.rundir.layout import CHECKPOINTS, DAMAGED_DIR, METRICS_FILE
 
 TORN_SUFFIX = ".torn"
 
@@ -181,6 +181,26 @@ def log_damage(path: Path, checkpoint: int, slack: int) -> str | None:
                 f"{checkpoint}: the log lost rows (emptied, removed or replaced); compare will lack "
                 "them")  # fmt: skip
     return None
+
+
+def lost_checkpoint(run_dir: Path, checkpoint: int) -> str | None:
+    """Why a resume from ``checkpoint`` retrains steps the run had saved, in one line (None: it does
+    not): the log's newest `stop` event (written once that step's checkpoint was on disk) is past it,
+    and that checkpoint is neither in ``checkpoints/`` nor set aside as damaged (which the resume says
+    itself): removed by hand, or lost with a disk. The resume is exact all the same; it was silent."""
+    stops = [
+        r["step"]
+        for r in read_metrics(run_dir)
+        if r.get("event") == "stop" and isinstance(r.get("step"), int)
+    ]
+    saved = max(stops, default=-1)
+    damaged = Path(run_dir) / DAMAGED_DIR
+    aside = (damaged / str(saved)).exists() or any(damaged.glob(f"{saved}-*"))
+    if saved <= checkpoint or (Path(run_dir) / CHECKPOINTS / str(saved)).exists() or aside:
+        return None
+    return (f"checkpoint {saved}, which the log says this run saved when it stopped, is gone from "
+            f"{Path(run_dir) / CHECKPOINTS}: resuming from checkpoint {checkpoint}, steps {checkpoint + 1}-"
+            f"{saved} train again")  # fmt: skip
 
 
 def read_metrics(run_dir: Path) -> Iterator[dict[str, Any]]:

@@ -20,9 +20,9 @@ from birdjepa.rundir.checkpoint.format import (
 )
 from birdjepa.rundir.checkpoint.integrity import assert_trees_identical, leaf_hash, state_norms
 from birdjepa.rundir.checkpoint.oneoff import load, roundtrip, save_sync
-from birdjepa.rundir.checkpoint.retention import DAMAGED_DIR
 from birdjepa.rundir.checkpoint.space import CheckpointWriteError
 from birdjepa.rundir.checkpoint.store import Checkpointer
+from birdjepa.rundir.layout import DAMAGED_DIR
 
 __all__ = [
     "DAMAGED_DIR",

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from birdjepa.rundir.checkpoint.format import CheckpointError, IntegrityError, NoValidCheckpointError
-
-DAMAGED_DIR = "checkpoints.damaged"
+from birdjepa.rundir.layout import DAMAGED_DIR
 
 
 class RetentionAndFallback:
