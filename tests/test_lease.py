@@ -83,7 +83,9 @@ def test_a_slurm_requeue_waits_for_the_holder_then_exits_75_and_a_dead_holder_is
     assert len(taken) == 1 and taken[0]["pid"] == holder.pid and "no longer runs" in taken[0]["why"]
 
 
-def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(tmp_path: Path) -> None:
+def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "r"
     held_by(os.getpid(), run)  # this process: alive
     with pytest.raises(RuntimeError, match="is held by pid"):
@@ -95,6 +97,12 @@ def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(tmp_path: Path
     assert taken.took_over is not None and "no heartbeat for" in taken.took_over["why"]
     taken.release()
     assert not (run / LEASE_FILE).exists()
+    # Not JSON: "took over a stale lease of pid None on None (no heartbeat for 1796529485 s)".
+    (run / LEASE_FILE).write_text("garbage{")
+    capsys.readouterr()
+    acquire(run).release()
+    said = f"WARNING {run / LEASE_FILE}: took over an unreadable lease (not JSON)\n"
+    assert capsys.readouterr().out == said
 
 
 def test_the_heartbeat_is_renewed_and_stops_once_taken_over(tmp_path: Path, monkeypatch) -> None:

@@ -93,7 +93,7 @@ def _read(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (ValueError, OSError):  # damaged (every writer writes aside and renames or links)
-        return {"heartbeat": 0.0}
+        return {"heartbeat": 0.0, "damaged": True}
 
 
 def _write(path: Path, lease: dict[str, Any]) -> None:
@@ -255,8 +255,11 @@ def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
         why = stale(holder)
         if why is not None:
             if _take_over(path, holder, mine):
-                print(f"WARNING {path}: took over a stale lease of pid {holder.get('pid')} on "
-                      f"{holder.get('host')} ({why})", flush=True)  # fmt: skip
+                # A damaged one said "a stale lease of pid None on None (no heartbeat for 1796529485 s)".
+                pid, host = holder.get("pid"), holder.get("host")
+                whose = ("an unreadable lease (not JSON)" if holder.get("damaged") else
+                         f"a stale lease of pid {pid} on {host} ({why})")  # fmt: skip
+                print(f"WARNING {path}: took over {whose}", flush=True)
                 return Lease(path, me, {**holder, "why": why})
             time.sleep(0.05)  # another taker is at it: look again
             continue
