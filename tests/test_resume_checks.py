@@ -211,6 +211,15 @@ def test_machine_changes_name_what_differs_and_nothing_for_a_checkpoint_that_did
     assert list(moved) == ["jax_config"]
 
 
+def test_the_xla_flags_recorded_are_those_that_move_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dump of the programs for a look at them made the resume "another machine".
+    from birdjepa.train.determinism import xla_flags
+
+    flags = "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=4 --xla_cpu_use_thunk_runtime=false"
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_dump_hlo_as_text")
+    assert xla_flags() == "--xla_cpu_use_thunk_runtime=false"
+
+
 LAPACK_PROBE = """
 import json, numpy as np, jax.numpy as jnp
 from birdjepa.diagnostics.collapse import effective_rank

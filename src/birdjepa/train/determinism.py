@@ -136,9 +136,15 @@ DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 def xla_flags() -> str:
     """``$XLA_FLAGS`` as a step's numbers see it: sorted, without the simulated CPU device count (which the
-    resume compares as a device count: `--train.virtual-shards`); "none" where empty."""
-    flags = (f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG))
-    return " ".join(sorted(flags)) or "none"
+    resume compares as a device count: `--train.virtual-shards`) and the flags that only write XLA's
+    programs out (``--xla_dump_to`` and its kind: a resume with them was "another machine", its loss
+    compared to a tolerance); "none" where empty."""
+    moves = (f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(NUMBERS_UNMOVED))
+    return " ".join(sorted(moves)) or "none"
+
+
+#: Flags that change no number a step computes: the simulated device count, dumps of the programs.
+NUMBERS_UNMOVED = (DEVICE_COUNT_FLAG, "--xla_dump_")
 
 
 def lapack_kernels() -> str:
