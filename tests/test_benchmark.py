@@ -190,6 +190,37 @@ def test_the_few_shot_figure_s_legend_lies_whole_inside_it_below_the_panels(
     assert len({round(t.get_window_extent().x0) for t in legend.get_texts()}) == columns
 
 
+def test_tokens_float16_would_change_are_cached_in_float32() -> None:
+    # An external encoder's tokens past float16's range became inf ("tokens hold NaN or inf (a diverged
+    # encoder?)"); on an offset of 3000, their signal was rounded away (a prototypical cmAP 0.24, not 0.37).
+    from birdjepa.benchmark.backbones import cached_tokens
+
+    tokens = np.random.default_rng(0).normal(size=(4, 16, 32)).astype(np.float32)
+    tokens[0, 0, 0] = 40.0  # an outlier, as normalised tokens have
+    assert np.array_equal(cached_tokens(tokens), tokens.astype(np.float16))
+    for far in (tokens + 3000, tokens * 1e5):
+        kept = cached_tokens(far)
+        assert kept.dtype == np.float32 and np.array_equal(kept, far)
+
+
+def test_every_line_of_the_few_shot_figure_is_drawn_apart() -> None:
+    # The docs' five probes: proto drew as attentive (four line styles, one marker); past ten backbones
+    # their colours came round again.
+    from matplotlib.colors import to_hex
+
+    from birdjepa.benchmark.figures import fewshot_curves
+
+    probes = ("linear", "mlp", "centroid", "proto", "attentive")
+    rows = [
+        {"task": "T", "backbone": f"b{i:02d}", "probe": p, "n": 1, "cmap": 0.5}
+        for i in range(12)
+        for p in probes
+    ]
+    (ax,) = fewshot_curves(rows).axes
+    drawn = {(to_hex(line.get_color()), line.get_linestyle(), line.get_marker()) for line in ax.get_lines()}
+    assert len(drawn) == len(ax.get_lines()) == 12 * 5
+
+
 def test_the_few_shot_legend_names_the_lines_of_every_panel() -> None:
     # It was read from the first panel only: a backbone scored on the second task alone went unnamed.
     from birdjepa.benchmark.figures import fewshot_curves
@@ -342,8 +373,8 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
         # Seeds fitted with other recipes, averaged into one cell as if they were seeds of one.
         (
             ["--table", "{tmp}/mixed"],
-            "(raw, T, centroid, n = 1): seed 1 fitted with probe_steps 500, seed 0 "
-            "with probe_steps 5: their mean would mix two recipes",
+            "(raw, T, linear, n = 1): seed 1 fitted with steps 500, seed 0 "
+            "with steps 5: their mean would mix two recipes",
         ),
         (["--table", "{tmp}/foreign"], "other.parquet: not a result of this store"),  # TypeError traceback
         # A store whose first run failed before a result: a table of headers, then --plot's traceback.
@@ -362,6 +393,7 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
             "--probe-steps 1000000000: must be at most 1,000,000",
         ),  # it fitted for ever
         (["--backbone", "raw", "--train", "a", "--test", "b", "--task", ""], "--task '': give a name"),
+        (["--backbone", "raw", "--train", "a", "--test", "b", "--seed", str(2**63)], "must be in [0, 2**63)"),
         # The probes were fitted, then a traceback from the store's first write.
         (["--backbone", "raw", "--train", "a", "--test", "b", "--results", "{tmp}/afile"], "rows: cannot be"),
     ],
@@ -378,9 +410,9 @@ def test_table_and_option_errors_are_one_line(
     store.put(tmp_path / "store", store.Key("raw", "T", "centroid", 1, 0), metrics, n_train=1, n_test=1,
               fit_s=0.0, config={})  # fmt: skip
     for seed, steps in ((0, 5), (1, 500)):
-        key = store.Key("raw", "T", "centroid", 1, seed)
+        key = store.Key("raw", "T", "linear", 1, seed)
         store.put(tmp_path / "mixed", key, metrics, n_train=1, n_test=1, fit_s=0.0,
-                  config={"recipe": {"probe_steps": steps, "loss": "bce"}})  # fmt: skip
+                  config={"recipe": {"steps": steps, "loss": "bce"}})  # fmt: skip
     (tmp_path / "afile").write_text("")
     (tmp_path / "foreign" / "rows").mkdir(parents=True)
     (tmp_path / "empty" / "rows").mkdir(parents=True)
@@ -390,6 +422,95 @@ def test_table_and_option_errors_are_one_line(
         main(["benchmark", *[a.format(tmp=tmp_path) for a in args]])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_seeds_fitted_with_other_values_of_a_field_their_probe_never_reads_are_one_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The table refused them as two recipes, and the fit it advised found every seed in the store.
+    from birdjepa.cli import main
+
+    metrics = {"cmap": 0.5, "auroc": 0.5, "top1": 0.5}
+    for probe, field, values in (("centroid", "steps", (50, 500)), ("linear", "prototypes", (5, 20))):
+        for seed, value in enumerate(values):
+            config = {"recipe": {**dataclasses.asdict(Recipe()), field: value}}
+            store.put(tmp_path, store.Key("raw", "T", probe, 1, seed), metrics, n_train=1, n_test=1,
+                      fit_s=0.0, config=config)  # fmt: skip
+    main(["benchmark", "--table", str(tmp_path)])
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert sorted(row.split() for row in rows) == [
+        ["raw", "centroid", "1", "0.500"],
+        ["raw", "linear", "1", "0.500"],
+    ]
+
+
+def test_audio_its_rows_name_by_path_changed_or_read_elsewhere_is_not_scored_as_before(
+    birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # BirdSet as a loading script caches it: the stored scores (and the cached embeddings) of the audio
+    # under one --audio-root were served for another's, and for files replaced behind the shards.
+    import shutil
+
+    from path_only import path_only
+
+    from birdjepa.benchmark.backbones import split_key
+    from birdjepa.benchmark.cli import check_options
+    from birdjepa.cli import main
+    from birdjepa.data import Features
+
+    task = birdset_dir / "SYN1"
+    for split in ("train", "test_5s"):
+        for shard in sorted((task / split).glob("*.arrow")):
+            path_only(
+                shard,
+                tmp_path / "SYN1" / split / shard.name,
+                tmp_path / "a" / split,
+                relative_to=tmp_path / "a",
+            )
+        shutil.copy(task / split / "vocab.json", tmp_path / "SYN1" / split)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    files = sorted((tmp_path / "b" / "test_5s").iterdir())  # b: the test's recordings rotated
+    audio = [f.read_bytes() for f in files]
+    for f, data in zip(files, audio[1:] + audio[:1], strict=True):
+        f.write_bytes(data)
+    # From inside the task's folder, by relative paths: the task's name was '' (an empty column).
+    monkeypatch.chdir(tmp_path / "SYN1")
+    common = ["benchmark", "--backbone", "raw", "--train", "train", "--test", "test_5s", "--probe",
+              "centroid", "--n-train", "-1", "--results", str(tmp_path / "results")]  # fmt: skip
+    main([*common, "--audio-root", str(tmp_path / "a")])
+    assert {r["task"] for r in store.read(tmp_path / "results").to_pylist()} == {"SYN1"}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([*common, "--audio-root", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "were scored on other audio files than its rows name now" in err, err
+    # The embeddings' key: a file replaced behind the shards (another size and time) is another split.
+    t = check_options(backbone=["raw"], train="train", test="test_5s", task=None, probe=["centroid"],
+                      n_train=[-1], seed=[0], prototypes=20, probe_steps=5, probe_lr=1e-3, token_batch=8,
+                      n_classes=None)  # fmt: skip
+    options = {"audio_root": str(tmp_path / "a")}
+    before = split_key(t.test, Features(), options)
+    victim = sorted((tmp_path / "a" / "test_5s").iterdir())[0]
+    victim.write_bytes(victim.read_bytes() + b"\0" * 64)
+    assert split_key(t.test, Features(), options) != before
+
+
+def test_a_probe_that_diverges_is_named_with_its_cell_and_the_option_to_change(
+    birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "error: scores hold NaN or inf", naming no probe, backbone or cause.
+    from birdjepa.cli import main
+
+    task = birdset_dir / "SYN1"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--backbone", "raw", "--train", str(task / "train"),
+              "--test", str(task / "test_5s"), "--probe", "linear", "--n-train", "-1", "--probe-lr", "1e6",
+              "--probe-steps", "50", "--results", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    cell = "(raw:logmel-mean-std+patches16x128, linear, n = all, seed 0)"
+    said = f"{cell}: scores hold NaN or inf; a smaller --probe-lr\n"
+    assert e.value.code == 2 and err.endswith(said), err
 
 
 def test_a_class_count_other_than_the_task_vocabulary_s_is_refused_before_anything_is_embedded(

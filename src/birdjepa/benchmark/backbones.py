@@ -46,8 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from birdjepa.data import DataError, Features, Loader
+from birdjepa.data import DEFAULTS, DataError, Features, Loader
+from birdjepa.data.shards import read_shard
 from birdjepa.evaluation.embed import raw_features
 from birdjepa.model.config import ModelConfig
 
@@ -275,16 +277,57 @@ def files_stamp(files: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
 
 
+def audio_stamp(files: Sequence[str], loader_options: dict[str, Any]) -> str | None:
+    """Where rows of ``files`` name their audio by path (a hub's cache of BirdSet), the loader's
+    fingerprint of the data read with ``loader_options`` (``audio_root``): it holds the sizes and times
+    of the files those rows name, which `files_stamp` does not (replaced behind the shards, or read
+    under another ``--audio-root``, they got the old embeddings and scores). None where every row holds
+    its bytes: the stamps of such data, and the stores and caches keyed by them, are as they were."""
+    if not any(_names_audio_by_path(Path(f), loader_options) for f in files):
+        return None
+    where = {k: loader_options[k] for k in ("audio_root", "audio_column") if k in loader_options}
+    with Loader(list(files), train=False, batch_size=1, n_workers=1, prefetch_batches=1, **where) as ld:
+        return ld.fingerprint
+
+
+def _names_audio_by_path(shard: Path, loader_options: dict[str, Any]) -> bool:
+    table = read_shard(shard)
+    name = loader_options.get("audio_column") or DEFAULTS["audio_column"]
+    column = table.column(name) if name in table.schema.names else None
+    if column is None or not pa.types.is_struct(column.type) or column.type.get_field_index("bytes") < 0:
+        return False
+    return any(chunk.field("bytes").null_count > chunk.null_count for chunk in column.chunks)
+
+
 def split_key(files: Sequence[str], features: Features, loader_options: dict[str, Any]) -> str:
-    """What a split's clips are: the files as they are now (`files_stamp`), the features and the loader's
-    options."""
-    text = json.dumps([files_stamp(files), dataclasses.asdict(features), loader_options], sort_keys=True,
-                      default=str)  # fmt: skip
+    """What a split's clips are: the files as they are now (`files_stamp`, and `audio_stamp` where rows
+    name their audio by path), the features and the loader's options."""
+    stamps = [files_stamp(files), *filter(None, [audio_stamp(files, loader_options)])]
+    text = json.dumps([*stamps, dataclasses.asdict(features), loader_options], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 TOKEN_DTYPE = np.float16
 """Tokens in the cache and in memory: half a float32's bytes; the probes compute in float32."""
+
+#: Where float16 moves a batch's tokens by more, on average, than this fraction of their typical spread
+#: (the median over dimensions of each one's standard deviation), they are kept in float32. An encoder's
+#: normalised tokens move by ~1e-4 of it.
+HALF_TOLERANCE = 1e-2
+
+
+def cached_tokens(tokens: Any) -> np.ndarray:
+    """A batch's tokens as the cache keeps them: `TOKEN_DTYPE`, unless that would change them (an
+    external encoder's past float16's range became inf, "tokens hold NaN or inf (a diverged
+    encoder?)"; ones on an offset of 3000 lost their signal to its rounding, a prototypical probe's cmAP
+    0.24 against 0.37): then float32."""
+    full = np.asarray(tokens, np.float32)
+    finite = np.isfinite(full)
+    with np.errstate(over="ignore", invalid="ignore"):  # past float16's range: inf, and kept in float32
+        half = full.astype(TOKEN_DTYPE)
+        moved = np.abs(half.astype(np.float32)[finite] - full[finite])
+        spread = np.median(full.reshape(-1, full.shape[-1]).std(axis=0)) if full.size else 0.0
+    return full if moved.size and not moved.mean() <= HALF_TOLERANCE * spread else half
 
 
 def _cached(path: Path, b: Backbone, tokens: bool) -> Embedded | None:
@@ -359,7 +402,7 @@ def embed(
                 pooled, toks = b.encode(*x, tokens=tokens)
                 parts[b.identity].append(np.asarray(pooled, np.float32))
                 if toks is not None:
-                    token_parts[b.identity].append(np.asarray(toks, TOKEN_DTYPE))
+                    token_parts[b.identity].append(cached_tokens(toks))
                 took[b.identity] += time.perf_counter() - t0
             labels.append(batch["label"])
             targets.append(

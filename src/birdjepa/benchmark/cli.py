@@ -26,6 +26,7 @@ from birdjepa.benchmark.backbones import (
     Backbone,
     BackboneError,
     Embedded,
+    audio_stamp,
     embed,
     files_stamp,
     identified,
@@ -40,6 +41,7 @@ from birdjepa.benchmark.multi_label_probes import (
     Recipe,
     fit_and_score,
 )
+from birdjepa.benchmark.recipe import UNTRAINED
 from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.evaluation.report import overlap
@@ -153,6 +155,9 @@ def run_task(
         )
     targets = f"multilabel:{multilabel_column}" if "multilabel_column" in options else "label"
     data = {"train": files_stamp(task.train), "test": files_stamp(task.test), "targets": targets}
+    for split, files in (("train", task.train), ("test", task.test)):  # rows that name their audio by path
+        if (audio := audio_stamp(files, options)) is not None:
+            data[f"{split}_audio"] = audio
     other = store.scored_on_other_files(results, task.name, {"train": task.train, "test": task.test}, data)
     if other is not None:  # before anything is embedded
         raise BenchmarkError(other)
@@ -236,9 +241,16 @@ def run_task(
                         refitted += 1
                     keep = fewshot.draw(classes, n, seed)
                     t0 = time.perf_counter()
-                    scores = fit_and_score(
-                        probe, train_x[keep], tr.targets[keep], test_x, seed=seed, recipe=recipe
-                    )
+                    try:
+                        scores = fit_and_score(
+                            probe, train_x[keep], tr.targets[keep], test_x, seed=seed, recipe=recipe
+                        )
+                        metrics = all_metrics(scores, te.targets)
+                    except ValueError as e:  # "scores hold NaN or inf", naming no probe, backbone or cause
+                        where = f"{b.identity}, {probe}, n = {'all' if n == fewshot.ALL else n}, seed {seed}"
+                        trained = "scores" in str(e) and probe not in UNTRAINED
+                        hint = "; a smaller --probe-lr" if trained else ""
+                        raise BenchmarkError(f"({where}): {e}{hint}") from None
                     fit_s = time.perf_counter() - t0
                     t_fit[probe] += fit_s
                     config = {
@@ -253,7 +265,7 @@ def run_task(
                     store.put(
                         results,
                         key,
-                        all_metrics(scores, te.targets),
+                        metrics,
                         n_train=len(keep),
                         n_test=len(te.features),
                         fit_s=fit_s,
@@ -305,6 +317,8 @@ def mixed_recipes(rows: list[dict]) -> str | None:
     cells: dict[tuple, list[tuple[int, dict]]] = defaultdict(list)
     for r in rows:
         recipe = json.loads(r["config"] or "{}").get("recipe", {})
+        read = Recipe().read_by(r["probe"])  # a field the probe never reads refused a store it cannot mend
+        recipe = {k: v for k, v in recipe.items() if k in read}
         cells[(r["backbone"], r["task"], r["probe"], r["n"])].append((r["seed"], recipe))
     for (backbone, task, probe, n), fits in sorted(cells.items(), key=str):
         (seed, first), *rest = sorted(fits, key=lambda f: f[0])
@@ -397,6 +411,10 @@ def check_options(
         twice = [str(v) for i, v in enumerate(values) if v in values[:i]]
         if twice:
             raise BenchmarkError(f"{flag} {' '.join(map(str, values))}: {', '.join(twice)} given twice")
+    if (
+        big := [s for s in seed if not 0 <= s < 2**63]
+    ) != []:  # an OverflowError once every clip was embedded
+        raise BenchmarkError(f"--seed {big[0]}: must be in [0, 2**63)")
     if probe_steps > MAX_PROBE_STEPS:  # 10^9 fitted for ever (the recipe's is 500)
         raise BenchmarkError(f"--probe-steps {probe_steps}: must be at most {MAX_PROBE_STEPS:,}")
     bad = [p for p in probe if p not in PROBES]
@@ -412,9 +430,12 @@ def check_options(
     if task is not None and not task.strip():  # '' took the test folder's name, unsaid
         raise BenchmarkError(f"--task {task!r}: give a name, or leave it out for the test split's folder's")
     try:
-        name = task or Path(resolve_files(test)[0]).parent.parent.name
+        # Absolute: run from inside the task's folder ('test_5s/*.arrow'), the name was '' (a blank column)
+        name = task or Path(resolve_files(test)[0]).absolute().parent.parent.name
     except DataError as e:
         raise BenchmarkError(str(e)) from e
+    if not name:  # shards in the file system's root folder
+        raise BenchmarkError(f"--test {test!r}: its folder names no task: give --task")
     return load_task(name, train, test, n_classes)
 
 

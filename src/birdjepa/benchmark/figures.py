@@ -34,8 +34,15 @@ def fewshot_curves(rows: list[dict], metric: str = "cmap") -> Figure:
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
     finite = sorted({r["n"] for r in rows if r["n"] != ALL})
     at_all = 2 * max(finite) if finite else 1  # "all" drawn one octave right of the largest n
-    colours = {b: f"C{i}" for i, b in enumerate(sorted({r["backbone"] for r in rows}))}
-    styles = {p: ("-", "--", ":", "-.")[i % 4] for i, p in enumerate(sorted({r["probe"] for r in rows}))}
+    # Each backbone a colour and each probe a line and marker of its own: with the docs' five probes,
+    # proto drew as attentive (four line styles), and past ten backbones the colours came round again.
+    backbones = sorted({r["backbone"] for r in rows})
+    spread = plt.get_cmap("turbo")(np.linspace(0.05, 0.95, len(backbones)))
+    colours = {b: f"C{i}" if len(backbones) <= 10 else spread[i] for i, b in enumerate(backbones)}
+    styles = {
+        p: (("-", "--", ":", "-.")[i % 4], "os^Dvx"[i % 6])
+        for i, p in enumerate(sorted({r["probe"] for r in rows}))
+    }
     for ax, task in zip(axes[0], tasks, strict=True):
         curves: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in rows:
@@ -46,7 +53,8 @@ def fewshot_curves(rows: list[dict], metric: str = "cmap") -> Figure:
             x = [at_all if n == ALL else n for n in ns]
             values = [np.asarray(by_n[n]) for n in ns]
             colour = colours[backbone]
-            ax.plot(x, [v.mean() for v in values], styles[probe], color=colour, marker="o", ms=3,
+            line, marker = styles[probe]
+            ax.plot(x, [v.mean() for v in values], line, color=colour, marker=marker, ms=3,
                     label=f"{backbone} / {probe}")  # fmt: skip
             ax.fill_between(x, [v.min() for v in values], [v.max() for v in values], color=colour, alpha=0.12)
         ax.set_xscale("log", base=2)

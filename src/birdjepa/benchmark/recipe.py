@@ -16,6 +16,10 @@ PROTOTYPES = 20
 """J, prototypes per class of the prototypical probe: the Bird-MAE paper's (and AudioProtoPNet's)."""
 
 
+#: The probes fitted without the recipe (no loss, steps or learning rate).
+UNTRAINED = ("centroid", "softmax", "knn")
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """How the trained probes are fitted (written into every result's config)."""
@@ -35,7 +39,7 @@ class Recipe:
 
     def read_by(self, probe: str) -> dict[str, object]:
         """The fields ``probe``'s fit reads: a stored result fitted with other values of these is stale."""
-        if probe in ("centroid", "softmax", "knn"):  # fitted without the recipe
+        if probe in UNTRAINED:
             return {}
         only = {"token_batch": ("proto", "attentive"), "prototypes": ("proto",)}  # the rest: every probe
         return {k: v for k, v in dataclasses.asdict(self).items() if probe in only.get(k, (probe,))}

@@ -71,7 +71,7 @@ def has(results: Path, key: Key, recipe: dict[str, Any] | None = None) -> bool:
         return False
     if not recipe:
         return True
-    stored = json.loads(pq.read_table(path, columns=["config"]).column("config")[0].as_py())
+    stored = json.loads(pq.read_table(path, columns=["config"]).column("config")[0].as_py() or "{}")
     return all(stored.get("recipe", {}).get(k, None) == v for k, v in recipe.items())
 
 
@@ -133,7 +133,7 @@ def scored_on_other_files(
         return sorted(os.path.realpath(f) for f in paths)
 
     for row in (r for r in read(results).to_pylist() if r["task"] == task):
-        config = json.loads(row["config"])
+        config = json.loads(row["config"] or "{}")  # null in a store of an older version: a TypeError
         for split, now in files.items():
             then = config.get(split)
             if then is not None and real(then) != real(now):
@@ -142,9 +142,14 @@ def scored_on_other_files(
                         f"({was}; now {new}): a result is found by its task's name, so give these files a "
                         "--task of their own, or another --results")  # fmt: skip
         then = config.get("data")
-        if then is not None and then != data:
-            what = ("with other targets" if then.get("targets") != data["targets"] else
-                    "on these files as they were before (their sizes or times differ now)")  # fmt: skip
+        # What both record: a result stored before a stamp was taken has none to compare.
+        differs = sorted(k for k in data if then is not None and k in then and then[k] != data[k])
+        if differs:
+            what = ("with other targets" if "targets" in differs else
+                    "on these files as they were before (their sizes or times differ now)"
+                    if differs[0] in ("test", "train") else
+                    "on other audio files than its rows name now (replaced, or read under another "
+                    "--audio-root)")  # fmt: skip
             return (f"{results}: its results of task {task!r} were scored {what} ({then} against {data}): "
                     "give another --results, or a --task of their own")  # fmt: skip
     return None
