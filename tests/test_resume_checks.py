@@ -168,6 +168,11 @@ def test_check_resume_loss_tolerance_only_across_device_counts() -> None:
     assert res["next_loss"].ok and "rtol=1e-05,devices:4->1" in res["next_loss"].expected
     assert not _check(_meta(rec), dataclasses.replace(close, loss=1.001))["next_loss"].ok
     assert not _check(_meta(rec), dataclasses.replace(close, n_devices=4))["next_loss"].ok
+    # bfloat16's loss moves by more there (7.3e-5 from 4 devices to 1): refused, exit 65, not requeued.
+    bf16 = {**_meta(rec), "config": {**_meta(rec)["config"], "model": {"dtype": "bfloat16"}}}
+    res = _check(bf16, dataclasses.replace(close, loss=1.0 + 7.3e-5), config=bf16["config"])
+    assert res["next_loss"].ok and "rtol=0.001,devices:4->1" in res["next_loss"].expected
+    assert not _check(bf16, dataclasses.replace(close, loss=1.002), config=bf16["config"])["next_loss"].ok
     # A step that is not finite (--on-nonfinite skip) was refused here, exit 65: nan is not within 1e-5.
     for bad in (math.nan, math.inf):
         res = _check(_meta(dataclasses.replace(rec, loss=bad)), dataclasses.replace(close, loss=bad))

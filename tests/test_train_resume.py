@@ -335,6 +335,10 @@ def test_resume_on_another_device_count_with_the_wandb_mirror(demo_dir: Path, tm
     second = pretrain(demo_dir, tmp_path, "d", *wandb, env=env(after))
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"devices={after}" in second.stdout
+    # Said in a line of its own and an event (next_loss's tolerance said it alone).
+    assert f"WARNING resumed on {after} devices, checkpoint 1 was written on {before}: " in second.stdout
+    moved = [e for e in read_metrics(tmp_path / "d") if e.get("event") == "devices_changed"]
+    assert [e["devices"] for e in moved] == [[before, after]]
     (restore,) = [x for x in second.stdout.splitlines() if x.startswith("CKPT_RESTORE")]
     assert "ratio=1.0" in restore, restore
     saved = [x for x in first.stdout.splitlines() if x.startswith("CKPT_SAVE step=1")]

@@ -215,6 +215,14 @@ class Trainer:
                   f"so from here the run can differ from an uninterrupted one in the last bits",
                   flush=True)  # fmt: skip
             self.log.event("machine_changed", step, **{k: list(v) for k, v in moved.items()})
+        saved_devices = meta["next_step"].get("n_devices", self.n_devices)
+        if saved_devices != self.n_devices and not cfg.train.virtual_shards:  # said in next_loss's line only
+            now = f"{self.n_devices} device{'s' * (self.n_devices != 1)}"
+            print(f"WARNING resumed on {now}, checkpoint {step - 1} was written on "
+                  f"{saved_devices}: the batch's gradients add in another order, so from here the run can "
+                  "differ from an uninterrupted one in the last bits (--train.virtual-shards keeps it exact "
+                  "on any device count)", flush=True)  # fmt: skip
+            self.log.event("devices_changed", step, devices=[saved_devices, self.n_devices])
         saved_revision = meta.get("step_revision", 1)
         crossed = revisions.between(saved_revision)
         if crossed:  # a declared change of the step's bits lies between the save and this code
