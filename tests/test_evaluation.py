@@ -518,6 +518,33 @@ def test_export_load_and_embed_give_evaluates_embeddings(
     assert set(pq.read_table(tmp_path / "one.parquet").column("source").to_pylist()) == {str(one)}
 
 
+def test_embed_reads_shards_whose_rows_name_their_audio_under_another_root(
+    tiny_run: Path, birdset_dir: Path, tmp_path: Path
+) -> None:
+    # A hub's cache of BirdSet kept apart from its extracted files: embed had no --audio-root ("no row
+    # of the 1 shard file(s) could be read"), where benchmark and pretrain have one.
+    import pyarrow.parquet as pq
+    from path_only import path_only
+
+    import birdjepa
+    from birdjepa.data import DataError
+    from birdjepa.export.cli import embed
+
+    (shard, *_) = sorted((birdset_dir / "SYN1" / "train").glob("*.arrow"))
+    root = tmp_path / "archive"
+    moved = path_only(shard, tmp_path / "cache" / shard.name, root / "extracted", relative_to=root)
+    encoder = birdjepa.load_encoder(tiny_run)
+    embed(str(shard), encoder, tmp_path / "bytes.parquet")
+    with pytest.raises(DataError, match="could be read"):
+        embed(str(moved), encoder, tmp_path / "nowhere.parquet")
+    assert embed(str(moved), encoder, tmp_path / "paths.parquet", audio_root=str(root)) > 0
+    vectors = [
+        pq.read_table(tmp_path / f"{name}.parquet").column("embedding").to_pylist()
+        for name in ("bytes", "paths")
+    ]
+    assert vectors[0] == vectors[1]
+
+
 def test_the_windows_of_an_audio_file_name_it_by_path_not_each_a_copy(tmp_path: Path) -> None:
     # Each window's row held the whole file: an hour-long recording's 720 rows made a 166 GB shard
     # (extrapolated; 6.3 GB of memory measured at 8 minutes).

@@ -103,11 +103,18 @@ def export_cli(
     print(f"exported {card['identity']} ({card['embedding_dim']}-d embeddings) to {folder}")
 
 
-def embed(source: str, encoder: Encoder, out: Path, *, n_workers: int = DEFAULTS["n_workers"]) -> int:
+def embed(
+    source: str,
+    encoder: Encoder,
+    out: Path,
+    *,
+    n_workers: int = DEFAULTS["n_workers"],
+    audio_root: str | None = DEFAULTS["audio_root"],
+) -> int:
     """Embeds ``source`` (shards: a glob, folder or file of .arrow; or a folder or list of audio files)
-    into ``out`` (Parquet, one row per clip); returns the row count."""
+    into ``out`` (Parquet, one row per clip); returns the row count. ``audio_root``: see `embed_cli`."""
     audio, files = checked(source, out)
-    return embed_sources(audio, files, encoder, out, n_workers=n_workers)
+    return embed_sources(audio, files, encoder, out, n_workers=n_workers, audio_root=audio_root)
 
 
 def checked(source: str, out: Path) -> tuple[list[Path], list[str]]:
@@ -119,7 +126,15 @@ def checked(source: str, out: Path) -> tuple[list[Path], list[str]]:
     return audio, files
 
 
-def embed_sources(audio: list[Path], files: list[str], encoder: Encoder, out: Path, *, n_workers: int) -> int:
+def embed_sources(
+    audio: list[Path],
+    files: list[str],
+    encoder: Encoder,
+    out: Path,
+    *,
+    n_workers: int,
+    audio_root: str | None = DEFAULTS["audio_root"],
+) -> int:
     """`embed` of the files `checked` found (a folder is listed once: it may hold 100,000 recordings)."""
     if out.is_file():  # another encoder's embeddings were replaced without a word (export refuses it)
         try:
@@ -139,7 +154,7 @@ def embed_sources(audio: list[Path], files: list[str], encoder: Encoder, out: Pa
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
         names, _ = split_labels(files)  # what the loader's labels index, whichever folder a shard is in
         ids = [shard_recording_ids(Path(f)) for f in files]
-        for batch in encoder.embed_files(files, n_workers=n_workers):
+        for batch in encoder.embed_files(files, n_workers=n_workers, audio_root=audio_root):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]
             parts["row"].append(batch["row"])
@@ -201,6 +216,7 @@ def embed_cli(
     out: Path,
     step: int | None = None,
     n_workers: int = DEFAULTS["n_workers"],
+    audio_root: str | None = DEFAULTS["audio_root"],
 ) -> None:
     """Embed recordings with a trained encoder: one Parquet row per clip (source file or shard, row,
     recording id, label and its name for a shard row, window start and end in seconds, embedding).
@@ -213,6 +229,8 @@ def embed_cli(
         step: With a run directory: the checkpoint step (default: the newest).
         n_workers: Loader decode threads; 0: one per CPU this process may run on (the result does not
             depend on it).
+        audio_root: Where shard rows that name their audio by a relative path (a hub's cache of BirdSet)
+            find it (default: each shard's folder).
     """
     t0 = time.perf_counter()
     if n_workers < 0:  # the loader's ValueError, a traceback
@@ -221,7 +239,7 @@ def embed_cli(
     try:
         audio, files = checked(source, out)  # what can fail at once does, before the encoder loads
         enc = load_encoder(encoder, step)
-        n = embed_sources(audio, files, enc, out, n_workers=n_workers)
+        n = embed_sources(audio, files, enc, out, n_workers=n_workers, audio_root=audio_root)
     except (ExportError, DataError, PrepareError) as e:  # PrepareError: a file name that is not UTF-8
         print(f"birdjepa embed: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None

@@ -114,13 +114,15 @@ class Encoder:
         *,
         n_workers: int = DEFAULTS["n_workers"],
         skipped: list[dict[str, Any]] | None = None,
+        audio_root: str | None = DEFAULTS["audio_root"],
     ) -> Iterator[dict[str, np.ndarray]]:
         """Batches of shard rows through the eval-mode loader: ``index`` (over all shards), ``shard_id``,
         ``row`` (in its shard), ``label`` (-1: none), ``crop_offset`` (samples at the target rate) and
         ``embedding``. The rows the loader skipped are said in its WARNING line, or, given ``skipped``,
-        appended to it (`Loader.diagnostics`' records) for the caller to say."""
+        appended to it (`Loader.diagnostics`' records) for the caller to say. ``audio_root``: where rows
+        that name their audio by a relative path find it (default: each shard's folder)."""
         with Loader(list(files), batch_size=self.batch_size, n_workers=n_workers, train=False,
-                    features=self.features) as loader:  # fmt: skip
+                    features=self.features, audio_root=audio_root) as loader:  # fmt: skip
             loader.say_skips = skipped is None
             first_index = np.r_[0, np.cumsum(loader.shard_sizes)]
             for batch in loader:
