@@ -187,12 +187,13 @@ def lost_checkpoint(run_dir: Path, checkpoint: int) -> str | None:
     """Why a resume from ``checkpoint`` retrains steps the run had saved, in one line (None: it does
     not): the log's newest `stop` event (written once that step's checkpoint was on disk) is past it,
     and that checkpoint is neither in ``checkpoints/`` nor set aside as damaged (which the resume says
-    itself): removed by hand, or lost with a disk. The resume is exact all the same; it was silent."""
-    stops = [
-        r["step"]
-        for r in read_metrics(run_dir)
-        if r.get("event") == "stop" and isinstance(r.get("step"), int)
-    ]
+    itself): removed by hand, or lost with a disk. The resume is exact all the same; it was silent. A
+    log that does not parse is `log_damage`'s to say (its first bad line stopped the resume here)."""
+    try:
+        rows = list(read_metrics(run_dir)) if (Path(run_dir) / METRICS_FILE).exists() else []
+    except MetricsFileError:
+        return None
+    stops = [r["step"] for r in rows if r.get("event") == "stop" and isinstance(r.get("step"), int)]
     saved = max(stops, default=-1)
     damaged = Path(run_dir) / DAMAGED_DIR
     aside = (damaged / str(saved)).exists() or any(damaged.glob(f"{saved}-*"))
