@@ -6,6 +6,7 @@ row (with the topology pair) in the slow test."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,22 @@ def test_a_verdict_says_a_step_that_does_not_re_execute_as_it_trained(runs: Path
     assert verdict(1, diff_traces(t, t), search(runs / "A", runs / "A"), 1, t, t).startswith(
         "No tensor differs at step 1. The configs agree."
     )
+
+
+def test_bisect_names_a_resume_that_went_wrong_in_memory(runs: Path, demo_dir: Path) -> None:
+    # A segment that trained from a perturbed state (its checkpoint intact): "step 2 does not re-execute
+    # as it ran: it was trained by other code or on another machine", exit 2, where it is the resume.
+    from birdjepa.divergence.bisect import bisect
+
+    args = [*flags(runs, "F", data(demo_dir)), "--ckpt-every", "2"]
+    assert pretrain(tyro.cli(PretrainConfig, args=[*args, "--stop-at-step", "1"])) == 0
+    faulty = [*args, "--debug.inject-fault", "perturb_params", "--resume-checks", "warn"]
+    assert pretrain(tyro.cli(PretrainConfig, args=faulty)) == 0
+    code, report, _ = bisect(runs / "A", runs / "F")
+    verdict = report.split("VERDICT: ")[1]
+    assert code == 1 and verdict.startswith(f"{runs / 'F'}'s step 2 is the first of a segment resumed from "
+                                            "checkpoint 1, and it does not re-execute"), report  # fmt: skip
+    assert verdict.endswith("(its resume checks failed: param_norms, next_loss, next_gradient)."), verdict
 
 
 def test_trace_of_a_step_that_does_not_re_execute_as_logged_exits_1(
@@ -413,6 +430,38 @@ def test_the_region_names_the_code_between_the_last_equal_call_and_the_first_dif
     from birdjepa.divergence.region import describe
 
     assert expected in describe(BLOCK, f"global/encoder/block_0/{first}", SITES, params)
+
+
+def test_bisect_says_where_one_run_s_log_lacks_steps_both_ran(runs: Path, tmp_path: Path) -> None:
+    # An emptied log read "logged metrics: equal up to step 3 ... No difference" (compare: they differ).
+    from birdjepa.divergence.bisect import bisect
+    from birdjepa.rundir.layout import METRICS_FILE
+
+    copy = shutil.copytree(runs / "A", tmp_path / "A")
+    (copy / METRICS_FILE).write_text("")
+    code, report, _ = bisect(runs / "A", copy)
+    assert "logged metrics: step 0 is in A's log only" in report.splitlines(), report
+    assert code == 0 and report.endswith(
+        "No difference between the runs up to step 3 (their logs differ, as said above)."
+    )
+
+
+def test_a_non_finite_value_the_log_spells_as_a_string_is_the_replay_s_number() -> None:
+    # The log writes NaN as "nan": every skipped step (--on-nonfinite skip) "does not re-execute as it
+    # ran", and bisect and trace blamed other code or another machine.
+    from birdjepa.divergence.replay import first_mismatch
+
+    nan, inf = float("nan"), float("inf")
+    assert (
+        first_mismatch(
+            {"train/loss": "nan", "train/grad_norm": "inf"}, {"train/loss": nan, "train/grad_norm": inf}
+        )
+        is None
+    )
+    name, logged, now = first_mismatch({"train/loss": "nan"}, {"train/loss": 1.0})
+    assert name == "train/loss" and math.isnan(logged) and now == 1.0
+    (name, logged, now) = first_mismatch({"train/loss": "-inf"}, {"train/loss": inf})
+    assert (name, logged, now) == ("train/loss", -inf, inf)
 
 
 def test_a_step_of_resume_checks_alone_was_never_run_and_an_unlogged_replay_is_said() -> None:

@@ -76,14 +76,24 @@ def _ckpt_info(run_dir: Path) -> dict[int, dict[str, Any]]:
         return {s: ckpt.read_meta(s) for s in ckpt.all_steps()}
 
 
+#: `Search.logged_metric`'s name where a step is in one run's log only.
+ONE_LOG_ONLY = "(logged by one run only)"
+
+
+def _ckpt_steps(run_dir: Path) -> list[int]:
+    return layout.checkpoint_steps(run_dir)
+
+
 def search(a: Path, b: Path) -> Search:
     la = metrics_by_step(a, everything=True) if layout.metrics_file(a).exists() else {}
     lb = metrics_by_step(b, everything=True) if layout.metrics_file(b).exists() else {}
     first_logged, metric = None, None
+    ran = min(max([*la, *_ckpt_steps(a)], default=-1), max([*lb, *_ckpt_steps(b)], default=-1))
     for s in sorted(set(la) | set(lb)):
         if s not in la or s not in lb:
-            if s <= min(max(la, default=-1), max(lb, default=-1)):
-                first_logged, metric = s, ("(logged by one run only)", s in la, s in lb)
+            if s <= ran:  # a step both ran (by their logs or checkpoints) that one log lacks: an emptied
+                # or cut log read "equal up to step 5", exit 0, where compare says they differ
+                first_logged, metric = s, (ONE_LOG_ONLY, s in la, s in lb)
                 break
             continue
         keys = sorted(set(compared_keys(la[s])) | set(compared_keys(lb[s])))
@@ -125,7 +135,7 @@ def first_differing_step(a: Path, b: Path, s: Search) -> tuple[int | None, str |
             if _differ(ba, bb) or _differ(_key(ra), _key(rb)):
                 return step, None
             metrics = []
-            for run, batch in ((ra, ba), (rb, bb)):
+            for run, batch, (lines, _) in ((ra, ba, s.runs[0]), (rb, bb, s.runs[1])):
                 metrics.append(run.step(batch))
                 mismatch = first_mismatch(run.logged.get(step, {}), metrics[-1])
                 if mismatch is not None:  # other code, another machine, or a step that varies
@@ -133,6 +143,11 @@ def first_differing_step(a: Path, b: Path, s: Search) -> tuple[int | None, str |
                     if noisy is not None:
                         return step, f"{run.run_dir}: {noisy}"
                     name, logged, now = mismatch
+                    resumed = next(
+                        (x for x in lines if x.get("event") == "resume" and x.get("step") == step), None
+                    )
+                    if resumed is not None:  # the segment trained from another state than its checkpoint's
+                        raise ResumeDiffers(run.run_dir, step, resumed, lines, mismatch)
                     raise ReplayError(
                         f"{run.run_dir}: step {step} does not re-execute as it ran ({name} logged "
                         f"{logged!r}, now {now!r}): it was trained by other code or on another machine; "
@@ -145,6 +160,28 @@ def first_differing_step(a: Path, b: Path, s: Search) -> tuple[int | None, str |
         ra.close()
         rb.close()
     return None, None
+
+
+class ResumeDiffers(Exception):
+    """A run's step, the first of a resumed segment, does not re-execute from the checkpoint it resumed
+    as it trained: that segment trained from another state (a resume that went wrong in memory). It was
+    "trained by other code or on another machine", exit 2, naming nothing of the resume."""
+
+    def __init__(
+        self, run_dir: Path, step: int, resumed: dict[str, Any], lines: list[dict[str, Any]],
+        mismatch: tuple[str, Any, Any],
+    ) -> None:  # fmt: skip
+        name, logged, now = mismatch
+        failed = [x for x in lines if x.get("event") == "resume_check_failed" and x.get("step") == step]
+        checks = (f"its resume checks failed: {', '.join(failed[0].get('failed', []))}" if failed else
+                  "every resume check passed")  # fmt: skip
+        super().__init__(
+            f"{run_dir}'s step {step} is the first of a segment resumed from checkpoint "
+            f"{resumed.get('checkpoint')}, and it does not re-execute from that checkpoint as it trained "
+            f"({name} logged {logged!r}, replayed {now!r}): that segment trained from another state than the "
+            f"checkpoint holds, so the resume went wrong in the process that trained it ({checks})."
+        )
+        self.step = step
 
 
 def varies_between_executions(run_dir: Path, step: int, first: dict[str, float]) -> str | None:
@@ -315,7 +352,10 @@ def bisect(
     lines = [f"A {a}", f"B {b}"]
     if s.first_logged is not None:
         name, va, vb = s.logged_metric or ("?", None, None)
-        lines.append(f"logged metrics: first differ at step {s.first_logged} ({name}: {va!r} vs {vb!r})")
+        if name == ONE_LOG_ONLY:  # it read "((logged by one run only): True vs False)"
+            lines.append(f"logged metrics: step {s.first_logged} is in {'A' if va else 'B'}'s log only")
+        else:
+            lines.append(f"logged metrics: first differ at step {s.first_logged} ({name}: {va!r} vs {vb!r})")
     else:
         lines.append(f"logged metrics: equal up to step {s.last}")
     lines.append(
@@ -326,7 +366,14 @@ def bisect(
     here = jax.device_count()
     known = [x for x in (s.first_logged, s.first_ckpt) if x is not None]
     if all(d in (None, here) for d in s.devices(min(known, default=s.last))):
-        step, noisy = first_differing_step(a, b, s)
+        try:
+            step, noisy = first_differing_step(a, b, s)
+        except ResumeDiffers as e:
+            return (
+                1,
+                "\n".join([*lines, f"side by side: step {e.step} replays otherwise", "", f"VERDICT: {e}"]),
+                None,
+            )
         origin = f"checkpoint {s.start}" if s.start is not None else "step 0"
         found = f"first differ at step {step}" if step is not None else "no step differs"
         lines.append(f"side by side from {origin}: {found}")
@@ -337,7 +384,8 @@ def bisect(
         known = [x for x in (s.first_logged, s.first_ckpt) if x is not None]
         step = min(known) if known else None
     if step is None:
-        return 0, "\n".join([*lines, f"No difference between the runs up to step {s.last}."]), None
+        logs = " (their logs differ, as said above)" if s.first_logged is not None else ""
+        return 0, "\n".join([*lines, f"No difference between the runs up to step {s.last}{logs}."]), None
     if whole_first is None:
         sizes = [encoder_params(r) for r in (a, b)]
         whole_first = all(n is not None and n < WHOLE_FIRST_BELOW for n in sizes)

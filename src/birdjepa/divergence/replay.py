@@ -97,10 +97,17 @@ def compared_keys(logged: dict[str, Any]) -> list[str]:
     )
 
 
+#: How the log writes a non-finite float (`metrics_log._plain`: JSON has no literal for them).
+NON_FINITE = ("nan", "inf", "-inf")
+
+
 def first_mismatch(logged: dict[str, Any], replayed: dict[str, float]) -> tuple[str, Any, Any] | None:
-    """The first logged metric that the replay does not reproduce with ``==`` (NaN equals NaN)."""
+    """The first logged metric that the replay does not reproduce with ``==`` (NaN equals NaN; the log
+    spells a non-finite value as a string, ``"nan"``: every skipped step of ``--on-nonfinite skip`` was
+    "trained by other code")."""
     for k in compared_keys(logged):
         a, b = logged[k], replayed.get(k)
+        a = float(a) if a in NON_FINITE else a
         same = a == b or (isinstance(a, float) and b is not None and math.isnan(a) and math.isnan(b))
         if not same:
             return k, a, b
