@@ -126,6 +126,23 @@ def test_a_csv_without_a_step_column_is_named(tmp_path: Path) -> None:
         analysis.load_run(path)
 
 
+def test_a_value_logged_not_finite_is_named_not_averaged_away(tmp_path: Path) -> None:
+    # A NaN at the first step after a resume was dropped from its window's mean, and nothing said so.
+    from birdjepa.analysis.report import summary_markdown
+
+    rows = [{"_step": s, "_timestamp": 100 + s, "train/loss": v}
+            for s, v in enumerate([1.0, 0.9, 0.85, "nan", 0.8, "inf", 0.6])]  # fmt: skip
+    rows[3]["_timestamp"] = rows[4]["_timestamp"] = 2000  # a resume at step 3 (a clock gap)
+    log = analysis.load_run(write_csv(tmp_path / "w.csv", rows))
+    assert log.non_finite == {"train/loss": [3, 5]}
+    text = summary_markdown(log, [], 2, None, None)
+    said = (
+        "Logged not finite: train/loss at steps 3, 5 (a NaN is left out of its window's mean, an inf "
+        "makes it inf)."
+    )
+    assert said in text.splitlines(), text
+
+
 def test_a_spreadsheet_s_csv_reads_its_byte_order_mark_and_iso_times(tmp_path: Path) -> None:
     # Its BOM made the step column '\ufeff_step' ("no step column"); ISO times were ignored (no resume
     # found at a 2-hour gap).

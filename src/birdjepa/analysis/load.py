@@ -66,6 +66,9 @@ class RunLog:
     time: np.ndarray
     metrics: dict[str, np.ndarray]
     resumes: list[Resume]
+    non_finite: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """The steps at which each metric was logged NaN or inf (a diverged or skipped step): a NaN is left
+    out of `series` and the windows' means as if not logged, so the report names them."""
 
     def series(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) where ``metric`` was logged."""
@@ -137,7 +140,13 @@ def _timeline(name: str, segments: list[list[_Row]], resumes: list[Resume]) -> R
         for k, v in by_step[int(s)].values.items():
             metrics[k][i] = v
     time = np.array([by_step[int(s)].time for s in steps], dtype=np.float64)
-    return RunLog(name, steps, time, metrics, resumes)
+    non_finite = {k: [int(s) for s in steps[~np.isfinite(v) & ~np.isnan(v)]] for k, v in metrics.items()}
+    for r in by_step.values():  # a NaN is told from "not logged" by the row that logged it
+        for k, v in r.values.items():
+            if math.isnan(v):
+                non_finite[k].append(r.step)
+    non_finite = {k: sorted(v) for k, v in non_finite.items() if v}
+    return RunLog(name, steps, time, metrics, resumes, non_finite)
 
 
 def _revised(event: dict[str, Any]) -> str:

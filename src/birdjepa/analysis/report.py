@@ -49,6 +49,12 @@ def summary_markdown(log: RunLog, found: list[Jump], width: int, other: RunLog |
     for r in log.resumes:
         gap = "" if math.isnan(r.gap_s) else f", {r.gap_s:.1f} s after the previous line"
         lines.append(f"- step {r.step}: {r.reason}{gap}")
+    if log.non_finite:  # a NaN is left out of the means below as if not logged: said, not averaged away
+        said = "; ".join(f"{k} at step{'s' * (len(v) > 1)} {', '.join(map(str, v[:10]))}"
+                         f"{', ...' * (len(v) > 10)}" for k, v in sorted(log.non_finite.items()))  # fmt: skip
+        lines.append(
+            f"Logged not finite: {said} (a NaN is left out of its window's mean, an inf makes it inf)."
+        )
     lines += [
         "",
         f"jump = mean over [r, r+{width}) − mean over [r−{width}, r); z = (jump − mean drift) / sd drift, "
