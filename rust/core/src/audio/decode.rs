@@ -193,21 +193,30 @@ impl Drop for PooledDecoder {
     }
 }
 
-/// Whether `bytes` is a RIFF WAVE whose `data` chunk says its size is unknown (0xFFFFFFFF, as a writer
-/// to a pipe leaves it).
-fn streamed_wav(bytes: &[u8]) -> bool {
+/// For a RIFF WAVE whose `data` chunk says its size is unknown (0xFFFFFFFF, as a writer to a pipe leaves
+/// it): `Some` of the frames its data holds to the file's end, where the `fmt ` chunk's block is one
+/// frame (PCM, float, A-law, mu-law, or extensible: the codecs whose crops seek), else `Some(None)`.
+/// `None` for any other file.
+fn streamed_wav_frames(bytes: &[u8]) -> Option<Option<u64>> {
     if bytes.len() < 12 || &bytes[0..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
-        return false;
+        return None;
     }
     let mut at = 12;
+    let mut block = None; // bytes a frame, from `fmt `
     while at + 8 <= bytes.len() {
         let size = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+        if &bytes[at..at + 4] == b"fmt " && at + 22 <= bytes.len() {
+            let format = u16::from_le_bytes([bytes[at + 8], bytes[at + 9]]);
+            let align = u16::from_le_bytes([bytes[at + 20], bytes[at + 21]]);
+            block = matches!(format, 1 | 3 | 6 | 7 | 0xFFFE).then_some(align as u64).filter(|&a| a > 0);
+        }
         if &bytes[at..at + 4] == b"data" {
-            return size == u32::MAX;
+            let data = (bytes.len() - (at + 8)) as u64;
+            return (size == u32::MAX).then(|| block.map(|b| data / b));
         }
         at = at.saturating_add(8 + size as usize + (size as usize & 1)); // chunks are padded to an even size
     }
-    false
+    None
 }
 
 thread_local! {
@@ -288,8 +297,13 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
         sample_rate,
         channels: params.channels.map(|c| c.count()).unwrap_or(0),
         // A streamed WAV (ffmpeg to a pipe) writes 0xFFFFFFFF as its data size: a length it does not know,
-        // read as 2^31 frames (prepare's check refused it; the window past its end read as zeros).
-        n_frames: params.n_frames.filter(|_| !streamed_wav(bytes.as_ref())),
+        // read as 2^31 frames (prepare's check refused it; the window past its end read as zeros). Its
+        // frames are what its data holds to the file's end: without them every crop of an hour-long one
+        // decoded it from its start (2 s a batch of 4, against 26 ms with its header whole).
+        n_frames: match streamed_wav_frames(bytes.as_ref()) {
+            None => params.n_frames,
+            Some(frames) => frames,
+        },
         start_ts: params.start_ts,
         codec_name,
         vorbis_long_block,
@@ -833,6 +847,26 @@ pub(crate) mod tests {
         let mut cut = wav_i16(&pcm_stereo(50_000), 2, 16_000);
         cut.truncate(44 + 20_000 * 4); // the header still claims 50_000 frames
         assert_eq!(AudioReader::open(cut).unwrap().length().unwrap(), 20_000);
+    }
+
+    #[test]
+    fn a_wav_written_to_a_pipe_knows_its_length_and_seeks() {
+        // Sizes 0xFFFFFFFF: its length unknown, every crop of an hour-long one decoded it from its start.
+        let pcm = pcm_stereo(50_000);
+        let whole = wav_i16(&pcm, 2, 16_000);
+        let mut streamed = whole.clone();
+        streamed[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        streamed[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut r = AudioReader::open(streamed).unwrap();
+        assert_eq!((r.info().2, r.can_seek()), (Some(50_000), true));
+        let mut expect = AudioReader::open(whole).unwrap();
+        for start in [0u64, 30_000, 49_500] {
+            let (mut got, mut want) = (vec![0f32; 1000], vec![0f32; 1000]);
+            r.read_window_mono(start, &mut got).unwrap();
+            expect.read_window_mono(start, &mut want).unwrap();
+            assert_eq!(got, want, "window at {start}");
+        }
+        assert_eq!(r.fallbacks, 0); // each window sought, none decoded from the start
     }
 
     #[test]
