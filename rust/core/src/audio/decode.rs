@@ -540,11 +540,24 @@ impl AudioReader {
             // (a file cut short under its header: the crop's tail was silence, and the next crop past
             // the cut skipped the record). A codec's last packet may end short of its header's count by
             // a few frames (priming, padding): a stream within `END_SLACK` of that count is whole.
-            let cut_inside = w.stream_end < (start + len as u64).min(n) && n - w.stream_end > END_SLACK;
+            let end = (start + len as u64).min(n);
+            let cut_inside = w.stream_end < end && n - w.stream_end > END_SLACK;
             if (w.stream_end <= start || cut_inside) && start < n && !w.stopped_early {
                 return Err(AudioError(format!(
                     "decode ({}): stream ends at frame {} but the container reports {n} frames",
                     self.codec_name, w.stream_end
+                )));
+            }
+            // Frames inside the stream that no packet gave: damaged data the decoder passed over (a
+            // FLAC with a MiB overwritten read as silence there, every crop of it kept).
+            // Past the stream's end where it ended in the window (a packet after it: the stream went on).
+            let past_end = if w.stopped_early { 0 } else { end.saturating_sub(w.stream_end.max(start)) };
+            let missing = end.saturating_sub(start).saturating_sub(w.inside);
+            if missing > past_end {
+                return Err(AudioError(format!(
+                    "decode ({}): {} frames of the window at frame {start} did not decode (damaged data)",
+                    self.codec_name,
+                    missing - past_end
                 )));
             }
         }
@@ -575,7 +588,7 @@ impl AudioReader {
             self.decoder.reset();
         }
         let end = start + out.len() as u64;
-        let mut w = Window { covered: true, rendered: 0, stream_end: 0, stopped_early: false };
+        let mut w = Window { covered: true, rendered: 0, stream_end: 0, stopped_early: false, inside: 0 };
         let mut first = true;
         while let Some(packet) = self.next_packet()? {
             // Position of the packet's first rendered frame relative to the stream start.
@@ -602,6 +615,7 @@ impl AudioReader {
             let lo = pos.max(start as i128);
             let hi = (pos + n as i128).min(end as i128);
             if lo < hi {
+                w.inside += (hi - lo) as u64;
                 let skip = (lo - pos) as usize;
                 let dst = &mut out[(lo - start as i128) as usize..(hi - start as i128) as usize];
                 mix_to_mono(&decoded, skip, dst);
@@ -625,6 +639,8 @@ struct Window {
     stream_end: u64,
     /// Stopped at a packet past the window (rather than at the end of the stream).
     stopped_early: bool,
+    /// Frames of the window that decoded packets covered.
+    inside: u64,
 }
 
 /// Full decode of one recording: channels averaged to mono, at the native rate.
@@ -847,6 +863,36 @@ pub(crate) mod tests {
         let mut cut = wav_i16(&pcm_stereo(50_000), 2, 16_000);
         cut.truncate(44 + 20_000 * 4); // the header still claims 50_000 frames
         assert_eq!(AudioReader::open(cut).unwrap().length().unwrap(), 20_000);
+    }
+
+    #[test]
+    fn a_window_over_damaged_data_is_an_error_not_silence() {
+        // A FLAC with bytes overwritten mid-file: the decoder passes over the damaged frames, and the
+        // crops there read as silence, every one kept (prepare's default check reads the header only).
+        let whole = fixture("birds_44k_stereo.flac");
+        let mut damaged = whole.clone();
+        let (mid, mut x) = (damaged.len() / 2, 0x9E37_79B9_7F4A_7C15u64);
+        for b in &mut damaged[mid..mid + 20_000] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8; // random bytes, as the helper's 1 MiB of an hour-long file
+        }
+        let n = AudioReader::open(whole.clone()).unwrap().info().2.unwrap();
+        let (mut good, mut bad) = (AudioReader::open(whole).unwrap(), AudioReader::open(damaged).unwrap());
+        let mut failed = 0;
+        for start in (0..n - 4410).step_by(4410) {
+            let (mut want, mut got) = (vec![0f32; 4410], vec![0f32; 4410]);
+            good.read_window_mono(start, &mut want).unwrap();
+            match bad.read_window_mono(start, &mut got) {
+                Ok(()) => assert!(got == want, "window at {start}: read otherwise, without a word"),
+                Err(e) => {
+                    assert!(e.0.contains("did not decode (damaged data)") || e.0.contains("failed"), "{e}");
+                    failed += 1;
+                }
+            }
+        }
+        assert!(failed > 0);
     }
 
     #[test]
