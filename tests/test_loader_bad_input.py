@@ -79,7 +79,8 @@ def test_a_train_pass_that_can_read_no_record_is_an_error_not_a_wait_for_ever(
     demo_dir: Path, tmp_path: Path
 ) -> None:
     # Audio no decoder reads (IMA-ADPCM WAVs pass `prepare --check`): pretrain waited for its first batch
-    # for ever, printing nothing, deaf to SIGTERM. An epoch's worth of skips in a row is the error.
+    # for ever, printing nothing, deaf to SIGTERM. A long run of skips that every record failed in is the
+    # error; an epoch's worth alone gave up on data whose good records had been read (below).
     table = read_table(first_shard(demo_dir))
     write_table(with_corrupt_rows(table, set(range(len(table)))), tmp_path / "a.arrow")
     raised: list[BaseException] = []
@@ -94,10 +95,18 @@ def test_a_train_pass_that_can_read_no_record_is_an_error_not_a_wait_for_ever(
     waiting.start()
     waiting.join(timeout=60)
     n = len(table)
-    said = rf"none of the {n} records can be read: {n} were skipped in a row, an epoch's worth \(the last: "
+    said = rf"none of the {n} records can be read: each was skipped in a run of 64 skips in a row \(the "
+    said += "last: "
     assert len(raised) == 1 and re.match(
         said + re.escape(str(tmp_path / "a.arrow")) + " row ", str(raised[0])
-    )
+    ), raised
+    # Three good records of the shard, the rest unreadable: a run of as many skips as records, across an
+    # epoch's boundary, said "none of the records can be read" 11 to 59 batches in (a helper's hunt).
+    (tmp_path / "some").mkdir()
+    write_table(with_corrupt_rows(table, set(range(3, n))), tmp_path / "some" / "a.arrow")
+    for seed in range(3):
+        batches = take(loader(tmp_path / "some", seed=seed, batch_size=2), 40)
+        assert {int(i) for b in batches for i in b["index"]} == {0, 1, 2}
 
 
 def test_a_recording_with_samples_that_are_not_finite_is_skipped_not_read_as_silence(
