@@ -236,10 +236,11 @@ def test_bad_file_error_names_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "form", "message"),
     [
-        ("x.ogg", ("OGG", "OPUS"), "unsupported codec"),
+        # Named ("cannot open codec unknown" was all it said), with what to do.
+        ("x.ogg", ("OGG", "OPUS"), "cannot open codec Opus (convert it to FLAC or Ogg Vorbis)"),
         # libsndfile checked these: they passed, were packed, and were skipped at every epoch; a set of
         # them left pretrain waiting for a first batch for ever.
-        ("x.wav", ("WAV", "IMA_ADPCM"), "unsupported codec"),
+        ("x.wav", ("WAV", "IMA_ADPCM"), "cannot open codec ADPCM (convert it to FLAC or PCM WAV)"),
         ("x.wav", ("W64", "PCM_16"), "unrecognised container"),
         ("x.wav", ("WAV", "FLOAT"), "a sample that is not finite (NaN or inf) at frame 50"),  # was silence
     ],

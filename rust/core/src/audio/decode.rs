@@ -37,7 +37,9 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use symphonia::core::audio::{AudioBuffer, AudioBufferRef, Signal};
-use symphonia::core::codecs::{Decoder, DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::codecs::{
+    Decoder, DecoderOptions, CODEC_TYPE_ADPCM_IMA_QT, CODEC_TYPE_ADPCM_IMA_WAV, CODEC_TYPE_ADPCM_MS, CODEC_TYPE_NULL, CODEC_TYPE_OPUS,
+};
 use symphonia::core::conv::IntoSample;
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::{FormatOptions, FormatReader, Packet, SeekMode, SeekTo};
@@ -274,7 +276,12 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
         return Err(AudioError::new("decode: sample rate 0"));
     }
     let codecs = symphonia::default::get_codecs();
-    let codec_name = codecs.get_codec(params.codec).map(|d| d.short_name).unwrap_or("unknown");
+    // A codec no decoder here reads was "unknown" in the error ("cannot open codec unknown").
+    let codec_name = codecs.get_codec(params.codec).map(|d| d.short_name).unwrap_or(match params.codec {
+        CODEC_TYPE_OPUS => "Opus (convert it to FLAC or Ogg Vorbis)",
+        CODEC_TYPE_ADPCM_IMA_WAV | CODEC_TYPE_ADPCM_IMA_QT | CODEC_TYPE_ADPCM_MS => "ADPCM (convert it to FLAC or PCM WAV)",
+        _ => "unknown",
+    });
     let decoder = PooledDecoder(Some(match take_cached_decoder(params) {
         Some(d) => d,
         None => codecs
