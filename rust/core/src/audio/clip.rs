@@ -149,7 +149,10 @@ pub fn check_recording(
     let samples = if full {
         let all = reader.read_all_mono()?;
         if let Some(n) = n_frames.filter(|&n| (all.len() as u64) < n) {
-            return Err(AudioError(format!("the stream ends at frame {} but the container reports {n}", all.len())));
+            // Fewer frames than the header's: cut short, or frames inside it the decoder passed over (a
+            // MiB overwritten mid-file was "the stream ends at frame X", where it went on past the gap).
+            let (got, why) = (all.len(), "cut short, or damaged data inside it");
+            return Err(AudioError(format!("the stream ends at frame {got} but the container reports {n} ({why})")));
         }
         all
     } else {
@@ -607,6 +610,7 @@ mod tests {
             check_recording(wav.clone(), full, 1_000).unwrap();
             let e = check_recording(cut.clone(), full, 1_000).unwrap_err();
             assert!(e.0.contains("ends at frame 30000 but the container reports 48000"), "{e}");
+            assert!(!full || e.0.ends_with("(cut short, or damaged data inside it)"), "{e}"); // not only cut
         }
         // Written to a pipe (ffmpeg): the RIFF and data sizes 0xFFFFFFFF, a length not known. It was
         // refused ("the container reports 2147483647"); it decodes to the same samples as the file.
