@@ -202,8 +202,9 @@ def _check_run(cfg: PretrainConfig) -> None:
         allowed = "must be a folder name inside --log.runs-dir (not empty, not absolute, no '..')"
         raise OptionError("run", cfg.run, allowed)
     # Named in the verification's folder too: verify-resume's prefix may take a name past the limit.
-    if (longest := max(len(part.encode()) for part in name.parts)) > NAME_MAX - len("verify-"):
-        raise OptionError("run", cfg.run, f"has a folder name of {longest} bytes: at most {NAME_MAX - 7}")
+    most = NAME_MAX - len("verify-")
+    if (longest := max(len(part.encode()) for part in name.parts)) > most:
+        raise OptionError("run", cfg.run, f"has a folder name of {longest} bytes: at most {most}")
 
 
 def _check_loader(cfg: PretrainConfig) -> None:

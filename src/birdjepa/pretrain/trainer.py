@@ -263,9 +263,8 @@ class Trainer:
                 self.log.event("config_changed", step, changes=allowed.split(","), before=meta["config"])
             return 0
         changed = next((r.got for r in results if r.name == "config" and not r.ok), None)
-        if (
-            changed is not None
-        ):  # a run extended or retuned on purpose (--steps 800 after 600) is the common case
+        # A run extended or retuned on purpose (--steps 800 after 600) is the common case.
+        if changed is not None:
             how = (f"Options that change the run were given ({changed}): pass --allow-config-change to train "
                    "on under them (the run is then no longer exact), or leave them out")  # fmt: skip
         elif "dataset" in failed:
