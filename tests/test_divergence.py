@@ -446,6 +446,22 @@ def test_bisect_says_where_one_run_s_log_lacks_steps_both_ran(runs: Path, tmp_pa
     )
 
 
+def test_bisect_says_where_the_runs_evaluate_otherwise(runs: Path, tmp_path: Path) -> None:
+    # A run with eval metrics against one without read "logged metrics: equal ... No difference"
+    # (compare: they differ): bisect replays training, and compared only the training's metrics.
+    from birdjepa.divergence.bisect import bisect
+    from birdjepa.rundir.layout import METRICS_FILE
+
+    copy = shutil.copytree(runs / "A", tmp_path / "A")
+    with (copy / METRICS_FILE).open("a") as f:
+        f.write(json.dumps({"step": 2, "eval/knn_acc": 0.5}) + "\n")
+    code, report, _ = bisect(runs / "A", copy)
+    said = ("logged metrics: the training's equal up to step 3; eval/knn_acc, which no training step writes, "
+            "first differs at step 2 (None vs 0.5): the runs evaluate otherwise")  # fmt: skip
+    assert said in report.splitlines(), report
+    assert code == 0 and report.endswith("(their logs differ, as said above).")
+
+
 def test_a_non_finite_value_the_log_spells_as_a_string_is_the_replay_s_number() -> None:
     # The log writes NaN as "nan": every skipped step (--on-nonfinite skip) "does not re-execute as it
     # ran", and bisect and trace blamed other code or another machine.

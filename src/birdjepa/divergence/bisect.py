@@ -43,7 +43,7 @@ from birdjepa.divergence.replay import (
 from birdjepa.divergence.trace import trace_step
 from birdjepa.divergence.trace_file import Trace, read, traced, write
 from birdjepa.rundir import checkpoint, layout
-from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
+from birdjepa.rundir.metrics_log import compared, metrics_by_step, read_metrics
 from birdjepa.train.determinism import DEVICE_COUNT_FLAG
 from birdjepa.train.step import step_key
 
@@ -63,6 +63,9 @@ class Search:
     """The last step both runs ran."""
     runs: tuple[tuple[list[dict[str, Any]], dict[int, dict[str, Any]]], ...]
     """Each run's log lines and checkpoint metas: which device count trained a step."""
+    other: tuple[int, str, Any, Any] | None = None
+    """The first logged metric that `compare` compares and no training step writes (an evaluation's),
+    that differs: ``(step, name, a, b)``. Bisect replays training only, and read "equal" over it."""
 
     def devices(self, step: int) -> tuple[int | None, int | None]:
         """The device counts that trained ``step`` in each run (the newest checkpoint's were those of the
@@ -87,7 +90,7 @@ def _ckpt_steps(run_dir: Path) -> list[int]:
 def search(a: Path, b: Path) -> Search:
     la = metrics_by_step(a, everything=True) if layout.metrics_file(a).exists() else {}
     lb = metrics_by_step(b, everything=True) if layout.metrics_file(b).exists() else {}
-    first_logged, metric = None, None
+    first_logged, metric, other = None, None, None
     ran = min(max([*la, *_ckpt_steps(a)], default=-1), max([*lb, *_ckpt_steps(b)], default=-1))
     for s in sorted(set(la) | set(lb)):
         if s not in la or s not in lb:
@@ -101,6 +104,10 @@ def search(a: Path, b: Path) -> Search:
         if bad is not None:
             first_logged, metric = s, (bad, la[s].get(bad), lb[s].get(bad))
             break
+        if other is None:
+            rest = sorted(k for k in set(la[s]) | set(lb[s]) if compared(k) and k not in keys)
+            odd = next((k for k in rest if _differs(la[s].get(k), lb[s].get(k))), None)
+            other = (s, odd, la[s].get(odd), lb[s].get(odd)) if odd is not None else None
     ca, cb = _ckpt_info(a), _ckpt_info(b)
     for run, logged, ckpts in ((a, la, ca), (b, lb, cb)):
         if not logged and not ckpts:  # else "no difference up to step -1", exit 0, would pass for an answer
@@ -111,7 +118,7 @@ def search(a: Path, b: Path) -> Search:
     start = max((c for c in common if c < bound and ca[c]["hashes"] == cb[c]["hashes"]), default=None)
     last = min(max([*la, *ca], default=-1), max([*lb, *cb], default=-1))
     lines = tuple(list(read_metrics(r)) if layout.metrics_file(r).exists() else [] for r in (a, b))
-    return Search(first_logged, metric, first_ckpt, start, last, ((lines[0], ca), (lines[1], cb)))
+    return Search(first_logged, metric, first_ckpt, start, last, ((lines[0], ca), (lines[1], cb)), other)
 
 
 def _differs(x: Any, y: Any) -> bool:
@@ -356,6 +363,12 @@ def bisect(
             lines.append(f"logged metrics: step {s.first_logged} is in {'A' if va else 'B'}'s log only")
         else:
             lines.append(f"logged metrics: first differ at step {s.first_logged} ({name}: {va!r} vs {vb!r})")
+    elif s.other is not None:
+        at, name, va, vb = s.other
+        lines.append(
+            f"logged metrics: the training's equal up to step {s.last}; {name}, which no training step "
+            f"writes, first differs at step {at} ({va!r} vs {vb!r}): the runs evaluate otherwise"
+        )
     else:
         lines.append(f"logged metrics: equal up to step {s.last}")
     lines.append(
@@ -384,7 +397,7 @@ def bisect(
         known = [x for x in (s.first_logged, s.first_ckpt) if x is not None]
         step = min(known) if known else None
     if step is None:
-        logs = " (their logs differ, as said above)" if s.first_logged is not None else ""
+        logs = " (their logs differ, as said above)" if s.first_logged is not None or s.other else ""
         return 0, "\n".join([*lines, f"No difference between the runs up to step {s.last}{logs}."]), None
     if whole_first is None:
         sizes = [encoder_params(r) for r in (a, b)]
