@@ -459,6 +459,21 @@ impl AudioReader {
         Ok(out)
     }
 
+    /// Every frame of the stream from its start, mixed to mono a packet at a time into one reused
+    /// buffer: `f(frames, index of the first)`. Returns the frame count. What reads a whole recording
+    /// once holds a packet, not the recording (an hour of 48 kHz is 690 MB of samples).
+    pub fn for_each_mono(&mut self, mut f: impl FnMut(&[f32], u64)) -> Result<u64, AudioError> {
+        let (mut buf, mut n) = (Vec::new(), 0u64);
+        self.for_each_decoded(|decoded| {
+            buf.clear();
+            buf.resize(decoded.frames(), 0.0);
+            mix_to_mono(decoded, 0, &mut buf);
+            f(&buf, n);
+            n += buf.len() as u64;
+        })?;
+        Ok(n)
+    }
+
     /// The stream's length in frames, as the loader's crops see it: the container's count where the
     /// stream seeks and its last reported frame decodes (one seek), else every frame decoded and
     /// counted, none kept (an hour's samples are 460 MB at 32 kHz).
