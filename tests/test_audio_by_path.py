@@ -60,6 +60,10 @@ def test_audio_root_finds_relative_paths_for_shards_kept_elsewhere(
     (moved.parent / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
     eval_mode = {"train": False}
     assert_same(batches([str(shard)], **eval_mode), batches([str(moved)], audio_root=str(root), **eval_mode))
+    # What the benchmark's `audio_stamp` asks: whether the fingerprint holds the named files' stamps.
+    for files, by_path in (([shard], False), ([moved], True), ([shard, moved], True)):
+        with Loader([str(f) for f in files], batch_size=4, train=False, audio_root=str(root)) as loader:
+            assert loader.reads_audio_by_path is by_path
     # Without the root every path is looked for beside the shard: each row is a counted skip.
     with Loader([str(moved)], batch_size=4, train=False) as loader:
         assert list(loader) == []

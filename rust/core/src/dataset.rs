@@ -159,6 +159,8 @@ pub struct Dataset {
     /// The multi-hot's width when a multilabel column is read.
     n_classes: Option<usize>,
     fingerprint: String,
+    /// Some row names its audio by path (a hub's cache): the fingerprint holds those files' stamps.
+    reads_audio_by_path: bool,
 }
 
 fn label_layout(path: &Path, field: &Field) -> Result<LabelLayout> {
@@ -443,8 +445,8 @@ impl Dataset {
             (Some(_), None) => Some(multi_hot_width(&shards, columns.n_classes)?),
             (None, _) => None,
         };
-        let fingerprint = fingerprint(&shards, &columns)?;
-        Ok(Self { shards, offsets, columns, n_classes, fingerprint })
+        let (fingerprint, reads_audio_by_path) = fingerprint(&shards, &columns)?;
+        Ok(Self { shards, offsets, columns, n_classes, fingerprint, reads_audio_by_path })
     }
 
     /// C, the width of each multi-hot row, when a multilabel column is read.
@@ -478,6 +480,11 @@ impl Dataset {
 
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
+    }
+
+    /// Whether some row names its audio by path rather than holding its bytes.
+    pub fn reads_audio_by_path(&self) -> bool {
+        self.reads_audio_by_path
     }
 
     /// Each shard's file name and a digest of its content but the audio's bytes: every column's values
@@ -650,8 +657,9 @@ fn shard_digest(e: &ShardEntry, audio_column: &str) -> Result<u64> {
     Ok(hash_words(&words))
 }
 
-fn fingerprint(shards: &[ShardEntry], columns: &ColumnConfig) -> Result<String> {
-    let mut words: Vec<u64> = Vec::new();
+/// The data set's fingerprint, and whether any row names its audio by path (whose file's stamps it holds).
+fn fingerprint(shards: &[ShardEntry], columns: &ColumnConfig) -> Result<(String, bool)> {
+    let (mut words, mut by_path): (Vec<u64>, bool) = (Vec::new(), false);
     push_bytes(&mut words, columns.audio_column.as_bytes());
     push_bytes(&mut words, columns.label_column.as_bytes());
     for e in shards {
@@ -662,9 +670,11 @@ fn fingerprint(shards: &[ShardEntry], columns: &ColumnConfig) -> Result<String> 
         let (head, tail) = e.shard.edge_bytes(64 * 1024);
         push_bytes(&mut words, head);
         push_bytes(&mut words, tail);
-        words.extend(e.audio.stamps(&e.shard, &columns.audio_column, &e.audio_root)?);
+        let stamps = e.audio.stamps(&e.shard, &columns.audio_column, &e.audio_root)?;
+        by_path |= !stamps.is_empty();
+        words.extend(stamps);
     }
-    Ok(format!("{:016x}", hash_words(&words)))
+    Ok((format!("{:016x}", hash_words(&words)), by_path))
 }
 
 #[cfg(test)]

@@ -161,6 +161,10 @@ impl PyLoader {
         py.detach(|| self.inner.lock().unwrap().dataset().fingerprint().to_string())
     }
 
+    fn reads_audio_by_path(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.inner.lock().unwrap().dataset().reads_audio_by_path())
+    }
+
     /// Each shard's file name and content digest (`Dataset::shard_digests`).
     fn shard_digests(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
         py.detach(|| self.inner.lock().unwrap().dataset().shard_digests()).map_err(to_py)

@@ -46,10 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from birdjepa.data import DEFAULTS, DataError, Features, Loader
-from birdjepa.data.shards import read_shard
+from birdjepa.data import DataError, Features, Loader
 from birdjepa.evaluation.embed import raw_features
 from birdjepa.model.config import ModelConfig
 
@@ -283,20 +281,9 @@ def audio_stamp(files: Sequence[str], loader_options: dict[str, Any]) -> str | N
     of the files those rows name, which `files_stamp` does not (replaced behind the shards, or read
     under another ``--audio-root``, they got the old embeddings and scores). None where every row holds
     its bytes: the stamps of such data, and the stores and caches keyed by them, are as they were."""
-    if not any(_names_audio_by_path(Path(f), loader_options) for f in files):
-        return None
     where = {k: loader_options[k] for k in ("audio_root", "audio_column") if k in loader_options}
     with Loader(list(files), train=False, batch_size=1, n_workers=1, prefetch_batches=1, **where) as ld:
-        return ld.fingerprint
-
-
-def _names_audio_by_path(shard: Path, loader_options: dict[str, Any]) -> bool:
-    table = read_shard(shard)
-    name = loader_options.get("audio_column") or DEFAULTS["audio_column"]
-    column = table.column(name) if name in table.schema.names else None
-    if column is None or not pa.types.is_struct(column.type) or column.type.get_field_index("bytes") < 0:
-        return False
-    return any(chunk.field("bytes").null_count > chunk.null_count for chunk in column.chunks)
+        return ld.fingerprint if ld.reads_audio_by_path else None
 
 
 def split_key(files: Sequence[str], features: Features, loader_options: dict[str, Any]) -> str:

@@ -305,6 +305,12 @@ class Loader:
     def fingerprint(self) -> str:
         return self._core.fingerprint()
 
+    @property
+    def reads_audio_by_path(self) -> bool:
+        """Some row names its audio by path rather than holding its bytes (a hub's cache): the
+        fingerprint holds those files' sizes and times."""
+        return self._core.reads_audio_by_path()
+
     def shard_digests(self) -> dict[str, str]:
         """Each shard's file name -> a digest of its content but the audio's bytes (labels, ids, events,
         windows, paths, each recording's size) and of the vocab.json beside it: what the fingerprint,
