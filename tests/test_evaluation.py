@@ -387,6 +387,40 @@ def test_a_train_split_too_thin_for_the_protocol_is_said() -> None:
         "too few train clips per class to hold any out: the linear probe's C was not chosen by "
         "cross-validation, it is 1.0",
     ]
+    named = thin_train_split(np.array([0, 1]), np.array([2]), held, ["boumex", "klymex", "skuplo"])
+    assert named == ["1 eval classes have no train clip (classes skuplo): their 1 clips count as wrong in "
+                     "every row"]  # fmt: skip
+
+
+def test_what_an_eval_row_holds_past_its_one_label_is_said(birdset_dir: Path, tmp_path: Path) -> None:
+    # BirdSet's soundscape windows hold several species, each scored against its ebird_code alone, and a
+    # run with another clip length saw part of each window (or zeros past it): all unsaid, exit 0.
+    import pyarrow as pa
+
+    from birdjepa.data import Features
+    from birdjepa.evaluation.cli import what_a_row_holds_past_its_label
+
+    test = sorted(str(f) for f in (birdset_dir / "SYN1" / "test_5s").glob("*.arrow"))
+    lists = [
+        x for f in test for x in pa.ipc.open_file(f).read_all().column("ebird_code_multilabel").to_pylist()
+    ]
+    several = sum(len(x or []) > 1 for x in lists)
+    assert several > 0
+    said = f"{several} of the eval split's {len(lists)} rows hold several species (ebird_code_multilabel): "
+    assert what_a_row_holds_past_its_label(test, Features()) == [
+        said + "each is scored against its one label; `birdjepa benchmark` scores every species (cmAP)"
+    ]
+    # Windows of 2, 5 and 8 s (one row without a bound keeps its centre crop), against a 5 s clip.
+    shard = tmp_path / "w.arrow"
+    table = pa.table({"start_time": [0.0, 1.0, 2.0, None], "end_time": [2.0, 6.0, 10.0, 3.0]})
+    with pa.ipc.new_file(shard, table.schema) as f:
+        f.write_table(table)
+    assert what_a_row_holds_past_its_label([str(shard)], Features()) == [
+        "1 eval rows have windows longer than the encoder's 5 s clip (up to 8 s): each is scored on its "
+        "window's first 5 s",
+        "1 eval rows have windows shorter than the encoder's 5 s clip (down to 2 s): past its window's end "
+        "each clip is zeros",
+    ]
 
 
 def test_a_run_s_relative_data_read_from_another_folder_is_refused(
@@ -413,6 +447,59 @@ def test_a_run_s_relative_data_read_from_another_folder_is_refused(
     err = capsys.readouterr().err
     assert e.value.code == 2 and "'data/train', the train split its config names, holds other data" in err
     assert not (tmp_path / "e.json").exists()
+
+
+def test_load_encoder_sets_the_command_s_xla_flags_and_says_where_jax_started_first(tiny_run: Path) -> None:
+    # A script's load_encoder ran with XLA's defaults, not the CLI's flags: 33 of 72 rows of its
+    # embeddings differed from `birdjepa embed`'s by 3e-7, where the docs promise them bit for bit.
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC")}
+    code = ("import os, sys, birdjepa; {first}; birdjepa.load_encoder(sys.argv[1]); "
+            "print(os.environ['XLA_FLAGS'])")  # fmt: skip
+    said = {}
+    for name, first in (
+        ("fresh", "pass"),
+        ("late", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"),
+    ):
+        done = subprocess.run([sys.executable, "-c", code.format(first=first), str(tiny_run)], env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        said[name] = done.stdout
+    assert "--xla_cpu_multi_thread_eigen=false" in said["fresh"] and "WARNING" not in said["fresh"], said
+    late = "WARNING birdjepa.load_encoder: JAX started before it could set --xla_cpu_multi_thread_eigen=false"
+    assert said["late"].startswith(late), said
+
+
+def test_embed_ends_a_clip_at_its_row_s_window_and_says_where_windows_are_shorter_than_clips(
+    tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A row's 2 s window was written as 5 s long (start + clip), its clip's zeros past the window unsaid.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import birdjepa
+    from birdjepa.export.cli import embed
+
+    shard = sorted((demo_dir / "eval").glob("*.arrow"))[0]
+    table = pa.ipc.open_file(shard).read_all()
+    n = len(table)
+    windowed = [i % 2 == 0 for i in range(n)]
+    table = table.append_column("start_time", pa.array([0.0 if w else None for w in windowed], pa.float64()))
+    table = table.append_column("end_time", pa.array([2.0 if w else None for w in windowed], pa.float64()))
+    (tmp_path / "w").mkdir()
+    with pa.ipc.new_file(tmp_path / "w" / shard.name, table.schema) as f:
+        f.write_table(table)
+    shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "w")
+    capsys.readouterr()
+    assert embed(str(tmp_path / "w"), birdjepa.load_encoder(tiny_run), tmp_path / "e.parquet") == n
+    out = pq.read_table(tmp_path / "e.parquet")
+    rows, start, end = (out.column(c).to_numpy() for c in ("row", "start_s", "end_s"))
+    w = np.asarray(windowed)[rows]
+    assert np.array_equal(start[w], np.zeros(w.sum())) and np.array_equal(end[w], np.full(w.sum(), 2.0))
+    assert np.array_equal(end[~w], start[~w] + 5.0)  # a centre crop: the encoder's whole clip
+    said = f"WARNING {w.sum()} rows' windows are shorter than the encoder's 5 s clip: past each window's end"
+    assert said in capsys.readouterr().out
 
 
 def test_export_load_and_embed_give_evaluates_embeddings(

@@ -43,15 +43,13 @@ from birdjepa.benchmark.multi_label_probes import (
 )
 from birdjepa.benchmark.recipe import UNTRAINED
 from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
+from birdjepa.data.row_columns import MULTILABEL_COLUMN
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.evaluation.report import overlap
 from birdjepa.exit_codes import USAGE
 from birdjepa.outputs import unwritable
 from birdjepa.train.determinism import machine_kind
 from birdjepa.train.memory_fit import out_of_memory
-
-MULTILABEL_COLUMN = "ebird_code_multilabel"
-"""BirdSet's list-of-labels column: read where the shards have it."""
 
 
 class BenchmarkError(RuntimeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,8 @@ import tyro
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
 from birdjepa.data.loader import skipped_line
+from birdjepa.data.row_columns import MULTILABEL_COLUMN, SAME_LENGTH_S, several_species, window_lengths
+from birdjepa.data.shards import read_shard, split_labels
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, info, score, table, write_json
 from birdjepa.exit_codes import IOERR, USAGE
@@ -259,21 +262,26 @@ def evaluate_checkpoint(
     rows = score(train, held_out, linear=True, seed=cfg.seed)
     files, splits = (train_files, eval_files), (train, held_out)
     doc = info(run_dir, run.step, cfg.seed, model_cfg, files, splits, run.n_classes)
+    names, _ = split_labels(train_files)
     doc["warnings"] = [*unreadable(("train", train), ("eval", held_out)),
-                       *thin_train_split(train.labels, held_out.labels, rows)]  # fmt: skip
+                       *thin_train_split(train.labels, held_out.labels, rows, names),
+                       *what_a_row_holds_past_its_label(eval_files, cfg.data.features)]  # fmt: skip
     doc["timing_s"] = {"embed": t_embed, "probes": time.perf_counter() - t0 - t_embed}
     doc["written_to"] = str(write_json(out or layout.eval_report(run_dir, run.step), rows, doc))
     return rows, doc
 
 
-def thin_train_split(train: np.ndarray, held_out: np.ndarray, rows: dict[str, Row]) -> list[str]:
+def thin_train_split(
+    train: np.ndarray, held_out: np.ndarray, rows: dict[str, Row], names: Sequence[str] | None = None
+) -> list[str]:
     """What the scores cannot say, from a train split too thin for the protocol: eval classes it lacks
-    (their clips count wrong in every row), and cross-validation it could not hold (C left at 1.0)."""
+    (their clips count wrong in every row; by their ``names`` where the vocabulary gives them), and
+    cross-validation it could not hold (C left at 1.0)."""
     out = []
     lacking = sorted(set(held_out.tolist()) - set(train.tolist()))
     if lacking:
         n = int(np.isin(held_out, lacking).sum())
-        ids = ", ".join(map(str, lacking))
+        ids = ", ".join(names[c] if names and c < len(names) else str(c) for c in lacking)
         out.append(f"{len(lacking)} eval classes have no train clip (classes {ids}): their {n} clips count "
                    "as wrong in every row")  # fmt: skip
     if any(r.linear is not None and not r.linear["folds"] for r in rows.values()):
@@ -282,11 +290,36 @@ def thin_train_split(train: np.ndarray, held_out: np.ndarray, rows: dict[str, Ro
     return out
 
 
+def what_a_row_holds_past_its_label(eval_files: Sequence[str], features: Features) -> list[str]:
+    """What the eval split's rows hold that a single-label score of one clip each does not see: several
+    species in one window (BirdSet's soundscapes; each is scored against its ``ebird_code`` alone), and
+    windows longer or shorter than the encoder's clip (it sees their first seconds, or zeros past their
+    end). Their scores stood as if neither were so."""
+    out = []
+    n_rows = sum(len(read_shard(Path(f))) for f in eval_files)
+    if several := several_species(eval_files):
+        out.append(f"{several} of the eval split's {n_rows} rows hold several species ({MULTILABEL_COLUMN}): "
+                   "each is scored against its one label; `birdjepa benchmark` scores every species "
+                   "(cmAP)")  # fmt: skip
+    lengths, clip = window_lengths(eval_files), features.clip_seconds
+    if (longer := int((lengths > clip + SAME_LENGTH_S).sum())) > 0:
+        out.append(f"{longer} eval rows have windows longer than the encoder's {clip:g} s clip (up to "
+                   f"{lengths.max():g} s): each is scored on its window's first {clip:g} s")  # fmt: skip
+    if (shorter := int((lengths < clip - SAME_LENGTH_S).sum())) > 0:
+        out.append(f"{shorter} eval rows have windows shorter than the encoder's {clip:g} s clip (down to "
+                   f"{lengths.min():g} s): past its window's end each clip is zeros")  # fmt: skip
+    return out
+
+
 def summary_line(doc: dict[str, Any]) -> str:
     d = doc["data"]
+    unlabelled = (
+        f" ({d['unlabelled_skipped']} clips without a label left out)" if d["unlabelled_skipped"] else ""
+    )
     return (
         f"frozen-encoder evaluation of {doc['checkpoint']}: {d['n_train']} train / {d['n_eval']} eval "
-        f"clips, {d['n_classes']} classes (chance {1 / d['n_classes']:.3f}); one centre crop per recording"
+        f"clips{unlabelled}, {d['n_classes']} classes (chance {1 / d['n_classes']:.3f}); one crop per "
+        "recording (its window's start where the row has one, else its centre)"
     )
 
 

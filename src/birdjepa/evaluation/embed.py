@@ -1,8 +1,9 @@
 """Features of every clip of a split, from one ordered pass of an eval-mode loader.
 
-Eval mode takes one centre crop per recording (no averaging over crops), with no masks, so a clip's
-features depend only on the recording and the encoder. One pass feeds every encoder being compared
-(trained, random init) and the raw log-mel baseline, so each decodes the audio once.
+Eval mode takes one crop per recording (its window's start where the row has one, else its centre; no
+averaging over crops), with no masks, so a clip's features depend only on the recording and the encoder.
+One pass feeds every encoder being compared (trained, random init) and the raw log-mel baseline, so each
+decodes the audio once.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def embed_split(loader: Loader, encoders: Mapping[str, Encode], raw: bool = True
     """One pass of an eval-mode ``loader``: each encoder's features (and the raw baseline's when
     ``raw``) for every labelled clip; unlabelled clips (label -1) are counted and left out."""
     if loader.train:
-        raise ValueError("embed_split needs an eval-mode loader (train=False): one pass, centre crops")
+        raise ValueError("embed_split needs an eval-mode loader (train=False): one pass, one crop a row")
     parts: dict[str, list[np.ndarray]] = {name: [] for name in [*encoders, *([RAW] if raw else [])]}
     labels: list[np.ndarray] = []
     skipped = 0

@@ -26,7 +26,10 @@ from birdjepa.train.determinism import machine_kind
 ENCODER, RANDOM_INIT = "encoder", "random_init"
 ROW_TITLES = {ENCODER: "encoder", RANDOM_INIT: "random init", RAW: "raw log-mel mean+std"}
 PROTOCOL = {
-    "crop": "one centre crop per recording (eval-mode loader), no crop averaging",
+    "crop": (
+        "one crop per recording (eval-mode loader): its window's start where the row has one "
+        "(start_time, end_time), else its centre; no crop averaging"
+    ),
     "linear": (
         f"multinomial logistic regression (scikit-learn L-BFGS, tol {probes.TOL}) on features standardised "
         f"with train statistics; L2 strength C from {list(probes.L2_GRID)} chosen by stratified "

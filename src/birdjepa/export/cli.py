@@ -16,6 +16,7 @@ import tyro
 
 from birdjepa.data import DEFAULTS, DataError, resolve_files
 from birdjepa.data.prepare import AUDIO_EXTENSIONS, PrepareError, find_audio_files
+from birdjepa.data.row_columns import SAME_LENGTH_S, row_windows
 from birdjepa.data.shards import shard_recording_ids, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
@@ -154,6 +155,7 @@ def embed_sources(
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
         names, _ = split_labels(files)  # what the loader's labels index, whichever folder a shard is in
         ids = [shard_recording_ids(Path(f)) for f in files]
+        windows = [row_windows(Path(f)) for f in files]  # a clip past its row's window is zeros there
         for batch in encoder.embed_files(files, n_workers=n_workers, audio_root=audio_root):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]
@@ -164,12 +166,18 @@ def embed_sources(
             parts["label"].append(batch["label"])
             parts["label_name"] += [names[x] if names and x >= 0 else None for x in batch["label"]]
             parts["start_s"].append(starts)
-            parts["end_s"].append(starts + clip)
+            ends = [windows[s][r, 1] if windows[s] is not None else np.nan
+                    for s, r in zip(batch["shard_id"], batch["row"], strict=True)]  # fmt: skip
+            parts["end_s"].append(np.fmin(starts + clip, np.asarray(ends, np.float64)))
             parts["embedding"].append(batch["embedding"])
         if not parts["embedding"]:  # every row skipped (the loader's WARNING line named them)
             raise DataError(f"no row of the {len(files)} shard file(s) could be read: nothing to embed")
         keep = ("source", "recording_id", "label_name")
         columns = {k: v if k in keep else np.concatenate(v) for k, v in parts.items()}
+        short = int((columns["end_s"] - columns["start_s"] < clip - SAME_LENGTH_S).sum())
+        if short:  # the rows' windows ended before the encoder's clip did: it saw zeros past them
+            print(f"WARNING {short} rows' windows are shorter than the encoder's {clip:g} s clip: past each "
+                  "window's end its clip is zeros (end_s is the window's end)", flush=True)  # fmt: skip
     dim = encoder.model.dim
     labels = np.asarray(columns["label"], np.int64)
     table = pa.table({

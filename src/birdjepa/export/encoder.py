@@ -220,7 +220,11 @@ def window_shard(files: list[tuple[str, Path]], clip: float, folder: Path) -> tu
 
 def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
     """The encoder of an export folder (``birdjepa export``) or of a run directory (its newest
-    checkpoint, or ``step``)."""
+    checkpoint, or ``step``). Sets XLA's flags as the ``birdjepa`` command does (`deterministic_xla_from`),
+    so its embeddings equal `birdjepa embed`'s and `evaluate`'s bit for bit."""
+    from birdjepa.train.determinism import deterministic_xla_from
+
+    deterministic_xla_from("birdjepa.load_encoder")
     source = Path(source)
     if (source / CARD).is_file():
         held = read_card(source).get("checkpoint", {}).get("step")
