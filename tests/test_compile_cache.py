@@ -136,3 +136,40 @@ def test_a_cache_folder_given_keeps_a_folder_per_kind_of_machine(
     assert compile_cache.cache_dir() == tmp_path / compile_cache.machine_key()
     monkeypatch.setenv(compile_cache.ENV, "off")
     assert compile_cache.cache_dir() is None
+
+
+def test_a_cache_that_cannot_be_made_written_or_read_whole_is_said_once_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A folder that cannot be made (a read-only home, a file in its place) was a traceback, exit 1; one
+    # that cannot be written warned in two lines per program; an entry cut short (written in place by an
+    # older version) was never replaced, and every start compiled again; "OFF" made a folder named OFF.
+    import tempfile
+
+    from jax._src import compilation_cache as jax_cache_format
+    from jax._src import lru_cache
+
+    for off in ("off", "OFF", " Off ", "0", "false", "no"):
+        monkeypatch.setenv(compile_cache.ENV, off)
+        assert compile_cache.cache_dir() is None, off
+    (tmp_path / "a-file").write_text("")
+    for _ in range(2):
+        assert not compile_cache._made(tmp_path / "a-file" / "xla")
+    said = capsys.readouterr().out
+    assert said.count(f"WARNING the compilation cache {tmp_path / 'a-file' / 'xla'} cannot be made") == 1
+    whole = jax_cache_format.compress_executable(b"executable")
+    cache = lru_cache.LRUCache(str(tmp_path), max_size=-1)
+    (tmp_path / "cut-cache").write_bytes(whole[:5])
+    cache.put("cut", whole)
+    assert (tmp_path / "cut-cache").read_bytes() == whole  # replaced
+    cache.put("cut", jax_cache_format.compress_executable(b"another"))
+    assert (tmp_path / "cut-cache").read_bytes() == whole  # a whole one stays: the first writer's
+
+    def denied(**_: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    for key in ("a", "b"):
+        cache.put(key, whole)
+    said = capsys.readouterr().out
+    assert said.count(f"WARNING the compilation cache {tmp_path} can be read, not written") == 1, said

@@ -18,8 +18,11 @@ instruction set or the size of XLA's CPU thread pool, which the compiled code de
 therefore per `birdjepa.train.determinism.machine_kind` (JAX and jaxlib, the device or CPU model,
 its thread pool and LAPACK kernels, the dependency lock): another machine kind or JAX never reads an entry.
 
-``BIRDJEPA_COMPILE_CACHE=off`` turns it off, ``BIRDJEPA_COMPILE_CACHE=<folder>`` puts it there (the key
-is then yours to keep). A cache that JAX's own ``JAX_COMPILATION_CACHE_DIR`` names is left as it is.
+``BIRDJEPA_COMPILE_CACHE=off`` (or ``0``, ``false``, ``no``, in any case) turns it off,
+``BIRDJEPA_COMPILE_CACHE=<folder>`` puts the machine-key folders there. A cache that JAX's own
+``JAX_COMPILATION_CACHE_DIR`` names is left as it is. A folder that cannot be made is a WARNING and no
+cache (a read-only home on a compute node was a traceback); one that can be read but not written (a
+shared cache) is read, with one WARNING for the entries not kept.
 
 Entries appear whole: JAX (0.10) writes an entry in place, so a process killed while writing one left
 it cut short for good (every later start warned and compiled again), and a process reading it while
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax._src import compilation_cache as jax_cache_format
 from jax._src import lru_cache
 from jax.experimental.compilation_cache import compilation_cache
 
@@ -46,6 +50,8 @@ from birdjepa.synthetic.demo import default_cache_dir
 from birdjepa.train.determinism import machine_kind
 
 ENV = "BIRDJEPA_COMPILE_CACHE"
+OFF = ("off", "0", "false", "no")
+"""`ENV`'s values that turn the cache off (stripped, any case): "OFF" made a folder named OFF, cache on."""
 JAX_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
 
 
@@ -60,9 +66,13 @@ def cache_dir() -> Path | None:
     a folder per kind of machine (`machine_key`), under the folder ``BIRDJEPA_COMPILE_CACHE`` names too
     (it held the entries itself: on a shared file system, another kind of machine or JAX loaded them)."""
     choice = os.environ.get(ENV, "")
-    if choice == "off" or (not choice and os.environ.get("JAX_COMPILATION_CACHE_DIR")):
+    if _off() or (not choice and os.environ.get("JAX_COMPILATION_CACHE_DIR")):
         return None
     return (Path(choice) if choice else default_cache_dir() / "xla") / machine_key()
+
+
+def _off() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in OFF
 
 
 def without_jax_settings(env: Mapping[str, str]) -> dict[str, str]:
@@ -97,21 +107,24 @@ def cache_loads() -> int:
 
 _enabled: str | None = None
 """The folder this process last turned the cache on in ("off": turned off)."""
+_unmade: set[str] = set()
+"""Folders this process could not make (said once each)."""
 
 
 def enable() -> Path | None:
     """Turn the cache on for the compilations that follow; returns its folder. With
     ``BIRDJEPA_COMPILE_CACHE=off`` it is off, also where ``JAX_COMPILATION_CACHE_DIR`` turned it on."""
     global _enabled
-    if os.environ.get(ENV) == "off":
+    folder = None if _off() else cache_dir()
+    if folder is not None and _enabled != str(folder) and not _made(folder):
+        folder = None
+    if folder is None and (_off() or cache_dir() is not None):  # off, or a folder that cannot be made
         if _enabled != "off":
             jax.config.update("jax_enable_compilation_cache", False)
             compilation_cache.reset_cache()  # JAX decides once per process whether it uses a cache
             _enabled = "off"
         return None
-    folder = cache_dir()
     if folder is not None and _enabled != str(folder):
-        folder.mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", str(folder))
         # Every program, not only those that took JAX's default second to compile: the 13 small ones a
         # resumed segment runs before its step (key derivation, the resume checks' lookups) were
@@ -120,6 +133,23 @@ def enable() -> Path | None:
         compilation_cache.reset_cache()  # an earlier compilation may have opened another folder
         _enabled = str(folder)
     return folder
+
+
+def _made(folder: Path) -> bool:
+    """Whether ``folder`` exists or could be made; a WARNING, once a process, where not (a read-only home
+    or cache, a file where the folder goes: each was a traceback, and the cache is only a speed-up)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return True
+    except OSError as e:
+        if str(folder) not in _unmade:
+            print(
+                f"WARNING the compilation cache {folder} cannot be made ({e.strerror or e}): each process "
+                f"compiles its steps; give {ENV}=<a folder you can write>, or {ENV}=off",
+                flush=True,
+            )
+            _unmade.add(str(folder))
+        return False
 
 
 _jax_put = lru_cache.LRUCache.put
@@ -135,9 +165,16 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
     if self.eviction_enabled or not key or not lru_cache._is_local_filesystem(str(self.path)):
         return _jax_put(self, key, value)
     path = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
-    if path.exists():  # as JAX's: the first writer's entry stays
+    if path.exists() and _whole(path):  # as JAX's: the first writer's entry stays, unless it is damaged
         return None
-    fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{key}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{key}.", suffix=".tmp")
+    except PermissionError as e:  # a shared cache, read-only here: JAX warned in two lines per program
+        if str(self.path) not in _unwritable:
+            print(f"WARNING the compilation cache {self.path} can be read, not written ({e.strerror}): the "
+                  "programs compiled here are not kept", flush=True)  # fmt: skip
+            _unwritable.add(str(self.path))
+        return None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide a shared folder's entries from others
         with os.fdopen(fd, "wb") as f:
@@ -147,6 +184,22 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     return None
+
+
+_unwritable: set[str] = set()
+"""Cache folders this process found it cannot write (said once each)."""
+
+
+def _whole(entry: Path) -> bool:
+    """Whether a cache entry decompresses: one cut short (written in place by an older birdjepa or JAX,
+    or damaged on disk) failed to load at every start, compiled again, and was never replaced."""
+    try:
+        jax_cache_format.decompress_executable(entry.read_bytes())
+        return True
+    except OSError:
+        return True  # gone meanwhile, or unreadable: not this writer's to replace
+    except Exception:  # noqa: BLE001 (zlib's and zstandard's errors: any failure to decompress)
+        return False
 
 
 lru_cache.LRUCache.put = _put_whole  # type: ignore[method-assign]
