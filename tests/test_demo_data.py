@@ -20,6 +20,7 @@ import pytest
 import soundfile as sf
 
 from birdjepa.cli import main
+from birdjepa.data import DataError
 from birdjepa.data.shards import list_shards, read_shard, read_vocab, shard_schema
 from birdjepa.synthetic.channel import draw_nuisance, render_recording
 from birdjepa.synthetic.codecs import CODECS, canonical_ogg, canonical_wav, encode_audio
@@ -428,6 +429,11 @@ def test_ensure_demo_data_generates_once(tmp_path: Path, monkeypatch: pytest.Mon
     other = ensure_demo_data(dataclasses.replace(cfg, seed=5), workers=1, verbose=False)
     assert other != first
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, other.name])
+    # A cache that cannot be written (a file in its place; a read-only home) was a traceback, exit 1.
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("BIRDJEPA_CACHE", str(tmp_path / "a-file"))
+    with pytest.raises(DataError, match=f"^{tmp_path / 'a-file'}: cannot write the synthetic set there"):
+        ensure_demo_data(cfg, workers=1, verbose=False)
 
 
 def test_cli_demo_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from birdjepa.cores import schedulable_cpus
+from birdjepa.data import DataError
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, ShardWriter, write_vocab
 from birdjepa.synthetic import GENERATOR, GENERATOR_VERSION
 from birdjepa.synthetic.birdset_standin import DEFAULT_BIRDSET, BirdsetConfig, generate_birdset
@@ -230,8 +231,13 @@ def _cached(final: Path, generate: Callable[[Path], object], verbose: bool) -> P
     unless a manifest is there already (a concurrent caller that finished first wins)."""
     if (final / MANIFEST_FILE).is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    except OSError as e:  # a file where the folder goes, a read-only cache: a traceback, exit 1
+        raise DataError(f"{final.parent}: cannot write the synthetic set there ({e.strerror or e}); set "
+                        "BIRDJEPA_CACHE to a folder you can write (default: $XDG_CACHE_HOME/birdjepa, else "
+                        "~/.cache/birdjepa)") from None  # fmt: skip
     try:
         if verbose:
             print(f"generating {final.name} into {final} (once)", flush=True)
