@@ -137,6 +137,7 @@ INVALID = [
     (["--data.features.mean", "1e30"], "--data.features.mean 1e+30: must be in [-1e6, 1e6]"),
     (["--augment.gain-db", "1e9"], "--augment.gain-db 1000000000.0: must be at most 100 dB"),
     (["--data.n-workers", "1000000"], "--data.n-workers 1000000: must be at most 1024"),
+    (["--iid-window", "99999999999999"], "--iid-window 99999999999999: must be at most 10000"),  # hung
     # A trace of minutes before any step; a tensor past what a jitted argument holds (a traceback).
     (["--model.depth", "1000000"], "--model.depth 1000000: must be at most 256 blocks"),
     (["--objective.lejepa.local-views", "1000000"],

@@ -118,6 +118,9 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
     (("objective.lejepa.num_knots",), lambda v: v <= 1024, "must be at most 1024"),
     # One decode thread each: 10^6 failed to spawn (a panic); 5,000 waited a minute before a step.
     (("data.n_workers",), lambda v: v <= 1024, "must be at most 1024 (0: one per CPU)"),
+    # The IID baseline simulates window + 200 batches before step 0: 36 s at 10^5, and 10^14 hung for
+    # ever, deaf to SIGTERM (acted on at a step's end).
+    (("iid_window",), lambda v: v <= 10_000, "must be at most 10000 batches"),
     (
         ("optim.weight_decay", "optim.clip_norm", "augment.gain_db",
          "augment.tilt_db", "augment.noise_db", "augment.pitch_bins", "augment.stretch"),
