@@ -193,9 +193,10 @@ def maybe_update_stats(
 
 
 def check_due(step: int, interval: int, grad_accum: int = 1) -> bool:
-    """Whether micro-step ``step`` (0-based) is a check: the last micro-step of every ``interval``-th
-    optimizer update (0 = never). Counting updates, not micro-steps, makes every accumulation valid
-    and puts each check where the parameters change."""
+    """Whether micro-step ``step`` (0-based, counting only those not skipped as non-finite, which leave
+    the accumulation where it was) is a check: the last micro-step of every ``interval``-th optimizer
+    update (0 = never). Counting updates, not micro-steps, makes every accumulation valid and puts each
+    check where the parameters change."""
     if interval <= 0:
         return False
     return (step + 1) % (interval * grad_accum) == 0

@@ -202,7 +202,10 @@ def step_inputs(
     key, chain = step_key(cfg, state.chain, step)
     poison = step in cfg.debug.nonfinite_steps  # --debug.nonfinite-steps: a NaN in its batch
     arrays = fns.on_device(batch, nan=poison)
-    return StepInputs(arrays, key, chain, check_due(step, cfg.monitor_interval, cfg.optim.grad_accum))
+    # A skipped micro-step leaves the accumulation where it was: updates fall on the micro-steps counted
+    # without the skipped (by step number, every check after a skip read every parameter as frozen).
+    counted = step - state.skipped
+    return StepInputs(arrays, key, chain, check_due(counted, cfg.monitor_interval, cfg.optim.grad_accum))
 
 
 def advance(
