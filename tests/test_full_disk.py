@@ -204,6 +204,29 @@ def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -
     assert done.returncode == 74 and "not reached" not in done.stdout, done.stderr[-2000:]
 
 
+def test_a_run_that_stops_with_a_code_does_not_wait_for_its_idle_norms_thread(tmp_path: Path) -> None:
+    # The parameter norms' idle thread was one to wait for: every exit 75 (a preemption) came 30 s after
+    # "stopping ...", past a Slurm job's KillWait, which killed the job before it could requeue.
+    import subprocess
+    import sys
+
+    code = (
+        "import threading\n"
+        "import jax.numpy as jnp\n"
+        "from birdjepa.config import PretrainConfig\n"
+        "from birdjepa.pretrain import loop\n"
+        "from birdjepa.train import param_norms\n"
+        "loop.pretrain = lambda cfg: (param_norms.later({'w': jnp.ones(3)}).result(), 75)[1]\n"
+        "loop.exit_past_stuck_threads.__defaults__ = (0.5,)  # a thread left waited for: os._exit(75)\n"
+        "try:\n"
+        "    loop.cli(PretrainConfig())\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code, [t.name for t in threading.enumerate() if t.name != 'MainThread'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.endswith("exit 75 []\n"), (done.stdout, done.stderr[-2000:])
+
+
 @pytest.mark.slow  # a run that waits out its stuck threads: 30 s; CI runs it
 def test_an_async_save_into_a_folder_that_cannot_be_written_exits_74(demo_dir: Path, tmp_path: Path) -> None:
     # Orbax's save threads waited for ever after the failed write: "exit 74" printed, no exit (a helper's

@@ -469,6 +469,7 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
               f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(exit_codes.INTERRUPTED) from None
     if code:
+        param_norms.shutdown()  # an idle thread of the run's own, not one to wait 30 s for
         exit_past_stuck_threads(code, set(threading.enumerate()) - before)
         raise SystemExit(code)
 
