@@ -434,6 +434,24 @@ def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resum
     assert differing(straight, run) == []
 
 
+def test_a_preemption_during_the_last_step_finishes_the_run(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It exited 75: a requeue only to say "nothing to do", and the closing summary was in no log.
+    real = train_loop.advance
+
+    def advance(fns, cfg, state, batch):  # noqa: ANN001, ANN202
+        if state.step == cfg.steps - 1:
+            os.kill(os.getpid(), signal.SIGUSR1)  # the handler records it: the step runs on
+        return real(fns, cfg, state, batch)
+
+    monkeypatch.setattr(train_loop, "advance", advance)
+    assert pretrain_here(demo_dir, tmp_path, "last", *NO_EVAL, "--steps", "2") == 0
+    (stop,) = events(tmp_path / "last", "stop")
+    assert (stop["step"], stop["exit_code"], stop["reason"]) == (1, 0, "signal 10 at the last step")
+    assert "done: 2 steps in" in capsys.readouterr().out
+
+
 def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_ctrl_c_twice_quits() -> None:
     # INT then TERM said "exit 130" and exited 75; TERM then INT exited 130 (a preempted job not requeued);
     # INT, TERM, INT: the second Ctrl-C did not quit, the TERM between had overwritten the first.

@@ -377,8 +377,13 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                 signalled = step != cfg.stop_at_step
                 interrupted = stop.signal == signal.SIGINT  # by the user: not a preemption to requeue
                 on_signal = exit_codes.INTERRUPTED if interrupted else exit_codes.REQUEUE
-                exit_code = on_signal if signalled else 0
+                # At the last step the run is done: exit 75 requeued it to say "nothing to do", and its
+                # closing summary, with the baselines, was in no log.
+                exit_code = on_signal if signalled and step != last else 0
                 reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
+                if signalled and step == last:
+                    t.log.event("stop", step, reason=f"{reason} at the last step", exit_code=0)
+                    break
                 t.log.event("stop", step, reason=reason, exit_code=exit_code)
                 progress.message(f"stopping after step {step} ({reason}); exit {exit_code}")
                 break
