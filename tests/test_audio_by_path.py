@@ -88,6 +88,36 @@ def test_a_missing_file_is_a_counted_skip_naming_shard_row_and_path(
     assert gone in skip["reason"] and "No such file" in skip["reason"], skip
 
 
+def test_a_path_to_a_pipe_or_a_folder_is_a_counted_skip_not_a_wait_for_ever(
+    birdset_task: Path, tmp_path: Path
+) -> None:
+    # A FIFO's open waits for a writer: the loader hung for ever, deaf to Ctrl-C, and so did pretrain.
+    import subprocess
+    import sys
+
+    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
+    mine = path_only(shard, tmp_path / shard.name, tmp_path / "audio", relative_to=tmp_path)
+    (tmp_path / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    paths = read_shard(mine).column("audio").combine_chunks().field("path").to_pylist()
+    (tmp_path / paths[2]).unlink()
+    os.mkfifo(tmp_path / paths[2])
+    (tmp_path / paths[3]).unlink()
+    (tmp_path / paths[3]).mkdir()
+    code = ("import sys; from birdjepa.data import Loader\n"
+            "with Loader([sys.argv[1]], batch_size=4, train=False) as loader:\n"
+            "    list(loader)\n"
+            "    for s in loader.diagnostics()['skipped']: print(s['row'], s['reason'])\n")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(mine)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stdout.splitlines() if not line.startswith("WARNING")]
+    assert said[0].startswith("2 ") and said[0].endswith(
+        "cannot open: not a regular file (a pipe, socket or device)"
+    )
+    assert said[1].startswith("3 ") and said[1].endswith("cannot open: a folder"), said
+
+
 def test_a_file_changed_between_segments_is_refused_at_resume(birdset_task: Path, tmp_path: Path) -> None:
     (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
     mine = path_only(shard, tmp_path / shard.name, tmp_path / "audio", relative_to=tmp_path)

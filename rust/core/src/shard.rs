@@ -81,6 +81,13 @@ struct MmapOwner(#[allow(dead_code)] Arc<memmap2::Mmap>);
 /// The file at `path` mapped into memory, as a buffer the mapping's owner keeps alive (shards, and audio
 /// files read by path: a crop touches only the pages it decodes).
 pub(crate) fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
+    // Before the open: a FIFO's open waits for a writer, for ever and deaf to Ctrl-C (a path a row names,
+    // or a shard); a folder's was "cannot mmap: No such device".
+    let kind = std::fs::metadata(path).map_err(|e| Error::data(format!("{}: cannot open: {e}", path.display())))?;
+    if !kind.is_file() {
+        let what = if kind.is_dir() { "a folder" } else { "not a regular file (a pipe, socket or device)" };
+        return Err(Error::data(format!("{}: cannot open: {what}", path.display())));
+    }
     let file = File::open(path).map_err(|e| Error::data(format!("{}: cannot open: {e}", path.display())))?;
     let len = file.metadata().map_err(|e| Error::data(format!("{}: {e}", path.display())))?.len();
     if len == 0 {
