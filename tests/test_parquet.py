@@ -255,6 +255,13 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
     past[9] = len(names) + 3
     write("past", "a.parquet", table.set_column(at, "ebird_code", pa.array(past, pa.int64())), names)
     write("twice", "a.parquet", table, [names[0]] * len(names))
+    # A multilabel column whose names are in another order: its ids were read as ebird_code's classes.
+    write("multi", "a.parquet", table, names)
+    multi = json.loads(json.dumps(meta))
+    multi["info"]["features"]["ebird_code"]["names"] = names
+    multi["info"]["features"]["ebird_code_multilabel"]["feature"]["names"] = names[::-1]
+    pq.write_table(table.replace_schema_metadata({b"huggingface": json.dumps(multi).encode()}),
+                   tmp_path / "multi" / "a.parquet")  # fmt: skip
     # String labels beside ClassLabel ids: the vocabulary was the names alone, and a run stopped at its
     # first string outside them.
     write("strings", "a.parquet", table, names)
@@ -266,6 +273,7 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
         ("strings", "b.parquet: string labels beside "),
         ("past", f"a.parquet: row group 1: label {len(names) + 3} is outside its {len(names)} ClassLabel"),
         ("twice", "a.parquet: its ClassLabel names cannot be a vocabulary: vocab names must be unique"),
+        ("multi", "a.parquet: the ClassLabel names of 'ebird_code_multilabel' are not those of 'ebird_code'"),
     ):
         code, _, err = prepare(tmp_path / folder, tmp_path / f"out-{folder}", capsys)
         assert code == 2 and said in err and err.count("\n") == 1, err

@@ -169,6 +169,14 @@ def _one_vocabulary(files: list[Path], schemas: list[pa.Schema], label_column: s
     why = bad_names(first[1], ordered=False)
     if why is not None:
         raise ParquetError(f"{first[0]}: its ClassLabel names cannot be a vocabulary: {why}")
+    for f, schema in zip(files, schemas, strict=True):  # a multilabel column reads its ids as these names
+        for column in schema.names:
+            names = class_names(schema, column) if pa.types.is_list(schema.field(column).type) else None
+            if column != label_column and names is not None and names != first[1]:
+                raise ParquetError(f"{f}: the ClassLabel names of {column!r} are not those of "
+                                   f"{label_column!r} (or not in their order), which vocab.json will hold: "
+                                   "read as a multilabel column, its ids would name other classes; remap it "
+                                   "to them first")  # fmt: skip
     return first[1]
 
 
