@@ -140,6 +140,10 @@ def test_job_script_is_requeueable_and_forwards_the_warning_signal(tmp_path: Pat
     assert f"#SBATCH --output={tmp_path.absolute()}/tiny-0/slurm-%j.out" in script
     assert 'scontrol requeue "${SLURM_JOB_ID}"' in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)  # valid bash
+    # A % in the runs folder, which Slurm's --output pattern expands: the job failed at launch, unlogged.
+    (job, _) = plan(REPO / "sweeps" / "tiny.py", tmp_path / "lr%x")
+    script = job_script(job, slurm, 15, REPO)
+    assert f"#SBATCH --output={tmp_path.absolute()}/lr%%x/tiny-0/slurm-%j.out" in script
 
 
 def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) -> None:
@@ -263,10 +267,13 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
     assert sorted(p.name for p in (results / "jobs").glob("*.sbatch")) == ["bench-0.sbatch", "bench-1.sbatch"]
 
 
-def run_job_script(tmp_path: Path, trainer: str, signal_name: str | None = None) -> tuple[int, list[str]]:
+def run_job_script(
+    tmp_path: Path, trainer: str, signal_name: str | None = None, state: str = "RUNNING"
+) -> tuple[int, list[str]]:
     """The sweep's real job script under bash, its trainer replaced by ``trainer`` (a bash command) and
-    a stub ``scontrol`` on PATH that records its calls; ``signal_name`` is sent to the script's shell
-    as Slurm sends it. Returns the script's exit code and the scontrol calls."""
+    a stub ``scontrol`` on PATH that records its calls and shows the job in ``state``; ``signal_name``
+    is sent to the script's shell as Slurm sends it. Returns the script's exit code and the scontrol
+    calls that change something."""
     import re
     import signal as signals
 
@@ -277,7 +284,10 @@ def run_job_script(tmp_path: Path, trainer: str, signal_name: str | None = None)
     stub = tmp_path / "bin"
     stub.mkdir(exist_ok=True)
     calls = tmp_path / "scontrol.calls"
-    (stub / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
+    preempted = "None" if state == "CANCELLED" else "2026-12-06T07:17:57"  # as scancel leaves it
+    shown = f"JobId=4242 JobState=COMPLETING PreemptTime={preempted}"
+    show = f'if [ "$1" = show ]; then echo "{shown}"; exit 0; fi\n'
+    (stub / "scontrol").write_text(f'#!/bin/bash\n{show}echo "$@" >> {calls}\n')
     (stub / "scontrol").chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
     proc = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
@@ -305,6 +315,11 @@ def test_the_job_script_requeues_exactly_on_75_and_on_a_forwarded_signal(
 ) -> None:
     exit_code, calls = run_job_script(tmp_path, trainer, signal_name)
     assert (exit_code, calls) == (code, ["requeue 4242"] if requeued else [])
+
+
+def test_the_job_script_does_not_requeue_a_job_the_user_cancelled(tmp_path: Path) -> None:
+    # scancel's TERM was taken for a preemption's: the trainer saved, and the job was requeued and ran on.
+    assert run_job_script(tmp_path, "sleep 30", "SIGTERM", state="CANCELLED") == (143, [])
 
 
 @pytest.mark.slow  # a sweep in a process group of its own, its trainer stopped by a Ctrl-C: ~20 s

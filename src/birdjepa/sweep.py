@@ -95,7 +95,8 @@ def pretrain_only(
 
 def job_script(name: str, flags: list[str], slurm: SlurmOptions, workdir: Path, log_dir: Path) -> str:
     """A requeueable sbatch script: a preempted job starts again and skips what its store holds."""
-    sbatch = pretrain_sweep.sbatch_lines(f"birdjepa-{name}", f"{log_dir}/{name}-%j.out", slurm, 1)
+    output = f"{pretrain_sweep.in_pattern(log_dir)}/{pretrain_sweep.in_pattern(name)}-%j.out"
+    sbatch = pretrain_sweep.sbatch_lines(f"birdjepa-{name}", output, slurm, 1)
     command = [sys.executable, "-m", "birdjepa.cli", "benchmark", *flags]
     lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in sbatch), "",
              f"# birdjepa sweep: benchmark {name}", "set -u", f"cd {shlex.quote(str(workdir))}",

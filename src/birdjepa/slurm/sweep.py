@@ -230,10 +230,20 @@ def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- job scripts
+def in_pattern(path: Path | str) -> str:
+    """``path`` as it stands in an sbatch ``--output`` pattern, whose ``%`` Slurm expands (``%j``, ``%x``,
+    ...): a run named ``lr%x`` failed at launch, its log written nowhere."""
+    return str(path).replace("%", "%%")
+
+
+def time_limit_minutes(slurm: SlurmOptions) -> int:
+    return max(int(round(slurm.hours * 60)), 1)
+
+
 def sbatch_lines(name: str, output: str, slurm: SlurmOptions, ntasks: int, *more: str) -> list[str]:
     """The ``#SBATCH`` options every birdjepa job has: requeueable, appending to one log, then ``more``,
     the resources ``slurm`` asks for and its extra lines last."""
-    minutes = max(int(round(slurm.hours * 60)), 1)
+    minutes = time_limit_minutes(slurm)
     sbatch = [f"--job-name={name}", f"--output={output}", "--open-mode=append",
               f"--time={minutes // 60}:{minutes % 60:02d}:00", f"--ntasks={ntasks}",
               f"--cpus-per-task={slurm.cpus}", "--requeue", *more]  # fmt: skip
@@ -249,7 +259,8 @@ def sbatch_lines(name: str, output: str, slurm: SlurmOptions, ntasks: int, *more
 def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workdir: Path) -> str:
     """The sbatch script of one run (see the module docstring for what it does on signals)."""
     run_dir = job.cfg.run_dir.absolute()
-    sbatch = sbatch_lines(f"birdjepa-{job.cfg.run}", f"{run_dir}/slurm-%j.out", slurm, slurm.ntasks,
+    output = f"{in_pattern(run_dir)}/slurm-%j.out"
+    sbatch = sbatch_lines(f"birdjepa-{job.cfg.run}", output, slurm, slurm.ntasks,
                           f"--signal=B:USR1@{slurm.grace}")  # fmt: skip
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
     if slurm.ntasks > 1:  # one process per task; they find each other through Slurm's environment
@@ -267,15 +278,26 @@ def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workd
         f"cmd=({shlex.join(command)})",
         "forced=0",
         'if [ -n "$force" ] && [ "$restart" -eq 0 ]; then cmd+=(--stop-at-step "$force"); forced=1; fi',
-        'echo "birdjepa job ${SLURM_JOB_ID:-local} start ${restart} on $(hostname) at $(date +%s)"',
+        "started=$(date +%s)",
+        f"limit_s={time_limit_minutes(slurm) * 60}",
+        'echo "birdjepa job ${SLURM_JOB_ID:-local} start ${restart} on $(hostname) at $started"',
         '"${cmd[@]}" &',
         "child=$!",
         "# Slurm's warning signal (and a preemption's) goes to this shell: pass it on, the trainer saves.",
         "signalled=0",
+        "termed=0",
         "trap 'echo \"got USR1\"; signalled=1; kill -USR1 $child 2>/dev/null' USR1",
-        "trap 'echo \"got TERM\"; signalled=1; kill -TERM $child 2>/dev/null' TERM",
+        "trap 'echo \"got TERM\"; signalled=1; termed=1; kill -TERM $child 2>/dev/null' TERM",
         'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done',
         'echo "trainer exited $code"',
+        "# scancel's TERM: the user stopped the job (the trainer saved); a requeue would start it again.",
+        "# Not a preemption's (Slurm sets PreemptTime), nor the time limit's (a TERM at it, no USR1 before:",
+        "# this script starts after the job, so the last minute counts as the limit).",
+        'if [ "$termed" -eq 1 ] && [ $(($(date +%s) - started)) -lt $((limit_s - 60)) ] \\',
+        '  && scontrol show job "${SLURM_JOB_ID:-}" 2>/dev/null | grep -q "PreemptTime=None"; then',
+        '  echo "cancelled: not requeued (the same sweep resumes it)"',
+        '  exit "$code"',
+        "fi",
         "# Killed by the signal passed on (138 USR1, 143 TERM): it came before the trainer's handler was in",
         "# place or after its run had finished. Requeue: the next start resumes from the last checkpoint.",
         'if [ "$signalled" -eq 1 ] && { [ "$code" -eq 138 ] || [ "$code" -eq 143 ]; }; then code=75; fi',
