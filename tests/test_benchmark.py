@@ -119,6 +119,10 @@ def test_two_writers_lose_nothing(tmp_path: Path) -> None:
     assert not list((tmp_path / store.ROWS).glob(".tmp-*"))
     assert store.has(tmp_path, store.Key("b", "t", "linear", 2, 0))
     assert not store.has(tmp_path, store.Key("b", "t", "linear", 2, 1))
+    # A writer killed mid-write leaves its hidden file: readers took it for a result, and the store was
+    # "not a result of this store" for every later command (and a reader beside a writer failed so).
+    (tmp_path / store.ROWS / ".tmp-999-cut.parquet").write_bytes(b"PAR1 cut short")
+    assert len(store.read(tmp_path)) == 60
 
 
 def test_single_label_probes_score_as_evaluate_predicts() -> None:

@@ -566,5 +566,9 @@ def cli(
         print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
     print(format_table(rows))
-    held = len(store.read(results))  # this call's rows are its task's and backbones' only
+    try:
+        held = len(store.read(results))  # this call's rows are its task's and backbones' only
+    except ValueError as e:  # a file another tool put there since: a traceback once the work was stored
+        print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
+        raise SystemExit(USAGE) from None
     print(f"{len(rows)} results of this task and these backbones; {held} in {results / store.ROWS}")

@@ -102,7 +102,11 @@ def put(results: Path, key: Key, metrics: dict[str, float], *, n_train: int, n_t
 def read(results: Path) -> pa.Table:
     """Every result in the store (an empty table when there is none)."""
     folder = results / ROWS
-    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    # Not a writer's hidden `.tmp-*` (pathlib's glob matches dot files): one cut short by a kill locked the
+    # store for good, and two processes sharing it failed each other's reads mid-write.
+    files = (
+        sorted(f for f in folder.glob("*.parquet") if not f.name.startswith(".")) if folder.is_dir() else []
+    )
     if not files:
         return SCHEMA.empty_table()
     return pa.concat_tables([_row(f) for f in files])
