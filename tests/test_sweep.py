@@ -237,6 +237,9 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
         ({**good, "backbone": []}, "entry 1: give --backbone"),
         ({**good, "seed": []}, "entry 1: --seed: give at least one value"),  # 0 fitted, exit 0
         ({**good, "results": str(tmp_path / "a\nb")}, "entry 1: its results folder"),
+        ({**good, "metric": "auroc"}, "entry 1: unknown option 'metric'"),  # --metric goes with --table
+        ({**good, "batch_size": 0}, "entry 1: --batch-size 0: must be >= 1"),
+        ({**good, "n_workers": -1}, "entry 1: --n-workers -1: must be >= 0"),
     ):
         bad = benchmark_sweep(tmp_path, repr([good, entry]))
         with pytest.raises(SystemExit) as e:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import shlex
-import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -26,13 +25,14 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.benchmark import cli as benchmark_cli
+from birdjepa.children import Children
 from birdjepa.config import type_ok
 from birdjepa.slurm import sweep as pretrain_sweep
 from birdjepa.slurm.sweep import SlurmOptions, SweepError, submit
 
 DEFAULT_SLURM = SlurmOptions()
 #: Options a job may not set: they do not run a benchmark.
-NOT_IN_JOBS = ("table", "plot")
+NOT_IN_JOBS = ("table", "plot", "metric")
 
 
 def load_benchmarks(path: Path) -> list[dict[str, Any]] | None:
@@ -132,6 +132,7 @@ def cli(
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
     failed = 0
+    children = Children()  # a SIGTERM to the sweep is its benchmark's too (it ran on as an orphan)
     for name, flags, results in jobs:
         log_dir = (results / "jobs").absolute()
         script = job_script(name, flags, slurm, Path.cwd(), log_dir)
@@ -141,9 +142,12 @@ def cli(
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / f"{name}.sbatch").write_text(script)
         if local:
-            code = subprocess.run([sys.executable, "-m", "birdjepa.cli", "benchmark", *flags]).returncode
+            code = pretrain_sweep.launch_local([sys.executable, "-m", "birdjepa.cli", "benchmark", *flags], 1,
+                                               children)  # fmt: skip
             failed += code != 0
             print(f"{name}: local exit {code}")
+            if children.stopped:  # a Ctrl-C or SIGTERM: the sweep stops, not just this entry
+                break
         else:
             try:
                 print(f"{name}: job {submit(log_dir / f'{name}.sbatch')}")

@@ -398,11 +398,18 @@ def check_options(
     probe_lr: float,
     token_batch: int,
     n_classes: int | None,
+    batch_size: int = 1,
+    n_workers: int = 0,
 ) -> Task:
     """The task, once the options that need no backbone loaded check out (`BenchmarkError` for the first
     that does not): what `benchmark` checks before it starts, and a benchmark sweep before it submits."""
     if not backbone or train is None or test is None:
         raise BenchmarkError("give --backbone (one or more), --train and --test (or --table RESULTS)")
+    # Checked after the backbones loaded, it named no option ("batch_size must be >= 0 (got -4)"); with
+    # every embedding cached, --batch-size 0 passed; in a sweep, it failed only once the job ran.
+    for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
+        if value < least:
+            raise BenchmarkError(f"{flag} {value}: must be >= {least}")
     # A value given twice: its second result was counted "already in the store".
     lists = {"--backbone": backbone, "--probe": probe, "--n-train": n_train, "--seed": seed}
     for flag, values in lists.items():
@@ -525,18 +532,14 @@ def cli(
                 fewshot_curves(rows, metric).savefig(plot, dpi=120)  # it drew cmAP whatever --metric said
                 print(f"wrote {plot}")
             return
-        # Checked after the backbones loaded, naming no option ("batch_size must be >= 0 (got -4)"); and
-        # with every embedding cached, --batch-size 0 passed.
-        for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
-            if value < least:
-                raise BenchmarkError(f"{flag} {value}: must be >= {least}")
         # Before the work: the probes were fitted, then a traceback from the store's first write.
         why = unwritable(results / store.ROWS, folder=True) or unwritable(results / "cache", folder=True)
         if why is not None:
             raise BenchmarkError(why)
         t = check_options(backbone=backbone, train=train, test=test, task=task, probe=probe, n_train=n_train,
                           seed=seed, prototypes=prototypes, probe_steps=probe_steps, probe_lr=probe_lr,
-                          token_batch=token_batch, n_classes=n_classes)  # fmt: skip
+                          token_batch=token_batch, n_classes=n_classes, batch_size=batch_size,
+                          n_workers=n_workers)  # fmt: skip
         t0 = time.perf_counter()
         backbones = resolve(backbone, step)
         print(
