@@ -87,3 +87,27 @@ def test_a_resume_says_when_its_log_lost_rows_or_holds_a_bad_line(
         lines = (tmp_path / run / METRICS_FILE).read_text().splitlines()
         (event,) = [json.loads(x) for x in lines if '"log_damaged"' in x]
         assert said in event["why"] and event["step"] == 2
+
+
+def test_a_non_finite_value_is_a_string_in_the_log_and_a_number_in_wandb(tmp_path: Path) -> None:
+    # The mirror got the log's "nan": a series of mixed types in wandb.
+    import math
+
+    from birdjepa.rundir.metrics_log import MetricsLog
+
+    class Mirror:
+        def __init__(self) -> None:
+            self.logged: list[dict] = []
+
+        def log(self, values: dict, step: int) -> None:
+            self.logged.append({**values, "_step": step})
+
+    mirror = Mirror()
+    log = MetricsLog(tmp_path, restart=0, wandb_run=mirror)
+    log.log(3, {"train/loss": float("nan"), "train/grad_norm": float("inf"), "train/lr": 0.5})
+    log.close()
+    (line,) = read_metrics(tmp_path)
+    assert (line["train/loss"], line["train/grad_norm"], line["train/lr"]) == ("nan", "inf", 0.5)
+    (sent,) = mirror.logged
+    assert math.isnan(sent["train/loss"]) and sent["train/grad_norm"] == math.inf and sent["train/lr"] == 0.5
+    assert sent["_step"] == 3

@@ -26,7 +26,7 @@ from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
-from birdjepa.rundir.metrics_log import by_step, read_metrics
+from birdjepa.rundir.metrics_log import NON_FINITE, by_step, read_metrics
 from birdjepa.train import revisions
 from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import DEVICE_COUNT_FLAG, machine_kind
@@ -95,10 +95,6 @@ def compared_keys(logged: dict[str, Any]) -> list[str]:
         for k in logged
         if (k.startswith(REPLAYED_PREFIXES) and k not in NOT_REPLAYED) or k == "dataloader/index_crc32"
     )
-
-
-#: How the log writes a non-finite float (`metrics_log._plain`: JSON has no literal for them).
-NON_FINITE = ("nan", "inf", "-inf")
 
 
 def first_mismatch(logged: dict[str, Any], replayed: dict[str, float]) -> tuple[str, Any, Any] | None:

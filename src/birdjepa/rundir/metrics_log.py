@@ -36,6 +36,10 @@ class MetricsFileError(ValueError):
     """A line of a metrics file that is not JSON and not a torn last line."""
 
 
+#: How `_plain` writes a float JSON has no literal for.
+NON_FINITE = ("nan", "inf", "-inf")
+
+
 def _plain(value: Any) -> Any:
     """JSON-able value: numpy/jax scalars become Python floats/ints exactly."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
@@ -80,8 +84,9 @@ class MetricsLog:
         line = {"step": step, "restart": self.restart, "time": time.time()}
         line.update({k: _plain(v) for k, v in metrics.items()})
         self._write(line)
-        if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in line.items() if k not in ("step", "time")}, step=step)
+        if self.wandb_run is not None:  # numbers, NaN too: the log's "nan" made a series of mixed types
+            numbers = {k: float(v) if v in NON_FINITE else v for k, v in line.items()}
+            self.wandb_run.log({k: v for k, v in numbers.items() if k not in ("step", "time")}, step=step)
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         self.flush()
