@@ -94,7 +94,9 @@ def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
     assert differing(straight, cfg.run_dir) == []
 
 
-def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(demo_dir: Path, tmp_path: Path) -> None:
+def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     skip = {"on_nonfinite": "skip", "debug": DebugConfig(nonfinite_steps=(3,))}
     straight = config(demo_dir, tmp_path, "skip", **skip)
     assert pretrain(straight) == 0
@@ -127,8 +129,14 @@ def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(demo_dir: Path
         max_skips=2,
         debug=DebugConfig(nonfinite_steps=(2, 3, 4)),
     )
+    capsys.readouterr()
     assert pretrain(many) == exit_codes.NONFINITE
     assert [(e["step"], e["action"]) for e in events(many.run_dir, "nonfinite")] == [(2, "skip"), (3, "stop")]
+    # It advised "--on-nonfinite skip", the mode it was in.
+    assert (
+        "--allow-config-change, or with a --max-skips above 2 (0: never stop); exit 70"
+        in capsys.readouterr().out
+    )
 
 
 def damage(run_dir: Path, step: int) -> None:

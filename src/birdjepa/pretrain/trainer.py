@@ -304,10 +304,13 @@ class Trainer:
             return 0, (f"WARNING step {step} is not finite: {what}; update skipped ({state.skip_streak} in a "
                        f"row, {state.skipped} in all)")  # fmt: skip
         why = "" if cfg.on_nonfinite == "stop" else f" after {state.skip_streak} skipped updates in a row"
+        # Skipping already: a larger --max-skips, not the mode it was in (it advised --on-nonfinite skip).
+        other = ("with --on-nonfinite skip" if cfg.on_nonfinite == "stop" else
+                 f"with a --max-skips above {cfg.max_skips} (0: never stop)")  # fmt: skip
         return exit_codes.NONFINITE, (
             f"ERROR: step {step} is not finite: {what}{why}. It was not applied and nothing was saved; "
             f"{self._newest_finite()}. Resume from it with a lower --optim.lr and --allow-config-change, or "
-            f"with --on-nonfinite skip; exit {exit_codes.NONFINITE}"
+            f"{other}; exit {exit_codes.NONFINITE}"
         )
 
     def state_not_finite(self, e: checkpoint.NotFiniteError) -> tuple[int, str]:
