@@ -450,6 +450,27 @@ def test_a_split_over_a_folder_with_a_vocabulary_and_one_without_is_refused_nami
         assert str(e.value) == line
 
 
+def test_integer_labels_without_names_that_are_no_class_id_are_refused_naming_file_and_row(
+    tmp_path: Path,
+) -> None:
+    # -5 read as unlabelled without a word; 2**40 sized a probe head of 71 trillion parameters ("1331200
+    # GiB"), naming no label.
+    from birdjepa.data import DataError
+    from birdjepa.data.shards import label_count
+
+    for bad in (-5, 2**40):
+        shard = tmp_path / f"{bad}.arrow"
+        table = pa.table({"ebird_code": pa.array([0, 3, bad, 1], pa.int64())})
+        with pa.ipc.new_file(shard, table.schema) as f:
+            f.write_table(table)
+        with pytest.raises(DataError, match=rf"^{shard}: row 2: label {bad} is no class id \(0 to 1048575"):
+            label_count([str(shard)])
+    good = tmp_path / "good.arrow"
+    with pa.ipc.new_file(good, pa.schema([("ebird_code", pa.int64())])) as f:
+        f.write_table(pa.table({"ebird_code": pa.array([0, -1, None, 6], pa.int64())}))
+    assert label_count([str(good)]) == 7
+
+
 def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its_classes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

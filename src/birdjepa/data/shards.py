@@ -473,8 +473,20 @@ def label_count(files: Sequence[str]) -> int:
         if not pa.types.is_integer(labels.type):
             need = f"{DEFAULT_LABEL_COLUMN} labels of type {labels.type} need a vocabulary"
             raise _rs.DataError(f"{need}: no {folder / VOCAB_FILE}")
-        largest = max(largest, pc.max(labels).as_py() if labels.null_count < len(labels) else -1)
+        if labels.null_count == len(labels):
+            continue
+        low, high = pc.min_max(labels).values()
+        bad = low.as_py() if low.as_py() < -1 else high.as_py() if high.as_py() >= MAX_CLASSES else None
+        if bad is not None:  # -5 read as unlabelled; 2**40 sized a probe head of 71 trillion parameters
+            row = pc.index(labels, bad).as_py()
+            raise _rs.DataError(f"{f}: row {row}: label {bad} is no class id (0 to {MAX_CLASSES - 1}; -1 or "
+                                "null: unlabelled)")  # fmt: skip
+        largest = max(largest, high.as_py())
     return largest + 1
+
+
+MAX_CLASSES = 1 << 20
+"""The most classes integer labels without a vocabulary may index (BirdSet's largest task has 9,736)."""
 
 
 def list_shards(folder: Path) -> list[Path]:
