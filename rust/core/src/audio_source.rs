@@ -56,7 +56,7 @@ impl AudioLayout {
                 if typed("bytes").is_none() && typed("array").is_some() {
                     // HF's decoded form: every row read its path, "cannot open", naming nothing of why.
                     return Err(Error::data(format!(
-                        "{}: column '{}' holds decoded samples (HF's array and sampling_rate), not the                          encoded audio the loader decodes: save the data set with Audio(decode=False)",
+                        "{}: column '{}' holds decoded samples (HF's array and sampling_rate), not the encoded audio the loader decodes: save the data set with Audio(decode=False)",
                         shard.display(),
                         field.name()
                     )));
@@ -224,7 +224,8 @@ mod tests {
             Field::new("path", DataType::Utf8, true),
         ]);
         let e = AudioLayout::of(Path::new("s.arrow"), &Field::new("audio", DataType::Struct(decoded), true));
-        assert!(e.unwrap_err().to_string().contains("holds decoded samples (HF's array and sampling_rate)"));
+        let said = e.unwrap_err().to_string();
+        assert!(said.contains("holds decoded samples (HF's array and sampling_rate), not the encoded audio"), "{said}");
     }
 
     #[test]
