@@ -110,6 +110,15 @@ for i in range(40):
 """
 
 
+def test_backbones_sort_with_their_step_numbers_as_numbers() -> None:
+    # As strings, a checkpoint sweep's table listed step 1000 before step 500.
+    from birdjepa.benchmark.cli import natural
+
+    names = ["run:r@1000#9f", "raw:logmel", "run:r@500#0a", "run:r@34#ff", "random:run:r@500#0a"]
+    assert sorted(names, key=natural) == ["random:run:r@500#0a", "raw:logmel", "run:r@34#ff", "run:r@500#0a",
+                                          "run:r@1000#9f"]  # fmt: skip
+
+
 def test_two_writers_lose_nothing(tmp_path: Path) -> None:
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(w)]) for w in (1, 2)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]

@@ -46,6 +46,10 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
             '[{"run": "b"}, {"run": "a"}, {"run": "a"}]',
             "configs 1 and 2 share the run directory ",
         ),  # not which
+        (  # one folder spelled two ways: both trained it at once
+            '[{"run": "a", "log.runs_dir": "x"}, {"run": "a", "log.runs_dir": "y/../x"}]',
+            "configs 0 and 1 share the run directory ",
+        ),
         ("[]", "non-empty list"),
         ("[3]", "config 0 is a int"),
         # Dropped, merged or a traceback, and the run went on without a word.

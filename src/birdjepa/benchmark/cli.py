@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 import time
 from collections import defaultdict
@@ -344,7 +345,7 @@ def format_store(rows: list[dict], metric: str = "cmap") -> str:
     mean = ["mean"] if len(tasks) > 1 else []
     lines = [["backbone", "probe", "n", *tasks, *mean]]
     for backbone, probe, n in sorted(
-        cells, key=lambda k: (k[0], k[1], k[2] if k[2] != fewshot.ALL else 1 << 62)
+        cells, key=lambda k: (natural(k[0]), k[1], k[2] if k[2] != fewshot.ALL else 1 << 62)
     ):
         by_task = cells[(backbone, probe, n)]
         values = [f"{np.mean(by_task[t]):.3f}" if t in by_task else "-" for t in tasks]
@@ -382,6 +383,12 @@ def checked_plot(plot: Path) -> Path:
     if why is not None:
         raise BenchmarkError(why)
     return plot
+
+
+def natural(name: str) -> list[int | str]:
+    """``name`` as a sort key whose runs of digits compare as numbers: run:r@34 before run:r@100 (as
+    strings, a checkpoint sweep listed step 1000 before step 500)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def check_options(

@@ -188,7 +188,8 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
     first: dict[Path, int] = {}
     for job in jobs:  # it listed every config's run directory, and named no config
         run_dir = job.cfg.run_dir.absolute()
-        if (other := first.setdefault(run_dir, job.index)) != job.index:
+        # Resolved: B/../A or a link to A spelled one folder as two runs, which then trained it at once.
+        if (other := first.setdefault(run_dir.resolve(), job.index)) != job.index:
             raise SweepError(f"{path}: configs {other} and {job.index} share the run directory {run_dir}")
     return jobs
 
