@@ -47,6 +47,14 @@ def test_our_log_splits_at_resume_events_and_a_redo_replaces_steps(tmp_path: Pat
     (r,) = log.resumes
     assert (r.step, r.segment, r.reason) == (6, 1, "resume event (checkpoint 5)")
     assert r.gap_s >= 0
+    # A resume refused before it trained (its checks failed, exit 65), then one that trained: one resume
+    # (the refused one was a second, and every table row was there twice).
+    refused = MetricsLog(tmp_path / "r", restart=2)
+    refused.event("resume", 13, checkpoint=12)
+    refused.event("resume_check_failed", 13, failed=["config"], action="refuse")
+    refused.close()
+    write_segments(tmp_path / "r", [(3, range(13, 15), {"train/loss": lambda s: float(s)})])
+    assert [(r.step, r.segment) for r in analysis.load_run(tmp_path / "r").resumes] == [(6, 1), (13, 2)]
 
 
 def test_a_resume_by_another_revision_of_the_step_or_on_another_machine_says_so(tmp_path: Path) -> None:

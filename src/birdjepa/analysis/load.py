@@ -176,6 +176,9 @@ def _ours(path: Path, name: str) -> RunLog:
     for line in read_metrics_file(path):
         time = float(line.get("time", math.nan))
         if line.get("event") == "resume":
+            if resumes and not segments[-1] and resumes[-1].step == int(line["step"]):
+                resumes.pop()  # a resume refused (its checks failed, exit 65): it trained nothing
+                segments.pop()
             resumes.append(
                 Resume(int(line["step"]), len(segments), f"resume event (checkpoint "
                        f"{line.get('checkpoint')})", time - last_time)
