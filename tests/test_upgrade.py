@@ -53,14 +53,21 @@ def test_a_resume_keeps_the_run_s_options_and_checks_the_ones_given_again(
     first = ["--run", "r", "--log.runs-dir", tmp_path, "--steps", "4", "--eval-every", "0", *data]
     assert command(capsys, "pretrain", *first, *old, "--stop-at-step", "1")[0] == 0
 
+    # config.json edited by hand: not read by the resume, and rewritten, without a word.
+    edited = json.loads((tmp_path / "r" / "config.json").read_text())
+    edited["optim"]["lr"] = 0.5
+    (tmp_path / "r" / "config.json").write_text(json.dumps(edited))
     code, out = command(capsys, "pretrain", "--run", "r", "--log.runs-dir", tmp_path)  # a bare requeue
     assert code == 0, out
     assert "options from checkpoint 1's config unless set on the command line" in out
+    said = f"WARNING {tmp_path / 'r' / 'config.json'} differs from checkpoint 1's config (optim.lr: 0.001 -> "
+    assert said + "0.5)" in out
     assert "data.shuffle_buffer=1024 (default now 4096)" in out
     assert "RESUME_CHECK name=config ok=True" in out and "ok=False" not in out
     segment = json.loads((tmp_path / "r" / "config.json").read_text())
     assert (segment["data"]["interleave"], segment["data"]["shuffle_buffer"]) == (4, 1024)
     assert (segment["steps"], segment["stop_at_step"]) == (4, None)  # the run's length; not the stop
+    assert segment["optim"]["lr"] == 0.001
 
     again = ["--run", "r", "--log.runs-dir", tmp_path, "--steps", "6", "--data.shuffle-buffer", "4096"]
     code, out = command(capsys, "pretrain", *again)

@@ -41,7 +41,7 @@ from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
 from birdjepa.resume.checks import config_diff
-from birdjepa.resume.options import resumed_config, saved_config
+from birdjepa.resume.options import hand_edits, resumed_config, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
@@ -451,11 +451,16 @@ def parse(args: Sequence[str]) -> PretrainConfig:
         raise SystemExit(exit_codes.USAGE) from None
     if found is None:
         return cfg
-    step, _, cfg, kept = found
+    step, saved, cfg, kept = found
     differ = f"; where this birdjepa's defaults differ: {', '.join(kept)}" if kept else ""
     if distributed.launched_rank() == 0:  # one console: the group is not joined yet
         print(f"run {cfg.run}: options from checkpoint {step}'s config unless set on the command line"
               f"{differ}", flush=True)  # fmt: skip
+        if edits := hand_edits(cfg.run_dir, saved):
+            print(f"WARNING {layout.config_file(cfg.run_dir)} differs from checkpoint {step}'s config "
+                  f"({'; '.join(edits[:3])}{' ...' if len(edits) > 3 else ''}): a resume reads its options "
+                  "from the checkpoint and the command line, not that file (a segment that trains rewrites "
+                  "it); give a change on the command line", flush=True)  # fmt: skip
     return cfg
 
 

@@ -66,6 +66,20 @@ def _options(config: Mapping[str, Any]) -> str:
     return json.dumps({k: v for k, v in flatten(config).items() if k not in SEGMENT_ONLY}, sort_keys=True)
 
 
+def hand_edits(run_dir: Path, saved: Mapping[str, Any]) -> list[str]:
+    """The options where the run's config.json differs from ``saved`` (the config of the checkpoint it
+    resumes), as ``key: checkpoint -> file``: a hand edit, which the resume does not read and the new
+    segment's config.json overwrote without a word. Empty where they agree or the file is unreadable."""
+    try:
+        edited = flatten(layout.read_config(run_dir))
+    except (OSError, ValueError, AttributeError):
+        return []
+    recorded = flatten(saved)
+    keys = sorted(k for k in set(edited) | set(recorded) if k not in SEGMENT_ONLY)
+    differ = [k for k in keys if edited.get(k) != recorded.get(k)]
+    return [f"{k}: {recorded.get(k)!r} -> {edited.get(k)!r}" for k in differ]
+
+
 def resume_defaults(saved: Mapping[str, Any], where: str) -> tuple[PretrainConfig, list[str]]:
     """The defaults a resumed segment parses its command line against: this birdjepa's, with every
     option but `SEGMENT_ONLY` as ``saved`` (the config recorded at ``where``) holds it; and, as
