@@ -374,8 +374,7 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
 
 
 def test_a_train_split_too_thin_for_the_protocol_is_said() -> None:
-    from birdjepa.evaluation.cli import thin_train_split
-    from birdjepa.evaluation.report import Row
+    from birdjepa.evaluation.report import Row, thin_train_split
 
     held = {"linear": Row("raw", 2, 0.5, 0.5, 0.5, 0.5, {"folds": [2, 2]})}
     assert thin_train_split(np.array([0, 0, 1, 1]), np.array([0, 1]), held) == []
@@ -398,7 +397,7 @@ def test_what_an_eval_row_holds_past_its_one_label_is_said(birdset_dir: Path, tm
     import pyarrow as pa
 
     from birdjepa.data import Features
-    from birdjepa.evaluation.cli import what_a_row_holds_past_its_label
+    from birdjepa.evaluation.report import what_a_row_holds_past_its_label
 
     test = sorted(str(f) for f in (birdset_dir / "SYN1" / "test_5s").glob("*.arrow"))
     lists = [

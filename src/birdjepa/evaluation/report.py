@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from birdjepa.data import DataError
+import numpy as np
+
+from birdjepa.data import DataError, Features
+from birdjepa.data.row_columns import MULTILABEL_COLUMN, SAME_LENGTH_S, several_species, window_lengths
 from birdjepa.data.shards import read_shard, shard_recording_ids
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import RAW, Split
@@ -228,3 +231,43 @@ def write_json(path: Path, rows: dict[str, Row], info: dict[str, Any]) -> Path:
     doc["metrics"] = metrics(rows)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+def thin_train_split(
+    train: np.ndarray, held_out: np.ndarray, rows: dict[str, Row], names: Sequence[str] | None = None
+) -> list[str]:
+    """What the scores cannot say, from a train split too thin for the protocol: eval classes it lacks
+    (their clips count wrong in every row; by their ``names`` where the vocabulary gives them), and
+    cross-validation it could not hold (C left at 1.0)."""
+    out = []
+    lacking = sorted(set(held_out.tolist()) - set(train.tolist()))
+    if lacking:
+        n = int(np.isin(held_out, lacking).sum())
+        ids = ", ".join(names[c] if names and c < len(names) else str(c) for c in lacking)
+        out.append(f"{len(lacking)} eval classes have no train clip (classes {ids}): their {n} clips count "
+                   "as wrong in every row")  # fmt: skip
+    if any(r.linear is not None and not r.linear["folds"] for r in rows.values()):
+        out.append("too few train clips per class to hold any out: the linear probe's C was not chosen by "
+                   "cross-validation, it is 1.0")  # fmt: skip
+    return out
+
+
+def what_a_row_holds_past_its_label(eval_files: Sequence[str], features: Features) -> list[str]:
+    """What the eval split's rows hold that a single-label score of one clip each does not see: several
+    species in one window (BirdSet's soundscapes; each is scored against its ``ebird_code`` alone), and
+    windows longer or shorter than the encoder's clip (it sees their first seconds, or zeros past their
+    end). Their scores stood as if neither were so."""
+    out = []
+    n_rows = sum(len(read_shard(Path(f))) for f in eval_files)
+    if several := several_species(eval_files):
+        out.append(f"{several} of the eval split's {n_rows} rows hold several species ({MULTILABEL_COLUMN}): "
+                   "each is scored against its one label; `birdjepa benchmark` scores every species "
+                   "(cmAP)")  # fmt: skip
+    lengths, clip = window_lengths(eval_files), features.clip_seconds
+    if (longer := int((lengths > clip + SAME_LENGTH_S).sum())) > 0:
+        out.append(f"{longer} eval rows have windows longer than the encoder's {clip:g} s clip (up to "
+                   f"{lengths.max():g} s): each is scored on its window's first {clip:g} s")  # fmt: skip
+    if (shorter := int((lengths < clip - SAME_LENGTH_S).sum())) > 0:
+        out.append(f"{shorter} eval rows have windows shorter than the encoder's {clip:g} s clip (down to "
+                   f"{lengths.min():g} s): past its window's end each clip is zeros")  # fmt: skip
+    return out

@@ -31,7 +31,7 @@ from birdjepa.diagnostics.monitor import leaf_names, param_names
 from birdjepa.evaluation import report as eval_report
 from birdjepa.evaluation.embed import Encode, Split, batched
 from birdjepa.evaluation.periodic import PeriodicEval
-from birdjepa.evaluation.report import ENCODER, Row
+from birdjepa.evaluation.report import ENCODER, Row, thin_train_split, what_a_row_holds_past_its_label
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
 from birdjepa.objectives.supervised import probe_metrics
@@ -344,6 +344,13 @@ class Trainer:
             doc = eval_report.info(
                 cfg.run_dir, step, cfg.seed, self.model_cfg, files, splits, self.model_cfg.n_classes
             )
+            # What `birdjepa evaluate` says of the same splits (the loader said its skips as they came):
+            # eval classes the train split lacks, rows of several species, windows of another length.
+            names, _ = split_labels(self.train_files)
+            thin = thin_train_split(train_split.labels, held_out.labels, rows, names)
+            doc["warnings"] = [*thin, *what_a_row_holds_past_its_label(self.eval_files, cfg.data.features)]
+            for warning in doc["warnings"]:
+                print(f"WARNING {warning}", flush=True)
             eval_report.write_json(layout.eval_report(cfg.run_dir, step), rows, doc)
         return evals, rows
 
