@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import shlex
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -156,5 +157,7 @@ def cli(
                     f"error: {name}: {e}; the entries above were submitted, those below not", file=sys.stderr
                 )
                 raise SystemExit(exit_codes.FAILED) from None
+    if children.stopped:  # as its job exits for the stop: 130 for a Ctrl-C, 75 for a SIGTERM
+        raise SystemExit(exit_codes.INTERRUPTED if children.stopped == signal.SIGINT else exit_codes.REQUEUE)
     if failed:
         raise SystemExit(exit_codes.FAILED)

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -410,5 +411,7 @@ def cli(
             print(f"{i:>6}  {job_id:<14}  {run_dir}")
     if failed:
         print(failed, file=sys.stderr, flush=True)
+    if children.stopped:  # as its trainers exit for the stop: 130 for a Ctrl-C, 75 for a SIGTERM (it was 1)
+        raise SystemExit(exit_codes.INTERRUPTED if children.stopped == signal.SIGINT else exit_codes.REQUEUE)
     if failed or (local and any(not str(r[1]).endswith(" 0") for r in rows)):
         raise SystemExit(exit_codes.FAILED)
