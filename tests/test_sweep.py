@@ -150,6 +150,24 @@ def test_job_script_is_requeueable_and_forwards_the_warning_signal(tmp_path: Pat
     assert f"#SBATCH --output={tmp_path.absolute()}/lr%%x/tiny-0/slurm-%j.out" in script
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        # The warning came at each start: a step trained, saved and requeued, for ever.
+        (["--slurm.hours", "0.0167", "--slurm.grace", "120"], "--slurm.grace 120: not below the job's time "),
+        (["--slurm.hours", "0"], "--slurm.hours 0.0: must be > 0"),  # it became 1 minute
+        (["--slurm.cpus", "0"], "--slurm.cpus 0: must be >= 1"),
+    ],
+)
+def test_slurm_options_no_job_can_run_with_are_refused(
+    tmp_path: Path, options: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(REPO / "sweeps" / "tiny.py"), "--dry-run", "--runs-dir", str(tmp_path), *options])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and err.count("\n") == 1, err
+
+
 def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "birdjepa.cli", "sweep", str(REPO / "sweeps" / "tiny.py"), "--dry-run",

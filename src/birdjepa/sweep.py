@@ -119,6 +119,7 @@ def cli(
     --dry-run prints each job's script; --force-resume-at STEP (pretrain) makes every job stop after STEP
     and requeue itself once; --runs-dir sets log.runs_dir where a pretrain config does not."""
     try:
+        pretrain_sweep.check_slurm(slurm)
         entries = load_benchmarks(sweep_file)
         if entries is None:
             return pretrain_sweep.cli(sweep_file, dry_run, local, force_resume_at, runs_dir, slurm)

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shlex
 import signal
@@ -65,6 +66,22 @@ class SlurmOptions:
     """Seconds before the time limit at which Slurm sends USR1 (the trainer saves and requeues)."""
     extra: tuple[str, ...] = ()
     """Extra sbatch lines, e.g. '--constraint=a100' (written as '#SBATCH <line>')."""
+
+
+def check_slurm(slurm: SlurmOptions) -> None:
+    """`SweepError` for Slurm options no job can run with: a grace of the whole time limit sent the warning
+    at every start (each start trained a step, saved and requeued, for ever); hours <= 0 became 1 min."""
+    if not (math.isfinite(slurm.hours) and slurm.hours > 0):
+        raise SweepError(f"--slurm.hours {slurm.hours}: must be > 0")
+    counts = (("--slurm.cpus", slurm.cpus, 1), ("--slurm.ntasks", slurm.ntasks, 1),
+              ("--slurm.gpus", slurm.gpus, 0), ("--slurm.grace", slurm.grace, 0))  # fmt: skip
+    for flag, value, least in counts:
+        if value < least:
+            raise SweepError(f"{flag} {value}: must be >= {least}")
+    limit = time_limit_minutes(slurm) * 60
+    if slurm.grace >= limit:
+        raise SweepError(f"--slurm.grace {slurm.grace}: not below the job's time limit ({limit} s, "
+                         "--slurm.hours): the warning would come as each start begins")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------- sweep files
@@ -365,6 +382,7 @@ def cli(
     --dry-run prints each resolved config and its job script; --force-resume-at STEP makes every job
     stop after STEP and requeue itself once; --runs-dir sets log.runs_dir where a config does not."""
     try:
+        check_slurm(slurm)
         jobs = plan(sweep_file, runs_dir, force_resume_at)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
