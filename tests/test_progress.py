@@ -21,6 +21,22 @@ def test_plain_lines_every_n_steps_and_at_the_end(capsys: pytest.CaptureFixture[
     assert lines[-1] == "eval step 24: probe_acc 0.500"
 
 
+def test_plain_lines_say_the_time_left_from_the_steps_since_the_first_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Slurm log's lines gave no time left. 2 s a step; the first line (the compile's step) says none.
+    from birdjepa.pretrain import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    p = Progress(total=4000, start=0, batch_size=8, every=1000, tty=False)
+    for step in range(4000):
+        now[0] = 2.0 * (step + 1)
+        p.step(step, METRICS)
+    lines = capsys.readouterr().out.splitlines()
+    assert [x.rsplit(")", 1)[1] for x in lines] == ["", ", ETA 1h39m", ", ETA 1h06m", ", ETA 33m18s", ""]
+
+
 def test_terminal_bar_counts_from_the_resumed_step(capsys: pytest.CaptureFixture[str]) -> None:
     p = Progress(total=25, start=20, batch_size=8, every=2, tty=True)
     assert p.bar is not None and p.bar.n == 20

@@ -17,6 +17,7 @@ class Progress:
         self.total, self.batch_size, self.every = total, batch_size, max(every, 1)
         self.tty = sys.stdout.isatty() if tty is None else tty
         self._mark = (start, time.perf_counter())  # throughput since the last report
+        self._first: tuple[int, float] | None = None  # the first line's step and time: the ETA's origin
         self.bar = (
             tqdm(total=total, initial=start, file=sys.stdout, dynamic_ncols=True, unit="step")
             if self.tty
@@ -41,9 +42,22 @@ class Progress:
             rate = self._throughput(step)
             print(
                 f"step {step}/{self.total} loss {loss:.4f} probe_acc {acc:.3f} "
-                f"{rate:.1f} clips/s (data wait {metrics['train/data_wait']:.3f} s)",
+                f"{rate:.1f} clips/s (data wait {metrics['train/data_wait']:.3f} s){self._eta(step)}",
                 flush=True,
             )
+
+    def _eta(self, step: int) -> str:
+        """``, ETA 1h02m`` from the steps since the first line (a log's lines had no time to go: what a
+        Slurm log is read for); nothing on the first line, whose step waited for the compile."""
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = (step, now)
+            return ""
+        done, left = step - self._first[0], self.total - 1 - step
+        if done <= 0 or left <= 0:
+            return ""
+        s = round(left * (now - self._first[1]) / done)
+        return f", ETA {s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f", ETA {s // 60}m{s % 60:02d}s"
 
     def message(self, text: str) -> None:
         """A line that does not break the bar."""
