@@ -95,6 +95,27 @@ def test_a_damaged_row_group_is_one_line_naming_the_file_and_row_group(
     assert not list((tmp_path / "out").iterdir())  # the shards written before it are removed
 
 
+def test_an_audio_column_no_reader_takes_is_refused_before_it_is_converted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Converted with exit 0, then refused by every command that read the shards.
+    decoded = pa.struct(
+        [("array", pa.list_(pa.float32())), ("path", pa.string()), ("sampling_rate", pa.int64())]
+    )
+    forms = {
+        "decoded": pa.array([{"array": [0.0, 0.5], "path": "a.wav", "sampling_rate": 16000}], decoded),
+        "categories": pa.array(["a.wav"]).dictionary_encode(),  # a pandas Categorical of paths
+        "lists": pa.array([[b"RIFF"]], pa.list_(pa.binary())),
+    }
+    for name, audio in forms.items():
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"audio": audio, "ebird_code": [0]}), tmp_path / name / "x.parquet")
+        code, _, err = prepare(tmp_path / name, tmp_path / f"out-{name}", capsys)
+        assert code == 2 and f"{tmp_path / name / 'x.parquet'}: column 'audio' " in err, err
+        assert not list((tmp_path / f"out-{name}").glob("*.arrow"))
+    assert "holds decoded samples" in prepare(tmp_path / "decoded", tmp_path / "again", capsys)[2]
+
+
 def test_the_benchmark_takes_class_names_from_a_datasets_file_without_vocab_json(
     task: Path, tmp_path: Path
 ) -> None:

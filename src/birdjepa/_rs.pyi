@@ -22,6 +22,10 @@ def check_loader_options(options_json: str) -> int:
     """Raises ValueError naming the first option (of a JSON object of them) out of its range, without
     opening a file; else returns the log-mel frames one clip gives (the first ``n_frames`` are kept)."""
 
+def check_audio_column(schema_ipc: bytes, column: str, file: str) -> None:
+    """DataError naming ``file`` where no reader takes its audio ``column`` (``schema_ipc``: the file's
+    ``pyarrow.Schema.serialize()``): decoded audio, a dictionary of paths, a list of bytes."""
+
 def plan_indices(
     shard_rows: list[int], options_json: str, count: int
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:

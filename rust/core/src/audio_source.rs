@@ -37,6 +37,19 @@ pub struct AudioLayout {
     path: Option<Width>,
 }
 
+/// Why no reader takes the audio column `column` of a file whose schema is `schema_ipc` (an Arrow IPC
+/// schema message, as `pyarrow.Schema.serialize` writes it), naming `file`; Ok where it takes it. What
+/// `prepare` asks before it converts: decoded audio, a dictionary of paths, a list of bytes were
+/// converted, exit 0, and refused by every command that read them.
+pub fn check_audio_column(schema_ipc: &[u8], column: &str, file: &Path) -> Result<()> {
+    let schema = arrow_ipc::convert::try_schema_from_ipc_buffer(schema_ipc)
+        .map_err(|e| Error::data(format!("{}: its schema cannot be read: {e}", file.display())))?;
+    let field = schema
+        .field_with_name(column)
+        .map_err(|_| Error::data(format!("{}: no column '{column}'", file.display())))?;
+    AudioLayout::of(file, field).map(|_| ())
+}
+
 impl AudioLayout {
     /// The layout of `field`, the audio column of the shard at `shard`.
     pub fn of(shard: &Path, field: &Field) -> Result<Self> {

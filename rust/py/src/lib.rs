@@ -43,6 +43,13 @@ fn check_loader_options(options_json: &str) -> PyResult<usize> {
     LoaderOptions::from_json(options_json).and_then(|o| LoaderConfig::from_options(&o).check()).map_err(to_py)
 }
 
+/// DataError where no reader takes the audio column `column` of the file `file` whose schema is
+/// `schema_ipc` (`pyarrow.Schema.serialize`): `prepare` asks it before converting.
+#[pyfunction]
+fn check_audio_column(schema_ipc: &[u8], column: &str, file: &str) -> PyResult<()> {
+    birdjepa_core::audio_source::check_audio_column(schema_ipc, column, std::path::Path::new(file)).map_err(to_py)
+}
+
 /// 2^28 indices and epochs: 4 GiB.
 const MAX_PLANNED: usize = 1 << 28;
 
@@ -211,6 +218,7 @@ fn _rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(check_loader_options, m)?)?;
+    m.add_function(wrap_pyfunction!(check_audio_column, m)?)?;
     m.add_function(wrap_pyfunction!(plan_indices, m)?)?;
     m.add_function(wrap_pyfunction!(vocab_names, m)?)?;
     m.add("VOCAB_FILE", birdjepa_core::dataset::VOCAB_FILE)?;

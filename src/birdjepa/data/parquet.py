@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from birdjepa import _rs
 from birdjepa.data.shards import (
     BATCH_ROWS,
     DEFAULT_LABEL_COLUMN,
@@ -188,6 +189,10 @@ def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema
     for column in (audio_column, label_column):
         if column not in schema.names:
             raise ParquetError(f"{file}: no column {column!r} (columns: {', '.join(schema.names)})")
+    try:  # the loader's own check: decoded audio or a dictionary of paths converted, exit 0, then no reader
+        _rs.check_audio_column(schema.serialize().to_pybytes(), audio_column, str(file))  # took them
+    except _rs.DataError as e:
+        raise ParquetError(str(e)) from None
     kind = schema.field(label_column).type
     names = pa.types.is_dictionary(kind) and _text(kind.value_type)
     if not (pa.types.is_integer(kind) or _text(kind) or names):
