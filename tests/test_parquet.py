@@ -292,7 +292,10 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
         ("order", "b.parquet: its ClassLabel names of 'ebird_code' are not "),
         ("bare", "b.parquet: integer labels without ClassLabel names beside "),
         ("strings", "b.parquet: string labels beside "),
-        ("past", f"a.parquet: row group 1: label {len(names) + 3} is outside its {len(names)} ClassLabel"),
+        (
+            "past",
+            f"a.parquet: row group 1 (row 9): label {len(names) + 3} is outside its {len(names)} ClassLabel",
+        ),
         ("twice", "a.parquet: its ClassLabel names cannot be a vocabulary: vocab names must be unique"),
         ("multi", "a.parquet: the ClassLabel names of 'ebird_code_multilabel' are not those of 'ebird_code'"),
     ):

@@ -235,8 +235,9 @@ def _copy(
                     low, high = pc.min_max(table.column(at)).values()
                     if low.is_valid and (low.as_py() < -1 or high.as_py() >= n_names):
                         bad = low.as_py() if low.as_py() < -1 else high.as_py()
-                        raise ParquetError(f"{file}: row group {group}: label {bad} is outside its {n_names} "
-                                           f"ClassLabel names")  # fmt: skip
+                        row = rows + pc.index(table.column(at), bad).as_py()  # in the file: groups hold 100s
+                        raise ParquetError(f"{file}: row group {group} (row {row}): label {bad} is outside "
+                                           f"its {n_names} ClassLabel names")  # fmt: skip
                 if text_labels:
                     labels |= {x for x in pc.unique(table.column(label_column)).to_pylist() if x is not None}
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):
