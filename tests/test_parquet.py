@@ -60,8 +60,9 @@ def test_hub_parquet_becomes_shards_with_the_batches_of_the_same_rows(
         assert f"in {len(files)} shard(s) from {len(files)} Parquet file(s)" in out and "MiB/s" in out
         shards = sorted((tmp_path / "shards" / split).glob("*.arrow"))
         original = sorted((task / split).glob("*.arrow"))
-        for ours, theirs in zip(shards, original, strict=True):  # every column, the bytes unchanged
+        for ours, theirs, file in zip(shards, original, files, strict=True):  # every column unchanged
             assert read_shard(ours).equals(read_shard(theirs))
+            assert read_shard(ours).schema.metadata[b"birdjepa.source"] == str(file).encode()  # traced back
         vocab = json.loads((tmp_path / "shards" / split / "vocab.json").read_text())
         assert vocab["names"] == json.loads((task / split / "vocab.json").read_text())["names"]
         assert vocab["label_column"] == "ebird_code"

@@ -203,6 +203,10 @@ def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema
     return schema
 
 
+SOURCE_KEY = b"birdjepa.source"
+"""A converted shard's schema metadata key: the Parquet file whose rows it holds, in their order."""
+
+
 def _text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
@@ -220,6 +224,8 @@ def _copy(
     if names:
         schema = schema.set(at, schema.field(at).with_type(pa.string()))
     text_labels = names or _text(kind)  # the vocabulary's source
+    # The file it came from: a loader's "data-00001.arrow row 3" could be traced back by sort order only.
+    schema = schema.with_metadata({**(schema.metadata or {}), SOURCE_KEY: str(file).encode()})
     rows = 0
     try:
         reader = pq.ParquetFile(file, memory_map=True)
