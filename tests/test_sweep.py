@@ -50,7 +50,7 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
             '[{"run": "a", "log.runs_dir": "x"}, {"run": "a", "log.runs_dir": "y/../x"}]',
             "configs 0 and 1 share the run directory ",
         ),
-        ("[]", "non-empty list"),
+        ("[]", "non-empty list of dicts, got an empty list"),
         ("[3]", "config 0 is a int"),
         # Dropped, merged or a traceback, and the run went on without a word.
         ('[{"optim.lr": 1e-3, "optim": {"lr": 3e-3}}]', "config 0: optim.lr is set twice"),

@@ -130,9 +130,8 @@ def load_sweep(path: Path) -> list[dict[str, Any]]:
         raise SweepError(f"{path}: defines no make_cfgs() function")
     cfgs = run_own_code(path, make)
     if not isinstance(cfgs, list) or not cfgs:
-        raise SweepError(
-            f"{path}: make_cfgs() must return a non-empty list of dicts, got {type(cfgs).__name__}"
-        )
+        got = "an empty list" if isinstance(cfgs, list) else f"a {type(cfgs).__name__}"  # "got list"
+        raise SweepError(f"{path}: make_cfgs() must return a non-empty list of dicts, got {got}")
     for i, c in enumerate(cfgs):
         if not isinstance(c, Mapping):
             raise SweepError(f"{path}: config {i} is a {type(c).__name__}, not a dict")
