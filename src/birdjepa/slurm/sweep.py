@@ -320,7 +320,8 @@ def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workd
         "# place or after its run had finished. Requeue: the next start resumes from the last checkpoint.",
         'if [ "$signalled" -eq 1 ] && { [ "$code" -eq 138 ] || [ "$code" -eq 143 ]; }; then code=75; fi',
         'if [ "$code" -eq 75 ] || { [ "$code" -eq 0 ] && [ "$forced" -eq 1 ]; }; then',
-        '  echo "requeueing ${SLURM_JOB_ID:-local} (restart $((restart + 1)) will resume)"',
+        # Slurm's start count, as the "start N" line above: the run's own "restart" counts its resumes.
+        '  echo "requeueing ${SLURM_JOB_ID:-local} (its start $((restart + 1)) will resume)"',
         '  scontrol requeue "${SLURM_JOB_ID}" || echo "requeue failed (a preemption may be requeueing it)"',
         "  exit 0",
         "fi",
