@@ -75,12 +75,33 @@ fn os_error(e: std::io::Error, path: &std::path::Path) -> PyErr {
     }
 }
 
+/// A Python `bytes` object's buffer, read without a copy: the reference held beside it keeps the object
+/// alive, and CPython never moves or changes a `bytes` object's data.
+struct HeldBytes {
+    _owner: Py<PyBytes>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is immutable and lives as long as `_owner`; PyO3 defers a decref made without the GIL.
+unsafe impl Send for HeldBytes {}
+unsafe impl Sync for HeldBytes {}
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see the struct.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 /// `prepare --check`'s look at encoded audio, with the loader's decoder: raises ValueError with the
-/// reason the loader would skip it (`birdjepa_core::audio::clip::check_recording`).
+/// reason the loader would skip it (`birdjepa_core::audio::clip::check_recording`). The bytes are read
+/// where Python holds them (a copy was a second recording in memory per worker).
 #[pyfunction]
 fn check_audio(py: Python<'_>, data: &Bound<'_, PyBytes>, full: bool, frames: usize) -> PyResult<()> {
-    let bytes = data.as_bytes().to_vec();
-    py.detach(|| check_recording(bytes, full, frames)).map_err(|e| PyValueError::new_err(e.0))
+    let bytes = data.as_bytes();
+    let held = HeldBytes { ptr: bytes.as_ptr(), len: bytes.len(), _owner: data.clone().unbind() };
+    py.detach(|| check_recording(held, full, frames)).map_err(|e| PyValueError::new_err(e.0))
 }
 
 /// Polyphase Kaiser-sinc resampling of a mono float32 signal from `src` Hz to `dst` Hz.
