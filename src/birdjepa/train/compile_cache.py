@@ -169,7 +169,7 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
         return None
     try:
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{key}.", suffix=".tmp")
-    except PermissionError as e:  # a shared cache, read-only here: JAX warned in two lines per program
+    except OSError as e:  # a shared cache read-only here, a full disk: JAX warned twice a program
         if str(self.path) not in _unwritable:
             print(f"WARNING the compilation cache {self.path} can be read, not written ({e.strerror}): the "
                   "programs compiled here are not kept", flush=True)  # fmt: skip
