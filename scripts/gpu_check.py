@@ -76,6 +76,7 @@ from pathlib import Path
 # Before JAX starts: every process of the check shares one GPU, so none may take most of its memory.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+from birdjepa.children import Children  # noqa: E402
 from birdjepa.cores import schedulable_cpus  # noqa: E402
 from birdjepa.host_memory import keep_for_reuse  # noqa: E402
 from birdjepa.synthetic.demo import ensure_demo_data  # noqa: E402
@@ -103,6 +104,28 @@ OTHER_COPIES = "the other copy insertion"
 `other_copy_insertion`)."""
 
 
+CHILDREN = Children()
+"""The check's processes: a SIGTERM to the check (a `timeout`, a job's end) is theirs too, and the check
+stops once they saved; it died, and its verify-resume and trainers ran on, orphans."""
+
+
+def child(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)``, the process one
+    of `CHILDREN`; SystemExit once it ended where the check was told to stop."""
+    proc = CHILDREN.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        CHILDREN.done(proc)
+    if CHILDREN.stopped:
+        raise SystemExit(128 + CHILDREN.stopped)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def birdjepa(
     *args: str, cache: str | None = None, timeout: float = 600, via: tuple[str, ...] = ("-m", "birdjepa.cli")
 ) -> subprocess.CompletedProcess:
@@ -111,7 +134,7 @@ def birdjepa(
     if cache is not None:
         env["BIRDJEPA_COMPILE_CACHE"] = cache
     cmd = [sys.executable, *via, *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    done = child(cmd, env, timeout)
     print(f"$ birdjepa {' '.join(args)}  -> exit {done.returncode}", flush=True)
     if done.returncode not in (0, 1):
         print(done.stdout[-2000:], done.stderr[-4000:], sep="\n", flush=True)
@@ -319,7 +342,7 @@ def conds(plan: Plan) -> None:
     for side, env in sides.items():
         record = "unrecorded" if side == "unrecorded" else "record"
         cmd = [sys.executable, __file__, "--step-child", preset, str(batch), str(plan.wait_steps), record]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        done = child(cmd, env, 900)
         lines = [x for x in done.stdout.splitlines() if x.startswith("STEP_CHILD ")]
         if done.returncode != 0 or not lines:
             raise RuntimeError(f"the {side} step: exit {done.returncode}\n{done.stderr[-2000:]}")
@@ -398,7 +421,7 @@ def prebuild(jobs: dict[str, tuple[list[str], dict]], at_once: int) -> None:
 
     def run(item: tuple[str, tuple[list[str], dict]]) -> tuple[str, dict[str, float]]:
         name, (cmd, env) = item
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        done = child(cmd, env, 900)
         if done.returncode != 0:
             raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-1500:]}")
         return name, json.loads(done.stdout.strip().splitlines()[-1].removeprefix("STEP_CHILD "))
@@ -545,7 +568,7 @@ def main() -> int:
             part.write_text(json.dumps(table))
             part.replace(args.json)  # whole or not at all, even if the command is killed as it writes
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with CHILDREN.handling(), tempfile.TemporaryDirectory() as tmp:  # a SIGTERM: children stopped, tmp gone
         runs = args.runs or Path(tmp)
         plan.reference_cache = runs / "reference-xla"
         run: dict[str, Callable[[], None]] = {
