@@ -565,6 +565,15 @@ def test_verify_resume_signals_a_segment_once_it_logged_the_step_not_its_resume_
         ),  # a traceback
         # A traceback: past the file system's 255 bytes with the verification's prefix (in every command).
         (["--resume-at", "2", "--run", "x" * 250], "verify-resume: error: --run 'xxx"),
+        # Each failed only once both runs had trained, as a failed resume (max_abs_diff=inf).
+        (
+            ["--steps", "12", "--log-every", "4", "--signal-at", "4", "--resume-at", "8"],
+            "verify-resume: error: --signal-at 4: must leave 7 steps before the next --resume-at",
+        ),
+        (
+            ["--resume-at", "2", "--workers-after-resume", "2000"],
+            "verify-resume: error: --workers-after-resume 2000: must be at most 1024",
+        ),
     ],
     ids=[
         "resume-at-past-the-run",
@@ -572,6 +581,8 @@ def test_verify_resume_signals_a_segment_once_it_logged_the_step_not_its_resume_
         "signal-at-too-late",
         "no-interruption",
         "run-name-too-long",
+        "signal-at-too-late-for-its-logged-row",
+        "workers-after-resume-out-of-range",
     ],  # fmt: skip
 )
 def test_verify_resume_refuses_an_option_that_cannot_work_in_one_line_exit_2(
@@ -589,6 +600,24 @@ def test_verify_resume_refuses_an_option_that_cannot_work_in_one_line_exit_2(
     (said,) = capsys.readouterr().err.strip().splitlines()
     assert said.startswith(line), said
     assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_verify_resume_passes_none_of_its_own_options_on_whichever_way_they_are_spelled() -> None:
+    # tyro takes --resume_at too: passed on, every trainer refused it, and verify-resume ended in a traceback.
+    from birdjepa.resume.verify import pretrain_args
+
+    argv = [
+        "--resume_at",
+        "2",
+        "3",
+        "--steps",
+        "6",
+        "--signal_at=4",
+        "--workers_after_resume",
+        "1",
+        "--sequential",
+    ]
+    assert pretrain_args(argv) == ["--steps", "6"]
 
 
 def test_verify_resume_into_a_folder_it_cannot_write_is_one_line_exit_74(

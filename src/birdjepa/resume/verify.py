@@ -68,9 +68,10 @@ class Interruption:
     by_signal: bool
 
 
-def plan(opts: VerifyOptions, steps: int) -> list[Interruption]:
-    """The interruptions in step order; each must leave at least one step to run after it. Raises
-    `OptionError` (a usage error) for one that cannot."""
+def plan(opts: VerifyOptions, steps: int, log_every: int = 1) -> list[Interruption]:
+    """The interruptions in step order; each must leave at least one step to run after it (a
+    ``--signal-at``, `SIGNAL_SLACK` more, and ``log_every - 1`` more: it is sent once its step's row is
+    logged). Raises `OptionError` (a usage error) for one that cannot."""
     stops = [Interruption(s, False) for s in opts.resume_at]
     if opts.signal_at is not None:
         stops.append(Interruption(opts.signal_at, True))
@@ -86,12 +87,15 @@ def plan(opts: VerifyOptions, steps: int) -> list[Interruption]:
         if not 0 <= i.step < steps - 1:
             allowed = f"must be a step in [0, {steps - 2}]: a step of --steps {steps} before the last"
             raise OptionError("signal_at" if i.by_signal else "resume_at", i.step, allowed)
+    slack = SIGNAL_SLACK + max(log_every, 1) - 1  # --log-every 4: its step's row came up to 3 steps late
     for i, after in zip(stops, [*steps_seen[1:], steps - 1], strict=True):
-        if i.by_signal and after - i.step < SIGNAL_SLACK:
+        if i.by_signal and after - i.step < slack:
             # Else the segment stopped past the next interruption, or finished, and verify failed minutes in.
-            why = (f"must leave {SIGNAL_SLACK} steps before the next --resume-at and the last step ({after}):"
-                   " the SIGTERM goes once the step is logged, as the next one ends, and the segment saves "
-                   "after the step it is in")  # fmt: skip
+            late = log_every - 1
+            logged = f" (with --log-every {log_every}, up to {late} steps late)" if late else ""
+            why = (f"must leave {slack} steps before the next --resume-at and the last step ({after}):"
+                   f" the SIGTERM goes once the step is logged{logged}, as the next one ends, and the "
+                   "segment saves after the step it is in")  # fmt: skip
             raise OptionError("signal_at", i.step, why)
     return stops
 
@@ -101,8 +105,8 @@ def pretrain_args(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
     dropping = False  # inside an own option's values
     for arg in argv:
-        if arg.startswith("--"):
-            name, has_value = arg.split("=", 1)[0], "=" in arg
+        if arg.startswith("--"):  # tyro takes --resume_at too: passed on, every trainer refused it
+            name, has_value = arg.split("=", 1)[0].replace("_", "-"), "=" in arg
             dropping = name in _OWN_FLAGS and not has_value
             if name in _OWN_FLAGS:
                 continue
@@ -161,7 +165,17 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
         raise OptionError("resume", cfg.resume, leave)
     if cfg.stop_at_step is not None:
         raise OptionError("stop_at_step", cfg.stop_at_step, leave)
-    stops = plan(opts, cfg.steps)
+    stops = plan(opts, cfg.steps, cfg.log_every)
+    if (
+        opts.workers_after_resume is not None
+    ):  # as pretrain checks it: it failed in segment 1, both runs trained
+        after = dataclasses.replace(
+            cfg, data=dataclasses.replace(cfg.data, n_workers=opts.workers_after_resume)
+        )
+        try:
+            validation.check(after)
+        except OptionError as e:
+            raise OptionError("workers_after_resume", opts.workers_after_resume, e.allowed) from None
     root = cfg.log.runs_dir / f"verify-{cfg.run}"
     # Held while it verifies, as a trainer holds its run: a second verify-resume of the same --run removed
     # the first's runs as they trained, and both ended in a traceback.
@@ -252,7 +266,8 @@ def _segments(
                 problems.append(f"the last segment exited {code}")
             break
         expected = exit_codes.REQUEUE if stop.by_signal else 0
-        events = _events(resumed, "stop")
+        # A segment that ended before its log was written (refused at start): a traceback here.
+        events = _events(resumed, "stop") if layout.metrics_file(resumed).exists() else []
         at = events[-1]["step"] if len(events) == n + 1 else None
         if code != expected or at is None:
             problems.append(f"segment {n} exited {code} (expected {expected}) with stop events {events}")
