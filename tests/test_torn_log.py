@@ -41,6 +41,13 @@ def test_readers_skip_a_torn_last_line_and_name_any_other_bad_line(
     with pytest.raises(SystemExit) as e:  # the command line: one line, exit 2
         main(["compare", str(tmp_path), str(tmp_path)])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    # JSON, but no row: a KeyError's or TypeError's traceback from compare, trace and bisect.
+    for odd in ('{"train/loss": 1.0}', "[1, 2]", '{"step": "7", "train/loss": 1.0}', '{"step": true}'):
+        (tmp_path / METRICS_FILE).write_text(
+            json.dumps(good[0]) + "\n" + odd + "\n" + json.dumps(good[1]) + "\n"
+        )
+        with pytest.raises(MetricsFileError, match=f"{tmp_path / METRICS_FILE}:2: not a row of this log"):
+            list(read_metrics(tmp_path))
 
 
 def test_a_resume_cuts_the_torn_tail_off_and_ends_equal_to_the_straight_run(

@@ -225,13 +225,17 @@ def read_metrics_file(path: Path) -> Iterator[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            row = json.loads(line)
         except ValueError as e:
             if i == last:
                 print(f"WARNING {path}:{i + 1}: a torn last line is ignored (a writer mid-append or killed)",
                       flush=True)  # fmt: skip
                 return
             raise MetricsFileError(f"{path}:{i + 1}: not a JSON line ({e})") from None
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):  # a KeyError's or TypeError's traceback
+            raise MetricsFileError(f"{path}:{i + 1}: not a row of this log (an object with an integer step)")
+        yield row
 
 
 #: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
