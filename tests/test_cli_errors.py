@@ -53,6 +53,10 @@ def test_compare_of_a_metric_neither_run_logged_is_an_error_not_equal(
         e.value.code == 2
         and err == "error: --metrics train/los: neither run logged it; they log train/loss\n"
     )
+    with pytest.raises(SystemExit) as e:  # logged, not compared: it said "neither run logged it"
+        main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--metrics", "time", "train/step_time"])
+    said = "error: --metrics time train/step_time: not compared (wall-clock time or bookkeeping, which differ"
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(said)
     with pytest.raises(SystemExit) as e:  # none: max_abs_diff=inf, exit 1, a run unequal to itself
         main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--metrics"])
     assert e.value.code == 2 and capsys.readouterr().err.startswith("error: --metrics: give at least one")

@@ -16,7 +16,7 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.rundir import layout
-from birdjepa.rundir.metrics_log import MetricsFileError, metrics_by_step
+from birdjepa.rundir.metrics_log import MetricsFileError, compared, metrics_by_step
 
 Logged = dict[int, dict[str, float]]
 """A run's log by step (`metrics_by_step`)."""
@@ -140,6 +140,10 @@ def cli(
     try:
         diffs, coverage = compare_with_coverage(run_a, run_b, metrics)
         unlogged = [d.name for d in diffs if d.steps == 0]  # a typo compared equal: max_abs_diff=0.0
+        if uncompared := [m for m in unlogged if not compared(m)]:  # "neither run logged it" where both did
+            print(f"error: --metrics {' '.join(uncompared)}: not compared (wall-clock time or bookkeeping, "
+                  "which differ between any two runs)", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(exit_codes.USAGE)
         if unlogged:
             logged = sorted({k for run in (run_a, run_b) for m in metrics_by_step(run).values() for k in m})
             more = f", ... ({len(logged)})" if len(logged) > 8 else ""
