@@ -60,6 +60,14 @@ def test_compare_of_a_metric_neither_run_logged_is_an_error_not_equal(
     with pytest.raises(SystemExit) as e:  # none: max_abs_diff=inf, exit 1, a run unequal to itself
         main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--metrics"])
     assert e.value.code == 2 and capsys.readouterr().err.startswith("error: --metrics: give at least one")
+    for run in ("a", "b"):  # no step in either: a header-only table, max_abs_diff=inf, exit 1
+        (tmp_path / run / "metrics.jsonl").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert (
+        e.value.code == 2
+        and capsys.readouterr().err == f"error: neither {tmp_path / 'a'} nor {tmp_path / 'b'} logged a step\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,9 @@ def cli(
             print(f"error: {why}", file=sys.stderr, flush=True)
             raise SystemExit(exit_codes.USAGE)
     try:
+        if not metrics_by_step(run_a) and not metrics_by_step(run_b):  # an empty table, exit 1, unexplained
+            print(f"error: neither {run_a} nor {run_b} logged a step", file=sys.stderr, flush=True)
+            raise SystemExit(exit_codes.USAGE)
         diffs, coverage = compare_with_coverage(run_a, run_b, metrics)
         unlogged = [d.name for d in diffs if d.steps == 0]  # a typo compared equal: max_abs_diff=0.0
         if uncompared := [m for m in unlogged if not compared(m)]:  # "neither run logged it" where both did
