@@ -9,20 +9,26 @@ topology pair trains its twin on 4 simulated devices. Exit status 1 on any miss.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import tyro
 
+from birdjepa.outputs import scratch_folder
 from birdjepa.train.determinism import deterministic_xla
 from birdjepa.verify.divergence_matrix import PAIRS, format_matrix, run_pair
 
 
 def main(runs_dir: Path = Path("/tmp/divergence-matrix"), only: tuple[str, ...] = ()) -> None:
     deterministic_xla()
-    shutil.rmtree(runs_dir, ignore_errors=True)  # run A is shared between pairs: never a stale one
+    names = [p.name for p in PAIRS]
+    if unknown := [n for n in only if n not in names]:  # a typo ran nothing: an empty table, exit 0
+        sys.exit(f"--only {' '.join(unknown)}: no such pair (the pairs: {', '.join(names)})")
+    try:  # emptied: run A is shared between pairs, never a stale one
+        scratch_folder(runs_dir, "scripts/divergence_matrix.py")
+    except ValueError as e:  # a folder of the user's runs was removed whole
+        sys.exit(f"--runs-dir {e}")
     pairs = [p for p in PAIRS if not only or p.name in only]
     rows = []
     for p in pairs:

@@ -30,7 +30,10 @@ DEFAULT = PretrainConfig(
 def main(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")] = DEFAULT, resume_at: int = 150) -> None:
     """Resume a run cleanly and with each injected fault; print fault x check."""
     deterministic_xla()
-    rows = run_matrix(cfg, resume_at)
+    try:
+        rows = run_matrix(cfg, resume_at)
+    except ValueError as e:  # a run of the user's (--run) was removed whole
+        sys.exit(f"--run {e}")
     print()
     print(
         f"resumed after step {resume_at} of {cfg.run_dir}"

@@ -18,16 +18,22 @@ from pathlib import Path
 
 import tyro
 
-from birdjepa.verify.fs_fault_matrix import Matrix, format_rows, misses
+from birdjepa.verify.fs_fault_matrix import MIN_STEPS, STOP_AT, Matrix, format_rows, misses
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def main(runs_dir: Path = Path("/tmp/fs-fault-matrix"), steps: int = 64) -> None:
     """Produce each file-system fault; print fault x (expected, observed, equal to the straight run)."""
+    if steps < MIN_STEPS:  # each trial then failed, its row blank: --stop-at-step 30 past the run's end
+        sys.exit(f"--steps {steps}: must be at least {MIN_STEPS} (trials stop after step {STOP_AT}, and the "
+                 "full disk needs 5 checkpoints after it)")  # fmt: skip
     flags = ["--steps", str(steps), "--eval-every", "0", "--ckpt-every", "4", "--data.batch-size", "4"]
     t0 = time.perf_counter()
-    rows = Matrix(runs_dir.absolute(), flags, REPO / "tests" / "fixtures" / "format1").rows()
+    try:
+        rows = Matrix(runs_dir.absolute(), flags, REPO / "tests" / "fixtures" / "format1").rows()
+    except ValueError as e:  # a folder of the user's runs was removed whole
+        sys.exit(f"--runs-dir {e}")
     print(format_rows(rows))
     print(f"\n{len(rows)} faults in {time.perf_counter() - t0:.0f} s; runs in {runs_dir}")
     bad = misses(rows)

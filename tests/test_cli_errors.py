@@ -190,3 +190,27 @@ def test_compare_counts_a_nan_against_a_number_as_a_difference_and_two_nans_as_e
     assert diff.max_abs == float("inf") and diff.first_step == 1
     (same,) = compare_logged(a, {**a})
     assert same.max_abs == 0.0 and same.first_step is None
+
+
+def test_a_matrix_script_never_removes_a_folder_it_did_not_write(tmp_path: Path) -> None:
+    # --runs-dir a folder of the user's runs was removed whole, and --only with a typo ran nothing, exit 0.
+    from birdjepa.outputs import SCRATCH_MARKER, scratch_folder
+
+    precious = tmp_path / "runs"
+    (precious / "r").mkdir(parents=True)
+    (precious / "r" / "checkpoint").write_text("weeks of training")
+    with pytest.raises(ValueError, match=f"^{precious}: holds files the matrix did not write"):
+        scratch_folder(precious, "the matrix")
+    assert (precious / "r" / "checkpoint").read_text() == "weeks of training"
+    ours = scratch_folder(tmp_path / "new", "the matrix")
+    (ours / "left").write_text("")
+    assert list(scratch_folder(ours, "the matrix").iterdir()) == [ours / SCRATCH_MARKER]
+    script = Path(__file__).resolve().parents[1] / "scripts" / "divergence_matrix.py"
+    typo = "--only no-such-pair: no such pair (the pairs: lr_schedule_shifted, "
+    for args, said in ((["--only", "no-such-pair"], typo),
+                       (["--runs-dir", str(precious)], f"--runs-dir {precious}: holds files")):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 1 and done.stderr.startswith(said), done.stderr[-2000:]
+    assert (precious / "r" / "checkpoint").exists()

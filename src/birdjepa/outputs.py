@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -31,3 +32,20 @@ def unwritable(path: Path, *, folder: bool = False) -> str | None:
     except OSError as e:
         return f"{path}: cannot be written ({e.strerror or e})"
     return None
+
+
+#: The file a script's scratch folder holds (`scratch_folder`): what it may remove next time.
+SCRATCH_MARKER = ".birdjepa-scratch"
+
+
+def scratch_folder(path: Path, what: str) -> Path:
+    """``path`` emptied for ``what`` (a script's runs), made and marked as its own; ValueError, with
+    nothing removed, where it holds anything no such script wrote (``--runs-dir`` a user's folder of
+    runs was removed whole, without a word)."""
+    path = Path(path)
+    if path.exists() and any(path.iterdir()) and not (path / SCRATCH_MARKER).is_file():
+        raise ValueError(f"{path}: holds files {what} did not write: give an empty or a new folder")
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / SCRATCH_MARKER).write_text(f"{what}: this folder is removed and made again at its next run\n")
+    return path

@@ -13,6 +13,7 @@ import dataclasses
 import shutil
 
 from birdjepa.config import PretrainConfig
+from birdjepa.outputs import scratch_folder
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.checks import CHECKS
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
@@ -70,7 +71,7 @@ def not_as_expected(rows: list[Row]) -> list[str]:
 def run_matrix(cfg: PretrainConfig, resume_at: int, faults: tuple[str, ...] = FAULTS) -> list[Row]:
     """Train ``cfg`` to ``resume_at`` (in ``cfg.run_dir``, from scratch), then one clean resume and one
     resume per fault. Returns the rows, the clean one first."""
-    shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    scratch_folder(cfg.run_dir, "the fault matrix")  # ValueError: a user's run (--run) was removed whole
     base = dataclasses.replace(
         cfg, stop_at_step=resume_at, resume="auto", debug=dataclasses.replace(cfg.debug, inject_fault=None)
     )

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from birdjepa import exit_codes
+from birdjepa.outputs import scratch_folder
 from birdjepa.resume.compare import MetricDiff, compare_logged, compare_runs
 from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint import FORMAT_VERSION
@@ -35,6 +36,9 @@ TORN = b'{"step": 31, "restart": 0, "time": 1.5, "train/lo'
 #: The loader's mixing defaults before issue 16 (4 shards at a time, 1024 buffered indices).
 OLD_DEFAULTS = ("--data.interleave", "4", "--data.shuffle-buffer", "1024")
 STOP_AT = 30
+MIN_STEPS = STOP_AT + 1 + 5 * 4
+"""The fewest steps the matrix works with: each trial stops after `STOP_AT`, and the full disk fills
+with 5 checkpoints (every 4 steps) after it."""
 #: The old code's straight run (tests/fixtures/format1) was recorded on another machine, and XLA compiles
 #: for the host CPU: there the model's numbers can differ in the last bits (measured between two CPUs: at
 #: most 4.7e-7 relative, for a run of the current code from scratch as well as for the resume). What no
@@ -132,11 +136,12 @@ class Matrix:
         return birdjepa("pretrain", "--run", run, "--log.runs-dir", runs or self.runs)
 
     def rows(self) -> list[FsRow]:
-        shutil.rmtree(self.runs, ignore_errors=True)
+        scratch_folder(self.runs, "the file-system fault matrix")  # ValueError: a folder of the user's
         for name, extra in (("straight", ()), ("straight-old-defaults", OLD_DEFAULTS)):
             done = self.pretrain(name, *extra)
             if done.returncode != 0:
-                raise RuntimeError(f"the straight run {name} exited {done.returncode}: {done.stdout[-2000:]}")
+                why = (done.stdout + done.stderr)[-2000:]  # a refused option says so on stderr: it was blank
+                raise RuntimeError(f"the straight run {name} exited {done.returncode}: {why}")
         faults: list[tuple[str, Callable[[], FsRow]]] = [
             ("two writers, same config", lambda: self.two_writers("same config", ())),
             (
@@ -200,7 +205,7 @@ class Matrix:
     def _stopped(self, run: str, *extra: object) -> Path:
         done = self.pretrain(run, "--stop-at-step", STOP_AT, *extra)
         if done.returncode != 0:
-            raise RuntimeError(f"{run} exited {done.returncode}: {done.stdout[-2000:]}")
+            raise RuntimeError(f"{run} exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
         return self.runs / run
 
     def torn_log(self) -> FsRow:
