@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from birdjepa.data import demo
+from birdjepa.synthetic import demo
 from birdjepa.synthetic.channel import Nuisance
 from birdjepa.synthetic.config import DemoConfig, RecordingPlan
 

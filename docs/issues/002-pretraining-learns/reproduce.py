@@ -121,7 +121,7 @@ def v1_generator(runs: Path):  # noqa: ANN201 (a module read from git)
 
 def make_data(runs: Path, logs: Path) -> dict[str, Path]:
     """Data-set name -> folder holding train/ and eval/."""
-    from birdjepa.data import demo as demo_data
+    from birdjepa.synthetic import demo as demo_data
 
     out = {"v2": demo_data.ensure_demo_data(), "v2-eval16": runs / "data-v2-eval16"}
     if not (out["v2-eval16"] / "manifest.json").is_file():
