@@ -102,3 +102,32 @@ def test_a_group_whose_run_is_taken_over_stops_together(demo_dir: Path, tmp_path
     assert not hung, "the group did not stop"
     assert code == exit_codes.USAGE
     assert json.loads(lease.read_text()) == taker
+
+
+@pytest.mark.slow  # two processes that start JAX and read the data: ~20 s
+def test_processes_started_with_other_options_or_data_are_refused_together(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # Another --seed in one process was a JAX assertion with hundreds of parameter arrays; another copy
+    # of the shards trained a run none of its records described, exit 0.
+    import shutil
+    import socket
+
+    shutil.copytree(demo_dir / "train", tmp_path / "other")
+    next(iter(sorted((tmp_path / "other").glob("*.arrow")))).unlink()
+    other_data = ["--data.train", str(tmp_path / "other")]
+    for extra, said in ((["--seed", "1"], "--seed (processes 0 and 1)"),
+                        (other_data, "--data.train (processes 0 and 1)")):  # fmt: skip
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        group = {"BIRDJEPA_NUM_PROCESSES": "2", "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
+        procs = [subprocess.Popen([*flags(demo_dir, tmp_path, "apart"), *(extra if i else [])],
+                                  env={**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]  # fmt: skip
+        outs = [p.communicate(timeout=300) for p in procs]
+        assert [p.returncode for p in procs] == [2, 2], outs
+        line = f"error: the processes of the group were started with another {said}: give each the same"
+        assert outs[0][1].startswith(line), outs[0][1][-2000:]
+    assert not (tmp_path / "apart").exists()  # refused before anything was written

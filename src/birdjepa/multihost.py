@@ -12,6 +12,7 @@ Joining a group of processes is `birdjepa.slurm.distributed`.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -58,6 +59,23 @@ def any_process(flag: bool) -> bool:
     if jax.process_count() == 1:
         return flag
     return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], np.int32))))
+
+
+def first_disagreement(values: Mapping[str, str]) -> str | None:
+    """The first of ``values`` (name -> text; the same names in every process) that another process holds
+    otherwise, as ``"NAME (processes 0 and K)"``, or None: a collective. A group started with other
+    options or data in one process (another --seed, a node's other copy of the shards) trained a run no
+    record described, or died in a collective with a C++ stack."""
+    if jax.process_count() == 1:
+        return None
+    names = sorted(values)
+    mine = np.asarray([zlib.crc32(values[n].encode()) for n in names], np.int64)
+    everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), len(names))
+    for j, name in enumerate(names):
+        other = np.flatnonzero(everyone[:, j] != everyone[0, j])
+        if other.size:
+            return f"{name} (processes 0 and {int(other[0])})"
+    return None
 
 
 def index_crc32(local_index: np.ndarray) -> float:

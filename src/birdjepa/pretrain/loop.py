@@ -108,6 +108,24 @@ def debug_roundtrip(t: Trainer, state: TrainState, meta: dict[str, Any]) -> Trai
     return t.fns.place(dataclasses.replace(state, params=restored["params"], opt_state=restored["opt_state"]))
 
 
+def group_values(cfg: PretrainConfig) -> dict[str, str]:
+    """What every process of a group must agree on: each option (but the loader's worker count, which
+    moves no batch) and the train data's fingerprint (its files as this process reads them)."""
+    from birdjepa.data import Loader
+    from birdjepa.train.segment import data_files
+
+    values = {
+        f"--{k.replace('_', '-')}": repr(v) for k, v in flatten(to_dict(cfg)).items() if k != "data.n_workers"
+    }
+    try:
+        with Loader(data_files(cfg)[0], batch_size=1, n_workers=1, train=False, features=cfg.data.features,
+                    audio_root=cfg.data.audio_root) as loader:  # fmt: skip
+            values["train data (its fingerprint)"] = loader.fingerprint
+    except Exception as e:  # noqa: BLE001 (said by the checks after, in every process alike)
+        values["train data (its fingerprint)"] = f"unreadable: {e}"
+    return values
+
+
 def pretrain(cfg: PretrainConfig) -> int:
     """Train (or continue) the run in ``cfg.run_dir``; returns the process exit code. The signal
     handlers it installs are removed again when it returns (a process may train several runs), and
@@ -126,6 +144,10 @@ def pretrain(cfg: PretrainConfig) -> int:
 
 def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
     """`pretrain` under its signal handlers: the checks, the run's lease, the segment."""
+    if jax.process_count() > 1 and (differs := multihost.first_disagreement(group_values(cfg))) is not None:
+        print(f"error: the processes of the group were started with another {differs}: give each the same "
+              "options and data", file=sys.stderr, flush=True)  # fmt: skip
+        return exit_codes.USAGE
     # An empty checkpoints/ folder is no run: a start that failed before its first step (a truncated
     # shard) leaves one, and the same command with --resume never was refused.
     ckpts = layout.checkpoints(cfg.run_dir)
