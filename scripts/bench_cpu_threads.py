@@ -73,6 +73,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps < 3:  # the first two steps (the compile, the first run) are not timed: a median of none
+        ap.error(f"--steps {args.steps}: must be at least 3")
     if args.child:
         child(args.child, args.steps)
         return

@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # the child process: this preset
     args = ap.parse_args()
+    if args.steps < 3:  # the first two steps (the compile, the first run) are not timed: a median of none
+        ap.error(f"--steps {args.steps}: must be at least 3")
     if args.measure:
         measure(args.measure, args.steps)
         return

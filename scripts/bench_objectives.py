@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps < 3:  # the first two steps (the compile, the first run) are not timed: a median of none
+        ap.error(f"--steps {args.steps}: must be at least 3")
     if args.worker:
         print(json.dumps(worker(*args.worker, args.batch_size, args.steps)))
         return
