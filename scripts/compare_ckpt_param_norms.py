@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint import Checkpointer
 from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.metrics_log import metrics_by_step
@@ -59,6 +60,8 @@ def main() -> int:
         "--out", type=Path, default=None, help="CSV path (default RUN_DIR/ckpt_param_norms.csv)"
     )
     args = parser.parse_args()
+    if not layout.is_run(args.run_dir):  # a 22-line FileNotFoundError
+        parser.error(f"{args.run_dir}: not a run directory (no {layout.RUN_MARKERS})")
     rows = compare(args.run_dir)
     out = args.out or args.run_dir / "ckpt_param_norms.csv"
     with out.open("w", newline="") as f:
