@@ -8,14 +8,12 @@ report, never to decide what a batch holds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from birdjepa.data.loader import DEFAULTS
-from birdjepa.data.shards import read_shard
 
 MULTILABEL_COLUMN = "ebird_code_multilabel"
 """BirdSet's column of every species heard in a row (a soundscape window's), beside ``ebird_code``'s one."""
@@ -23,21 +21,17 @@ SAME_LENGTH_S = 0.01
 """Window and clip lengths closer than this (seconds, a hop of the log-mel) are the same length."""
 
 
-def several_species(files: Sequence[str], column: str = MULTILABEL_COLUMN) -> int:
-    """Rows of ``files`` whose ``column`` lists more than one class (0 where no shard has it as a list)."""
-    n = 0
-    for f in files:
-        table = read_shard(Path(f))
-        if column not in table.schema.names or not pa.types.is_list(table.schema.field(column).type):
-            continue
-        n += int(pc.sum(pc.greater(pc.list_value_length(table.column(column)), 1)).as_py() or 0)
-    return n
+def several_species(table: pa.Table, column: str = MULTILABEL_COLUMN) -> int:
+    """Rows of a shard's ``table`` whose ``column`` lists more than one class (0 without it as a list)."""
+    if column not in table.schema.names or not pa.types.is_list(table.schema.field(column).type):
+        return 0
+    return int(pc.sum(pc.greater(pc.list_value_length(table.column(column)), 1)).as_py() or 0)
 
 
-def row_windows(shard: Path) -> np.ndarray | None:
-    """``[rows, 2]`` float64: each row's window (start and end seconds) as the eval-mode loader crops it,
-    NaN where a bound is null (the row keeps its centre crop); None where the shard has no window."""
-    table = read_shard(shard)
+def row_windows(table: pa.Table) -> np.ndarray | None:
+    """``[rows, 2]`` float64: each row of a shard's ``table`` by its window (start and end seconds) as the
+    eval-mode loader crops it, NaN where a bound is null (the row keeps its centre crop); None where the
+    shard has no window."""
     names = (DEFAULTS["window_start_column"], DEFAULTS["window_end_column"])
     if not all(n in table.schema.names for n in names):
         return None
@@ -50,8 +44,8 @@ def row_windows(shard: Path) -> np.ndarray | None:
     return windows
 
 
-def window_lengths(files: Sequence[str]) -> np.ndarray:
-    """The length in seconds of every row's window in ``files`` (rows without one left out)."""
-    found = [w for f in files if (w := row_windows(Path(f))) is not None]
+def window_lengths(tables: Sequence[pa.Table]) -> np.ndarray:
+    """The length in seconds of every row's window in the shards' ``tables`` (rows without one left out)."""
+    found = [w for t in tables if (w := row_windows(t)) is not None]
     lengths = np.concatenate([w[:, 1] - w[:, 0] for w in found]) if found else np.zeros(0)
     return lengths[~np.isnan(lengths)]

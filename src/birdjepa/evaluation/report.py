@@ -258,12 +258,13 @@ def what_a_row_holds_past_its_label(eval_files: Sequence[str], features: Feature
     windows longer or shorter than the encoder's clip (it sees their first seconds, or zeros past their
     end). Their scores stood as if neither were so."""
     out = []
-    n_rows = sum(len(read_shard(Path(f))) for f in eval_files)
-    if several := several_species(eval_files):
+    tables = [read_shard(Path(f)) for f in eval_files]  # each read once (memory-mapped)
+    n_rows = sum(len(t) for t in tables)
+    if several := sum(several_species(t) for t in tables):
         out.append(f"{several} of the eval split's {n_rows} rows hold several species ({MULTILABEL_COLUMN}): "
                    "each is scored against its one label; `birdjepa benchmark` scores every species "
                    "(cmAP)")  # fmt: skip
-    lengths, clip = window_lengths(eval_files), features.clip_seconds
+    lengths, clip = window_lengths(tables), features.clip_seconds
     if (longer := int((lengths > clip + SAME_LENGTH_S).sum())) > 0:
         out.append(f"{longer} eval rows have windows longer than the encoder's {clip:g} s clip (up to "
                    f"{lengths.max():g} s): each is scored on its window's first {clip:g} s")  # fmt: skip

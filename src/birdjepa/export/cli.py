@@ -17,7 +17,7 @@ import tyro
 from birdjepa.data import DEFAULTS, DataError, resolve_files
 from birdjepa.data.prepare import AUDIO_EXTENSIONS, PrepareError, find_audio_files
 from birdjepa.data.row_columns import SAME_LENGTH_S, row_windows
-from birdjepa.data.shards import shard_recording_ids, split_labels
+from birdjepa.data.shards import read_shard, shard_recording_ids, split_labels
 from birdjepa.exit_codes import USAGE
 from birdjepa.export.encoder import (
     CARD,
@@ -155,7 +155,7 @@ def embed_sources(
         rate, clip = encoder.features.target_rate, encoder.features.clip_seconds
         names, _ = split_labels(files)  # what the loader's labels index, whichever folder a shard is in
         ids = [shard_recording_ids(Path(f)) for f in files]
-        windows = [row_windows(Path(f)) for f in files]  # a clip past its row's window is zeros there
+        windows = [row_windows(read_shard(Path(f))) for f in files]  # a clip past its row's window: zeros
         for batch in encoder.embed_files(files, n_workers=n_workers, audio_root=audio_root):
             starts = batch["crop_offset"] / rate
             parts["source"] += [files[int(s)] for s in batch["shard_id"]]

@@ -69,12 +69,12 @@ def compare_logged(ma: Logged, mb: Logged, metrics: Iterable[str] | None = None)
 
 
 def compare_with_coverage(
-    a: Path, b: Path, metrics: Iterable[str] | None = None
+    a: Path, b: Path, metrics: Iterable[str] | None = None, logs: tuple[Logged, Logged] | None = None
 ) -> tuple[list[MetricDiff], list[str]]:
     """`compare_runs`, and the lines naming the steps only one run logged (a run stopped early, or
     extended past the other) with the largest difference over the steps both logged (none where both
-    logged the same steps); each log read once."""
-    ma, mb = metrics_by_step(a), metrics_by_step(b)
+    logged the same steps); each log read once (``logs``: the two read already, `metrics_by_step`)."""
+    ma, mb = logs if logs is not None else (metrics_by_step(a), metrics_by_step(b))
     wanted = set(metrics) if metrics is not None else None
     sa, sb = ({s for s, m in run.items() if wanted is None or wanted & m.keys()} for run in (ma, mb))
     diffs = compare_logged(ma, mb, metrics)
@@ -138,17 +138,18 @@ def cli(
             print(f"error: {why}", file=sys.stderr, flush=True)
             raise SystemExit(exit_codes.USAGE)
     try:
-        if not metrics_by_step(run_a) and not metrics_by_step(run_b):  # an empty table, exit 1, unexplained
+        logs = metrics_by_step(run_a), metrics_by_step(run_b)  # read once, for every check below
+        if not any(logs):  # an empty table, exit 1, unexplained
             print(f"error: neither {run_a} nor {run_b} logged a step", file=sys.stderr, flush=True)
             raise SystemExit(exit_codes.USAGE)
-        diffs, coverage = compare_with_coverage(run_a, run_b, metrics)
+        diffs, coverage = compare_with_coverage(run_a, run_b, metrics, logs)
         unlogged = [d.name for d in diffs if d.steps == 0]  # a typo compared equal: max_abs_diff=0.0
         if uncompared := [m for m in unlogged if not compared(m)]:  # "neither run logged it" where both did
             print(f"error: --metrics {' '.join(uncompared)}: not compared (wall-clock time or bookkeeping, "
                   "which differ between any two runs)", file=sys.stderr, flush=True)  # fmt: skip
             raise SystemExit(exit_codes.USAGE)
         if unlogged:
-            logged = sorted({k for run in (run_a, run_b) for m in metrics_by_step(run).values() for k in m})
+            logged = sorted({k for log in logs for m in log.values() for k in m})
             more = f", ... ({len(logged)})" if len(logged) > 8 else ""
             print(f"error: --metrics {' '.join(unlogged)}: neither run logged it; they log "
                   f"{', '.join(logged[:8])}{more}", file=sys.stderr, flush=True)  # fmt: skip

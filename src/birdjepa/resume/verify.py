@@ -166,14 +166,10 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     if cfg.stop_at_step is not None:
         raise OptionError("stop_at_step", cfg.stop_at_step, leave)
     stops = plan(opts, cfg.steps, cfg.log_every)
-    if (
-        opts.workers_after_resume is not None
-    ):  # as pretrain checks it: it failed in segment 1, both runs trained
-        after = dataclasses.replace(
-            cfg, data=dataclasses.replace(cfg.data, n_workers=opts.workers_after_resume)
-        )
+    if opts.workers_after_resume is not None:  # as pretrain checks it: it failed once both runs trained
+        data = dataclasses.replace(cfg.data, n_workers=opts.workers_after_resume)
         try:
-            validation.check(after)
+            validation.check(dataclasses.replace(cfg, data=data))
         except OptionError as e:
             raise OptionError("workers_after_resume", opts.workers_after_resume, e.allowed) from None
     root = cfg.log.runs_dir / f"verify-{cfg.run}"

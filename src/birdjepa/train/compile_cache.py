@@ -115,10 +115,11 @@ def enable() -> Path | None:
     """Turn the cache on for the compilations that follow; returns its folder. With
     ``BIRDJEPA_COMPILE_CACHE=off`` it is off, also where ``JAX_COMPILATION_CACHE_DIR`` turned it on."""
     global _enabled
-    folder = None if _off() else cache_dir()
+    off = _off()
+    folder = None if off else cache_dir()
     if folder is not None and _enabled != str(folder) and not _made(folder):
-        folder = None
-    if folder is None and (_off() or cache_dir() is not None):  # off, or a folder that cannot be made
+        folder, off = None, True  # a folder that cannot be made: as off
+    if off:
         if _enabled != "off":
             jax.config.update("jax_enable_compilation_cache", False)
             compilation_cache.reset_cache()  # JAX decides once per process whether it uses a cache

@@ -52,15 +52,18 @@ all fit under it, on any machine. More threads than cores costs little: on 2 cor
 (small preset) to 1.16x (tiny) the time with a pool of 2 (docs/benchmarks.md, "The CPU thread pool")."""
 
 
-def deterministic_xla() -> None:
+def deterministic_xla() -> list[str]:
     """Add the determinism flags (and `IN_PLACE`) to XLA_FLAGS and fix the CPU thread pool
     (``PJRT_NPROC``: at least `MIN_CPU_THREADS`, more where there are more cores), keeping whatever the
-    user set."""
+    user set. Returns what it set (the flags, and ``PJRT_NPROC``), empty where all was set already."""
     current = os.environ.get("XLA_FLAGS", "")
     missing = [f for f in FLAGS if f.split("=")[0] not in current]
     if missing:
         os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
-    os.environ.setdefault("PJRT_NPROC", str(max(schedulable_cpus(), MIN_CPU_THREADS)))
+    if "PJRT_NPROC" not in os.environ:
+        os.environ["PJRT_NPROC"] = str(max(schedulable_cpus(), MIN_CPU_THREADS))
+        missing.append("PJRT_NPROC")
+    return missing
 
 
 def deterministic_xla_from(caller: str) -> None:
@@ -68,11 +71,7 @@ def deterministic_xla_from(caller: str) -> None:
     ``birdjepa`` command did not start: its numbers then equal the command's bit for bit (an encoder's
     embeddings moved by 3e-7 in 33 of 72 rows without it). A WARNING where JAX's backend had started
     before: XLA read its flags and sized its thread pool then, and those stay."""
-    current = os.environ.get("XLA_FLAGS", "")
-    late = [f for f in FLAGS if f.split("=")[0] not in current] + (
-        ["PJRT_NPROC"] if "PJRT_NPROC" not in os.environ else []
-    )
-    deterministic_xla()
+    late = deterministic_xla()
     try:
         from jax._src.xla_bridge import backends_are_initialized
     except ImportError:  # another JAX: nothing to say

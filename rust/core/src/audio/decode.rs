@@ -451,11 +451,7 @@ impl AudioReader {
     pub fn read_all_mono(&mut self) -> Result<Vec<f32>, AudioError> {
         // Reserve from the container length, capped so a corrupt header cannot reserve gigabytes.
         let mut out: Vec<f32> = Vec::with_capacity(self.n_frames.unwrap_or(0).min(1 << 22) as usize);
-        self.for_each_decoded(|decoded| {
-            let at = out.len();
-            out.resize(at + decoded.frames(), 0.0);
-            mix_to_mono(decoded, 0, &mut out[at..]);
-        })?;
+        self.for_each_mono(|chunk, _| out.extend_from_slice(chunk))?;
         Ok(out)
     }
 
