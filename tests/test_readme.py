@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,11 @@ def test_the_defaults_the_readme_states() -> None:
     assert (c.steps, c.data.batch_size, c.data.n_views) == (600, 16, 2)
     assert c.data.interleave is None  # every shard at once ("all")
     assert (c.iid_window, c.log.runs_dir, SlurmOptions().grace) == (100, Path("runs"), 120)
+    # The README's first screen: `make` leaves the command in .venv/bin/, beside the interpreter the
+    # suite runs in, and a run lands in runs/<run>/.
+    assert c.run_dir == Path("runs") / c.run
+    if Path(sys.prefix).name == ".venv":  # as `make test` runs the suite (not an installed wheel's)
+        assert (Path(sys.prefix) / "bin" / "birdjepa").is_file()
     # birdjepa.verify: no planted fault is active unless asked for.
     debug = dataclasses.asdict(c.debug)  # the verification harness's options, one group
     assert len(debug) >= 5 and not any(debug.values()), debug
