@@ -36,6 +36,15 @@ def birdset_task(birdset_dir: Path) -> Path:
     return sorted(p for p in birdset_dir.iterdir() if p.is_dir())[0]
 
 
+def train_shard_by_path(birdset_task: Path, folder: Path) -> Path:
+    """The task's first train shard rewritten into ``folder`` with its audio by relative path (under
+    ``folder/audio``), its vocab.json beside it."""
+    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
+    (folder / "vocab.json").parent.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    return path_only(shard, folder / shard.name, folder / "audio", relative_to=folder)
+
+
 def test_path_only_birdset_rows_give_the_batches_of_their_embedded_bytes(
     birdset_task: Path, tmp_path: Path
 ) -> None:
@@ -73,9 +82,7 @@ def test_audio_root_finds_relative_paths_for_shards_kept_elsewhere(
 def test_a_missing_file_is_a_counted_skip_naming_shard_row_and_path(
     birdset_task: Path, tmp_path: Path
 ) -> None:
-    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
-    mine = path_only(shard, tmp_path / shard.name, tmp_path / "audio", relative_to=tmp_path)
-    (tmp_path / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    mine = train_shard_by_path(birdset_task, tmp_path)
     gone = read_shard(mine).column("audio").combine_chunks().field("path")[2].as_py()
     (tmp_path / gone).unlink()
     with Loader([str(mine)], batch_size=4, train=False) as loader:
@@ -95,9 +102,7 @@ def test_a_path_to_a_pipe_or_a_folder_is_a_counted_skip_not_a_wait_for_ever(
     import subprocess
     import sys
 
-    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
-    mine = path_only(shard, tmp_path / shard.name, tmp_path / "audio", relative_to=tmp_path)
-    (tmp_path / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    mine = train_shard_by_path(birdset_task, tmp_path)
     paths = read_shard(mine).column("audio").combine_chunks().field("path").to_pylist()
     (tmp_path / paths[2]).unlink()
     os.mkfifo(tmp_path / paths[2])
@@ -119,9 +124,7 @@ def test_a_path_to_a_pipe_or_a_folder_is_a_counted_skip_not_a_wait_for_ever(
 
 
 def test_a_file_changed_between_segments_is_refused_at_resume(birdset_task: Path, tmp_path: Path) -> None:
-    (shard, *_) = sorted((birdset_task / "train").glob("*.arrow"))
-    mine = path_only(shard, tmp_path / shard.name, tmp_path / "audio", relative_to=tmp_path)
-    (tmp_path / "vocab.json").write_bytes((shard.parent / "vocab.json").read_bytes())
+    mine = train_shard_by_path(birdset_task, tmp_path)
     with Loader([str(mine)], batch_size=4, seed=1) as loader:
         next(loader)
         state = loader.state()
