@@ -434,6 +434,33 @@ def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resum
     assert differing(straight, run) == []
 
 
+def test_a_terminal_that_hangs_up_stops_the_run_after_its_step_with_a_checkpoint(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # A run started in an ssh session that dropped: SIGHUP killed it, every step since the last save
+    # lost. In a real terminal (a pty whose far end closes), where every later write to it fails.
+    import pty
+    import select
+
+    run = tmp_path / "hup"
+    argv = ["birdjepa", "pretrain", *pretrain_flags(demo_dir, tmp_path, "hup", *NO_EVAL, "--ckpt-every", "0")]
+    start = f"import sys, runpy; sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')"
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: its own session, the pty its controlling terminal
+        os.execv(sys.executable, [sys.executable, "-c", start])
+    said = b""
+    while not (run / "metrics.jsonl").exists() or not metrics_by_step(run):  # the first step is logged
+        if select.select([terminal], [], [], 0.05)[0]:
+            said += os.read(terminal, 65536)  # drained: a full pty would block the run's writes
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), said.decode(errors="replace")
+    os.close(terminal)  # the terminal hangs up: the kernel sends SIGHUP
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == exit_codes.HUNG_UP, said.decode(errors="replace")
+    (stop,) = events(run, "stop")
+    assert stop["reason"] == f"signal {int(signal.SIGHUP)}" and stop["exit_code"] == exit_codes.HUNG_UP
+    assert stop["step"] < STEPS - 1 and Checkpointer(run).latest_step() == stop["step"]
+
+
 def test_a_preemption_during_the_last_step_finishes_the_run(
     demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,3 +30,6 @@ PIPE_CLOSED = 141
 #: After a Ctrl-C (SIGINT) save: the shell's code for an interrupted command; not requeued (a user
 #: stopped it), and the same command resumes.
 INTERRUPTED = 130
+#: After a SIGHUP save (the terminal closed: an ssh session dropped): the shell's code for a hung-up
+#: command (128 + SIGHUP); not requeued, and the same command resumes.
+HUNG_UP = 129

@@ -58,7 +58,11 @@ from birdjepa.validation import OptionError
 
 #: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit, and
 #: so does a first Ctrl-C (SIGINT): Python's own KeyboardInterrupt lost every step since the last save.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+#: So does a SIGHUP (the terminal of a run started in an ssh session closed): it killed the run unsaved.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+#: What the user sends (or their terminal): ignored where the shell ignores it (``nohup``, a background
+#: job without job control), and not a preemption, so not requeued.
+USER_SIGNALS = {signal.SIGINT: exit_codes.INTERRUPTED, signal.SIGHUP: exit_codes.HUNG_UP}
 CTRL_C = (
     b"\nCtrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes). Ctrl-C "
     b"again quits at once, losing the steps since the last checkpoint.\n"
@@ -74,11 +78,13 @@ class StopRequest:
     def __init__(self, signals: Sequence[int] = STOP_SIGNALS) -> None:
         self.signal: int | None = None
         self.ctrl_c = False
+        # Asked now: once the terminal hung up, isatty() says no (its ioctl fails too).
+        self.terminal = [fd for fd in (1, 2) if os.isatty(fd)]
         self.watch(signals)
 
     def watch(self, signals: Sequence[int]) -> None:
         for sig in signals:
-            if sig != signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
+            if sig not in USER_SIGNALS or signal.getsignal(sig) is not signal.SIG_IGN:
                 signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: object) -> None:
@@ -90,6 +96,13 @@ class StopRequest:
                 os.write(sys.stderr.fileno(), CTRL_C)  # not print: the handler may interrupt a print
                 self.signal = signum
             return
+        if signum == signal.SIGHUP:
+            # The terminal is gone: a write to it fails (EIO) and would stop the save that follows.
+            with open(os.devnull, "wb") as null:
+                for fd in self.terminal:
+                    os.dup2(null.fileno(), fd)
+            if self.signal is not None:  # a preemption's (requeue) or a Ctrl-C's stays the reason
+                return
         self.signal = signum
 
 
@@ -327,7 +340,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         layout.write_config(cfg.run_dir, to_dict(requested))
 
     # Loop: step, evaluate, save.
-    stop.watch([signal.SIGINT])
+    stop.watch(list(USER_SIGNALS))
     last = cfg.steps - 1
     start, end = state.step, state.step if exit_code else cfg.steps
     progress = Progress(
@@ -397,8 +410,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     state = debug_roundtrip(t, state, saved)
             if stopping:
                 signalled = step != cfg.stop_at_step
-                interrupted = stop.signal == signal.SIGINT  # by the user: not a preemption to requeue
-                on_signal = exit_codes.INTERRUPTED if interrupted else exit_codes.REQUEUE
+                # By the user: not a preemption to requeue.
+                on_signal = USER_SIGNALS.get(stop.signal or 0, exit_codes.REQUEUE)
                 # At the last step the run is done: exit 75 requeued it to say "nothing to do", and its
                 # closing summary, with the baselines, was in no log.
                 exit_code = on_signal if signalled and step != last else 0
@@ -425,7 +438,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
 
     # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
     # summary next to its baselines.
-    if exit_code in (0, exit_codes.REQUEUE, exit_codes.INTERRUPTED):
+    if exit_code in (0, exit_codes.REQUEUE, *USER_SIGNALS.values()):
         try:
             t.ckpt.wait()
         except checkpoint.CheckpointWriteError as e:
