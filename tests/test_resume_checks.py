@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -488,3 +489,26 @@ def test_a_shard_relabelled_at_the_same_size_keeps_the_fingerprint_and_the_datas
     assert Loader(str(tmp_path / "two"), batch_size=4, train=False).shard_digests() == meta["dataset_shards"]
     # A checkpoint written before the digests were recorded is compared by its fingerprint, as it was.
     assert dataset_check({"dataset_fingerprint": before.fingerprint}, after.fingerprint, {}).ok
+    # A glob over two folders `prepare` wrote, one file name in each: each shard has its own digest (one
+    # digest stood for both, and a shard relabelled in one folder passed the check).
+    for where, first in (("p", two), ("q", tmp_path / "relabelled" / shard.name)):
+        for folder, source in (("x", first), ("y", two)):
+            (tmp_path / where / folder).mkdir(parents=True)
+            shutil.copy(source, tmp_path / where / folder / shard.name)
+            shutil.copy(tmp_path / "two" / "vocab.json", tmp_path / where / folder)
+    p, q = (Loader([str(tmp_path / w / f) for f in "xy"], batch_size=4, train=False) for w in "pq")
+    assert p.fingerprint == q.fingerprint and list(p.shard_digests()) == [
+        f"x/{shard.name}",
+        f"y/{shard.name}",
+    ]
+    meta = {"dataset_fingerprint": p.fingerprint, "dataset_shards": p.shard_digests()}
+    assert (
+        dataset_check(meta, q.fingerprint, q.shard_digests()).got
+        == f"{q.fingerprint}+changed_shards:x/{shard.name}"
+    )
+    # An older checkpoint's one digest for the two, under the bare name: the fingerprint decides, as then.
+    older = {
+        "dataset_fingerprint": p.fingerprint,
+        "dataset_shards": {shard.name: p.shard_digests()[f"y/{shard.name}"]},
+    }
+    assert dataset_check(older, q.fingerprint, q.shard_digests()).ok

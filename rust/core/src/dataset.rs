@@ -487,18 +487,17 @@ impl Dataset {
         self.reads_audio_by_path
     }
 
-    /// Each shard's file name and a digest of its content but the audio's bytes: every column's values
-    /// (labels, recording ids, events, windows, paths), the size of each recording's audio, and the
-    /// `vocab.json` beside it. The fingerprint reads only a shard's size and the bytes at its ends (a
-    /// data set of 100,000 recordings is read in milliseconds): a shard rewritten at the same size,
-    /// relabelled by a second `prepare`, kept it. Its non-audio columns are a small part of a shard.
+    /// Each shard's name ([`shard_names`]) and a digest of its content but the audio's bytes: every
+    /// column's values (labels, recording ids, events, windows, paths), the size of each recording's
+    /// audio, and the `vocab.json` beside it. The fingerprint reads only a shard's size and the bytes at
+    /// its ends (a data set of 100,000 recordings is read in milliseconds): a shard rewritten at the same
+    /// size, relabelled by a second `prepare`, kept it. Its non-audio columns are a small part of a shard.
     pub fn shard_digests(&self) -> Result<Vec<(String, String)>> {
+        let names = shard_names(self.shards.iter().map(|e| e.shard.path.as_path()));
         self.shards
             .iter()
-            .map(|e| {
-                let name = e.shard.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                Ok((name, format!("{:016x}", shard_digest(e, &self.columns.audio_column)?)))
-            })
+            .zip(names)
+            .map(|(e, name)| Ok((name, format!("{:016x}", shard_digest(e, &self.columns.audio_column)?))))
             .collect()
     }
 
@@ -629,6 +628,32 @@ fn push_array(words: &mut Vec<u64>, data: &ArrayData, payload: bool) {
     }
 }
 
+/// A name for each shard, unique in the set and the same wherever the set is moved: its file name, or,
+/// where two shards share one (a glob over two folders `prepare` wrote, each `train-00000.arrow`), its
+/// path below the folder those shards share (keyed by file name alone, one digest stood for both, and a
+/// shard relabelled in one folder passed the resume checks).
+pub fn shard_names<'a>(paths: impl Iterator<Item = &'a Path> + Clone) -> Vec<String> {
+    let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut same: HashMap<String, Vec<&Path>> = HashMap::new();
+    for p in paths.clone() {
+        same.entry(file_name(p)).or_default().push(p);
+    }
+    paths
+        .map(|p| {
+            let name = file_name(p);
+            let group = &same[&name];
+            if group.len() == 1 {
+                return name;
+            }
+            let shared = group.iter().map(|q| q.components().count()).min().unwrap_or(0);
+            let depth = (0..shared)
+                .take_while(|&i| group.iter().all(|q| q.components().nth(i) == p.components().nth(i)))
+                .count();
+            p.components().skip(depth).map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
+        })
+        .collect()
+}
+
 /// Shard `e`'s content digest (`Dataset::shard_digests`).
 fn shard_digest(e: &ShardEntry, audio_column: &str) -> Result<u64> {
     let mut words: Vec<u64> = Vec::new();
@@ -690,6 +715,13 @@ mod tests {
 
     fn list_of(t: DataType) -> DataType {
         DataType::List(Arc::new(Field::new("item", t, true)))
+    }
+
+    #[test]
+    fn shards_of_one_file_name_in_two_folders_are_named_by_their_folders() {
+        let paths = ["/d/a/train-0.arrow", "/d/b/train-0.arrow", "/d/b/train-1.arrow", "/d/c/x/train-0.arrow"];
+        let names = shard_names(paths.iter().map(Path::new));
+        assert_eq!(names, ["a/train-0.arrow", "b/train-0.arrow", "train-1.arrow", "c/x/train-0.arrow"]);
     }
 
     #[test]

@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -221,7 +222,14 @@ def dataset_check(meta: Mapping[str, Any], dataset: str, shards: Mapping[str, st
     saved, saved_shards = meta["dataset_fingerprint"], meta.get("dataset_shards")
     changed = []
     if saved_shards is not None and shards is not None:
-        changed = sorted(n for n in {*saved_shards, *shards} if saved_shards.get(n) != shards.get(n))
+        # Shards of one file name in several folders: an older birdjepa kept one digest for them, under
+        # the bare name (now each is named by its folder). Those are compared by the fingerprint, as then.
+        names = Counter(n.rsplit("/", 1)[-1] for n in shards)
+        older = {n for n in saved_shards if "/" not in n and names[n] > 1}
+        both = {*saved_shards, *shards} - older
+        changed = sorted(
+            n for n in both if n.rsplit("/", 1)[-1] not in older and saved_shards.get(n) != shards.get(n)
+        )
     if not changed:
         return CheckResult("dataset", dataset == saved, saved, dataset)
     more = f"(+{len(changed) - 3}_more)" if len(changed) > 3 else ""
