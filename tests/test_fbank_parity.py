@@ -130,6 +130,10 @@ def test_resample_rejects_aliases_and_passes_identity() -> None:
     assert np.abs(y[300:-300]).max() < 1e-3  # 20 kHz is above the 16 kHz output Nyquist
     z = np.arange(100, dtype=np.float32)
     np.testing.assert_array_equal(_rs.resample(z, 32000, 32000), z)
+    # A rate the resampler's filters cannot be sized for is refused (4294967295 Hz asked for 171 GB, and
+    # the allocation failure aborted Python).
+    with pytest.raises(ValueError, match=r"resample: unsupported sample rate 4294967295 Hz \(accepted 1000"):
+        _rs.resample(z, 32000, 4294967295)
 
 
 def _encode(x: np.ndarray, rate: int, fmt: str, subtype: str) -> bytes:

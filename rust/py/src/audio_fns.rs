@@ -1,6 +1,6 @@
 //! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
 //! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
-use birdjepa_core::audio::clip::check_recording;
+use birdjepa_core::audio::clip::{check_rate, check_recording};
 use birdjepa_core::audio::decode::{decode_mono, AudioReader};
 use birdjepa_core::audio::AudioError;
 use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
@@ -112,8 +112,8 @@ fn resample<'py>(
     src: u32,
     dst: u32,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-    if src == 0 || dst == 0 {
-        return Err(PyValueError::new_err(format!("resample: rates must be > 0 (got {src} -> {dst})")));
+    for rate in [src, dst] {
+        check_rate(rate).map_err(|e| PyValueError::new_err(format!("resample: {}", e.0)))?;
     }
     let out = with_slice(&samples, |x| py.detach(|| resample_core(x, src, dst)));
     Ok(PyArray1::from_vec(py, out))

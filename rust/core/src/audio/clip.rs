@@ -129,6 +129,14 @@ const MAX_VIEW_VALUES: usize = 1 << 28;
 const MIN_RATE: u32 = 1_000;
 const MAX_RATE: u32 = 768_000;
 
+/// `rate` is one the resampler takes (its filters are sized by the rates: 4294967295 Hz asked for 171 GB).
+pub fn check_rate(rate: u32) -> Result<(), AudioError> {
+    if (MIN_RATE..=MAX_RATE).contains(&rate) {
+        return Ok(());
+    }
+    Err(AudioError(format!("unsupported sample rate {rate} Hz (accepted {MIN_RATE}..={MAX_RATE})")))
+}
+
 /// A recording as `birdjepa prepare --check` sees it, through the loader's own decoder: the container
 /// opens, its rate is one [`ClipExtractor::extract`] takes, and its first `frames` frames (every frame,
 /// with `full`: as many as the container reports, which the loader's crops trust) decode to finite
@@ -143,9 +151,7 @@ pub fn check_recording(
 ) -> Result<(), AudioError> {
     let mut reader = AudioReader::open(data)?;
     let (rate, _, n_frames) = reader.info();
-    if !(MIN_RATE..=MAX_RATE).contains(&rate) {
-        return Err(AudioError(format!("unsupported sample rate {rate} Hz (accepted {MIN_RATE}..={MAX_RATE})")));
-    }
+    check_rate(rate)?;
     if full {
         // A packet at a time: the whole recording held was 4.6 GB for four one-hour FLACs checked at once.
         let mut not_finite = None;
@@ -420,11 +426,7 @@ impl ClipExtractor {
         }
         let mut reader = AudioReader::open(data)?;
         let (rate, _, n_frames) = reader.info();
-        if !(MIN_RATE..=MAX_RATE).contains(&rate) {
-            return Err(AudioError(format!(
-                "extract: unsupported sample rate {rate} Hz (accepted {MIN_RATE}..={MAX_RATE})"
-            )));
-        }
+        check_rate(rate).map_err(|e| AudioError(format!("extract: {}", e.0)))?;
         if n_views == 0 {
             return Ok(Vec::new());
         }
