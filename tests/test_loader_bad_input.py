@@ -360,3 +360,33 @@ def test_ctrl_c_interrupts_within_a_quarter_second(demo_dir: Path) -> None:
     words = out.split()
     assert words[0] == "interrupted", out
     assert float(words[1]) - sent < 0.25
+
+
+FORK_SCRIPT = """
+import os, sys
+from birdjepa.data import Loader, WorkerError
+ld = Loader(sys.argv[1], seed=0, batch_size=4, n_workers=2)
+next(ld)
+child = os.fork()
+if child == 0:
+    try:
+        next(ld)
+    except WorkerError as e:
+        print(f"child: {e}", flush=True)
+    ld.close()  # dropped in the child: not the parent's threads to join
+    sys.exit(0)
+os.waitpid(child, 0)
+print("parent:", next(ld)["index"].shape, flush=True)
+"""
+
+
+def test_a_loader_in_a_forked_process_says_it_has_no_workers_there(demo_dir: Path) -> None:
+    # multiprocessing's default start on Linux is fork: there a batch was waited for for ever, and
+    # dropping the loader panicked in Rust ("threads should not terminate unexpectedly").
+    done = subprocess.run([sys.executable, "-c", FORK_SCRIPT, str(demo_dir / "train")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    child, parent = done.stdout.splitlines()
+    said = r"child: this loader was opened in process \d+, and this is \d+, forked from it, where its worker"
+    assert re.match(said + r" threads are not: open a loader in this process", child), child
+    assert parent == "parent: (4,)"

@@ -54,7 +54,13 @@ def test_a_pass_begun_by_next_is_followed_by_a_whole_one_and_a_closed_loader_kee
     whole = [i for b in eval_loader(demo_dir) for i in b["index"].tolist()]
     loader = eval_loader(demo_dir)
     next(loader)
+    after_one = loader.state()
     assert [i for b in loader for i in b["index"].tolist()] == whole
+    # Restored, a loader gives the rest of its pass, then whole ones (a pass began again at the state it
+    # was restored from: restored at a pass's end, it gave empty passes for ever).
+    for state, rest in ((after_one, whole[5:]), (loader.state(), [])):
+        restored = eval_loader(demo_dir, state=state)
+        assert [[i for b in restored for i in b["index"].tolist()] for _ in "ab"] == [rest, whole]
     with pytest.raises(IndexError, match=f"sample index {len(loader)}: the loader has {len(loader)} samples"):
         loader.encoded_audio(len(loader))
     state = loader.state()

@@ -114,7 +114,9 @@ impl LoaderConfig {
         ClipExtractor::new(self.clip.clone()).map(|x| x.clip_frames()).map_err(Error::config)
     }
 
-    /// The buffer never holds more than one epoch: a larger one would put repeats in one batch.
+    /// The buffer never holds more than one epoch: a larger one would hold several copies of a recording
+    /// at once. (At one epoch or less, a recording not yet drawn meets the next epoch's copy of itself
+    /// now and then, and a batch holds it twice, as in any shuffle buffer that streams across epochs.)
     fn plan_config(&self, shard_rows: &[u64]) -> PlanConfig {
         let n_samples: u64 = shard_rows.iter().sum();
         let buffer_size = if self.train { self.shuffle_buffer.min(n_samples as usize) } else { 0 };
@@ -348,11 +350,31 @@ struct Pipeline {
     shared: Arc<Shared>,
     rx: Receiver<Message>,
     workers: Vec<JoinHandle<()>>,
+    /// The process the workers run in: a process forked from it has none of them.
+    process: u32,
 }
 
 impl Pipeline {
-    /// Tell the workers to stop and join them (idempotent).
+    /// An error in a process forked from the one that spawned the workers: a batch was waited for there
+    /// for ever, and dropping the loader panicked ("threads should not terminate unexpectedly").
+    fn check_process(&self) -> Result<()> {
+        let here = std::process::id();
+        if here == self.process {
+            return Ok(());
+        }
+        Err(Error::worker(format!(
+            "this loader was opened in process {}, and this is {here}, forked from it, where its worker \
+             threads are not: open a loader in this process (or start it with multiprocessing's 'spawn')",
+            self.process
+        )))
+    }
+
+    /// Tell the workers to stop and join them (idempotent); in a forked process, forget them.
     fn stop(&mut self) {
+        if self.check_process().is_err() {
+            std::mem::forget(std::mem::take(&mut self.workers));
+            return;
+        }
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
         for w in self.workers.drain(..) {
@@ -371,8 +393,8 @@ pub struct Loader {
     cfg: LoaderConfig,
     dataset: Arc<Dataset>,
     extractor: Arc<ClipExtractor>,
-    /// State the current pass started from (eval re-iteration restarts here).
-    start: (PlanState, Counters),
+    /// The counters this loader was created with (an eval pass begun again starts from them).
+    start_counters: Counters,
     pipeline: Pipeline,
     shadow: Planner,
     pending: BTreeMap<u64, Message>,
@@ -413,7 +435,7 @@ impl Loader {
             cfg,
             dataset,
             extractor,
-            start: (plan.clone(), counters.clone()),
+            start_counters: counters.clone(),
             pipeline,
             shadow,
             pending: BTreeMap::new(),
@@ -473,9 +495,12 @@ impl Loader {
         }
     }
 
-    /// Start the pass again from the state this loader was created with (eval re-iteration).
+    /// Start a new pass from the data set's beginning (eval re-iteration), its counters those this loader
+    /// was created with. From the state it was created with, a loader restored at a pass's end gave empty
+    /// passes for ever.
     pub fn restart(&mut self) -> Result<()> {
-        let (plan, counters) = self.start.clone();
+        self.pipeline.check_process()?;
+        let (plan, counters) = (PlanState::start(), self.start_counters.clone());
         self.shadow = self.cfg.planner(&self.dataset.shard_rows(), Some(plan.clone()))?;
         // Stop the old workers before starting new ones so the two never compete for cores.
         self.pipeline.stop();
@@ -494,6 +519,7 @@ impl Loader {
 
     /// The next batch, `End` after the last eval batch, or `Pending` if `timeout` passed first.
     pub fn next_batch(&mut self, timeout: Duration) -> Result<Poll> {
+        self.pipeline.check_process()?;
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -672,7 +698,7 @@ fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtract
         })
         .collect();
     started.wait();
-    Pipeline { shared, rx, workers }
+    Pipeline { shared, rx, workers, process: std::process::id() }
 }
 
 fn worker(shared: &Shared, tx: &Sender<Message>) {

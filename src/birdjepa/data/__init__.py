@@ -1,10 +1,10 @@
 """The data side: Arrow shards of encoded audio -> batches of log-mel spectrograms.
 
-`loader` (the Rust loader's Python face, its options and defaults), `shards` (writing shards),
-`prepare` (`birdjepa prepare`: a folder of audio or an HF dataset -> shards), `synth` (the synthetic
-bird-song generator), `demo` (the demo set built on it), `scale_set` (the same song at 10^5
-recordings), `demo_data` (`birdjepa demo-data`, either set), `loader_demo` (`birdjepa loader-demo`).
-The loader's API is re-exported here.
+`loader` (the Rust loader's Python face, its options and defaults), `shards` (writing and reading
+shards), `prepare` (`birdjepa prepare`: a folder of audio or the hub's Parquet -> shards), `parquet`
+(the hub's Parquet, converted for `prepare`), `row_columns` (what a row says beside its audio and
+label, for reports). The synthetic sets are in `birdjepa.synthetic`. The loader's API is re-exported
+here.
 """
 
 from birdjepa.data.loader import (
