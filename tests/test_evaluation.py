@@ -786,6 +786,23 @@ def test_export_and_embed_errors_are_one_line(
     main(["embed", shards, "--encoder", str(tiny_run), "--step", "2", "--out", str(tmp_path / "two.parquet")])
     one_line(["embed", shards, "--encoder", str(folder), "--out", str(tmp_path / "two.parquet")], "embed",
              f"{tmp_path / 'two.parquet'} holds the embeddings of run:eval@2#")  # fmt: skip
+    # A file that holds no embeddings (the input shard itself, notes): replaced by Parquet, exit 0.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    one_line(["embed", shards, "--encoder", str(folder), "--out", str(notes)], "embed",
+             f"{notes} exists and holds no embeddings birdjepa wrote")  # fmt: skip
+    assert notes.read_text() == "mine"
+    # A folder of other files (a run directory: its `embed` then read the stray card's step).
+    one_line(["export", str(tiny_run), "--out", str(tiny_run)], "export", "holds files no export wrote")
+    assert not (tiny_run / "encoder.json").exists()
+    # A card cut short (a write killed): the export that mends it is not refused for it.
+    shutil.copytree(folder, tmp_path / "mend")
+    os.truncate(tmp_path / "mend" / "encoder.json", 24)
+    assert export(tiny_run, tmp_path / "mend") == tmp_path / "mend"
+    assert "encoder.json: not an export's card" in capsys.readouterr().out
+    assert json.loads((tmp_path / "mend" / "encoder.json").read_text()) == json.loads(
+        (folder / "encoder.json").read_text()
+    )
     # Readable by others as any file the user writes (safetensors made it 0600, for the colleague it is for).
     umask = os.umask(0)
     os.umask(umask)
@@ -798,6 +815,13 @@ def test_export_and_embed_errors_are_one_line(
         ("cutcard", lambda f: os.truncate(f / "encoder.json", 24), "encoder.json: not an export's card"),
         ("otherdim", lambda f: (f / "encoder.json").write_text(json.dumps({**card, "model": {**card["model"],
          "dim": 32}})), "model.safetensors: not the weights of the model"),
+        # Hand edits: a KeyError's, a ValueError's or the loader's traceback.
+        ("nomodel", lambda f: (f / "encoder.json").write_text(json.dumps({**card, "model": None})),
+         "encoder.json: its 'model' must be a JSON object, not null"),
+        ("nobatch", lambda f: (f / "encoder.json").write_text(json.dumps({**card, "batch_size": "eight"})),
+         "encoder.json: its 'batch_size' must be a JSON integer, not \"eight\""),
+        ("mels", lambda f: (f / "encoder.json").write_text(json.dumps({**card, "features": {
+         **card["features"], "n_mels": 64}})), "encoder.json: --model.n-frames"),
     ):  # fmt: skip
         shutil.copytree(folder, tmp_path / name)
         damage(tmp_path / name)

@@ -13,6 +13,8 @@ import asyncio
 import gc
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,33 @@ def test_an_async_save_into_a_folder_that_cannot_be_written_exits_74(demo_dir: P
         done = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert done.returncode == exit_codes.IOERR, done.stdout[-2000:] + done.stderr[-2000:]
     assert said_lines(done.stdout)[-1].startswith("ERROR: could not write checkpoint 1 to "), done.stdout
+
+
+WRITE_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+from birdjepa.export.cli import WriteError, write_whole
+out = Path(sys.argv[1]) / "e.parquet"
+write_whole(out, pa.table({"x": np.arange(10)}))
+try:
+    write_whole(out, pa.table({"x": np.random.default_rng(0).random(100_000)}))
+except WriteError as e:
+    print(e)
+print(pq.read_table(out).num_rows, sorted(p.name for p in out.parent.iterdir()))
+"""
+
+
+def test_an_export_or_embeddings_that_do_not_fit_keep_what_was_there(tmp_path: Path) -> None:
+    # `embed` over its earlier result on a full disk: a traceback, and the earlier result gone; `export`
+    # left its 200 KiB partial weights, which kept the disk full.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    write = f"{sys.executable} -c '{WRITE_ON_A_FULL_DISK}' {disk}"
+    script = f"mount -t tmpfs -o size=65536 tmpfs {disk} && {write}"
+    namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    done = subprocess.run([*namespace, "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    said, left = done.stdout.splitlines()
+    assert said.startswith(f"cannot write {disk}/e.parquet: ") and "No space left on device" in said, done
+    assert said.endswith("free there); what it held before is kept"), said
+    assert left == "10 ['e.parquet']", done.stdout  # the earlier result whole, no partial file

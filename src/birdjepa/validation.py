@@ -23,7 +23,7 @@ from typing import Any
 from birdjepa import seams
 from birdjepa.config import PretrainConfig, flatten, to_dict
 from birdjepa.data import DataError, resolve_files
-from birdjepa.data.loader import options_json
+from birdjepa.data.loader import Features, options_json
 from birdjepa.data.shards import check_same_labels, label_count
 from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
@@ -249,6 +249,15 @@ def _check_loader(cfg: PretrainConfig) -> None:
                f"the rest would be cut off: a shorter clip, or --data.features.n-frames and --model.n-frames "
                f"{frames} or more")  # fmt: skip
         raise OptionError("data.features.clip_seconds", cfg.data.features.clip_seconds, why)
+
+
+def check_encoder(model: ModelConfig, features: Features, batch_size: int) -> None:
+    """`OptionError` for the first of an encoder's model, feature and batch options that cannot work
+    together (an export's card, hand-edited: a traceback from the loader or the model's first batch)."""
+    data = dataclasses.replace(PretrainConfig().data, features=features, batch_size=batch_size)
+    cfg = PretrainConfig(model=model, data=data)
+    _check_loader(cfg)
+    _check_model(cfg)
 
 
 def _check_model(cfg: PretrainConfig) -> None:

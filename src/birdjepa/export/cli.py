@@ -18,7 +18,7 @@ from birdjepa.data import DEFAULTS, DataError, resolve_files
 from birdjepa.data.prepare import AUDIO_EXTENSIONS, PrepareError, find_audio_files
 from birdjepa.data.row_columns import SAME_LENGTH_S, row_windows
 from birdjepa.data.shards import read_shard, shard_recording_ids, split_labels
-from birdjepa.exit_codes import USAGE
+from birdjepa.exit_codes import IOERR, USAGE
 from birdjepa.export.encoder import (
     CARD,
     FORMAT,
@@ -51,16 +51,7 @@ def export(run: Path, out: Path, step: int | None = None) -> Path:
     except (EvaluateError, CheckpointError) as e:  # CheckpointError: a damaged one, as `evaluate` says
         raise ExportError(str(e)) from e
     identity = checkpoint_identity(run, r.step, r.meta)
-    if (out / CARD).is_file():  # another encoder's export, replaced without a word
-        there = read_card(out).get("identity")
-        if there != identity:
-            raise ExportError(f"{out} holds the export of {there}: give another --out, or remove it first")
-    out.mkdir(parents=True, exist_ok=True)
-    # Written as any file is (safetensors' own writer made it 0600: unreadable by the colleague the
-    # export is for, on a shared cluster), whole or not at all.
-    partial = out / f".{WEIGHTS}.partial"
-    partial.write_bytes(save(flatten({"encoder": r.params["encoder"]})))
-    partial.replace(out / WEIGHTS)
+    held_out(out, identity)
     card = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -78,8 +69,56 @@ def export(run: Path, out: Path, step: int | None = None) -> Path:
         "input": "log-mel spectrogram float32 [B, n_frames, n_mels] as birdjepa.data.Loader makes it "
         "with these features",
     }
-    (out / CARD).write_text(json.dumps(card, indent=2, default=str) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    # Written as any file is (safetensors' own writer made it 0600: unreadable by the colleague the
+    # export is for, on a shared cluster), each whole or not at all; the card last, so a folder with a
+    # card holds its weights.
+    write_whole(out / WEIGHTS, save(flatten({"encoder": r.params["encoder"]})))
+    write_whole(out / CARD, (json.dumps(card, indent=2, default=str) + "\n").encode())
     return out
+
+
+def held_out(out: Path, identity: str) -> None:
+    """`ExportError` where ``out`` holds what an export of ``identity`` must not replace: another
+    encoder's export, or files no export wrote (a run directory: its `embed` then read the stray card's
+    step, not the run's newest). A card that cannot be read is replaced (it came from a write cut short,
+    and refusing it refused the export that mends it)."""
+    if (out / CARD).is_file():
+        try:
+            there = read_card(out).get("identity")
+        except ExportError as e:
+            print(f"WARNING {e}: replaced by this export", flush=True)
+            return
+        if there != identity:
+            raise ExportError(f"{out} holds the export of {there}: give another --out, or remove it first")
+    ours = {CARD, WEIGHTS, f".{CARD}.partial", f".{WEIGHTS}.partial"}
+    if out.is_dir() and (others := sorted(p.name for p in out.iterdir() if p.name not in ours)):
+        raise ExportError(f"{out} holds files no export wrote ({', '.join(others[:3])}): give an empty or a "
+                          "new folder as --out")  # fmt: skip
+
+
+class WriteError(OSError):
+    """A result that could not be written (a full disk, a quota): what was there before is kept."""
+
+
+def write_whole(path: Path, data: bytes | pa.Table) -> None:
+    """``path`` written whole or not at all (a Parquet table or bytes): through a hidden file renamed
+    over it, removed where the write fails (a full disk kept it, and the disk full; an earlier result at
+    ``path`` was lost)."""
+    from birdjepa.rundir.checkpoint.space import free_bytes, mib
+
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        if isinstance(data, pa.Table):
+            pq.write_table(data, partial)
+        else:
+            partial.write_bytes(data)
+        partial.replace(path)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        why = e.strerror or str(e)
+        raise WriteError(f"cannot write {path}: {why} ({mib(free_bytes(path.parent))} free there); what "
+                         "it held before is kept") from None  # fmt: skip
 
 
 def export_cli(
@@ -100,6 +139,9 @@ def export_cli(
     except ExportError as e:
         print(f"birdjepa export: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
+    except WriteError as e:
+        print(f"birdjepa export: error: {e}", file=sys.stderr)
+        raise SystemExit(IOERR) from None
     card = json.loads((folder / CARD).read_text())
     print(f"exported {card['identity']} ({card['embedding_dim']}-d embeddings) to {folder}")
 
@@ -142,7 +184,10 @@ def embed_sources(
             there = (pq.read_schema(out).metadata or {}).get(b"encoder", b"").decode() or None
         except (OSError, pa.ArrowException):
             there = None
-        if there is not None and there != encoder.identity:
+        if there is None:  # the input shard itself, a text file: replaced by a Parquet file, exit 0
+            raise ExportError(f"{out} exists and holds no embeddings birdjepa wrote: give another --out, or "
+                              "remove it")  # fmt: skip
+        if there != encoder.identity:
             raise ExportError(f"{out} holds the embeddings of {there}: give another --out, or remove it")
     if audio:
         columns = encoder.embed_audio(audio, n_workers=n_workers)
@@ -192,7 +237,7 @@ def embed_sources(
             pa.array(np.asarray(columns["embedding"], np.float32).reshape(-1)), dim),
     })  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.replace_schema_metadata({"encoder": encoder.identity}), out)
+    write_whole(out, table.replace_schema_metadata({"encoder": encoder.identity}))
     return len(table)
 
 
@@ -251,4 +296,7 @@ def embed_cli(
     except (ExportError, DataError, PrepareError) as e:  # PrepareError: a file name that is not UTF-8
         print(f"birdjepa embed: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
+    except WriteError as e:
+        print(f"birdjepa embed: error: {e}", file=sys.stderr)
+        raise SystemExit(IOERR) from None
     print(f"embedded {n} clips with {enc.identity} into {out} in {time.perf_counter() - t0:.1f} s")

@@ -38,7 +38,7 @@ class ExportError(ValueError):
 def checkpoint_identity(run_dir: Path, step: int, meta: dict[str, Any]) -> str:
     """``run:NAME@STEP#CRC``: the CRC-32 of the checkpoint's per-leaf CRC-32s names its exact bytes."""
     crc = zlib.crc32(json.dumps(list(meta["hashes"])).encode())
-    return f"run:{run_dir.name}@{step}#{crc:08x}"
+    return f"run:{run_dir.resolve().name}@{step}#{crc:08x}"  # resolved: `export .` named it "run:@3"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
@@ -227,7 +227,7 @@ def load_encoder(source: str | Path, step: int | None = None) -> Encoder:
     deterministic_xla_from("birdjepa.load_encoder")
     source = Path(source)
     if (source / CARD).is_file():
-        held = read_card(source).get("checkpoint", {}).get("step")
+        held = card_field(read_card(source), source, "checkpoint", dict).get("step")
         if step is not None and step != held:  # else the export's step was embedded, exit 0
             raise ExportError(f"{source}: an export of step {held}, not of the step {step} asked for "
                               "(--step or @STEP is for a run directory)")  # fmt: skip
@@ -257,6 +257,18 @@ def read_card(folder: Path) -> dict[str, Any]:
     return card
 
 
+def card_field(card: dict[str, Any], folder: Path, key: str, kind: type) -> Any:
+    """``card[key]``, of type ``kind``; `ExportError` naming the card and the field where a hand edit
+    removed it or gave it another type (a KeyError's or an AttributeError's traceback)."""
+    value = card.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        got = "missing" if key not in card else json.dumps(value)[:40]
+        kinds = {dict: "object", int: "integer", str: "string"}
+        raise ExportError(f"{folder / CARD}: its {key!r} must be a JSON {kinds[kind]}, not {got}: export the "
+                          "run again")  # fmt: skip
+    return value
+
+
 def _from_export(folder: Path) -> Encoder:
     import jax
     from safetensors import SafetensorError
@@ -264,16 +276,23 @@ def _from_export(folder: Path) -> Encoder:
 
     from birdjepa.config import ConfigError, resolve
     from birdjepa.model.vit import encoder_apply
+    from birdjepa.validation import OptionError, check_encoder
 
     card = read_card(folder)
     if card.get("format") != FORMAT or card.get("version") != FORMAT_VERSION:
         raise ExportError(f"{folder / CARD}: format {card.get('format')} version {card.get('version')}; "
                           f"this birdjepa reads {FORMAT} version {FORMAT_VERSION}")  # fmt: skip
     try:
-        model = resolve(ModelConfig(), card["model"], str(folder / CARD))
-        features = resolve(Features(), card["features"], str(folder / CARD))
+        model = resolve(ModelConfig(), card_field(card, folder, "model", dict), str(folder / CARD))
+        features = resolve(Features(), card_field(card, folder, "features", dict), str(folder / CARD))
     except ConfigError as e:
         raise ExportError(str(e)) from e
+    batch_size = card_field(card, folder, "batch_size", int)
+    identity = card_field(card, folder, "identity", str)
+    try:  # the loader's or the model's traceback at the first batch, else
+        check_encoder(model, features, batch_size)
+    except OptionError as e:
+        raise ExportError(f"{folder / CARD}: {e}") from None
     weights = folder / WEIGHTS
     try:
         params = unflatten(load_file(str(weights)))
@@ -288,4 +307,4 @@ def _from_export(folder: Path) -> Encoder:
         said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ExportError(f"{weights}: not the weights of the model {folder / CARD} describes ({said}): "
                           "export the run again") from None  # fmt: skip
-    return Encoder(model, features, int(card["batch_size"]), card["identity"], params)
+    return Encoder(model, features, batch_size, identity, params)
