@@ -668,6 +668,11 @@ def test_backbone_identities_tell_encoders_apart_and_one_encoder_is_named_once(
     monkeypatch.setattr(birdjepa.evaluation.cli, "restore_checkpoint", other_input_norm)
     (other,) = resolve([f"random:{tiny_run}"])
     assert plain.identity.startswith("random:eval#") and other.identity != plain.identity
+    # A run named from inside it (`birdjepa export .`): "run:@5" in every embedding file made with it.
+    from birdjepa.export.encoder import checkpoint_identity
+
+    monkeypatch.chdir(tiny_run)
+    assert checkpoint_identity(Path("."), 5, {"hashes": []}).startswith("run:eval@5#")
 
 
 def test_a_live_run_s_newest_checkpoint_removed_while_it_is_read_gives_way_to_the_next_newest(
