@@ -6,8 +6,10 @@ command's files, and both marimo notebooks run headless."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +173,17 @@ def test_a_spreadsheet_s_csv_reads_its_byte_order_mark_and_iso_times(tmp_path: P
         ("empty.csv", "", "empty.csv: no logged step"),
         ("nostep.csv", "epoch,loss\n1,2.0\n", "nostep.csv row 1: no step column"),
         ("text.csv", "step,loss,note\n0,1.0,a\n1,oops,b\n2,3,c\n", "text.csv row 2: column 'loss': 'oops'"),
+        # Text among a metric's numbers in our log was dropped as if not logged (line 3 is blank).
+        (
+            "oops.jsonl",
+            '{"step": 0, "x": 1}\n{"step": 1, "x": "nan"}\n\n{"step": 2, "x": "oops"}\n',
+            "oops.jsonl:4: 'x': 'oops' is not a number",
+        ),
+        ("list.jsonl", '{"step": 0, "x": 1}\n{"step": 1, "x": [1, 2]}\n', "list.jsonl:2: 'x': [1, 2] is not"),
+        # No numeric metric: a matplotlib traceback (exit 1) and an empty X-analysis/ folder.
+        ("notes.csv", "step,note\n0,a\n1,b\n", "notes.csv: no numeric metric"),
+        ("bare.jsonl", '{"step": 0, "restart": 0, "time": 1.0}\n', "bare.jsonl: no numeric metric"),
+        ("lists.jsonl", '{"step": 0, "x": [1]}\n{"step": 1, "x": [2]}\n', "lists.jsonl: no numeric metric"),
     ],
 )
 def test_a_log_analyze_cannot_use_is_one_line_naming_it(
@@ -184,7 +197,7 @@ def test_a_log_analyze_cannot_use_is_one_line_naming_it(
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: {tmp_path}/{message}") and "Traceback" not in err, err
-    assert not (tmp_path / "analysis").exists() and not (tmp_path / "run" / "analysis").exists()
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith("analysis")]
 
 
 def test_an_out_analyze_cannot_write_is_exit_2_as_every_command_s(
@@ -389,3 +402,86 @@ def test_iid_grid_notebook_runs_headless(resumed_run: Path, tmp_path: Path) -> N
     assert_figure(out["grid_fig"], tmp_path, panels=1)  # the one IID metric this run logged
     assert out["grid_fig"].axes[0].get_title() == "bucket_lag1/div/vs_iid95"
     assert out["panels"].value == [m for m in figures.IID_GRID if m in out["log"].metrics]
+
+
+def smooth_log(path: Path, resume_at: int, n: int = 60, extra: dict | None = None) -> Path:
+    """Our log of a smooth loss (0.01 per step plus small noise) resumed bit-exactly at ``resume_at``."""
+    rng = np.random.default_rng(2)
+    noise = rng.normal(0, 0.001, n)
+    write_segments(path, [
+        (0, range(0, resume_at), {"train/loss": lambda s: 0.01 * s + float(noise[s]), **(extra or {})}),
+        (1, range(resume_at, n), {"train/loss": lambda s: 0.01 * s + float(noise[s]), **(extra or {})}),
+    ])  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("resume_at", [3, 57])
+def test_a_resume_near_the_start_or_end_scores_against_windows_of_its_own_lengths(
+    tmp_path: Path, resume_at: int
+) -> None:
+    # Its windows cut short by the run's start (3 steps before it) or end (3 after it) were compared with
+    # the drift of full windows: a bit-exact resume at step 3 of a smooth loss scored z -78.
+    log = analysis.load_run(smooth_log(tmp_path / "r", resume_at))
+    (j,) = analysis.jumps(log, ["train/loss"], 10)
+    short = (min(10, resume_at), min(10, 60 - resume_at))
+    assert abs(j.z) < 4 and j.n_drift > 30 and (j.before, j.after) == short, j
+    # The drift is the same statistic over windows of those lengths: 0.01 per step between their centres.
+    drift = analysis.normal_drift(log, "train/loss", short[0], short[1])
+    assert abs(float(np.mean(drift)) - 0.01 * sum(short) / 2) < 1e-3
+    text = analysis.summary_markdown(log, [j], 10, None, None)
+    said = f"windows cut by the run's {'start' if resume_at < 30 else 'end'}: {short[0]} step"
+    assert said in text, text
+
+
+def test_a_time_that_is_not_a_number_in_our_log_reads_as_the_csv_s(tmp_path: Path) -> None:
+    # "time": null was a TypeError's traceback, an ISO time a ValueError's.
+    path = tmp_path / "t.jsonl"
+    rows = [{"step": 0, "time": None, "x": 1.0}, {"step": 1, "time": "2026-01-01T00:00:00", "x": 2.0},
+            {"step": 2, "time": "2026-01-01T02:00:00", "x": 3.0}]  # fmt: skip
+    events = [{"event": "stop", "step": 2, "reason": "done", "exit_code": 0},  # text of events: no metric
+              {"event": "nonfinite", "step": 3, "metrics": ["x"], "action": "skip"}]  # fmt: skip
+    rows.append({"step": 3, "time": 3.0, "x": "nan"})  # as our log writes a NaN
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*rows[:3], *events, rows[3]]))
+    log = analysis.load_run(path)
+    assert math.isnan(log.time[0]) and log.time[2] - log.time[1] == 7200.0
+    assert log.metrics["x"][:3].tolist() == [1.0, 2.0, 3.0] and log.non_finite == {"x": [3]}
+
+
+def test_ema_over_an_inf_is_silent() -> None:
+    # numpy's "invalid value encountered in scalar add" was printed by every analyze of a diverged run.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = analysis.ema(np.array([1.0, math.inf, 2.0, 3.0]), 2.0)
+        analysis.rolling_quantiles(np.array([1.0, math.inf, 2.0, math.inf]), 3)
+    assert out[:2].tolist() == [1.0, math.inf] and math.isnan(out[2]) and out[3] == 3.0
+
+
+def test_analyze_of_a_jsonl_writes_beside_it_silently_and_a_run_into_its_analysis(tmp_path: Path) -> None:
+    # A log beside a run's metrics.jsonl wrote into the run's "analysis/", over the run's own analysis;
+    # an inf printed numpy's RuntimeWarnings (EMA, band, the difference to --other).
+    run = smooth_log(tmp_path / "run", 30)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[12]["train/loss"] = "inf"  # as our log writes a diverged step's value
+    (run / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        analysis.analyze(run / "a.jsonl", other=run / "metrics.jsonl", metrics=("train/loss",), window=5)
+    analysis.analyze(run / "metrics.jsonl", metrics=("train/loss",), window=5)
+    assert "inf" in (run / "a-analysis" / "summary.md").read_text()
+    assert "inf" not in (run / "analysis" / "summary.md").read_text()
+
+
+def test_every_line_of_a_figure_is_named_and_the_iid_grid_has_its_x_label() -> None:
+    # The overview's legend was on its first panel only: the IID reference's green line in a loader
+    # panel was never named.
+    n = 30
+    steps = np.arange(n)
+    metrics = {"train/loss": np.linspace(3, 2, n), "dataloader/window_unique": np.full(n, 5.0),
+               "dataloader/window_unique_iid_expected": np.full(n, 5.5)}  # fmt: skip
+    log = analysis.RunLog("t", steps, steps * 1.0, metrics, [analysis.Resume(10, 1, "test", 0.0)])
+    fig = figures.overview(log, ["train/loss", "dataloader/window_unique"])
+    named = {t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    labelled = {label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]}
+    assert "IID expectation" in labelled and named == labelled, (named, labelled)
+    grid = figures.iid_grid(log)
+    assert [ax.get_xlabel() for ax in grid.axes if ax.get_visible()] == ["step"]

@@ -132,6 +132,13 @@ def overview(log: RunLog, metrics: list[str], *, other: RunLog | None = None, ha
         _mark_resumes(ax, log)
         ax.set_ylabel(metric, fontsize=8)
     axes[0].legend(fontsize=7, loc="best")
+    named = set(axes[0].get_legend_handles_labels()[1])
+    for ax in axes[1:]:  # a line the first panel has not (a loader panel's IID reference) was never named
+        new = [
+            (h, label) for h, label in zip(*ax.get_legend_handles_labels(), strict=True) if label not in named
+        ]
+        if new:
+            ax.legend(*zip(*new, strict=True), fontsize=7, loc="best")
     axes[-1].set_xlabel("step")
     fig.suptitle(f"{log.name}: {len(log.resumes)} resume(s) (red lines)", fontsize=10)
     return fig
@@ -152,6 +159,7 @@ def iid_grid(log: RunLog, metrics: tuple[str, ...] = IID_GRID, *, halflife: floa
         _reference(ax, log, metric)
         _mark_resumes(ax, log)
         ax.set_title(metric.removeprefix("dataloader/"), fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
         ax.legend(fontsize=6, loc="best")
     for ax in axes[len(present) :]:
         ax.set_visible(False)

@@ -40,7 +40,7 @@ NOT_METRICS = frozenset({"step", "_step", "restart", "time", "_timestamp", "time
 
 class LogError(MetricsFileError):
     """A log that cannot be analysed (named with its row where there is one): no logged step, no step
-    column, a step or a metric value that is not a number."""
+    column, no numeric metric, a step or a metric value that is not a number."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,13 +168,27 @@ AT_A_RESUME: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def _line_number(path: Path, index: int) -> int:
+    """The 1-based line of the ``index``-th row `read_metrics_file` yields (it skips blank lines)."""
+    lines = path.read_bytes().split(b"\n")
+    return [i + 1 for i, line in enumerate(lines) if line.strip()][index]
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= most else f"{text[: most - 3]}..."
+
+
 def _ours(path: Path, name: str) -> RunLog:
     """Our JSON lines: segments split at the explicit ``resume`` events."""
     segments: list[list[_Row]] = [[]]
     resumes: list[Resume] = []
     last_time = math.nan
-    for line in read_metrics_file(path):
-        time = float(line.get("time", math.nan))
+    numeric: set[str] = set()  # keys with a number in some row
+    text: dict[str, tuple[int, Any]] = {}  # key -> the first row (index) and value that is not a number
+    for index, line in enumerate(read_metrics_file(path)):
+        seconds = _seconds(line.get("time"))  # null or an ISO time: as a CSV's time column reads
+        time = math.nan if seconds is None else seconds
         if line.get("event") == "resume":
             if resumes and not segments[-1] and resumes[-1].step == int(line["step"]):
                 resumes.pop()  # a resume refused (its checks failed, exit 65): it trained nothing
@@ -188,8 +202,18 @@ def _ours(path: Path, name: str) -> RunLog:
             said = AT_A_RESUME[line["event"]](line)
             resumes[-1] = dataclasses.replace(resumes[-1], reason=f"{resumes[-1].reason}; {said}")
         elif "event" not in line:
-            segments[-1].append(_row(int(line["step"]), time, line.items()))
+            segments[-1].append(row := _row(int(line["step"]), time, line.items()))
             last_time = time
+            numeric.update(row.values)
+            for k, v in line.items():  # null: not logged, as an empty CSV cell
+                if v is not None and k not in row.values and k not in NOT_METRICS:
+                    text.setdefault(k, (index, v))
+    # As in a CSV: a key of text (or lists) only is no metric, but text among its numbers is damage.
+    bad = sorted((index, k, v) for k, (index, v) in text.items() if k in numeric)
+    if bad:
+        index, key, value = bad[0]
+        raise LogError(f"{path}:{_line_number(path, index)}: {key!r}: {_shown(value)} is not a number (other "
+                       "rows log it as one)")  # fmt: skip
     return _timeline(name, segments, resumes)
 
 
@@ -267,6 +291,10 @@ def load_run(path: str | Path, *, gap_s: float = DEFAULT_GAP_S, name: str | None
         log = _ours(path, name)
     if not len(log.steps):  # nothing to plot or to measure a jump on
         raise LogError(f"{path}: no logged step (an empty log, or a header or events only)")
+    if not log.metrics:  # a matplotlib traceback, after the analysis folder was made
+        raise LogError(
+            f"{path}: no numeric metric (its values besides step and time are text, lists or empty)"
+        )
     return log
 
 

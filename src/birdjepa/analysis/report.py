@@ -14,7 +14,7 @@ import tyro
 from birdjepa import exit_codes
 from birdjepa.analysis import figures
 from birdjepa.analysis.load import DEFAULT_GAP_S, RunLog, load_run
-from birdjepa.analysis.windows import Jump, jumps, max_abs_diff
+from birdjepa.analysis.windows import Jump, jumps, max_abs_diff, windows_at
 from birdjepa.outputs import unwritable
 from birdjepa.rundir import layout
 from birdjepa.rundir.metrics_log import MetricsFileError
@@ -48,6 +48,11 @@ def summary_markdown(log: RunLog, found: list[Jump], width: int, other: RunLog |
                  f"resume(s); windows of {width} steps.")  # fmt: skip
     for r in log.resumes:
         gap = "" if math.isnan(r.gap_s) else f", {r.gap_s:.1f} s after the previous line"
+        before, after = windows_at(log, r.step, width)
+        where = " and ".join(w for w, cut in (("start", before < width), ("end", after < width)) if cut)
+        if where:  # its z is against drift over windows as short as its own: said, as the table is not
+            gap += (f"; windows cut by the run's {where}: {before} step{'s' * (before != 1)} before, {after} "
+                    "after (its drift from windows of the same lengths)")  # fmt: skip
         lines.append(f"- step {r.step}: {r.reason}{gap}")
     if log.non_finite:  # a NaN is left out of the means below as if not logged: said, not averaged away
         said = "; ".join(f"{k} at step{'s' * (len(v) > 1)} {', '.join(map(str, v[:10]))}"
@@ -132,10 +137,10 @@ def analyze(
         chosen = list(metrics)
     if out is not None:
         where = Path(out)
-    elif run.suffix.lower() == ".csv":  # two exports in one folder wrote over each other's analysis
-        where = run.parent / f"{run.stem}-analysis"
-    else:
+    elif run.is_dir() or run.name == layout.METRICS_FILE:
         where = layout.analysis_dir(run if run.is_dir() else run.parent)
+    else:  # any other log file (an export, a copied X.jsonl): two in one folder wrote over each other's
+        where = run.parent / f"{run.stem}-analysis"
     why = unwritable(where, folder=True)  # a read-only run (an archive, another user's): a traceback
     if why is not None:
         raise OutputError(why if out is not None else f"{why}; give --out FOLDER")

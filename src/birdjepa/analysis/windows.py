@@ -4,10 +4,12 @@ For a resume at step ``r`` and a width ``W``: ``pre`` is the mean over steps ``[
 mean over ``[r, r + W)``, and the jump is ``post - pre``. The same statistic taken at every other step
 ``t`` whose windows ``[t - W, t + W)`` hold no resume is the metric's normal drift (training moves every
 metric; a loss falling by 0.1 per 20 steps is not a jump). The z-score is the jump against that drift:
-``(jump - mean(drift)) / std(drift)``; a resume that is a non-event scores like any other step. Given a
-reference run (``other``, e.g. the uninterrupted one), the drift is measured on it instead: it shows the
-metric's normal movement untouched by resumes, and a run resumed every few steps has no quiet windows
-of its own.
+``(jump - mean(drift)) / std(drift)``; a resume that is a non-event scores like any other step. A resume
+within ``W`` steps of the run's first or last step has a window cut short there (``before`` or ``after``
+steps instead of ``W``): its drift is measured over windows of those same lengths, as a cut window's jump
+spans fewer steps and averages fewer values than a full one's. Given a reference run (``other``, e.g.
+the uninterrupted one), the drift is measured on it instead: it shows the metric's normal movement
+untouched by resumes, and a run resumed every few steps has no quiet windows of its own.
 
 Bands for the pictures: an EMA (``halflife`` steps) and trailing rolling quantiles (the last ``width``
 logged values; trailing so a band never knows about the step after it).
@@ -30,10 +32,11 @@ def ema(values: np.ndarray, halflife: float) -> np.ndarray:
     alpha = 1.0 - 0.5 ** (1.0 / halflife)
     out = np.full(len(values), np.nan)
     avg = math.nan
-    for i, v in enumerate(values):
-        if not math.isnan(v):
-            avg = v if math.isnan(avg) else avg + alpha * (v - avg)
-        out[i] = avg
+    with np.errstate(invalid="ignore", over="ignore"):  # a diverged step's inf: nan next, then it restarts
+        for i, v in enumerate(values):
+            if not math.isnan(v):
+                avg = v if math.isnan(avg) else avg + alpha * (v - avg)
+            out[i] = avg
     return out
 
 
@@ -46,18 +49,19 @@ def rolling_quantiles(values: np.ndarray, width: int, qs: tuple[float, ...] = (0
     out = np.full((len(qs), n), np.nan)
     has = ~np.all(np.isnan(windows), axis=1)
     if has.any():
-        out[:, has] = np.nanquantile(windows[has], qs, axis=1)
+        with np.errstate(invalid="ignore"):  # interpolating towards a diverged step's inf
+            out[:, has] = np.nanquantile(windows[has], qs, axis=1)
     return out
 
 
 def _window_means(
-    steps: np.ndarray, values: np.ndarray, at: np.ndarray, width: int
+    steps: np.ndarray, values: np.ndarray, at: np.ndarray, before: int | np.ndarray, after: int | np.ndarray
 ) -> tuple[np.ndarray, ...]:
-    """Means over ``[at - width, at)`` and ``[at, at + width)`` of the logged (non-nan) values, and the
+    """Means over ``[at - before, at)`` and ``[at, at + after)`` of the logged (non-nan) values, and the
     number of values in each. Each window summed on its own: prefix sums carried one ``inf`` (a diverged
     step) into every later window as nan, and one huge value swamped every later sum to 0."""
     logged = ~np.isnan(values)
-    lo, mid, hi = (np.searchsorted(steps, x) for x in (at - width, at, at + width))
+    lo, mid, hi = (np.searchsorted(steps, x) for x in (at - before, at, at + after))
     out = np.full((4, len(at)), np.nan)
     with np.errstate(invalid="ignore", over="ignore"):
         for i, (a, m, b) in enumerate(zip(lo, mid, hi, strict=True)):
@@ -68,14 +72,22 @@ def _window_means(
     return pre, post, n_pre.astype(np.int64), n_post.astype(np.int64)
 
 
-def normal_drift(log: RunLog, metric: str, width: int) -> np.ndarray:
-    """``post - pre`` at every logged step whose two windows lie inside the run, hold no resume, and have
-    at least one value each, finite (a window over a diverged step's inf is no drift to compare with)."""
+def windows_at(log: RunLog, step: int, width: int) -> tuple[int, int]:
+    """(before, after): the lengths in steps of the windows at ``step``, ``width`` each unless the run's
+    first or last step cuts them short (0 for a resume that logged no step after it)."""
+    return max(0, min(width, step - int(log.steps[0]))), max(0, min(width, int(log.steps[-1]) + 1 - step))
+
+
+def normal_drift(log: RunLog, metric: str, before: int, after: int | None = None) -> np.ndarray:
+    """``post - pre`` over windows of ``before`` and ``after`` steps (``after`` = ``before`` unless given)
+    at every logged step whose two windows lie inside the run, hold no resume, and have at least one value
+    each, finite (a window over a diverged step's inf is no drift to compare with)."""
+    after = before if after is None else after
     steps, values = log.steps, log.metrics[metric]
-    t = steps[(steps - width >= steps[0]) & (steps + width - 1 <= steps[-1])]
+    t = steps[(steps - before >= steps[0]) & (steps + after - 1 <= steps[-1])]
     for r in log.resumes:
-        t = t[~((t - width < r.step) & (r.step < t + width))]
-    pre, post, n_pre, n_post = _window_means(steps, values, t, width)
+        t = t[~((t - before < r.step) & (r.step < t + after))]
+    pre, post, n_pre, n_post = _window_means(steps, values, t, before, after)
     with np.errstate(invalid="ignore"):
         drift = post - pre
     return drift[(n_pre > 0) & (n_post > 0) & np.isfinite(drift)]
@@ -98,6 +110,10 @@ class Jump:
     """The same statistic on the other run at the same step (what the step would have shown there)."""
     other_max_abs: float | None
     """Largest |this run - other run| over the window's steps (None without another run)."""
+    before: int
+    """Steps in the pre window: ``W``, or fewer where the run's first step cuts it (see `windows_at`)."""
+    after: int
+    """Steps in the post window: ``W``, or fewer where the run's last step cuts it."""
 
 
 def _z(jump: float, drift: np.ndarray) -> tuple[float, float]:
@@ -118,7 +134,8 @@ def window_diff(log: RunLog, other: RunLog, metric: str, lo: int, hi: int) -> fl
     if not np.array_equal(sa[ka], sb[kb]):
         return math.inf
     va, vb = va[ka], vb[kb]
-    diff = np.where(va == vb, 0.0, np.abs(va - vb))  # equal infinities differ by 0, not nan
+    with np.errstate(invalid="ignore"):  # equal infinities differ by 0, not nan
+        diff = np.where(va == vb, 0.0, np.abs(va - vb))
     return float(diff.max(initial=0.0))
 
 
@@ -126,15 +143,21 @@ def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = No
     """One ``Jump`` per resume and metric, in resume then metric order."""
     reference = other if other is not None else log
     at = np.array([r.step for r in log.resumes], np.int64)
+    spans = [windows_at(log, r.step, width) for r in log.resumes]
+    before, after = (np.array([s[k] for s in spans], np.int64) for k in (0, 1))
     out = []
     for metric in metrics:
-        drift = normal_drift(reference, metric, width) if metric in reference.metrics else np.array([])
-        pre, post, _, _ = _window_means(log.steps, log.metrics[metric], at, width)
+        drifts: dict[tuple[int, int], np.ndarray] = {}  # one per window lengths (most are (W, W))
+        pre, post, _, _ = _window_means(log.steps, log.metrics[metric], at, before, after)
         other_jumps: list[float | None] = [None] * len(at)
         if other is not None and metric in other.metrics:
-            o_pre, o_post, _, _ = _window_means(other.steps, other.metrics[metric], at, width)
+            o_pre, o_post, _, _ = _window_means(other.steps, other.metrics[metric], at, before, after)
             other_jumps = [float(x) for x in o_post - o_pre]
         for i, r in enumerate(log.resumes):
+            if spans[i] not in drifts:
+                drifts[spans[i]] = (normal_drift(reference, metric, *spans[i]) if metric in reference.metrics
+                                    else np.array([]))  # fmt: skip
+            drift = drifts[spans[i]]
             jump = float(post[i] - pre[i])
             z, sd = _z(jump, drift)
             diff = None if other is None else window_diff(log, other, metric, r.step - width, r.step + width)
@@ -148,6 +171,7 @@ def jumps(log: RunLog, metrics: list[str], width: int, other: RunLog | None = No
                 reference.name,
                 other_jumps[i],
                 diff,
+                *spans[i],
             )
             out.append(Jump(metric, r.step, *values))
     out.sort(key=lambda j: (j.resume_step, metrics.index(j.metric)))
