@@ -90,6 +90,11 @@ INVALID = [
      "--objective.mae.decoder-heads 4: --model.rope needs a decoder head width that 4 divides (it is 6)"),
     (["--model.dim", "1", "--model.heads", "1", "--model.mlp-ratio", "1", "--model.swiglu"],
      "--model.swiglu True: needs 2/3 of --model.mlp-ratio x --model.dim to be >= 1"),
+    (["--objective.kind", "mae", "--data.n-views", "1", "--model.swiglu", "--model.mlp-ratio", "1",
+      "--objective.mae.decoder-dim", "1", "--objective.mae.decoder-heads", "1"],
+     "--objective.mae.decoder-dim 1: --model.swiglu needs 2/3 of --model.mlp-ratio x the decoder's width"),
+    # SIGReg read 0 for a collapsed embedding (its knots spread past its weight), and the run exited 0.
+    (["--objective.lejepa.t-max", "1e38"], "--objective.lejepa.t-max 1e+38: must be at most 10: SIGReg's"),
     (["--model.depth", "1", "--model.drop-path", "0.5"],
      "--model.drop-path 0.5: is the last block's rate, rising from 0 at the first: one block"),
     # ... or read by nothing with the rest of the options (`validation.unused`).

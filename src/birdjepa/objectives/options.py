@@ -58,6 +58,9 @@ DEFAULT_LAMBDA = 0.05
 DEFAULT_NUM_DIRECTIONS = 256
 DEFAULT_NUM_KNOTS = 17
 DEFAULT_T_MAX = 3.0
+#: SIGReg's largest frequency: its integrand's weight exp(-t^2/2) is 2e-22 there, so a larger one only
+#: spreads the knots (17 of them over [0, 100] scored a collapsed embedding 1e-6; the run exited 0).
+T_MAX = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +107,8 @@ class LeJepaConfig(Options):
 
     def problems(self, cfg: PretrainConfig) -> Iterator[Problem]:
         m = cfg.model
+        if self.t_max > T_MAX:  # its knots spread out until a collapsed embedding scores 0 (at 1e6)
+            yield "t_max", self.t_max, f"must be at most {T_MAX:g}: SIGReg's weight exp(-t^2/2) is ~0 past it"
         if cfg.data.n_views < 2:
             yield "n_views", cfg.data.n_views, "the lejepa objective compares views: need >= 2"
         if self.span_weight and not m.predictor_depth:
@@ -191,6 +196,11 @@ class MaeConfig(Options):
                 decoder.heads,
                 f"--model.rope needs a decoder head width that 4 divides (it is {width})",
             )
+        if (
+            m.swiglu and decoder.depth and 2 * m.mlp_ratio * decoder.dim // 3 < 1
+        ):  # a ZeroDivisionError at init
+            why = "--model.swiglu needs 2/3 of --model.mlp-ratio x the decoder's width to be >= 1"
+            yield "decoder_dim", decoder.dim, why
 
     def unused(self, cfg: PretrainConfig) -> Iterator[Problem]:
         yield from super().unused(cfg)
