@@ -97,12 +97,20 @@ def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(
     assert taken.took_over is not None and "no heartbeat for" in taken.took_over["why"]
     taken.release()
     assert not (run / LEASE_FILE).exists()
-    # Not JSON: "took over a stale lease of pid None on None (no heartbeat for 1796529485 s)".
-    (run / LEASE_FILE).write_text("garbage{")
-    capsys.readouterr()
-    acquire(run).release()
-    said = f"WARNING {run / LEASE_FILE}: took over an unreadable lease (not JSON)\n"
-    assert capsys.readouterr().out == said
+    # Not JSON: "took over a stale lease of pid None on None (no heartbeat for 1796529485 s)"; JSON that is
+    # no lease, and a link to nowhere: taken for released, again and again, at full CPU, for ever; a list,
+    # a heartbeat of text: a traceback.
+    damage = ["garbage{", "null", "[]", '{"heartbeat": null}', '{"heartbeat": "x"}', None]
+    for text in damage:
+        if text is None:
+            (run / LEASE_FILE).symlink_to(tmp_path / "nowhere")
+        else:
+            (run / LEASE_FILE).write_text(text)
+        capsys.readouterr()
+        acquire(run).release()
+        said = f"WARNING {run / LEASE_FILE}: took over an unreadable lease (not a lease's JSON)\n"
+        assert capsys.readouterr().out == said, text
+        assert not os.path.lexists(run / LEASE_FILE)
 
 
 def test_the_heartbeat_is_renewed_and_stops_once_taken_over(tmp_path: Path, monkeypatch) -> None:

@@ -88,12 +88,20 @@ def _me() -> dict[str, Any]:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
+    """The lease at ``path``: None where there is none; a damaged one (every writer writes aside and
+    renames or links) as stale. A link to nowhere read as none, and JSON that is no lease (``null``) too:
+    the trainer took it for released, again and again, at full CPU and deaf to SIGTERM, for ever."""
+    damaged = {"heartbeat": 0.0, "damaged": True}
     try:
-        return json.loads(path.read_text())
+        lease = json.loads(path.read_text())
     except FileNotFoundError:
-        return None
-    except (ValueError, OSError):  # damaged (every writer writes aside and renames or links)
-        return {"heartbeat": 0.0, "damaged": True}
+        return damaged if os.path.lexists(path) else None
+    except (ValueError, OSError):
+        return damaged
+    heartbeat = lease.get("heartbeat", 0.0) if isinstance(lease, dict) else None
+    if not isinstance(heartbeat, (int, float)) or isinstance(heartbeat, bool):  # a list, a text heartbeat
+        return damaged
+    return lease
 
 
 def _write(path: Path, lease: dict[str, Any]) -> None:
@@ -257,7 +265,7 @@ def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
             if _take_over(path, holder, mine):
                 # A damaged one said "a stale lease of pid None on None (no heartbeat for 1796529485 s)".
                 pid, host = holder.get("pid"), holder.get("host")
-                whose = ("an unreadable lease (not JSON)" if holder.get("damaged") else
+                whose = ("an unreadable lease (not a lease's JSON)" if holder.get("damaged") else
                          f"a stale lease of pid {pid} on {host} ({why})")  # fmt: skip
                 print(f"WARNING {path}: took over {whose}", flush=True)
                 return Lease(path, me, {**holder, "why": why})
