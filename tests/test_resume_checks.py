@@ -64,12 +64,13 @@ def test_config_diff_splits_harmless_from_breaking() -> None:
     b = {
         "seed": 0,
         "log_every": 5,
-        "data": {"batch_size": 16, "n_workers": 1, "train": "/b"},
+        "data": {"batch_size": 16, "n_workers": 1, "train": "/b", "audio_root": "/local"},
         "log": {"wandb": "y"},
     }
     harmless, breaking = config_diff(a, b)
     assert breaking == ["data.batch_size:8->16"]
-    assert harmless == ["data.n_workers:2->1", "data.train:/a->/b", "log.wandb:x->y", "log_every:1->5"]
+    assert harmless == ["data.audio_root:<absent>->/local", "data.n_workers:2->1", "data.train:/a->/b",
+                        "log.wandb:x->y", "log_every:1->5"]  # fmt: skip
     assert config_diff(a, a) == ([], [])
     assert config_diff(a, {**a, "optim": {"lr": 1.0}})[1] == ["optim.lr:<absent>->1.0"]
 

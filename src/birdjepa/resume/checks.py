@@ -61,7 +61,8 @@ BREAKING_ALLOWED = "breaking_changes_allowed"
 #: count, run control and the diagnostics. Everything else (batch size, seed, data options, model,
 #: objective, optimizer, schedule, steps, PRNG mode) is breaking. The data paths are harmless here
 #: because the `dataset` check compares the shards' content fingerprint (data moved to node-local disk
-#: is the same data).
+#: is the same data), and so is the audio root, whose files' sizes and times the fingerprint holds (audio
+#: copied to node-local disk at each requeue exited 65, and a requeue fails again).
 HARMLESS_CONFIG = (
     "run",
     "resume",
@@ -83,6 +84,7 @@ HARMLESS_CONFIG = (
     "max_skips",
     "data.train",
     "data.eval",
+    "data.audio_root",
     "data.n_workers",
     "log.",
 )
