@@ -235,6 +235,11 @@ def test_compare_names_the_steps_one_run_logged_alone_and_the_difference_over_th
                         "over the 4 steps both logged: max_abs_diff=0.0", "max_abs_diff=inf"]  # fmt: skip
     assert command(capsys, "compare", tmp_path / "long", tmp_path / "long") == 0
     assert "steps only" not in capsys.readouterr().out
+    # A resumed segment's first row under --log-every 3 holds its resume/* checks alone: no step logged.
+    with (tmp_path / "long" / METRICS_FILE).open("a") as f:
+        f.write(json.dumps({"step": 10, "restart": 1, "resume/failed": 0}) + "\n")
+    assert command(capsys, "compare", tmp_path / "long", tmp_path / "short") == 1
+    assert f"steps only {tmp_path / 'long'} logged: 4-5, 9 (3)" in capsys.readouterr().out
 
 
 def test_the_legacy_resume_bug_is_caught_by_the_checks_and_by_compare(

@@ -76,7 +76,11 @@ def compare_with_coverage(
     logged the same steps); each log read once (``logs``: the two read already, `metrics_by_step`)."""
     ma, mb = logs if logs is not None else (metrics_by_step(a), metrics_by_step(b))
     wanted = set(metrics) if metrics is not None else None
-    sa, sb = ({s for s, m in run.items() if wanted is None or wanted & m.keys()} for run in (ma, mb))
+    # A step logged with no compared metric (a resumed segment's first row under --log-every N holds its
+    # resume/* checks alone) is no step logged: "steps only B logged: 4, 7", then exit 0.
+    sa, sb = (
+        {s for s, m in run.items() if (m.keys() if wanted is None else wanted & m.keys())} for run in (ma, mb)
+    )
     diffs = compare_logged(ma, mb, metrics)
     if sa == sb:
         return diffs, []
