@@ -131,3 +131,39 @@ def test_processes_started_with_other_options_or_data_are_refused_together(
         line = f"error: the processes of the group were started with another {said}: give each the same"
         assert outs[0][1].startswith(line), outs[0][1][-2000:]
     assert not (tmp_path / "apart").exists()  # refused before anything was written
+
+
+def test_a_ctrl_c_that_reaches_one_process_while_the_group_opens_stops_the_group_after_a_step(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # Before the loop a Ctrl-C was immediate in each process: the one it reached left, and the other
+    # aborted 300 s later in a collective with a C++ stack; once in the loop, one process's Ctrl-C gave
+    # the group exits 75 and 130. Now the group saves after its first step and exits 130 in both.
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    group = {"BIRDJEPA_NUM_PROCESSES": "2", "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
+    # SIGINT as a terminal's Python has it (a test runner's worker may ignore it, and a child inherits that).
+    start = (
+        "import signal, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "runpy.run_module('birdjepa.cli', run_name='__main__')"
+    )
+    argv = [sys.executable, "-c", start, *flags(demo_dir, tmp_path, "int")[3:]]
+    procs = [subprocess.Popen(argv, env={**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]  # fmt: skip
+    assert procs[0].stdout is not None
+    for line in procs[0].stdout:  # the group formed and checked (process 1 is past its handlers too)
+        if line.startswith("devices="):
+            break
+    procs[1].send_signal(signal.SIGINT)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [exit_codes.INTERRUPTED] * 2, outs
+    (stop,) = [
+        x for x in map(json.loads, (tmp_path / "int" / "metrics.jsonl").open()) if x.get("event") == "stop"
+    ]
+    assert (stop["reason"], stop["exit_code"]) == (f"signal {int(signal.SIGINT)}", exit_codes.INTERRUPTED)
+    assert "Ctrl-C: stopping after this step" not in outs[1][1]  # said once, by process 0's console alone

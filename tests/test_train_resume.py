@@ -505,6 +505,17 @@ def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_c
             signal.signal(sig, handler)
 
 
+def test_a_group_stops_for_a_preemption_wherever_it_came_else_for_its_user() -> None:
+    # One process's Ctrl-C made the others exit 75 (requeue) and it 130, logged "signal on another process".
+    from birdjepa.pretrain.loop import group_stop
+
+    term, ctrl_c, hup = int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP)
+    assert group_stop([0, 0]) is None
+    assert group_stop([0, ctrl_c]) == group_stop([ctrl_c, 0]) == ctrl_c
+    assert group_stop([ctrl_c, term]) == group_stop([term, hup]) == term
+    assert group_stop([hup, ctrl_c]) == hup  # the lowest process's, where both are the user's
+
+
 def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
     demo_dir: Path, tmp_path: Path
 ) -> None:

@@ -54,11 +54,18 @@ def global_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[
     return {k: jax.make_array_from_process_local_data(sharding, v[rows]) for k, v in batch.items()}
 
 
+def every_process(value: int) -> list[int]:
+    """Each process's ``value``, in process order, in every process (a collective)."""
+    if jax.process_count() == 1:
+        return [value]
+    return [
+        int(v) for v in np.asarray(multihost_utils.process_allgather(np.asarray([value], np.int64))).ravel()
+    ]
+
+
 def any_process(flag: bool) -> bool:
     """True in every process if it is true in any (a stop request must be acted on by all together)."""
-    if jax.process_count() == 1:
-        return flag
-    return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], np.int32))))
+    return any(every_process(int(flag)))
 
 
 def first_disagreement(values: Mapping[str, str]) -> str | None:

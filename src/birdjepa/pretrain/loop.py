@@ -75,9 +75,10 @@ class StopRequest:
     shell without job control) stays ignored. A preemption (SIGTERM, SIGUSR1) is the signal the run
     stops for once it came, before or after a Ctrl-C: its exit (75) requeues the job."""
 
-    def __init__(self, signals: Sequence[int] = STOP_SIGNALS) -> None:
+    def __init__(self, signals: Sequence[int] = STOP_SIGNALS, *, speaks: bool = True) -> None:
         self.signal: int | None = None
         self.ctrl_c = False
+        self.speaks = speaks  # process 0 alone, in a group: a terminal said it once per process
         # Asked now: once the terminal hung up, isatty() says no (its ioctl fails too).
         self.terminal = [fd for fd in (1, 2) if os.isatty(fd)]
         self.watch(signals)
@@ -93,7 +94,8 @@ class StopRequest:
                 raise KeyboardInterrupt
             self.ctrl_c = True
             if self.signal is None:
-                os.write(sys.stderr.fileno(), CTRL_C)  # not print: the handler may interrupt a print
+                if self.speaks:
+                    os.write(sys.stderr.fileno(), CTRL_C)  # not print: the handler may interrupt a print
                 self.signal = signum
             return
         if signum == signal.SIGHUP:
@@ -104,6 +106,14 @@ class StopRequest:
             if self.signal is not None:  # a preemption's (requeue) or a Ctrl-C's stays the reason
                 return
         self.signal = signum
+
+
+def group_stop(signals: Sequence[int]) -> int | None:
+    """The signal a group of processes stops for, from each one's (0: none): a preemption's wherever one
+    came (its exit requeues the job), else a user's. One process's Ctrl-C made the others exit 75 and it
+    130, and logged "signal on another process"."""
+    came = [s for s in signals if s]
+    return next((s for s in came if s not in USER_SIGNALS), came[0] if came else None)
 
 
 def due(step: int, every: int, last: int) -> bool:
@@ -147,7 +157,12 @@ def pretrain(cfg: PretrainConfig) -> int:
     # A preemption while the run opens (a restore, a compile: minutes on a GPU) killed it without a word
     # (exit -15, its lease left): recorded from here, it stops the run after its first step, saved. A
     # Ctrl-C stays immediate until the loop: nothing is trained yet.
-    stop = StopRequest((signal.SIGTERM, signal.SIGUSR1))
+    # In a group, a Ctrl-C (or a hang-up) too: one process out at once left the others in a collective,
+    # which aborted them 300 s later with a C++ stack.
+    group = jax.process_count() > 1
+    stop = StopRequest(
+        (signal.SIGTERM, signal.SIGUSR1, *(USER_SIGNALS if group else ())), speaks=multihost.is_main()
+    )
     try:
         return _held(cfg, stop)
     finally:  # however it ends (a refused option, a held lease): the caller's handlers back
@@ -390,8 +405,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     f"online probe {evals['eval/probe_acc']:.3f}"
                 )
 
-            # Every process must stop at the same step: a signal seen by one is acted on by all.
-            stopping = step == cfg.stop_at_step or multihost.any_process(stop.signal is not None)
+            # Every process stops at the same step, with one code: a signal seen by one is acted on by all.
+            signalled_with = group_stop(multihost.every_process(stop.signal or 0))
+            stopping = step == cfg.stop_at_step or signalled_with is not None
             if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
                 try:
                     hold()
@@ -411,11 +427,11 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
             if stopping:
                 signalled = step != cfg.stop_at_step
                 # By the user: not a preemption to requeue.
-                on_signal = USER_SIGNALS.get(stop.signal or 0, exit_codes.REQUEUE)
+                on_signal = USER_SIGNALS.get(signalled_with or 0, exit_codes.REQUEUE)
                 # At the last step the run is done: exit 75 requeued it to say "nothing to do", and its
                 # closing summary, with the baselines, was in no log.
                 exit_code = on_signal if signalled and step != last else 0
-                reason = f"signal {stop.signal or 'on another process'}" if signalled else "stop_at_step"
+                reason = f"signal {signalled_with}" if signalled else "stop_at_step"
                 if signalled and step == last:
                     t.log.event("stop", step, reason=f"{reason} at the last step", exit_code=0)
                     break
