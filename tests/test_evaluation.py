@@ -1017,7 +1017,10 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
     shutil.copy(sorted(train.glob("*.arrow"))[0], one / "a.arrow")
     (one / "vocab.json").write_text(json.dumps({"names": ["amecro"]}))
     cases = [
-        (["--backbone", "raw", "--train", str(one), "--test", str(one)], "has 1: a probe needs two classes"),
+        (
+            ["--backbone", "raw", "--train", str(one), "--test", str(one)],
+            "has 1 class(es): a probe needs two classes",
+        ),
         (
             ["--backbone", "raw", "--train", str(train), "--test", str(test), "--batch-size", "-4"],
             "--batch-size -4: must be >= 1",

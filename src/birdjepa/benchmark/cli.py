@@ -86,8 +86,9 @@ def load_task(name: str, train: str, test: str, n_classes: int | None) -> Task:
             )
         n_classes = len(names)
     if n_classes < 2:  # every probe scored cmAP 1.0 and exit 0, where evaluate refuses it
-        given = "--n-classes " if n_given else f"task {name!r} has "  # "has -3 class" for --n-classes -3
-        raise BenchmarkError(f"{given}{n_classes}: a probe needs two classes or more to tell apart")
+        # "has -3 class" for --n-classes -3
+        given = f"--n-classes {n_classes}" if n_given else f"task {name!r} has {n_classes} class(es)"
+        raise BenchmarkError(f"{given}: a probe needs two classes or more to tell apart")
     for files in (train_files, test_files):
         other = _vocab(files)
         if other is not None and names is not None and other != names:
