@@ -402,6 +402,10 @@ pub struct Loader {
     building: Batch,
     counters: Counters,
     committed: (PlanState, Counters),
+    /// The state before the last batch handed out (what `put_back` returns to).
+    before_last: (PlanState, Counters),
+    /// A batch handed out and put back (`put_back`), with the state after it: the next one handed out.
+    put_back: Option<(Batch, (PlanState, Counters))>,
     skipped: VecDeque<SkippedRecord>,
     /// Records skipped since the last one read, and which: a train pass that skips every record in a
     /// long enough run (`unreadable`) can read none, and would wait forever for its first batch.
@@ -441,7 +445,9 @@ impl Loader {
             pending: BTreeMap::new(),
             end_at: None,
             counters: counters.clone(),
+            before_last: (plan.clone(), counters.clone()),
             committed: (plan, counters),
+            put_back: None,
             skipped: VecDeque::new(),
             skips_in_a_row: 0,
             skipped_in_a_row: HashSet::new(),
@@ -509,7 +515,9 @@ impl Loader {
         self.end_at = None;
         self.building = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views, self.extractor.frame_len());
         self.counters = counters.clone();
+        self.before_last = (plan.clone(), counters.clone());
         self.committed = (plan, counters);
+        self.put_back = None;
         self.failed = None;
         self.skips_in_a_row = 0;
         self.skipped_in_a_row.clear();
@@ -520,6 +528,10 @@ impl Loader {
     /// The next batch, `End` after the last eval batch, or `Pending` if `timeout` passed first.
     pub fn next_batch(&mut self, timeout: Duration) -> Result<Poll> {
         self.pipeline.check_process()?;
+        if let Some((batch, after)) = self.put_back.take() {
+            self.committed = after;
+            return Ok(Poll::Batch(batch));
+        }
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -627,8 +639,17 @@ impl Loader {
         let fresh = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views, self.extractor.frame_len());
         let batch = std::mem::replace(&mut self.building, fresh);
         self.counters.batches += 1;
-        self.committed = (self.shadow.state().clone(), self.counters.clone());
+        let after = (self.shadow.state().clone(), self.counters.clone());
+        self.before_last = std::mem::replace(&mut self.committed, after);
         batch
+    }
+
+    /// Takes back `batch`, the last one handed out, which its caller never got (a Ctrl-C as it came):
+    /// `state()` is the state before it again, and the next `next_batch` hands it out. A state saved on
+    /// that Ctrl-C counted a batch no one trained on.
+    pub fn put_back(&mut self, batch: Batch) {
+        let after = std::mem::replace(&mut self.committed, self.before_last.clone());
+        self.put_back = Some((batch, after));
     }
 }
 

@@ -151,6 +151,24 @@ fn stream_is_independent_of_workers_and_resumes_exactly() {
 }
 
 #[test]
+fn a_batch_put_back_is_the_next_one_and_the_state_is_before_it_again() {
+    // A caller that never got the batch (a Ctrl-C as it came): its saved state counted the batch.
+    let dir = tmpdir("put-back");
+    let files = write_shards(&dir, &[4, 3, 5], false, &[]);
+    let reference = take(&mut Loader::new(&files, config(1), None).unwrap(), 3);
+    let mut loader = Loader::new(&files, config(2), None).unwrap();
+    next(&mut loader);
+    let before = serde_json::to_string(&loader.state()).unwrap();
+    let second = next(&mut loader).unwrap();
+    let after = serde_json::to_string(&loader.state()).unwrap();
+    loader.put_back(second);
+    assert_eq!(serde_json::to_string(&loader.state()).unwrap(), before);
+    let again = next(&mut loader).unwrap();
+    assert_eq!(serde_json::to_string(&loader.state()).unwrap(), after);
+    same(&[again, next(&mut loader).unwrap()], &reference[1..3]);
+}
+
+#[test]
 fn file_and_stream_formats_give_the_same_batches() {
     let dir_f = tmpdir("file");
     let dir_s = tmpdir("stream");

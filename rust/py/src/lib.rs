@@ -132,6 +132,12 @@ impl PyLoader {
             let polled = py.detach(|| self.inner.lock().unwrap().next_batch(POLL)).map_err(to_py)?;
             match polled {
                 Poll::Batch(b) => {
+                    // A Ctrl-C during the wait is raised by Python as this call returns, and the batch
+                    // was lost with `state()` past it: raised here, with the batch kept for the next call.
+                    if let Err(e) = py.check_signals() {
+                        self.inner.lock().unwrap().put_back(b);
+                        return Err(e);
+                    }
                     let shape = {
                         let l = self.inner.lock().unwrap();
                         let n_classes = l.dataset().n_classes();
