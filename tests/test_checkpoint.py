@@ -353,6 +353,9 @@ def test_latest_step_ignores_incomplete_checkpoints(tmp_path):
     assert c2.all_steps() == [1, 2, 4]
     with pytest.raises(ck.IntegrityError, match="its state folder is missing"):
         c2.restore(4, make_target())
+    shutil.rmtree(d / "4" / "meta")
+    with pytest.raises(ck.IntegrityError, match="its meta and state folders are missing"):
+        c2.restore(4, make_target())
     step, restored, _ = c2.restore_latest(make_target())
     assert step == 2 and restored["step"] == 2 and c2.all_steps() == [1, 2]
     assert [f["checkpoint"] for f in c2.fallbacks] == [4] and (tmp_path / ck.DAMAGED_DIR / "4").is_dir()

@@ -221,7 +221,8 @@ class Checkpointer(RetentionAndFallback):
         where = self.directory / str(step)
         if not (where / "meta").is_dir() or not (where / "state").is_dir():
             missing = [item for item in ("meta", "state") if not (where / item).is_dir()]
-            raise IntegrityError(f"{where}: its {' and '.join(missing)} folder is missing")
+            folders = "folders are" if len(missing) > 1 else "folder is"
+            raise IntegrityError(f"{where}: its {' and '.join(missing)} {folders} missing")
         try:
             meta = self.read_meta(step)
         except Exception as e:  # noqa: BLE001 (any failure to read it back is damage)
