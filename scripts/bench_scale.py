@@ -19,6 +19,9 @@ Compares the scale set (DIR/train) with the 448-recording demo set, each loader 
    against simulated IID batches, at batch 256 and 1024, for today's defaults, the previous ones and
    a grid of interleave x shuffle_buffer. A setting passes when its mean shard lag-1 is within 0.05 of
    IID's and its mean shard chi-squared within 2x the 95th percentile of IID's.
+
+Run as root, it drops the page cache of the whole machine (``/proc/sys/vm/drop_caches``, after a
+``sync``) before each cold open, so every other process on it rereads its files from the disk.
 """
 
 # ruff: noqa: E402  (the BLAS thread count must be set before numpy is imported)
@@ -176,7 +179,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="a scale set (its train/ split is read)")
     ap.add_argument("--demo", type=Path, default=None, help="the small demo set (default: the cached one)")
-    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument(
+        "--batches",
+        type=int,
+        default=8,
+        help="batches taken before memory and state are read (default: %(default)s)",
+    )
     ap.add_argument("--coverage", action="store_true", help="also stream one full epoch (minutes)")
     args = ap.parse_args()
 

@@ -8,23 +8,30 @@ lossless (FLAC/WAV) decodes with the PCM written here.
 
 Usage::
 
-    python scripts/make_codec_fixtures.py            # writes rust/core/tests/data/*
-    python scripts/make_codec_fixtures.py --check    # only prints sizes (each must be < 200 KB)
+    python scripts/make_codec_fixtures.py            # writes the 9 files below into rust/core/tests/data/
+    python scripts/make_codec_fixtures.py --check    # writes no fixture, only prints sizes (each < 200 KB)
     python scripts/make_codec_fixtures.py --bench-dir /tmp/birdjepa-bench   # + realistic timing inputs
 
-Fixtures (all < 200 KB):
+Either way it then prints the size of every file in the output folder and fails if one is 200 KB or more.
 
-- ``birds_44k_stereo.flac``   1.5 s, 44.1 kHz, stereo, PCM_16 (lossless; the FNV-1a hash of its exact
-  float32 mono mix is written to ``birds_44k_stereo.flac.mono_f32.txt``)
+Fixtures written (9 files, each < 200 KB):
+
+- ``birds_44k_stereo.flac``   1.5 s, 44.1 kHz, stereo, PCM_16 (lossless)
+- ``birds_44k_stereo.flac.mono_f32.txt``  its frame count and the FNV-1a 64 hash of its exact float32
+  mono mix (text)
 - ``birds_22k_mono_short.flac`` 1.5 s, 22.05 kHz, mono, PCM_16 (shorter than a 5 s clip)
 - ``birds_48k_stereo.ogg``    8.0 s, 48 kHz, stereo, Vorbis
 - ``birds_44k_stereo_30s.ogg``  30 s, 44.1 kHz, stereo, Vorbis (the timing fixture)
 - ``birds_32k_mono.mp3``      4.0 s, 32 kHz, mono, MPEG layer III (variable bit rate, a Xing header)
 - ``birds_32k_mono_cbr.mp3``  4.0 s, 32 kHz, mono, MPEG layer III at a constant bit rate (an Info
   header); its own generator (``SEED + 1``), so adding it left the others' signals as they were
-- ``birds_24k_mono_8kbps.mp3``  8.0 s, 24 kHz, mono, MPEG-2 layer III at 8 kbps (constant), and
-  ``birds_48k_mono_vbr.mp3``  6.0 s, 48 kHz, mono, variable rate: bit reservoirs that reach back many
-  frames; their own generator (``SEED + 2``)
+- ``birds_24k_mono_8kbps.mp3``  8.0 s, 24 kHz, mono, MPEG-2 layer III at 8 kbps (constant): a bit
+  reservoir that reaches back many frames; its own generator (``SEED + 2``), shared with the next
+- ``birds_48k_mono_vbr.mp3``  6.0 s, 48 kHz, mono, MPEG layer III, variable rate (``SEED + 2``)
+
+With ``--bench-dir DIR`` (also with ``--check``), timing inputs that are not committed:
+``DIR/bench_44k_stereo_30s.ogg`` and ``DIR/bench_48k_stereo_30s.ogg`` (30 s, stereo, Vorbis at
+libsndfile's default quality, louder noise; ``SEED + 1``).
 """
 
 from __future__ import annotations
@@ -111,9 +118,13 @@ def write_low_rate_mp3s(out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only print the sizes of existing fixtures")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--check", action="store_true", help="write no fixture, only print the existing ones' sizes"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=OUT, help="the fixtures' folder (default: rust/core/tests/data/)"
+    )
     ap.add_argument(
         "--bench-dir",
         type=Path,

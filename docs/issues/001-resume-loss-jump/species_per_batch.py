@@ -5,13 +5,15 @@
 Opens each set-up's train loader as ``birdjepa pretrain`` does (``open_train_loader``, the options of
 ``reproduce.SETUPS``) without training, takes the first 150 batches a cold loader yields, and prints
 the distinct labels of the first ten and their mean over batches 30-149 (by then every set-up's buffer
-is full). Runs after reproduce.py, which writes the data sets.
+is full). Runs after reproduce.py, which writes the data sets and ends by calling this with its runs
+folder: ``RUNS_DIR`` (default ``runs/issue-001``) holds ``data-sorted/``, which the ``sorted`` and
+``warming`` set-ups read (``demo`` reads the cached demo set).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,16 @@ def species_per_batch(train: Path, loader_options: dict[str, int], batches: int 
 
 
 def main() -> None:
-    runs = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("runs/issue-001")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "runs_dir",
+        metavar="RUNS_DIR",
+        type=Path,
+        nargs="?",
+        default=Path("runs/issue-001"),
+        help="reproduce.py's runs folder, holding data-sorted/ (default: %(default)s)",
+    )
+    runs = p.parse_args().runs_dir
     for name in SHOWN:
         setup = SETUPS[name]
         root = ensure_demo_data() if setup.data is None else runs / f"data-{setup.data}"

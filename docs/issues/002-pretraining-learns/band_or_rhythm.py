@@ -1,4 +1,6 @@
-"""Does a frozen encoder tell the band, the rhythm, or both? ``band_or_rhythm.py EVAL_DATA RUN...``
+"""Does a frozen encoder tell the band, the rhythm, or both?
+
+    .venv/bin/python docs/issues/002-pretraining-learns/band_or_rhythm.py EVAL_DATA [RUN ...] > table.md
 
 The v2 demo species come in band groups of two that share band and notes and differ only in how they
 arrange the notes in time (``birdjepa.synthetic.songs``). So a probe's accuracy splits in two: how
@@ -7,11 +9,13 @@ often it names the right band group, and, among those clips, how often the right
 
 For each run's newest checkpoint: the linear probe of ``birdjepa evaluate`` (fit on the run's train
 split, scored on ``EVAL_DATA/eval``, a folder written by ``birdjepa demo-data`` whose manifest names
-each species' band group), for the encoder, random init and the raw log-mel. Prints a markdown table.
+each species' band group), for the encoder, random init and the raw log-mel. Prints a markdown table
+(no runs: its header only); reproduce.py calls it and appends the table to ``results.md``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -31,8 +35,20 @@ def band_groups(data: Path) -> np.ndarray:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data", metavar="EVAL_DATA", type=Path,
+                   help="a set from `birdjepa demo-data`: its manifest.json and eval/ split")  # fmt: skip
+    p.add_argument(
+        "runs",
+        metavar="RUN",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="a run directory (its newest checkpoint)",
+    )
+    args = p.parse_args()
     deterministic_xla()
-    data, runs = Path(sys.argv[1]), [Path(a) for a in sys.argv[2:]]
+    data, runs = args.data, args.runs
     group = band_groups(data)
     print("\n## Band or rhythm (big eval split, written by band_or_rhythm.py)\n")
     print("| run | features | linear top-1 | band group right | species right, given the group |")

@@ -1,15 +1,19 @@
-"""Tables and figures of issue 002 from its run directories: ``tables.py RUNS_DIR OUT_DIR RUN...``.
+"""Tables and figures of issue 002 from its run directories.
 
-Writes ``OUT_DIR/results.md`` (one row per listed run that has ``eval/big.json``, in that order) and
-two figures: ``figures/rank.png`` (effective rank of the batch embeddings over training) and
+    .venv/bin/python docs/issues/002-pretraining-learns/tables.py RUNS_DIR OUT_DIR [RUN ...]
+
+Writes ``OUT_DIR/results.md`` (one row per listed run, a name under ``RUNS_DIR``, that has
+``eval/big.json``, in that order; it overwrites the file) and two figures under ``OUT_DIR``:
+``figures/rank.png`` (effective rank of the batch embeddings over training) and
 ``figures/knn.png`` (the trainer's kNN accuracy on the demo eval split over training, beside random
-init and raw log-mel).
+init and raw log-mel; only if ``RUNS_DIR/v2-default-600`` has metrics). reproduce.py calls it after
+its runs, then appends the tables of what_it_encodes.py and band_or_rhythm.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -90,8 +94,20 @@ def knn_figure(run: Path, out: Path) -> None:
 
 
 def main() -> None:
-    runs, out = Path(sys.argv[1]), Path(sys.argv[2])
-    done = [runs / n for n in sys.argv[3:] if (runs / n / "eval" / "big.json").is_file()]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs_dir", metavar="RUNS_DIR", type=Path, help="the folder holding the run directories")
+    p.add_argument(
+        "out",
+        metavar="OUT_DIR",
+        type=Path,
+        help="an existing folder: results.md and figures/ are written there",
+    )
+    p.add_argument(
+        "names", metavar="RUN", nargs="*", default=[], help="a run's name under RUNS_DIR: one table row"
+    )
+    args = p.parse_args()
+    runs, out = args.runs_dir, args.out
+    done = [runs / n for n in args.names if (runs / n / "eval" / "big.json").is_file()]
     lines = ["# Results (written by tables.py)", "", HEADER, *[row(r) for r in done], ""]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     (out / "figures").mkdir(exist_ok=True)

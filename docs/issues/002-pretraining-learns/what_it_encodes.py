@@ -1,13 +1,17 @@
-"""What do frozen embeddings carry: the recording's loudness or its species? ``what_it_encodes.py RUN...``
+"""What do frozen embeddings carry: the recording's loudness or its species?
+
+    .venv/bin/python docs/issues/002-pretraining-learns/what_it_encodes.py [RUN ...] > table.md
 
 For each run's newest checkpoint: embed the train split (centre crops, as ``birdjepa evaluate``),
 standardise each feature, and split the total variance into the part a linear function of the clip's
 loudness explains (the mean of its log-mel crop) and the part the species explains (the variance of
-the class means). Prints a markdown table: rows encoder / random init / raw log-mel for each run.
+the class means). Prints a markdown table: rows encoder / random init / raw log-mel for each run (no
+runs: its header only); reproduce.py calls it and appends the table to ``results.md``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from pathlib import Path
@@ -32,10 +36,20 @@ def shares(x: np.ndarray, loudness: np.ndarray, labels: np.ndarray) -> tuple[flo
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "runs",
+        metavar="RUN",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="a run directory (its newest checkpoint)",
+    )
+    args = p.parse_args()
     deterministic_xla()
     print("\n## What the embeddings carry (train split, written by what_it_encodes.py)\n")
     print("| run | features | variance explained by loudness | by species |\n|---|---|---:|---:|")
-    for run in map(Path, sys.argv[1:]):
+    for run in args.runs:
         with contextlib.redirect_stdout(sys.stderr):  # the restore's CKPT_RESTORE line: not a table row
             r = restore_run(run)
         cfg = r.cfg

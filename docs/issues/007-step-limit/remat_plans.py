@@ -10,12 +10,13 @@ donated aliases): the parameters, their gradients and AdamW's moments take the s
 sides; the rest is what the blocks keep for the backward pass. MAE's encoder sees a quarter of each
 view's patches and its decoder every patch, so there the decoder's blocks keep most of it.
 ``--time``: each step timed instead (`birdjepa.perf.step_cost.measure`: the median of three steps
-after one, the same program the plan is of): what the recomputed forward pass costs.
+after one, the same program the plan is of): what the recomputed forward pass costs. ``PRESET`` and
+``BATCH`` come together or not at all.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.train.determinism import deterministic_xla
@@ -33,9 +34,19 @@ OBJECTIVES = {
 
 
 def main() -> None:
-    timed = "--time" in sys.argv
-    args = [a for a in sys.argv[1:] if a != "--time"]
-    preset, batch = (args[0], int(args[1])) if len(args) > 1 else ("small", 64)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "preset", metavar="PRESET", nargs="?", help="the model preset: tiny, small or base (default: small)"
+    )
+    p.add_argument(
+        "batch", metavar="BATCH", type=int, nargs="?", help="clips a step, 2 views each (default: 64)"
+    )
+    p.add_argument("--time", action="store_true", help="also time each step (the median of three after one)")
+    args = p.parse_intermixed_args()  # `small --time 16` as well as `small 16 --time`
+    if (args.preset is None) != (args.batch is None):
+        p.error("give PRESET and BATCH together, or neither")
+    timed = args.time
+    preset, batch = (args.preset, args.batch) if args.batch is not None else ("small", 64)
     print(f"{preset}, float32, batch {batch} (2 views each)\n")
     if not timed:
         print("| objective | XLA plan, unrolled MiB | with --model.remat MiB | ratio |")

@@ -1,6 +1,6 @@
 """Does recomputing each block in the backward pass (``jax.checkpoint``) cut a step's memory on XLA:CPU?
 
-    python docs/issues/007-step-limit/remat_unrolled.py
+    python docs/issues/007-step-limit/remat_unrolled.py     # the whole table (~1 min)
 
 The reference keeps its step's working memory low by recomputing each transformer block in the
 backward pass (``grad_ckpt``) over blocks in a ``lax.scan``; ours unrolls its blocks. This prints XLA's
@@ -12,10 +12,15 @@ memory plan (arguments, outputs and temporaries, less donated aliases) of the gr
   resident memory of running it (a process each, so the peaks are apart);
 * our encoder at the small preset with 4 blocks on 256-token views (``patch_freq`` 16, 32 views), its
   blocks plain or each in ``flax.linen.remat`` (built here: the model has no such option).
+
+Each toy-stack row runs in a process of its own: the script calls itself as ``remat_unrolled.py LAYOUT
+RECOMPUTE`` (LAYOUT ``unrolled`` or ``scanned``; RECOMPUTE one of ``no``, ``each block``, ``each block,
+after its gradient``), which prints that one row.
 """
 
 from __future__ import annotations
 
+import argparse
 import resource
 import subprocess
 import sys
@@ -100,10 +105,18 @@ def encoder() -> None:
     vit.Block = plain
 
 
-if __name__ == "__main__":
-    if len(sys.argv) == 3:
-        stack(sys.argv[1], sys.argv[2])
-        raise SystemExit
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("layout", metavar="LAYOUT", nargs="?", choices=["unrolled", "scanned"],
+                   help="print one toy-stack row only, its blocks unrolled or scanned")  # fmt: skip
+    p.add_argument("recompute", metavar="RECOMPUTE", nargs="?", choices=list(RECOMPUTE),
+                   help="that row's recompute: " + ", ".join(map(repr, RECOMPUTE)))  # fmt: skip
+    args = p.parse_args()
+    if (args.layout is None) != (args.recompute is None):
+        p.error("give LAYOUT and RECOMPUTE together, or neither")
+    if args.layout is not None:
+        stack(args.layout, args.recompute)
+        return
     print("| program | recomputed | XLA plan MiB | peak resident MiB |\n|---|---|---|---|", flush=True)
     for layout, recompute in [("unrolled", r) for r in RECOMPUTE] + [
         ("scanned", "no"),
@@ -111,3 +124,7 @@ if __name__ == "__main__":
     ]:
         subprocess.run([sys.executable, __file__, layout, recompute], check=True)
     encoder()
+
+
+if __name__ == "__main__":
+    main()
