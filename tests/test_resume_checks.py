@@ -73,6 +73,13 @@ def test_config_diff_splits_harmless_from_breaking() -> None:
                         "log.wandb:x->y", "log_every:1->5"]  # fmt: skip
     assert config_diff(a, a) == ([], [])
     assert config_diff(a, {**a, "optim": {"lr": 1.0}})[1] == ["optim.lr:<absent>->1.0"]
+    # An option one side lacks is harmless only where the other holds its default: a default of None
+    # matched the lacking side's None, and a --debug.plant given at a resume passed as harmless.
+    assert config_diff(a, {**a, "debug": {"plant": "x"}}) == ([], ["debug.plant:<absent>->x"])
+    assert config_diff(a, {**a, "debug": {"plant": None}}) == (["debug.plant:<absent>->None"], [])
+    # Values as they are: every space was taken out ("/data/birdsong", a path that does not exist).
+    spaced = config_diff({"data": {"eval": "/bird song"}}, {"data": {"eval": "/bird songs"}})
+    assert spaced == (["data.eval:/bird song->/bird songs"], [])
 
 
 def test_batch_fingerprint_sees_every_array_bit() -> None:
@@ -322,13 +329,23 @@ def test_each_fault_is_named_on_the_first_resumed_step(matrix: Matrix, fault: st
 
 
 def test_warn_mode_reports_and_goes_on(matrix: Matrix) -> None:
-    row = resume_with(dataclasses.replace(matrix.base, resume_checks="warn"), "perturb_params", RESUME_AT)
-    assert row.exit_code == 0 and not row.checks["param_norms"]
+    # With a breaking option given too: the change is recorded as --allow-config-change records it (no
+    # event, and `trace` of the steps after said the run itself was wrong).
+    lr = 2 * matrix.base.optim.lr
+    warn = dataclasses.replace(
+        matrix.base, resume_checks="warn", optim=dataclasses.replace(matrix.base.optim, lr=lr)
+    )
+    row = resume_with(warn, "perturb_params", RESUME_AT)
+    assert row.exit_code == 0 and not row.checks["param_norms"] and not row.checks["config"]
     run_dir = matrix.run_dir("perturb_params")
     trained = sorted(s for s, m in metrics_by_step(run_dir).items() if "train/loss" in m)
     assert trained == list(range(matrix.base.steps))
     (failed,) = events(run_dir, "resume_check_failed")
     assert failed["action"] == "warn" and "param_norms" in failed["failed"]
+    (changed,) = events(run_dir, "config_changed")
+    assert changed["step"] == RESUME_AT + 1 and changed["changes"] == [
+        f"optim.lr:{matrix.base.optim.lr}->{lr}"
+    ]
 
 
 def test_allowed_config_change_passes_the_config_check_loudly(

@@ -258,7 +258,10 @@ class Trainer:
         if not failed or cfg.resume_checks == "warn":
             if failed:
                 print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
-            allowed = next((r.got for r in results if r.expected == resume_check.BREAKING_ALLOWED), None)
+            # Allowed, or taken past a failed check (--resume-checks warn: no event, and `trace` of the
+            # steps after said the run itself was wrong).
+            allowed = next((r.got for r in results if r.expected == resume_check.BREAKING_ALLOWED
+                            or (r.name == "config" and not r.ok)), None)  # fmt: skip
             if allowed:  # config.json will hold the new options: the steps before were trained with these
                 self.log.event("config_changed", step, changes=allowed.split(","), before=meta["config"])
             return 0

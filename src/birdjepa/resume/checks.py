@@ -191,13 +191,22 @@ def config_diff(saved: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[
     harmless, breaking = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            change = f"{key}:{a.get(key, '<absent>')}->{b.get(key, '<absent>')}".replace(" ", "")
-            new_at_default = (key not in a or key not in b) and defaults.get(key, "<none>") in (
-                a.get(key),
-                b.get(key),
-            )
+            change = f"{key}:{_option_text(a, key)}->{_option_text(b, key)}"
+            # The side that holds it at its default (a.get of the side that lacks it is None, which
+            # matched every option whose default is None: --debug.plant given at a resume passed).
+            held = a[key] if key in a else b[key]
+            new_at_default = (key not in a or key not in b) and defaults.get(key, "<none>") == held
             (harmless if is_harmless(key) or new_at_default else breaking).append(change)
     return harmless, breaking
+
+
+def _option_text(config: Mapping[str, Any], key: str) -> str:
+    """An option's value in a change: lists without spaces, text as it is (every space was taken out,
+    and the lines named paths that do not exist; `CheckResult.line` quotes text with spaces)."""
+    if key not in config:
+        return "<absent>"
+    v = config[key]
+    return json.dumps(v, separators=(",", ":")) if isinstance(v, (list, dict)) else str(v)
 
 
 def tree_spec(tree: Any) -> list[tuple[str, tuple[int, ...], str]]:
