@@ -332,7 +332,9 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     with pytest.raises(SystemExit) as e:
         cli(copy, step=9, out=tmp_path / "9.json")
     said = capsys.readouterr().err
-    assert e.value.code == 2 and f"{copy / 'checkpoints' / '9'}: its meta and state folder is missing" in said
+    assert e.value.code == 2 and f"{copy / 'checkpoints' / '9'}: its meta and state folders are missing" in (
+        said
+    )
     assert restore_checkpoint(copy).step == 5
     assert f"WARNING {copy / 'checkpoints' / '9'}: its meta and state" in capsys.readouterr().out
     # A train split of one class: every row at chance, "converged" in 0 iterations, exit 0.

@@ -449,7 +449,10 @@ def test_a_terminal_that_hangs_up_stops_the_run_after_its_step_with_a_checkpoint
 
     run = tmp_path / "hup"
     argv = ["birdjepa", "pretrain", *pretrain_flags(demo_dir, tmp_path, "hup", *NO_EVAL, "--ckpt-every", "0")]
-    start = f"import sys, runpy; sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')"
+    # SIGHUP as a terminal's process has it: a runner started under nohup (CI's) ignores it, and a child
+    # inherits that (and keeps it: a run under nohup is one the user asked to outlive the terminal).
+    start = (f"import signal, sys, runpy; signal.signal(signal.SIGHUP, signal.SIG_DFL); sys.argv = {argv!r}; "
+             "runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
     pid, terminal = pty.fork()
     if pid == 0:  # the child: its own session, the pty its controlling terminal
         os.execv(sys.executable, [sys.executable, "-c", start])
