@@ -585,6 +585,11 @@ def test_export_load_and_embed_give_evaluates_embeddings(
     assert "windows.arrow" not in said and said.count("WARNING") == 1, said
     with pytest.raises(DataError, match="the waveform has windows the loader cannot read"):
         encoder.embed_waveform(damaged, rate)
+    # int16 PCM read as floats of +-32767 without a word; a rate of 0, libsndfile's error.
+    with pytest.raises(DataError, match="the waveform is int16: give float samples in"):
+        encoder.embed_waveform((chirp * 32767).astype(np.int16), rate)
+    with pytest.raises(DataError, match="rate 0: give the waveform's sample rate in Hz"):
+        encoder.embed_waveform(chirp, 0)
     soundfile.write(tmp_path / "allnan.wav", np.full(rate, np.nan, np.float32), rate, subtype="FLOAT")
     with pytest.raises(
         DataError, match=rf"no window of {re.escape(str(tmp_path / 'allnan.wav'))} can be read"

@@ -150,9 +150,14 @@ class Encoder:
         resampling and log-mel (it is stored as a 32-bit float WAV, which decodes to the same samples)."""
         import soundfile
 
+        samples = np.asarray(samples)
+        if not np.issubdtype(samples.dtype, np.floating):  # int16 PCM read as floats of +-32767: no word
+            raise DataError(f"the waveform is {samples.dtype}: give float samples in [-1, 1] (int16 / 32768)")
+        if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:  # libsndfile's
+            raise DataError(f"rate {rate!r}: give the waveform's sample rate in Hz, a positive integer")
         with tempfile.TemporaryDirectory() as tmp:
             wav = Path(tmp) / "waveform.wav"
-            soundfile.write(wav, np.asarray(samples, np.float32), rate, format="WAV", subtype="FLOAT")
+            soundfile.write(wav, samples.astype(np.float32), int(rate), format="WAV", subtype="FLOAT")
             windows = self._embed_windows([("<waveform>", wav)], 1, Path(tmp))
         if windows["left_out"]:  # [W, D] would not say which
             raise DataError("the waveform has windows the loader cannot read (see the WARNING)")
