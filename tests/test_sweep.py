@@ -58,6 +58,8 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
         ("[{1: 2}]", "config 0: 1 is no option name (1)"),
         # A newline ended the job script's #SBATCH lines, its next line a command of the script.
         ('[{"run": "ok\\ntouch pwned"}]', "config 0: its run directory"),
+        # Refused at its first requeue's start (exit 2, not requeued): the run left half done.
+        ('[{"resume": "never"}]', "config 0: --resume never: a sweep's job is requeued"),
     ],
 )
 def test_bad_overrides_name_file_config_and_key(tmp_path: Path, body: str, message: str) -> None:
@@ -142,7 +144,7 @@ def test_job_script_is_requeueable_and_forwards_the_warning_signal(tmp_path: Pat
                  "#SBATCH --partition=low", "#SBATCH --constraint=x", "force=15"):  # fmt: skip
         assert line in script.splitlines(), line
     assert f"#SBATCH --output={tmp_path.absolute()}/tiny-0/slurm-%j.out" in script
-    assert 'scontrol requeue "${SLURM_JOB_ID}"' in script
+    assert 'scontrol requeue "${SLURM_JOB_ID:-}"' in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)  # valid bash
     # A % in the runs folder, which Slurm's --output pattern expands: the job failed at launch, unlogged.
     (job, _) = plan(REPO / "sweeps" / "tiny.py", tmp_path / "lr%x")
@@ -157,6 +159,9 @@ def test_job_script_is_requeueable_and_forwards_the_warning_signal(tmp_path: Pat
         (["--slurm.hours", "0.0167", "--slurm.grace", "120"], "--slurm.grace 120: not below the job's time "),
         (["--slurm.hours", "0"], "--slurm.hours 0.0: must be > 0"),  # it became 1 minute
         (["--slurm.cpus", "0"], "--slurm.cpus 0: must be >= 1"),
+        # Unquoted in #SBATCH lines: the rest of the value a line of its own, a command ending the options.
+        (["--slurm.partition", "gpu debug"], "--slurm.partition 'gpu debug': a space, a control"),
+        (["--slurm.mem", "16G\nsrun hostname"], "--slurm.mem '16G\\nsrun hostname': a space, a"),
     ],
 )
 def test_slurm_options_no_job_can_run_with_are_refused(
@@ -274,6 +279,16 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
             main(["sweep", str(benchmark_sweep(tmp_path, repr([good]))), "--dry-run", *option])
         err = capsys.readouterr().err
         assert e.value.code == 2 and f"a benchmark sweep (make_benchmarks) has no {option[0]}" in err, err
+    # A file name #SBATCH lines cannot hold (its job's name and log file); a value that looks like a flag.
+    spaced = tmp_path / "my bench.py"
+    spaced.write_text(f"def make_benchmarks():\n    return {[good]!r}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", str(spaced), "--dry-run"])
+    assert (
+        e.value.code == 2 and "entry 0: its name (the sweep file's) 'my bench-0'" in capsys.readouterr().err
+    )
+    main(["sweep", str(benchmark_sweep(tmp_path, repr([{**good, "task": "-T"}]))), "--dry-run"])
+    assert "--task=-T" in capsys.readouterr().out  # `--task -T`: "Missing value for argument '--task'"
     results = tmp_path / "results"
     entries = [
         {"backbone": ["raw"], "train": str(birdset_dir / t / "train"),
@@ -293,7 +308,11 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
 
 
 def run_job_script(
-    tmp_path: Path, trainer: str, signal_name: str | None = None, state: str = "RUNNING"
+    tmp_path: Path,
+    trainer: str,
+    signal_name: str | None = None,
+    state: str = "RUNNING",
+    job: str | None = "4242",
 ) -> tuple[int, list[str]]:
     """The sweep's real job script under bash, its trainer replaced by ``trainer`` (a bash command) and
     a stub ``scontrol`` on PATH that records its calls and shows the job in ``state``; ``signal_name``
@@ -302,8 +321,8 @@ def run_job_script(
     import re
     import signal as signals
 
-    (job, _) = plan(REPO / "sweeps" / "tiny.py", tmp_path)
-    script = job_script(job, SlurmOptions(grace=90), None, tmp_path)
+    (first, _) = plan(REPO / "sweeps" / "tiny.py", tmp_path)
+    script = job_script(first, SlurmOptions(grace=90), None, tmp_path)
     script, n = re.subn(r"^cmd=\(.*\)$", f"cmd=(bash -c {shlex.quote(trainer)})", script, flags=re.M)
     assert n == 1
     stub = tmp_path / "bin"
@@ -314,12 +333,16 @@ def run_job_script(
     show = f'if [ "$1" = show ]; then echo "{shown}"; exit 0; fi\n'
     (stub / "scontrol").write_text(f'#!/bin/bash\n{show}echo "$@" >> {calls}\n')
     (stub / "scontrol").chmod(0o755)
-    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
-    proc = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "SLURM_JOB_ID": job or ""}
+    if job is None:  # run by hand, outside Slurm
+        del env["SLURM_JOB_ID"]
+    proc = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
     if signal_name is not None:
         time.sleep(1.0)  # the trainer runs and the traps are set
         proc.send_signal(getattr(signals, signal_name))
-    proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
+    assert "unbound variable" not in err, err  # outside Slurm, the requeue line's ${SLURM_JOB_ID}: exit 1
     return proc.returncode, calls.read_text().splitlines() if calls.exists() else []
 
 
@@ -340,6 +363,10 @@ def test_the_job_script_requeues_exactly_on_75_and_on_a_forwarded_signal(
 ) -> None:
     exit_code, calls = run_job_script(tmp_path, trainer, signal_name)
     assert (exit_code, calls) == (code, ["requeue 4242"] if requeued else [])
+
+
+def test_the_job_script_run_by_hand_outside_slurm_ends_as_its_trainer_asked(tmp_path: Path) -> None:
+    assert run_job_script(tmp_path, "exit 75", job=None) == (0, ["requeue "])
 
 
 def test_the_job_script_does_not_requeue_a_job_the_user_cancelled(tmp_path: Path) -> None:
@@ -390,3 +417,10 @@ def test_a_sweep_file_s_own_code_runs_once(tmp_path: Path, capsys: pytest.Captur
     path.write_text("print('EXECUTED')\ndef make_cfgs():\n    return [{'steps': 4}]\n")
     main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")])
     assert capsys.readouterr().out.count("EXECUTED") == 1
+    # Whatever its name ends in (an AssertionError's traceback), importing a module beside it (a shared
+    # base config), as `python FILE` does.
+    (tmp_path / "shared_base.py").write_text("BASE = {'steps': 4}\n")
+    plain = tmp_path / "noext"
+    plain.write_text("from shared_base import BASE\ndef make_cfgs():\n    return [dict(BASE)]\n")
+    main(["sweep", str(plain), "--dry-run", "--runs-dir", str(tmp_path / "runs")])
+    assert "--steps 4" in capsys.readouterr().out

@@ -65,7 +65,11 @@ def benchmark_flags(entry: dict[str, Any], where: str) -> list[str]:
             else type_ok(value, hint)  # fmt: skip
         if not ok:
             raise SweepError(f"{where}: option {key!r} = {value!r} has the wrong type (expected {hint})")
-        flags += [f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(value, str) and value.startswith("-"):  # as two words, taken for a flag: a usage box
+            flags.append(f"{flag}={value}")
+        else:
+            flags += [flag, *map(str, value if isinstance(value, list) else [value])]
     for needed in ("backbone", "train", "test"):
         if needed not in entry:
             raise SweepError(f"{where}: no {needed!r}: a benchmark job needs backbone, train and test")
@@ -129,7 +133,9 @@ def cli(
             flags = benchmark_flags(entry, f"{sweep_file}: entry {i}")
             results = Path(entry.get("results", "results"))
             pretrain_sweep.slurm_safe(results.absolute(), "its results folder", f"{sweep_file}: entry {i}")
-            jobs.append((f"{sweep_file.stem}-{i}", flags, results))
+            name = f"{sweep_file.stem}-{i}"  # its job's name and log file, in #SBATCH lines too
+            pretrain_sweep.slurm_safe(Path(name), "its name (the sweep file's)", f"{sweep_file}: entry {i}")
+            jobs.append((name, flags, results))
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import math
@@ -78,6 +79,15 @@ def check_slurm(slurm: SlurmOptions) -> None:
     for flag, value, least in counts:
         if value < least:
             raise SweepError(f"{flag} {value}: must be >= {least}")
+    # Written into unquoted #SBATCH lines: "gpu debug" and a newline ("16G\nsrun hostname") put the rest on
+    # a line of its own, a command that ended the job's options.
+    words = [("--slurm.partition", slurm.partition), ("--slurm.account", slurm.account),
+             ("--slurm.qos", slurm.qos), ("--slurm.mem", slurm.mem)]  # fmt: skip
+    for flag, value in [*words, *(("--slurm.extra", line) for line in slurm.extra)]:
+        spaced = flag != "--slurm.extra" and any(c.isspace() for c in value or "")
+        if value is not None and (spaced or not value.strip() or not value.isprintable()):
+            raise SweepError(f"{flag} {value!r}: a space, a control character or nothing, which its #SBATCH "
+                             "line cannot hold")  # fmt: skip
     limit = time_limit_minutes(slurm) * 60
     if slurm.grace >= limit:
         raise SweepError(f"--slurm.grace {slurm.grace}: not below the job's time limit ({limit} s, "
@@ -97,10 +107,17 @@ def load_module(path: Path) -> types.ModuleType:
         raise SweepError(f"{path}: no such sweep file")
     key = (str(path.resolve()), hashlib.sha256(path.read_bytes()).digest())
     if key not in _LOADED:
-        spec = importlib.util.spec_from_file_location(f"birdjepa_sweep_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
+        # Whatever its name ends in (spec_from_file_location has no loader for a name without .py: an
+        # AssertionError's traceback), and able to import a module beside it, as `python FILE` is.
+        loader = importlib.machinery.SourceFileLoader(f"birdjepa_sweep_{path.stem}", str(path))
+        spec = importlib.util.spec_from_loader(loader.name, loader)
+        assert spec is not None
         module = importlib.util.module_from_spec(spec)
-        run_own_code(path, spec.loader.exec_module, module)
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            run_own_code(path, loader.exec_module, module)
+        finally:
+            sys.path.remove(str(path.resolve().parent))
         _LOADED[key] = module
     return _LOADED[key]
 
@@ -196,6 +213,9 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
         except OptionError as e:
             raise SweepError(f"{where}: {e}") from None
         slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
+        if cfg.resume == "never":  # refused at its first requeue's start (exit 2): the run left half done
+            raise SweepError(f"{where}: --resume never: a sweep's job is requeued, and each start after its "
+                             "first must resume the run")  # fmt: skip
         refused_resume(cfg, flags, where)
         if force_resume_at is not None and not 0 <= force_resume_at < cfg.steps - 1:
             raise SweepError(
@@ -322,7 +342,7 @@ def job_script(job: Job, slurm: SlurmOptions, force_resume_at: int | None, workd
         'if [ "$code" -eq 75 ] || { [ "$code" -eq 0 ] && [ "$forced" -eq 1 ]; }; then',
         # Slurm's start count, as the "start N" line above: the run's own "restart" counts its resumes.
         '  echo "requeueing ${SLURM_JOB_ID:-local} (its start $((restart + 1)) will resume)"',
-        '  scontrol requeue "${SLURM_JOB_ID}" || echo "requeue failed (a preemption may be requeueing it)"',
+        '  scontrol requeue "${SLURM_JOB_ID:-}" || echo "requeue failed (a preemption may be requeueing it)"',
         "  exit 0",
         "fi",
         'exit "$code"',
