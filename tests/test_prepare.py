@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,11 @@ def test_folders_that_are_links_are_followed_and_a_loop_is_not(tmp_path: Path) -
     (src / "robin").symlink_to(disk2 / "robin", target_is_directory=True)
     (src / "amecro" / "again").symlink_to(src / "amecro", target_is_directory=True)
     (src / "amecro" / "sub" / "up").symlink_to(src, target_is_directory=True)
+    assert find_audio_files(src) == sorted([*SRC_FILES, "robin/XC030.wav"])
+    # Folders linked to each other: the walk grew without end (a mesh of three hung prepare), or packed a
+    # recording many times under two labels. Each real folder is walked once, where it is.
+    (src / "amecro" / "to_robin").symlink_to(src / "robin", target_is_directory=True)
+    (disk2 / "robin" / "to_amecro").symlink_to(src / "amecro", target_is_directory=True)
     assert find_audio_files(src) == sorted([*SRC_FILES, "robin/XC030.wav"])
 
 
@@ -152,6 +158,11 @@ CSV_ERRORS = [
     ("amecro/XC001.ogg,a\n./amecro/XC001.ogg,b", r"row 3: path 'amecro/XC001.ogg' already labelled in row 2"),
     ("notes.txt,a", r"row 2: 'notes.txt' is not an audio file"),
     ("../x.ogg,a", r"row 2: path '../x.ogg' must be relative"),
+    # A label cut at an unquoted comma ("Crow", the rest dropped); a quote never closed took the rows after
+    # it into one label (a traceback past the field limit).
+    ("amecro/XC001.ogg,Crow, American", r"row 2: more fields than the header's \(\[' American'\] left over"),
+    ('amecro/XC001.ogg,"Crow\namecro/XC002.mp3,b', r"row 3: a line break inside a path or label"),
+    ('amecro/XC001.ogg,"Crow\n' + "x" * 140_000, r"labels\.csv, past line 1: field larger than field limit"),
 ]
 
 
@@ -489,12 +500,28 @@ def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its
     assert e.value.code == 2 and not (tmp_path / "eval2").exists()
     err = capsys.readouterr().err
     assert f"{held_out / 'newbir' / 'XC050.wav'}: label 'newbir' is not one of the 3 of " in err, err
+    # A vocabulary in its own order (the hub's ClassLabel names): "vocab names must be sorted", a
+    # traceback after every file was packed, and shards left without a vocab.json.
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "vocab.json").write_text(json.dumps({"names": ["zzzfin", "amecro", "bbbwar"]}))
+    shutil.rmtree(tmp_path / "held" / "newbir")
+    main(["prepare", str(held_out), str(tmp_path / "eval3"), "--vocab", str(tmp_path / "hub")])
+    assert read_vocab(tmp_path / "eval3")[1] == ["zzzfin", "amecro", "bbbwar"]
+    assert table(tmp_path / "eval3")["ebird_code"].to_pylist() == [0]
+    # A vocab.json that cannot be written: the shards are not put in place, as the error says.
+    (tmp_path / "eval4" / "vocab.json").mkdir(parents=True)
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(held_out), str(tmp_path / "eval4")])
+    assert e.value.code == 74 and "eval4 holds what it held before" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "eval4").iterdir()) == ["vocab.json"]
 
 
 @pytest.mark.parametrize(
     ("options", "said"),
     [
-        ({"shard_mb": float("nan")}, "--shard-mb nan: must be > 0"),  # "cannot convert float NaN", later
+        ({"shard_mb": float("nan")}, "--shard-mb nan: must be a finite"),  # "cannot convert float NaN", later
+        ({"shard_mb": float("inf")}, "--shard-mb inf: must be a finite"),  # an OverflowError's traceback
+        ({"shard_mb": 1e-9}, "--shard-mb 1e-09: must be a finite"),  # "target_bytes must be positive"
         ({"prefix": ""}, "--prefix '': must be a file name's start"),  # a ValueError's traceback
         ({"prefix": "a/b"}, "--prefix 'a/b': must be a file name's start"),
         ({"label_column": ""}, "--label-column '': must be a name"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import math
 import os
 import sys
 import time
@@ -76,14 +77,26 @@ class PrepareResult:
 def find_audio_files(src: Path, extensions: tuple[str, ...] = AUDIO_EXTENSIONS) -> list[str]:
     """Audio files under `src` (by ``extensions``) as sorted posix paths relative to it (hidden files and
     folders skipped). Folders that are links are followed (a label folder on another disk was left out
-    without a word), except one that leads back to a folder it is in. A FIFO or device under an audio
-    name is no file (reading it hung prepare); a link to nowhere is kept, for the reader to name.
-    `PrepareError` for a name that is not UTF-8 (a shard stores names as strings: a traceback once a
-    batch was read)."""
+    without a word), each real folder once: a link back to a folder it is in, or to one walked already
+    (folders linked to each other made the walk grow without end, or packed one recording many times
+    under two labels), is left out. A FIFO or device under an audio name is no file (reading it hung
+    prepare); a link to nowhere is kept, for the reader to name. `PrepareError` for a name that is not
+    UTF-8 (a shard stores names as strings: a traceback once a batch was read)."""
     found = []
+    walked: set[str] = set()
     for root, dirs, files in os.walk(src, followlinks=True):
         here = os.path.realpath(root)
-        dirs[:] = [d for d in dirs if not d.startswith(".") and not _leads_back(here, Path(root) / d)]
+        walked.add(here)
+        # Plain folders first, in name order: each real folder is walked where it is, not through a link.
+        dirs.sort(key=lambda d: (os.path.islink(Path(root) / d), d))
+        kept = []
+        for d in dirs:
+            there = os.path.realpath(Path(root) / d)
+            if d.startswith(".") or _leads_back(here, Path(root) / d) or there in walked:
+                continue
+            walked.add(there)
+            kept.append(d)
+        dirs[:] = kept
         rel_root = Path(root).relative_to(src)
         for name in files:
             if name.startswith(".") or not name.lower().endswith(extensions):
@@ -155,11 +168,16 @@ def csv_labels(csv_path: Path, src: Path, files: Sequence[str]) -> dict[str, str
     except OSError as e:
         raise PrepareError(f"cannot read labels CSV {csv_path}: {e}") from e
     with fh:
+        reader = csv.DictReader(fh)
         try:
-            _read_csv_labels(csv.DictReader(fh), csv_path, src, by_form, labels)
+            _read_csv_labels(reader, csv_path, src, by_form, labels)
         except UnicodeDecodeError as e:  # a traceback: saved as cp1252 by a spreadsheet
             why = f"{e.reason} at byte {e.start}"
             raise PrepareError(f"{csv_path}: not UTF-8 text ({why}): save it as UTF-8") from None
+        except csv.Error as e:  # a quote never closed, past the field limit: a traceback
+            raise PrepareError(
+                f"{csv_path}, past line {reader.line_num}: {e} (a quote never closed?)"
+            ) from None
     return labels
 
 
@@ -181,6 +199,12 @@ def _read_csv_labels(
         raw_path, raw_label = row.get("path"), row.get("label")
         if raw_path is None or raw_label is None:
             raise PrepareError(f"{csv_path} row {line}: missing 'path' or 'label' value: {row}")
+        if None in row:  # "Crow, American" unquoted: the label cut to "Crow", the rest dropped
+            raise PrepareError(f"{csv_path} row {line}: more fields than the header's ({row[None]!r} left "
+                               "over): quote a label or path that holds a comma")  # fmt: skip
+        if "\n" in raw_path or "\n" in raw_label:  # a quote never closed took the rows after it in
+            raise PrepareError(f"{csv_path} row {line}: a line break inside a path or label (a quote never "
+                               "closed?)")  # fmt: skip
         rel = _normalise_csv_path(raw_path)
         if rel is None:
             raise PrepareError(f"{csv_path} row {line}: path {raw_path!r} must be relative to {src}")
@@ -295,8 +319,8 @@ def prepare(
                  "(labels from its sub-folders), not a glob")  # fmt: skip
         what = "does not exist or is not a folder" if not magic else audio if matched else "matches no file"
         raise PrepareError(f"source {src} {what} (a folder of audio files, or Parquet files)")
-    if not shard_mb > 0:  # NaN too
-        raise PrepareError(f"--shard-mb {shard_mb}: must be > 0")
+    if not (shard_mb > 0 and math.isfinite(shard_mb) and int(shard_mb * 2**20) > 0):  # NaN, inf, 1e-9 too
+        raise PrepareError(f"--shard-mb {shard_mb}: must be a finite number of MiB, at least one byte's")
     if not prefix or "/" in prefix:  # else a ValueError's traceback, from the shard writer
         raise PrepareError(f"--prefix {prefix!r}: must be a file name's start, not empty, without '/'")
     if label_column in ("", "audio", "recording_id"):
@@ -315,7 +339,7 @@ def prepare(
         vocab = given_vocabulary(vocab_file, src, labels)
     else:
         vocab = sorted({lab for lab in labels.values() if lab is not None})
-    with only_writer(out):  # from the vocabulary's check to the vocab.json that follows the shards
+    with only_writer(out):  # from the vocabulary's check to the shards put in place
         index = {name: i for i, name in enumerate(vocab)}
         clash = relabelled(out, vocab, label_column)
         if clash is not None:  # before any file is read or written
@@ -327,21 +351,31 @@ def prepare(
         skipped: list[tuple[str, str]] = []
         n_unlabelled = 0
         ids = recording_ids(files)
-        # on any error the writer deletes what it wrote: no half data set is left behind
-        with ShardWriter(out, prefix, int(shard_mb * 2**20), fmt, label_column=label_column) as writer:
-            for rel, (data, problem) in zip(files, _loaded(src, files, check, workers), strict=True):
-                if problem is not None:
-                    if not skip_bad:
-                        raise PrepareError(f"{src / rel}: {problem} (use --skip-bad to skip such files)")
-                    skipped.append((rel, problem))
-                    continue
-                label = labels[rel]
-                n_unlabelled += label is None
-                writer.add(data, rel, None if label is None else index[label], ids[rel])
-            if writer.n_rows == 0:
-                raise PrepareError(f"none of the {len(files)} audio files under {src} could be read")
+        # On any error the writer deletes what it wrote: no half data set is left behind. The vocab.json
+        # goes in before the shards are renamed into place (after, a failure to write it left shards
+        # read as bare class ids, where the error said OUT held what it held before), and is taken out
+        # again where they fail.
+        vocab_path, had_vocab = out / VOCAB_FILE, (out / VOCAB_FILE).exists()
+        try:
+            with ShardWriter(out, prefix, int(shard_mb * 2**20), fmt, label_column=label_column) as writer:
+                for rel, (data, problem) in zip(files, _loaded(src, files, check, workers), strict=True):
+                    if problem is not None:
+                        if not skip_bad:
+                            raise PrepareError(f"{src / rel}: {problem} (use --skip-bad to skip such files)")
+                        skipped.append((rel, problem))
+                        continue
+                    label = labels[rel]
+                    n_unlabelled += label is None
+                    writer.add(data, rel, None if label is None else index[label], ids[rel])
+                if writer.n_rows == 0:
+                    raise PrepareError(f"none of the {len(files)} audio files under {src} could be read")
+                # Another split's vocabulary keeps its order (the hub's ClassLabel names need not be sorted).
+                write_vocab(out, vocab, label_column, ordered=vocab_file is None)
+        except BaseException:
+            if not had_vocab:
+                vocab_path.unlink(missing_ok=True)
+            raise
         shards = list(writer.paths)
-        write_vocab(out, vocab, label_column)
     result = PrepareResult(shards, vocab, writer.n_rows, n_unlabelled, skipped)
     if verbose:
         print(
