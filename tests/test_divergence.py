@@ -444,6 +444,15 @@ def test_bisect_says_where_one_run_s_log_lacks_steps_both_ran(runs: Path, tmp_pa
     assert code == 0 and report.endswith(
         "No difference between the runs up to step 3 (their logs differ, as said above)."
     )
+    # Options that differ and changed nothing (a plant a bfloat16 run rounded away): said all the same;
+    # and where the newest checkpoints agree at the last step, no step was run side by side.
+    again = shutil.copytree(runs / "A", tmp_path / "again")
+    config = json.loads((again / "config.json").read_text())
+    (again / "config.json").write_text(json.dumps({**config, "seed": config["seed"] + 9}))
+    code, report, _ = bisect(runs / "A", again)
+    seeds = f"{config['seed']}->{config['seed'] + 9}"
+    assert code == 0 and report.endswith(f"Config: seed:{seeds}, which changed nothing up to it."), report
+    assert "side by side from checkpoint 3: no step left to run" in report, report
 
 
 def test_bisect_says_where_the_runs_evaluate_otherwise(runs: Path, tmp_path: Path) -> None:
@@ -494,3 +503,41 @@ def test_a_step_of_resume_checks_alone_was_never_run_and_an_unlogged_replay_is_s
          "matches_run": {}}  # fmt: skip
     line = summary(Trace(m, []), Path("t.npz"))
     assert "steps 2-4 replayed with their logged metrics equal (2 of them logged none to compare)" in line
+
+
+def test_a_plant_that_scales_a_call_changes_a_bfloat16_input_too() -> None:
+    # 1 + 2^-10 is 1.0 in bfloat16: a bf16 run's plant changed nothing, and bisect said "No difference".
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from birdjepa import seams
+
+    class Mlp(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return nn.Dense(4, name="fc2", dtype=x.dtype, param_dtype=x.dtype)(x)
+
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jnp.linspace(0.5, 1.5, 8, dtype=dtype).reshape(2, 4)
+        params = Mlp().init(jax.random.key(0), x)
+        plain = Mlp().apply(params, x)
+        with seams.planted("mlp_between_fc1_and_fc2").around_model_call():
+            planted = Mlp().apply(params, x)
+        assert not jnp.array_equal(plain, planted), dtype
+
+
+def test_a_stage_s_worst_tensor_is_the_largest_difference_and_a_digest_s_is_a_lower_bound() -> None:
+    # Digests ranked first: "the worst ...proj/kernel, max abs 4.08e-08", a lower bound, where a tensor
+    # kept whole differed by 0.000169.
+    from birdjepa.divergence.diff import StageDiff, TensorDiff
+
+    def tensor(name: str, max_abs: float, exact: bool) -> TensorDiff:
+        index = (0,) if exact else None
+        return TensorDiff("updates", name, ((2,), (2,)), max_abs, 1.0, index, (1.0, 2.0), 0.0, exact=exact)
+
+    digest, whole = tensor("proj", 4.08e-8, exact=False), tensor("patch_embed", 1.69e-4, exact=True)
+    line = StageDiff("updates", 2, [digest, whole], [], []).line()
+    assert line.endswith("the worst patch_embed, max abs 0.000169"), line
+    line = StageDiff("updates", 1, [digest], [], []).line()
+    assert line.endswith("the worst proj, max abs at least 4.08e-08"), line

@@ -66,6 +66,10 @@ INVALID = [
         ["--debug.plant", "block_residual_scale", "--model.remat"],
         "--debug.plant 'block_residual_scale': plants change calls inside the blocks, which --model.remat",
     ),
+    # Plants that change nothing in the run (bisect: "No difference"), or a KeyError's traceback.
+    (["--debug.plant", "decoder_input_scaled"], "would change nothing in this run: a call of the decoder's"),
+    (["--debug.plant", "pos_embed_bf16", "--model.rope"], "would change nothing in this run: the model"),
+    (["--debug.plant", "pos_embed_bf16", "--model.dtype", "bfloat16"], "a bfloat16 model computes with its"),
     (["--model.heads", "3"], "--model.heads 3: must divide --model.dim (64)"),
     (["--model.patch", "7"], "--model.patch 7: must divide --model.n-frames (512)"),
     (["--model.dropout", "1"], "--model.dropout 1.0: must be in [0, 1)"),

@@ -31,6 +31,11 @@ class Seams:
     in_step = False
     """Whether the hooks change the compiled step (else a planted run shares its twin's compilation)."""
 
+    def refuses(self, cfg: Any) -> str | None:
+        """Why these hooks would change nothing in a run of ``cfg`` (a `PretrainConfig`), which `bisect`
+        then called two runs without a difference; None: they change it."""
+        return None
+
     def lr_table(self, table: np.ndarray, peak: float) -> np.ndarray:
         """The LR of every update (`birdjepa.train.optim.lr_table`, float64) as the optimizer applies it."""
         return table

@@ -174,6 +174,8 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
         if name is not None and name not in seams.names(kind):
             known = ", ".join(seams.names(kind)) or "none registered (import birdjepa.verify)"
             raise OptionError(option, name, f"must be one of {known}")
+        if name is not None and (why := seams.of(kind, name).refuses(cfg)) is not None:
+            raise OptionError(option, name, f"would change nothing in this run: {why}")
     if cfg.debug.plant is not None and cfg.model.remat:
         raise OptionError("debug.plant", cfg.debug.plant, "plants change calls inside the blocks, which "
                           "--model.remat runs in a scan: plant in a run with --model.no-remat")  # fmt: skip

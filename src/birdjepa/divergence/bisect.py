@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import math
 import os
 import subprocess
@@ -42,6 +43,7 @@ from birdjepa.divergence.replay import (
 )
 from birdjepa.divergence.trace import trace_step
 from birdjepa.divergence.trace_file import Trace, read, traced, write
+from birdjepa.resume.checks import config_diff
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.metrics_log import compared, metrics_by_step, read_metrics
 from birdjepa.train.determinism import DEVICE_COUNT_FLAG
@@ -284,6 +286,14 @@ TOPOLOGY_RTOL = 1e-5
 INPUT_STAGES = ("batch", "keys", "draws", "optimizer", "params_in", "opt_state_in")
 
 
+def _options(run: Path) -> dict[str, Any]:
+    """The options of ``run``'s latest segment that trained (its config.json; none where it is unread)."""
+    try:
+        return json.loads(layout.config_file(run).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _state_in_differs(d: TraceDiff) -> bool:
     return any(t.real for st in d.stages if st.stage in ("params_in", "opt_state_in") for t in st.differing)
 
@@ -389,6 +399,8 @@ def bisect(
             )
         origin = f"checkpoint {s.start}" if s.start is not None else "step 0"
         found = f"first differ at step {step}" if step is not None else "no step differs"
+        if step is None and s.start is not None and s.start >= s.last:  # "no step differs" of none run
+            found = f"no step left to run (checkpoint {s.start} agrees, at the last step both ran)"
         lines.append(f"side by side from {origin}: {found}")
         if noisy is not None:  # the noise floor decides what of the difference is real
             repeat = max(repeat, 2)
@@ -398,7 +410,12 @@ def bisect(
         step = min(known) if known else None
     if step is None:
         logs = " (their logs differ, as said above)" if s.first_logged is not None or s.other else ""
-        return 0, "\n".join([*lines, f"No difference between the runs up to step {s.last}{logs}."]), None
+        said = f"No difference between the runs up to step {s.last}{logs}."
+        # The options that differ all the same (a plant, an option changed): said where a difference is.
+        _, breaking = config_diff(*(_options(r) for r in (a, b)))
+        if breaking:
+            said += f" Config: {'; '.join(breaking)}, which changed nothing up to it."
+        return 0, "\n".join([*lines, said]), None
     if whole_first is None:
         sizes = [encoder_params(r) for r in (a, b)]
         whole_first = all(n is not None and n < WHOLE_FIRST_BELOW for n in sizes)

@@ -58,6 +58,13 @@ class DecayMatricesOnly(StepPlant):
 class PosEmbedBf16(StepPlant):
     """``pos_embed_bf16``: the encoder's position embedding rounded to bfloat16."""
 
+    def refuses(self, cfg: Any) -> str | None:
+        if cfg.model.rope:  # a KeyError's traceback, the run folder half made
+            return "the model has no position embedding to round (--model.rope)"
+        if cfg.model.dtype == "bfloat16":
+            return "a bfloat16 model computes with its position embedding in bfloat16 already: no change"
+        return None
+
     def forward_params(self, params: Any) -> Any:
         import jax.numpy as jnp
 
@@ -91,8 +98,15 @@ class ScaledCall(StepPlant):
     scaled by `PLANT_SCALE` on its way from the caller, as if the caller's code between two calls
     changed. ``noisy``: scaled on every other execution only (`execution_parity`)."""
 
-    def __init__(self, module: str, nth: int, *, noisy: bool = False) -> None:
-        self.module, self.nth, self.noisy = module, nth, noisy
+    def __init__(self, module: str, nth: int, *, noisy: bool = False, decoder: bool = False) -> None:
+        self.module, self.nth, self.noisy, self.decoder = module, nth, noisy, decoder
+
+    def refuses(self, cfg: Any) -> str | None:
+        if self.decoder and cfg.objective.options.decoder(cfg.model) is None:
+            return (
+                f"a call of the decoder's {self.module!r}, and --objective.kind {cfg.objective.kind} has none"
+            )
+        return None
 
     @contextlib.contextmanager
     def around_model_call(self) -> Iterator[None]:
@@ -108,7 +122,10 @@ class ScaledCall(StepPlant):
                 k = calls.get(module.path, 0)
                 calls[module.path] = k + 1
                 if k == self.nth:  # this module's k-th call
-                    args = (args[0] * jnp.asarray(scale, args[0].dtype), *args[1:])
+                    # At least one step of the input's dtype: 1 + 2^-10 is 1.0 in bfloat16 (no change).
+                    step = max(PLANT_SCALE - 1.0, float(jnp.finfo(args[0].dtype).eps))
+                    by = 1.0 + (scale - 1.0) * step / (PLANT_SCALE - 1.0)
+                    args = (args[0] * jnp.asarray(by, args[0].dtype), *args[1:])
             return next_fun(*args, **kwargs)
 
         with nn.intercept_methods(interceptor):
@@ -165,7 +182,7 @@ BY_NAME: dict[str, Seams] = {
     "decay_skips_biases_and_norms": DecayMatricesOnly(),
     "mlp_between_fc1_and_fc2": ScaledCall("fc2", 0),
     "block_residual_scale": ScaledCall("DropPath_0", 1),
-    "decoder_input_scaled": ScaledCall("embed", 0),  # the MAE decoder's first layer
+    "decoder_input_scaled": ScaledCall("embed", 0, decoder=True),  # the MAE decoder's first layer
     "noisy_execution": ScaledCall("block_0", 0, noisy=True),
 }
 assert tuple(BY_NAME) == PLANTS, "every plant of the catalogue has its seams, in its order"
