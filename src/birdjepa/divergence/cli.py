@@ -96,8 +96,8 @@ def summary(t: Any, path: Path) -> str:
             "step recorded is within rounding of the training step's, not its own"
         )
     noise = f"; {len(m['noise'])} tensors differ between {m['repeat']} executions" if m["repeat"] > 1 else ""
-    return (f"{path}: step {m['step']} from {origin}; {len(t.entries)} tensors ({whole} whole, the rest as "
-            f"digests); {trained}{noise}")  # fmt: skip
+    kept = "all whole" if whole == len(t.entries) else f"{whole} whole, the rest as digests"
+    return f"{path}: step {m['step']} from {origin}; {len(t.entries)} tensors ({kept}); {trained}{noise}"
 
 
 def diff_trace(a: RUN, b: RUN) -> None:
