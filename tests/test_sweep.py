@@ -235,10 +235,14 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
                        r"than these \(optim.lr:0.001->0.002\)"):  # fmt: skip
         plan(edited, tmp_path)
     assert script.read_text() == "the script that trained it"
+    # Its stop, now past: planned, and refused at the job's start (exit 2).
+    with pytest.raises(SweepError, match=r"config 0: stop_at_step 0: run .* has trained that step already"):
+        plan(sweep_file(tmp_path, repr([cfg])), tmp_path)
     # Harmless changes, and a change the config allows, plan as before.
-    assert plan(sweep_file(tmp_path, repr([{**cfg, "log.print_every": 3}])), tmp_path)
+    later = {**cfg, "stop_at_step": 3}
+    assert plan(sweep_file(tmp_path, repr([{**later, "log.print_every": 3}])), tmp_path)
     assert plan(
-        sweep_file(tmp_path, repr([{**cfg, "optim.lr": 0.002, "allow_config_change": True}])), tmp_path
+        sweep_file(tmp_path, repr([{**later, "optim.lr": 0.002, "allow_config_change": True}])), tmp_path
     )
 
 

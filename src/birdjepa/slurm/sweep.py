@@ -217,6 +217,10 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
             raise SweepError(f"{where}: --resume never: a sweep's job is requeued, and each start after its "
                              "first must resume the run")  # fmt: skip
         refused_resume(cfg, flags, where)
+        newest = max(layout.checkpoint_steps(cfg.run_dir.absolute()), default=-1)
+        if cfg.stop_at_step is not None and cfg.stop_at_step <= newest:  # refused at its job's start, exit 2
+            raise SweepError(f"{where}: stop_at_step {cfg.stop_at_step}: run {cfg.run} has trained that step "
+                             f"already (newest checkpoint {newest}): give a later one, or none")  # fmt: skip
         if force_resume_at is not None and not 0 <= force_resume_at < cfg.steps - 1:
             raise SweepError(
                 f"{where}: --force-resume-at {force_resume_at} is not inside its {cfg.steps} steps"
