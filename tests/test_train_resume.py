@@ -444,26 +444,27 @@ def test_a_terminal_that_hangs_up_stops_the_run_after_its_step_with_a_checkpoint
 ) -> None:
     # A run started in an ssh session that dropped: SIGHUP killed it, every step since the last save
     # lost. In a real terminal (a pty whose far end closes), where every later write to it fails.
-    import pty
     import select
 
     run = tmp_path / "hup"
     argv = ["birdjepa", "pretrain", *pretrain_flags(demo_dir, tmp_path, "hup", *NO_EVAL, "--ckpt-every", "0")]
-    # SIGHUP as a terminal's process has it: a runner started under nohup (CI's) ignores it, and a child
-    # inherits that (and keeps it: a run under nohup is one the user asked to outlive the terminal).
-    start = (f"import signal, sys, runpy; signal.signal(signal.SIGHUP, signal.SIG_DFL); sys.argv = {argv!r}; "
+    # The child: a session of its own (not forked from this threaded process in Python: subprocess's exec
+    # is), the pty its controlling terminal; SIGHUP as a terminal's process has it (a runner under nohup,
+    # CI's, ignores it, and a child inherits that; a run under nohup is one asked to outlive the terminal).
+    start = ("import fcntl, runpy, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+             f"signal.signal(signal.SIGHUP, signal.SIG_DFL); sys.argv = {argv!r}; "
              "runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
-    pid, terminal = pty.fork()
-    if pid == 0:  # the child: its own session, the pty its controlling terminal
-        os.execv(sys.executable, [sys.executable, "-c", start])
+    terminal, far = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", start], stdin=far, stdout=far, stderr=far,
+                            start_new_session=True)  # fmt: skip
+    os.close(far)
     said = b""
     while not (run / "metrics.jsonl").exists() or not metrics_by_step(run):  # the first step is logged
         if select.select([terminal], [], [], 0.05)[0]:
             said += os.read(terminal, 65536)  # drained: a full pty would block the run's writes
-        assert os.waitpid(pid, os.WNOHANG) == (0, 0), said.decode(errors="replace")
+        assert proc.poll() is None, said.decode(errors="replace")
     os.close(terminal)  # the terminal hangs up: the kernel sends SIGHUP
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == exit_codes.HUNG_UP, said.decode(errors="replace")
+    assert proc.wait(timeout=300) == exit_codes.HUNG_UP, said.decode(errors="replace")
     (stop,) = events(run, "stop")
     assert stop["reason"] == f"signal {int(signal.SIGHUP)}" and stop["exit_code"] == exit_codes.HUNG_UP
     assert stop["step"] < STEPS - 1 and Checkpointer(run).latest_step() == stop["step"]
