@@ -33,14 +33,9 @@ def species_per_batch(train: Path, loader_options: dict[str, int], batches: int 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "runs_dir",
-        metavar="RUNS_DIR",
-        type=Path,
-        nargs="?",
-        default=Path("runs/issue-001"),
-        help="reproduce.py's runs folder, holding data-sorted/ (default: %(default)s)",
-    )
+    default = Path("runs/issue-001")
+    p.add_argument("runs_dir", metavar="RUNS_DIR", type=Path, nargs="?", default=default,
+                   help="reproduce.py's runs folder, with data-sorted/ (default: %(default)s)")  # fmt: skip
     runs = p.parse_args().runs_dir
     for name in SHOWN:
         setup = SETUPS[name]

@@ -38,14 +38,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", metavar="EVAL_DATA", type=Path,
                    help="a set from `birdjepa demo-data`: its manifest.json and eval/ split")  # fmt: skip
-    p.add_argument(
-        "runs",
-        metavar="RUN",
-        type=Path,
-        nargs="*",
-        default=[],
-        help="a run directory (its newest checkpoint)",
-    )
+    p.add_argument("runs", metavar="RUN", type=Path, nargs="*", default=[],
+                   help="a run directory (its newest checkpoint)")  # fmt: skip
     args = p.parse_args()
     deterministic_xla()
     data, runs = args.data, args.runs

@@ -37,14 +37,8 @@ def shares(x: np.ndarray, loudness: np.ndarray, labels: np.ndarray) -> tuple[flo
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "runs",
-        metavar="RUN",
-        type=Path,
-        nargs="*",
-        default=[],
-        help="a run directory (its newest checkpoint)",
-    )
+    p.add_argument("runs", metavar="RUN", type=Path, nargs="*", default=[],
+                   help="a run directory (its newest checkpoint)")  # fmt: skip
     args = p.parse_args()
     deterministic_xla()
     print("\n## What the embeddings carry (train split, written by what_it_encodes.py)\n")

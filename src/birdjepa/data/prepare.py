@@ -92,7 +92,7 @@ def find_audio_files(src: Path, extensions: tuple[str, ...] = AUDIO_EXTENSIONS) 
         kept = []
         for d in dirs:
             there = os.path.realpath(Path(root) / d)
-            if d.startswith(".") or _leads_back(here, Path(root) / d) or there in walked:
+            if d.startswith(".") or there in walked:  # a link back to a folder it is in: walked already
                 continue
             walked.add(there)
             kept.append(d)
@@ -128,13 +128,6 @@ def say_left_out(src: Path, files: Sequence[str], *, by_folder: bool) -> None:
     if by_folder and folders:
         print(f"WARNING label folder(s) {', '.join(sorted(folders))} held only those: no class of "
               "theirs", flush=True)  # fmt: skip
-
-
-def _leads_back(here: str, folder: Path) -> bool:
-    """Whether ``folder`` (in the folder whose real path is ``here``) is ``here`` or one it is in: a link
-    loop, which followed would never end."""
-    there = os.path.realpath(folder)
-    return here == there or here.startswith(there.rstrip(os.sep) + os.sep)
 
 
 def recording_ids(files: Sequence[str]) -> dict[str, str]:

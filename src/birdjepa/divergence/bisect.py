@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import math
 import os
 import subprocess
@@ -289,7 +288,7 @@ INPUT_STAGES = ("batch", "keys", "draws", "optimizer", "params_in", "opt_state_i
 def _options(run: Path) -> dict[str, Any]:
     """The options of ``run``'s latest segment that trained (its config.json; none where it is unread)."""
     try:
-        return json.loads(layout.config_file(run).read_text())
+        return layout.read_config(run)
     except (OSError, ValueError):
         return {}
 
