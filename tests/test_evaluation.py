@@ -770,11 +770,17 @@ def test_export_and_embed_errors_are_one_line(
     with biggest.open("r+b") as f:
         f.truncate(1000)
     where = damaged / "checkpoints" / "5"
-    one_line(["export", str(damaged), "--out", str(tmp_path / "e")], "export", where, "arrays unreadable")
+    args = ["export", str(damaged), "--out", str(tmp_path / "e")]
+    one_line([*args, "--step", "5"], "export", where, "arrays unreadable")
     assert not (tmp_path / "e").exists()  # nothing made for a run that cannot be exported
     shards = str(demo_dir / "eval")
     out = tmp_path / "e.parquet"
-    one_line(["embed", shards, "--encoder", str(damaged), "--out", str(out)], "embed", where)
+    one_line(["embed", shards, "--encoder", str(damaged), "--step", "5", "--out", str(out)], "embed", where)
+    # The newest asked for: the newest that verifies, as a resume picks it (was exit 2), and said.
+    main(args)
+    said = capsys.readouterr().out
+    assert f"WARNING {where}: arrays unreadable" in said and "reading checkpoint 2, the newest before" in said
+    assert json.loads((tmp_path / "e" / "encoder.json").read_text())["checkpoint"]["step"] == 2
     # A folder listing a link to nowhere (a traceback from the read).
     (tmp_path / "linked").mkdir()
     (tmp_path / "linked" / "gone.wav").symlink_to(tmp_path / "nowhere.wav")

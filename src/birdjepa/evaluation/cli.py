@@ -161,26 +161,26 @@ def _restore(run_dir: Path, step: int | None) -> RestoredCheckpoint:
         at = steps[-1] if step is None else step
         if at not in steps:
             raise EvaluateError(f"{run_dir / 'checkpoints'}: no checkpoint {at}; there are {steps}")
-        while step is None and at != steps[0]:  # the newest whose meta reads, as a resume would pick it
+        while True:
+            where = layout.checkpoint(run_dir, at)
             try:
-                ckpt.checked_meta(at)
+                meta = ckpt.checked_meta(at)
+                cfg = run_config(meta, str(where))
+                shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
+                if PROBE_HEAD not in shapes:
+                    raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
+                seg = open_segment(cfg, ckpt, at=at, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
                 break
-            except checkpoint.IntegrityError as e:  # an empty or half-copied folder: a KeyError's traceback
+            except (checkpoint.CheckpointError, OSError) as e:
+                if step is None and (not where.exists() or _superseded(ckpt, at)):
+                    raise _Rotated(str(e)) from e
+                # The newest that verifies, as a resume picks it: an empty or half-copied folder, arrays
+                # cut short. A step asked for is that step or an error.
+                if step is not None or at == steps[0] or not isinstance(e, checkpoint.IntegrityError):
+                    raise
                 older = steps[steps.index(at) - 1]
-                print(f"WARNING {e}: evaluating checkpoint {older}", flush=True)
+                print(f"WARNING {e}: reading checkpoint {older}, the newest before it", flush=True)
                 at = older
-        where = layout.checkpoint(run_dir, at)
-        try:
-            meta = ckpt.checked_meta(at)
-            cfg = run_config(meta, str(where))
-            shapes = {name: shape for name, shape, _ in meta["state_leaves"]}
-            if PROBE_HEAD not in shapes:
-                raise EvaluateError(f"{where}: no probe head {PROBE_HEAD} among the saved leaves")
-            seg = open_segment(cfg, ckpt, at=at, n_classes=shapes[PROBE_HEAD][-1], step_fns=False)
-        except (checkpoint.CheckpointError, OSError) as e:
-            if step is None and (not where.exists() or _superseded(ckpt, at)):
-                raise _Rotated(str(e)) from e
-            raise
     fresh = initial_params(cfg, seg.model_cfg)
     return RestoredCheckpoint(at, cfg, seg.model_cfg, seg.state.params, fresh, meta)
 
