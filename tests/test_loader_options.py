@@ -72,6 +72,11 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
     shard = sorted((demo_dir / "train").glob("*.arrow"))[0]
     with pytest.raises(DataError, match="are one shard file: name it once"):
         Loader([str(shard), os.path.relpath(shard)])
+    # A path in bytes (os.listdir(b".")'s): a TypeError from a list of its ints.
+    from birdjepa.data import resolve_files
+
+    assert resolve_files(os.fsencode(demo_dir / "train")) == resolve_files(demo_dir / "train")
+    assert resolve_files([os.fsencode(shard)]) == [str(shard)]
     with pytest.raises(ValueError, match="unknown field `sample_rate`"):
         _rs.log_mel(np.zeros(1000, np.float32), sample_rate=16000)
     # A helper's hunt: a feature option beside the loader's was overwritten by Features' default without

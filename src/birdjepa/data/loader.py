@@ -121,12 +121,14 @@ def skipped_line(n: int, lines: Sequence[str], what: str = "", where: str = "") 
     return f"skipped {n} {kind}record{'s' * (n != 1)} the loader cannot read: {'; '.join(lines[:3])}{more}"
 
 
-def resolve_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+def resolve_files(
+    files: str | bytes | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]],
+) -> list[str]:
     """Shard paths from a list, a glob pattern or a folder (every ``*.arrow`` in it), sorted."""
-    items = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    items = [files] if isinstance(files, (str, bytes, os.PathLike)) else list(files)
     out: list[str] = []
     for item in items:
-        text = os.fspath(item)
+        text = os.fsdecode(item)  # bytes as os.listdir(b".") gives them: a list of ints, a TypeError
         if not text:  # the core's ": cannot open"
             raise DataError("an empty path names no shard file")
         if os.path.isdir(text):
@@ -208,7 +210,7 @@ class Loader:
 
     def __init__(
         self,
-        files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        files: str | bytes | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]],
         *,
         features: Features | None = None,
         state: dict[str, Any] | None = None,
