@@ -186,6 +186,8 @@ def test_vanishing_gradient_is_reported_by_name():
     for s, st in enumerate(stats):
         metrics, warnings = idle.observe(s, st)
         assert metrics["monitor/vanishing"] == 0.0 and not any("unused/" in w for w in warnings), warnings
+        # Nor its ratio of 0 every check's minimum and first smallest, hiding the ratios to watch.
+        assert not any("unused/" in k for k in metrics) and metrics["monitor/update_ratio/min"] > 0, metrics
     assert "unused/kernel" not in idle.frozen and idle.frozen  # the others still are, at this ratio
 
 

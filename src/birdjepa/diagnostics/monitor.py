@@ -221,7 +221,8 @@ class UpdateMonitor:
     ratios are logged by name. ``vanishing``/``exploding`` are the gradient-norm thresholds (the same
     defaults as ``update_stats``); ``max_listed`` caps the names quoted in one warning. Parameters named
     with a prefix in ``idle`` (the objective's `IDLE_PARAMS`: read by no loss) are never reported
-    vanishing or frozen: MAE's projector warned so every check, a warning users learn to skip.
+    vanishing or frozen, nor summarised or listed among the smallest ratios: MAE's projector warned so
+    every check, a warning users learn to skip.
 
     All comparisons are done in float32 on the float32 stats, as the graph does them; summaries in float64.
     """
@@ -299,14 +300,17 @@ class UpdateMonitor:
         vanishing = np.flatnonzero((gnorm <= np.float32(self.vanishing)) & self.watched)
         exploding = np.flatnonzero(~(gnorm < np.float32(self.exploding)))  # NaN counts as exploding
 
-        metrics = _summary("monitor/update_ratio", ratio)
-        metrics.update(_summary("monitor/grad_norm", gnorm))
+        # Summaries and the smallest ratios over the parameters a loss reads: an idle one's ratio of 0
+        # was every check's minimum and first smallest (MAE's projector), hiding the ratios to watch.
+        watched = np.flatnonzero(self.watched)
+        metrics = _summary("monitor/update_ratio", ratio[watched])
+        metrics.update(_summary("monitor/grad_norm", gnorm[watched]))
         metrics["monitor/grad_max_abs/max"] = float(np.max(self._vector(stats, "grad_max_abs")))
         metrics["monitor/vanishing"] = float(len(vanishing))
         metrics["monitor/exploding"] = float(len(exploding))
         metrics["monitor/frozen"] = float(np.sum(frozen))
         # Stable sort: equal ratios are listed in name order, so the keys are deterministic.
-        for i in np.argsort(ratio, kind="stable")[: self.top_k]:
+        for i in watched[np.argsort(ratio[watched], kind="stable")][: self.top_k]:
             metrics[f"monitor/smallest_ratio/{self.names[i]}"] = float(ratio[i])
 
         warnings = []
