@@ -530,7 +530,8 @@ def test_a_plant_that_scales_a_call_changes_a_bfloat16_input_too() -> None:
 def test_a_stage_s_worst_tensor_is_the_largest_difference_and_a_digest_s_is_a_lower_bound() -> None:
     # Digests ranked first: "the worst ...proj/kernel, max abs 4.08e-08", a lower bound, where a tensor
     # kept whole differed by 0.000169.
-    from birdjepa.divergence.diff import StageDiff, TensorDiff
+    from birdjepa.divergence.diff import StageDiff, TensorDiff, tensor_diff
+    from birdjepa.divergence.trace_file import Entry
 
     def tensor(name: str, max_abs: float, exact: bool) -> TensorDiff:
         index = (0,) if exact else None
@@ -541,3 +542,21 @@ def test_a_stage_s_worst_tensor_is_the_largest_difference_and_a_digest_s_is_a_lo
     assert line.endswith("the worst patch_embed, max abs 0.000169"), line
     line = StageDiff("updates", 1, [digest], [], []).line()
     assert line.endswith("the worst proj, max abs at least 4.08e-08"), line
+    # Signed zeros alone were "differs at the noise floor" with no floor measured; tensors in one trace
+    # only sat beside "identical".
+    plus, minus = np.zeros(2, np.float32), -np.zeros(2, np.float32)
+    zeros = tensor_diff(Entry("updates", "b", (2,), "float32", "x", (0.0, 0.0, 0.0), plus),
+                        Entry("updates", "b", (2,), "float32", "y", (0.0, 0.0, 0.0), minus), 0.0)  # fmt: skip
+    assert zeros is not None and zeros.bits_only and not zeros.real
+    line = StageDiff("updates", 1, [zeros], [], []).line()
+    assert "differs in bits only (a zero's sign, a NaN's payload): 1 of 1" in line, line
+    assert "noise floor" not in StageDiff("updates", 2, [zeros, whole], [], []).line()  # one is real
+    from birdjepa.divergence.bisect import verdict
+    from birdjepa.divergence.diff import TraceDiff
+    from birdjepa.divergence.trace_file import Trace
+
+    said = verdict(4, TraceDiff(([], []), (4, 4), [StageDiff("updates", 1, [zeros], [], [])]), None, 1,
+                   Trace({}), Trace({}))  # fmt: skip
+    assert "Every value is equal as a number: only bits differ" in said and "noise floor" not in said, said
+    line = StageDiff("updates", 3, [], ["mask"], []).line()
+    assert line.endswith("the 3 compared tensors identical, 1 in A only") and " identical (" not in line, line

@@ -334,7 +334,12 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
         else:
             where += f" {len(set(xa.tolist()) ^ set(xb.tolist())) // 2} of {len(xa)} samples differ."
     inputs_agree = all(st.identical for st in d.stages if st.stage in INPUT_STAGES)
-    if not first.real:
+    if all(t.bits_only for st in d.stages for t in st.differing):  # no noise floor: nothing is above one
+        where += (
+            " Every value is equal as a number: only bits differ (a zero's sign, a NaN's payload), "
+            "as another order of the same operations gives."
+        )
+    elif not first.real:
         floor = f"measured with --repeat {repeat}" if repeat > 1 else "of this hardware"
         where += f" It is at the noise floor ({floor}): not a bug."
     elif (trained := s.devices(step))[0] != trained[1] and None not in trained:

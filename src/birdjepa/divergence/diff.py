@@ -39,6 +39,12 @@ class TensorDiff:
     largest difference of its min, max and mean, a lower bound (``--keep`` it for the values)."""
 
     @property
+    def bits_only(self) -> bool:
+        """Equal as numbers, other bits: a zero's sign, a NaN's payload (another order of the same
+        operations can give -0.0 for 0.0). No noise floor is needed to call it below one."""
+        return self.exact and self.index is not None and self.max_abs == 0.0
+
+    @property
     def real(self) -> bool:
         if not self.exact:  # the size is unknown: real unless the tensor varies between executions
             return self.floor == 0.0
@@ -77,15 +83,22 @@ class StageDiff:
         if not self.compared:
             side = "A" if self.only_a else "B"
             return f"{self.stage:<18} present in {side} only ({len(self.only_a) or len(self.only_b)} tensors)"
-        if not self.differing:
+        if not self.differing and (self.only_a or self.only_b):  # not "identical": the stage is not
             extra = _only(self.only_a, self.only_b)
-            return f"{self.stage:<18} identical ({self.compared} tensors{extra})"
+            return f"{self.stage:<18} the {self.compared} compared tensors identical{extra}"
+        if not self.differing:
+            return f"{self.stage:<18} identical ({self.compared} tensors)"
         real = [d for d in self.differing if d.real]
         # By size alone: a digest's is a lower bound, so one larger than every known difference is the
         # worst, and one smaller is not (digests first named a tensor 4,000 times closer than the one whose
         # values, kept whole, differed most).
         worst = max(real or self.differing, key=lambda d: (d.max_abs, d.exact))
-        kind = "differs" if real else "differs at the noise floor"
+        if real:
+            kind = "differs"
+        elif all(d.bits_only for d in self.differing):
+            kind = "differs in bits only (a zero's sign, a NaN's payload)"
+        else:
+            kind = "differs at the noise floor"
         bound = "max abs" if worst.exact else "max abs at least"
         return (
             f"{self.stage:<18} {kind}: {len(self.differing)} of {self.compared} tensors"
