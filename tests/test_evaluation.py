@@ -59,6 +59,16 @@ def test_linear_probe_separates_separable_embeddings():
     assert again.details == result.details and np.array_equal(again.predictions, result.predictions)
 
 
+def test_chance_is_what_guessing_the_train_split_s_most_common_class_scores():
+    from birdjepa.evaluation.report import chance
+
+    # 1 / classes (1/3) on an unbalanced set made a probe at 0.5 look above chance: it guesses class 2.
+    assert chance(np.array([0, 2, 2, 1]), np.array([2, 2, 0, 1])) == 0.5
+    # Tied most common train classes 0 and 1: the mean of their eval shares (1/4 and 2/4).
+    assert chance(np.array([0, 1]), np.array([0, 1, 1, 2])) == 0.375
+    assert chance(np.array([], np.int64), np.array([1])) == 0.0
+
+
 def test_linear_probe_at_chance_on_noise():
     rng = np.random.Generator(np.random.Philox(3))
     x, tx = rng.standard_normal((200, 16)), rng.standard_normal((400, 16))
@@ -203,6 +213,8 @@ def test_evaluate_end_to_end_matches_the_trainer(tiny_run: Path, capsys):
     assert not (tiny_run / LEASE_FILE).exists()  # it held the run while it wrote into it, and let go
     assert set(first["rows"]) == {"encoder", "random_init", "raw"}
     assert (first["data"]["n_train"], first["data"]["n_eval"], first["data"]["n_classes"]) == (48, 24, 12)
+    chance = f"chance {first['data']['chance']:.3f}"  # both say the one level (`chance`'s own test)
+    assert f"; {chance}; run directory" in closing and f"({chance})" in out, (closing, out)
     assert first["machine"] == machine_kind()  # where its probes' last bits were computed
     # The command and the trainer's last evaluation score the same checkpoint the same way.
     assert first["rows"] == trained["rows"] and first["metrics"] == trained["metrics"]

@@ -286,7 +286,7 @@ def summary_line(doc: dict[str, Any]) -> str:
     )
     return (
         f"frozen-encoder evaluation of {doc['checkpoint']}: {d['n_train']} train / {d['n_eval']} eval "
-        f"clips{unlabelled}, {d['n_classes']} classes (chance {1 / d['n_classes']:.3f}); one crop per "
+        f"clips{unlabelled}, {d['n_classes']} classes (chance {d['chance']:.3f}); one crop per "
         "recording (its window's start where the row has one, else its centre)"
     )
 

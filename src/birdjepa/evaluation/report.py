@@ -86,6 +86,17 @@ def metrics(rows: dict[str, Row]) -> dict[str, float]:
     return out
 
 
+def chance(train_labels: np.ndarray, eval_labels: np.ndarray) -> float:
+    """The eval accuracy of guessing the train split's most common class for every clip (of tied ones,
+    their mean): what a probe that learned nothing from the features scores. 1 / classes on a balanced set;
+    on an unbalanced one (real recordings are), more, where 1 / classes made such a probe look better."""
+    if len(train_labels) == 0 or len(eval_labels) == 0:
+        return 0.0
+    counts = np.bincount(train_labels)
+    common = np.flatnonzero(counts == counts.max())
+    return float(np.mean([np.mean(eval_labels == c) for c in common]))
+
+
 def info(
     run_dir: Path,
     step: int,
@@ -112,6 +123,7 @@ def info(
             "n_eval": len(held_out.labels),
             "unlabelled_skipped": train.skipped_unlabelled + held_out.skipped_unlabelled,
             "n_classes": n_classes,
+            "chance": chance(train.labels, held_out.labels),
             "overlap": overlap(files, (train.fingerprint, held_out.fingerprint)),
         },
     }

@@ -480,7 +480,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                 f"{took}; frozen encoder on the {split} ({t.held_out_clips} clips): {linear}"
                 f"kNN {e['eval/knn_acc']:.3f} "
                 f"(random init {e['eval/knn_acc_random_init']:.3f}, raw {e['eval/knn_acc_raw']:.3f}); "
-                f"chance {1 / t.model_cfg.n_classes:.3f}; run directory {cfg.run_dir}",
+                f"chance {t.held_out_chance:.3f}; run directory {cfg.run_dir}",
                 flush=True,
             )
     t.close(exit_code)

@@ -134,6 +134,7 @@ class Trainer:
             audio_root=cfg.data.audio_root,
         ) if self.eval_files else None  # fmt: skip
         self.held_out_clips: int | None = None  # scored by the last evaluation: what its accuracies are over
+        self.held_out_chance = 0.0  # and what a probe that learned nothing scores there
         if self.evaluator is not None and self.evaluator.overlap and self.main:
             print(f"WARNING {self.evaluator.overlap}", flush=True)
         for split, files in (("train", self.train_files), ("eval", self.eval_files)):
@@ -340,6 +341,7 @@ class Trainer:
         assert self.evaluator is not None, "validation requires eval shards wherever --eval-every > 0"
         rows, train_split, held_out = self.evaluator(self.encoder(params), linear=linear)
         self.held_out_clips = len(held_out.labels)
+        self.held_out_chance = eval_report.chance(train_split.labels, held_out.labels)
         evals = {**eval_report.metrics(rows), **online_probe_metrics(params["probe"], held_out)}
         self.log.log(step, evals)
         if step == last and self.main:
