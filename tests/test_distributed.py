@@ -131,6 +131,23 @@ def test_processes_started_with_other_options_or_data_are_refused_together(
         line = f"error: the processes of the group were started with another {said}: give each the same"
         assert outs[0][1].startswith(line), outs[0][1][-2000:]
     assert not (tmp_path / "apart").exists()  # refused before anything was written
+    # One run folder's name on each node's own disk (a relative --log.runs-dir here, each process in
+    # another folder): the resume, read in one process alone, aborted the group in gloo with a C++ stack.
+    (tmp_path / "a" / "runs" / "apart" / "checkpoints" / "3").mkdir(parents=True)
+    (tmp_path / "b").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    group = {"BIRDJEPA_NUM_PROCESSES": "2", "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
+    procs = [subprocess.Popen(flags(demo_dir, Path("runs"), "apart"), cwd=tmp_path / where,
+                              env={**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, where in enumerate("ab")]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], outs
+    line = "error: the processes of the group find other checkpoints (processes 0 and 1) in runs/apart: it"
+    assert all(err.startswith(line) for _, err in outs), outs
+    assert "a shared file system, not a node's own disk" in outs[0][1]
 
 
 def test_a_ctrl_c_that_reaches_one_process_while_the_group_opens_stops_the_group_after_a_step(

@@ -495,6 +495,8 @@ def parse(args: Sequence[str]) -> PretrainConfig:
     only be joined before that."""
     distributed.initialize()
     cfg = tyro.cli(PretrainConfig, args=args, prog="birdjepa pretrain", description=cli.__doc__)
+    if distributed.launched_tasks() > 1:
+        same_checkpoints(cfg.run_dir)
     try:
         found = resumed_config(args, cfg, prog="birdjepa pretrain")
     except ConfigError as e:  # an option whose type changed: this birdjepa cannot take the run's value
@@ -513,6 +515,21 @@ def parse(args: Sequence[str]) -> PretrainConfig:
                   "from the checkpoint and the command line, not that file (a segment that trains rewrites "
                   "it); give a change on the command line", flush=True)  # fmt: skip
     return cfg
+
+
+def same_checkpoints(run_dir: Path) -> None:
+    """Exit 2 in every process of a group, in one line, unless each finds the same checkpoints in
+    ``run_dir`` (a collective). A run folder on each node's own disk under one name (a node-local
+    --log.runs-dir) trained its first segment, and the resume, read in one process alone, aborted the group
+    in gloo with a C++ stack."""
+    ckpts = layout.checkpoints(run_dir)
+    found = " ".join(sorted(p.name for p in ckpts.iterdir())) if ckpts.is_dir() else ""
+    differs = multihost.first_disagreement({"checkpoints": found})
+    if differs is not None:
+        print(f"error: the processes of the group find other {differs} in {run_dir}: it must be one "
+              "folder that every process reads (a shared file system, not a node's own disk)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(exit_codes.USAGE)
 
 
 def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
