@@ -148,6 +148,19 @@ def test_processes_started_with_other_options_or_data_are_refused_together(
     line = "error: the processes of the group find other checkpoints (processes 0 and 1) in runs/apart: it"
     assert all(err.startswith(line) for _, err in outs), outs
     assert "a shared file system, not a node's own disk" in outs[0][1]
+    # A mistyped option in one process: process 0 waited 2 min for it, then a traceback.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    group = {"BIRDJEPA_NUM_PROCESSES": "2", "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
+    procs = [subprocess.Popen([*flags(demo_dir, tmp_path, "apart"), *(["--sed", "1"] if i else [])],
+                              env={**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], outs
+    assert outs[0][1].startswith("error: another process of the group refused its options"), outs[0][1]
+    assert "--sed" in outs[1][1] and "Traceback" not in outs[0][1] + outs[1][1], outs[1][1]
 
 
 def test_a_ctrl_c_that_reaches_one_process_while_the_group_opens_stops_the_group_after_a_step(

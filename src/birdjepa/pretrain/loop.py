@@ -494,8 +494,18 @@ def parse(args: Sequence[str]) -> PretrainConfig:
     (`birdjepa.slurm.distributed`): reading the checkpoint starts JAX's backend, and a process group can
     only be joined before that."""
     distributed.initialize()
-    cfg = tyro.cli(PretrainConfig, args=args, prog="birdjepa pretrain", description=cli.__doc__)
-    if distributed.launched_tasks() > 1:
+    group = distributed.launched_tasks() > 1
+    try:
+        cfg = tyro.cli(PretrainConfig, args=args, prog="birdjepa pretrain", description=cli.__doc__)
+    except SystemExit:  # a mistyped option, --help: the others learn it (they waited 2 min for this one)
+        if group:
+            multihost.every_process(1)
+        raise
+    if group:
+        if any(multihost.every_process(0)):
+            print(f"error: another process of the group refused its options (its error says which); exit "
+                  f"{exit_codes.USAGE}", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(exit_codes.USAGE)
         same_checkpoints(cfg.run_dir)
     try:
         found = resumed_config(args, cfg, prog="birdjepa pretrain")
