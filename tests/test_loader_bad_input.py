@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -219,6 +220,12 @@ def test_a_label_past_the_vocabulary_beside_it_stops_the_loader_naming_the_row(
     vocab = tmp_path / "vocab.json"
     said = f"past.arrow: row 2: label {len(names) + 2} is outside {vocab}'s {len(names)} names"
     assert said in str(e.value)
+    # Below -1 (the one negative that means none): it came out as the label -5, with a vocabulary or not.
+    table = table.set_column(at, "ebird_code", pa.array([0, -1, -5, 0], pa.int64()))
+    for folder in (tmp_path, tmp_path / "plain"):
+        folder.mkdir(exist_ok=True)
+        with pytest.raises(DataError, match=r"below\.arrow: row 2: label -5 is neither a class index nor -1"):
+            list(Loader(write_table(table, folder / "below.arrow"), seed=0, batch_size=4, train=False))
 
 
 def test_shards_of_no_rows_name_the_first(demo_dir: Path, tmp_path: Path) -> None:
@@ -245,6 +252,53 @@ def test_truncated_shard_names_the_file(demo_dir: Path, tmp_path: Path, fmt: str
     with pytest.raises(DataError, match=rf"cut-{fmt}\.arrow: truncated shard"):
         loader(cut)
     take(loader(whole), 1)  # the intact copy reads fine
+
+
+def test_a_record_batch_header_that_lies_names_the_file(demo_dir: Path, tmp_path: Path) -> None:
+    """A buffer past its batch's body (a flipped byte in the header) panicked in the arrow reader: a Rust
+    backtrace, then a PanicException naming no file (at open, for the layout `prepare` writes); a
+    negative row count wrapped to 2^64 - 3 rows; a dictionary replaced mid-stream (pandas Categorical
+    chunks) was applied to every batch: an error, or other values, silently."""
+    table = read_table(first_shard(demo_dir)).slice(0, 4)
+    data = write_table(table, tmp_path / "whole.arrow", "stream").read_bytes()
+    messages = ipc.MessageReader.open_stream(pa.py_buffer(data))
+    messages.read_next_message()  # the schema
+    batch = messages.read_next_message()
+    meta, at = batch.metadata.to_pybytes(), data.find(batch.metadata.to_pybytes())
+    audio_bytes = ipc.read_record_batch(batch, table.schema).column("audio").buffers()[3].size
+
+    def lying(name: str, old: int, new: int) -> Path:
+        assert meta.count(struct.pack("<q", old)) >= 1
+        fields = meta.replace(struct.pack("<q", old), struct.pack("<q", new))
+        (tmp_path / name).write_bytes(data[:at] + fields + data[at + len(meta) :])
+        return tmp_path / name
+
+    past = f"{tmp_path / 'past.arrow'}: corrupt record batch at byte {at - 8}: buffer 3 (offset 24, length "
+    with pytest.raises(DataError, match=re.escape(past) + r"1099511627776\) is not inside its \d+-byte body"):
+        loader(lying("past.arrow", audio_bytes, 1 << 40))
+    from birdjepa.data.shards import read_shard  # pretrain's label count, with no vocab.json: a traceback
+
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'past.arrow'}: a damaged Arrow IPC shard (")):
+        read_shard(tmp_path / "past.arrow")
+    with pytest.raises(DataError, match=r"neg\.arrow: corrupt record batch at byte \d+: a negative row"):
+        loader(lying("neg.arrow", 4, -3))
+    # The flatbuffer verifier's path through the tables: seven lines and two blank ones after the first.
+    footer = write_table(table, tmp_path / "f.arrow").read_bytes()
+    (tmp_path / "footer.arrow").write_bytes(footer.replace(struct.pack("<q", 4), struct.pack("<q", -3)))
+    with pytest.raises(DataError, match=r"footer\.arrow: corrupt footer: ") as e:
+        loader(tmp_path / "footer.arrow")
+    assert "\n" not in str(e.value), str(e.value)
+    schema = table.schema.append(pa.field("site", pa.dictionary(pa.int32(), pa.string())))
+    parts = [
+        pa.record_batch([*table.slice(i, 2).to_batches()[0].columns, pa.array(values).dictionary_encode()],
+                        schema=schema)
+        for i, values in ((0, ["a", "b"]), (2, ["x", "x"]))
+    ]  # fmt: skip
+    with pa.OSFile(str(tmp_path / "dict.arrow"), "wb") as sink, ipc.new_stream(sink, parts[0].schema) as w:
+        for part in parts:
+            w.write_batch(part)
+    with pytest.raises(DataError, match=r"dict\.arrow: dictionary 0 is replaced at byte \d+: the loader"):
+        loader(tmp_path / "dict.arrow")
 
 
 def test_not_arrow_names_the_file(tmp_path: Path) -> None:

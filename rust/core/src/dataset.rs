@@ -538,6 +538,9 @@ impl Dataset {
                     entry.vocab.as_ref().expect("vocab loaded at open").lookup(name).map_err(fatal)?
                 }
             };
+            if local < -1 {  // -5 came out as the label -5: a probe's index past its classes' start
+                return Err(fatal(format!("label {local} is neither a class index nor -1 (none)")));
+            }
             match &entry.vocab {
                 Some(vocab) => vocab.relabelled(local).map_err(fatal)?,
                 None => local,

@@ -16,7 +16,7 @@ use arrow_ipc::{Block, MessageHeader, MetadataVersion};
 use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{quietly, Error, Result};
 
 const ARROW_MAGIC: &[u8; 6] = b"ARROW1";
 const CONTINUATION: [u8; 4] = [0xff; 4];
@@ -157,12 +157,18 @@ fn read_message_at(path: &Path, data: &[u8], offset: u64) -> Result<Option<(Mess
     let meta_end = meta_start + meta_size as usize;
     let meta = data.get(meta_start..meta_end).ok_or_else(truncated)?;
     let message = arrow_ipc::root_as_message(meta).map_err(|e| {
-        Error::data(format!("{}: corrupt IPC message at byte {offset}: {e}", path.display()))
+        Error::data(format!("{}: corrupt IPC message at byte {offset}: {}", path.display(), first_line(&e)))
     })?;
     let body_len = u64::try_from(message.bodyLength()).map_err(|_| truncated())?;
-    let rows = match message.header_type() {
-        MessageHeader::RecordBatch => message.header_as_record_batch().map(|b| b.length() as u64).unwrap_or(0),
-        _ => 0,
+    let batch = match message.header_type() {
+        MessageHeader::RecordBatch => message.header_as_record_batch(),
+        MessageHeader::DictionaryBatch => message.header_as_dictionary_batch().and_then(|d| d.data()),
+        _ => None,
+    };
+    let rows = match batch {
+        Some(b) => checked_batch_header(b, body_len)
+            .map_err(|why| Error::data(format!("{}: corrupt record batch at byte {offset}: {why}", path.display())))?,
+        None => 0,
     };
     let block = MessageBlock { offset, meta_len: (prefix + meta_size as usize) as u32, body_len, rows };
     if block.end() > data.len() as u64 {
@@ -171,12 +177,32 @@ fn read_message_at(path: &Path, data: &[u8], offset: u64) -> Result<Option<(Mess
     Ok(Some((block, message.header_type())))
 }
 
+/// The rows of a record batch whose header holds: a row count that is not negative, and buffers inside
+/// the body. The arrow reader trusts both: a buffer past the body was a panic in it (a Rust backtrace,
+/// then a traceback naming no file), a negative count wrapped to 2^64 - 3 rows.
+fn checked_batch_header(batch: arrow_ipc::RecordBatch, body_len: u64) -> std::result::Result<u64, String> {
+    let rows = u64::try_from(batch.length()).map_err(|_| format!("a negative row count ({})", batch.length()))?;
+    for (i, b) in batch.buffers().into_iter().flatten().enumerate() {
+        let end = u64::try_from(b.offset()).ok().zip(u64::try_from(b.length()).ok()).and_then(|(o, l)| o.checked_add(l));
+        if end.is_none_or(|end| end > body_len) {
+            return Err(format!("buffer {i} (offset {}, length {}) is not inside its {body_len}-byte body", b.offset(), b.length()));
+        }
+    }
+    Ok(rows)
+}
+
+/// The first line of a flatbuffer verifier's error: the rest is its path through the tables ("\twhile
+/// verifying table field ..."), six lines and two blank ones in a message meant to be one line.
+fn first_line(e: &impl std::fmt::Display) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
 fn schema_from_message(path: &Path, data: &[u8], block: &MessageBlock) -> Result<arrow_schema::Schema> {
     let at = block.offset as usize;
     let prefix = if data[at..at + 4] == CONTINUATION { 8 } else { 4 };
     let meta = &data[at + prefix..at + block.meta_len as usize];
     let message = arrow_ipc::root_as_message(meta)
-        .map_err(|e| Error::data(format!("{}: corrupt schema message: {e}", path.display())))?;
+        .map_err(|e| Error::data(format!("{}: corrupt schema message: {}", path.display(), first_line(&e))))?;
     let fb = message
         .header_as_schema()
         .ok_or_else(|| Error::data(format!("{}: stream does not start with a schema message", path.display())))?;
@@ -208,7 +234,7 @@ fn read_file_footer(path: &Path, data: &[u8]) -> Result<(arrow_schema::Schema, M
         .checked_sub(footer_len)
         .ok_or_else(|| Error::data(format!("{}: corrupt footer length {footer_len}", path.display())))?;
     let footer = arrow_ipc::root_as_footer(&data[start..trailer])
-        .map_err(|e| Error::data(format!("{}: corrupt footer: {e}", path.display())))?;
+        .map_err(|e| Error::data(format!("{}: corrupt footer: {}", path.display(), first_line(&e))))?;
     let schema = footer
         .schema()
         .ok_or_else(|| Error::data(format!("{}: footer has no schema", path.display())))
@@ -264,6 +290,27 @@ fn build_index(path: &Path, data: &[u8], format: IpcFormat, stamp: (u64, u128)) 
                 }
                 first = false;
                 offset = block.end();
+            }
+        }
+    }
+    // A dictionary replaced mid-stream (pandas Categorical chunks written one by one): the reader applies
+    // the dictionaries it read at open to every batch, so earlier batches read the last one's values
+    // (an index past its end an error, one inside it a wrong value, silently). Deltas only append.
+    let mut seen = std::collections::HashSet::new();
+    for d in &dictionaries {
+        let at = d.offset as usize;
+        let prefix = if data[at..at + 4] == CONTINUATION { 8 } else { 4 };
+        let header = arrow_ipc::root_as_message(&data[at + prefix..at + d.meta_len as usize])
+            .ok()
+            .and_then(|m| m.header_as_dictionary_batch().map(|b| (b.id(), b.isDelta())));
+        if let Some((id, false)) = header {
+            if !seen.insert(id) {
+                return Err(Error::data(format!(
+                    "{}: dictionary {id} is replaced at byte {}: the loader reads one dictionary a column for \
+                     every batch; unify them (pyarrow's Table.unify_dictionaries) or write the column as plain values",
+                    path.display(),
+                    d.offset
+                )));
             }
         }
     }
@@ -349,8 +396,8 @@ impl Shard {
         let mut decoder = FileDecoder::new(schema.clone(), version);
         for d in &index.dictionaries {
             let buf = data.slice_with_length(d.offset as usize, (d.meta_len as u64 + d.body_len) as usize);
-            decoder
-                .read_dictionary(&d.ipc_block(), &buf)
+            quietly(|| decoder.read_dictionary(&d.ipc_block(), &buf))
+                .unwrap_or_else(|panic| Err(arrow_schema::ArrowError::IpcError(panic)))
                 .map_err(|e| Error::data(format!("{}: bad dictionary at byte {}: {e}", path.display(), d.offset)))?;
         }
         let mut batch_starts = Vec::with_capacity(index.batches.len());
@@ -400,8 +447,9 @@ impl Shard {
     pub fn batch(&self, i: usize) -> Result<RecordBatch> {
         let block = &self.index.batches[i];
         let buf = self.data.slice_with_length(block.offset as usize, (block.meta_len as u64 + block.body_len) as usize);
-        self.decoder
-            .read_record_batch(&block.ipc_block(), &buf)
+        // A header the index checked (`checked_batch_header`) still meets the arrow reader's own panics.
+        quietly(|| self.decoder.read_record_batch(&block.ipc_block(), &buf))
+            .unwrap_or_else(|panic| Err(arrow_schema::ArrowError::IpcError(panic)))
             .map_err(|e| Error::data(format!("{}: cannot read record batch at byte {}: {e}", self.path.display(), block.offset)))?
             .ok_or_else(|| Error::data(format!("{}: empty record batch at byte {}", self.path.display(), block.offset)))
     }

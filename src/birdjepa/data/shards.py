@@ -507,6 +507,8 @@ def read_shard(path: Path) -> pa.Table:
     except pa.ArrowException as e:
         why = "a Parquet file: `birdjepa prepare` converts it" if magic[:4] == b"PAR1" else str(e)
         raise _rs.DataError(f"{path}: not an Arrow IPC shard ({why})") from None
+    except OSError as e:  # a header whose buffer runs past the file: pyarrow's "Read out of bounds"
+        raise _rs.DataError(f"{path}: a damaged Arrow IPC shard ({e})") from None
 
 
 def shard_recording_ids(shard: Path) -> list[str | None] | None:

@@ -50,6 +50,7 @@ use symphonia::core::sample::Sample;
 
 use super::mp3_frames::{self, Mp3Frames};
 use super::AudioError;
+use crate::error::quietly;
 
 /// Seek retries (each doubling the pre-roll margin) before falling back to decoding from the start.
 const SEEK_TRIES: usize = 3;
@@ -221,37 +222,36 @@ fn streamed_wav_frames(bytes: &[u8]) -> Option<Option<u64>> {
     None
 }
 
-thread_local! {
-    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// `f()`, or the message of a panic in it, caught and not printed: a bad file's header is an error of
-/// that file, said once by the caller (a skip naming the row, prepare's line), not a backtrace.
-fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !QUIET.with(|q| q.get()) {
-                previous(info)
-            }
-        }));
-    });
-    QUIET.with(|q| q.set(true));
-    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    QUIET.with(|q| q.set(false));
-    out.map_err(|panic| {
-        panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic".into())
-    })
+/// A PCM WAV whose `fmt ` block align is not its channels x bytes a sample: symphonia counts its frames
+/// as the data's length over that align, so a damaged one (4 for 16-bit mono) cut the recording to half
+/// or less, silently, where libsndfile reads it whole.
+fn wav_align_mismatch(bytes: &[u8]) -> Option<String> {
+    if bytes.len() < 12 || &bytes[0..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
+        return None;
+    }
+    let word = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]) as u64;
+    let mut at = 12;
+    while at + 8 <= bytes.len() {
+        let size = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+        if &bytes[at..at + 4] == b"fmt " && at + 24 <= bytes.len() {
+            let (format, channels, align, bits) = (word(at + 8), word(at + 10), word(at + 20), word(at + 22));
+            let expected = channels * bits.div_ceil(8);
+            let pcm = matches!(format, 1 | 3 | 6 | 7 | 0xFFFE);
+            return (pcm && expected > 0 && align != expected).then(|| {
+                format!("decode: a WAV whose block align ({align} bytes) is not its {channels} channel(s) x {bits} bits ({expected} bytes): a damaged header")
+            });
+        }
+        at = at.saturating_add(8 + size as usize + (size as usize & 1));
+    }
+    None
 }
 
 fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
     if bytes.as_ref().is_empty() {
         return Err(AudioError::new("decode: empty input (0 bytes)"));
+    }
+    if let Some(why) = wav_align_mismatch(bytes.as_ref()) {
+        return Err(AudioError::new(why));
     }
     let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes.clone())), MediaSourceStreamOptions::default());
     let fmt_opts = FormatOptions { enable_gapless: false, ..Default::default() };
@@ -772,6 +772,16 @@ pub(crate) mod tests {
         bytes[24..28].copy_from_slice(&0u32.to_le_bytes());
         let e = decode_mono(bytes).unwrap_err().to_string();
         assert!(e.starts_with("decode: the container's header cannot be read ("), "{e}");
+    }
+
+    #[test]
+    fn a_wav_whose_block_align_lies_is_an_error_not_a_recording_cut_short() {
+        // Block align (byte 32) 4 for 16-bit mono: 48 of 96 frames decoded, the rest gone without a word.
+        let mut bytes = wav_i16(&[7; 96], 1, 32_000);
+        assert_eq!(decode_mono(bytes.clone()).unwrap().0.len(), 96);
+        bytes[32..34].copy_from_slice(&4u16.to_le_bytes());
+        let e = decode_mono(bytes).unwrap_err().to_string();
+        assert!(e.starts_with("decode: a WAV whose block align (4 bytes) is not its 1 channel(s) x 16 bits (2 bytes)"), "{e}");
     }
 
     #[test]
