@@ -5,6 +5,7 @@ line, and the resumed run then equals the straight one. Any other bad line names
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,51 @@ def test_a_non_finite_value_is_a_string_in_the_log_and_a_number_in_wandb(tmp_pat
     (sent,) = mirror.logged
     assert math.isnan(sent["train/loss"]) and sent["train/grad_norm"] == math.inf and sent["train/lr"] == 0.5
     assert sent["_step"] == 3
+
+
+def test_a_wandb_mirror_whose_service_dies_stops_mirroring_and_the_log_goes_on(tmp_path: Path) -> None:
+    # wandb's service process killed (the OOM killer): the run died with a traceback, exit 1, its steps
+    # since the last checkpoint lost, and wandb's exit hook printed another at exit. A real offline run.
+    import subprocess
+    import sys
+
+    script = f"""
+import os, signal, wandb
+from pathlib import Path
+from birdjepa.pretrain.wandb_mirror import open_run
+from birdjepa.rundir.metrics_log import MetricsLog
+run = open_run("offline", Path({str(tmp_path)!r}), "r", "p", {{}}, 0)
+log = MetricsLog(Path({str(tmp_path)!r}), restart=0, wandb_run=run)
+log.log(0, {{"train/loss": 1.0}})
+for pid in os.listdir("/proc"):
+    try:
+        stat = Path(f"/proc/{{pid}}/stat").read_text().rsplit(")", 1)[1].split()
+        cmd = Path(f"/proc/{{pid}}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        continue
+    if int(stat[1]) == os.getpid() and b"wandb-core" in cmd:
+        os.kill(int(pid), signal.SIGKILL)
+        os.waitpid(int(pid), 0)
+for step in range(1, 40):  # until the mirror finds its service gone
+    log.log(step, {{"train/loss": 1.0}})
+log.close()
+"""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    cmd = [sys.executable, "-c", script]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "WARNING the wandb mirror stopped (" in done.stdout and "Traceback" not in done.stderr, done
+    assert [m["step"] for m in read_metrics(tmp_path)] == list(range(40))
+
+
+def test_a_start_that_sets_an_earlier_start_s_log_aside_sets_its_wandb_id_aside(tmp_path: Path) -> None:
+    # Both starts were mirrored under one wandb id: offline one run of two trainings, online the new
+    # start's first steps dropped (below the steps wandb holds).
+    from birdjepa.pretrain.wandb_mirror import run_id
+    from birdjepa.rundir.layout import set_aside_log
+
+    first = run_id(tmp_path, "r")
+    (tmp_path / METRICS_FILE).write_text('{"step": 0, "restart": 0, "time": 1.0}\n')
+    assert set_aside_log(tmp_path) == tmp_path / "metrics.earlier-1.jsonl"
+    assert (tmp_path / "wandb_id.earlier-1").read_text().strip() == first
+    assert run_id(tmp_path, "r") != first

@@ -406,5 +406,8 @@ class Trainer:
             self.evaluator.close()
         self.ckpt.close()
         self.log.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish(exit_code=exit_code)
+        if self.wandb_run is not None and self.log.wandb_run is not None:  # else it stopped, and said so
+            try:
+                self.wandb_run.finish(exit_code=exit_code)
+            except Exception as e:  # noqa: BLE001 (as a failed row: the run's log holds every row)
+                self.log.mirror_stopped(e)

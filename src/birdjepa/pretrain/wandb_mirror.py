@@ -12,13 +12,14 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal
 
+from birdjepa.rundir.layout import WANDB_ID_FILE
+
 WandbMode = Literal["disabled", "offline", "online"]
-ID_FILE = "wandb_id"
 
 
 def run_id(run_dir: Path, run: str) -> str:
     """The wandb id of this run directory, created on first use."""
-    path = run_dir / ID_FILE
+    path = run_dir / WANDB_ID_FILE
     if not path.exists():
         safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in run)[:48]
         path.write_text(f"{safe}-{secrets.token_hex(4)}\n")
@@ -33,9 +34,9 @@ def open_run(
     stopped the run with wandb's traceback."""
     if mode == "disabled":
         return None
-    import wandb  # only when asked for: it is slow to import
-
     try:
+        import wandb  # only when asked for: it is slow to import (and a broken install fails here)
+
         wb = wandb.init(
             project=project,
             id=run_id(run_dir, run),

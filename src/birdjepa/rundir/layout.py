@@ -24,6 +24,7 @@ CHECKPOINTS = "checkpoints"
 DAMAGED_DIR = "checkpoints.damaged"
 METRICS_FILE = "metrics.jsonl"
 LEASE_FILE = "lease.json"
+WANDB_ID_FILE = "wandb_id"
 EVAL = "eval"
 ANALYSIS = "analysis"
 
@@ -57,14 +58,19 @@ def metrics_file(run_dir: Path) -> Path:
 def set_aside_log(run_dir: Path) -> Path | None:
     """Before a start that resumes no checkpoint: the log of an earlier start there (one killed before its
     first save, or whose checkpoints were removed) is not this run's, whose steps would follow its rows
-    under the same numbers. Renamed to ``metrics.earlier-N.jsonl`` (the first free N) and kept; returns
-    that path, or None where there is no log with a line in it."""
+    under the same numbers. Renamed to ``metrics.earlier-N.jsonl`` (the first free N) and kept, its wandb
+    id to ``wandb_id.earlier-N``; returns that path, or None where there is no log with a line in it."""
     log = metrics_file(run_dir)
     if not log.is_file() or not log.read_bytes().strip():
         return None
     n = 1
     while (earlier := Path(run_dir) / f"metrics.earlier-{n}.jsonl").exists():
         n += 1
+    # Its wandb id too: the new start's rows, mirrored under it, joined the earlier start's run (offline;
+    # online, wandb drops steps below the ones it holds).
+    wandb_id = Path(run_dir) / WANDB_ID_FILE
+    if wandb_id.is_file():
+        wandb_id.rename(Path(run_dir) / f"{WANDB_ID_FILE}.earlier-{n}")
     log.rename(earlier)
     return earlier
 

@@ -14,8 +14,10 @@ naming the file and the line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
@@ -86,7 +88,22 @@ class MetricsLog:
         self._write(line)
         if self.wandb_run is not None:  # numbers, NaN too: the log's "nan" made a series of mixed types
             numbers = {k: float(v) if v in NON_FINITE else v for k, v in line.items()}
-            self.wandb_run.log({k: v for k, v in numbers.items() if k not in ("step", "time")}, step=step)
+            try:
+                self.wandb_run.log({k: v for k, v in numbers.items() if k not in ("step", "time")}, step=step)
+            except Exception as e:  # noqa: BLE001 (its service killed: the run stopped, its steps lost)
+                self.mirror_stopped(e)
+
+    def mirror_stopped(self, e: BaseException) -> None:
+        """The wandb mirror failed (its service process killed, by the OOM killer say): a WARNING, and
+        the run trains on, its log the source of truth, as where the mirror could not start."""
+        said = " ".join(str(e).split())
+        print(f"WARNING the wandb mirror stopped ({type(e).__name__}: {said}); the run trains on, logged to "
+              f"{self.path} only", flush=True)  # fmt: skip
+        self.wandb_run = None
+        wandb = sys.modules.get("wandb")
+        if wandb is not None:  # its exit hook, which printed a 30-line traceback at the run's exit, gone
+            with contextlib.suppress(Exception):
+                wandb.teardown()
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         self.flush()
