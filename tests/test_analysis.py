@@ -53,7 +53,8 @@ def test_our_log_splits_at_resume_events_and_a_redo_replaces_steps(tmp_path: Pat
     # (the refused one was a second, and every table row was there twice).
     refused = MetricsLog(tmp_path / "r", restart=2)
     refused.event("resume", 13, checkpoint=12)
-    refused.event("resume_check_failed", 13, failed=["config"], action="refuse")
+    refused.log(13, {"resume/failed": 1.0})  # the checks' own row, as the trainer writes it
+    refused.event("resume_check_failed", 13, failed=["config"], action="error")
     refused.close()
     write_segments(tmp_path / "r", [(3, range(13, 15), {"train/loss": lambda s: float(s)})])
     assert [(r.step, r.segment) for r in analysis.load_run(tmp_path / "r").resumes] == [(6, 1), (13, 2)]

@@ -186,18 +186,22 @@ def _ours(path: Path, name: str) -> RunLog:
     last_time = math.nan
     numeric: set[str] = set()  # keys with a number in some row
     text: dict[str, tuple[int, Any]] = {}  # key -> the first row (index) and value that is not a number
+    refused = False  # the last resume's checks failed and stopped it (exit 65): its one row is theirs
     for index, line in enumerate(read_metrics_file(path)):
         seconds = _seconds(line.get("time"))  # null or an ISO time: as a CSV's time column reads
         time = math.nan if seconds is None else seconds
         if line.get("event") == "resume":
-            if resumes and not segments[-1] and resumes[-1].step == int(line["step"]):
-                resumes.pop()  # a resume refused (its checks failed, exit 65): it trained nothing
+            if resumes and (refused or not segments[-1]) and resumes[-1].step == int(line["step"]):
+                resumes.pop()  # a resume refused: it trained nothing
                 segments.pop()
+            refused = False
             resumes.append(
                 Resume(int(line["step"]), len(segments), f"resume event (checkpoint "
                        f"{line.get('checkpoint')})", time - last_time)
             )  # fmt: skip
             segments.append([])
+        elif line.get("event") == "resume_check_failed" and line.get("action") != "warn":
+            refused = bool(resumes) and resumes[-1].step == line.get("step")
         elif line.get("event") in AT_A_RESUME and resumes and resumes[-1].step == line.get("step"):
             said = AT_A_RESUME[line["event"]](line)
             resumes[-1] = dataclasses.replace(resumes[-1], reason=f"{resumes[-1].reason}; {said}")
