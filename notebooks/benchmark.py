@@ -15,11 +15,10 @@ def _():
 
     import marimo as mo
 
-    from birdjepa.benchmark import store
-    from birdjepa.benchmark.cli import format_table
+    from birdjepa.benchmark.cli import format_store, stored_results
     from birdjepa.benchmark.figures import fewshot_curves
 
-    return Path, fewshot_curves, format_table, mo, os, store
+    return Path, fewshot_curves, format_store, mo, os, stored_results
 
 
 @app.cell
@@ -29,8 +28,8 @@ def _(mo, os):
 
 
 @app.cell
-def _(Path, results_path, store):
-    rows = store.read(Path(results_path)).to_pylist()
+def _(Path, results_path, stored_results):
+    rows = stored_results(Path(results_path))  # no store, no results, mixed recipes: the CLI's one line
     return (rows,)
 
 
@@ -52,8 +51,8 @@ def _(chosen, fewshot_curves, metric, rows):
 
 
 @app.cell
-def _(format_table, mo, rows):
-    mo.md(f"```\n{format_table(rows)}\n```")
+def _(format_store, metric, mo, rows):
+    mo.md(f"```\n{format_store(rows, metric.value)}\n```")
     return
 
 

@@ -1011,6 +1011,11 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
     # The notebook draws the same store headless.
     figure = run_notebook("benchmark", results_path=str(results))["curves_fig"]
     assert [ax.get_title() for ax in figure.axes] == ["SYN2"]
+    # And refuses what the table refuses: a mistyped store was an empty table (two recipes, a mean).
+    from birdjepa.benchmark.cli import BenchmarkError
+
+    with pytest.raises(BenchmarkError, match="no results store"):
+        run_notebook("benchmark", results_path=str(tmp_path / "resutls"))
 
 
 def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys):

@@ -17,7 +17,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import tyro
@@ -291,6 +291,20 @@ def run_task(
     ]
 
 
+def stored_results(table: Path) -> list[dict[str, Any]]:
+    """The results of store ``table`` (`birdjepa benchmark --table`, the benchmark notebook), or a
+    `BenchmarkError` where no table can be made of them: no store (a typo printed an empty table), no
+    results yet, or seeds of one cell fitted with two recipes (their mean mixes them)."""
+    if not (table / store.ROWS).is_dir():
+        raise BenchmarkError(f"{table}: no results store (no {store.ROWS}/ folder in it)")
+    rows = store.read(table).to_pylist()
+    if not rows:  # the headers alone, then --plot's traceback
+        raise BenchmarkError(f"{table}: the store holds no results yet")
+    if (mixed := mixed_recipes(rows)) is not None:
+        raise BenchmarkError(f"{table}: {mixed}")
+    return rows
+
+
 def format_table(rows: list[dict], metrics: tuple[str, ...] = ("cmap", "auroc", "top1")) -> str:
     """One line per (task, backbone, probe, n): each metric's mean over seeds (± half the spread,
     (max - min) / 2, when there are several)."""
@@ -523,15 +537,9 @@ def cli(
         if table is None and (plot is not None or metric != "cmap"):  # else silently not drawn
             raise BenchmarkError("--plot and --metric go with --table RESULTS")
         if table is not None:
-            if not (table / store.ROWS).is_dir():  # a typo printed an empty table
-                raise BenchmarkError(f"{table}: no results store (no {store.ROWS}/ folder in it)")
             if plot is not None:
                 plot = checked_plot(plot)
-            rows = store.read(table).to_pylist()
-            if not rows:  # the headers alone, then --plot's traceback
-                raise BenchmarkError(f"{table}: the store holds no results yet")
-            if (mixed := mixed_recipes(rows)) is not None:
-                raise BenchmarkError(f"{table}: {mixed}")
+            rows = stored_results(table)
             print(format_store(rows, metric))
             if plot is not None:
                 from birdjepa.benchmark.figures import fewshot_curves
