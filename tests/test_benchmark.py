@@ -406,7 +406,7 @@ def test_a_task_name_scored_on_other_files_in_the_store_is_refused_before_anythi
             "--probe-steps 1000000000: must be at most 1,000,000",
         ),  # it fitted for ever
         (["--backbone", "raw", "--train", "a", "--test", "b", "--task", ""], "--task '': give a name"),
-        (["--backbone", "raw", "--train", "a", "--test", "b", "--seed", str(2**63)], "must be in [0, 2**63)"),
+        (["--backbone", "raw", "--train", "a", "--test", "b", "--seed", str(2**32)], "must be in [0, 2**32)"),
         # The probes were fitted, then a traceback from the store's first write.
         (["--backbone", "raw", "--train", "a", "--test", "b", "--results", "{tmp}/afile"], "rows: cannot be"),
     ],

@@ -91,6 +91,16 @@ def test_bad_shapes_are_said_in_one_line() -> None:
         fit_and_score("proto", np.full_like(x, np.nan), y, x)
 
 
+def test_a_collapsed_encoder_s_constant_tokens_score_chance_not_nan() -> None:
+    # Standardised to zeros and copied into the prototypes, their norm's gradient (NaN at 0) made every
+    # proto score NaN, and the error said to lower --probe-lr; the attentive probe scored chance.
+    x, y = hidden_by_the_mean(0, 16)
+    constant = np.ones_like(x)
+    for probe in ("proto", "attentive"):
+        scores = fit_and_score(probe, constant, y, constant[:4], recipe=Recipe(steps=20))
+        assert np.isfinite(scores).all() and (scores == scores[0]).all(), probe  # one score for every clip
+
+
 def test_raw_tokens_are_the_log_mel_patches_of_the_vit_grid() -> None:
     from birdjepa.benchmark.backbones import _raw
     from birdjepa.evaluation.embed import raw_features

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -135,6 +136,8 @@ INVALID = [
     (["--augment.stretch", "inf"], "--augment.stretch inf: must be a finite number"),
     (["--optim.lr", "1e39"], "--optim.lr 1e+39: must be a float32"),
     (["--seed", "-1"], "--seed -1: must be in [0, 2^63)"),
+    (["--seed", str(2**32 + 5)],
+     "--seed 4294967301: must be below 2^32: JAX's keys take its low 32 bits, and it would draw seed 5's"),
     (["--data.features.time-mask-count", "2"],
      "--data.features.time-mask-width 0: must be >= 1 where time_mask_count is 2"),
     (["--log.print-every", "0"], "--log.print-every 0: must be >= 1"),
@@ -308,6 +311,16 @@ def test_a_run_outside_the_runs_folder_is_refused(run: str) -> None:
 @pytest.mark.parametrize("run", ["r", "sweep/a", "./r", "tiny-0"])
 def test_a_run_inside_the_runs_folder_nested_or_as_a_sweep_names_it_is_allowed(run: str) -> None:
     validation.check(PretrainConfig(run=run), data=False)
+
+
+def test_a_seed_past_2_to_the_32_is_refused_at_a_start_and_kept_by_the_run_that_trained_with_it() -> None:
+    # Seeds 5 and 2^32 + 5 drew one run's initial weights and step keys (JAX keeps 32 bits of a seed).
+    from birdjepa.train.step import seed_key
+
+    assert jax.random.key_data(seed_key(2**32 + 5)).tolist() == jax.random.key_data(seed_key(5)).tolist()
+    with pytest.raises(OptionError, match="must be below 2"):
+        validation.check(PretrainConfig(seed=2**32 + 5), data=False)
+    validation.check(PretrainConfig(seed=2**32 + 5), data=False, saved={"seed": 2**32 + 5})
 
 
 def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:

@@ -126,6 +126,11 @@ RENAMED = {f"debug_{f.name}": f"debug.{f.name}" for f in dataclasses.fields(Debu
 config.json, export cards): `flatten` reads them under their new names."""
 
 
+#: Seeds a key tells apart: JAX (64-bit numbers off) keeps a seed's low 32 bits, so seeds 0 and 2^32
+#: drew one run's initial weights and one probe's fit.
+SEED_LIMIT = 2**32
+
+
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
     run: str = "demo"
@@ -133,6 +138,7 @@ class PretrainConfig:
     steps: int = 600
     """Micro-steps to train (one loader batch each)."""
     seed: int = 0
+    """Below `SEED_LIMIT` (a run that trained with a larger one goes on as it was)."""
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the newest complete checkpoint of the run directory, if any; never: start
     fresh, refusing a run directory that already holds a run (its checkpoints or log)."""

@@ -21,7 +21,7 @@ from pathlib import PurePath
 from typing import Any
 
 from birdjepa import seams
-from birdjepa.config import PretrainConfig, flatten, to_dict
+from birdjepa.config import SEED_LIMIT, PretrainConfig, flatten, to_dict
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.loader import Features, options_json
 from birdjepa.data.shards import check_same_labels, label_count
@@ -163,6 +163,11 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
         raise OptionError("steps", cfg.steps, why)
     if cfg.stop_at_step is not None and cfg.stop_at_step >= cfg.steps:  # the run would end before it
         raise OptionError("stop_at_step", cfg.stop_at_step, f"must be a step in [0, {cfg.steps - 1}]")
+    # Past 2^32 the initial weights and step keys of seed mod 2^32 (JAX's keys take 32 bits); a run that
+    # trained with such a seed goes on as it was.
+    if cfg.seed >= SEED_LIMIT and (saved is None or saved.get("seed") != cfg.seed):
+        raise OptionError("seed", cfg.seed, "must be below 2^32: JAX's keys take its low 32 bits, and it "
+                          f"would draw seed {cfg.seed % SEED_LIMIT}'s initial weights and steps")  # fmt: skip
     for step in cfg.debug.roundtrip_steps:
         if not 0 <= step < cfg.steps:
             raise OptionError("debug.roundtrip_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")

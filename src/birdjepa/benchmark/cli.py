@@ -43,6 +43,7 @@ from birdjepa.benchmark.multi_label_probes import (
     fit_and_score,
 )
 from birdjepa.benchmark.recipe import UNTRAINED
+from birdjepa.config import SEED_LIMIT
 from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
 from birdjepa.data.row_columns import MULTILABEL_COLUMN
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
@@ -440,10 +441,9 @@ def check_options(
         twice = [str(v) for i, v in enumerate(values) if v in values[:i]]
         if twice:
             raise BenchmarkError(f"{flag} {' '.join(map(str, values))}: {', '.join(twice)} given twice")
-    if (
-        big := [s for s in seed if not 0 <= s < 2**63]
-    ) != []:  # an OverflowError once every clip was embedded
-        raise BenchmarkError(f"--seed {big[0]}: must be in [0, 2**63)")
+    # Past 2^63 an OverflowError once every clip was embedded; past 2^32 the probe of seed mod 2^32.
+    if big := [s for s in seed if not 0 <= s < SEED_LIMIT]:
+        raise BenchmarkError(f"--seed {big[0]}: must be in [0, 2**32) (a probe's key takes 32 bits)")
     if probe_steps > MAX_PROBE_STEPS:  # 10^9 fitted for ever (the recipe's is 500)
         raise BenchmarkError(f"--probe-steps {probe_steps}: must be at most {MAX_PROBE_STEPS:,}")
     bad = [p for p in probe if p not in PROBES]

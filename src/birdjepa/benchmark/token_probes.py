@@ -47,7 +47,11 @@ SCORE_CHUNK = 64
 
 
 def _unit(x: jax.Array) -> jax.Array:
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    # A norm's gradient at a zero vector is NaN: a collapsed encoder's constant tokens, standardised to
+    # zeros and copied into the prototypes, made every proto score NaN. The norm of the others as before.
+    squares = jnp.sum(x * x, axis=-1, keepdims=True)
+    norm = jnp.where(squares > 0, jnp.sqrt(jnp.where(squares > 0, squares, 1.0)), 0.0)
+    return x / jnp.maximum(norm, 1e-12)
 
 
 def proto_init(x: jax.Array, y: jax.Array, n: jax.Array, key: jax.Array, prototypes: int) -> dict:

@@ -41,7 +41,7 @@ PRNG_IMPL = "threefry2x32"
 
 
 def seed_key(seed: int) -> jax.Array:
-    """The key of ``seed``, of `PRNG_IMPL`."""
+    """The key of ``seed``, of `PRNG_IMPL` (of ``seed`` mod `birdjepa.config.SEED_LIMIT`)."""
     return jax.random.key(seed, impl=PRNG_IMPL)
 
 
