@@ -52,14 +52,17 @@ def table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--presets", nargs="+", default=["tiny", "small", "base"])
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    # Each checked before the peak is measured (a mistyped preset was a KeyError after it).
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small", "base"], choices=sorted(CPU_BATCH))
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     ap.add_argument("--batch", type=int, help="clips a step for every preset (default: see above)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--reference", type=Path, help="a samuelstevens/birdjepa checkout: its step beside ours")
     ap.add_argument("--reference-venv", type=Path, help="bench_reference.py's --venv (default: its own)")
     args = ap.parse_args()
+    if args.repeats < 1 or (args.batch is not None and args.batch < 1):  # a median of none; 0 ran batch 16
+        ap.error(f"--repeats and --batch are at least 1 (got {args.repeats}, {args.batch})")
     beside = [p for p in args.presets if p in ("small", "base")]
     if args.reference is not None and not beside:
         ap.error("--reference compares the small and base presets: name one in --presets")
@@ -72,7 +75,7 @@ def main() -> None:
     peaks = {dtype: matmul_peak(dtype) for dtype in args.dtypes}
     costs: list[StepCost] = []
     for preset in args.presets:
-        batch = args.batch or (CPU_BATCH[preset] if on_cpu else DEFAULT_BATCH)
+        batch = args.batch if args.batch is not None else CPU_BATCH[preset] if on_cpu else DEFAULT_BATCH
         for dtype in args.dtypes:
             cfg = bench_config(preset, dtype, batch)
             costs.append(measure(cfg, repeats=args.repeats, warmup=2, profile=args.profile))

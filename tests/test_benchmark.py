@@ -317,6 +317,25 @@ def test_an_external_backbone_of_a_bad_output_is_a_backbone_error_naming_it(
         widening.encode(np.zeros((3, 8, 8), np.float32), tokens=False)
 
 
+def test_token_probes_alone_for_backbones_without_tokens_are_refused(
+    birdset_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "proto, attentive skipped for it", "0 fitted", exit 0: a sweep's job that stored nothing looked done.
+    from birdjepa.cli import main
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "pooled_encoder.py").write_text("def embed(x):\n    return x.mean(axis=1)\n")
+    task = birdset_dir / "SYN1"
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--backbone", "pooled_encoder:embed", "--probe", "proto", "attentive", "--n-train",
+              "1", "--train", str(task / "train" / "*.arrow"), "--test", str(task / "test_5s" / "*.arrow"),
+              "--results", str(tmp_path / "results")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == ("birdjepa benchmark: error: no backbone given has tokens for proto, "
+                                         "attentive: nothing to fit; add a pooled probe (linear, mlp, "
+                                         "centroid, softmax, knn)\n"), err  # fmt: skip
+
+
 def test_an_external_backbone_that_raises_is_a_backbone_error_naming_it() -> None:
     from birdjepa.benchmark.backbones import BackboneError, resolve
 

@@ -66,6 +66,17 @@ def test_the_command_reuses_a_freed_large_block_without_faulting_it_in_again() -
     assert third_time_faults({**env, "JAX_PLATFORMS": "cuda"}) > 60_000
 
 
+def test_a_value_other_than_reuse_or_system_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "System" kept the default, "reuse", without a word.
+    monkeypatch.setenv(ENV, "System")
+    with pytest.raises(ValueError, match=f"^{ENV}='System': give 'reuse' \\(the default\\) or 'system'$"):
+        host_memory.keep_for_reuse()
+    done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "--help"], capture_output=True, text=True,
+                          env={**os.environ, ENV: "off"}, timeout=120)  # fmt: skip
+    assert (done.returncode, done.stderr) == (2, f"birdjepa: error: {ENV}='off': give 'reuse' (the default) "
+                                                 "or 'system'\n"), done.stderr  # fmt: skip
+
+
 def test_an_accelerator_plugin_means_the_step_is_not_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     assert host_memory.steps_on_cpu()  # this machine: no plugin

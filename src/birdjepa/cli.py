@@ -88,7 +88,11 @@ def main(argv: Sequence[str] | None = None) -> Any:
     """Entry point of the `birdjepa` console script (``argv`` None: the command line's)."""
     fewer_collections()
     if argv is None:  # a process of its own, before JAX's threads start (not a caller's, e.g. a test's)
-        keep_for_reuse()
+        try:
+            keep_for_reuse()
+        except ValueError as e:
+            print(f"birdjepa: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE) from None
     # Before anything can start JAX's backend (reading a run's checkpoint does): XLA reads its flags
     # and sizes its CPU thread pool once, when the backend starts.
     deterministic_xla()

@@ -138,7 +138,7 @@ class PretrainConfig:
     steps: int = 600
     """Micro-steps to train (one loader batch each)."""
     seed: int = 0
-    """Below `SEED_LIMIT` (a run that trained with a larger one goes on as it was)."""
+    """Below 2^32: a key keeps 32 bits of it (a run that trained with a larger one goes on as it was)."""
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the newest complete checkpoint of the run directory, if any; never: start
     fresh, refusing a run directory that already holds a run (its checkpoints or log)."""

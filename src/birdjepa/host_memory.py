@@ -65,8 +65,11 @@ def keep_for_reuse() -> bool:
     """One malloc arena, no ``mmap`` for large blocks, no trimming (see the module doc). Call it before
     anything starts threads that allocate (JAX's backend). Returns whether it was applied: False off
     glibc, where the step runs on an accelerator (`steps_on_cpu`) or with
-    ``BIRDJEPA_HOST_MEMORY=system``."""
-    if os.environ.get(ENV, "reuse") == "system" or platform.libc_ver()[0] != "glibc" or not steps_on_cpu():
+    ``BIRDJEPA_HOST_MEMORY=system``; `ValueError` for another value."""
+    value = os.environ.get(ENV, "reuse")
+    if value not in ("reuse", "system"):  # "System", "off": taken for "reuse", unsaid
+        raise ValueError(f"{ENV}={value!r}: give 'reuse' (the default) or 'system'")
+    if value == "system" or platform.libc_ver()[0] != "glibc" or not steps_on_cpu():
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     return all(libc.mallopt(p, v) == 1 for p, _, v in SETTINGS)

@@ -204,6 +204,13 @@ def run_task(
             log(f"{b.spec} gives embeddings [B, D], no tokens: it takes the pooled probes "
                 f"({', '.join(p for p in PROBES if p not in TOKEN_PROBES)}); "
                 f"{', '.join(p for p in probes if p in TOKEN_PROBES)} skipped for it")  # fmt: skip
+    # Token probes alone, for backbones of embeddings alone: "0 fitted", exit 0 (a sweep's job that stored
+    # nothing looked done).
+    if not any(p not in TOKEN_PROBES or embedded["train"][b.identity].tokens is not None
+               for b in backbones for p in probes):  # fmt: skip
+        pooled = ", ".join(p for p in PROBES if p not in TOKEN_PROBES)
+        raise BenchmarkError(f"no backbone given has tokens for {', '.join(probes)}: nothing to fit; add a "
+                             f"pooled probe ({pooled})")  # fmt: skip
     first = embedded["train"][backbones[0].identity]
     test_targets = embedded["test"][backbones[0].identity].targets
     for split, targets, files in (("train", first.targets, task.train), ("test", test_targets, task.test)):
