@@ -5,14 +5,15 @@
 
 For each preset and dtype, the run's own step (`birdjepa.perf.step_cost.measure`: the loop's compiled
 step on a batch of the demo set, 2 views a clip): the median step time, the FLOPs of its training
-arithmetic (XLA's cost analysis of the lowered step without its record: `step_cost.training_flops`),
-the FLOP/s that gives, and MFU against the peak of a large
-matrix product of the same dtype measured in this run (`matmul_peak`). Beside it XLA's working memory
-of the step and its compile time. Then where each step's time goes, from an XLA profile of more steps
-(`birdjepa.perf.profile`): matrix products, attention, norms and elementwise work, SIGReg, the
-optimizer update, the guard and monitor, the copies XLA adds, and what else shows (the augmentation,
-the input floor's quantile, the record conds the loop runs off), each as a share of the time the step's
-operations took, and what the profile could not attribute to any instruction (a GPU library's kernels).
+arithmetic (XLA's cost analysis of the lowered step without its record: `step_cost.training_flops`), the
+FLOP/s that gives, and MFU against the peak of square matrix products of the same dtype measured in this
+run, the best of several sizes (`matmul_peak`; on a CPU one of 512 ran 1.5x one of 2048). Beside it
+XLA's working memory of the step and its compile time. Then where each step's time goes, from an XLA
+profile of more steps (`birdjepa.perf.profile`): matrix products, attention, norms and elementwise work,
+SIGReg, the optimizer update, the guard and monitor, the copies XLA adds, and what else shows (the
+augmentation, the input floor's quantile, the record conds the loop runs off), each as a share of the
+time the step's operations took, and what the profile could not attribute to any instruction (a GPU
+library's kernels).
 
 Batch sizes: 16 clips a step (the README's and `--data.batch-size`'s default) on an accelerator; on a
 CPU 16 for tiny, 4 for small and 2 for base, so that base's steps take seconds, not minutes.
@@ -39,7 +40,7 @@ deterministic_xla()
 import jax  # noqa: E402
 
 from birdjepa.perf.profile import PART_NAMES  # noqa: E402
-from birdjepa.perf.step_cost import CPU_BATCH, StepCost, bench_config, matmul_peak, measure  # noqa: E402
+from birdjepa.perf.step_cost import CPU_BATCH, StepCost, bench_config, matmul_peak, measure, peak_label  # noqa: E402
 
 DEFAULT_BATCH = 16
 
@@ -81,8 +82,8 @@ def main() -> None:
             costs.append(measure(cfg, repeats=args.repeats, warmup=2, profile=args.profile))
             print(f"measured {preset} {dtype} batch {batch}", file=sys.stderr, flush=True)
     print(f"\n## The step against the matrix-product peak ({device.device_kind})\n")
-    n = 2048 if on_cpu else 8192
-    table(("dtype", f"matmul peak ({n}^3)"), [(d, f"{p / 1e9:.1f} GFLOP/s") for d, p in peaks.items()])
+    rates = [(d, f"{p / 1e9:.1f} GFLOP/s") for d, p in peaks.items()]
+    table(("dtype", f"matmul peak ({peak_label()})"), rates)
     print()
     rows = [
         (c.preset, c.dtype, str(c.batch), f"{1e3 * c.step_s:.1f}", f"{c.flops / 1e9:.1f}",

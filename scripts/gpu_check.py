@@ -20,7 +20,8 @@ whether each step was loaded. Then, in order:
    ``birdjepa bisect --repeat`` does: the tensors that differ between executions must be none, and the
    traced step's outputs must equal what the run logged and saved.
 3. **step**: the small and base steps in bfloat16 at batch 128: time, FLOPs (XLA's cost analysis),
-   FLOP/s and MFU against a bfloat16 8192^3 matrix product measured here (`birdjepa.perf.step_cost`),
+   FLOP/s and MFU against the best of bfloat16 square matrix products measured here
+   (`birdjepa.perf.step_cost.PEAK_SIZES`),
    and the five largest parts of the step's wall time, from a profile (`birdjepa.perf.profile`);
    after a prebuild, **in place**: the first step's XLA memory plan and the copies XLA adds of its
    donated state, as the harness compiles it and with XLA's other copy insertion (on a GPU the
@@ -183,11 +184,10 @@ def flop_rate(x: float) -> str:
 
 
 def steps(plan: Plan, consumed: dict[str, float]) -> None:
-    from birdjepa.perf.step_cost import bench_config, matmul_peak, measure
+    from birdjepa.perf.step_cost import bench_config, matmul_peak, measure, peak_label
 
     peak = matmul_peak("bfloat16")
-    ROWS.append(("matmul peak", "bf16 8192^3" if plan.on_gpu else "bf16 2048^3",
-                 flop_rate(peak), "measured"))  # fmt: skip
+    ROWS.append(("matmul peak", f"bf16, {peak_label()}", flop_rate(peak), "measured"))
     for preset in plan.step_presets:
         for batch in plan.step_batches:
             cfg = bench_config(preset, "bfloat16", batch, steps=plan.wait_steps)

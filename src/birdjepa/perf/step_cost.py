@@ -9,9 +9,9 @@ never computes (at tiny, batch 8: 823 MFLOP against 650; at small, batch 128: 11
 Lowered, not compiled: on a GPU XLA turns the matrix products into cuBLAS calls, which its cost
 analysis of the executable counts as nothing (measured on an H200: 7.8 GFLOP for the small step at
 batch 16, against 144 from the lowered program; on CPU the two agree within 1 %).
-MFU is those FLOPs over the step's time, over the peak of one large matrix product in the same dtype
-measured on the same device in the same process (`matmul_peak`): the fraction of what this machine's
-matrix units gave, not of a data sheet's figure.
+MFU is those FLOPs over the step's time, over the peak of square matrix products in the same dtype,
+the best of several sizes, measured on the same device in the same process (`matmul_peak`): the
+fraction of what this machine's matrix units gave, not of a data sheet's figure.
 
 On CPU, birdjepa computes with XLA's single-threaded Eigen kernels (`birdjepa.train.determinism`); the
 peak is measured under the same flags, so the ratio compares like with like.
@@ -190,11 +190,26 @@ def cost_flops(lowered: Any) -> float:
     return float(_jax.hlo_module_cost_analysis(jax.extend.backend.get_backend("cpu"), module)["flops"])
 
 
+#: The square matrix products `matmul_peak` takes the best of, by platform: on a CPU one of 512 ran at
+#: 1.5x one of 2048 (its blocks in cache), and the step's own products, smaller, past the "peak" of 2048.
+PEAK_SIZES = {"cpu": (256, 512, 1024, 2048), "accelerator": (2048, 4096, 8192)}
+
+
+def peak_sizes() -> tuple[int, ...]:
+    """`PEAK_SIZES` of the default device's platform."""
+    return PEAK_SIZES["cpu" if jax.devices()[0].platform == "cpu" else "accelerator"]
+
+
+def peak_label() -> str:
+    """What `matmul_peak` measured, for a table: "best of n^3 for n in 256, ..., 2048"."""
+    return f"best of n^3 for n in {', '.join(map(str, peak_sizes()))}"
+
+
 def matmul_peak(dtype: str, n: int | None = None, repeats: int = 10) -> float:
     """FLOP/s of an ``n`` x ``n`` by ``n`` x ``n`` matrix product in ``dtype`` on the default device
-    (median of ``repeats`` after a warm-up; n = 8192 on an accelerator, 2048 on a CPU)."""
+    (median of ``repeats`` after a warm-up); with no ``n``, the best of `PEAK_SIZES`' for the platform."""
     if n is None:
-        n = 2048 if jax.devices()[0].platform == "cpu" else 8192
+        return max(matmul_peak(dtype, size, repeats) for size in peak_sizes())
     ka, kb = jax.random.split(jax.random.key(0))
     a = jax.random.normal(ka, (n, n), jnp.dtype(dtype))
     b = jax.random.normal(kb, (n, n), jnp.dtype(dtype))
