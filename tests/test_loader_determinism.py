@@ -162,6 +162,9 @@ def test_restore_rejects_other_data_and_stream_config(demo_dir: Path) -> None:
         train_loader(demo_dir, batch_size=8, state=state)
     with pytest.raises(StateError, match="seed: saved 3 now 4"):
         train_loader(demo_dir, seed=4, state=state)
+    # A clip option: the field that changed, where both clips' whole debug texts were printed (400 chars).
+    with pytest.raises(StateError, match=r"config: clip\.fbank\.n_mels: saved 128 now 64$"):
+        train_loader(demo_dir, features=Features(n_mels=64), state=state)
     # n_workers only changes speed, so it may change across a resume.
     take(train_loader(demo_dir, n_workers=1, state=state), 1)
 

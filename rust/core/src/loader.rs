@@ -672,12 +672,18 @@ fn check_state(st: &LoaderState, dataset: &Dataset, cfg: &LoaderConfig) -> Resul
     let diffs: Vec<String> = keys
         .into_iter()
         .filter(|k| now.get(*k) != st.stream.get(*k))
-        .map(|k| {
-            format!(
-                "{k}: saved {} now {}",
-                st.stream.get(k).map_or("(absent)", |v| v.as_str()),
-                now.get(k).map_or("(absent)", |v| v.as_str())
-            )
+        .flat_map(|k| {
+            let (saved, current) = (st.stream.get(k).map_or("(absent)", |v| v.as_str()), now.get(k).map_or("(absent)", |v| v.as_str()));
+            // A struct's debug text (`clip`) whole on both sides was two 400-character lines to compare by eye.
+            match (debug_fields(k, saved), debug_fields(k, current)) {
+                (Some(a), Some(b)) if a.iter().map(|f| &f.0).eq(b.iter().map(|f| &f.0)) => a
+                    .into_iter()
+                    .zip(b)
+                    .filter(|(x, y)| x.1 != y.1)
+                    .map(|((name, x), (_, y))| format!("{name}: saved {x} now {y}"))
+                    .collect(),
+                _ => vec![format!("{k}: saved {saved} now {current}")],
+            }
         })
         .collect();
     if !diffs.is_empty() {
@@ -687,6 +693,40 @@ fn check_state(st: &LoaderState, dataset: &Dataset, cfg: &LoaderConfig) -> Resul
         )));
     }
     Ok(())
+}
+
+/// The leaves of a struct's debug text (`Name { a: 1, b: Inner { c: 2 } }`) as `(prefix.a, 1)`,
+/// `(prefix.b.c, 2)`; None where ``text`` is not one.
+fn debug_fields(prefix: &str, text: &str) -> Option<Vec<(String, String)>> {
+    let text = text.trim();
+    let open = text.find(" { ")?;
+    let inner = text[open + 3..].strip_suffix(" }")?;
+    if !text[..open].chars().all(|c| c.is_alphanumeric() || c == '_') {
+        return None;
+    }
+    let (mut fields, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    let mut parts = Vec::new();
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' | '(' | '[' => depth += 1,
+            '}' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    for part in parts {
+        let (name, value) = part.trim().split_once(": ")?;
+        let path = format!("{prefix}.{name}");
+        match debug_fields(&path, value) {
+            Some(leaves) => fields.extend(leaves),
+            None => fields.push((path, value.trim().to_string())),
+        }
+    }
+    Some(fields)
 }
 
 fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtractor>, shadow: &Planner) -> Pipeline {
