@@ -79,6 +79,10 @@ def test_drop_last(demo_dir: Path) -> None:
     assert len(kept[-1]["index"]) == n % batch_size
     assert len(dropped) == n // batch_size
     assert all(len(b["index"]) == batch_size for b in dropped)
+    # A batch larger than the set: every pass empty, without a word.
+    with pytest.raises(ValueError, match=f"drop_last with batch_size {n + 1} drops every batch of a pass: "
+                                         f"the set holds {n} rows"):  # fmt: skip
+        eval_loader(demo_dir, batch_size=n + 1, drop_last=True)
 
 
 def test_eval_has_no_augmentation(demo_dir: Path) -> None:

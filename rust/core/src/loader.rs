@@ -424,6 +424,13 @@ impl Loader {
             let more = if dataset.n_shards() > 1 { format!(" and {} more", dataset.n_shards() - 1) } else { String::new() };
             return Err(Error::data(format!("{first}{more}: no rows (every shard given is empty)")));
         }
+        if !cfg.train && cfg.drop_last && dataset.len() < cfg.batch_size as u64 {  // every pass empty, unsaid
+            return Err(Error::config(format!(
+                "drop_last with batch_size {} drops every batch of a pass: the set holds {} rows",
+                cfg.batch_size,
+                dataset.len()
+            )));
+        }
         let extractor = Arc::new(ClipExtractor::new(cfg.clip.clone()).map_err(Error::config)?);
         let (plan, counters) = match state {
             None => (PlanState::start(), Counters::default()),
