@@ -80,6 +80,11 @@ def test_config_diff_splits_harmless_from_breaking() -> None:
     # Values as they are: every space was taken out ("/data/birdsong", a path that does not exist).
     spaced = config_diff({"data": {"eval": "/bird song"}}, {"data": {"eval": "/bird songs"}})
     assert spaced == (["data.eval:/bird song->/bird songs"], [])
+    # A preset's own value given at a resume (--model.depth 2 on a tiny run) was refused as None->2.
+    tiny = {"model": {"preset": "tiny", "depth": None, "dim": None}}
+    assert config_diff(tiny, {"model": {"preset": "tiny", "depth": 2, "dim": None}}) == ([], [])
+    deeper = {"model": {"preset": "tiny", "depth": 3, "dim": None}}
+    assert config_diff(tiny, deeper) == ([], ["model.depth:2->3"])
 
 
 def test_batch_fingerprint_sees_every_array_bit() -> None:

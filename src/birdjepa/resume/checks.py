@@ -33,6 +33,7 @@ import numpy as np
 
 from birdjepa.config import PretrainConfig, flatten, to_dict
 from birdjepa.data import Batch
+from birdjepa.model.config import PRESETS
 
 #: By the step's compute dtype. bfloat16 keeps 8 bits of each activation, and another order of the
 #: reductions moves its loss by more: 7.3e-5 from 4 devices to 1 (a helper's run), refused at 1e-5 (exit
@@ -186,7 +187,7 @@ def config_diff(saved: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[
     """``(harmless, breaking)`` changes between two `config.to_dict` trees, as ``key:saved->now``. An
     option that one config lacks and the other holds at its default is harmless: a config written
     before the option existed ran with the behaviour its default keeps."""
-    a, b = flatten(saved), flatten(now)
+    a, b = _preset_filled(flatten(saved)), _preset_filled(flatten(now))
     defaults = flatten(to_dict(PretrainConfig()))
     harmless, breaking = [], []
     for key in sorted(set(a) | set(b)):
@@ -198,6 +199,15 @@ def config_diff(saved: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[
             new_at_default = (key not in a or key not in b) and defaults.get(key, "<none>") == held
             (harmless if is_harmless(key) or new_at_default else breaking).append(change)
     return harmless, breaking
+
+
+def _preset_filled(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with each model option left at None (the preset's) holding the preset's value: a
+    resume given the preset's own value (--model.depth 2 on a tiny run) was refused as depth None->2."""
+    for name, value in PRESETS.get(config.get("model.preset"), {}).items():
+        if f"model.{name}" in config and config[f"model.{name}"] is None:
+            config[f"model.{name}"] = value
+    return config
 
 
 def _option_text(config: Mapping[str, Any], key: str) -> str:
