@@ -214,7 +214,7 @@ def test_a_run_inside_another_or_over_others_is_refused(
 
 
 def test_data_paths_that_match_no_shard_or_lack_a_vocabulary(
-    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code, err = pretrain_exit(capsys, "--data.train", "/nonexistent", "--data.eval", str(demo_dir / "eval"))
     assert (
@@ -222,6 +222,11 @@ def test_data_paths_that_match_no_shard_or_lack_a_vocabulary(
     )
     code, err = pretrain_exit(capsys, "--data.train", str(demo_dir / "train"), "--data.eval", str(tmp_path))
     assert code == 2 and f"--data.eval '{tmp_path}': no shard files match" in err
+    # A relative path read from another folder (a resume started elsewhere) said no more.
+    monkeypatch.chdir(tmp_path)
+    code, err = pretrain_exit(capsys, "--data.train", "data/train", "--data.eval", str(demo_dir / "eval"))
+    said = "error: --data.train 'data/train': no shard files match 'data/train' (a relative path: read from "
+    assert code == 2 and err.strip() == f"{said}{tmp_path})", err
     # What a newcomer points at first: a folder of the hub's Parquet, or of recordings; a Parquet file.
     import pyarrow.parquet as pq
 

@@ -23,7 +23,7 @@ from typing import Any
 from birdjepa import seams
 from birdjepa.config import SEED_LIMIT, PretrainConfig, flatten, to_dict
 from birdjepa.data import DataError, resolve_files
-from birdjepa.data.loader import Features, options_json
+from birdjepa.data.loader import Features, no_shards_match, options_json
 from birdjepa.data.shards import check_same_labels, label_count
 from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
@@ -386,7 +386,7 @@ def check_data(cfg: PretrainConfig) -> None:
             raise OptionError(option, value, str(e)) from None
         missing = [f for f in files[option] if not os.path.isfile(f)]
         if missing:
-            raise OptionError(option, value, f"no shard files match {missing[0]!r}")
+            raise OptionError(option, value, no_shards_match(missing[0]))
         if option == "data.train":
             try:
                 classes = label_count(files[option])

@@ -138,7 +138,7 @@ def resolve_files(
         else:
             found = [text]
         if not found:
-            raise DataError(f"no shard files match {text!r}{_what_the_folder_holds(text)}")
+            raise DataError(no_shards_match(text))
         out.extend(found)
     if not out:  # an IndexError, further on
         raise DataError("no shard files given")
@@ -162,6 +162,13 @@ def options_json(options: dict[str, Any]) -> str:
         if isinstance(value, int) and value >= 1 << 64:
             raise ValueError(f"{name} must be below 2**64 (got {value})")
     return json.dumps(options)
+
+
+def no_shards_match(path: str) -> str:
+    """Why ``path`` names no shard: what it holds instead, and where a relative one was read from (a
+    resume started in another folder said no more)."""
+    where = "" if os.path.isabs(path) else f" (a relative path: read from {os.getcwd()})"
+    return f"no shard files match {path!r}{where}{_what_the_folder_holds(path)}"
 
 
 def _what_the_folder_holds(path: str) -> str:
