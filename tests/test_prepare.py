@@ -190,6 +190,17 @@ def test_a_csv_not_in_utf8_is_one_line_and_a_name_matches_in_either_unicode_form
     prepare(src, tmp_path / "out", labels_csv=tmp_path / "nfc.csv")
     paths = [a["path"] for a in table(tmp_path / "out")["audio"].to_pylist()]
     assert table(tmp_path / "out")["ebird_code"].to_pylist()[paths.index(f"amecro/{decomposed}")] == 0
+    # A label in either form is one class: folders "piñon" stored decomposed (macOS) and composed, and a
+    # CSV's label, were two (or three) classes of one name.
+    (folders := tmp_path / "folders").mkdir()
+    for form in ("NFC", "NFD"):
+        (folders / unicodedata.normalize(form, "piñon")).mkdir()
+        shutil.copy(src / "amecro" / decomposed, folders / unicodedata.normalize(form, "piñon") / "a.wav")
+    assert prepare(folders, tmp_path / "out2").vocab == ["piñon"]
+    (tmp_path / "nfd.csv").write_text(
+        f"path,label\namecro/{decomposed},{unicodedata.normalize('NFD', 'piñon')}\n"
+    )
+    assert prepare(src, tmp_path / "out3", labels_csv=tmp_path / "nfd.csv").vocab == ["piñon"]
 
 
 def test_csv_needs_path_and_label_columns(tmp_path: Path) -> None:

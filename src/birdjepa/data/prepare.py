@@ -139,8 +139,16 @@ def recording_ids(files: Sequence[str]) -> dict[str, str]:
 
 
 def folder_labels(files: Sequence[str]) -> dict[str, str | None]:
-    """Label = first folder of the relative path; None for files directly in SRC."""
-    return {f: (PurePosixPath(f).parts[0] if len(PurePosixPath(f).parts) > 1 else None) for f in files}
+    """Label = first folder of the relative path, in Unicode's composed form (NFC: a folder macOS stored
+    decomposed and one typed composed were two classes of one name); None for files directly in SRC."""
+    return {
+        f: (_label(PurePosixPath(f).parts[0]) if len(PurePosixPath(f).parts) > 1 else None) for f in files
+    }
+
+
+def _label(text: str) -> str | None:
+    """A label as it is written everywhere: its composed form, without its ends' spaces (None if empty)."""
+    return unicodedata.normalize("NFC", text.strip()) or None
 
 
 def _normalise_csv_path(raw: str) -> str | None:
@@ -214,8 +222,7 @@ def _read_csv_labels(
                 f"(extensions {', '.join(AUDIO_EXTENSIONS)}; hidden files and folders are skipped)"
             )
         first_row[rel] = line
-        label = raw_label.strip()
-        labels[rel] = label or None
+        labels[rel] = _label(raw_label)
 
 
 def given_vocabulary(path: Path, src: Path, labels: dict[str, str | None]) -> list[str]:
