@@ -535,6 +535,7 @@ def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its
         ({"shard_mb": 1e-9}, "--shard-mb 1e-09: must be a finite"),  # "target_bytes must be positive"
         ({"prefix": ""}, "--prefix '': must be a file name's start"),  # a ValueError's traceback
         ({"prefix": "a/b"}, "--prefix 'a/b': must be a file name's start"),
+        ({"prefix": ".x"}, "--prefix '.x': must be a file name's start"),  # hidden: a folder of no shards
         ({"label_column": ""}, "--label-column '': must be a name"),
     ],
 )

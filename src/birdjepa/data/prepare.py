@@ -321,8 +321,11 @@ def prepare(
         raise PrepareError(f"source {src} {what} (a folder of audio files, or Parquet files)")
     if not (shard_mb > 0 and math.isfinite(shard_mb) and int(shard_mb * 2**20) > 0):  # NaN, inf, 1e-9 too
         raise PrepareError(f"--shard-mb {shard_mb}: must be a finite number of MiB, at least one byte's")
-    if not prefix or "/" in prefix:  # else a ValueError's traceback, from the shard writer
-        raise PrepareError(f"--prefix {prefix!r}: must be a file name's start, not empty, without '/'")
+    # Empty or with a '/': a ValueError's traceback, from the shard writer; with a '.' first, hidden
+    # shards, which a folder's shards leave out (the loader found none).
+    if not prefix or "/" in prefix or prefix.startswith("."):
+        raise PrepareError(f"--prefix {prefix!r}: must be a file name's start, not empty, without '/' and "
+                           "not hidden ('.' first)")  # fmt: skip
     if label_column in ("", "audio", "recording_id"):
         raise PrepareError(
             f"--label-column {label_column!r}: must be a name other than 'audio' and 'recording_id'"
