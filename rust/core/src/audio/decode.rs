@@ -547,6 +547,11 @@ impl AudioReader {
 
     fn check_window(&self, w: &Window, start: u64, len: usize, errors_before: usize) -> Result<(), AudioError> {
         let errors = self.packet_errors - errors_before;
+        if start == 0 && w.stream_end == 0 && !w.stopped_early && errors == 0 {
+            // No frame at all (an Ogg of no audio packets, its length unknown): the window was silence
+            // and prepare's header check passed a file the loader skips.
+            return Err(AudioError(format!("decode ({}): no audio frames", self.codec_name)));
+        }
         if w.rendered == 0 && errors > 0 {
             return Err(AudioError(format!(
                 "decode ({}): no audio frames in window ({errors} packets failed to decode)",
