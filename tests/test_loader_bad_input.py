@@ -25,10 +25,10 @@ def read_table(path: Path) -> pa.Table:
         return f.read_all()
 
 
-def write_table(table: pa.Table, path: Path, fmt: str = "file") -> Path:
+def write_table(table: pa.Table, path: Path, fmt: str = "file", rows: int = 4) -> Path:
     opener = ipc.new_file if fmt == "file" else ipc.new_stream
     with pa.OSFile(str(path), "wb") as sink, opener(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=4)
+        writer.write_table(table, max_chunksize=rows)
     return path
 
 
@@ -299,6 +299,38 @@ def test_a_record_batch_header_that_lies_names_the_file(demo_dir: Path, tmp_path
             w.write_batch(part)
     with pytest.raises(DataError, match=r"dict\.arrow: dictionary 0 is replaced at byte \d+: the loader"):
         loader(tmp_path / "dict.arrow")
+
+
+@pytest.mark.parametrize("fmt", ["file", "stream"])
+def test_a_shard_index_of_another_layout_at_the_same_size_and_time_is_not_trusted(
+    demo_dir: Path, tmp_path: Path, fmt: str
+) -> None:
+    """A shard replaced at its size and modification time (`rsync -a`, `tar x`) kept the index cached
+    beside it: a loader's open spun for ever, deaf to Ctrl-C and SIGTERM (the struct layout), or panicked
+    blaming a valid row. An index whose end batches' headers disagree is built again; one whose middle
+    disagrees stops the read in one line."""
+    table = read_table(first_shard(demo_dir)).slice(0, 6)
+    shard = write_table(table, tmp_path / "s.arrow", fmt, rows=2)
+    want = take(loader(shard, train=False, n_workers=1), 2)
+    index_file = tmp_path / ".s.arrow.bjindex.json"
+    index = json.loads(index_file.read_text())
+    assert [b["rows"] for b in index["batches"]] == [2, 2, 2]
+    index["batches"][0]["rows"], index["batches"][-1]["rows"] = 3, 1  # another layout's rows, same bytes
+    index_file.write_text(json.dumps(index))
+    got = take(loader(shard, train=False, n_workers=1), 2)
+    assert all(np.array_equal(a["spectrogram"], b["spectrogram"]) for a, b in zip(want, got, strict=True))
+    assert [b["rows"] for b in json.loads(index_file.read_text())["batches"]] == [2, 2, 2]  # built again
+    # A middle batch's: one line when it is read (a subprocess: the hang it was must not hold the suite).
+    index["batches"][0]["rows"], index["batches"][-1]["rows"], index["batches"][1]["rows"] = 2, 2, 3
+    index_file.write_text(json.dumps(index))
+    code = f"from birdjepa.data import Loader, take; take(Loader({str(shard)!r}, train=False), 3)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" in done.stderr, done.stderr[-2000:]
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"_rs.DataError: {shard}: the record batch at byte ") and said.endswith(
+        "holds 2 rows where the shard's index says 3: the file changed after it was indexed; remove its "
+        ".bjindex.json (it is built again)"
+    ), said
 
 
 def test_not_arrow_names_the_file(tmp_path: Path) -> None:

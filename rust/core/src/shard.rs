@@ -317,6 +317,29 @@ fn build_index(path: &Path, data: &[u8], format: IpcFormat, stamp: (u64, u128)) 
     Ok(ShardIndex { version: INDEX_VERSION, file_size: stamp.0, mtime_ns: stamp.1, format, dictionaries, batches })
 }
 
+/// Whether a cached index still describes the file, by what is cheap to read again: its first and last
+/// record batches' headers, and the file format's footer (its blocks). A file replaced at the same size
+/// and modification time (`rsync -a`, `tar x`) kept an index of another layout: an open that spun for
+/// ever, deaf to signals, or a panic blaming a valid row.
+fn still_describes(path: &Path, data: &[u8], index: &ShardIndex) -> bool {
+    let same = |cached: &MessageBlock| {
+        matches!(read_message_at(path, data, cached.offset), Ok(Some((block, _))) if block == *cached)
+    };
+    let ends = index.batches.first().is_none_or(same) && index.batches.last().is_none_or(same);
+    ends && match index.format {
+        IpcFormat::File => read_file_footer(path, data).is_ok_and(|(_, _, dicts, blocks)| {
+            let listed = |found: &[Block], cached: &[MessageBlock]| {
+                found.len() == cached.len()
+                    && found.iter().zip(cached).all(|(f, c)| {
+                        (f.offset(), f.metaDataLength(), f.bodyLength()) == (c.offset as i64, c.meta_len as i32, c.body_len as i64)
+                    })
+            };
+            listed(&blocks, &index.batches) && listed(&dicts, &index.dictionaries)
+        }),
+        IpcFormat::Stream => true,
+    }
+}
+
 /// Where the index of `path` is cached: beside it if that folder is writable, else the user cache.
 fn index_paths(path: &Path) -> Vec<PathBuf> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -362,7 +385,7 @@ impl Shard {
         let stamp = file_stamp(path)?;
         let format = detect_format(path, &data)?;
         let index = match load_cached_index(path, stamp) {
-            Some(idx) if idx.format == format => idx,
+            Some(idx) if idx.format == format && still_describes(path, &data, &idx) => idx,
             _ => {
                 let idx = build_index(path, &data, format, stamp)?;
                 store_index(path, &idx);
@@ -448,10 +471,21 @@ impl Shard {
         let block = &self.index.batches[i];
         let buf = self.data.slice_with_length(block.offset as usize, (block.meta_len as u64 + block.body_len) as usize);
         // A header the index checked (`checked_batch_header`) still meets the arrow reader's own panics.
-        quietly(|| self.decoder.read_record_batch(&block.ipc_block(), &buf))
+        let batch = quietly(|| self.decoder.read_record_batch(&block.ipc_block(), &buf))
             .unwrap_or_else(|panic| Err(arrow_schema::ArrowError::IpcError(panic)))
             .map_err(|e| Error::data(format!("{}: cannot read record batch at byte {}: {e}", self.path.display(), block.offset)))?
-            .ok_or_else(|| Error::data(format!("{}: empty record batch at byte {}", self.path.display(), block.offset)))
+            .ok_or_else(|| Error::data(format!("{}: empty record batch at byte {}", self.path.display(), block.offset)))?;
+        if batch.num_rows() as u64 != block.rows {  // else a reader of its rows by the index looped for ever
+            return Err(Error::data(format!(
+                "{}: the record batch at byte {} holds {} rows where the shard's index says {}: the file changed \
+                 after it was indexed; remove its .bjindex.json (it is built again)",
+                self.path.display(),
+                block.offset,
+                batch.num_rows(),
+                block.rows
+            )));
+        }
+        Ok(batch)
     }
 
     /// Record batches in the file.
