@@ -535,3 +535,28 @@ def test_a_shard_relabelled_at_the_same_size_keeps_the_fingerprint_and_the_datas
         "dataset_shards": {shard.name: p.shard_digests()[f"y/{shard.name}"]},
     }
     assert dataset_check(older, q.fingerprint, q.shard_digests()).ok
+
+
+@pytest.mark.slow  # two segments with an evaluation: ~18 s
+def test_an_eval_split_changed_between_segments_is_said_and_logged(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every check "ok", and only `compare` found eval/knn_acc differing from the step after the resume.
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    held_out = shutil.copytree(demo_dir / "eval", tmp_path / "eval")
+    run = config(demo_dir, tmp_path, "ev", eval_linear=False)
+    run = dataclasses.replace(run, steps=2, eval_every=2, ckpt_every=1, optim=OptimConfig(),
+                              data=dataclasses.replace(run.data, eval=str(held_out)))  # fmt: skip
+    assert pretrain(dataclasses.replace(run, stop_at_step=0)) == 0
+    shard = sorted(held_out.glob("*.arrow"))[0]
+    with ipc.open_file(shard) as f:
+        fewer = f.read_all().slice(0, 3)
+    with pa.OSFile(str(shard), "wb") as sink, ipc.new_file(sink, fewer.schema) as writer:
+        writer.write_table(fewer)
+    capsys.readouterr()
+    assert pretrain(run) == 0
+    assert "WARNING the eval split is other data than checkpoint 0's (fingerprint " in capsys.readouterr().out
+    (changed,) = events(run.run_dir, "eval_data_changed")
+    assert changed["step"] == 1 and changed["fingerprint"][0] != changed["fingerprint"][1]

@@ -165,6 +165,7 @@ def _moved(event: dict[str, Any]) -> str:
 AT_A_RESUME: dict[str, Callable[[dict[str, Any]], str]] = {
     "step_revised": _revised,
     "machine_changed": _moved,
+    "eval_data_changed": lambda event: "on another eval split (its eval metrics move)",
 }
 
 

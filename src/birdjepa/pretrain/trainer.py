@@ -224,6 +224,15 @@ class Trainer:
                   "differ from an uninterrupted one in the last bits (--train.virtual-shards keeps it exact "
                   "on any device count)", flush=True)  # fmt: skip
             self.log.event("devices_changed", step, devices=[saved_devices, self.n_devices])
+        # The eval split moves no training bit, but every eval metric after it: a changed one was found
+        # only by `compare` (eval/knn_acc differs from the step after the resume, every check "ok").
+        saved_eval = meta.get("eval_fingerprint")
+        eval_now = self.evaluator.eval_loader.fingerprint if self.evaluator else None
+        if saved_eval and eval_now and saved_eval != eval_now:
+            print(f"WARNING the eval split is other data than checkpoint {step - 1}'s (fingerprint "
+                  f"{saved_eval} -> {eval_now}): the eval metrics from here on are not comparable with those "
+                  "before", flush=True)  # fmt: skip
+            self.log.event("eval_data_changed", step, fingerprint=[saved_eval, eval_now])
         saved_revision = meta.get("step_revision", 1)
         crossed = revisions.between(saved_revision)
         if crossed:  # a declared change of the step's bits lies between the save and this code
@@ -382,6 +391,7 @@ class Trainer:
             "step_revision": revisions.REVISION,
             "dataset_fingerprint": loader.fingerprint,
             "dataset_shards": self.shard_digests(loader),
+            "eval_fingerprint": self.evaluator.eval_loader.fingerprint if self.evaluator else None,
             "next_step": self.next_step(state, pending).to_json(),
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
         }
