@@ -486,3 +486,5 @@ def test_every_line_of_a_figure_is_named_and_the_iid_grid_has_its_x_label() -> N
     assert "IID expectation" in labelled and named == labelled, (named, labelled)
     grid = figures.iid_grid(log)
     assert [ax.get_xlabel() for ax in grid.axes if ax.get_visible()] == ["step"]
+    with pytest.raises(ValueError, match="^no IID metric chosen"):  # "none of the IID metrics [] were logged"
+        figures.iid_grid(log, ())

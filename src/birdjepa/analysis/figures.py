@@ -148,6 +148,8 @@ def iid_grid(log: RunLog, metrics: tuple[str, ...] = IID_GRID, *, halflife: floa
              columns: int = 3) -> Figure:  # fmt: skip
     """The loader's IID diagnostics, one panel each, with IID's reference and the resumes."""
     present = [m for m in metrics if m in log.metrics]
+    if not metrics:  # every panel unticked in the notebook: "none of the IID metrics [] were logged"
+        raise ValueError("no IID metric chosen: choose a panel")
     if not present:
         raise ValueError(f"{log.name}: none of the IID metrics {list(metrics)} were logged")
     rows = math.ceil(len(present) / columns)
