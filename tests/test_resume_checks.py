@@ -510,6 +510,12 @@ def test_a_shard_relabelled_at_the_same_size_keeps_the_fingerprint_and_the_datas
     vocab = tmp_path / "two" / "vocab.json"
     vocab.write_text(vocab.read_text() + "\n\n")
     assert Loader(str(tmp_path / "two"), batch_size=4, train=False).shard_digests() == meta["dataset_shards"]
+    # A shard added or removed is said so (it read as "changed", as a shard rewritten).
+    grown = {**meta["dataset_shards"], "extra.arrow": "0"}
+    assert dataset_check(meta, "other", grown).got == "other+changed_shards:extra.arrow(added)"
+    assert dataset_check({**meta, "dataset_shards": grown}, "x", meta["dataset_shards"]).got == (
+        "x+changed_shards:extra.arrow(removed)"
+    )
     # A checkpoint written before the digests were recorded is compared by its fingerprint, as it was.
     assert dataset_check({"dataset_fingerprint": before.fingerprint}, after.fingerprint, {}).ok
     # A glob over two folders `prepare` wrote, one file name in each: each shard has its own digest (one

@@ -251,6 +251,9 @@ def dataset_check(meta: Mapping[str, Any], dataset: str, shards: Mapping[str, st
         changed = sorted(
             n for n in both if n.rsplit("/", 1)[-1] not in older and saved_shards.get(n) != shards.get(n)
         )
+        # A shard added or removed was "changed" as one whose rows were rewritten.
+        changed = [f"{n}(added)" if n not in saved_shards else f"{n}(removed)" if n not in shards else n
+                   for n in changed]  # fmt: skip
     if not changed:
         return CheckResult("dataset", dataset == saved, saved, dataset)
     more = f"(+{len(changed) - 3}_more)" if len(changed) > 3 else ""
