@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -468,6 +469,21 @@ def test_a_terminal_that_hangs_up_stops_the_run_after_its_step_with_a_checkpoint
     (stop,) = events(run, "stop")
     assert stop["reason"] == f"signal {int(signal.SIGHUP)}" and stop["exit_code"] == exit_codes.HUNG_UP
     assert stop["step"] < STEPS - 1 and Checkpointer(run).latest_step() == stop["step"]
+
+
+@pytest.mark.slow  # two segments in processes of their own: ~20 s
+def test_a_console_that_fails_stops_no_run(demo_dir: Path, tmp_path: Path) -> None:
+    # A Slurm output file on a full quota (/dev/full here) and a stdout the scheduler closed (`>&-`): each
+    # a traceback, exit 1, the steps since the last save lost (the run's log holds every step).
+    flags = shlex.join(pretrain_flags(demo_dir, tmp_path, "con", *NO_EVAL))
+    start = f"exec {shlex.quote(sys.executable)} -m birdjepa.cli pretrain {flags}"
+    for console, stop in ((">/dev/full", " --stop-at-step 3"), (">&-", "")):
+        done = subprocess.run(["sh", "-c", f"{start}{stop} {console}"], capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = "WARNING the console (standard output) cannot be written (OSError: [Errno 28] No space left"
+        assert (said in done.stderr) == (console == ">/dev/full") and "Traceback" not in done.stderr, done
+    assert sorted(metrics_by_step(tmp_path / "con")) == list(range(STEPS))
 
 
 def test_a_preemption_during_the_last_step_finishes_the_run(

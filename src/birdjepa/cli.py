@@ -97,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
     # and sizes its CPU thread pool once, when the backend starts.
     deterministic_xla()
     args = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # closed by the caller (`>&-`): a command's work done, then a traceback, exit 1
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     try:
         result = _run(args)
         sys.stdout.flush()  # here, not at exit: a pipe closed early fails in this try, not after it

@@ -38,6 +38,7 @@ from birdjepa.config import ConfigError, PretrainConfig, flatten, to_dict
 from birdjepa.data import Batch, DataError
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
+from birdjepa.pretrain.console import KeptGoing
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
 from birdjepa.resume.checks import config_diff
@@ -546,6 +547,15 @@ def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:
     """Pretrain an encoder (default: LeJEPA on the embedded demo set); resumes automatically."""
     if not multihost.is_main():  # one console: process 0 speaks for the group
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    console, sys.stdout = sys.stdout, KeptGoing(sys.stdout, "the console (standard output)")
+    try:
+        _cli(cfg)
+    finally:
+        sys.stdout.flush()
+        sys.stdout = console
+
+
+def _cli(cfg: PretrainConfig) -> None:
     before = set(threading.enumerate())  # a caller's own threads (a test runner's) are not this run's
     try:
         code = pretrain(cfg)
