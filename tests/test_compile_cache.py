@@ -138,6 +138,26 @@ def test_a_cache_folder_given_keeps_a_folder_per_kind_of_machine(
     assert compile_cache.cache_dir() is None
 
 
+def test_no_home_for_the_cache_is_one_line_and_no_compilation_cache(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # HOME unset and the user in no passwd (a container's UID): Path.home()'s RuntimeError, exit 1.
+    from birdjepa.data import DataError
+    from birdjepa.synthetic.demo import default_cache_dir
+
+    for name in ("BIRDJEPA_CACHE", "XDG_CACHE_HOME", compile_cache.ENV, "JAX_COMPILATION_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    with pytest.raises(DataError, match=r"^no home folder for birdjepa's cache \(HOME unset, .*_CACHE$"):
+        default_cache_dir()
+    assert compile_cache.cache_dir() is None
+    assert "WARNING no compilation cache (no home folder" in capsys.readouterr().out
+
+
 def test_a_cache_that_cannot_be_made_written_or_read_whole_is_said_once_and_the_run_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -173,3 +193,25 @@ def test_a_cache_that_cannot_be_made_written_or_read_whole_is_said_once_and_the_
         cache.put(key, whole)
     said = capsys.readouterr().out
     assert said.count(f"WARNING the compilation cache {tmp_path} can be read, not written") == 1, said
+    # A full disk fails the write itself (JAX's two-line warning a program, 8 a run), said once.
+    monkeypatch.undo()
+    full = tmp_path / "full"
+    full.mkdir()
+    cache = lru_cache.LRUCache(str(full), max_size=-1)
+    real_fdopen = os.fdopen
+
+    def fills(fd: int, *args: object, **kw: object) -> object:
+        handle = real_fdopen(fd, *args, **kw)
+
+        def write(_: bytes) -> int:
+            raise OSError(28, "No space left on device")
+
+        handle.write = write
+        return handle
+
+    monkeypatch.setattr(os, "fdopen", fills)
+    for key in ("c", "d"):
+        cache.put(key, whole)
+    said = capsys.readouterr().out
+    assert said.count(f"WARNING the compilation cache {full} can be read, not written (No space left") == 1
+    assert not list(full.iterdir()), list(full.iterdir())  # no entry, no leftover

@@ -182,11 +182,19 @@ def _write_demo_data(folder: Path, out: Path, config: DemoConfig, workers: int |
 
 
 def default_cache_dir() -> Path:
-    """`$BIRDJEPA_CACHE`, else `$XDG_CACHE_HOME/birdjepa`, else `~/.cache/birdjepa`."""
+    """`$BIRDJEPA_CACHE`, else `$XDG_CACHE_HOME/birdjepa`, else `~/.cache/birdjepa`; a `DataError` naming
+    what to set where there is no home (HOME unset, and the user in no passwd: a container's UID)."""
     if os.environ.get("BIRDJEPA_CACHE"):
         return Path(os.environ["BIRDJEPA_CACHE"])
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "birdjepa"
+    if xdg:
+        return Path(xdg) / "birdjepa"
+    try:
+        home = Path.home()  # RuntimeError: "Could not determine home directory." (a traceback, exit 1)
+    except (RuntimeError, KeyError):
+        raise DataError("no home folder for birdjepa's cache (HOME unset, this user in no passwd): set "
+                        "BIRDJEPA_CACHE") from None  # fmt: skip
+    return home / ".cache" / "birdjepa"
 
 
 def ensure_demo_data(

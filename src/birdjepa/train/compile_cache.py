@@ -46,6 +46,7 @@ from jax._src import compilation_cache as jax_cache_format
 from jax._src import lru_cache
 from jax.experimental.compilation_cache import compilation_cache
 
+from birdjepa.data import DataError
 from birdjepa.synthetic.demo import default_cache_dir
 from birdjepa.train.determinism import machine_kind
 
@@ -68,7 +69,15 @@ def cache_dir() -> Path | None:
     choice = os.environ.get(ENV, "")
     if _off() or (not choice and os.environ.get("JAX_COMPILATION_CACHE_DIR")):
         return None
-    return (Path(choice) if choice else default_cache_dir() / "xla") / machine_key()
+    if choice:
+        return Path(choice) / machine_key()
+    try:
+        return default_cache_dir() / "xla" / machine_key()
+    except DataError as e:  # no home for it: as a folder that cannot be made, said once
+        if "home" not in _unmade:
+            _unmade.add("home")
+            print(f"WARNING no compilation cache ({e}): each process compiles its steps", flush=True)
+        return None
 
 
 def _off() -> bool:
@@ -170,21 +179,29 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
         return None
     try:
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{key}.", suffix=".tmp")
-    except OSError as e:  # a shared cache read-only here, a full disk: JAX warned twice a program
-        if str(self.path) not in _unwritable:
-            print(f"WARNING the compilation cache {self.path} can be read, not written ({e.strerror}): the "
-                  "programs compiled here are not kept", flush=True)  # fmt: skip
-            _unwritable.add(str(self.path))
+    except OSError as e:  # a shared cache read-only here: JAX warned twice a program
+        _not_written(self.path, e)
         return None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide a shared folder's entries from others
         with os.fdopen(fd, "wb") as f:
             f.write(value)
         os.replace(tmp, path)
+    except OSError as e:  # a full disk or quota: JAX warned twice a program, 8 programs a run
+        Path(tmp).unlink(missing_ok=True)
+        _not_written(self.path, e)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return None
+
+
+def _not_written(folder: Path, e: OSError) -> None:
+    """The WARNING, once a process and folder, that ``folder`` takes no entry."""
+    if str(folder) not in _unwritable:
+        print(f"WARNING the compilation cache {folder} can be read, not written ({e.strerror}): the "
+              "programs compiled here are not kept", flush=True)  # fmt: skip
+        _unwritable.add(str(folder))
 
 
 _unwritable: set[str] = set()
