@@ -560,3 +560,23 @@ def test_a_stage_s_worst_tensor_is_the_largest_difference_and_a_digest_s_is_a_lo
     assert "Every value is equal as a number: only bits differ" in said and "noise floor" not in said, said
     line = StageDiff("updates", 3, [], ["mask"], []).line()
     assert line.endswith("the 3 compared tensors identical, 1 in A only") and " identical (" not in line, line
+
+
+def test_a_call_site_is_named_from_a_working_folder_removed_under_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Path.cwd()'s FileNotFoundError at the run's first step (a job's folder removed while it ran).
+    from flax import linen as nn
+
+    from birdjepa.train.calls import _site
+
+    class Block(nn.Module):
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return x
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    site = _site(Block(), "__call__")
+    assert site["function"].endswith("Block.__call__") and site["file"] == __file__, site

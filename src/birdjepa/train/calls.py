@@ -44,8 +44,12 @@ def _site(module: nn.Module, method: str) -> dict[str, Any]:
         line = first + next(
             (i for i, t in enumerate(lines) if t.lstrip().startswith(("def ", "async def "))), 0
         )
-    if file is not None and Path(file).resolve().is_relative_to(Path.cwd().resolve()):
-        file = str(Path(file).resolve().relative_to(Path.cwd().resolve()))
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the working folder removed under the job: the run's first step was a traceback
+        here = None
+    if file is not None and here is not None and Path(file).resolve().is_relative_to(here):
+        file = str(Path(file).resolve().relative_to(here))
     return {"function": f"{cls.__qualname__}.{method}", "file": file, "line": line}
 
 
