@@ -4,6 +4,8 @@ option, its value and what is allowed, never a traceback; sweep files get the sa
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from conftest import a_demo_shard_beside_its_vocabulary
 
 from birdjepa import validation
 from birdjepa.cli import main
-from birdjepa.config import PretrainConfig
+from birdjepa.config import DataConfig, PretrainConfig
 from birdjepa.data import Loader
 from birdjepa.data.shards import read_shard, shard_schema
 from birdjepa.validation import OptionError
@@ -311,6 +313,23 @@ def test_a_truncated_shard_found_when_the_loader_opens_it_is_one_line(
 def test_a_run_outside_the_runs_folder_is_refused(run: str) -> None:
     with pytest.raises(OptionError, match="must be a folder name inside --log.runs-dir"):
         validation.check(PretrainConfig(run=run), data=False)
+
+
+def test_a_run_name_or_data_path_that_is_no_printable_utf8_is_refused(demo_dir: Path, tmp_path: Path) -> None:
+    # A line break split every line naming the run; a latin-1 byte (as the shell passes it: a surrogate)
+    # was a UnicodeEncodeError's traceback, for a data path after the run directory was made.
+    latin1 = os.fsdecode(b"r\xe9n")
+    for run in ("line\nbreak", "tab\there", latin1):
+        with pytest.raises(OptionError, match="must be printable UTF-8 text"):
+            validation.check(PretrainConfig(run=run), data=False)
+    validation.check(PretrainConfig(run="rün é鳥 x"), data=False)  # printable UTF-8, spaces: fine
+    shard = next(iter(sorted((demo_dir / "train").glob("*.arrow"))))
+    (folder := tmp_path / os.fsdecode(b"lat\xe9")).mkdir()
+    shutil.copy(shard, folder / shard.name)
+    shutil.copy(demo_dir / "train" / "vocab.json", folder)
+    cfg = PretrainConfig(data=DataConfig(train=str(folder), eval=str(demo_dir / "eval")))
+    with pytest.raises(OptionError, match="is not UTF-8 \\(a name in latin-1, say\\): rename it"):
+        validation.check(cfg)
 
 
 @pytest.mark.parametrize("run", ["r", "sweep/a", "./r", "tiny-0"])

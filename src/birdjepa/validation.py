@@ -203,6 +203,15 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
 NAME_MAX = 255
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 (a name the file system gave in bytes that are not holds surrogates)."""
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _check_run(cfg: PretrainConfig) -> None:
     """The run directory is a folder inside ``--log.runs-dir``: ``--run ''`` (or ``.``) would make the runs
     folder itself the run, ``..`` or an absolute name would write outside it. A nested name (``sweep/a``)
@@ -211,6 +220,11 @@ def _check_run(cfg: PretrainConfig) -> None:
     if not name.parts or name.is_absolute() or ".." in name.parts:
         allowed = "must be a folder name inside --log.runs-dir (not empty, not absolute, no '..')"
         raise OptionError("run", cfg.run, allowed)
+    # A line break split every line naming the run in two; bytes that are no UTF-8 (a latin-1 é) were a
+    # UnicodeEncodeError's traceback.
+    if any(not c.isprintable() and c != " " for c in cfg.run) or not _utf8(cfg.run):
+        raise OptionError("run", cfg.run, "must be printable UTF-8 text (no line break, tab or control "
+                          "character)")  # fmt: skip
     # Named in the verification's folder too: verify-resume's prefix may take a name past the limit.
     most = NAME_MAX - len("verify-")
     if (longest := max(len(part.encode()) for part in name.parts)) > most:
@@ -380,10 +394,14 @@ def check_data(cfg: PretrainConfig) -> None:
         value = _get(cfg, option)
         if value is None:  # the demo set, generated on first use
             continue
+        if not _utf8(value):  # pyarrow's UnicodeEncodeError, after the run directory was made
+            raise OptionError(option, value, "is not UTF-8 (a name in latin-1, say): rename it")
         try:
             files[option] = resolve_files(value)
         except DataError as e:
             raise OptionError(option, value, str(e)) from None
+        if (foreign := next((f for f in files[option] if not _utf8(f)), None)) is not None:
+            raise OptionError(option, value, f"{foreign!r} is not a UTF-8 name (latin-1, say): rename it")
         missing = [f for f in files[option] if not os.path.isfile(f)]
         if missing:
             raise OptionError(option, value, no_shards_match(missing[0]))
