@@ -237,6 +237,14 @@ def test_the_xla_flags_recorded_are_those_that_move_numbers(monkeypatch: pytest.
     flags = "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=4 --xla_cpu_use_thunk_runtime=false"
     monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_dump_hlo_as_text")
     assert xla_flags() == "--xla_cpu_use_thunk_runtime=false"
+    # PJRT_NPROC as XLA reads it: -1 and 0 ran one thread (they were recorded as the core count).
+    from birdjepa.cores import schedulable_cpus
+    from birdjepa.train.determinism import cpu_threads
+
+    cores = schedulable_cpus()
+    for value, threads in (("-1", 1), ("0", 1), ("3", 3), ("abc", cores), ("", cores)):
+        monkeypatch.setenv("PJRT_NPROC", value)
+        assert cpu_threads(1) == threads, value
 
 
 LAPACK_PROBE = """

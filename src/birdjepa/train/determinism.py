@@ -83,9 +83,14 @@ def deterministic_xla_from(caller: str) -> None:
 
 
 def cpu_threads(n_devices: int) -> int:
-    """The size of XLA's CPU thread pool in a process with ``n_devices`` CPU devices."""
-    nproc = os.environ.get("PJRT_NPROC", "")
-    return max(int(nproc) if nproc.isdigit() else schedulable_cpus(), n_devices)
+    """The size of XLA's CPU thread pool in a process with ``n_devices`` CPU devices: ``PJRT_NPROC``
+    read as XLA reads it, an integer at least 1 (-1 and 0 ran one thread, recorded as the core count:
+    a resume under another value failed next_gradient, not as another kind of machine)."""
+    try:
+        threads = max(int(os.environ.get("PJRT_NPROC", "")), 1)
+    except ValueError:  # unset, or no number: XLA's default
+        threads = schedulable_cpus()
+    return max(threads, n_devices)
 
 
 #: Widest first: the vector instruction set XLA's CPU code can use on this host.
