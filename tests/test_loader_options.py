@@ -156,3 +156,28 @@ def test_a_run_says_how_many_decode_threads_its_loader_runs(
     assert f"loader: {threads} decode thread{'s' * (threads != 1)}\n" in out
     # ... and that its warmup (10, the default) outlasts its 4 updates: a try, or a mistyped --steps.
     assert "WARNING --optim.warmup-steps 10 >= the run's 4 optimizer updates: its LR never reaches" in out
+
+
+def test_a_shard_index_goes_to_the_user_cache_where_an_empty_variable_is_unset(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An empty XDG_CACHE_HOME (or BIRDJEPA_CACHE) put the index of a shard in a read-only folder into the
+    # job's working folder (the Python side reads empty as unset); a 250-byte shard name was never cached.
+    import shutil
+
+    shard = sorted((demo_dir / "train").glob("*.arrow"))[0]
+    data = tmp_path / "data"
+    data.mkdir()
+    long_name = "s" * 244 + ".arrow"
+    for name in (shard.name, long_name):
+        shutil.copy(shard, data / name)
+    # The index cannot go beside either: a folder in its place (as a read-only folder), a name too long.
+    (data / f".{shard.name}.bjindex.json").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.setenv("BIRDJEPA_CACHE", "")
+    monkeypatch.chdir(tmp_path)
+    Loader([str(data / shard.name), str(data / long_name)], batch_size=2, train=False).close()
+    cached = sorted(p.name for p in (tmp_path / "home" / ".cache" / "birdjepa" / "index").iterdir())
+    assert len(cached) == 2 and not (tmp_path / "birdjepa").exists() and not (tmp_path / "index").exists()
+    assert all(len(name.encode()) <= 255 for name in cached), cached

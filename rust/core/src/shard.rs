@@ -344,14 +344,22 @@ fn still_describes(path: &Path, data: &[u8], index: &ShardIndex) -> bool {
 fn index_paths(path: &Path) -> Vec<PathBuf> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut out = vec![path.with_file_name(format!(".{name}.bjindex.json"))];
-    let cache = std::env::var_os("BIRDJEPA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("birdjepa")))
-        .or_else(|| std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache").join("birdjepa")));
+    // Empty is unset, as the Python side reads them (an empty XDG_CACHE_HOME put the index in the working
+    // folder).
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let cache = var("BIRDJEPA_CACHE")
+        .or_else(|| var("XDG_CACHE_HOME").map(|p| p.join("birdjepa")))
+        .or_else(|| var("HOME").map(|p| p.join(".cache").join("birdjepa")));
     if let Some(dir) = cache {
         let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         let key = crate::rng::hash_words(&abs.to_string_lossy().bytes().map(u64::from).collect::<Vec<_>>());
-        out.push(dir.join("index").join(format!("{key:016x}-{name}.json")));
+        // The shard's name cut to fit a file name (255 bytes): a longer one was never cached; the key tells
+        // shards apart.
+        let short: String = name.chars().scan(0, |used, c| {
+            *used += c.len_utf8();
+            (*used <= 200).then_some(c)
+        }).collect();
+        out.push(dir.join("index").join(format!("{key:016x}-{short}.json")));
     }
     out
 }
