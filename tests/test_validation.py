@@ -473,14 +473,29 @@ def test_jax_enable_x64_is_refused_in_one_line(
 
     from birdjepa.train.determinism import machine_kind
 
+    from birdjepa.divergence.replay import ReplayError, open_at
+    from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
+
     monkeypatch.setenv("JAX_ENABLE_X64", "1")
     jax.config.update("jax_enable_x64", True)
+    run = tmp_path / "elsewhere" / "r"
+    (run / "checkpoints").mkdir(parents=True)
     try:
-        code, err = pretrain_exit(capsys, *data_flags(demo_dir), "--log.runs-dir", str(tmp_path))
+        code, err = pretrain_exit(capsys, *data_flags(demo_dir), "--log.runs-dir", str(tmp_path / "runs"))
+        # evaluate, export, embed, benchmark: a leaf "saved as float32, target float64", blaming the run;
+        # trace and bisect the same; verify-resume: an empty table and exit 1 ("the runs differ").
+        with pytest.raises(EvaluateError, match=r"^\$JAX_ENABLE_X64='1': birdjepa trains and checkpoints"):
+            restore_checkpoint(run)
+        with pytest.raises(ReplayError, match=r"^\$JAX_ENABLE_X64='1': birdjepa trains and checkpoints"):
+            open_at(run, 0)
+        verify = [*data_flags(demo_dir), "--log.runs-dir", str(tmp_path / "runs")]
+        with pytest.raises(SystemExit) as e:
+            main(["verify-resume", *verify])
     finally:
         jax.config.update("jax_enable_x64", False)
     said = "error: $JAX_ENABLE_X64 '1': birdjepa trains and checkpoints in float32: unset it\n"
     assert code == 2 and err == said, err
-    assert not list(tmp_path.iterdir())
+    assert e.value.code == 2 and capsys.readouterr().err == f"verify-resume: {said}"
+    assert not (tmp_path / "runs").exists()
     # The settings that move numbers are in the machine record: a resume under another says which.
     assert "jax_threefry_partitionable=True" in machine_kind()["jax_config"]

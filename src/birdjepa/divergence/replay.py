@@ -29,7 +29,7 @@ from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.metrics_log import NON_FINITE, by_step, read_metrics
 from birdjepa.train import revisions
 from birdjepa.train.compiled import Compiled
-from birdjepa.train.determinism import DEVICE_COUNT_FLAG, machine_kind
+from birdjepa.train.determinism import DEVICE_COUNT_FLAG, machine_kind, x64_refusal
 from birdjepa.train.segment import advance, open_loader, open_segment
 from birdjepa.train.state import TrainState
 
@@ -190,6 +190,8 @@ def open_at(
     run_dir = Path(run_dir)
     if not layout.is_run(run_dir):
         raise ReplayError(f"{run_dir}: not a run directory (no {layout.RUN_MARKERS})")
+    if (why := x64_refusal()) is not None:
+        raise ReplayError(why)
     lines = list(read_metrics(run_dir)) if layout.metrics_file(run_dir).exists() else []  # read once
     logged = by_step(lines, everything=True)
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False, create=False) as ckpt:

@@ -42,6 +42,7 @@ from birdjepa.model.vit import encoder_apply
 from birdjepa.outputs import unwritable
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.lease import LeaseHeld, LeaseUnwritable, acquire
+from birdjepa.train.determinism import x64_refusal
 
 
 class EvaluateError(RuntimeError):
@@ -133,6 +134,8 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
     while it is read, gives way to the new newest."""
     if not layout.has_checkpoints(run_dir):
         raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
+    if (why := x64_refusal()) is not None:  # else a leaf "saved as float32, target float64": the checkpoint
+        raise EvaluateError(why)
     for _ in range(NEWEST_TRIES - 1):
         try:
             return _restore(run_dir, step)

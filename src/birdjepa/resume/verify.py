@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from birdjepa.rundir import layout
 from birdjepa.rundir.layout import LEASE_FILE
 from birdjepa.rundir.lease import LeaseHeld, LeaseUnwritable, acquire
 from birdjepa.rundir.metrics_log import read_metrics
+from birdjepa.train.determinism import x64_refusal
 from birdjepa.validation import OptionError
 
 # The options of this command; everything else on the command line is passed to `pretrain` as given.
@@ -160,6 +162,8 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     that cannot work: pretrain's (`validation.check`, ``--run`` among them: ``root`` is removed below) or
     this command's own."""
     validation.check(cfg)
+    if (why := x64_refusal()) is not None:  # both runs refused, then an empty table and exit 1 ("differ")
+        raise OptionError("$JAX_ENABLE_X64", os.environ.get("JAX_ENABLE_X64", True), why.split(": ", 1)[1])
     leave = "leave --resume and --stop-at-step to verify-resume"
     if cfg.resume != "auto":
         raise OptionError("resume", cfg.resume, leave)

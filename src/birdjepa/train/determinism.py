@@ -66,6 +66,18 @@ def deterministic_xla() -> list[str]:
     return missing
 
 
+def x64_refusal() -> str | None:
+    """Why this process cannot train or restore a run, where JAX computes in 64 bits
+    (``$JAX_ENABLE_X64``): float64 parameters against float32 checkpoints, said as "another shape" or a
+    leaf's dtype (blaming the checkpoint); None where it computes in 32."""
+    import jax
+
+    if not jax.config.jax_enable_x64:
+        return None
+    return (f"$JAX_ENABLE_X64={os.environ.get('JAX_ENABLE_X64', 'on')!r}: birdjepa trains and checkpoints in "
+            "float32: unset it")  # fmt: skip
+
+
 def deterministic_xla_from(caller: str) -> None:
     """`deterministic_xla` for a library call (``caller``, e.g. "birdjepa.load_encoder") in a process the
     ``birdjepa`` command did not start: its numbers then equal the command's bit for bit (an encoder's
