@@ -471,10 +471,9 @@ def test_jax_enable_x64_is_refused_in_one_line(
     # naming no setting; a fresh start: a KeyError traceback from the digest at step 0 (a helper's hunt).
     import jax
 
-    from birdjepa.train.determinism import machine_kind
-
     from birdjepa.divergence.replay import ReplayError, open_at
     from birdjepa.evaluation.cli import EvaluateError, restore_checkpoint
+    from birdjepa.train.determinism import machine_kind
 
     monkeypatch.setenv("JAX_ENABLE_X64", "1")
     jax.config.update("jax_enable_x64", True)
