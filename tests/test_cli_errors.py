@@ -166,6 +166,16 @@ def test_a_reader_that_closes_the_pipe_ends_a_command_quietly_with_the_shell_s_c
     assert done.returncode == 141 and err == "", err
 
 
+def test_a_backend_this_machine_lacks_is_one_line(tmp_path: Path) -> None:
+    # A job requeued onto a CPU node under JAX_PLATFORMS=cuda: JAX's bare AssertionError, exit 1.
+    command = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--log.runs-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JAX_PLATFORMS": "cuda"})  # fmt: skip
+    said = ("birdjepa pretrain: error: $JAX_PLATFORMS='cuda': no such backend on this machine (a job on "
+            "another partition's nodes?); unset it or name one it has\n")  # fmt: skip
+    assert (done.returncode, done.stderr) == (2, said), done.stderr
+
+
 @pytest.mark.parametrize("command", [["export", "x" * 300, "--out", "e"], ["evaluate", "x" * 300]])
 def test_a_name_longer_than_the_file_system_takes_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str]

@@ -110,12 +110,32 @@ def main(argv: Sequence[str] | None = None) -> Any:
     except BrokenPipeError:  # `| head` closed the pipe: a traceback, then another at exit's flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(PIPE_CLOSED) from None
+    except AssertionError:  # JAX's bare one where $JAX_PLATFORMS names a backend this machine lacks
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        if not platforms or not _no_backend():
+            raise
+        name = f" {args[0]}" if args and args[0] in COMMANDS else ""
+        print(f"birdjepa{name}: error: $JAX_PLATFORMS={platforms!r}: no such backend on this machine (a "
+              "job on another partition's nodes?); unset it or name one it has", file=sys.stderr,
+              flush=True)  # fmt: skip
+        raise SystemExit(USAGE) from None
     except OSError as e:  # a name past the file system's 255 bytes: each command's traceback
         if e.errno != errno.ENAMETOOLONG:
             raise
         name = f" {args[0]}" if args and args[0] in COMMANDS else ""
         print(f"birdjepa{name}: error: {e.filename}: {e.strerror}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE) from None
+
+
+def _no_backend() -> bool:
+    """Whether JAX could start no backend (its private state: a requeue onto a CPU node under
+    JAX_PLATFORMS=cuda was `assert _default_backend is not None`, a bare AssertionError)."""
+    try:
+        from jax._src import xla_bridge
+
+        return xla_bridge._default_backend is None
+    except (ImportError, AttributeError):  # another JAX: its own error stands
+        return False
 
 
 def _run(args: list[str]) -> Any:
