@@ -166,6 +166,23 @@ def test_a_reader_that_closes_the_pipe_ends_a_command_quietly_with_the_shell_s_c
     assert done.returncode == 141 and err == "", err
 
 
+def test_a_determinism_flag_given_another_value_in_xla_flags_is_warned(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A cluster's XLA_FLAGS turned the threaded reductions back on without a word (the user's value kept).
+    from birdjepa.train.determinism import overridden_flags
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true --xla_dump_to=/tmp/x")
+    assert overridden_flags() == ["--xla_cpu_multi_thread_eigen=true"]
+    for command, warned in ((["pretrain", "--help"], True), (["compare", "--help"], False)):
+        with pytest.raises(SystemExit):
+            main(command)
+        said = capsys.readouterr().err
+        assert ("WARNING XLA_FLAGS sets --xla_cpu_multi_thread_eigen=true: the" in said) == warned, said
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+    assert overridden_flags() == []
+
+
 def test_a_backend_this_machine_lacks_is_one_line(tmp_path: Path) -> None:
     # A job requeued onto a CPU node under JAX_PLATFORMS=cuda: JAX's bare AssertionError, exit 1.
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--log.runs-dir", str(tmp_path)]

@@ -23,7 +23,7 @@ import tyro
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
 from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, USAGE
 from birdjepa.host_memory import keep_for_reuse
-from birdjepa.train.determinism import deterministic_xla
+from birdjepa.train.determinism import deterministic_xla, overridden_flags
 
 CommandTarget = str | Callable[..., Any]
 
@@ -44,6 +44,12 @@ COMMANDS: dict[str, CommandTarget] = {
     "diff-trace": "birdjepa.divergence.cli:diff_trace",
     "bisect": "birdjepa.divergence.cli:bisect",
 }
+
+
+#: The commands whose numbers XLA computes (a step, an encoder): warned of determinism flags overridden.
+COMPUTES = frozenset(
+    {"pretrain", "verify-resume", "evaluate", "benchmark", "export", "embed", "trace", "bisect"}
+)
 
 
 def register(name: str, target: CommandTarget) -> None:
@@ -97,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> Any:
     # and sizes its CPU thread pool once, when the backend starts.
     deterministic_xla()
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in COMPUTES and (overridden := overridden_flags()):
+        print(f"WARNING XLA_FLAGS sets {' '.join(overridden)}: the step's last bits may then depend on "
+              "thread timing, and a resume may not be exact (birdjepa sets the other value)",
+              file=sys.stderr, flush=True)  # fmt: skip
     if sys.stdout is None:  # closed by the caller (`>&-`): a command's work done, then a traceback, exit 1
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     try:

@@ -52,6 +52,13 @@ all fit under it, on any machine. More threads than cores costs little: on 2 cor
 (small preset) to 1.16x (tiny) the time with a pool of 2 (docs/benchmarks.md, "The CPU thread pool")."""
 
 
+def overridden_flags() -> list[str]:
+    """The determinism flags `XLA_FLAGS` gives another value (a cluster's module or a job script):
+    kept, as the user's, where they made a run's bits depend on thread timing without a word."""
+    given = os.environ.get("XLA_FLAGS", "").split()
+    return [g for f in FLAGS[:2] for g in given if g.split("=")[0] == f.split("=")[0] and g != f]
+
+
 def deterministic_xla() -> list[str]:
     """Add the determinism flags (and `IN_PLACE`) to XLA_FLAGS and fix the CPU thread pool
     (``PJRT_NPROC``: at least `MIN_CPU_THREADS`, more where there are more cores), keeping whatever the
