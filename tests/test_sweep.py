@@ -57,7 +57,7 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
         ('[{"steps": 4, "optim": {}}]', "config 0: optim is an empty dict, which sets nothing"),
         ("[{1: 2}]", "config 0: 1 is no option name (1)"),
         # A newline ended the job script's #SBATCH lines, its next line a command of the script.
-        ('[{"run": "ok\\ntouch pwned"}]', "config 0: its run directory"),
+        ('[{"run": "ok\\ntouch pwned"}]', "config 0: --run 'ok\\ntouch pwned': must be printable UTF-8 text"),
         # Refused at its first requeue's start (exit 2, not requeued): the run left half done.
         ('[{"resume": "never"}]', "config 0: --resume never: a sweep's job is requeued"),
     ],
