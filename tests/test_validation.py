@@ -19,7 +19,7 @@ from conftest import a_demo_shard_beside_its_vocabulary
 
 from birdjepa import validation
 from birdjepa.cli import main
-from birdjepa.config import DataConfig, PretrainConfig
+from birdjepa.config import DataConfig, LogConfig, PretrainConfig
 from birdjepa.data import Loader
 from birdjepa.data.shards import read_shard, shard_schema
 from birdjepa.validation import OptionError
@@ -323,6 +323,11 @@ def test_a_run_name_or_data_path_that_is_no_printable_utf8_is_refused(demo_dir: 
         with pytest.raises(OptionError, match="must be printable UTF-8 text"):
             validation.check(PretrainConfig(run=run), data=False)
     validation.check(PretrainConfig(run="rün é鳥 x"), data=False)  # printable UTF-8, spaces: fine
+    # A path a checkpoint's files would take past 4096 bytes: every step trained, then the first save
+    # failed ("File name too long", exit 74, "free space").
+    deep = Path("/" + "/".join(["d" * 200] * 20))
+    with pytest.raises(OptionError, match=r"makes a run directory path of \d+ bytes: the checkpoints' files"):
+        validation.check(PretrainConfig(log=LogConfig(runs_dir=deep)), data=False)
     shard = next(iter(sorted((demo_dir / "train").glob("*.arrow"))))
     (folder := tmp_path / os.fsdecode(b"lat\xe9")).mkdir()
     shutil.copy(shard, folder / shard.name)

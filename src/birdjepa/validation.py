@@ -201,6 +201,10 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
 
 #: The longest file name most file systems take (ext4, XFS, Lustre, GPFS): a longer one was an OSError.
 NAME_MAX = 255
+#: The longest path Linux takes, and how far below a run directory a checkpoint's deepest file lies
+#: (``checkpoints/N.orbax-checkpoint-tmp-T/state/ocdbt.process_0/d/<32 hex digits>``, with room).
+PATH_MAX = 4096
+CHECKPOINT_DEPTH = 256
 
 
 def _utf8(text: str) -> bool:
@@ -225,6 +229,13 @@ def _check_run(cfg: PretrainConfig) -> None:
     if any(not c.isprintable() and c != " " for c in cfg.run) or not _utf8(cfg.run):
         raise OptionError("run", cfg.run, "must be printable UTF-8 text (no line break, tab or control "
                           "character)")  # fmt: skip
+    # Every step trained, then the first save failed ("File name too long", exit 74, "free space"): the
+    # checkpoint's deepest files lie ~200 bytes below the run directory.
+    path = len(os.fsencode(os.path.abspath(cfg.run_dir)))
+    if path > PATH_MAX - CHECKPOINT_DEPTH:
+        why = (f"makes a run directory path of {path} bytes: the checkpoints' files below it would pass "
+               f"the system's {PATH_MAX}; a shorter --log.runs-dir")  # fmt: skip
+        raise OptionError("run", cfg.run, why)
     # Named in the verification's folder too: verify-resume's prefix may take a name past the limit.
     most = NAME_MAX - len("verify-")
     if (longest := max(len(part.encode()) for part in name.parts)) > most:
