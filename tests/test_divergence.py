@@ -313,7 +313,7 @@ def test_traces_of_another_architecture_compare_what_they_share(runs: Path, demo
     d = diff_traces(trace_step(runs / "A", 0), trace_step(runs / "deeper", 0))
     forward = next(s for s in d.stages if s.stage == "forward")
     assert any(n.startswith("global/encoder/block_2.") for n in forward.only_b)
-    assert not d.identical and "model.depth:None->3" in d.config[1]
+    assert not d.identical and "model.depth:2->3" in d.config[1]  # the preset's 2 against 3
     assert next(s for s in d.stages if s.stage == "batch").identical
 
 
