@@ -45,6 +45,8 @@ def open_run(
             mode=mode,
             resume="allow",
             config=config,
+            # Its ~50-line run summary at every segment's exit, in a Slurm log that requeues many times.
+            settings=wandb.Settings(quiet=True),
         )
     except Exception as e:  # wandb's own errors (UsageError, CommError, ...) have no common base to name
         said = " ".join(str(e).split())
