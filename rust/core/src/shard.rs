@@ -197,12 +197,16 @@ fn first_line(e: &impl std::fmt::Display) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
-fn schema_from_message(path: &Path, data: &[u8], block: &MessageBlock) -> Result<arrow_schema::Schema> {
+/// The IPC message an indexed block holds (past its continuation marker and length).
+fn block_message<'a>(data: &'a [u8], block: &MessageBlock) -> std::result::Result<arrow_ipc::Message<'a>, String> {
     let at = block.offset as usize;
     let prefix = if data[at..at + 4] == CONTINUATION { 8 } else { 4 };
-    let meta = &data[at + prefix..at + block.meta_len as usize];
-    let message = arrow_ipc::root_as_message(meta)
-        .map_err(|e| Error::data(format!("{}: corrupt schema message: {}", path.display(), first_line(&e))))?;
+    arrow_ipc::root_as_message(&data[at + prefix..at + block.meta_len as usize]).map_err(|e| first_line(&e))
+}
+
+fn schema_from_message(path: &Path, data: &[u8], block: &MessageBlock) -> Result<arrow_schema::Schema> {
+    let message = block_message(data, block)
+        .map_err(|e| Error::data(format!("{}: corrupt schema message: {e}", path.display())))?;
     let fb = message
         .header_as_schema()
         .ok_or_else(|| Error::data(format!("{}: stream does not start with a schema message", path.display())))?;
@@ -298,11 +302,7 @@ fn build_index(path: &Path, data: &[u8], format: IpcFormat, stamp: (u64, u128)) 
     // (an index past its end an error, one inside it a wrong value, silently). Deltas only append.
     let mut seen = std::collections::HashSet::new();
     for d in &dictionaries {
-        let at = d.offset as usize;
-        let prefix = if data[at..at + 4] == CONTINUATION { 8 } else { 4 };
-        let header = arrow_ipc::root_as_message(&data[at + prefix..at + d.meta_len as usize])
-            .ok()
-            .and_then(|m| m.header_as_dictionary_batch().map(|b| (b.id(), b.isDelta())));
+        let header = block_message(data, d).ok().and_then(|m| m.header_as_dictionary_batch().map(|b| (b.id(), b.isDelta())));
         if let Some((id, false)) = header {
             if !seen.insert(id) {
                 return Err(Error::data(format!(
@@ -415,9 +415,7 @@ impl Shard {
             IpcFormat::Stream => {
                 let (first, _) = read_message_at(path, &data, 0)?
                     .ok_or_else(|| Error::data(format!("{}: empty stream", path.display())))?;
-                let at = first.offset as usize;
-                let prefix = if data[at..at + 4] == CONTINUATION { 8 } else { 4 };
-                let version = arrow_ipc::root_as_message(&data[at + prefix..at + first.meta_len as usize])
+                let version = block_message(&data, &first)
                     .map(|m| m.version())
                     .map_err(|e| Error::data(format!("{}: {e}", path.display())))?;
                 (schema_from_message(path, &data, &first)?, version)
