@@ -226,7 +226,7 @@ def _check_run(cfg: PretrainConfig) -> None:
         raise OptionError("run", cfg.run, allowed)
     # A line break split every line naming the run in two; bytes that are no UTF-8 (a latin-1 é) were a
     # UnicodeEncodeError's traceback.
-    if any(not c.isprintable() and c != " " for c in cfg.run) or not _utf8(cfg.run):
+    if not cfg.run.isprintable() or not _utf8(cfg.run):
         raise OptionError("run", cfg.run, "must be printable UTF-8 text (no line break, tab or control "
                           "character)")  # fmt: skip
     # Every step trained, then the first save failed ("File name too long", exit 74, "free space"): the

@@ -44,7 +44,7 @@ from birdjepa.seams import planted
 from birdjepa.train import revisions
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled
-from birdjepa.train.determinism import machine_kind, x64_refusal
+from birdjepa.train.determinism import X64_WHY, machine_kind, x64_refusal
 from birdjepa.train.digest import hex_digest
 from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
 from birdjepa.train.segment import total_updates
@@ -85,8 +85,8 @@ def check_device_options(cfg: PretrainConfig) -> None:
     checkpointer exists (`validation.check` holds the rest; it imports no JAX): the batch divides over
     the devices, and ``--train.virtual-shards`` runs in one process (its step moves each shard's results
     between devices of one process), whose devices divide it."""
-    if (why := x64_refusal()) is not None:  # a KeyError from the digest at a fresh start's first step too
-        raise OptionError("$JAX_ENABLE_X64", os.environ.get("JAX_ENABLE_X64", True), why.split(": ", 1)[1])
+    if x64_refusal() is not None:  # a KeyError from the digest at a fresh start's first step too
+        raise OptionError("$JAX_ENABLE_X64", os.environ.get("JAX_ENABLE_X64", True), X64_WHY)
     shards, devices = cfg.train.virtual_shards, jax.device_count()
     if shards and jax.process_count() > 1:
         raise OptionError("train.virtual_shards", shards, f"runs in one process, not {jax.process_count()}")

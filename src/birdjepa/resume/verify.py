@@ -40,7 +40,7 @@ from birdjepa.rundir import layout
 from birdjepa.rundir.layout import LEASE_FILE
 from birdjepa.rundir.lease import LeaseHeld, LeaseUnwritable, acquire
 from birdjepa.rundir.metrics_log import read_metrics
-from birdjepa.train.determinism import x64_refusal
+from birdjepa.train.determinism import X64_WHY, x64_refusal
 from birdjepa.validation import OptionError
 
 # The options of this command; everything else on the command line is passed to `pretrain` as given.
@@ -162,8 +162,8 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     that cannot work: pretrain's (`validation.check`, ``--run`` among them: ``root`` is removed below) or
     this command's own."""
     validation.check(cfg)
-    if (why := x64_refusal()) is not None:  # both runs refused, then an empty table and exit 1 ("differ")
-        raise OptionError("$JAX_ENABLE_X64", os.environ.get("JAX_ENABLE_X64", True), why.split(": ", 1)[1])
+    if x64_refusal() is not None:  # both runs refused, then an empty table and exit 1 ("differ")
+        raise OptionError("$JAX_ENABLE_X64", os.environ.get("JAX_ENABLE_X64", True), X64_WHY)
     leave = "leave --resume and --stop-at-step to verify-resume"
     if cfg.resume != "auto":
         raise OptionError("resume", cfg.resume, leave)

@@ -73,16 +73,19 @@ def deterministic_xla() -> list[str]:
     return missing
 
 
+#: Why a process where JAX computes in 64 bits (``$JAX_ENABLE_X64``) cannot train or restore a run:
+#: float64 parameters against float32 checkpoints, said as "another shape" or a leaf's dtype (blaming the
+#: checkpoint).
+X64_WHY = "birdjepa trains and checkpoints in float32: unset it"
+
+
 def x64_refusal() -> str | None:
-    """Why this process cannot train or restore a run, where JAX computes in 64 bits
-    (``$JAX_ENABLE_X64``): float64 parameters against float32 checkpoints, said as "another shape" or a
-    leaf's dtype (blaming the checkpoint); None where it computes in 32."""
+    """`X64_WHY` with the variable's value where JAX computes in 64 bits; None where it computes in 32."""
     import jax
 
     if not jax.config.jax_enable_x64:
         return None
-    return (f"$JAX_ENABLE_X64={os.environ.get('JAX_ENABLE_X64', 'on')!r}: birdjepa trains and checkpoints in "
-            "float32: unset it")  # fmt: skip
+    return f"$JAX_ENABLE_X64={os.environ.get('JAX_ENABLE_X64', 'on')!r}: {X64_WHY}"
 
 
 def deterministic_xla_from(caller: str) -> None:
