@@ -104,6 +104,43 @@ def test_a_group_whose_run_is_taken_over_stops_together(demo_dir: Path, tmp_path
     assert json.loads(lease.read_text()) == taker
 
 
+def test_a_process_killed_mid_run_stops_its_group_at_once_in_one_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Process 1 killed (the OOM killer, a lost node): process 0 raised a traceback from a collective naming
+    # no process, then waited out the group's shutdown barrier (100 s) and aborted with a C++ stack.
+    import signal
+    import socket
+
+    from birdjepa.slurm.sweep import wait_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    group = {"BIRDJEPA_NUM_PROCESSES": "2", "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}
+    argv = flags(demo_dir, tmp_path, "killed")
+    argv[argv.index("--steps") + 1] = "100000"
+    argv[argv.index("--ckpt-every") + 1] = "1"  # a save in flight when it dies: waited for, not hung on
+    out = [tmp_path / f"out{i}.txt" for i in range(2)]
+    procs = [subprocess.Popen(argv, env={**os.environ, **group, "BIRDJEPA_PROCESS_ID": str(i)},
+                              stdout=out[i].open("w"), stderr=subprocess.STDOUT)
+             for i in range(2)]  # fmt: skip
+    log = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (log.exists() and '"step": 2,' in log.read_text()):
+        time.sleep(0.1)
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    assert wait_group(procs) == -signal.SIGKILL
+    assert time.monotonic() - killed < 30  # process 0 out on its own, before the launcher's grace ends
+    said = out[0].read_text()
+    assert procs[0].returncode == exit_codes.PEER_LOST, said[-3000:]
+    assert "ERROR: another process of the group stopped while this one waited for it (" in said
+    assert "Traceback" not in said and "Check failure" not in said, said[-3000:]
+    assert capsys.readouterr().err == "sweep: process 1 of 2 was killed by SIGKILL\n"
+    assert not (tmp_path / "killed" / LEASE_FILE).exists()  # released: the next start is not refused
+
+
 @pytest.mark.slow  # two processes that start JAX and read the data: ~20 s
 def test_processes_started_with_other_options_or_data_are_refused_together(
     demo_dir: Path, tmp_path: Path

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from birdjepa.cli import main
-from birdjepa.slurm.sweep import SlurmOptions, SweepError, job_script, plan
+from birdjepa.slurm.sweep import SlurmOptions, SweepError, job_script, plan, wait_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -428,3 +428,24 @@ def test_a_sweep_file_s_own_code_runs_once(tmp_path: Path, capsys: pytest.Captur
     plain.write_text("from shared_base import BASE\ndef make_cfgs():\n    return [dict(BASE)]\n")
     main(["sweep", str(plain), "--dry-run", "--runs-dir", str(tmp_path / "runs")])
     assert "--steps 4" in capsys.readouterr().out
+
+
+def test_a_group_whose_process_failed_stops_the_others_after_a_grace_and_exits_with_the_failure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A group cannot go on without one of its processes: the others waited for it in a collective, and
+    # where it was the coordinator, aborted with a C++ stack (srun's --kill-on-bad-exit on Slurm).
+    def start(code: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", code])
+
+    t0 = time.monotonic()
+    group = [start("import time; time.sleep(120)"), start("raise SystemExit(3)")]
+    assert wait_group(group, grace_s=0.5) == 3
+    assert time.monotonic() - t0 < 30 and group[0].returncode == -signal.SIGKILL
+    said = capsys.readouterr().err
+    assert said == "sweep: stopped process 0 of 2, still running 0 s after process 1 ended\n"
+    # One killed by a signal said nothing of itself: said, and its code is the group's.
+    group = [start("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"), start("pass")]
+    assert wait_group(group, grace_s=0.5) == -signal.SIGKILL
+    assert capsys.readouterr().err == "sweep: process 0 of 2 was killed by SIGKILL\n"
+    assert wait_group([start("pass"), start("pass")]) == 0

@@ -85,6 +85,21 @@ def first_disagreement(values: Mapping[str, str]) -> str | None:
     return None
 
 
+#: What a collective's error says where another process of the group is gone: gloo's socket to it
+#: closed (it was killed, or crashed), or the coordination service missed its heartbeats.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "heartbeat timeout")
+
+
+def peer_lost(e: BaseException) -> str | None:
+    """The first line of ``e`` where it is a collective that failed because another process of the group
+    is gone, else None. The process that waited for it raised a traceback naming no process, and then
+    waited out the group's shutdown barrier (100 s) before it aborted with a C++ stack."""
+    said = str(e)
+    if jax.process_count() == 1 or not any(gone in said for gone in _PEER_GONE):
+        return None
+    return said.strip().splitlines()[0]
+
+
 def index_crc32(local_index: np.ndarray) -> float:
     """crc32 of the global batch's sample indices, put together from every process's rows (a
     collective): equal across process counts exactly when the global batches are."""

@@ -213,6 +213,11 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return exit_codes.USAGE
     except (RuntimeError, ValueError) as e:
+        if (gone := multihost.peer_lost(e)) is not None:
+            print(f"ERROR: another process of the group stopped while this one waited for it ({gone}): its "
+                  "own output says why; the checkpoints already written are intact and the same command "
+                  f"resumes from the newest; exit {exit_codes.PEER_LOST}", flush=True)  # fmt: skip
+            return exit_codes.PEER_LOST
         if (said := out_of_memory(e)) is None:
             raise
         print(f"ERROR: the device ran out of memory ({said}): a smaller --data.batch-size "
@@ -566,6 +571,10 @@ def _cli(cfg: PretrainConfig) -> None:
         print(f"interrupted: the next start resumes from the newest checkpoint that verifies; exit "
               f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(exit_codes.INTERRUPTED) from None
+    if code == exit_codes.PEER_LOST:  # out now: the exit's shutdown barrier waits for the lost process
+        sys.stdout.flush()  # 100 s, then aborts with a C++ stack
+        sys.stderr.flush()
+        os._exit(code)
     if code:
         param_norms.shutdown()  # an idle thread of the run's own, not one to wait 30 s for
         exit_past_stuck_threads(code, set(threading.enumerate()) - before)

@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import traceback
 import types
 from collections.abc import Callable, Mapping
@@ -390,7 +391,48 @@ def launch_local(argv: list[str], ntasks: int, children: Children | None = None)
     children = children or Children()
     with children.handling():
         procs = [children.start(argv, env=env) for env in envs]
-        return max(p.wait() for p in procs)
+        return wait_group(procs)
+
+
+#: How long the other processes of a group may take to end once one ended with a failure: those that
+#: stop together (a saved preemption, a refused option) end within seconds of each other.
+GROUP_GRACE_S = 20.0
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal
+        return f"signal {number}"
+
+
+def wait_group(procs: list[subprocess.Popen], grace_s: float = GROUP_GRACE_S) -> int:
+    """The first failure's exit code among ``procs`` (0 where each exits 0). A process killed by a signal
+    is said in one line (it could say nothing), and once one failed, the others still running after
+    ``grace_s`` are killed, as srun's --kill-on-bad-exit does on Slurm: a group cannot go on without one
+    of its processes, and where that was process 0, the coordinator, the others waited for it in a
+    collective, then aborted with a C++ stack."""
+    first: subprocess.Popen | None = None
+    deadline = math.inf
+    while [p for p in procs if p.poll() is None] and time.monotonic() < deadline:  # polls each
+        if first is None and (failed := [p for p in procs if p.returncode not in (None, 0)]):
+            # One killed by a signal is the cause where both are seen ended: no process kills a peer.
+            first, deadline = min(failed, key=lambda p: p.returncode >= 0), time.monotonic() + grace_s
+        time.sleep(0.1)
+    late = [p for p in procs if p.poll() is None]
+    for p in late:
+        p.kill()
+    for i, p in enumerate(procs):
+        if p.wait() < 0 and p not in late:
+            print(f"sweep: process {i} of {len(procs)} was killed by {signal_name(-p.returncode)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    if late:
+        print(f"sweep: stopped process{'es' if len(late) > 1 else ''} "
+              f"{', '.join(str(procs.index(p)) for p in late)} of {len(procs)}, still running "
+              f"{grace_s:.0f} s after process {procs.index(first)} ended",
+              file=sys.stderr, flush=True)  # fmt: skip
+    ended = [p for p in procs if p.returncode] if first is None else [first]
+    return min(ended, key=lambda p: p.returncode >= 0).returncode if ended else 0
 
 
 def cli(
