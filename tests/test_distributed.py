@@ -134,7 +134,7 @@ def test_a_process_killed_mid_run_stops_its_group_at_once_in_one_line(
     assert wait_group(procs) == -signal.SIGKILL
     assert time.monotonic() - killed < 30  # process 0 out on its own, before the launcher's grace ends
     said = out[0].read_text()
-    assert procs[0].returncode == exit_codes.PEER_LOST, said[-3000:]
+    assert procs[0].returncode == exit_codes.GROUP_BROKEN, said[-3000:]
     assert "ERROR: another process of the group stopped while this one waited for it (" in said
     assert "Traceback" not in said and "Check failure" not in said, said[-3000:]
     assert capsys.readouterr().err == "sweep: process 1 of 2 was killed by SIGKILL\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from birdjepa import exit_codes
 from birdjepa.cli import main
 from birdjepa.slurm.sweep import SlurmOptions, SweepError, job_script, plan, wait_group
 
@@ -449,3 +450,27 @@ def test_a_group_whose_process_failed_stops_the_others_after_a_grace_and_exits_w
     assert wait_group(group, grace_s=0.5) == -signal.SIGKILL
     assert capsys.readouterr().err == "sweep: process 0 of 2 was killed by SIGKILL\n"
     assert wait_group([start("pass"), start("pass")]) == 0
+
+
+def test_a_process_whose_coordinator_port_is_taken_says_so_in_one_line(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    # Process 0 serves the group's coordinator: a port in use was a traceback ("Failed to start RPC
+    # server") or a segmentation fault, and the others waited 300 s for it, then aborted.
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        group = {"BIRDJEPA_NUM_PROCESSES": "2", "BIRDJEPA_PROCESS_ID": "0",
+                 "BIRDJEPA_COORDINATOR": f"127.0.0.1:{port}"}  # fmt: skip
+        argv = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--run", "r", "--log.runs-dir",
+                str(tmp_path), "--data.train", str(demo_dir / "train")]  # fmt: skip
+        done = subprocess.run(argv, env={**os.environ, **group}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == exit_codes.GROUP_BROKEN, done.stderr[-3000:]
+    assert done.stderr == (
+        f"error: process 0 of 2 could not join the process group (its port {port} is in use by another "
+        f"program; the coordinator's address BIRDJEPA_COORDINATOR=127.0.0.1:{port}); exit 69\n"
+    )
+    assert not (tmp_path / "r").exists()

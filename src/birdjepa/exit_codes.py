@@ -16,9 +16,10 @@ FAILED = 1
 USAGE = 2
 #: A resume check failed or no checkpoint verifies: requeueing would fail the same way (EX_DATAERR).
 RESUME_CHECK = 65
-#: Another process of a multi-process run is gone (killed, crashed, its node lost) while this one waited
-#: for it in a collective (EX_UNAVAILABLE): the group cannot go on without it; its own output says why.
-PEER_LOST = 69
+#: The process group of a multi-process run broke (EX_UNAVAILABLE): another process is gone (killed,
+#: crashed, its node lost) while this one waited for it in a collective (its own output says why), or
+#: the group could not form (its coordinator's port in use).
+GROUP_BROKEN = 69
 #: A step was not finite and the run stopped before applying it (EX_SOFTWARE): not requeued, since the
 #: same step would diverge again; resume from the last checkpoint with a change.
 NONFINITE = 70

@@ -216,8 +216,8 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         if (gone := multihost.peer_lost(e)) is not None:
             print(f"ERROR: another process of the group stopped while this one waited for it ({gone}): its "
                   "own output says why; the checkpoints already written are intact and the same command "
-                  f"resumes from the newest; exit {exit_codes.PEER_LOST}", flush=True)  # fmt: skip
-            return exit_codes.PEER_LOST
+                  f"resumes from the newest; exit {exit_codes.GROUP_BROKEN}", flush=True)  # fmt: skip
+            return exit_codes.GROUP_BROKEN
         if (said := out_of_memory(e)) is None:
             raise
         print(f"ERROR: the device ran out of memory ({said}): a smaller --data.batch-size "
@@ -571,7 +571,7 @@ def _cli(cfg: PretrainConfig) -> None:
         print(f"interrupted: the next start resumes from the newest checkpoint that verifies; exit "
               f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(exit_codes.INTERRUPTED) from None
-    if code == exit_codes.PEER_LOST:  # out now: the exit's shutdown barrier waits for the lost process
+    if code == exit_codes.GROUP_BROKEN:  # out now: the exit's shutdown barrier waits for the lost process
         sys.stdout.flush()  # 100 s, then aborts with a C++ stack
         sys.stderr.flush()
         os._exit(code)

@@ -11,9 +11,15 @@ host, agreeing on a flag) is `birdjepa.multihost`.
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
+import sys
+from typing import NoReturn
 
 import jax
+
+from birdjepa import exit_codes
 
 
 def launched_tasks() -> int:
@@ -39,11 +45,44 @@ def initialize() -> None:
     if n <= 1:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if os.environ.get("BIRDJEPA_NUM_PROCESSES"):
-        jax.distributed.initialize(
-            coordinator_address=os.environ["BIRDJEPA_COORDINATOR"],
-            num_processes=n,
-            process_id=int(os.environ["BIRDJEPA_PROCESS_ID"]),
-        )
-    else:
-        jax.distributed.initialize()  # JAX's Slurm detection: coordinator, count and rank from srun
+    local = bool(os.environ.get("BIRDJEPA_NUM_PROCESSES"))
+    if local and launched_rank() == 0 and (taken := port_taken(os.environ["BIRDJEPA_COORDINATOR"])):
+        _cannot_join(n, taken, f"BIRDJEPA_COORDINATOR={os.environ['BIRDJEPA_COORDINATOR']}")
+    try:
+        if local:
+            jax.distributed.initialize(
+                coordinator_address=os.environ["BIRDJEPA_COORDINATOR"],
+                num_processes=n,
+                process_id=int(os.environ["BIRDJEPA_PROCESS_ID"]),
+            )
+        else:
+            jax.distributed.initialize()  # JAX's Slurm detection: coordinator, count and rank from srun
+    except jax.errors.JaxRuntimeError as e:  # a traceback; the others waited 300 s for it, then aborted
+        where = f"BIRDJEPA_COORDINATOR={os.environ['BIRDJEPA_COORDINATOR']}" if local else "from Slurm's job"
+        _cannot_join(n, str(e).strip().splitlines()[0], where)
+
+
+def port_taken(address: str) -> str | None:
+    """Why the coordinator cannot serve on ``address``'s port (HOST:PORT), or None. Asked before JAX
+    binds it (on every interface), which on a port in use raised a traceback or, as often, crashed the
+    process with a segmentation fault."""
+    port = int(address.rpartition(":")[2])
+    for family, anywhere in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        with socket.socket(family) as s:
+            try:
+                s.bind((anywhere, port))
+                return None
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return f"its port {port} is in use by another program"
+    return None  # neither family here: JAX finds out
+
+
+def _cannot_join(n: int, said: str, where: str) -> NoReturn:
+    print(
+        f"error: process {launched_rank()} of {n} could not join the process group ({said}; the "
+        f"coordinator's address {where}); exit {exit_codes.GROUP_BROKEN}",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(exit_codes.GROUP_BROKEN) from None
