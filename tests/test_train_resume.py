@@ -665,6 +665,29 @@ def test_verify_resume_refuses_an_option_that_cannot_work_in_one_line_exit_2(
     assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
+def test_verify_resume_over_a_folder_that_holds_something_else_is_refused_and_touches_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run named verify-x: `verify-resume --run x` removed its checkpoints, config and log as an earlier
+    # verification's output, exit 0. An earlier verification's own output is still started afresh.
+    run = tmp_path / "verify-x"
+    (run / "checkpoints" / "5").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    argv = ["verify-resume", "--run", "x", "--log.runs-dir", str(tmp_path), "--steps", "6",
+            "--data.batch-size", "4", "--eval-every", "0", "--resume-at", "3"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["birdjepa", *argv])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: verify-resume writes its two runs into {run}, which holds checkpoints, metrics.jsonl, "
+        "not an earlier verification's output: give another --run or --log.runs-dir; nothing was touched; "
+        "exit 2\n"
+    )
+    assert sorted(p.name for p in run.rglob("*")) == ["5", "checkpoints", "metrics.jsonl"]
+
+
 def test_verify_resume_passes_none_of_its_own_options_on_whichever_way_they_are_spelled() -> None:
     # tyro takes --resume_at too: passed on, every trainer refused it, and verify-resume ended in a traceback.
     from birdjepa.resume.verify import pretrain_args

@@ -177,6 +177,14 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
         except OptionError as e:
             raise OptionError("workers_after_resume", opts.workers_after_resume, e.allowed) from None
     root = cfg.log.runs_dir / f"verify-{cfg.run}"
+    # An earlier verification's output is started afresh (removed); anything else there is not ours: a
+    # run named verify-X lost its checkpoints and log to `verify-resume --run X`, without a word.
+    if root.is_dir() and (others := sorted(p.name for p in root.iterdir() if p.name not in OWN_OUTPUT)):
+        print(f"error: verify-resume writes its two runs into {root}, which holds {', '.join(others[:3])}"
+              f"{' ...' if len(others) > 3 else ''}, not an earlier verification's output: give another "
+              f"--run or --log.runs-dir; nothing was touched; exit {exit_codes.USAGE}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return exit_codes.USAGE
     # Held while it verifies, as a trainer holds its run: a second verify-resume of the same --run removed
     # the first's runs as they trained, and both ended in a traceback.
     try:
@@ -191,6 +199,10 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
         return _verify(opts, argv, stops, root)
     finally:
         lease.release()
+
+
+#: What a verification writes into its folder (`_verify`), and nothing else.
+OWN_OUTPUT = ("straight", "resumed", "verify.json", LEASE_FILE)
 
 
 def _verify(opts: VerifyOptions, argv: Sequence[str], stops: list[Interruption], root: Path) -> int:
