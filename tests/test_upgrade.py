@@ -7,6 +7,7 @@ another CPU: the batches and the schedule with ==, the model's numbers to 1e-5 r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -159,6 +160,26 @@ def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:
     assert defaults.data.n_workers == fresh.data.n_workers != 7
     assert kept == ["seed=5 (default now 0)"]
     assert {"run", "stop_at_step", "resume", "data.n_workers", "log.runs_dir"} <= set(SEGMENT_ONLY)
+
+
+def test_an_option_given_again_at_a_resume_is_not_said_to_be_kept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # "where this birdjepa's defaults differ: optim.grad_accum=2 (default now 1)" was said of a resume
+    # given --optim.grad-accum 3.
+    from birdjepa.config import to_dict
+    from birdjepa.resume import options
+
+    saved = {
+        **to_dict(PretrainConfig()),
+        "seed": 5,
+        "optim": {**to_dict(PretrainConfig())["optim"], "grad_accum": 2},
+    }
+    monkeypatch.setattr(options, "saved_config", lambda run_dir: (3, saved))
+    fresh = PretrainConfig(log=dataclasses.replace(PretrainConfig().log, runs_dir=tmp_path))
+    _, _, cfg, kept = options.resumed_config(["--optim.grad-accum", "3"], fresh)
+    assert cfg.optim.grad_accum == 3 and cfg.seed == 5
+    assert kept == ["seed=5 (default now 0)"]
 
 
 def test_a_config_recorded_before_the_debug_options_became_a_group_reads_under_their_new_names() -> None:

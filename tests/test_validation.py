@@ -352,6 +352,19 @@ def test_a_seed_past_2_to_the_32_is_refused_at_a_start_and_kept_by_the_run_that_
     validation.check(PretrainConfig(seed=2**32 + 5), data=False, saved={"seed": 2**32 + 5})
 
 
+def test_another_gradient_accumulation_at_a_resume_is_refused_naming_it() -> None:
+    # Allowed, the lr check refused it with "fix the cause"; warned past, the rest trained at learning rate
+    # 0 (the schedule's table sized by the new count, indexed by the updates already made), exit 0.
+    from birdjepa.config import OptimConfig, flatten, to_dict
+
+    saved = flatten(to_dict(PretrainConfig(steps=24, optim=OptimConfig(grad_accum=2))))
+    again = PretrainConfig(steps=24, optim=OptimConfig(grad_accum=3), allow_config_change=True)
+    with pytest.raises(OptionError, match=r"^--optim.grad-accum 3: cannot change within a run \(it trained "
+                       "with 2: "):  # fmt: skip
+        validation.check(again, data=False, saved=saved)
+    validation.check(PretrainConfig(steps=24, optim=OptimConfig(grad_accum=2)), data=False, saved=saved)
+
+
 def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--data.batch-size", "0"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)

@@ -168,6 +168,14 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
     if cfg.seed >= SEED_LIMIT and (saved is None or saved.get("seed") != cfg.seed):
         raise OptionError("seed", cfg.seed, "must be below 2^32: JAX's keys take its low 32 bits, and it "
                           f"would draw seed {cfg.seed % SEED_LIMIT}'s initial weights and steps")  # fmt: skip
+    # The optimizer counts updates and the schedule is laid out over steps // grad_accum of them: another
+    # accumulation at a resume was refused by the lr check with "fix the cause" even where allowed, and,
+    # warned past, trained the rest at the schedule's end (learning rate 0), exit 0.
+    if saved is not None and saved.get("optim.grad_accum", cfg.optim.grad_accum) != cfg.optim.grad_accum:
+        was = saved["optim.grad_accum"]
+        raise OptionError("optim.grad_accum", cfg.optim.grad_accum, f"cannot change within a run (it trained "
+                          f"with {was}: its learning-rate schedule counts updates of {was} steps each, "
+                          "--allow-config-change neither); train the change in a new run")  # fmt: skip
     for step in cfg.debug.roundtrip_steps:
         if not 0 <= step < cfg.steps:
             raise OptionError("debug.roundtrip_steps", step, f"each must be a step in [0, {cfg.steps - 1}]")

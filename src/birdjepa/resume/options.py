@@ -104,4 +104,8 @@ def resumed_config(
         return None
     step, saved = found
     defaults, kept = resume_defaults(saved, f"{fresh.run_dir / 'checkpoints' / str(step)}")
-    return step, saved, tyro.cli(PretrainConfig, args=list(args), default=defaults, **cli), kept
+    cfg = tyro.cli(PretrainConfig, args=list(args), default=defaults, **cli)
+    # Those the command line set anew are not kept: "optim.grad_accum=2 (default now 1)" was said of a
+    # resume given --optim.grad-accum 3.
+    now, was = flatten(to_dict(cfg)), flatten(to_dict(defaults))
+    return step, saved, cfg, [k for k in kept if now[k.split("=")[0]] == was[k.split("=")[0]]]
