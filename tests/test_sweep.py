@@ -59,6 +59,13 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
         ("[{1: 2}]", "config 0: 1 is no option name (1)"),
         # A newline ended the job script's #SBATCH lines, its next line a command of the script.
         ('[{"run": "ok\\ntouch pwned"}]', "config 0: --run 'ok\\ntouch pwned': must be printable UTF-8 text"),
+        # Slurm read the rest of the line as a comment (the run's log a file named "lr"), dropped the
+        # backslash (its log's folder did not exist: no log, the job failed at launch) or refused the
+        # script for an unmatched quote, the configs before it submitted.
+        *[
+            (f'[{{"run": "lr{c}2"}}]', "#SBATCH lines cannot hold as they are")
+            for c in ("#", "\\\\", "'", '\\"')
+        ],
         # Refused at its first requeue's start (exit 2, not requeued): the run left half done.
         ('[{"resume": "never"}]', "config 0: --resume never: a sweep's job is requeued"),
     ],

@@ -181,12 +181,20 @@ class Job:
     """The `birdjepa pretrain` flags of this run (parsed back to ``cfg`` exactly, see `plan`)."""
 
 
+#: What Slurm's ``#SBATCH`` lines read otherwise than as a path's characters: ``#`` starts a comment (a
+#: run's log went to a file named as its path cut there), a backslash is dropped (the log's folder did
+#: not exist: the job failed at launch, its log nowhere) and a quote must be matched (sbatch refused the
+#: script, the configs before it submitted).
+NOT_IN_SBATCH = "#\\'\""
+
+
 def slurm_safe(path: Path, what: str, where: str) -> None:
     """`SweepError` for a path an sbatch line cannot hold: ``#SBATCH`` lines are not quoted, and a newline
     in a run name ended them, its next line a command of the job script."""
-    if any(c.isspace() or not c.isprintable() for c in str(path)):
-        raise SweepError(f"{where}: {what} {str(path)!r} has a space or a control character, which a Slurm "
-                         "job script's #SBATCH lines cannot hold")  # fmt: skip
+    if any(c.isspace() or not c.isprintable() or c in NOT_IN_SBATCH for c in str(path)):
+        raise SweepError(f"{where}: {what} {str(path)!r} has a space, a control character or one of "
+                         f"{' '.join(NOT_IN_SBATCH)}, which a Slurm job script's #SBATCH lines cannot hold "
+                         "as they are; nothing was submitted")  # fmt: skip
 
 
 def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None = None) -> list[Job]:
