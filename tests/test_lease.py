@@ -34,9 +34,9 @@ def flags(demo_dir: Path, runs: Path, steps: int, *extra: str) -> list[str]:
             str(demo_dir / "eval"), *extra]  # fmt: skip
 
 
-def held_by(pid: int, run_dir: Path) -> None:
+def held_by(pid: int, run_dir: Path, job: str | None = None) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    lease = {"host": socket.gethostname(), "pid": pid, "job": None, "started": time.time(),
+    lease = {"host": socket.gethostname(), "pid": pid, "job": job, "started": time.time(),
              "token": "0123456789abcdef", "heartbeat": time.time()}  # fmt: skip
     (run_dir / LEASE_FILE).write_text(json.dumps(lease))
 
@@ -66,7 +66,7 @@ def test_a_slurm_requeue_waits_for_the_holder_then_exits_75_and_a_dead_holder_is
     demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     holder = subprocess.Popen(["sleep", "60"])
-    held_by(holder.pid, tmp_path / "r")
+    held_by(holder.pid, tmp_path / "r", job="912345")  # this job's earlier start, still saving
     monkeypatch.setenv("SLURM_JOB_ID", "912345")
     monkeypatch.setenv(LEASE_WAIT_ENV, "1.5")
     t0 = time.monotonic()
@@ -74,6 +74,15 @@ def test_a_slurm_requeue_waits_for_the_holder_then_exits_75_and_a_dead_holder_is
     assert 1.5 <= time.monotonic() - t0 < 30
     assert f"is held by pid {holder.pid}" in capsys.readouterr().out
     assert not (tmp_path / "r" / METRICS_FILE).exists()  # nothing touched
+    # Another job (the sweep submitted twice) or a trainer started by hand: it requeued itself every
+    # 2 min, holding its allocation, until that one ended. Not requeued now.
+    for job in ("912344", None):
+        held_by(holder.pid, tmp_path / "r", job=job)
+        assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path, 2))) == exit_codes.USAGE
+        said = capsys.readouterr().out
+        assert said.endswith(
+            "; this job (912345) is not requeued: one trainer of the run at a time; exit 2\n"
+        )
     holder.kill()
     holder.wait()
     monkeypatch.delenv("SLURM_JOB_ID")

@@ -197,8 +197,14 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         try:
             lease = acquire(cfg.run_dir, wait_s=float(os.environ.get(LEASE_WAIT_ENV, 120)) if slurm else 0.0)
         except LeaseHeld as e:
-            code = exit_codes.REQUEUE if slurm else exit_codes.USAGE
-            print(f"ERROR: {e}; exit {code}", flush=True)
+            # Requeued only behind this job's own earlier start, still saving: behind another job (the
+            # same sweep submitted twice) or a trainer started by hand, it requeued itself every 2 min,
+            # holding its allocation, until that one ended.
+            ours = slurm and e.holder.get("job") == os.environ["SLURM_JOB_ID"]
+            code = exit_codes.REQUEUE if ours else exit_codes.USAGE
+            other = (f"; this job ({os.environ['SLURM_JOB_ID']}) is not requeued: one trainer of the run "
+                     "at a time" if slurm and not ours else "")  # fmt: skip
+            print(f"ERROR: {e}{other}; exit {code}", flush=True)
             return code
         except LeaseUnwritable as e:  # a read-only folder: as a log or checkpoint that cannot be written
             print(f"ERROR: {e}; nothing was touched. Make it writable or give another --log.runs-dir, then "
