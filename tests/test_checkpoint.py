@@ -334,6 +334,46 @@ def test_keep_last_n_and_async_save_while_in_flight(tmp_path):
     assert ck.Checkpointer(tmp_path).all_steps() == [4, 5]
 
 
+def test_a_reader_of_a_live_run_lists_again_and_passes_over_a_step_its_retention_removes(
+    tmp_path, monkeypatch
+):
+    # `trace` on a live run: Orbax listed the folder, the trainer's retention removed a step, and Orbax's
+    # look into it raised FileNotFoundError (after the whole replay: the trace was lost); `bisect` read a
+    # meta half removed ("Item meta was not found").
+    from birdjepa.rundir.checkpoint import store
+
+    state = make_state()
+    c = ck.Checkpointer(tmp_path, keep=None, async_save=False)
+    for step in (1, 2, 3):
+        c.save(step, {**state, "step": step}, {"i": step})
+    reload, restore = c._mngr.reload, c._mngr.restore
+    raced = []
+
+    def racing_reload():
+        if not raced:  # the retention removes step 1 as Orbax looks into it
+            raced.append(1)
+            shutil.rmtree(c.directory / "1")
+            raise FileNotFoundError(2, "No such file or directory", str(c.directory / "1"))
+        return reload()
+
+    def racing_restore(step, **kw):
+        if step == 2:  # removed as its meta is read
+            shutil.rmtree(c.directory / "2")
+        return restore(step, **kw)
+
+    monkeypatch.setattr(c._mngr, "reload", racing_reload)
+    monkeypatch.setattr(c._mngr, "restore", racing_restore)
+    assert c.all_steps() == [2, 3] and raced
+    assert c.meta_unless_pruned(2) is None
+    assert c.meta_unless_pruned(3)["i"] == 3
+    # A step still there whose meta cannot be read is damaged, not pruned: said.
+    shutil.rmtree(c.directory / "3" / "meta")
+    monkeypatch.setattr(store, "PRUNE_WAIT_S", 0.1)
+    with pytest.raises((KeyError, OSError, ValueError)):
+        c.meta_unless_pruned(3)
+    c.close()
+
+
 def test_latest_step_ignores_incomplete_checkpoints(tmp_path):
     state = make_state()
     c = ck.Checkpointer(tmp_path, async_save=False)

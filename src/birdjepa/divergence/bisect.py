@@ -77,7 +77,8 @@ class Search:
 
 def _ckpt_info(run_dir: Path) -> dict[int, dict[str, Any]]:
     with checkpoint.Checkpointer(run_dir, keep=None, async_save=False, create=False) as ckpt:
-        return {s: ckpt.read_meta(s) for s in ckpt.all_steps()}
+        metas = {s: ckpt.meta_unless_pruned(s) for s in ckpt.all_steps()}  # a live run's pruned ones: None
+    return {s: meta for s, meta in metas.items() if meta is not None}
 
 
 #: `Search.logged_metric`'s name where a step is in one run's log only.

@@ -269,8 +269,9 @@ def check_against_run(run: OpenRun, trace: Trace) -> dict[str, Any]:
         if mismatch:
             out["logged_mismatch"] = list(mismatch)
     with checkpoint.Checkpointer(run.run_dir, keep=None, async_save=False, create=False) as ckpt:
-        if step in ckpt.all_steps():
-            saved = ckpt.read_meta(step)["hashes"]
+        # On a live run, its retention may remove the step's checkpoint as it is read: left unknown then.
+        if step in ckpt.all_steps() and (meta := ckpt.meta_unless_pruned(step)) is not None:
+            saved = meta["hashes"]
             arrays = checkpoint.to_host(run.state.arrays())
             hashes = [checkpoint.leaf_hash(a) for a in jax.tree_util.tree_leaves(arrays)]
             out["checkpoint_equal"] = hashes == saved

@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -52,6 +53,24 @@ from birdjepa.rundir.checkpoint.space import (
 )
 from birdjepa.rundir.layout import CHECKPOINTS
 
+T = TypeVar("T")
+
+#: Seconds `Checkpointer.meta_unless_pruned` waits for a checkpoint that failed to read to be gone.
+PRUNE_WAIT_S = 2.0
+
+
+def relisted(list_once: Callable[[], T], tries: int = 20) -> T:
+    """``list_once()``, called again where a step folder went between Orbax's listing of the checkpoints
+    folder and its look into each (its time, its items): a live trainer's retention removed it, and a
+    reader on the live run (`trace`, `bisect`, `evaluate`) raised FileNotFoundError. Listed again, the
+    step is gone."""
+    for _ in range(tries - 1):
+        try:
+            return list_once()
+        except (FileNotFoundError, NotADirectoryError):
+            time.sleep(0.05)
+    return list_once()
+
 
 class Checkpointer(RetentionAndFallback):
     """Orbax-backed checkpoints of ``(state pytree, JSON meta)`` under ``run_dir/subdir``.
@@ -81,14 +100,15 @@ class Checkpointer(RetentionAndFallback):
         self.directory = Path(run_dir) / subdir if subdir else Path(run_dir)
         self.keep = keep
         self.async_save = async_save
-        self._mngr = ocp.CheckpointManager(
-            self.directory.absolute(),
-            item_names=("state", "meta"),
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=None,  # retention is `_retain`'s: it keeps the newest checkpoint that verifies
-                enable_async_checkpointing=async_save,
-                create=create,
-            ),
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None,  # retention is `_retain`'s: it keeps the newest checkpoint that verifies
+            enable_async_checkpointing=async_save,
+            create=create,
+        )
+        self._mngr = relisted(
+            lambda: ocp.CheckpointManager(
+                self.directory.absolute(), item_names=("state", "meta"), options=options
+            )
         )
         #: ``ckpt/...`` metrics of the last successful restore (saved/restored main norm and their ratio).
         self.last_restore: dict[str, float] = {}
@@ -190,8 +210,11 @@ class Checkpointer(RetentionAndFallback):
         return self._committed()
 
     def _committed(self) -> list[int]:
-        self._mngr.reload()
-        return sorted(s for s in self._mngr.all_steps() if (self.directory / str(s)).is_dir())
+        def once() -> list[int]:
+            self._mngr.reload()
+            return sorted(s for s in self._mngr.all_steps() if (self.directory / str(s)).is_dir())
+
+        return relisted(once)
 
     def latest_step(self) -> int | None:
         """Newest committed checkpoint, or None. ``*.orbax-checkpoint-tmp`` folders are never picked."""
@@ -203,6 +226,20 @@ class Checkpointer(RetentionAndFallback):
         self._mngr.wait_until_finished()
         out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(out["meta"])
+
+    def meta_unless_pruned(self, step: int) -> dict[str, Any] | None:
+        """`read_meta`, or None where checkpoint ``step`` was removed while it was read (a live trainer's
+        retention): a reader on a live run (`trace`, `bisect`) raised a KeyError ("Item meta was not
+        found"), a FileNotFoundError or "Found incomplete checkpoint", and lost what it had computed."""
+        try:
+            return self.read_meta(step)
+        except (KeyError, OSError, ValueError):
+            deadline = time.monotonic() + PRUNE_WAIT_S  # a removal under way ends in milliseconds
+            while time.monotonic() < deadline:
+                if step not in self._committed():
+                    return None
+                time.sleep(0.05)
+            raise
 
     def read_arrays(self, step: int, specs: list | None = None) -> dict[str, np.ndarray]:
         """Every saved leaf of checkpoint `step` as numpy, keyed by its recorded path (e.g.
