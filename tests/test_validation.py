@@ -83,6 +83,17 @@ INVALID = [
          "--objective.lejepa.span-ratio", "0.99"],
         "--objective.lejepa.span-ratio 0.99: must hide some but not all of the 8 spans of 4 time tokens",
     ),  # fmt: skip
+    (  # none hidden was one hidden, without a word: 0.01, 0.05 and 0.1 trained one recipe
+        ["--objective.lejepa.span-weight", "1", "--model.predictor-depth", "1",
+         "--objective.lejepa.span-ratio", "0.05"],
+        "--objective.lejepa.span-ratio 0.05: must hide some but not all of the 8 spans of 4 time tokens "
+        "(round(ratio * 8) of them: 1 at 0.125)",
+    ),  # fmt: skip
+    # Mixed with itself: a fixed gain (in a virtual shard of one, the same), without a word.
+    (["--data.batch-size", "1", "--augment.mix-prob", "0.5"],
+     "--augment.mix-prob 0.5: mixes in another recording of the batch, and a batch of 1 has none"),
+    (["--data.batch-size", "4", "--train.virtual-shards", "4", "--augment.mix-prob", "1"],
+     "a batch of 1 per virtual shard (--train.virtual-shards 4) has none"),
     # Options the run would ignore, exit 0, config.json recording them as given.
     (["--objective.kind", "mae", "--data.n-views", "1", "--objective.lejepa.lam", "0.9"],
      "--objective.lejepa.lam 0.9: is an option of --objective.kind lejepa; this run trains mae"),

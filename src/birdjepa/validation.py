@@ -401,6 +401,13 @@ def _check_virtual_shards(cfg: PretrainConfig) -> None:
     if shards and cfg.data.batch_size % shards:
         batch = cfg.data.batch_size
         raise OptionError("train.virtual_shards", shards, f"must divide --data.batch-size ({batch})")
+    # The background mix takes the batch's next recording (the clips a loss sees: a virtual shard's): in a
+    # batch of one, each clip's own view, a fixed gain of log1p(10^(dB/10)), without a word.
+    rows = cfg.data.batch_size // (shards or 1)
+    if cfg.augment.mix_prob > 0 and rows == 1:
+        per = f" per virtual shard (--train.virtual-shards {shards})" if shards else ""
+        raise OptionError("augment.mix_prob", cfg.augment.mix_prob, f"mixes in another recording of the "
+                          f"batch, and a batch of 1{per} has none: a batch of 2 or more, or 0")  # fmt: skip
     if shards and cfg.model.proj_norm == "batch":  # its statistics would be a shard's, not the batch's
         raise OptionError("train.virtual_shards", shards, "needs --model.proj-norm layer (batch statistics)")
 

@@ -118,8 +118,10 @@ class LeJepaConfig(Options):
             yield "span_tokens", self.span_tokens, f"must divide the {time_tokens} time tokens"
         elif self.span_weight:  # the predictor works from the spans left: all hidden, it has nothing
             spans = time_tokens // self.span_tokens
-            if max(1, round(self.span_ratio * spans)) >= spans:
-                what = f"must hide some but not all of the {spans} spans of {self.span_tokens} time tokens"
+            # None hidden was one hidden, without a word: 0.01, 0.05 and 0.1 of 8 spans trained one recipe.
+            if not 1 <= round(self.span_ratio * spans) < spans:
+                what = (f"must hide some but not all of the {spans} spans of {self.span_tokens} time tokens "
+                        f"(round(ratio * {spans}) of them: 1 at {1 / spans:g})")  # fmt: skip
                 yield "span_ratio", self.span_ratio, what
         if self.local_views and (self.local_frames % m.patch or self.local_frames > m.n_frames):
             allowed = f"must be a multiple of --model.patch ({m.patch}) and at most {m.n_frames} frames"

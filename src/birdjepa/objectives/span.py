@@ -22,8 +22,9 @@ Array = jax.Array
 
 def span_mask(key: Array, lead: tuple[int, ...], grid: tuple[int, int], span: int, ratio: float) -> Array:
     """``[*lead, N]`` booleans (True = hidden) over a time-major token grid ``(n_time, n_freq)``: the
-    time side cut into spans of ``span`` tokens, ``round(ratio * spans)`` of them (at least one)
-    hidden in each sample, every mel patch of a hidden time step with it."""
+    time side cut into spans of ``span`` tokens, ``round(ratio * spans)`` of them (at least one; the
+    options refuse a ratio that rounds to none) hidden in each sample, every mel patch of a hidden time
+    step with it."""
     n_time, n_freq = grid
     if n_time % span:
         raise ValueError(f"span of {span} tokens does not divide the {n_time} time tokens")
