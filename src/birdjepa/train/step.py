@@ -248,8 +248,8 @@ def make_update(tx: optax.GradientTransformation, *, clip_norm: float = 0.0) -> 
             metrics["train/update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_params, params))
             metrics["train/update_count"] = update_count(new_opt_state)
             metrics["train/accum_progress"] = accumulation_progress(new_opt_state)
-        with jax.named_scope("monitor"):
-            stats = maybe_update_stats(check, grads, params, new_params)
+        with jax.named_scope("monitor"):  # a skipped update moved nothing: no check (every parameter
+            stats = maybe_update_stats(check & finite, grads, params, new_params)  # read as frozen)
         out = new_params, new_opt_state, metrics, stats, {"finite": finite, "bad": bad}
         if record is None:
             return out
