@@ -47,7 +47,7 @@ from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
-from birdjepa.rundir.metrics_log import log_damage, lost_checkpoint
+from birdjepa.rundir.metrics_log import log_damage, logged_restart, lost_checkpoint
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
@@ -319,6 +319,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         if earlier is not None:
             print(f"WARNING {cfg.run_dir} holds no checkpoint to resume, so this start begins at step 0; the "
                   f"log of an earlier start there is kept as {earlier}", flush=True)  # fmt: skip
+    if meta is not None:  # a segment that saved nothing was a resume too: counted from the log
+        restart = max(r.state.restart, logged_restart(layout.metrics_file(cfg.run_dir)) + 1)
+        r = r.with_state(restart=restart)
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.fns.place(r.state)
     for fallback in ckpt.fallbacks:

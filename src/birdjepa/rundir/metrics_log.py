@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
@@ -203,6 +204,22 @@ def log_damage(path: Path, checkpoint: int, slack: int) -> str | None:
                 f"{checkpoint}: the log lost rows (emptied, removed or replaced); compare will lack "
                 "them")  # fmt: skip
     return None
+
+
+#: How `MetricsLog` writes a line's restart (``{"step": 3, "restart": 1, ...}``, an event's alike).
+_RESTART = re.compile(rb'"restart": (\d+)')
+
+
+def logged_restart(path: Path) -> int:
+    """The highest ``restart`` any line of the log at ``path`` holds (-1: none). A segment killed before
+    its first save logged rows under the restart its checkpoint gave, and the next resume, from the same
+    checkpoint, logged the same number: two segments that no field told apart. Read as bytes (a long
+    run's log is hundreds of MB), not parsed."""
+    try:
+        found = _RESTART.findall(path.read_bytes())
+    except FileNotFoundError:
+        return -1
+    return max(map(int, found), default=-1)
 
 
 def lost_checkpoint(run_dir: Path, checkpoint: int) -> str | None:
