@@ -379,8 +379,18 @@ def test_allowed_config_change_passes_the_config_check_loudly(
     assert (
         "RESUME_CHECK name=config ok=True expected=breaking_changes_allowed got=data.batch_size:8->16" in out
     )
-    # The batch stream itself cannot continue at another batch size: that still stops the run.
+    # The batch stream itself cannot continue at another batch size: that still stops the run, saying so
+    # (it said "Fix the cause", where the flag's help promised batch size, seed and data).
     assert not row.checks["loader_state"] and row.exit_code == exit_codes.RESUME_CHECK
+    assert (
+        "Nothing was trained. The options changed (data.batch_size:8->16) lay out the data stream or the "
+        "step keys, which cannot change within a run, --allow-config-change neither (warned past, the data "
+        "starts over at its first batch): train the change in a new run, or pass --resume-checks warn"
+    ) in out
+    # Warned past, the stream started over at its first batch, exit 0, and nothing said so.
+    warned = dataclasses.replace(allowed, resume_checks="warn")
+    assert resume_with(warned, "batch_size_change", RESUME_AT).exit_code == 0
+    assert "continuing; the data starts over at its first batch" in capsys.readouterr().out
 
 
 def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, tmp_path: Path) -> None:

@@ -295,6 +295,14 @@ def test_a_stop_at_a_step_the_run_has_trained_is_refused_with_nothing_written(
     for flag, value in (("--max-skips", "3"), ("--optim.decay-fraction", "0.4")):
         code, err = pretrain_exit(capsys, *run, flag, value)
         assert code == 2 and err.startswith(f"error: {flag} {value}: "), err
+    # --steps shrunk to where the run stands, allowed: "already finished", exit 0, nothing recorded, and
+    # the next bare start trained on to the checkpoint's --steps.
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", *run[:-4], "--steps", "2", "--eval-every", "0", "--allow-config-change"])
+    assert e.value.code == 65
+    ended = "ERROR: run r has trained through step 1, and --steps 2 would end it there: a run is not ended"
+    assert f"{ended} at a step it trained (its checkpoint holds --steps 4," in capsys.readouterr().out
     assert {
         p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file() and p.name != "lease"
     } == written

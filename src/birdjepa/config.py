@@ -173,11 +173,13 @@ class PretrainConfig:
     """After a restore, before the first update: error stops the run when a resume check fails; warn
     reports it (RESUME_CHECK lines, resume/... metrics) and goes on."""
     allow_config_change: bool = False
-    """Resume even though breaking options (batch size, seed, data, model, optimizer, schedule, steps)
-    changed: the config check passes (saying what changed), the LR check accepts a new schedule, and the
-    next step's loss and gradients, recorded under the old options, are not compared where a change
-    moves them (all but the optimizer's). The run is then no longer exact; the checks of the state
-    itself still apply."""
+    """Resume even though breaking options (the optimizer, the schedule, steps, the objective's weights,
+    augmentation, model options the state's shape allows) changed: the config check passes (saying what
+    changed), the LR check accepts a new schedule, and the next step's loss and gradients, recorded under
+    the old options, are not compared where a change moves them (all but the optimizer's). The run is
+    then no longer exact; the checks of the state itself still apply, so options that lay out the data
+    stream or the step keys (batch size, seed, --prng, shuffling, views, features) and the gradient
+    accumulation still cannot change within a run."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A step whose loss or gradients hold NaN or inf is never applied. stop: end the run
     there, before anything is saved (exit 70; the last checkpoint is finite); skip: leave params,

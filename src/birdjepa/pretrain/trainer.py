@@ -189,12 +189,22 @@ class Trainer:
         """A start of a finished run: 0 (nothing to do), or `RESUME_CHECK` where options that change the run
         were given (an edited sweep config said "nothing to do", exit 0, as if it had run)."""
         _, breaking = resume_check.config_diff(meta["config"], self.config)
-        if not breaking or self.cfg.allow_config_change:
-            return 0
         # Its checkpoint may be a stop before its own end (--steps given below it): not "finished".
-        last = state.step - 1
-        done = (f"finished at step {last}" if state.step >= meta["config"].get("steps", state.step) else
-                f"has trained through step {last}, --steps {self.cfg.steps} ends it there,")  # fmt: skip
+        last, finished = state.step - 1, state.step >= meta["config"].get("steps", state.step)
+        if not breaking or (self.cfg.allow_config_change and finished):
+            return 0
+        if self.cfg.allow_config_change:  # "already finished", exit 0: nothing recorded it, and the next
+            saved = meta["config"].get("steps")  # bare start trained on to the checkpoint's --steps
+            print(f"ERROR: run {self.cfg.run} has trained through step {last}, and --steps {self.cfg.steps} "
+                  f"would end it there: a run is not ended at a step it trained (its checkpoint holds "
+                  f"--steps {saved}, which the next start trains on). Give --steps above {last + 1}, or "
+                  f"another --run; exit {exit_codes.RESUME_CHECK}", flush=True)  # fmt: skip
+            return exit_codes.RESUME_CHECK
+        done = (
+            f"finished at step {last}"
+            if finished
+            else f"has trained through step {last}, --steps {self.cfg.steps} ends it there,"
+        )
         print(f"ERROR: run {self.cfg.run} {done} with other options than these ({','.join(breaking)}): "
               "nothing was trained with them. Give another --run, or leave them out; exit "
               f"{exit_codes.RESUME_CHECK}", flush=True)  # fmt: skip
@@ -262,8 +272,9 @@ class Trainer:
             got = {r.name: r.got for r in results if not r.ok}  # what each found: the log says what changed
             self.log.event("resume_check_failed", step, failed=failed, got=got, action=cfg.resume_checks)
         if not failed or cfg.resume_checks == "warn":
-            if failed:
-                print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing", flush=True)
+            if failed:  # a loader that refused its state starts the data over: said, not found by compare
+                over = "; the data starts over at its first batch" if "loader_state" in failed else ""
+                print(f"WARNING: resume checks failed: {', '.join(failed)}; continuing{over}", flush=True)
             # Allowed, or taken past a failed check (--resume-checks warn: no event, and `trace` of the
             # steps after said the run itself was wrong).
             allowed = next((r.got for r in results if r.expected == resume_check.BREAKING_ALLOWED
@@ -272,6 +283,7 @@ class Trainer:
                 self.log.event("config_changed", step, changes=allowed.split(","), before=meta["config"])
             return 0
         changed = next((r.got for r in results if r.name == "config" and not r.ok), None)
+        allowed = next((r.got for r in results if r.expected == resume_check.BREAKING_ALLOWED), None)
         # A run extended or retuned on purpose (--steps 800 after 600) is the common case.
         if changed is not None:
             how = (f"Options that change the run were given ({changed}): pass --allow-config-change to train "
@@ -280,6 +292,11 @@ class Trainer:
             how = (f"The data changed since checkpoint {step - 1} (the dataset line names the shards "
                    "where it knows them): resume on the data it trained on, or train this data in a new "
                    "run")  # fmt: skip
+        elif allowed is not None and set(failed) <= {"loader_state", "next_batch", "prng"}:
+            # Allowed, and still "fix the cause": the flag's help promised batch size, seed and data.
+            how = (f"The options changed ({allowed}) lay out the data stream or the step keys, which cannot "
+                   "change within a run, --allow-config-change neither (warned past, the data starts over "
+                   "at its first batch): train the change in a new run")  # fmt: skip
         else:
             how = "Fix the cause"
         print(
