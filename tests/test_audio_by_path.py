@@ -156,3 +156,26 @@ def test_a_plain_column_of_paths_reads_like_the_struct(birdset_task: Path, tmp_p
     assert_same(
         batches([str(by_struct)], **eval_mode), batches([str(tmp_path / "plain" / shard.name)], **eval_mode)
     )
+
+
+def test_a_resume_refused_for_audio_copied_without_its_times_says_the_times_count(
+    birdset_task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Audio copied to node-local disk with `cp -r` (the same bytes, new times): "the data changed", where
+    # nothing named the times, and the advice (warn) trained on another batch stream.
+    from birdjepa.cli import main
+
+    train_shard_by_path(birdset_task, tmp_path / "data")
+    run = ["pretrain", "--run", "r", "--log.runs-dir", str(tmp_path / "runs"), "--data.train",
+           str(tmp_path / "data"), "--steps", "4", "--eval-every", "0", "--data.batch-size", "4"]  # fmt: skip
+    assert main([*run, "--stop-at-step", "1"]) is None
+    for audio in (tmp_path / "data" / "audio").rglob("*"):
+        if audio.is_file():
+            os.utime(audio, ns=(audio.stat().st_atime_ns, audio.stat().st_mtime_ns + 1_000_000_000))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(run)
+    assert e.value.code == 65
+    assert ("The data changed since checkpoint 1 (audio read by path counts its files' sizes and "
+            "modification times: a copy that did not keep the times, cp -r where cp -a or rsync -a keeps "
+            "them, reads as changed)") in capsys.readouterr().out  # fmt: skip

@@ -209,10 +209,10 @@ def test_an_option_that_shapes_the_state_changed_at_a_resume_is_named(
     shutil.copytree(straight, tmp_path / "copy")
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["pretrain", "--run", "copy", "--log.runs-dir", str(tmp_path), "--optim.grad-accum", "2"])
+        main(["pretrain", "--run", "copy", "--log.runs-dir", str(tmp_path), "--optim.name", "muon"])
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
     assert e.value.code == exit_codes.RESUME_CHECK and len(line) < 600, line
-    said = "ERROR: cannot resume: the options optim.grad_accum:1->2 changed since checkpoint 5"
+    said = "ERROR: cannot resume: the options optim.name:adamw->muon changed since checkpoint 5"
     assert line.startswith(said), line
 
 

@@ -89,6 +89,29 @@ def test_a_segment_killed_before_its_first_save_is_counted_by_the_next_resume(
     assert {r["restart"] for r in rows if r["step"] == 3} == {2}
 
 
+def test_a_resume_says_when_its_checkpoints_are_another_run_s(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Another run's checkpoints copied in (seed 1 into a run of seed 0): every resume check passed, exit 0,
+    # and the log then held the steps of two runs as one (compare: max_abs_diff 3e9).
+    import shutil
+
+    for run, seed in (("mine", "0"), ("other", "1")):
+        assert train(demo_dir, tmp_path, run, "--stop-at-step", "1", "--seed", seed) == 0
+    shutil.rmtree(tmp_path / "mine" / "checkpoints")
+    shutil.copytree(tmp_path / "other" / "checkpoints", tmp_path / "mine" / "checkpoints")
+    capsys.readouterr()
+    assert train(demo_dir, tmp_path, "mine", "--stop-at-step", "2", "--seed", "1") == 0
+    out = capsys.readouterr().out
+    said = f"WARNING {tmp_path / 'mine' / METRICS_FILE}'s row of step 1 is not what checkpoint 1 recorded"
+    assert said in out and "the checkpoints or the log are another run's (copied in?)" in out, out
+    assert [e["step"] for e in read_metrics(tmp_path / "mine") if e.get("event") == "other_history"] == [2]
+    # Its own checkpoint: nothing said.
+    assert train(demo_dir, tmp_path, "other", "--stop-at-step", "2", "--seed", "1") == 0
+    assert "is not what checkpoint" not in capsys.readouterr().out
+    assert not [e for e in read_metrics(tmp_path / "other") if e.get("event") == "other_history"]
+
+
 def cut_first_line(log: Path) -> None:
     first, rest = log.read_bytes().split(b"\n", 1)
     log.write_bytes(first[:40] + b"\n" + rest)

@@ -47,7 +47,7 @@ from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
-from birdjepa.rundir.metrics_log import log_damage, logged_restart, lost_checkpoint
+from birdjepa.rundir.metrics_log import log_damage, logged_restart, lost_checkpoint, other_history
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
@@ -339,6 +339,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         if lost is not None:
             print(f"WARNING {lost}", flush=True)
             t.log.event("checkpoint_missing", state.step, why=lost)
+        log = layout.metrics_file(cfg.run_dir)
+        if (other := other_history(log, state.step - 1, meta.get("last_metrics", {}))) is not None:
+            print(f"WARNING {other}", flush=True)
+            t.log.event("other_history", state.step, why=other)
     if meta is not None and state.step < cfg.steps:  # a finished run's start resumes nothing: no event
         # n_devices: what trained the steps from here (trace and bisect re-execute them on as many).
         resumed = {"checkpoint": state.step - 1, "n_devices": t.n_devices, **ckpt.last_restore}

@@ -289,7 +289,12 @@ class Trainer:
             how = (f"Options that change the run were given ({changed}): pass --allow-config-change to train "
                    "on under them (the run is then no longer exact), or leave them out")  # fmt: skip
         elif "dataset" in failed:
-            how = (f"The data changed since checkpoint {step - 1} (the dataset line names the shards "
+            # Audio copied with `cp -r` (new times, same bytes) read as "the data changed", and nothing
+            # named the times: a copy to node-local disk is the common case.
+            times = (" (audio read by path counts its files' sizes and modification times: a copy that did "
+                     "not keep the times, cp -r where cp -a or rsync -a keeps them, reads as changed)"
+                     if loader.reads_audio_by_path else "")  # fmt: skip
+            how = (f"The data changed since checkpoint {step - 1}{times} (the dataset line names the shards "
                    "where it knows them): resume on the data it trained on, or train this data in a new "
                    "run")  # fmt: skip
         elif allowed is not None and set(failed) <= {"loader_state", "next_batch", "prng"}:

@@ -222,6 +222,33 @@ def logged_restart(path: Path) -> int:
     return max(map(int, found), default=-1)
 
 
+def other_history(path: Path, checkpoint: int, recorded: Mapping[str, Any]) -> str | None:
+    """Why the log at ``path`` is not the history checkpoint ``checkpoint`` continues, in one line (None:
+    it is, or the log holds no row of that step to tell): its row of that step differs from what the
+    checkpoint recorded of it (``recorded``: its ``last_metrics``). Another run's checkpoints (or log)
+    copied into a run resumed it without a word, every resume check passing, and `compare` and `analyze`
+    then read two runs as one."""
+    pattern = b'"step": %d,' % checkpoint
+    lines = path.read_bytes().split(b"\n") if path.exists() and recorded else []
+    rows = map(_json_or_none, reversed([x for x in lines if pattern in x]))  # the newest row of the step
+    row = next((r for r in rows if isinstance(r, dict) and "event" not in r and r.get("step") == checkpoint),
+               None)  # fmt: skip
+    differ = sorted(k for k in recorded if row is not None and k in row and _plain(recorded[k]) != row[k])
+    if not differ:
+        return None
+    k = differ[0]
+    return (f"{path}'s row of step {checkpoint} is not what checkpoint {checkpoint} recorded of it ({k}: "
+            f"logged {row[k]}, checkpointed {_plain(recorded[k])}): the checkpoints or the log are another "
+            "run's (copied in?), and compare and analyze will read the two as one run")  # fmt: skip
+
+
+def _json_or_none(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
 def lost_checkpoint(run_dir: Path, checkpoint: int) -> str | None:
     """Why a resume from ``checkpoint`` retrains steps the run had saved, in one line (None: it does
     not): the log's newest `stop` event (written once that step's checkpoint was on disk) is past it,
