@@ -205,5 +205,29 @@ def test_a_start_that_sets_an_earlier_start_s_log_aside_sets_its_wandb_id_aside(
     first = run_id(tmp_path, "r")
     (tmp_path / METRICS_FILE).write_text('{"step": 0, "restart": 0, "time": 1.0}\n')
     assert set_aside_log(tmp_path) == tmp_path / "metrics.earlier-1.jsonl"
-    assert (tmp_path / "wandb_id.earlier-1").read_text().strip() == first
+    assert (tmp_path / "wandb_id.earlier-1").read_text().split()[0] == first
     assert run_id(tmp_path, "r") != first
+
+
+def test_a_copied_run_folder_mirrors_to_its_own_wandb_id_and_a_moved_one_keeps_its(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `cp -r run run-lowlr`, both resumed: both histories went to one wandb run.
+    import shutil
+
+    from birdjepa.pretrain.wandb_mirror import run_id
+
+    (tmp_path / "a").mkdir()
+    first = run_id(tmp_path / "a", "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    copied = run_id(tmp_path / "copy", "a")
+    assert copied != first and run_id(tmp_path / "copy", "a") == copied
+    assert (
+        f"WARNING {tmp_path / 'copy'} is a copy of the run folder {tmp_path / 'a'}, which mirrors to "
+        f"wandb run {first}: this copy mirrors to a new one, {copied}" in capsys.readouterr().out
+    )
+    assert run_id(tmp_path / "a", "a") == first  # the original keeps its own
+    (tmp_path / "a").rename(tmp_path / "moved")  # moved: the same run, the same id
+    assert run_id(tmp_path / "moved", "a") == first
+    (tmp_path / "link").symlink_to(tmp_path / "moved")  # another path to the same folder
+    assert run_id(tmp_path / "link", "a") == first and "WARNING" not in capsys.readouterr().out

@@ -352,7 +352,7 @@ def test_resume_on_another_device_count_with_the_wandb_mirror(demo_dir: Path, tm
     run_dir = tmp_path / "d"
     assert sorted(metrics_by_step(run_dir)) == list(range(STEPS))
 
-    run_id = (run_dir / "wandb_id").read_text().strip()
+    run_id = (run_dir / "wandb_id").read_text().split()[0]  # the id, then the folder it was made in
     segments = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb"))
     assert len(segments) == 2  # one per process, one wandb id: `wandb sync` joins them
     mirrored = b"".join(p.read_bytes() for p in segments)

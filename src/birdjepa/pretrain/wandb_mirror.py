@@ -18,12 +18,34 @@ WandbMode = Literal["disabled", "offline", "online"]
 
 
 def run_id(run_dir: Path, run: str) -> str:
-    """The wandb id of this run directory, created on first use."""
+    """The wandb id of this run directory, created on first use, with the folder it was created in. A copy
+    of a run's folder (``cp -r``, to try another learning rate from its checkpoint) mirrors to a new id
+    once it finds the folder it was copied from still holding that id: both histories went to one wandb
+    run. A moved folder (the old one gone) and one reached by another path keep theirs."""
     path = run_dir / WANDB_ID_FILE
-    if not path.exists():
-        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in run)[:48]
-        path.write_text(f"{safe}-{secrets.token_hex(4)}\n")
-    return path.read_text().strip()
+    here = str(Path(run_dir).resolve())
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in run)[:48]
+    new = f"{safe}-{secrets.token_hex(4)}"
+    if path.exists():
+        kept, *made_in = [line.strip() for line in path.read_text().splitlines()]
+        origin = made_in[0] if made_in else None
+        if origin is None or origin == here or not _holds_apart(Path(origin) / WANDB_ID_FILE, path, kept):
+            if origin != here:  # an older file, or a moved folder: this one's from now on
+                path.write_text(f"{kept}\n{here}\n")
+            return kept
+        print(f"WARNING {run_dir} is a copy of the run folder {origin}, which mirrors to wandb run {kept}: "
+              f"this copy mirrors to a new one, {new} (one id took both histories)", flush=True)  # fmt: skip
+    path.write_text(f"{new}\n{here}\n")
+    return new
+
+
+def _holds_apart(other: Path, mine: Path, wandb_id: str) -> bool:
+    """``other`` is another file than ``mine`` (not the same folder by another path: a node's other
+    mount) and holds ``wandb_id``."""
+    try:
+        return not other.samefile(mine) and other.read_text().split()[:1] == [wandb_id]
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def open_run(
