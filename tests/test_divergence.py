@@ -121,6 +121,24 @@ def test_trace_of_a_step_that_does_not_re_execute_as_logged_exits_1(
     main(["trace", str(runs / "A"), "--step", "0", "--out", str(out)])  # equal: returns, exit 0
 
 
+def test_trace_of_a_run_whose_data_moved_says_how_to_replay_it(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A resume takes the data's new path; a replay reads the one the run recorded, and said only
+    # "cannot be read" (trace and bisect have no option for it).
+    copy = shutil.copytree(runs / "A", tmp_path / "A")
+    for meta_file in copy.glob("checkpoints/*/meta/metadata"):
+        meta = json.loads(meta_file.read_text())
+        meta["config"]["data"]["train"] = str(tmp_path / "moved")
+        rewrite_meta(meta_file, {k: v for k, v in meta.items() if k != "meta_crc"})
+    with pytest.raises(SystemExit) as e:
+        main(["trace", str(copy), "--step", "3", "--out", str(tmp_path / "t.npz")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{copy}: its train data cannot be read: " in err, err
+    assert err.endswith("(replays read the path the run recorded, from the folder it was started in: where "
+                        "the data moved, link it back there)\n"), err  # fmt: skip
+
+
 def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoint(runs: Path) -> None:
     t = trace_step(runs / "A", 3, repeat=2, keep=("params_out",))
     m = t.manifest

@@ -211,8 +211,10 @@ def open_at(
                 print(f"WARNING {e}: replaying from the checkpoint before it", flush=True)
             except checkpoint.CheckpointError as e:
                 raise ReplayError(str(e)) from e
-            except (DataError, FileNotFoundError) as e:
-                raise ReplayError(f"{run_dir}: its train data cannot be read: {e}") from e
+            except (DataError, FileNotFoundError) as e:  # moved since: said how to replay all the same
+                raise ReplayError(f"{run_dir}: its train data cannot be read: {e} (replays read the path "
+                                  "the run recorded, from the folder it was started in: where the data "
+                                  "moved, link it back there)") from e  # fmt: skip
             except ValueError as e:  # --train.virtual-shards that this process's devices do not divide
                 raise ReplayError(f"{where}: {e}") from e
         metas = {}
