@@ -370,3 +370,14 @@ def test_analyze_on_a_read_only_run_is_one_line_that_points_to_out(
     )
     main(["analyze", str(run), "--out", str(tmp_path / "figures")])
     assert (tmp_path / "figures" / "summary.md").is_file()
+
+
+def test_a_run_folder_that_is_a_symbolic_link_to_nowhere_is_said_so(tmp_path: Path) -> None:
+    # A link to a node's scratch folder that is gone, or a loop: "File exists ... Make it writable".
+    from birdjepa.rundir.lease import LeaseUnwritable
+
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for run in ("gone", "loop"):
+        with pytest.raises(LeaseUnwritable, match=r"\(a symbolic link to nowhere, or a loop\)"):
+            acquire(tmp_path / run)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import secrets
@@ -242,7 +243,10 @@ def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise LeaseUnwritable(f"cannot create the run directory {run_dir}: {e.strerror or e}") from None
+        # A symlink to a folder gone (a node's scratch) or a loop: "File exists ... make it writable".
+        looped = run_dir.is_symlink() or e.errno == errno.ELOOP
+        link = " (a symbolic link to nowhere, or a loop)" if looped else ""
+        raise LeaseUnwritable(f"cannot create the run directory {run_dir}{link}: {e.strerror or e}") from None
     try:
         return _hold(run_dir, run_dir / LEASE_FILE, wait_s, poll_s)
     except OSError as e:  # the lease and the marker are this process's first writes into the run
