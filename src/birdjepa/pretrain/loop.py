@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -247,24 +247,6 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
             lease.release()
 
 
-def group_hold(lease: Lease | None, run_dir: Path) -> Callable[[], None]:
-    """`Lease.check`, decided for every process together (a collective where there are several): process
-    0 alone holds the lease, and when it alone stopped, the others waited for it in their next
-    collective, and it for them in its exit, for ever."""
-
-    def hold() -> None:
-        lost = None
-        if lease is not None:
-            try:
-                lease.check()
-            except LeaseLost as e:
-                lost = e
-        if multihost.any_process(lost is not None):
-            raise lost or LeaseLost(run_dir, None, None)
-
-    return hold
-
-
 def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest) -> int:
     # Open: the data, the model, the compiled step, and the state: a fresh one, or the newest checkpoint.
     requested.run_dir.mkdir(parents=True, exist_ok=True)
@@ -305,7 +287,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     cfg, train_files = r.cfg, r.train_files
     # Before the writes into the run (here, after each step, before a save): this process may have been
     # stopped (a suspended job) long enough for another trainer to take the run over (`Lease.check`).
-    hold = group_hold(lease, cfg.run_dir)
+    hold = distributed.group_hold(lease, cfg.run_dir)
     hold()
     if cfg.stop_at_step is not None and cfg.stop_at_step < r.state.step:  # else it trained to the end
         ckpt.close()
@@ -525,7 +507,7 @@ def parse(args: Sequence[str]) -> PretrainConfig:
             print(f"error: another process of the group refused its options (its error says which); exit "
                   f"{exit_codes.USAGE}", file=sys.stderr, flush=True)  # fmt: skip
             raise SystemExit(exit_codes.USAGE)
-        same_checkpoints(cfg.run_dir)
+        distributed.same_checkpoints(cfg.run_dir)
     try:
         found = resumed_config(args, cfg, prog="birdjepa pretrain")
     except ConfigError as e:  # an option whose type changed: this birdjepa cannot take the run's value
@@ -544,21 +526,6 @@ def parse(args: Sequence[str]) -> PretrainConfig:
                   "from the checkpoint and the command line, not that file (a segment that trains rewrites "
                   "it); give a change on the command line", flush=True)  # fmt: skip
     return cfg
-
-
-def same_checkpoints(run_dir: Path) -> None:
-    """Exit 2 in every process of a group, in one line, unless each finds the same checkpoints in
-    ``run_dir`` (a collective). A run folder on each node's own disk under one name (a node-local
-    --log.runs-dir) trained its first segment, and the resume, read in one process alone, aborted the group
-    in gloo with a C++ stack."""
-    ckpts = layout.checkpoints(run_dir)
-    found = " ".join(sorted(p.name for p in ckpts.iterdir())) if ckpts.is_dir() else ""
-    differs = multihost.first_disagreement({"checkpoints": found})
-    if differs is not None:
-        print(f"error: the processes of the group find other {differs} in {run_dir}: it must be one "
-              "folder that every process reads (a shared file system, not a node's own disk)",
-              file=sys.stderr, flush=True)  # fmt: skip
-        raise SystemExit(exit_codes.USAGE)
 
 
 def cli(cfg: Annotated[PretrainConfig, tyro.conf.arg(name="")]) -> None:

@@ -6,7 +6,8 @@ with ``BIRDJEPA_NUM_PROCESSES``, ``BIRDJEPA_PROCESS_ID`` and ``BIRDJEPA_COORDINA
 equivalent, used by ``birdjepa sweep --local``). On CPU the collectives run over gloo.
 
 What the processes of a group do together once joined (their rows of the global batch, arrays to the
-host, agreeing on a flag) is `birdjepa.multihost`.
+host, agreeing on a flag) is `birdjepa.multihost`; what they agree on about the run's folder (its
+checkpoints, its lease) is here.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import errno
 import os
 import socket
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 import jax
 
-from birdjepa import exit_codes
+from birdjepa import exit_codes, multihost
+from birdjepa.rundir import layout
+from birdjepa.rundir.lease import Lease, LeaseLost
 
 
 def launched_tasks() -> int:
@@ -86,3 +91,36 @@ def _cannot_join(n: int, said: str, where: str) -> NoReturn:
         flush=True,
     )
     raise SystemExit(exit_codes.GROUP_BROKEN) from None
+
+
+def group_hold(lease: Lease | None, run_dir: Path) -> Callable[[], None]:
+    """`Lease.check`, decided for every process together (a collective where there are several): process
+    0 alone holds the lease, and when it alone stopped, the others waited for it in their next
+    collective, and it for them in its exit, for ever."""
+
+    def hold() -> None:
+        lost = None
+        if lease is not None:
+            try:
+                lease.check()
+            except LeaseLost as e:
+                lost = e
+        if multihost.any_process(lost is not None):
+            raise lost or LeaseLost(run_dir, None, None)
+
+    return hold
+
+
+def same_checkpoints(run_dir: Path) -> None:
+    """Exit 2 in every process of a group, in one line, unless each finds the same checkpoints in
+    ``run_dir`` (a collective). A run folder on each node's own disk under one name (a node-local
+    --log.runs-dir) trained its first segment, and the resume, read in one process alone, aborted the group
+    in gloo with a C++ stack."""
+    ckpts = layout.checkpoints(run_dir)
+    found = " ".join(sorted(p.name for p in ckpts.iterdir())) if ckpts.is_dir() else ""
+    differs = multihost.first_disagreement({"checkpoints": found})
+    if differs is not None:
+        print(f"error: the processes of the group find other {differs} in {run_dir}: it must be one "
+              "folder that every process reads (a shared file system, not a node's own disk)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(exit_codes.USAGE)
