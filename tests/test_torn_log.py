@@ -112,6 +112,22 @@ def test_a_resume_says_when_its_checkpoints_are_another_run_s(
     assert not [e for e in read_metrics(tmp_path / "other") if e.get("event") == "other_history"]
 
 
+def test_another_history_is_told_by_the_training_row_of_the_step_and_not_by_its_clocks(
+    tmp_path: Path,
+) -> None:
+    # The evaluation's row of a step, written after its training row, held no train/ value: the check
+    # never fired where a save met an evaluation (every default cadence). Two segments of one run that
+    # trained the step (a kill -9, then another --log-every) differ in their clocks only: a false alarm.
+    from birdjepa.rundir.metrics_log import other_history
+
+    rows = [{"step": 1, "restart": 0, "time": 1.0, "train/loss": 0.5, "train/step_time": 0.1},
+            {"step": 1, "restart": 0, "time": 2.0, "eval/knn_acc": 0.25}]  # fmt: skip
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    said = other_history(tmp_path / METRICS_FILE, 1, {"train/loss": 0.75, "train/step_time": 0.2})
+    assert said is not None and "(train/loss: logged 0.5, checkpointed 0.75)" in said, said
+    assert other_history(tmp_path / METRICS_FILE, 1, {"train/loss": 0.5, "train/step_time": 0.9}) is None
+
+
 def cut_first_line(log: Path) -> None:
     first, rest = log.read_bytes().split(b"\n", 1)
     log.write_bytes(first[:40] + b"\n" + rest)

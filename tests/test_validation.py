@@ -384,6 +384,31 @@ def test_another_gradient_accumulation_at_a_resume_is_refused_naming_it() -> Non
     validation.check(PretrainConfig(steps=24, optim=OptimConfig(grad_accum=2)), data=False, saved=saved)
 
 
+def test_a_combination_a_newer_check_refuses_goes_on_in_a_run_that_trained_with_it() -> None:
+    # A run that trained with a span ratio rounding to no span (or a mix in a batch of one) before those
+    # were refused: its requeue exited 2, and Slurm does not requeue that.
+    from birdjepa.config import AugmentConfig, DataConfig, ModelConfig, flatten, to_dict
+    from birdjepa.objectives.options import LeJepaConfig, ObjectiveConfig
+
+    span = PretrainConfig(
+        model=ModelConfig(predictor_depth=1),
+        objective=ObjectiveConfig(lejepa=LeJepaConfig(span_weight=1.0, span_ratio=0.05)),
+    )
+    mix = PretrainConfig(data=DataConfig(batch_size=1), augment=AugmentConfig(mix_prob=0.5))
+    for cfg, option in ((span, "span-ratio 0.05"), (mix, "mix-prob 0.5")):
+        with pytest.raises(OptionError, match=option):
+            validation.check(cfg, data=False)
+        validation.check(cfg, data=False, saved=flatten(to_dict(cfg)))  # it trained with them: goes on
+
+
+def test_a_verification_s_own_files_are_its_output_and_its_lease_s_leftovers() -> None:
+    from birdjepa.resume.verify import own_output
+
+    assert all(map(own_output, ["straight", "resumed", "verify.json", "lease.json", "lease.json.takeover",
+                                ".lease.json.0123456789abcdef"]))  # fmt: skip
+    assert not any(map(own_output, ["checkpoints", "metrics.jsonl", "config.json"]))
+
+
 def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", "--data.batch-size", "0"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)

@@ -200,9 +200,10 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
         raise OptionError("augment.pitch_bins", cfg.augment.pitch_bins, why)
     _check_loader(cfg)
     _check_model(cfg)
-    _check_objective(cfg)
+    _check_objective(cfg, trained_with(cfg, saved, ("objective.", "model.", "data.n_views")))
     _check_unused(cfg, saved)
-    _check_virtual_shards(cfg)
+    _check_virtual_shards(cfg, trained_with(cfg, saved, ("augment.mix_prob", "data.batch_size",
+                                                          "train.virtual_shards")))  # fmt: skip
     if data:
         check_data(cfg)
 
@@ -326,13 +327,23 @@ def _check_model(cfg: PretrainConfig) -> None:
         )  # fmt: skip
 
 
-def _check_objective(cfg: PretrainConfig) -> None:
+def trained_with(cfg: PretrainConfig, saved: Mapping[str, Any] | None, options: tuple[str, ...]) -> bool:
+    """The run resumes a checkpoint that trained with every option of ``cfg`` that ``options`` name (or
+    start with) as it is now: a combination a newer check refuses goes on there, or a requeue of a run
+    that trained for days would exit 2 (a span ratio rounding to no span, a mix in a batch of one)."""
+    if saved is None:
+        return False
+    now = flatten(to_dict(cfg))
+    return all(saved.get(k) == v for k, v in now.items() if k.startswith(options))
+
+
+def _check_objective(cfg: PretrainConfig, trained: bool = False) -> None:
     """The chosen objective's own combinations (`birdjepa.objectives.options.Options.problems`), and no
     option it would ignore: another objective's (``--objective.kind mae --objective.lejepa.lam 0.9``
     trained MAE, exit 0), or a model option it sets itself (supervised's projector is its classifier,
     MAE's has one layer; the class count is the data's), which config.json recorded as given."""
     kind = cfg.objective.kind
-    for option, value, allowed in cfg.objective.options.problems(cfg):
+    for option, value, allowed in () if trained else cfg.objective.options.problems(cfg):
         where = "data" if option == "n_views" else f"objective.{kind}"
         raise OptionError(f"{where}.{option}", value, allowed)
     for other in REGISTRY:
@@ -396,7 +407,7 @@ def _check_unused(cfg: PretrainConfig, saved: Mapping[str, Any] | None) -> None:
         raise OptionError(option, value, f"{why}: leave it out, or set what reads it")
 
 
-def _check_virtual_shards(cfg: PretrainConfig) -> None:
+def _check_virtual_shards(cfg: PretrainConfig, trained: bool = False) -> None:
     shards = cfg.train.virtual_shards
     if shards and cfg.data.batch_size % shards:
         batch = cfg.data.batch_size
@@ -404,7 +415,7 @@ def _check_virtual_shards(cfg: PretrainConfig) -> None:
     # The background mix takes the batch's next recording (the clips a loss sees: a virtual shard's): in a
     # batch of one, each clip's own view, a fixed gain of log1p(10^(dB/10)), without a word.
     rows = cfg.data.batch_size // (shards or 1)
-    if cfg.augment.mix_prob > 0 and rows == 1:
+    if cfg.augment.mix_prob > 0 and rows == 1 and not trained:
         per = f" per virtual shard (--train.virtual-shards {shards})" if shards else ""
         raise OptionError("augment.mix_prob", cfg.augment.mix_prob, f"mixes in another recording of the "
                           f"batch, and a batch of 1{per} has none: a batch of 2 or more, or 0")  # fmt: skip

@@ -179,7 +179,7 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     root = cfg.log.runs_dir / f"verify-{cfg.run}"
     # An earlier verification's output is started afresh (removed); anything else there is not ours: a
     # run named verify-X lost its checkpoints and log to `verify-resume --run X`, without a word.
-    if root.is_dir() and (others := sorted(p.name for p in root.iterdir() if p.name not in OWN_OUTPUT)):
+    if root.is_dir() and (others := sorted(p.name for p in root.iterdir() if not own_output(p.name))):
         print(f"error: verify-resume writes its two runs into {root}, which holds {', '.join(others[:3])}"
               f"{' ...' if len(others) > 3 else ''}, not an earlier verification's output: give another "
               f"--run or --log.runs-dir; nothing was touched; exit {exit_codes.USAGE}",
@@ -202,7 +202,13 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
 
 
 #: What a verification writes into its folder (`_verify`), and nothing else.
-OWN_OUTPUT = ("straight", "resumed", "verify.json", LEASE_FILE)
+OWN_OUTPUT = ("straight", "resumed", "verify.json")
+
+
+def own_output(name: str) -> bool:
+    """A verification's own file: its output, or its lease's (a takeover marker or a file written aside,
+    left by a process that died holding it)."""
+    return name in OWN_OUTPUT or name.startswith((LEASE_FILE, f".{LEASE_FILE}"))
 
 
 def _verify(opts: VerifyOptions, argv: Sequence[str], stops: list[Interruption], root: Path) -> int:

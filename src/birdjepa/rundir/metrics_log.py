@@ -230,13 +230,18 @@ def other_history(path: Path, checkpoint: int, recorded: Mapping[str, Any]) -> s
     then read two runs as one."""
     pattern = b'"step": %d,' % checkpoint
     lines = path.read_bytes().split(b"\n") if path.exists() and recorded else []
-    rows = map(_json_or_none, reversed([x for x in lines if pattern in x]))  # the newest row of the step
-    row = next((r for r in rows if isinstance(r, dict) and "event" not in r and r.get("step") == checkpoint),
-               None)  # fmt: skip
-    differ = sorted(k for k in recorded if row is not None and k in row and _plain(recorded[k]) != row[k])
+    # The newest training row of the step: an evaluation's row of the same step, written after it, holds
+    # no train/ value (the check never fired where a save met an evaluation: every default cadence's).
+    rows = map(_json_or_none, reversed([x for x in lines if pattern in x]))
+    row = next((r for r in rows if isinstance(r, dict) and "event" not in r and r.get("step") == checkpoint
+                and "train/loss" in r), None)  # fmt: skip
+    # Clocks differ between two segments that trained the step (a kill -9, then another --log-every):
+    # left out; the loss named first.
+    differ = sorted((k != "train/loss", k) for k in recorded if row is not None and k in row
+                    and k not in NOT_COMPARED and _plain(recorded[k]) != row[k])  # fmt: skip
     if not differ:
         return None
-    k = differ[0]
+    k = differ[0][1]
     return (f"{path}'s row of step {checkpoint} is not what checkpoint {checkpoint} recorded of it ({k}: "
             f"logged {row[k]}, checkpointed {_plain(recorded[k])}): the checkpoints or the log are another "
             "run's (copied in?), and compare and analyze will read the two as one run")  # fmt: skip
