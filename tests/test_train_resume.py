@@ -536,23 +536,26 @@ def test_a_group_stops_for_a_preemption_wherever_it_came_else_for_its_user() -> 
     assert group_stop([hup, ctrl_c]) == hup  # the lowest process's, where both are the user's
 
 
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGTERM, exit_codes.REQUEUE), (signal.SIGHUP, exit_codes.HUNG_UP)]
+)
 def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
-    demo_dir: Path, tmp_path: Path
+    demo_dir: Path, tmp_path: Path, sig: int, code: int
 ) -> None:
     # Before the loop's handler (a restore, a compile: minutes on a GPU) it killed the trainer without a
-    # word: exit -15, its lease left behind.
+    # word: exit -15, its lease left behind. A hang-up (an ssh session dropped) the same: exit -1.
     run = tmp_path / "early"
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", *pretrain_flags(demo_dir, tmp_path, "early")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # the trainer's first line, printed as the run opens, before the loop
         if line.startswith("devices="):
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             break
     out = proc.communicate(timeout=300)[0]
-    assert proc.returncode == exit_codes.REQUEUE, out
+    assert proc.returncode == code, out
     (stop,) = events(run, "stop")
-    assert stop["reason"] == f"signal {int(signal.SIGTERM)}"
+    assert stop["reason"] == f"signal {int(sig)}"
     assert Checkpointer(run).latest_step() == stop["step"]
     assert not (run / "lease.json").exists()
 

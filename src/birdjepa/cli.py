@@ -10,19 +10,21 @@ the subcommand's arguments instead.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
 from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, USAGE
 from birdjepa.host_memory import keep_for_reuse
+from birdjepa.slurm.distributed import launched_tasks
 from birdjepa.train.determinism import deterministic_xla, overridden_flags
 
 CommandTarget = str | Callable[..., Any]
@@ -90,6 +92,19 @@ def fewer_collections() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
+def out_now(argv: Sequence[str] | None, code: int) -> NoReturn:
+    """Exit ``code`` after a Ctrl-C: at once in a process of its own (``argv`` None) and alone (not one of
+    a group, whose shutdown the others wait for), past the interpreter's teardown. There, jaxlib's
+    module freed with the interrupted traceback's frames segfaulted (exit -11 after "exit 130", in
+    evaluate and benchmark), and a compile still running on a thread aborted (exit -6)."""
+    if argv is None and launched_tasks() <= 1:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    raise SystemExit(code) from None
+
+
 def main(argv: Sequence[str] | None = None) -> Any:
     """Entry point of the `birdjepa` console script (``argv`` None: the command line's)."""
     fewer_collections()
@@ -116,7 +131,11 @@ def main(argv: Sequence[str] | None = None) -> Any:
     except KeyboardInterrupt:  # a 40-line traceback for a stop asked for (the commands that save say more)
         name = f" {args[0]}" if args and args[0] in COMMANDS else ""
         print(f"birdjepa{name}: interrupted; exit {INTERRUPTED}", file=sys.stderr, flush=True)
-        raise SystemExit(INTERRUPTED) from None
+        out_now(argv, INTERRUPTED)
+    except SystemExit as e:  # pretrain's own Ctrl-C exits
+        if e.code == INTERRUPTED:
+            out_now(argv, INTERRUPTED)
+        raise
     except BrokenPipeError:  # `| head` closed the pipe: a traceback, then another at exit's flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(PIPE_CLOSED) from None

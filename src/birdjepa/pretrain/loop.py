@@ -158,11 +158,13 @@ def pretrain(cfg: PretrainConfig) -> int:
     # A preemption while the run opens (a restore, a compile: minutes on a GPU) killed it without a word
     # (exit -15, its lease left): recorded from here, it stops the run after its first step, saved. A
     # Ctrl-C stays immediate until the loop: nothing is trained yet.
-    # In a group, a Ctrl-C (or a hang-up) too: one process out at once left the others in a collective,
-    # which aborted them 300 s later with a C++ stack.
+    # A hang-up too (an ssh session dropped: the process died, exit -1, its lease left). In a group, a
+    # Ctrl-C too: one process out at once left the others in a collective, which aborted them 300 s
+    # later with a C++ stack.
     group = jax.process_count() > 1
     stop = StopRequest(
-        (signal.SIGTERM, signal.SIGUSR1, *(USER_SIGNALS if group else ())), speaks=multihost.is_main()
+        (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, *((signal.SIGINT,) if group else ())),
+        speaks=multihost.is_main(),
     )
     try:
         return _held(cfg, stop)
