@@ -152,22 +152,33 @@ def test_a_ctrl_c_in_any_command_is_one_line_and_exit_130(
     assert e.value.code == 130 and capsys.readouterr().err == "birdjepa benchmark: interrupted; exit 130\n"
 
 
-def test_a_ctrl_c_in_a_command_s_own_process_exits_past_the_interpreter_s_teardown() -> None:
-    # There, jaxlib's module freed with the interrupted traceback's frames segfaulted: "exit 130", then
-    # exit -11 (evaluate, benchmark: 5 of 7 Ctrl-Cs while they embedded); a second Ctrl-C during
-    # pretrain's first compile aborted (exit -6) in the compile's thread. An atexit hook stands for the
-    # teardown: it does not run.
+def a_command_that(does: str) -> subprocess.CompletedProcess:
+    """`birdjepa benchmark` in a process of its own, its work replaced by ``does`` (a statement), with an
+    atexit hook that prints TEARDOWN: it stands for the interpreter's teardown."""
     code = (
-        "import atexit, sys, birdjepa.cli as cli\n"
+        "import atexit, os, signal, sys, time, birdjepa.cli as cli\n"
         "atexit.register(lambda: print('TEARDOWN', flush=True))\n"
-        "def interrupted():\n    raise KeyboardInterrupt\n"
-        "cli.resolve = lambda _target: interrupted\n"
+        f"def work():\n    {does}\n"
+        "cli.resolve = lambda _target: work\n"
         "sys.argv = ['birdjepa', 'benchmark']\n"
         "cli.main()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_a_ctrl_c_in_a_command_s_own_process_exits_past_the_interpreter_s_teardown() -> None:
+    # There, jaxlib's module freed with the interrupted traceback's frames segfaulted: "exit 130", then
+    # exit -11 (evaluate, benchmark: 5 of 7 Ctrl-Cs while they embedded); a second Ctrl-C during
+    # pretrain's first compile aborted (exit -6) in the compile's thread.
+    done = a_command_that("raise KeyboardInterrupt")
     assert done.returncode == 130 and done.stderr == "birdjepa benchmark: interrupted; exit 130\n", done
     assert "TEARDOWN" not in done.stdout
+    # A SIGTERM (`scancel`) to a command that does not save: it died without a word, exit -15, and
+    # evaluate's lease of the run was left to go stale.
+    done = a_command_that("os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
+    assert done.returncode == 143 and done.stderr == "birdjepa benchmark: terminated (SIGTERM); exit 143\n", (
+        done
+    )
 
 
 def test_a_reader_that_closes_the_pipe_ends_a_command_quietly_with_the_shell_s_code(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import errno
 import gc
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -22,7 +23,7 @@ from typing import Any, NoReturn
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
-from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, USAGE
+from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, TERMINATED, USAGE
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.slurm.distributed import launched_tasks
 from birdjepa.train.determinism import deterministic_xla, overridden_flags
@@ -92,6 +93,16 @@ def fewer_collections() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
+class Terminated(BaseException):
+    """A SIGTERM (`kill PID`, `scancel`) to a command that does not save: raised where it runs, so that
+    what it holds is let go (evaluate's lease of the run) and it ends in one line. It died without a
+    word, its lease left to go stale (60 s on another host)."""
+
+
+def _terminated(_sig: int, _frame: Any) -> None:
+    raise Terminated
+
+
 def out_now(argv: Sequence[str] | None, code: int) -> NoReturn:
     """Exit ``code`` after a Ctrl-C: at once in a process of its own (``argv`` None) and alone (not one of
     a group, whose shutdown the others wait for), past the interpreter's teardown. There, jaxlib's
@@ -124,14 +135,19 @@ def main(argv: Sequence[str] | None = None) -> Any:
               file=sys.stderr, flush=True)  # fmt: skip
     if sys.stdout is None:  # closed by the caller (`>&-`): a command's work done, then a traceback, exit 1
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    if argv is None:  # pretrain, sweep and verify-resume set their own while they run
+        signal.signal(signal.SIGTERM, _terminated)
+    name = f" {args[0]}" if args and args[0] in COMMANDS else ""
     try:
         result = _run(args)
         sys.stdout.flush()  # here, not at exit: a pipe closed early fails in this try, not after it
         return result
     except KeyboardInterrupt:  # a 40-line traceback for a stop asked for (the commands that save say more)
-        name = f" {args[0]}" if args and args[0] in COMMANDS else ""
         print(f"birdjepa{name}: interrupted; exit {INTERRUPTED}", file=sys.stderr, flush=True)
         out_now(argv, INTERRUPTED)
+    except Terminated:
+        print(f"birdjepa{name}: terminated (SIGTERM); exit {TERMINATED}", file=sys.stderr, flush=True)
+        out_now(argv, TERMINATED)
     except SystemExit as e:  # pretrain's own Ctrl-C exits
         if e.code == INTERRUPTED:
             out_now(argv, INTERRUPTED)
@@ -143,7 +159,6 @@ def main(argv: Sequence[str] | None = None) -> Any:
         platforms = os.environ.get("JAX_PLATFORMS", "")
         if not platforms or not _no_backend():
             raise
-        name = f" {args[0]}" if args and args[0] in COMMANDS else ""
         print(f"birdjepa{name}: error: $JAX_PLATFORMS={platforms!r}: no such backend on this machine (a "
               "job on another partition's nodes?); unset it or name one it has", file=sys.stderr,
               flush=True)  # fmt: skip
@@ -151,7 +166,6 @@ def main(argv: Sequence[str] | None = None) -> Any:
     except OSError as e:  # a name past the file system's 255 bytes: each command's traceback
         if e.errno != errno.ENAMETOOLONG:
             raise
-        name = f" {args[0]}" if args and args[0] in COMMANDS else ""
         print(f"birdjepa{name}: error: {e.filename}: {e.strerror}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE) from None
 

@@ -34,6 +34,10 @@ PIPE_CLOSED = 141
 #: After a Ctrl-C (SIGINT) save: the shell's code for an interrupted command; not requeued (a user
 #: stopped it), and the same command resumes.
 INTERRUPTED = 130
+#: Any command but pretrain (which saves and exits 75), stopped by a SIGTERM (`kill PID`, `scancel`): the
+#: shell's code for a terminated command (128 + SIGTERM), in one line, its lease released; it died
+#: without a word, its lease left to go stale.
+TERMINATED = 143
 #: After a SIGHUP save (the terminal closed: an ssh session dropped): the shell's code for a hung-up
 #: command (128 + SIGHUP); not requeued, and the same command resumes.
 HUNG_UP = 129
