@@ -402,9 +402,11 @@ def launch_local(argv: list[str], ntasks: int, children: Children | None = None)
         return wait_group(procs)
 
 
-#: How long the other processes of a group may take to end once one ended with a failure: those that
-#: stop together (a saved preemption, a refused option) end within seconds of each other.
-GROUP_GRACE_S = 20.0
+#: How long the other processes of a group may take to end once one was killed by a signal (they wait
+#: for it in a collective: each finds it gone within seconds, and says so, exit 69), and once one exited
+#: with a failure code: those that stop together (a saved preemption, a refused option) end together,
+#: but process 0 may still be closing its wandb mirror.
+GROUP_GRACE_S = {"killed": 20.0, "exited": 300.0}
 
 
 def signal_name(number: int) -> str:
@@ -414,18 +416,20 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def wait_group(procs: list[subprocess.Popen], grace_s: float = GROUP_GRACE_S) -> int:
+def wait_group(procs: list[subprocess.Popen], grace_s: float | None = None) -> int:
     """The first failure's exit code among ``procs`` (0 where each exits 0). A process killed by a signal
     is said in one line (it could say nothing), and once one failed, the others still running after
-    ``grace_s`` are killed, as srun's --kill-on-bad-exit does on Slurm: a group cannot go on without one
-    of its processes, and where that was process 0, the coordinator, the others waited for it in a
-    collective, then aborted with a C++ stack."""
+    ``grace_s`` (default: `GROUP_GRACE_S`) are killed, as srun's --kill-on-bad-exit does on Slurm: a
+    group cannot go on without one of its processes, and where that was process 0, the coordinator, the
+    others waited for it in a collective, then aborted with a C++ stack."""
     first: subprocess.Popen | None = None
     deadline = math.inf
     while [p for p in procs if p.poll() is None] and time.monotonic() < deadline:  # polls each
         if first is None and (failed := [p for p in procs if p.returncode not in (None, 0)]):
             # One killed by a signal is the cause where both are seen ended: no process kills a peer.
-            first, deadline = min(failed, key=lambda p: p.returncode >= 0), time.monotonic() + grace_s
+            first = min(failed, key=lambda p: p.returncode >= 0)
+            grace_s = grace_s or GROUP_GRACE_S["killed" if first.returncode < 0 else "exited"]
+            deadline = time.monotonic() + grace_s
         time.sleep(0.1)
     late = [p for p in procs if p.poll() is None]
     for p in late:
