@@ -545,7 +545,12 @@ def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
     # Before the loop's handler (a restore, a compile: minutes on a GPU) it killed the trainer without a
     # word: exit -15, its lease left behind. A hang-up (an ssh session dropped) the same: exit -1.
     run = tmp_path / "early"
-    cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", *pretrain_flags(demo_dir, tmp_path, "early")]
+    # As a terminal's process has it: under nohup (a CI run started so) a hang-up is ignored, and stays so.
+    start = (
+        f"import signal, runpy, sys; signal.signal({int(sig)}, signal.SIG_DFL); "
+        "runpy.run_module('birdjepa.cli', run_name='__main__')"
+    )
+    cmd = [sys.executable, "-c", start, "pretrain", *pretrain_flags(demo_dir, tmp_path, "early")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # the trainer's first line, printed as the run opens, before the loop
