@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
-from conftest import a_demo_shard_beside_its_vocabulary, run_notebook
+from conftest import a_demo_shard_beside_its_vocabulary, rewrite_meta, run_notebook
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DataError
@@ -349,6 +349,22 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     )
     assert restore_checkpoint(copy).step == 5
     assert f"WARNING {copy / 'checkpoints' / '9'}: its meta and state" in capsys.readouterr().out
+    # The run's data moved (or its relative path read from another folder): "[Errno 2] No such file or
+    # directory: 'data/train'" after the restore, or the labels of a folder not there said to differ.
+    shutil.rmtree(copy / "checkpoints" / "9")
+    for meta_file in copy.glob("checkpoints/*/meta/metadata"):
+        meta = json.loads(meta_file.read_text())
+        meta["config"]["data"]["train"] = "moved/train"
+        rewrite_meta(meta_file, {k: v for k, v in meta.items() if k != "meta_crc"})
+    with pytest.raises(SystemExit) as e:
+        cli(copy, out=tmp_path / "moved.json")
+    said = capsys.readouterr().err
+    assert e.value.code == 2, said
+    assert said.startswith(
+        f"birdjepa evaluate: error: {copy} trained on --data.train 'moved/train', which is "
+        "not there now (no shard files match 'moved/train' (a relative path: read from "
+    ), said
+    assert said.endswith("): give where it is now, --data.train PATH with --out FILE\n"), said
     # A train split of one class: every row at chance, "converged" in 0 iterations, exit 0.
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -11,6 +11,8 @@ Writing into the run (``RUN/eval/<step>.json``, the default) holds the run's lea
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
 import sys
 import time
 from pathlib import Path
@@ -199,11 +201,19 @@ def _superseded(ckpt: checkpoint.Checkpointer, step: int) -> bool:
 
 def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalData()) -> RestoredRun:
     """`restore_checkpoint`, with the data files it evaluates on (``data`` overrides the run's splits)."""
+    from birdjepa.data.loader import no_shards_match
     from birdjepa.data.shards import label_count
     from birdjepa.train.segment import data_files
 
     restored = restore_checkpoint(run_dir, step)
     cfg = restored.cfg
+    for option, given, path in (("train", data.train, cfg.data.train), ("eval", data.eval, cfg.data.eval)):
+        # Moved since, or a relative path read from another folder: "[Errno 2] ... 'data/train'", or the
+        # labels of a folder that is not there said to differ from the other split's.
+        if given is None and path and not glob.has_magic(path) and not os.path.lexists(path):
+            raise EvaluateError(f"{run_dir} trained on --data.{option} {path!r}, which is not there now "
+                                f"({no_shards_match(path)}): give where it is now, --data.{option} PATH "
+                                "with --out FILE")  # fmt: skip
     cfg = dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, train=data.train or cfg.data.train,
                                       eval=data.eval or cfg.data.eval)
