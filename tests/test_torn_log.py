@@ -122,10 +122,10 @@ def test_another_history_is_told_by_the_training_row_of_the_step_and_not_by_its_
 
     rows = [{"step": 1, "restart": 0, "time": 1.0, "train/loss": 0.5, "train/step_time": 0.1},
             {"step": 1, "restart": 0, "time": 2.0, "eval/knn_acc": 0.25}]  # fmt: skip
-    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    said = other_history(tmp_path / METRICS_FILE, 1, {"train/loss": 0.75, "train/step_time": 0.2})
+    log = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    said = other_history(tmp_path / METRICS_FILE, log, 1, {"train/loss": 0.75, "train/step_time": 0.2})
     assert said is not None and "(train/loss: logged 0.5, checkpointed 0.75)" in said, said
-    assert other_history(tmp_path / METRICS_FILE, 1, {"train/loss": 0.5, "train/step_time": 0.9}) is None
+    assert other_history(tmp_path / METRICS_FILE, log, 1, {"train/loss": 0.5, "train/step_time": 0.9}) is None
 
 
 def cut_first_line(log: Path) -> None:

@@ -10,7 +10,6 @@ the subcommand's arguments instead.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import gc
 import importlib
@@ -23,7 +22,7 @@ from typing import Any, NoReturn
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
-from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, TERMINATED, USAGE
+from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, TERMINATED, USAGE, exit_now
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.slurm.distributed import launched_tasks
 from birdjepa.train.determinism import deterministic_xla, overridden_flags
@@ -109,10 +108,7 @@ def out_now(argv: Sequence[str] | None, code: int) -> NoReturn:
     module freed with the interrupted traceback's frames segfaulted (exit -11 after "exit 130", in
     evaluate and benchmark), and a compile still running on a thread aborted (exit -6)."""
     if argv is None and launched_tasks() <= 1:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        exit_now(code)
     raise SystemExit(code) from None
 
 

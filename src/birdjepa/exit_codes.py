@@ -7,6 +7,11 @@ fail the same way".
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from typing import NoReturn
+
 #: The command's answer is no (two runs or traces differ, a sweep's job failed); also what
 #: ``SystemExit("message")`` exits with.
 FAILED = 1
@@ -41,3 +46,12 @@ TERMINATED = 143
 #: After a SIGHUP save (the terminal closed: an ssh session dropped): the shell's code for a hung-up
 #: command (128 + SIGHUP); not requeued, and the same command resumes.
 HUNG_UP = 129
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit ``code`` at once, past the interpreter's teardown (its threads, its atexit hooks), once what
+    was printed is flushed: for a process whose teardown would hang or crash."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or full console: the code is what counts
+            stream.flush()
+    os._exit(code)

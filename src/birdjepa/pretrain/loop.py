@@ -303,9 +303,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         if earlier is not None:
             print(f"WARNING {cfg.run_dir} holds no checkpoint to resume, so this start begins at step 0; the "
                   f"log of an earlier start there is kept as {earlier}", flush=True)  # fmt: skip
+    log = layout.metrics_file(cfg.run_dir)
+    logged = log.read_bytes() if meta is not None and log.exists() else b""  # read once for the two below
     if meta is not None:  # a segment that saved nothing was a resume too: counted from the log
-        restart = max(r.state.restart, logged_restart(layout.metrics_file(cfg.run_dir)) + 1)
-        r = r.with_state(restart=restart)
+        r = r.with_state(restart=max(r.state.restart, logged_restart(logged) + 1))
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.fns.place(r.state)
     for fallback in ckpt.fallbacks:
@@ -323,8 +324,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         if lost is not None:
             print(f"WARNING {lost}", flush=True)
             t.log.event("checkpoint_missing", state.step, why=lost)
-        log = layout.metrics_file(cfg.run_dir)
-        if (other := other_history(log, state.step - 1, meta.get("last_metrics", {}))) is not None:
+        if (other := other_history(log, logged, state.step - 1, meta.get("last_metrics", {}))) is not None:
             print(f"WARNING {other}", flush=True)
             t.log.event("other_history", state.step, why=other)
     if meta is not None and state.step < cfg.steps:  # a finished run's start resumes nothing: no event
@@ -554,9 +554,7 @@ def _cli(cfg: PretrainConfig) -> None:
               f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(exit_codes.INTERRUPTED) from None
     if code == exit_codes.GROUP_BROKEN:  # out now: the exit's shutdown barrier waits for the lost process
-        sys.stdout.flush()  # 100 s, then aborts with a C++ stack
-        sys.stderr.flush()
-        os._exit(code)
+        exit_codes.exit_now(code)  # 100 s, then aborts with a C++ stack
     if code:
         param_norms.shutdown()  # an idle thread of the run's own, not one to wait 30 s for
         exit_past_stuck_threads(code, set(threading.enumerate()) - before)
@@ -581,9 +579,7 @@ def exit_past_stuck_threads(
     for t in others:  # Thread's own join: Orbax's threads raise TimeoutError from theirs
         threading.Thread.join(t, None if t.name == "compile-ahead" else max(0.0, deadline - time.monotonic()))
     if any(t.is_alive() for t in others):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_codes.exit_now(code)
 
 
 cli.parse = parse  # type: ignore[attr-defined]  # `birdjepa.cli.main` parses pretrain's flags with it

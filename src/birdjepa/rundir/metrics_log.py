@@ -210,29 +210,25 @@ def log_damage(path: Path, checkpoint: int, slack: int) -> str | None:
 _RESTART = re.compile(rb'"restart": (\d+)')
 
 
-def logged_restart(path: Path) -> int:
-    """The highest ``restart`` any line of the log at ``path`` holds (-1: none). A segment killed before
-    its first save logged rows under the restart its checkpoint gave, and the next resume, from the same
-    checkpoint, logged the same number: two segments that no field told apart. Read as bytes (a long
+def logged_restart(log: bytes) -> int:
+    """The highest ``restart`` any line of a log's bytes holds (-1: none). A segment killed before its
+    first save logged rows under the restart its checkpoint gave, and the next resume, from the same
+    checkpoint, logged the same number: two segments that no field told apart. Searched as bytes (a long
     run's log is hundreds of MB), not parsed."""
-    try:
-        found = _RESTART.findall(path.read_bytes())
-    except FileNotFoundError:
-        return -1
-    return max(map(int, found), default=-1)
+    return max(map(int, _RESTART.findall(log)), default=-1)
 
 
-def other_history(path: Path, checkpoint: int, recorded: Mapping[str, Any]) -> str | None:
-    """Why the log at ``path`` is not the history checkpoint ``checkpoint`` continues, in one line (None:
-    it is, or the log holds no row of that step to tell): its row of that step differs from what the
-    checkpoint recorded of it (``recorded``: its ``last_metrics``). Another run's checkpoints (or log)
-    copied into a run resumed it without a word, every resume check passing, and `compare` and `analyze`
-    then read two runs as one."""
-    pattern = b'"step": %d,' % checkpoint
-    lines = path.read_bytes().split(b"\n") if path.exists() and recorded else []
+def other_history(path: Path, log: bytes, checkpoint: int, recorded: Mapping[str, Any]) -> str | None:
+    """Why the log at ``path`` (its bytes: ``log``) is not the history checkpoint ``checkpoint``
+    continues, in one line (None: it is, or the log holds no row of that step to tell): its row of that
+    step differs from what the checkpoint recorded of it (``recorded``: its ``last_metrics``). Another
+    run's checkpoints (or log) copied into a run resumed it without a word, every resume check passing,
+    and `compare` and `analyze` then read two runs as one."""
+    # The lines of the step, found without splitting the whole log (hundreds of MB on a long run).
+    lines = re.findall(rb'^.*"step": %d,.*$' % checkpoint, log, re.MULTILINE) if recorded else []
     # The newest training row of the step: an evaluation's row of the same step, written after it, holds
     # no train/ value (the check never fired where a save met an evaluation: every default cadence's).
-    rows = map(_json_or_none, reversed([x for x in lines if pattern in x]))
+    rows = map(_json_or_none, reversed(lines))
     row = next((r for r in rows if isinstance(r, dict) and "event" not in r and r.get("step") == checkpoint
                 and "train/loss" in r), None)  # fmt: skip
     # Clocks differ between two segments that trained the step (a kill -9, then another --log-every):
