@@ -118,14 +118,40 @@ def test_another_history_is_told_by_the_training_row_of_the_step_and_not_by_its_
     # The evaluation's row of a step, written after its training row, held no train/ value: the check
     # never fired where a save met an evaluation (every default cadence). Two segments of one run that
     # trained the step (a kill -9, then another --log-every) differ in their clocks only: a false alarm.
-    from birdjepa.rundir.metrics_log import other_history
+    from birdjepa.rundir.log_at_resume import read_at_resume
 
     rows = [{"step": 1, "restart": 0, "time": 1.0, "train/loss": 0.5, "train/step_time": 0.1},
             {"step": 1, "restart": 0, "time": 2.0, "eval/knn_acc": 0.25}]  # fmt: skip
-    log = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    said = other_history(tmp_path / METRICS_FILE, log, 1, {"train/loss": 0.75, "train/step_time": 0.2})
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    logged = read_at_resume(tmp_path / METRICS_FILE, 1)
+    said = logged.other({"train/loss": 0.75, "train/step_time": 0.2})
     assert said is not None and "(train/loss: logged 0.5, checkpointed 0.75)" in said, said
-    assert other_history(tmp_path / METRICS_FILE, log, 1, {"train/loss": 0.5, "train/step_time": 0.9}) is None
+    assert logged.other({"train/loss": 0.5, "train/step_time": 0.9}) is None
+
+
+def test_the_resume_reads_its_log_once_and_passes_over_a_torn_last_line_as_its_writer_will(
+    tmp_path: Path,
+) -> None:
+    # A torn last line is cut off when the writer opens the log: not damage. A bad line before it is, and
+    # so is a row compare refuses (no integer step), said as compare says it.
+    from birdjepa.rundir.log_at_resume import read_at_resume
+
+    log = tmp_path / METRICS_FILE
+    rows = [{"step": 0, "restart": 0, "train/loss": 1.0}, {"event": "stop", "step": 0, "restart": 0},
+            {"event": "resume", "step": 1, "restart": 2},
+            {"step": 1, "restart": 2, "train/loss": 0.5}]  # fmt: skip
+    whole = "".join(json.dumps(r) + "\n" for r in rows)
+    log.write_text(whole + '{"step": 2, "resta')
+    logged = read_at_resume(log, 1)
+    assert (logged.restart, logged.saved, logged.last_step, logged.bad) == (2, 0, 1, None)
+    assert logged.row == rows[3] and logged.damage(slack=2) is None
+    log.write_text('{"step": 0, "rest\n' + whole)
+    assert read_at_resume(log, 1).damage(slack=2) == (
+        f"{log}:1: not a JSON line: compare and analyze refuse the log until it is repaired"
+    )
+    log.write_text(whole + '{"step": "2"}\n')
+    assert f"{log}:5: not a row of this log" in str(read_at_resume(log, 1).damage(slack=2))
+    assert read_at_resume(tmp_path / "absent", 4).damage(slack=2) is not None
 
 
 def cut_first_line(log: Path) -> None:

@@ -47,7 +47,7 @@ from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
-from birdjepa.rundir.metrics_log import log_damage, logged_restart, lost_checkpoint, other_history
+from birdjepa.rundir.log_at_resume import read_at_resume
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
@@ -303,10 +303,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         if earlier is not None:
             print(f"WARNING {cfg.run_dir} holds no checkpoint to resume, so this start begins at step 0; the "
                   f"log of an earlier start there is kept as {earlier}", flush=True)  # fmt: skip
-    log = layout.metrics_file(cfg.run_dir)
-    logged = log.read_bytes() if meta is not None and log.exists() else b""  # read once for the two below
-    if meta is not None:  # a segment that saved nothing was a resume too: counted from the log
-        r = r.with_state(restart=max(r.state.restart, logged_restart(logged) + 1))
+    # The log read once, before its writer opens it, for every check of the resume below.
+    logged = read_at_resume(layout.metrics_file(cfg.run_dir), r.state.step - 1) if meta is not None else None
+    if logged is not None:  # a segment that saved nothing was a resume too: counted from the log
+        r = r.with_state(restart=max(r.state.restart, logged.restart + 1))
     t = Trainer(cfg, model_cfg, fns, (train_files, eval_files), ckpt, r.state.restart)
     state = t.fns.place(r.state)
     for fallback in ckpt.fallbacks:
@@ -315,18 +315,13 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         t.log.event("torn_log", state.step, **t.log.repaired)
     if lease is not None and lease.took_over is not None:
         t.log.event("lease_taken_over", state.step, **lease.took_over)
-    if meta is not None and t.main:  # what a later `compare` found first, said at the resume
-        hurt = log_damage(layout.metrics_file(cfg.run_dir), state.step - 1, slack=2 * cfg.log_every)
-        if hurt is not None:
-            print(f"WARNING {hurt}", flush=True)
-            t.log.event("log_damaged", state.step, why=hurt)
-        lost = lost_checkpoint(cfg.run_dir, state.step - 1)
-        if lost is not None:
-            print(f"WARNING {lost}", flush=True)
-            t.log.event("checkpoint_missing", state.step, why=lost)
-        if (other := other_history(log, logged, state.step - 1, meta.get("last_metrics", {}))) is not None:
-            print(f"WARNING {other}", flush=True)
-            t.log.event("other_history", state.step, why=other)
+    if logged is not None and t.main:  # what a later `compare` found first, said at the resume
+        for event, why in (("log_damaged", logged.damage(slack=2 * cfg.log_every)),
+                           ("checkpoint_missing", logged.lost(cfg.run_dir)),
+                           ("other_history", logged.other(meta.get("last_metrics", {})))):  # fmt: skip
+            if why is not None:
+                print(f"WARNING {why}", flush=True)
+                t.log.event(event, state.step, why=why)
     if meta is not None and state.step < cfg.steps:  # a finished run's start resumes nothing: no event
         # n_devices: what trained the steps from here (trace and bisect re-execute them on as many).
         resumed = {"checkpoint": state.step - 1, "n_devices": t.n_devices, **ckpt.last_restore}

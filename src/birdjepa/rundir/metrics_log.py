@@ -17,14 +17,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from birdjepa.rundir.layout import CHECKPOINTS, DAMAGED_DIR, METRICS_FILE
+from birdjepa.rundir.layout import METRICS_FILE
 
 TORN_SUFFIX = ".torn"
 
@@ -39,11 +38,11 @@ class MetricsFileError(ValueError):
     """A line of a metrics file that is not JSON and not a torn last line."""
 
 
-#: How `_plain` writes a float JSON has no literal for.
+#: How `plain` writes a float JSON has no literal for.
 NON_FINITE = ("nan", "inf", "-inf")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """JSON-able value: numpy/jax scalars become Python floats/ints exactly."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
         value = value.item()
@@ -85,7 +84,7 @@ class MetricsLog:
 
     def _write_row(self, step: int, metrics: Mapping[str, Any]) -> None:
         line = {"step": step, "restart": self.restart, "time": time.time()}
-        line.update({k: _plain(v) for k, v in metrics.items()})
+        line.update({k: plain(v) for k, v in metrics.items()})
         self._write(line)
         if self.wandb_run is not None:  # numbers, NaN too: the log's "nan" made a series of mixed types
             numbers = {k: float(v) if v in NON_FINITE else v for k, v in line.items()}
@@ -109,7 +108,7 @@ class MetricsLog:
     def event(self, kind: str, step: int, **fields: Any) -> None:
         self.flush()
         line = {"event": kind, "step": step, "restart": self.restart, "time": time.time()}
-        line.update({k: _plain(v) for k, v in fields.items()})
+        line.update({k: plain(v) for k, v in fields.items()})
         self._write(line)
 
     def _write(self, line: dict[str, Any]) -> None:
@@ -162,11 +161,9 @@ def repair_torn_tail(path: Path) -> dict[str, Any] | None:
     one. Returns what was done (None when the file was whole)."""
     if not path.exists() or path.stat().st_size == 0:
         return None
-    data = path.read_bytes()
-    cut = data.rstrip(b"\n").rfind(b"\n") + 1  # where the last line starts
-    tail = data[cut:]
+    cut, tail = _last_line(path)
     if _parses(tail):
-        if data.endswith(b"\n"):
+        if tail.endswith(b"\n"):
             return None
         with path.open("ab") as f:  # a whole record that lost only its newline
             f.write(b"\n")
@@ -176,99 +173,26 @@ def repair_torn_tail(path: Path) -> dict[str, Any] | None:
         f.write(tail if tail.endswith(b"\n") else tail + b"\n")
     with path.open("r+b") as f:
         f.truncate(cut)
-    line = data[:cut].count(b"\n") + 1
+    with path.open("rb") as f:  # the line's number, counted in blocks (a long run's log is hundreds of MB)
+        line = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b"")) + 1
     print(f"WARNING {path}:{line}: a torn last line ({len(tail)} bytes, a writer killed mid-append) was "
           f"moved to {torn}", flush=True)  # fmt: skip
     return {"line": line, "bytes": len(tail), "moved_to": str(torn)}
 
 
-def log_damage(path: Path, checkpoint: int, slack: int) -> str | None:
-    """Why a resumed run's log is not the log of the steps its checkpoint holds, in one line (None: it
-    is): a line that does not parse (compare and analyze refuse the log), or no step row within
-    ``slack`` steps of checkpoint ``checkpoint`` (the log was emptied, removed or replaced). Said at the
-    resume: it was found only by a later `compare`."""
-    rows = path.read_bytes().split(b"\n") if path.exists() else []
-    last = -1
-    for i, line in enumerate(rows):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            return f"{path}:{i + 1}: not a JSON line: compare and analyze refuse the log until it is repaired"
-        if isinstance(row, dict) and "event" not in row and isinstance(row.get("step"), int):
-            last = max(last, row["step"])
-    if last + slack <= checkpoint:
-        upto = f"up to step {last} only" if last >= 0 else "no step"
-        return (f"{path} holds rows of {upto}, and checkpoint {checkpoint} was written after step "
-                f"{checkpoint}: the log lost rows (emptied, removed or replaced); compare will lack "
-                "them")  # fmt: skip
-    return None
-
-
-#: How `MetricsLog` writes a line's restart (``{"step": 3, "restart": 1, ...}``, an event's alike).
-_RESTART = re.compile(rb'"restart": (\d+)')
-
-
-def logged_restart(log: bytes) -> int:
-    """The highest ``restart`` any line of a log's bytes holds (-1: none). A segment killed before its
-    first save logged rows under the restart its checkpoint gave, and the next resume, from the same
-    checkpoint, logged the same number: two segments that no field told apart. Searched as bytes (a long
-    run's log is hundreds of MB), not parsed."""
-    return max(map(int, _RESTART.findall(log)), default=-1)
-
-
-def other_history(path: Path, log: bytes, checkpoint: int, recorded: Mapping[str, Any]) -> str | None:
-    """Why the log at ``path`` (its bytes: ``log``) is not the history checkpoint ``checkpoint``
-    continues, in one line (None: it is, or the log holds no row of that step to tell): its row of that
-    step differs from what the checkpoint recorded of it (``recorded``: its ``last_metrics``). Another
-    run's checkpoints (or log) copied into a run resumed it without a word, every resume check passing,
-    and `compare` and `analyze` then read two runs as one."""
-    # The lines of the step, found without splitting the whole log (hundreds of MB on a long run).
-    lines = re.findall(rb'^.*"step": %d,.*$' % checkpoint, log, re.MULTILINE) if recorded else []
-    # The newest training row of the step: an evaluation's row of the same step, written after it, holds
-    # no train/ value (the check never fired where a save met an evaluation: every default cadence's).
-    rows = map(_json_or_none, reversed(lines))
-    row = next((r for r in rows if isinstance(r, dict) and "event" not in r and r.get("step") == checkpoint
-                and "train/loss" in r), None)  # fmt: skip
-    # Clocks differ between two segments that trained the step (a kill -9, then another --log-every):
-    # left out; the loss named first.
-    differ = sorted((k != "train/loss", k) for k in recorded if row is not None and k in row
-                    and k not in NOT_COMPARED and _plain(recorded[k]) != row[k])  # fmt: skip
-    if not differ:
-        return None
-    k = differ[0][1]
-    return (f"{path}'s row of step {checkpoint} is not what checkpoint {checkpoint} recorded of it ({k}: "
-            f"logged {row[k]}, checkpointed {_plain(recorded[k])}): the checkpoints or the log are another "
-            "run's (copied in?), and compare and analyze will read the two as one run")  # fmt: skip
-
-
-def _json_or_none(line: bytes) -> Any:
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None
-
-
-def lost_checkpoint(run_dir: Path, checkpoint: int) -> str | None:
-    """Why a resume from ``checkpoint`` retrains steps the run had saved, in one line (None: it does
-    not): the log's newest `stop` event (written once that step's checkpoint was on disk) is past it,
-    and that checkpoint is neither in ``checkpoints/`` nor set aside as damaged (which the resume says
-    itself): removed by hand, or lost with a disk. The resume is exact all the same; it was silent. A
-    log that does not parse is `log_damage`'s to say (its first bad line stopped the resume here)."""
-    try:
-        rows = list(read_metrics(run_dir)) if (Path(run_dir) / METRICS_FILE).exists() else []
-    except MetricsFileError:
-        return None
-    stops = [r["step"] for r in rows if r.get("event") == "stop" and isinstance(r.get("step"), int)]
-    saved = max(stops, default=-1)
-    damaged = Path(run_dir) / DAMAGED_DIR
-    aside = (damaged / str(saved)).exists() or any(damaged.glob(f"{saved}-*"))
-    if saved <= checkpoint or (Path(run_dir) / CHECKPOINTS / str(saved)).exists() or aside:
-        return None
-    return (f"checkpoint {saved}, which the log says this run saved when it stopped, is gone from "
-            f"{Path(run_dir) / CHECKPOINTS}: resuming from checkpoint {checkpoint}, steps {checkpoint + 1}-"
-            f"{saved} train again")  # fmt: skip
+def _last_line(path: Path) -> tuple[int, bytes]:
+    """Where the file's last line starts, and its bytes: read back from the end in blocks, not whole."""
+    with path.open("rb") as f:
+        end = f.seek(0, 2)
+        data, start = b"", end
+        while start > 0:
+            start = max(0, start - (1 << 16))
+            f.seek(start)
+            data = f.read(end - start)
+            nl = data.rstrip(b"\n").rfind(b"\n")
+            if nl >= 0:
+                return start + nl + 1, data[nl + 1 :]
+        return 0, data
 
 
 def read_metrics(run_dir: Path) -> Iterator[dict[str, Any]]:
