@@ -486,27 +486,38 @@ def test_a_console_that_fails_stops_no_run(demo_dir: Path, tmp_path: Path) -> No
     assert sorted(metrics_by_step(tmp_path / "con")) == list(range(STEPS))
 
 
-def test_a_preemption_during_the_last_step_finishes_the_run(
-    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # It exited 75: a requeue only to say "nothing to do", and the closing summary was in no log.
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGINT], ids=["USR1", "INT"])
+def test_a_preemption_or_a_ctrl_c_during_the_last_step_finishes_the_run(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+    sig: signal.Signals,
+) -> None:  # fmt: skip
+    # It exited 75: a requeue only to say "nothing to do", and the closing summary was in no log. A Ctrl-C
+    # there said "stopping after this step, with a checkpoint (exit 130)", and the run finished, exit 0.
     real = train_loop.advance
 
     def advance(fns, cfg, state, batch):  # noqa: ANN001, ANN202
         if state.step == cfg.steps - 1:
-            os.kill(os.getpid(), signal.SIGUSR1)  # the handler records it: the step runs on
+            os.kill(os.getpid(), sig)  # the handler records it: the step runs on
         return real(fns, cfg, state, batch)
 
     monkeypatch.setattr(train_loop, "advance", advance)
-    assert pretrain_here(demo_dir, tmp_path, "last", *NO_EVAL, "--steps", "2") == 0
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        assert pretrain_here(demo_dir, tmp_path, "last", *NO_EVAL, "--steps", "2") == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
     (stop,) = events(tmp_path / "last", "stop")
-    assert (stop["step"], stop["exit_code"], stop["reason"]) == (1, 0, "signal 10 at the last step")
-    assert "done: 2 steps in" in capsys.readouterr().out
+    assert (stop["step"], stop["exit_code"], stop["reason"]) == (1, 0, f"signal {int(sig)} at the last step")
+    out, err = capfd.readouterr()
+    assert "done: 2 steps in" in out
+    if sig == signal.SIGINT:
+        assert "Ctrl-C: this is the run's last step: it finishes, with a checkpoint (exit 0)" in err, err
 
 
 def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_ctrl_c_twice_quits() -> None:
     # INT then TERM said "exit 130" and exited 75; TERM then INT exited 130 (a preempted job not requeued);
-    # INT, TERM, INT: the second Ctrl-C did not quit, the TERM between had overwritten the first.
+    # INT, TERM, INT: the second Ctrl-C did not quit, the TERM between had overwritten the first. Slurm's
+    # warning (USR1) then its TERM recorded the TERM: the first preemption is the reason.
     from birdjepa.pretrain.loop import STOP_SIGNALS, StopRequest
 
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
@@ -520,6 +531,10 @@ def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_c
             with pytest.raises(KeyboardInterrupt):
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(1)  # the handler runs in the main thread, between two bytecodes
+        stop = StopRequest()
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            os.kill(os.getpid(), sig)
+        assert stop.signal == signal.SIGUSR1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -68,6 +68,10 @@ CTRL_C = (
     b"\nCtrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes). Ctrl-C "
     b"again quits at once, losing the steps since the last checkpoint.\n"
 )
+CTRL_C_AT_THE_LAST = (
+    b"\nCtrl-C: this is the run's last step: it finishes, with a checkpoint (exit 0). Ctrl-C again quits at "
+    b"once, losing the steps since the last checkpoint.\n"
+)
 
 
 class StopRequest:
@@ -79,6 +83,7 @@ class StopRequest:
     def __init__(self, signals: Sequence[int] = STOP_SIGNALS, *, speaks: bool = True) -> None:
         self.signal: int | None = None
         self.ctrl_c = False
+        self.at_the_last = False  # set by the loop: a stop there finishes the run (exit 0)
         self.speaks = speaks  # process 0 alone, in a group: a terminal said it once per process
         # Asked now: once the terminal hung up, isatty() says no (its ioctl fails too).
         self.terminal = [fd for fd in (1, 2) if os.isatty(fd)]
@@ -96,7 +101,9 @@ class StopRequest:
             self.ctrl_c = True
             if self.signal is None:
                 if self.speaks:
-                    os.write(sys.stderr.fileno(), CTRL_C)  # not print: the handler may interrupt a print
+                    os.write(
+                        sys.stderr.fileno(), CTRL_C_AT_THE_LAST if self.at_the_last else CTRL_C
+                    )  # not print: the handler may interrupt a print
                 self.signal = signum
             return
         if signum == signal.SIGHUP:
@@ -106,7 +113,8 @@ class StopRequest:
                     os.dup2(null.fileno(), fd)
             if self.signal is not None:  # a preemption's (requeue) or a Ctrl-C's stays the reason
                 return
-        self.signal = signum
+        if self.signal is None or self.signal in USER_SIGNALS:  # Slurm's USR1 then its TERM: the USR1
+            self.signal = signum
 
 
 def group_stop(signals: Sequence[int]) -> int | None:
@@ -368,6 +376,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     try:
         for step in range(start, end):
             t0 = time.perf_counter()
+            stop.at_the_last = step == last
             batch, pending = (pending if pending is not None else next(loader)), None
             t_data = time.perf_counter() - t0
             state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
