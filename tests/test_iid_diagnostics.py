@@ -61,7 +61,12 @@ def test_hand_computed_small_case() -> None:
     m2 = mon.update(np.array(b2), np.array([0, 0, 0, 2]))
     assert m2[P + "unique_in_batch"] == 3.0
     assert m2[P + "overlap_prev"] == 1.0  # only index 0: min(1, 2)
-    assert m2[P + "overlap_prev_iid_expected"] == 16 / 512
+    # N Σ_k P(X ≥ k)², X ~ Bin(4, 1/512), from the binomial's terms (about 16 / 512); summed in another
+    # order than the monitor's: equal to 1e-12.
+    q = 511 / 512
+    pmf = [math.comb(4, j) * (1 / 512) ** j * q ** (4 - j) for j in range(5)]
+    at_least = [sum(pmf[j:]) for j in range(1, 5)]
+    assert m2[P + "overlap_prev_iid_expected"] == pytest.approx(512 * sum(a * a for a in at_least), rel=1e-12)
     assert m2[P + "hash_overlap_prev"] == float(
         py_overlap([py_hash(i, 12) for i in b1], [py_hash(i, 12) for i in b2])
     )
@@ -198,3 +203,25 @@ def test_rejects_bad_input() -> None:
         mon.update(np.array([], dtype=np.int64), np.array([], dtype=np.int64))
     with pytest.raises(ValueError):
         IidMonitor(100, [50, 49])
+
+
+@pytest.mark.parametrize(("b_prev", "b", "n"), [(2, 2, 3), (3, 2, 2), (3, 3, 3), (1, 4, 1)])
+def test_the_iid_overlap_of_two_batches_is_the_mean_over_every_pair_of_batches(
+    b_prev: int, b: int, n: int
+) -> None:
+    # B_prev · B / N exceeded the batch itself as B neared N (3 · 3 / 3 = 3 of a batch of 3 that repeats
+    # indices). The mean overlap over every pair of ordered batches drawn with replacement, enumerated.
+    import itertools
+    from collections import Counter
+
+    from birdjepa.diagnostics.iid import iid_overlap
+
+    def overlap(x: tuple[int, ...], y: tuple[int, ...]) -> int:
+        cx, cy = Counter(x), Counter(y)
+        return sum(min(cx[i], cy[i]) for i in cx)
+
+    pairs = list(
+        itertools.product(itertools.product(range(n), repeat=b_prev), itertools.product(range(n), repeat=b))
+    )
+    mean = sum(overlap(x, y) for x, y in pairs) / len(pairs)
+    assert iid_overlap(b_prev, b, n) == pytest.approx(mean, rel=1e-12) and mean <= min(b_prev, b)

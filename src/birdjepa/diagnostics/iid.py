@@ -31,8 +31,10 @@ replacement from ``[0, N)``):
 ``dataloader/overlap_prev``
     Exact multiset overlap with the previous batch, ``Σ_i min(count_prev(i), count_now(i))``.
 ``dataloader/overlap_prev_iid_expected``
-    Its IID expectation ``B_prev · B / N`` (``B² / N`` at a constant batch size; 0 with no previous
-    batch). Not normalised (it is a reference, not a measurement).
+    Its IID expectation, ``N · Σ_k P(X ≥ k) P(Y ≥ k)`` with ``X ~ Bin(B_prev, 1/N)`` and
+    ``Y ~ Bin(B, 1/N)`` (about ``B_prev · B / N`` while that is small; ``B² / N`` exceeded the batch
+    itself as ``B`` neared ``N``; 0 with no previous batch). Not normalised (a reference, not a
+    measurement).
 ``dataloader/hash_overlap_prev``
     The same multiset overlap on 4096 hash buckets (top 12 bits of the hash above): coarse overlap,
     non-zero for IID as soon as ``B² / 4096`` is not small, so it reacts to mild locality too.
@@ -96,6 +98,26 @@ def _hash64(index: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
+def iid_overlap(b_prev: int, b: int, n: int) -> float:
+    """The expected multiset overlap ``Σ_i min(X_i, Y_i)`` of two batches of ``b_prev`` and ``b`` indices
+    drawn uniformly with replacement from ``n``: ``n · Σ_k P(X_i ≥ k) P(Y_i ≥ k)``, each count binomial."""
+    k = min(b_prev, b)
+    if k == 0:
+        return 0.0
+    return n * float(np.dot(_at_least(b_prev, n)[1 : k + 1], _at_least(b, n)[1 : k + 1]))
+
+
+def _at_least(m: int, n: int) -> np.ndarray:
+    """``P(X ≥ k)`` for ``k = 0..m``, ``X ~ Bin(m, 1/n)``: summed from the smallest term up."""
+    if n == 1:
+        return np.ones(m + 1)
+    k = np.arange(m + 1)
+    log_choose = np.array([math.lgamma(m + 1) - math.lgamma(j + 1) - math.lgamma(m - j + 1) for j in k])
+    pmf = np.exp(log_choose - k * math.log(n) + (m - k) * math.log1p(-1 / n))
+    return np.cumsum(pmf[::-1])[::-1]
+
+
 def _bucket_shares(n_samples: int) -> np.ndarray:
     """How many of the N indices fall in each of the 256 buckets: int64 [3, 256], rows as BUCKETINGS."""
     b = np.arange(N_BUCKETS + 1, dtype=np.int64)
@@ -300,7 +322,7 @@ class IidMonitor:
             m[PREFIX + "overlap_prev"] = float(_multiset_overlap(pu, pc, uniq, counts))
         else:
             m[PREFIX + "overlap_prev"] = 0.0
-        m[PREFIX + "overlap_prev_iid_expected"] = prev_bsz * bsz / self.n_samples
+        m[PREFIX + "overlap_prev_iid_expected"] = iid_overlap(prev_bsz, bsz, self.n_samples)
         m[PREFIX + "hash_overlap_prev"] = (
             0.0 if prev is None else float(np.minimum(prev.hash4096, hist.hash4096).sum())
         )
