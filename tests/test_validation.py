@@ -387,6 +387,8 @@ def test_another_gradient_accumulation_at_a_resume_is_refused_naming_it() -> Non
 def test_a_combination_a_newer_check_refuses_goes_on_in_a_run_that_trained_with_it() -> None:
     # A run that trained with a span ratio rounding to no span (or a mix in a batch of one) before those
     # were refused: its requeue exited 2, and Slurm does not requeue that.
+    import dataclasses
+
     from birdjepa.config import AugmentConfig, DataConfig, ModelConfig, flatten, to_dict
     from birdjepa.objectives.options import LeJepaConfig, ObjectiveConfig
 
@@ -399,6 +401,16 @@ def test_a_combination_a_newer_check_refuses_goes_on_in_a_run_that_trained_with_
         with pytest.raises(OptionError, match=option):
             validation.check(cfg, data=False)
         validation.check(cfg, data=False, saved=flatten(to_dict(cfg)))  # it trained with them: goes on
+        # Recorded by an older birdjepa (options added since missing: they read as their defaults), or
+        # retuned in another option at the resume: still refused, where only a change of them should be.
+        saved, defaults = flatten(to_dict(cfg)), flatten(to_dict(PretrainConfig()))
+        validation.check(cfg, data=False, saved={k: v for k, v in saved.items() if v != defaults[k]})
+        retuned = dataclasses.replace(cfg, objective=ObjectiveConfig(lejepa=dataclasses.replace(
+            cfg.objective.lejepa, lam=0.1)), allow_config_change=True)  # fmt: skip
+        validation.check(retuned, data=False, saved=saved)
+    # A change that makes the combination anew is refused: a batch of 2 that mixed, resumed with 1.
+    with pytest.raises(OptionError, match="mix-prob 0.5"):
+        validation.check(mix, data=False, saved=flatten(to_dict(dataclasses.replace(mix, data=DataConfig()))))
 
 
 def test_a_verification_s_own_files_are_its_output_and_its_lease_s_leftovers() -> None:

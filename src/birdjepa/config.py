@@ -302,6 +302,18 @@ def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any
     return dataclasses.replace(obj, **{name: value})
 
 
+def as_recorded(
+    saved: Mapping[str, Any], where: str, leave_out: tuple[str, ...] = ()
+) -> tuple[PretrainConfig, dict[str, Any]]:
+    """The config a checkpoint recorded (``saved``, at ``where``) over this birdjepa's defaults, and the
+    recorded options it kept: an option added since reads as its default (what the run trained with);
+    those this birdjepa no longer has, and ``leave_out``, are left out. A value of another type raises
+    `ConfigError`."""
+    defaults = flatten(to_dict(PretrainConfig()))
+    recorded = {k: v for k, v in flatten(saved).items() if k not in leave_out and k in defaults}
+    return resolve(PretrainConfig(), recorded, where), recorded
+
+
 def resolve(base: T, overrides: Mapping[str, Any], where: str) -> T:
     """``base`` (a frozen dataclass) with ``overrides`` set: nested dicts or dotted keys
     (``{"optim": {"lr": 1e-3}}`` or ``{"optim.lr": 1e-3}``), each type-checked against its field.

@@ -21,7 +21,7 @@ from pathlib import PurePath
 from typing import Any
 
 from birdjepa import seams
-from birdjepa.config import SEED_LIMIT, PretrainConfig, flatten, to_dict
+from birdjepa.config import SEED_LIMIT, ConfigError, PretrainConfig, as_recorded, flatten, to_dict
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.loader import Features, no_shards_match, options_json
 from birdjepa.data.shards import check_same_labels, label_count
@@ -171,8 +171,9 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
     # The optimizer counts updates and the schedule is laid out over steps // grad_accum of them: another
     # accumulation at a resume was refused by the lr check with "fix the cause" even where allowed, and,
     # warned past, trained the rest at the schedule's end (learning rate 0), exit 0.
-    if saved is not None and saved.get("optim.grad_accum", cfg.optim.grad_accum) != cfg.optim.grad_accum:
-        was = saved["optim.grad_accum"]
+    trained = as_trained(saved)
+    if trained is not None and trained.optim.grad_accum != cfg.optim.grad_accum:
+        was = trained.optim.grad_accum
         raise OptionError("optim.grad_accum", cfg.optim.grad_accum, f"cannot change within a run (it trained "
                           f"with {was}: its learning-rate schedule counts updates of {was} steps each, "
                           "--allow-config-change neither); train the change in a new run")  # fmt: skip
@@ -200,10 +201,9 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
         raise OptionError("augment.pitch_bins", cfg.augment.pitch_bins, why)
     _check_loader(cfg)
     _check_model(cfg)
-    _check_objective(cfg, trained_with(cfg, saved, ("objective.", "model.", "data.n_views")))
+    _check_objective(cfg, trained)
     _check_unused(cfg, saved)
-    _check_virtual_shards(cfg, trained_with(cfg, saved, ("augment.mix_prob", "data.batch_size",
-                                                          "train.virtual_shards")))  # fmt: skip
+    _check_virtual_shards(cfg, trained)
     if data:
         check_data(cfg)
 
@@ -327,23 +327,30 @@ def _check_model(cfg: PretrainConfig) -> None:
         )  # fmt: skip
 
 
-def trained_with(cfg: PretrainConfig, saved: Mapping[str, Any] | None, options: tuple[str, ...]) -> bool:
-    """The run resumes a checkpoint that trained with every option of ``cfg`` that ``options`` name (or
-    start with) as it is now: a combination a newer check refuses goes on there, or a requeue of a run
-    that trained for days would exit 2 (a span ratio rounding to no span, a mix in a batch of one)."""
+def as_trained(saved: Mapping[str, Any] | None) -> PretrainConfig | None:
+    """The config the checkpoint a run resumes trained with (``saved``: its recorded config, flattened;
+    None: a start), over this birdjepa's defaults (an option added since: its default); None where a
+    recorded value no longer fits its option (the resume's own read of it says so)."""
     if saved is None:
-        return False
-    now = flatten(to_dict(cfg))
-    return all(saved.get(k) == v for k, v in now.items() if k.startswith(options))
+        return None
+    try:
+        return as_recorded(saved, "the checkpoint's config")[0]
+    except ConfigError:
+        return None
 
 
-def _check_objective(cfg: PretrainConfig, trained: bool = False) -> None:
+def _check_objective(cfg: PretrainConfig, trained: PretrainConfig | None = None) -> None:
     """The chosen objective's own combinations (`birdjepa.objectives.options.Options.problems`), and no
     option it would ignore: another objective's (``--objective.kind mae --objective.lejepa.lam 0.9``
     trained MAE, exit 0), or a model option it sets itself (supervised's projector is its classifier,
-    MAE's has one layer; the class count is the data's), which config.json recorded as given."""
+    MAE's has one layer; the class count is the data's), which config.json recorded as given. A
+    combination the run resumed (``trained``) trained with goes on: a newer check (a span ratio rounding
+    to no span) made the requeue of a run that trained for days exit 2."""
     kind = cfg.objective.kind
-    for option, value, allowed in () if trained else cfg.objective.options.problems(cfg):
+    before = list(trained.objective.options.problems(trained)) if trained is not None else []
+    for option, value, allowed in cfg.objective.options.problems(cfg):
+        if (option, value, allowed) in before:
+            continue
         where = "data" if option == "n_views" else f"objective.{kind}"
         raise OptionError(f"{where}.{option}", value, allowed)
     for other in REGISTRY:
@@ -407,20 +414,24 @@ def _check_unused(cfg: PretrainConfig, saved: Mapping[str, Any] | None) -> None:
         raise OptionError(option, value, f"{why}: leave it out, or set what reads it")
 
 
-def _check_virtual_shards(cfg: PretrainConfig, trained: bool = False) -> None:
+def _check_virtual_shards(cfg: PretrainConfig, trained: PretrainConfig | None = None) -> None:
     shards = cfg.train.virtual_shards
     if shards and cfg.data.batch_size % shards:
         batch = cfg.data.batch_size
         raise OptionError("train.virtual_shards", shards, f"must divide --data.batch-size ({batch})")
     # The background mix takes the batch's next recording (the clips a loss sees: a virtual shard's): in a
-    # batch of one, each clip's own view, a fixed gain of log1p(10^(dB/10)), without a word.
-    rows = cfg.data.batch_size // (shards or 1)
-    if cfg.augment.mix_prob > 0 and rows == 1 and not trained:
+    # batch of one, each clip's own view, a fixed gain of log1p(10^(dB/10)), without a word. A run that
+    # trained so (``trained``, before this check) goes on.
+    if _mixes_alone(cfg) and not (trained is not None and _mixes_alone(trained)):
         per = f" per virtual shard (--train.virtual-shards {shards})" if shards else ""
         raise OptionError("augment.mix_prob", cfg.augment.mix_prob, f"mixes in another recording of the "
                           f"batch, and a batch of 1{per} has none: a batch of 2 or more, or 0")  # fmt: skip
     if shards and cfg.model.proj_norm == "batch":  # its statistics would be a shard's, not the batch's
         raise OptionError("train.virtual_shards", shards, "needs --model.proj-norm layer (batch statistics)")
+
+
+def _mixes_alone(cfg: PretrainConfig) -> bool:
+    return cfg.augment.mix_prob > 0 and cfg.data.batch_size // (cfg.train.virtual_shards or 1) == 1
 
 
 def check_data(cfg: PretrainConfig) -> None:

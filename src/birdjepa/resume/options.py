@@ -17,7 +17,7 @@ from typing import Any
 
 import tyro
 
-from birdjepa.config import PretrainConfig, flatten, resolve, to_dict
+from birdjepa.config import PretrainConfig, as_recorded, flatten, to_dict
 from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint import Checkpointer, CheckpointError
 
@@ -86,10 +86,10 @@ def resume_defaults(saved: Mapping[str, Any], where: str) -> tuple[PretrainConfi
     ``key=saved (default now X)``, the options where the two differ. Options this birdjepa no longer
     has are left out; a value of another type raises `birdjepa.config.ConfigError`."""
     defaults = flatten(to_dict(PretrainConfig()))
-    recorded = {k: v for k, v in flatten(saved).items() if k not in SEGMENT_ONLY and k in defaults}
+    cfg, recorded = as_recorded(saved, where, SEGMENT_ONLY)
     kept = [f"{k}={recorded[k]} (default now {defaults[k]})" for k in sorted(recorded) if
             recorded[k] != defaults[k]]  # fmt: skip
-    return resolve(PretrainConfig(), recorded, where), kept
+    return cfg, kept
 
 
 def resumed_config(
