@@ -7,6 +7,7 @@ tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -179,6 +180,10 @@ def test_a_ctrl_c_in_a_command_s_own_process_exits_past_the_interpreter_s_teardo
     assert done.returncode == 143 and done.stderr == "birdjepa benchmark: terminated (SIGTERM); exit 143\n", (
         done
     )
+    # A SIGTERM once the work is done, at the interpreter's exit (JAX's atexit hook): a traceback from the
+    # hook ("Exception ignored in atexit callback ... Terminated"). The signal's own action there.
+    done = a_command_that("atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(30)))")
+    assert done.returncode == -signal.SIGTERM and done.stderr == "", done
 
 
 def test_a_reader_that_closes_the_pipe_ends_a_command_quietly_with_the_shell_s_code(tmp_path: Path) -> None:

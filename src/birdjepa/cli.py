@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
               file=sys.stderr, flush=True)  # fmt: skip
     if sys.stdout is None:  # closed by the caller (`>&-`): a command's work done, then a traceback, exit 1
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    before = signal.getsignal(signal.SIGTERM)
     if argv is None:  # pretrain, sweep and verify-resume set their own while they run
         signal.signal(signal.SIGTERM, _terminated)
     name = f" {args[0]}" if args and args[0] in COMMANDS else ""
@@ -164,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> Any:
             raise
         print(f"birdjepa{name}: error: {e.filename}: {e.strerror}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE) from None
+    finally:  # its work done: a SIGTERM at the interpreter's exit raised Terminated in JAX's atexit hook
+        if argv is None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _no_backend() -> bool:
