@@ -77,6 +77,15 @@ def test_bad_overrides_name_file_config_and_key(tmp_path: Path, body: str, messa
     assert str(e.value).startswith(str(path)) and message in str(e.value)
 
 
+def test_a_local_sweep_takes_a_path_no_sbatch_line_could_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `sweep --local` from a folder named "lab#2" was refused for its #SBATCH lines, which it never submits.
+    path = sweep_file(tmp_path, '[{"run": "lr#2"}]')
+    main(["sweep", str(path), "--local", "--dry-run", "--runs-dir", str(tmp_path)])
+    assert f"# config 0 ({tmp_path / 'lr#2'}), resolved:" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("text", "line", "message"),
     [

@@ -132,9 +132,11 @@ def cli(
         for i, entry in enumerate(entries):
             flags = benchmark_flags(entry, f"{sweep_file}: entry {i}")
             results = Path(entry.get("results", "results"))
-            pretrain_sweep.slurm_safe(results.absolute(), "its results folder", f"{sweep_file}: entry {i}")
             name = f"{sweep_file.stem}-{i}"  # its job's name and log file, in #SBATCH lines too
-            pretrain_sweep.slurm_safe(Path(name), "its name (the sweep file's)", f"{sweep_file}: entry {i}")
+            if not local:  # here, no #SBATCH line is read
+                where = f"{sweep_file}: entry {i}"
+                pretrain_sweep.slurm_safe(results.absolute(), "its results folder", where)
+                pretrain_sweep.slurm_safe(Path(name), "its name (the sweep file's)", where)
             jobs.append((name, flags, results))
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

@@ -197,8 +197,11 @@ def slurm_safe(path: Path, what: str, where: str) -> None:
                          "as they are; nothing was submitted")  # fmt: skip
 
 
-def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None = None) -> list[Job]:
-    """Every config of a sweep file, validated and resolved; raises SweepError before any submission."""
+def plan(
+    path: Path, runs_dir: Path | None = None, force_resume_at: int | None = None, submits: bool = True
+) -> list[Job]:
+    """Every config of a sweep file, validated and resolved; raises SweepError before any submission.
+    ``submits``: its job scripts go to Slurm (not --local), whose #SBATCH lines must hold its paths."""
     jobs = []
     for i, overrides in enumerate(load_sweep(path)):
         where = f"{path}: config {i}"
@@ -221,7 +224,8 @@ def plan(path: Path, runs_dir: Path | None = None, force_resume_at: int | None =
             validation.check(cfg, saved=trained_config(cfg))  # as pretrain's start
         except OptionError as e:
             raise SweepError(f"{where}: {e}") from None
-        slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
+        if submits:
+            slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
         if cfg.resume == "never":  # refused at its first requeue's start (exit 2): the run left half done
             raise SweepError(f"{where}: --resume never: a sweep's job is requeued, and each start after its "
                              "first must resume the run")  # fmt: skip
@@ -461,7 +465,7 @@ def cli(
     stop after STEP and requeue itself once; --runs-dir sets log.runs_dir where a config does not."""
     try:
         check_slurm(slurm)
-        jobs = plan(sweep_file, runs_dir, force_resume_at)
+        jobs = plan(sweep_file, runs_dir, force_resume_at, submits=not local)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
