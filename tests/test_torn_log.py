@@ -273,3 +273,9 @@ def test_a_copied_run_folder_mirrors_to_its_own_wandb_id_and_a_moved_one_keeps_i
     assert run_id(tmp_path / "moved", "a") == first
     (tmp_path / "link").symlink_to(tmp_path / "moved")  # another path to the same folder
     assert run_id(tmp_path / "link", "a") == first and "WARNING" not in capsys.readouterr().out
+    # Emptied (a write cut short, a full disk): the mirror did not start at any start, the file unnamed.
+    for held in (b"", b"\n", b"\xff\xfe"):
+        (tmp_path / "moved" / "wandb_id").write_bytes(held)
+        again = run_id(tmp_path / "moved", "a")
+        assert again.startswith("a-") and run_id(tmp_path / "moved", "a") == again
+        assert f"WARNING {tmp_path / 'moved' / 'wandb_id'} holds no wandb id" in capsys.readouterr().out

@@ -8,6 +8,7 @@ imports wandb.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any, Literal
@@ -27,16 +28,32 @@ def run_id(run_dir: Path, run: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in run)[:48]
     new = f"{safe}-{secrets.token_hex(4)}"
     if path.exists():
-        kept, *made_in = [line.strip() for line in path.read_text().splitlines()]
+        kept, *made_in = [
+            line.strip() for line in path.read_bytes().decode(errors="replace").splitlines()
+        ] or [""]
         origin = made_in[0] if made_in else None
-        if origin is None or origin == here or not _holds_apart(Path(origin) / WANDB_ID_FILE, path, kept):
+        if not kept or any(not (c.isascii() and (c.isalnum() or c in "-_")) for c in kept):
+            # Emptied (a write cut short, a full disk): "could not start (ValueError: not enough values
+            # to unpack)" at every start, the file unnamed.
+            print(f"WARNING {path} holds no wandb id ({kept[:40]!r}): this run mirrors to a new one, {new}",
+                  flush=True)  # fmt: skip
+        elif origin is None or origin == here or not _holds_apart(Path(origin) / WANDB_ID_FILE, path, kept):
             if origin != here:  # an older file, or a moved folder: this one's from now on
-                path.write_text(f"{kept}\n{here}\n")
+                _write(path, f"{kept}\n{here}\n")
             return kept
-        print(f"WARNING {run_dir} is a copy of the run folder {origin}, which mirrors to wandb run {kept}: "
-              f"this copy mirrors to a new one, {new} (one id took both histories)", flush=True)  # fmt: skip
-    path.write_text(f"{new}\n{here}\n")
+        else:
+            print(f"WARNING {run_dir} is a copy of the run folder {origin}, which mirrors to wandb run "
+                  f"{kept}: this copy mirrors to a new one, {new} (one id took both histories)",
+                  flush=True)  # fmt: skip
+    _write(path, f"{new}\n{here}\n")
     return new
+
+
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: a kill mid-write left an empty file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _holds_apart(other: Path, mine: Path, wandb_id: str) -> bool:
