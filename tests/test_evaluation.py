@@ -354,17 +354,21 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     shutil.rmtree(copy / "checkpoints" / "9")
     for meta_file in copy.glob("checkpoints/*/meta/metadata"):
         meta = json.loads(meta_file.read_text())
-        meta["config"]["data"]["train"] = "moved/train"
+        meta["config"]["data"]["train"] = "moved/train/*.arrow"  # a pattern, as the README writes them
+        meta["config"]["data"]["eval"] = "moved/eval"
         rewrite_meta(meta_file, {k: v for k, v in meta.items() if k != "meta_crc"})
     with pytest.raises(SystemExit) as e:
         cli(copy, out=tmp_path / "moved.json")
     said = capsys.readouterr().err
     assert e.value.code == 2, said
     assert said.startswith(
-        f"birdjepa evaluate: error: {copy} trained on --data.train 'moved/train', which is "
-        "not there now (no shard files match 'moved/train' (a relative path: read from "
+        f"birdjepa evaluate: error: {copy} trained on --data.train 'moved/train/*.arrow' and --data.eval "
+        "'moved/eval', not there now (no shard files match 'moved/train/*.arrow' (a relative path: read from "
     ), said
-    assert said.endswith("): give where it is now, --data.train PATH with --out FILE\n"), said
+    assert "; no shard files match 'moved/eval' (a relative path: read from " in said, said
+    assert said.endswith(
+        "): give where they are now, --data.train PATH --data.eval PATH with --out FILE\n"
+    ), said
     # A train split of one class: every row at chance, "converged" in 0 iterations, exit 0.
     import pyarrow as pa
     import pyarrow.compute as pc

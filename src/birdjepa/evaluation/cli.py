@@ -207,13 +207,20 @@ def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalDat
 
     restored = restore_checkpoint(run_dir, step)
     cfg = restored.cfg
-    for option, given, path in (("train", data.train, cfg.data.train), ("eval", data.eval, cfg.data.eval)):
-        # Moved since, or a relative path read from another folder: "[Errno 2] ... 'data/train'", or the
-        # labels of a folder that is not there said to differ from the other split's.
-        if given is None and path and not glob.has_magic(path) and not os.path.lexists(path):
-            raise EvaluateError(f"{run_dir} trained on --data.{option} {path!r}, which is not there now "
-                                f"({no_shards_match(path)}): give where it is now, --data.{option} PATH "
-                                "with --out FILE")  # fmt: skip
+    # Moved since, or a relative path read from another folder: "[Errno 2] ... 'data/train'", or the
+    # labels of a folder that is not there said to differ from the other split's. Both splits at once, a
+    # pattern too (the README's 'data/train/*.arrow'): one round trip each.
+    gone = [(option, path) for option, given, path in (("train", data.train, cfg.data.train),
+                                                       ("eval", data.eval, cfg.data.eval))
+            if given is None and path and not (glob.glob(path) if glob.has_magic(path)
+                                               else os.path.lexists(path))]  # fmt: skip
+    if gone:
+        said = " and ".join(f"--data.{option} {path!r}" for option, path in gone)
+        why = "; ".join(no_shards_match(path) for _, path in gone)
+        give = " ".join(f"--data.{option} PATH" for option, _ in gone)
+        it = "it is" if len(gone) == 1 else "they are"
+        raise EvaluateError(f"{run_dir} trained on {said}, not there now ({why}): give where {it} now, "
+                            f"{give} with --out FILE")  # fmt: skip
     cfg = dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, train=data.train or cfg.data.train,
                                       eval=data.eval or cfg.data.eval)
