@@ -598,3 +598,21 @@ def test_a_call_site_is_named_from_a_working_folder_removed_under_the_job(
     gone.rmdir()
     site = _site(Block(), "__call__")
     assert site["function"].endswith("Block.__call__") and site["file"] == __file__, site
+
+
+def test_a_trace_cut_short_as_it_is_written_leaves_no_half_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A SIGTERM mid-write left `tr.npz.tmp` beside the trace.
+    import numpy as np
+
+    from birdjepa.divergence.trace_file import Entry, Trace
+
+    def cut(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    entry = Entry("batch", "x", (2,), "float32", "0" * 16, (0.0,) * 6, np.zeros(2, np.float32))
+    monkeypatch.setattr(np.lib.format, "write_array", cut)
+    with pytest.raises(KeyboardInterrupt):
+        trace_file.write(Trace({"step": 1}, [entry]), tmp_path / "tr.npz")
+    assert list(tmp_path.iterdir()) == []

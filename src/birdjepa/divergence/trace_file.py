@@ -81,8 +81,17 @@ def _restored(a: np.ndarray, dtype: str) -> np.ndarray:
 def write(trace: Trace, path: Path) -> None:
     """Write ``trace`` to ``path`` (replaced atomically)."""
     path = Path(path)
-    rows = []
     tmp = path.with_name(path.name + ".tmp")
+    try:
+        _write_zip(trace, tmp)
+    except BaseException:  # a SIGTERM (`Terminated`) or a full disk mid-write: no half file left beside it
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+
+
+def _write_zip(trace: Trace, tmp: Path) -> None:
+    rows = []
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
         for i, e in enumerate(trace.entries):
             row = {"stage": e.stage, "name": e.name, "shape": list(e.shape), "dtype": e.dtype,
@@ -96,7 +105,6 @@ def write(trace: Trace, path: Path) -> None:
             rows.append(row)
         manifest = {"format": FORMAT, **trace.manifest, "entries": rows}
         z.writestr(zipfile.ZipInfo(MANIFEST, _EPOCH), json.dumps(manifest, indent=1, sort_keys=False) + "\n")
-    tmp.replace(path)
 
 
 def traced(returncode: int, path: Path) -> bool:
