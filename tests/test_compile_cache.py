@@ -136,6 +136,18 @@ def test_a_cache_folder_given_keeps_a_folder_per_kind_of_machine(
     assert compile_cache.cache_dir() == tmp_path / compile_cache.machine_key()
     monkeypatch.setenv(compile_cache.ENV, "off")
     assert compile_cache.cache_dir() is None
+    # JAX's key holds the folder as given: a relative path or a link to it missed every entry (15 of 16
+    # programs compiled again at a resume, a copy of each kept), a "~" made a folder named "~".
+    (tmp_path / "link").symlink_to(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for given in (".", str(tmp_path / "link"), "~", "~/link/"):
+        monkeypatch.setenv(compile_cache.ENV, given)
+        assert compile_cache.cache_dir() == tmp_path / compile_cache.machine_key(), given
+    monkeypatch.delenv(compile_cache.ENV)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)  # the suite's own cache
+    monkeypatch.setenv("BIRDJEPA_CACHE", "link")
+    assert compile_cache.cache_dir() == tmp_path / "xla" / compile_cache.machine_key()
 
 
 def test_no_home_for_the_cache_is_one_line_and_no_compilation_cache(
@@ -169,7 +181,7 @@ def test_a_cache_that_cannot_be_made_written_or_read_whole_is_said_once_and_the_
     from jax._src import compilation_cache as jax_cache_format
     from jax._src import lru_cache
 
-    for off in ("off", "OFF", " Off ", "0", "false", "no"):
+    for off in ("off", "OFF", " Off ", "0", "false", "no", "none", "Disabled"):
         monkeypatch.setenv(compile_cache.ENV, off)
         assert compile_cache.cache_dir() is None, off
     (tmp_path / "a-file").write_text("")
@@ -184,6 +196,11 @@ def test_a_cache_that_cannot_be_made_written_or_read_whole_is_said_once_and_the_
     assert (tmp_path / "cut-cache").read_bytes() == whole  # replaced
     cache.put("cut", jax_cache_format.compress_executable(b"another"))
     assert (tmp_path / "cut-cache").read_bytes() == whole  # a whole one stays: the first writer's
+    # One that decompresses but did not load (read here, then put: JAX compiled it again) was never
+    # replaced: every later segment warned "Failed to parse SerializedXlaExecutableMetadata" and compiled.
+    assert cache.get("cut") == whole
+    cache.put("cut", jax_cache_format.compress_executable(b"another"))
+    assert (tmp_path / "cut-cache").read_bytes() == jax_cache_format.compress_executable(b"another")
 
     def denied(**_: object) -> None:
         raise PermissionError(13, "Permission denied")
@@ -192,7 +209,7 @@ def test_a_cache_that_cannot_be_made_written_or_read_whole_is_said_once_and_the_
     for key in ("a", "b"):
         cache.put(key, whole)
     said = capsys.readouterr().out
-    assert said.count(f"WARNING the compilation cache {tmp_path} can be read, not written") == 1, said
+    assert said.count(f"WARNING the compilation cache {tmp_path} takes no new entry") == 1, said
     # A full disk fails the write itself (JAX's two-line warning a program, 8 a run), said once.
     monkeypatch.undo()
     full = tmp_path / "full"
@@ -213,5 +230,5 @@ def test_a_cache_that_cannot_be_made_written_or_read_whole_is_said_once_and_the_
     for key in ("c", "d"):
         cache.put(key, whole)
     said = capsys.readouterr().out
-    assert said.count(f"WARNING the compilation cache {full} can be read, not written (No space left") == 1
+    assert said.count(f"WARNING the compilation cache {full} takes no new entry (No space left") == 1
     assert not list(full.iterdir()), list(full.iterdir())  # no entry, no leftover

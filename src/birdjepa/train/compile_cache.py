@@ -14,12 +14,16 @@ kernels the first compilation picked (XLA's documentation: compilation is determ
 autotuning).
 
 The key: JAX's own key holds the module, the XLA flags and jaxlib's version, but not the CPU's
-instruction set or the size of XLA's CPU thread pool, which the compiled code depends on. The folder is
-therefore per `birdjepa.train.determinism.machine_kind` (JAX and jaxlib, the device or CPU model,
-its thread pool and LAPACK kernels, the dependency lock): another machine kind or JAX never reads an entry.
+instruction set, which the compiled code depends on. The folder is therefore per
+`birdjepa.train.determinism.machine_kind` (JAX and jaxlib, the device or CPU model, its thread pool and
+LAPACK kernels, the dependency lock): another machine kind or JAX never reads an entry. (The thread pool's
+size changes a run's bits as it runs, not the program compiled: the split by it costs a compile only.)
+JAX's key also holds the cache's folder as given (its GPU autotuning folder is a compile option), so the
+folder is resolved first: a relative path or a link to it reads the same entries. A cache copied to
+another path compiles its programs again.
 
-``BIRDJEPA_COMPILE_CACHE=off`` (or ``0``, ``false``, ``no``, in any case) turns it off,
-``BIRDJEPA_COMPILE_CACHE=<folder>`` puts the machine-key folders there. A cache that JAX's own
+``BIRDJEPA_COMPILE_CACHE=off`` (or ``0``, ``false``, ``no``, ``none``, ``disabled``, in any case) turns
+it off, ``BIRDJEPA_COMPILE_CACHE=<folder>`` puts the machine-key folders there. A cache that JAX's own
 ``JAX_COMPILATION_CACHE_DIR`` names is left as it is. A folder that cannot be made is a WARNING and no
 cache (a read-only home on a compute node was a traceback); one that can be read but not written (a
 shared cache) is read, with one WARNING for the entries not kept.
@@ -51,7 +55,7 @@ from birdjepa.synthetic.demo import default_cache_dir
 from birdjepa.train.determinism import machine_kind
 
 ENV = "BIRDJEPA_COMPILE_CACHE"
-OFF = ("off", "0", "false", "no")
+OFF = ("off", "0", "false", "no", "none", "disabled")
 """`ENV`'s values that turn the cache off (stripped, any case): "OFF" made a folder named OFF, cache on."""
 JAX_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
 
@@ -66,18 +70,24 @@ def cache_dir() -> Path | None:
     """Where this process keeps its compiled steps (None: off, or left to ``JAX_COMPILATION_CACHE_DIR``):
     a folder per kind of machine (`machine_key`), under the folder ``BIRDJEPA_COMPILE_CACHE`` names too
     (it held the entries itself: on a shared file system, another kind of machine or JAX loaded them)."""
-    choice = os.environ.get(ENV, "")
+    choice = os.environ.get(ENV, "").strip()
     if _off() or (not choice and os.environ.get("JAX_COMPILATION_CACHE_DIR")):
         return None
+    # JAX's key holds the folder as given (its autotuning folder is one of the compile options): the
+    # same folder by a relative path or a link missed every entry and grew a copy of each.
     if choice:
-        return Path(choice) / machine_key()
+        return _real(Path(choice)) / machine_key()
     try:
-        return default_cache_dir() / "xla" / machine_key()
+        return _real(default_cache_dir()) / "xla" / machine_key()
     except DataError as e:  # no home for it: as a folder that cannot be made, said once
         if "home" not in _unmade:
             _unmade.add("home")
             print(f"WARNING no compilation cache ({e}): each process compiles its steps", flush=True)
         return None
+
+
+def _real(folder: Path) -> Path:
+    return Path(os.path.realpath(folder.expanduser()))
 
 
 def _off() -> bool:
@@ -163,6 +173,9 @@ def _made(folder: Path) -> bool:
 
 
 _jax_put = lru_cache.LRUCache.put
+_jax_get = lru_cache.LRUCache.get
+_read: set[str] = set()
+"""Keys this process read an entry of: put again, that entry failed to load (JAX compiles, then puts)."""
 _UMASK = os.umask(0)
 os.umask(_UMASK)  # read once, at import: the mode JAX's in-place write gave its entries
 
@@ -175,7 +188,10 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
     if self.eviction_enabled or not key or not lru_cache._is_local_filesystem(str(self.path)):
         return _jax_put(self, key, value)
     path = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
-    if path.exists() and _whole(path):  # as JAX's: the first writer's entry stays, unless it is damaged
+    # As JAX's: the first writer's entry stays (another process's, written since this one looked), unless
+    # it is damaged: cut short, or read here and failed to load (decompressed, then not an executable:
+    # every later segment warned and compiled again).
+    if path.exists() and key not in _read and _whole(path):
         return None
     try:
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{key}.", suffix=".tmp")
@@ -199,8 +215,8 @@ def _put_whole(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
 def _not_written(folder: Path, e: OSError) -> None:
     """The WARNING, once a process and folder, that ``folder`` takes no entry."""
     if str(folder) not in _unwritable:
-        print(f"WARNING the compilation cache {folder} can be read, not written ({e.strerror}): the "
-              "programs compiled here are not kept", flush=True)  # fmt: skip
+        print(f"WARNING the compilation cache {folder} takes no new entry ({e.strerror}): the programs "
+              "compiled here are not kept", flush=True)  # fmt: skip
         _unwritable.add(str(folder))
 
 
@@ -220,7 +236,16 @@ def _whole(entry: Path) -> bool:
         return False
 
 
+def _get_noted(self: lru_cache.LRUCache, key: str) -> bytes | None:
+    """`LRUCache.get`, noting the keys it found an entry of (`_read`)."""
+    value = _jax_get(self, key)
+    if value is not None:
+        _read.add(key)
+    return value
+
+
 lru_cache.LRUCache.put = _put_whole  # type: ignore[method-assign]
+lru_cache.LRUCache.get = _get_noted  # type: ignore[method-assign]
 
 
 def compiled_afresh(lowered: Any) -> Any:
