@@ -322,6 +322,12 @@ def test_a_replayed_step_that_does_not_match_its_log_stops_the_trace(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1
     assert f"It trained on another kind of machine (device: Other CPU (avx2) -> {here})" in err, err
+    # bisect said "trained by other code or on another machine" where the checkpoint records which.
+    with pytest.raises(SystemExit) as e:
+        main(["bisect", str(runs / "A"), str(edited)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "step 2 does not re-execute as it ran (train/loss logged" in err, err
+    assert f"It trained on another kind of machine (device: Other CPU (avx2) -> {here})" in err, err
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ from birdjepa.divergence.replay import (
     compared_keys,
     devices_at,
     first_mismatch,
+    not_here,
     open_at,
     read_config,
 )
@@ -157,11 +158,12 @@ def first_differing_step(a: Path, b: Path, s: Search) -> tuple[int | None, str |
                     )
                     if resumed is not None:  # the segment trained from another state than its checkpoint's
                         raise ResumeDiffers(run.run_dir, step, resumed, lines, mismatch)
-                    raise ReplayError(
-                        f"{run.run_dir}: step {step} does not re-execute as it ran ({name} logged "
-                        f"{logged!r}, now {now!r}): it was trained by other code or on another machine; "
-                        "trace each run from its own checkout and compare with `birdjepa diff-trace`"
-                    )
+                    # What the run recorded says which (its machine, its step's revision), else both.
+                    why = not_here(run, step) or (": it was trained by other code or on another machine; "
+                                                  "trace each run from its own checkout and compare with "
+                                                  "`birdjepa diff-trace`")  # fmt: skip
+                    raise ReplayError(f"{run.run_dir}: step {step} does not re-execute as it ran ({name} "
+                                      f"logged {logged!r}, now {now!r}){why}")  # fmt: skip
             ma, mb = metrics
             if ma != mb or _differ(ra.state.arrays(), rb.state.arrays()):
                 return step, None

@@ -252,12 +252,9 @@ def replay_to(
         if mismatch is not None:
             name, a, b = mismatch
             origin = f"checkpoint {run.restored_from}" if run.restored_from is not None else "step 0"
-            moved = describe_changes(machine_changes(run.trained_on, machine_kind()))
-            why = f". It trained on another kind of machine ({moved}): trace it on that kind" if moved else ""
-            why += revised(run.revision_at(s))
             raise ReplayError(
                 f"{run.run_dir}: step {s} does not replay as it ran: {name} logged {a!r}, replayed {b!r} "
-                f"(replayed from {origin}){why}"
+                f"(replayed from {origin}){not_here(run, s)}"
             )
         run.replayed.append(s)
         if not compared_keys(run.logged.get(s, {})):  # --log-every N, a log cut short: nothing compared
@@ -283,6 +280,15 @@ def revision_at(lines: list[dict[str, Any]], metas: dict[int, dict[str, Any]], s
     segment wrote (one written before revisions were recorded was written at revision 1)."""
     meta = _first_written(_starts(lines, step), metas)
     return meta.get("step_revision", 1) if meta is not None else None
+
+
+def not_here(run: OpenRun, step: int) -> str:
+    """Why ``step`` of ``run`` may not re-execute here as it trained, as a sentence to append ("" where
+    nothing recorded says): another kind of machine (a CPU thread pool of another size, say), or another
+    revision of the step."""
+    moved = describe_changes(machine_changes(run.trained_on, machine_kind()))
+    why = f". It trained on another kind of machine ({moved}): trace it on that kind" if moved else ""
+    return why + revised(run.revision_at(step))
 
 
 def revised(trained_by: int | None) -> str:
