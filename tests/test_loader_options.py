@@ -77,6 +77,10 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
 
     assert resolve_files(os.fsencode(demo_dir / "train")) == resolve_files(demo_dir / "train")
     assert resolve_files([os.fsencode(shard)]) == [str(shard)]
+    # A file not there was "[Errno 2] No such file or directory" at its opening, where a pattern or a
+    # folder that matched nothing said so with where a relative path was read from.
+    with pytest.raises(DataError, match=r"^no shard files match 'gone/a.arrow' \(a relative path: read "):
+        Loader(["gone/a.arrow"])
     with pytest.raises(ValueError, match="unknown field `sample_rate`"):
         _rs.log_mel(np.zeros(1000, np.float32), sample_rate=16000)
     # A helper's hunt: a feature option beside the loader's was overwritten by Features' default without

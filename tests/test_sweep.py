@@ -279,7 +279,7 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
     for entry, message in (
         ({"backbone": "raw"}, "entry 1: option 'backbone' = 'raw' has the wrong type"),
         # The values too, as the job checks them: these failed only once the job ran (on Slurm, queued).
-        ({**good, "train": "a"}, "entry 1: a: no such shard file"),
+        ({**good, "train": "a"}, "entry 1: no shard files match 'a' (a relative path: read from "),
         ({**good, "probe": ["centriod"]}, "entry 1: probes are "),
         ({**good, "n_train": [0]}, "n is -1 (all) or >= 1"),
         ({**good, "backbone": []}, "entry 1: give --backbone"),

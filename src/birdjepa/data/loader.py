@@ -135,8 +135,8 @@ def resolve_files(
             found = sorted(glob.glob(os.path.join(text, "*.arrow")))
         elif glob.has_magic(text):
             found = sorted(glob.glob(text))
-        else:
-            found = [text]
+        else:  # a file not there: said here as a pattern's or a folder's, not "[Errno 2]" at its opening
+            found = [text] if os.path.lexists(text) else []
         if not found:
             raise DataError(no_shards_match(text))
         out.extend(found)
