@@ -742,3 +742,26 @@ def test_verify_resume_into_a_folder_it_cannot_write_is_one_line_exit_74(
         main(argv)
     out = capsys.readouterr().out
     assert e.value.code == 74 and "ERROR: verify-resume: cannot create the run directory" in out, out
+
+
+PUMP = """
+import sys
+from pathlib import Path
+from birdjepa.resume.verify import _pump
+_pump((f"step {i}\\n" for i in range(20000)), "[straight] ", Path(sys.argv[1]))
+print("pumped", file=sys.stderr)
+"""
+
+
+def test_verify_resume_reads_its_trainers_on_when_its_console_closes(tmp_path: Path) -> None:
+    # `verify-resume ... | head -1`: the readers of the trainers' output died at the first broken pipe,
+    # so both trainers blocked writing theirs, for good (a SIGTERM did not end it); console.log cut short.
+    log = tmp_path / "console.log"
+    proc = subprocess.Popen([sys.executable, "-c", PUMP, str(log)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "[straight] step 0\n"
+    proc.stdout.close()  # as `head -1` does
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 0 and "pumped" in err and "Traceback" not in err, err
+    assert "WARNING the console cannot be written (Broken pipe): the runs go on" in err, err
+    assert log.read_text().splitlines() == [f"step {i}" for i in range(20000)]

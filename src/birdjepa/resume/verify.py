@@ -17,6 +17,7 @@ if that value is exactly 0.0 and every interruption happened where it was asked 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -118,10 +119,19 @@ def pretrain_args(argv: Sequence[str]) -> list[str]:
 
 
 def _pump(stream: object, prefix: str, log_file: Path) -> None:
+    """A trainer's output into its ``console.log`` and, labelled, this command's console. A console that
+    cannot be written (``| head`` closed the pipe, a full disk) stops the echo, not the log: the reader
+    died, no one read the trainer's pipe, and both trainers blocked writing it, for good."""
     with log_file.open("a") as log:
         for line in stream:  # type: ignore[attr-defined]
             log.write(line)
-            print(f"{prefix}{line}", end="", flush=True)
+            try:
+                print(f"{prefix}{line}", end="", flush=True)
+            except OSError as e:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as after a broken pipe
+                with contextlib.suppress(OSError):
+                    print(f"WARNING the console cannot be written ({e.strerror}): the runs go on, their "
+                          f"output in each run's console.log", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _last_logged_step(run_dir: Path) -> int:
