@@ -334,6 +334,30 @@ def test_keep_last_n_and_async_save_while_in_flight(tmp_path):
     assert ck.Checkpointer(tmp_path).all_steps() == [4, 5]
 
 
+def test_an_old_checkpoint_that_cannot_be_removed_is_said_once_and_the_saves_go_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Another user's files (an admin's chmod -R a-w): Orbax's PermissionError went up from the retention,
+    # and every launch trained to its first save and died there, exit 1, nothing naming the checkpoint.
+    c = ck.Checkpointer(tmp_path, keep=1, async_save=False)
+    real = c._mngr.delete
+
+    def denied(step: int) -> None:
+        if step == 1:
+            raise PermissionError(13, "Permission denied", str(tmp_path / "1" / "_CHECKPOINT_METADATA"))
+        real(step)
+
+    c._mngr.delete = denied
+    for step in (1, 2, 3):
+        c.save(step, {**make_state(), "step": step}, {"i": step})
+        c.wait()
+    assert c.all_steps() == [1, 3]
+    said = capsys.readouterr().out
+    assert said.count("WARNING checkpoint 1 could not be removed (Permission denied: ") == 1, said
+    assert "which --ckpt-keep 1 no longer keeps: the run trains on; remove it by hand" in said
+    c.close()
+
+
 def test_a_reader_of_a_live_run_lists_again_and_passes_over_a_step_its_retention_removes(
     tmp_path, monkeypatch
 ):

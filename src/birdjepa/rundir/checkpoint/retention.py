@@ -29,6 +29,7 @@ class RetentionAndFallback:
     keep: int | None
     fallbacks: list[dict[str, Any]]
     _verified: set[int]
+    _kept_against_policy: set[int]
     _saved: bool
     write_failed: bool
 
@@ -54,8 +55,15 @@ class RetentionAndFallback:
             return
         keeper = next((s for s in reversed(steps) if self.verify(s)), None)
         for s in steps[: -self.keep]:
-            if s != keeper:
-                self._mngr.delete(s)
+            if s != keeper and s not in self._kept_against_policy:
+                try:
+                    self._mngr.delete(s)
+                except OSError as e:  # another user's files, an admin's chmod: each save stopped the run
+                    self._kept_against_policy.add(s)
+                    where = e.filename or self.directory / str(s)
+                    print(f"WARNING checkpoint {s} could not be removed ({e.strerror}: {where}), which "
+                          f"--ckpt-keep {self.keep} no longer keeps: the run trains on; remove it by hand",
+                          flush=True)  # fmt: skip
 
     def restore_latest(self, target: Any) -> tuple[int, Any, dict[str, Any]] | None:
         """``(step, state, meta)`` of the newest checkpoint that verifies, or None if there is none.

@@ -115,6 +115,7 @@ class Checkpointer(RetentionAndFallback):
         #: Damaged checkpoints `restore_latest` passed over: ``{"checkpoint", "reason", "moved_to"}`` each.
         self.fallbacks: list[dict[str, Any]] = []
         self._verified: set[int] = set()
+        self._kept_against_policy: set[int] = set()  # old checkpoints that could not be removed (said once)
         self._saved = False  # retention applies once this checkpointer has saved (never on a read)
         self._in_flight: int | None = None  # the step Orbax may still be writing
         self.write_failed = False  # a save failed: retention deletes nothing more, `close` raises no more
