@@ -338,10 +338,27 @@ def test_a_run_name_or_data_path_that_is_no_printable_utf8_is_refused(demo_dir: 
     # A line break split every line naming the run; a latin-1 byte (as the shell passes it: a surrogate)
     # was a UnicodeEncodeError's traceback, for a data path after the run directory was made.
     latin1 = os.fsdecode(b"r\xe9n")
-    for run in ("line\nbreak", "tab\there", latin1):
+    for run in ("line\nbreak", "tab\there"):
         with pytest.raises(OptionError, match="must be printable UTF-8 text"):
             validation.check(PretrainConfig(run=run), data=False)
+    with pytest.raises(OptionError, match=r"is not UTF-8 \(a name in latin-1, say\): rename it"):
+        validation.check(PretrainConfig(run=latin1), data=False)
     validation.check(PretrainConfig(run="rün é鳥 x"), data=False)  # printable UTF-8, spaces: fine
+    # The runs folder too: trained to its first save, then 127 tracebacks from Orbax and exit 74.
+    with pytest.raises(
+        OptionError, match=r"^--log.runs-dir .*'.*lat\\udce9' is not UTF-8 \(a name in latin-1"
+    ):
+        validation.check(PretrainConfig(log=LogConfig(runs_dir=tmp_path / latin1.replace("r", "lat", 1)[:4])),
+                         data=False)  # fmt: skip
+    # A Python that reads every name as ASCII (LC_ALL=C, PYTHONUTF8=0) blamed good UTF-8 names.
+    code = ("from birdjepa import validation; from birdjepa.config import PretrainConfig\n"
+            "import sys\ntry:\n    validation.check(PretrainConfig(run=sys.argv[1]), data=False)\n"
+            "except validation.OptionError as e:\n    print(e)")  # fmt: skip
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
+    said = subprocess.run([sys.executable, "-c", code, "é"], capture_output=True, text=True, env=env).stdout
+    assert "is not UTF-8 (this Python reads file names as ascii: set LANG=C.UTF-8 or PYTHONUTF8=1" in said, (
+        said
+    )
     # A path a checkpoint's files would take past 4096 bytes: every step trained, then the first save
     # failed ("File name too long", exit 74, "free space").
     deep = Path("/" + "/".join(["d" * 200] * 20))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
@@ -225,6 +226,16 @@ def _utf8(text: str) -> bool:
         return False
 
 
+def not_utf8(what: str) -> str:
+    """Why a name that is not UTF-8 is refused: a latin-1 name, or a Python that reads every name as
+    ASCII (``LC_ALL=C`` with ``PYTHONUTF8=0``), where good UTF-8 names were blamed."""
+    encoding = sys.getfilesystemencoding()
+    if encoding.replace("-", "").lower() != "utf8":
+        return (f"{what} (this Python reads file names as {encoding}: set LANG=C.UTF-8 or PYTHONUTF8=1, or "
+                "rename it)")  # fmt: skip
+    return f"{what} (a name in latin-1, say): rename it"
+
+
 def _check_run(cfg: PretrainConfig) -> None:
     """The run directory is a folder inside ``--log.runs-dir``: ``--run ''`` (or ``.``) would make the runs
     folder itself the run, ``..`` or an absolute name would write outside it. A nested name (``sweep/a``)
@@ -235,9 +246,15 @@ def _check_run(cfg: PretrainConfig) -> None:
         raise OptionError("run", cfg.run, allowed)
     # A line break split every line naming the run in two; bytes that are no UTF-8 (a latin-1 é) were a
     # UnicodeEncodeError's traceback.
-    if not cfg.run.isprintable() or not _utf8(cfg.run):
+    if not _utf8(cfg.run):
+        raise OptionError("run", cfg.run, not_utf8("is not UTF-8"))
+    if not cfg.run.isprintable():
         raise OptionError("run", cfg.run, "must be printable UTF-8 text (no line break, tab or control "
                           "character)")  # fmt: skip
+    # The folder it is in too: trained to its first save, then 127 tracebacks from Orbax ("Unable to cast
+    # Python instance of type <class 'str'>") and exit 74 with advice about free space.
+    if not _utf8(where := os.path.abspath(cfg.log.runs_dir)):
+        raise OptionError("log.runs_dir", cfg.log.runs_dir, not_utf8(f"{where!r} is not UTF-8"))
     # Every step trained, then the first save failed ("File name too long", exit 74, "free space"): the
     # checkpoint's deepest files lie ~200 bytes below the run directory.
     path = len(os.fsencode(os.path.abspath(cfg.run_dir)))
@@ -443,13 +460,13 @@ def check_data(cfg: PretrainConfig) -> None:
         if value is None:  # the demo set, generated on first use
             continue
         if not _utf8(value):  # pyarrow's UnicodeEncodeError, after the run directory was made
-            raise OptionError(option, value, "is not UTF-8 (a name in latin-1, say): rename it")
+            raise OptionError(option, value, not_utf8("is not UTF-8"))
         try:
             files[option] = resolve_files(value)
         except DataError as e:
             raise OptionError(option, value, str(e)) from None
         if (foreign := next((f for f in files[option] if not _utf8(f)), None)) is not None:
-            raise OptionError(option, value, f"{foreign!r} is not a UTF-8 name (latin-1, say): rename it")
+            raise OptionError(option, value, not_utf8(f"{foreign!r} is not a UTF-8 name"))
         missing = [f for f in files[option] if not os.path.isfile(f)]
         if missing:
             raise OptionError(option, value, no_shards_match(missing[0]))
