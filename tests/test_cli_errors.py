@@ -7,6 +7,7 @@ tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -225,6 +226,22 @@ def test_a_backend_this_machine_lacks_is_one_line(tmp_path: Path) -> None:
     said = ("birdjepa pretrain: error: $JAX_PLATFORMS='cuda': no such backend on this machine (a job on "
             "another partition's nodes?); unset it or name one it has\n")  # fmt: skip
     assert (done.returncode, done.stderr) == (2, said), done.stderr
+
+
+def test_a_command_started_in_a_removed_folder_is_one_line(tmp_path: Path) -> None:
+    # `cd g; rmdir ../g; birdjepa pretrain ...`: os.path.abspath's FileNotFoundError, a traceback.
+    start = f"mkdir g && cd g && rmdir ../g && exec {shlex.quote(sys.executable)} -m birdjepa.cli compare a b"
+    done = subprocess.run(["sh", "-c", start], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    said = "birdjepa compare: error: the working folder was removed after this shell entered it: cd to one "
+    assert (done.returncode, done.stderr) == (2, said + "that exists\n"), done
+
+
+def test_a_file_another_user_keeps_from_this_one_is_one_line_exit_74() -> None:
+    # A run made under another user's umask 077: evaluate, export, compare, analyze each a traceback,
+    # exit 1 (compare's "the runs differ" for two runs it could not read).
+    done = a_command_that("raise PermissionError(13, 'Permission denied', '/lab/u77/metrics.jsonl')")
+    said = "birdjepa benchmark: error: /lab/u77/metrics.jsonl: Permission denied; exit 74\n"
+    assert (done.returncode, done.stderr) == (74, said), done
 
 
 @pytest.mark.parametrize("command", [["export", "x" * 300, "--out", "e"], ["evaluate", "x" * 300]])

@@ -49,7 +49,7 @@ def test_python_exposes_every_rust_option_with_the_rust_default() -> None:
     assert DEFAULTS == rust
 
 
-def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
+def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="unknown field `shuffle_bufer`"):
         Loader(demo_dir / "train", shuffle_bufer=8)
     with pytest.raises(ValueError, match="invalid type"):
@@ -81,6 +81,18 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path) -> None:
     # folder that matched nothing said so with where a relative path was read from.
     with pytest.raises(DataError, match=r"^no shard files match 'gone/a.arrow' \(a relative path: read "):
         Loader(["gone/a.arrow"])
+    # A folder that may not be listed (chmod 711): "no shard files match" it, as if it held none.
+    real_listdir = os.listdir
+
+    def denied(path: object) -> list[str]:
+        if str(path) == str(demo_dir / "train"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", denied)
+    with pytest.raises(DataError, match=r"train: the folder cannot be listed \(Permission denied\): name"):
+        resolve_files(demo_dir / "train")
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="unknown field `sample_rate`"):
         _rs.log_mel(np.zeros(1000, np.float32), sample_rate=16000)
     # A helper's hunt: a feature option beside the loader's was overwritten by Features' default without

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import tyro
 
 import birdjepa.verify  # noqa: F401 (registers the plants and faults the --debug options name)
-from birdjepa.exit_codes import INTERRUPTED, PIPE_CLOSED, TERMINATED, USAGE, exit_now
+from birdjepa.exit_codes import INTERRUPTED, IOERR, PIPE_CLOSED, TERMINATED, USAGE, exit_now
 from birdjepa.host_memory import keep_for_reuse
 from birdjepa.slurm.distributed import launched_tasks
 from birdjepa.train.determinism import deterministic_xla, overridden_flags
@@ -135,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> Any:
     if argv is None:  # pretrain, sweep and verify-resume set their own while they run
         signal.signal(signal.SIGTERM, _terminated)
     name = f" {args[0]}" if args and args[0] in COMMANDS else ""
+    try:  # every relative path is read from it: os.path.abspath's traceback, exit 1
+        os.getcwd()
+    except FileNotFoundError:
+        print(f"birdjepa{name}: error: the working folder was removed after this shell entered it: cd to one "
+              "that exists", file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(USAGE) from None
     try:
         result = _run(args)
         sys.stdout.flush()  # here, not at exit: a pipe closed early fails in this try, not after it
@@ -160,11 +166,17 @@ def main(argv: Sequence[str] | None = None) -> Any:
               "job on another partition's nodes?); unset it or name one it has", file=sys.stderr,
               flush=True)  # fmt: skip
         raise SystemExit(USAGE) from None
-    except OSError as e:  # a name past the file system's 255 bytes: each command's traceback
-        if e.errno != errno.ENAMETOOLONG:
-            raise
-        print(f"birdjepa{name}: error: {e.filename}: {e.strerror}", file=sys.stderr, flush=True)
-        raise SystemExit(USAGE) from None
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # a name past the file system's 255 bytes: each command's traceback
+            print(f"birdjepa{name}: error: {e.filename}: {e.strerror}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE) from None
+        # Another user's run made under umask 077, a folder not listable: a traceback, exit 1 (compare's
+        # "the runs differ"). The commands' own writes say more where they fail (exit 74 too).
+        if e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None:
+            print(f"birdjepa{name}: error: {e.filename}: {e.strerror}; exit {IOERR}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            raise SystemExit(IOERR) from None
+        raise
     finally:  # its work done: a SIGTERM at the interpreter's exit raised Terminated in JAX's atexit hook
         if argv is None:
             signal.signal(signal.SIGTERM, before)

@@ -132,6 +132,11 @@ def resolve_files(
         if not text:  # the core's ": cannot open"
             raise DataError("an empty path names no shard file")
         if os.path.isdir(text):
+            try:  # glob finds nothing in a folder it may not list: "no shard files match" it
+                os.listdir(text)
+            except OSError as e:
+                raise DataError(f"{text}: the folder cannot be listed ({e.strerror}): name its shard files, "
+                                "or make it readable") from None  # fmt: skip
             found = sorted(glob.glob(os.path.join(text, "*.arrow")))
         elif glob.has_magic(text):
             found = sorted(glob.glob(text))
