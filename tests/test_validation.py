@@ -350,6 +350,8 @@ def test_a_run_name_or_data_path_that_is_no_printable_utf8_is_refused(demo_dir: 
     ):
         validation.check(PretrainConfig(log=LogConfig(runs_dir=tmp_path / latin1.replace("r", "lat", 1)[:4])),
                          data=False)  # fmt: skip
+    with pytest.raises(OptionError, match=r"^--log.runs-dir .*'.*a\\nb' holds a line break"):
+        validation.check(PretrainConfig(log=LogConfig(runs_dir=tmp_path / "a\nb")), data=False)
     # A Python that reads every name as ASCII (LC_ALL=C, PYTHONUTF8=0) blamed good UTF-8 names.
     code = ("from birdjepa import validation; from birdjepa.config import PretrainConfig\n"
             "import sys\ntry:\n    validation.check(PretrainConfig(run=sys.argv[1]), data=False)\n"

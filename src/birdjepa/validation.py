@@ -255,6 +255,9 @@ def _check_run(cfg: PretrainConfig) -> None:
     # Python instance of type <class 'str'>") and exit 74 with advice about free space.
     if not _utf8(where := os.path.abspath(cfg.log.runs_dir)):
         raise OptionError("log.runs_dir", cfg.log.runs_dir, not_utf8(f"{where!r} is not UTF-8"))
+    if not where.isprintable():  # a line break split every line naming the run folder, as --run's did
+        raise OptionError("log.runs_dir", cfg.log.runs_dir, f"{where!r} holds a line break, tab or control "
+                          "character")  # fmt: skip
     # Every step trained, then the first save failed ("File name too long", exit 74, "free space"): the
     # checkpoint's deepest files lie ~200 bytes below the run directory.
     path = len(os.fsencode(os.path.abspath(cfg.run_dir)))
