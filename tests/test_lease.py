@@ -329,13 +329,20 @@ def test_a_read_only_runs_or_run_folder_is_one_line_and_exit_74_with_nothing_wri
     fresh = tmp_path / "fresh"  # a fresh run: its run directory cannot be created
     fresh.mkdir()
     with read_only(fresh):
-        assert refused(fresh).startswith(f"ERROR: cannot create the run directory {fresh / 'r'}: ")
+        line = refused(fresh)
+    assert line.startswith(f"ERROR: cannot create the run directory {fresh / 'r'}: ") and line.endswith(
+        "Make it writable or give another --log.runs-dir, then run the same command; exit 74"
+    )
     assert not list(fresh.iterdir())
     run = tmp_path / "resumed" / "r"  # a run to resume whose folder cannot be written
     (run / "checkpoints").mkdir(parents=True)
     (run / METRICS_FILE).write_text("")
     with read_only(run):
-        assert refused(run.parent).startswith(f"ERROR: cannot write the lease {run / LEASE_FILE}: ")
+        line = refused(run.parent)
+    # Another runs folder would start another run: a run that trained is told to make its own writable.
+    assert line.startswith(f"ERROR: cannot write the lease {run / LEASE_FILE}: ") and line.endswith(
+        "nothing was touched. Make it writable, then run the same command; exit 74"
+    ), line
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", METRICS_FILE]
 
 
@@ -381,3 +388,6 @@ def test_a_run_folder_that_is_a_symbolic_link_to_nowhere_is_said_so(tmp_path: Pa
     for run in ("gone", "loop"):
         with pytest.raises(LeaseUnwritable, match=r"\(a symbolic link to nowhere, or a loop\)"):
             acquire(tmp_path / run)
+    (tmp_path / "afile").write_text("")  # "File exists; ... Make it writable"
+    with pytest.raises(LeaseUnwritable, match=r"afile \(a file is there, not a folder\): File exists"):
+        acquire(tmp_path / "afile")

@@ -217,8 +217,14 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
             print(f"ERROR: {e}{other}; exit {code}", flush=True)
             return code
         except LeaseUnwritable as e:  # a read-only folder: as a log or checkpoint that cannot be written
-            print(f"ERROR: {e}; nothing was touched. Make it writable or give another --log.runs-dir, then "
-                  f"run the same command; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
+            # Another runs folder starts another run: no advice to a run that has trained.
+            try:
+                trained = layout.has_checkpoints(cfg.run_dir)
+            except OSError:  # not even readable
+                trained = False
+            fix = ("Make it writable, then run the same command" if trained else
+                   "Make it writable or give another --log.runs-dir, then run the same command")  # fmt: skip
+            print(f"ERROR: {e}; nothing was touched. {fix}; exit {exit_codes.IOERR}", flush=True)
             return exit_codes.IOERR
     try:
         return _pretrain(cfg, lease, stop)

@@ -246,6 +246,8 @@ def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease
         # A symlink to a folder gone (a node's scratch) or a loop: "File exists ... make it writable".
         looped = run_dir.is_symlink() or e.errno == errno.ELOOP
         link = " (a symbolic link to nowhere, or a loop)" if looped else ""
+        if not looped and run_dir.exists() and not run_dir.is_dir():  # "... make it writable" of a file
+            link = " (a file is there, not a folder)"
         raise LeaseUnwritable(f"cannot create the run directory {run_dir}{link}: {e.strerror or e}") from None
     try:
         return _hold(run_dir, run_dir / LEASE_FILE, wait_s, poll_s)
