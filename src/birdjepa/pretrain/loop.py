@@ -45,7 +45,7 @@ from birdjepa.resume.checks import config_diff
 from birdjepa.resume.options import hand_edits, resumed_config, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
-from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib
+from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, mib, remove_temporaries
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
 from birdjepa.rundir.log_at_resume import read_at_resume
 from birdjepa.seams import injected
@@ -266,6 +266,8 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
 def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest) -> int:
     # Open: the data, the model, the compiled step, and the state: a fresh one, or the newest checkpoint.
     requested.run_dir.mkdir(parents=True, exist_ok=True)
+    if multihost.is_main():  # a save killed mid-write (kill -9, a node lost) left a checkpoint's size there
+        remove_temporaries(layout.checkpoints(requested.run_dir))  # for ever; the lease is held: no writer
     ckpt = checkpoint.Checkpointer(
         requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async
     )

@@ -70,7 +70,7 @@ def reason(e: BaseException) -> str:
 def remove_temporaries(directory: Path) -> None:
     """Delete the ``*.orbax-checkpoint-tmp`` folders in ``directory`` (with one writer per run, the only
     ones are a failed or killed write's)."""
-    for tmp in directory.glob(f"*{TMP_SUFFIX}"):
+    for tmp in directory.glob(f"*{TMP_SUFFIX}*"):  # Orbax 0.12.8's name, and its later "-<time>" one
         shutil.rmtree(tmp, ignore_errors=True)
 
 
