@@ -518,7 +518,7 @@ def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_c
     # INT then TERM said "exit 130" and exited 75; TERM then INT exited 130 (a preempted job not requeued);
     # INT, TERM, INT: the second Ctrl-C did not quit, the TERM between had overwritten the first. Slurm's
     # warning (USR1) then its TERM recorded the TERM: the first preemption is the reason.
-    from birdjepa.pretrain.loop import STOP_SIGNALS, StopRequest
+    from birdjepa.pretrain.stop import STOP_SIGNALS, StopRequest
 
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a worker may ignore it)
@@ -542,7 +542,7 @@ def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_c
 
 def test_a_group_stops_for_a_preemption_wherever_it_came_else_for_its_user() -> None:
     # One process's Ctrl-C made the others exit 75 (requeue) and it 130, logged "signal on another process".
-    from birdjepa.pretrain.loop import group_stop
+    from birdjepa.pretrain.stop import group_stop
 
     term, ctrl_c, hup = int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP)
     assert group_stop([0, 0]) is None

@@ -40,6 +40,7 @@ from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
 from birdjepa.pretrain.console import KeptGoing
 from birdjepa.pretrain.progress import Progress
+from birdjepa.pretrain.stop import STOP_SIGNALS, USER_SIGNALS, StopRequest, group_stop
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
 from birdjepa.resume.checks import config_diff
 from birdjepa.resume.options import hand_edits, resumed_config, saved_config
@@ -56,73 +57,6 @@ from birdjepa.train.segment import advance, classes_changed, open_loader, open_s
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
 from birdjepa.validation import OptionError
-
-#: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit, and
-#: so does a first Ctrl-C (SIGINT): Python's own KeyboardInterrupt lost every step since the last save.
-#: So does a SIGHUP (the terminal of a run started in an ssh session closed): it killed the run unsaved.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
-#: What the user sends (or their terminal): ignored where the shell ignores it (``nohup``, a background
-#: job without job control), and not a preemption, so not requeued.
-USER_SIGNALS = {signal.SIGINT: exit_codes.INTERRUPTED, signal.SIGHUP: exit_codes.HUNG_UP}
-CTRL_C = (
-    b"\nCtrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes). Ctrl-C "
-    b"again quits at once, losing the steps since the last checkpoint.\n"
-)
-CTRL_C_AT_THE_LAST = (
-    b"\nCtrl-C: this is the run's last step: it finishes, with a checkpoint (exit 0). Ctrl-C again quits at "
-    b"once, losing the steps since the last checkpoint.\n"
-)
-
-
-class StopRequest:
-    """Records a stop signal for the loop (`pretrain` puts the previous handlers back when it returns). A
-    second Ctrl-C raises KeyboardInterrupt; an ignored SIGINT (a job started in the background by a
-    shell without job control) stays ignored. A preemption (SIGTERM, SIGUSR1) is the signal the run
-    stops for once it came, before or after a Ctrl-C: its exit (75) requeues the job."""
-
-    def __init__(self, signals: Sequence[int] = STOP_SIGNALS, *, speaks: bool = True) -> None:
-        self.signal: int | None = None
-        self.ctrl_c = False
-        self.at_the_last = False  # set by the loop: a stop there finishes the run (exit 0)
-        self.speaks = speaks  # process 0 alone, in a group: a terminal said it once per process
-        # Asked now: once the terminal hung up, isatty() says no (its ioctl fails too).
-        self.terminal = [fd for fd in (1, 2) if os.isatty(fd)]
-        self.watch(signals)
-
-    def watch(self, signals: Sequence[int]) -> None:
-        for sig in signals:
-            if sig not in USER_SIGNALS or signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        if signum == signal.SIGINT:
-            if self.ctrl_c:  # the second, whatever came between
-                raise KeyboardInterrupt
-            self.ctrl_c = True
-            if self.signal is None:
-                if self.speaks:
-                    os.write(
-                        sys.stderr.fileno(), CTRL_C_AT_THE_LAST if self.at_the_last else CTRL_C
-                    )  # not print: the handler may interrupt a print
-                self.signal = signum
-            return
-        if signum == signal.SIGHUP:
-            # The terminal is gone: a write to it fails (EIO) and would stop the save that follows.
-            with open(os.devnull, "wb") as null:
-                for fd in self.terminal:
-                    os.dup2(null.fileno(), fd)
-            if self.signal is not None:  # a preemption's (requeue) or a Ctrl-C's stays the reason
-                return
-        if self.signal is None or self.signal in USER_SIGNALS:  # Slurm's USR1 then its TERM: the USR1
-            self.signal = signum
-
-
-def group_stop(signals: Sequence[int]) -> int | None:
-    """The signal a group of processes stops for, from each one's (0: none): a preemption's wherever one
-    came (its exit requeues the job), else a user's. One process's Ctrl-C made the others exit 75 and it
-    130, and logged "signal on another process"."""
-    came = [s for s in signals if s]
-    return next((s for s in came if s not in USER_SIGNALS), came[0] if came else None)
 
 
 def due(step: int, every: int, last: int) -> bool:
