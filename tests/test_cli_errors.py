@@ -236,6 +236,18 @@ def test_a_command_started_in_a_removed_folder_is_one_line(tmp_path: Path) -> No
     assert (done.returncode, done.stderr) == (2, said + "that exists\n"), done
 
 
+def test_a_console_on_a_full_disk_is_one_line_exit_74() -> None:
+    # `birdjepa compare A B > out` on a full quota: a traceback, exit 1 (compare's "the runs differ").
+    code = ("import sys, birdjepa.cli as cli\n"
+            "cli.resolve = lambda _target: (lambda: print('row ' * 20000))\n"
+            "sys.argv = ['birdjepa', 'benchmark']\ncli.main()\n")  # fmt: skip
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=120)  # fmt: skip
+    said = "birdjepa benchmark: error: the standard output cannot be written (No space left on device); "
+    assert (done.returncode, done.stderr) == (74, said + "exit 74\n"), done
+
+
 def test_a_file_another_user_keeps_from_this_one_is_one_line_exit_74() -> None:
     # A run made under another user's umask 077: evaluate, export, compare, analyze each a traceback,
     # exit 1 (compare's "the runs differ" for two runs it could not read).

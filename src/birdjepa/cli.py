@@ -92,6 +92,35 @@ def fewer_collections() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
+STDOUT = "standard output"
+
+
+class NamedStdout:
+    """``sys.stdout`` whose failed writes name it (`STDOUT`); a closed pipe's stays a BrokenPipeError."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, STDOUT) from e
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, STDOUT) from e
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...: the stream's own
+        return getattr(self._stream, name)
+
+
 class Terminated(BaseException):
     """A SIGTERM (`kill PID`, `scancel`) to a command that does not save: raised where it runs, so that
     what it holds is let go (evaluate's lease of the run) and it ends in one line. It died without a
@@ -131,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
               file=sys.stderr, flush=True)  # fmt: skip
     if sys.stdout is None:  # closed by the caller (`>&-`): a command's work done, then a traceback, exit 1
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    if argv is None:  # a failed write says it was the console's (a traceback, exit 1: compare's "differ")
+        sys.stdout = NamedStdout(sys.stdout)
     before = signal.getsignal(signal.SIGTERM)
     if argv is None:  # pretrain, sweep and verify-resume set their own while they run
         signal.signal(signal.SIGTERM, _terminated)
@@ -172,6 +203,11 @@ def main(argv: Sequence[str] | None = None) -> Any:
             raise SystemExit(USAGE) from None
         # Another user's run made under umask 077, a folder not listable: a traceback, exit 1 (compare's
         # "the runs differ"). The commands' own writes say more where they fail (exit 74 too).
+        if e.filename == STDOUT:  # `> file` on a full disk or quota: the command's output is lost
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # its flush at exit: quiet
+            print(f"birdjepa{name}: error: the {STDOUT} cannot be written ({e.strerror}); exit {IOERR}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(IOERR) from None
         if e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None:
             print(f"birdjepa{name}: error: {e.filename}: {e.strerror}; exit {IOERR}", file=sys.stderr,
                   flush=True)  # fmt: skip
