@@ -93,8 +93,11 @@ def test_a_slurm_requeue_waits_for_the_holder_then_exits_75_and_a_dead_holder_is
 
 
 def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from birdjepa.rundir import lease as lease_lib
+
+    monkeypatch.setattr(lease_lib, "WATCH_S", 0.3)  # another host's silence, watched: the suite's time
     run = tmp_path / "r"
     held_by(os.getpid(), run)  # this process: alive
     with pytest.raises(RuntimeError, match="is held by pid"):
@@ -201,7 +204,9 @@ def test_a_takeover_is_never_written_back_over_by_the_holders_heartbeat(tmp_path
 RACER = """
 import sys, time
 from pathlib import Path
+from birdjepa.rundir import lease
 from birdjepa.rundir.lease import LeaseHeld, acquire
+lease.WATCH_S = 0.5  # another host's silence, watched: the suite's time
 run, start = Path(sys.argv[1]), float(sys.argv[2])
 time.sleep(max(start - time.time(), 0))  # every racer starts at the same instant
 try:
@@ -229,6 +234,67 @@ def test_racers_for_a_free_or_stale_lease_give_exactly_one_winner(tmp_path: Path
     outcomes = sorted(p.communicate(timeout=60)[0].strip().splitlines()[-1] for p in racers)
     assert outcomes == ["held", "held", "held", "won"]  # the winner's WARNING (a takeover) comes before
     assert not (run / LEASE_FILE).exists()  # the winner let go
+
+
+@pytest.mark.parametrize("skew", [-600.0, 600.0])
+def test_another_host_s_clock_neither_takes_a_live_run_over_nor_holds_a_dead_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], skew: float
+) -> None:
+    # Heartbeats stamped by a node's clock, read against this one's: a node 10 min ahead took a live run
+    # over (two writers, the healthy trainer stopped); a dead holder whose clock ran 10 min ahead held the
+    # run (a Slurm requeue waiting and exiting 75) until the clocks caught up.
+    from birdjepa.rundir import lease as lease_lib
+
+    monkeypatch.setattr(lease_lib, "WATCH_S", 0.5)
+    run = tmp_path / "r"
+    held_by(4242, run)
+    path = run / LEASE_FILE
+    holder = {**json.loads(path.read_text()), "host": "another-node"}
+    stop = threading.Event()
+
+    def beats() -> None:  # the live holder, renewing by its clock
+        while not stop.is_set():
+            path.write_text(json.dumps({**holder, "heartbeat": time.time() + skew}))
+            time.sleep(0.05)
+
+    beating = threading.Thread(target=beats)
+    beating.start()
+    try:
+        with pytest.raises(lease_lib.LeaseHeld) as e:
+            acquire(run, poll_s=0.02)
+    finally:
+        stop.set()
+        beating.join()
+    way = "behind" if skew < 0 else "ahead of"
+    assert f"(it renews its lease, by a clock 600 s {way} this host's)" in str(e.value), str(e.value)
+    # It stopped: its lease, unchanged while watched, is taken over, whichever way its clock was.
+    taken = acquire(run, poll_s=0.02)
+    why = "no heartbeat for 6" if skew < 0 else "a heartbeat 6"
+    assert taken.took_over is not None and taken.took_over["why"].startswith(why), taken.took_over
+    taken.release()
+
+
+def test_a_takeover_marker_is_timed_by_this_process_s_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its age was this host's clock against the file system's stamp: a trainer 3 min behind stalled for the
+    # difference, deaf to SIGTERM; one ahead removed a marker in use at once.
+    from birdjepa.rundir import lease as lease_lib
+
+    monkeypatch.setattr(lease_lib, "TAKEOVER_MARKER_S", 0.3)
+    run = tmp_path / "r"
+    held = acquire(run)
+    marker = run / f"{LEASE_FILE}.takeover"
+    for stamped in (time.time() + 3600, time.time() - 3600):  # a file system's clock ahead, behind
+        marker.touch()
+        os.utime(marker, (stamped, stamped))
+        t0 = time.monotonic()
+        taker = {**held.holder, "token": "f" * 16}
+        while not _take_over(run / LEASE_FILE, held.holder, taker):
+            time.sleep(0.01)
+        assert 0.3 <= time.monotonic() - t0 < 5
+        held.holder = taker
+    held.release()
 
 
 @pytest.mark.slow  # two trainings and a trace: a minute; CI runs it beside the suite

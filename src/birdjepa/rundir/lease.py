@@ -6,7 +6,9 @@ start time, a random token) and its last heartbeat. It is created whole, written
 into place (``link`` fails if the name exists: atomic on local disks and NFS), renewed every
 `HEARTBEAT_S` seconds by a daemon thread (write aside, then rename: readers never see half a lease),
 and removed on release. A lease is stale when its holder is a process of this host that no longer
-exists, or when its heartbeat is older than `STALE_AFTER_S`; a stale lease is taken over by the one
+exists, or when its heartbeat is older than `STALE_AFTER_S` by this host's clock (or as far ahead of it);
+another host's, stamped by another clock, only if it also stays the same while watched for `WATCH_S`
+by this process's own clock. A stale lease is taken over by the one
 taker that creates the takeover marker first, after checking the lease is still the stale one. The
 heartbeat renews under the same marker: a holder presumed dead that wakes never writes its lease back
 over the taker's, and the trainer asks `Lease.check` before it writes into the run: one that wakes
@@ -38,8 +40,14 @@ LEASE_WAIT_ENV = "BIRDJEPA_LEASE_WAIT_S"
 HEARTBEAT_S = 15.0
 #: Four missed heartbeats: the holder is gone (or its node is cut off and will not write again).
 STALE_AFTER_S = 4 * HEARTBEAT_S
-#: A takeover marker older than this was left by a taker that died mid-takeover.
+#: A takeover marker this process has seen unchanged this long was left by a taker that died mid-takeover.
 TAKEOVER_MARKER_S = 30.0
+#: Another host stamps its heartbeat with its own clock, and two nodes' clocks may disagree by minutes: a
+#: node 10 min ahead took a live run over (two writers, then the healthy trainer stopped), and a dead
+#: holder's heartbeat from a clock ahead held the run until the clocks caught up. Such a lease is stale
+#: only once its heartbeat has also stayed the same while this process watched it, this long, by its own
+#: clock: three heartbeats.
+WATCH_S = 3 * HEARTBEAT_S
 
 
 class LeaseHeld(RuntimeError):
@@ -71,11 +79,16 @@ class LeaseUnwritable(RuntimeError):
 
 
 def held_by(run_dir: Path, holder: dict[str, Any]) -> str:
-    """``run r1 is held by pid 4242 on node17, job 912345, since 10:41:07``."""
+    """``run r1 is held by pid 4242 on node17, job 912345, since 2026-12-06 10:41:07``, and, for a holder
+    renewing its lease by a clock that disagrees with this host's, by how much."""
     job = f", job {holder['job']}" if holder.get("job") else ""
-    since = time.strftime("%H:%M:%S", time.localtime(holder.get("started", 0)))
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
     pid, host = holder.get("pid"), holder.get("host")
-    return f"run {run_dir.name} is held by pid {pid} on {host}{job}, since {since}"
+    apart = ""
+    if (skew := holder.get("clock_skew_s")) is not None:
+        way = "behind" if skew < 0 else "ahead of"
+        apart = f" (it renews its lease, by a clock {abs(skew):.0f} s {way} this host's)"
+    return f"run {run_dir.name} is held by pid {pid} on {host}{job}, since {since}{apart}"
 
 
 def _me() -> dict[str, Any]:
@@ -136,17 +149,28 @@ def _exclusive(path: Path) -> Iterator[bool]:
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
-        try:
-            if time.time() - marker.stat().st_mtime > TAKEOVER_MARKER_S:
+        # Timed by this process's clock: its time against the file system's stamp (another clock) left a
+        # trainer 3 min behind stalled for the difference, deaf to SIGTERM, and one ahead removed a marker
+        # in use.
+        with contextlib.suppress(FileNotFoundError):
+            st = marker.stat()
+            seen = (st.st_ino, st.st_mtime_ns)
+            first = _markers_seen.get(str(marker))
+            if first is None or first[0] != seen:
+                _markers_seen[str(marker)] = (seen, time.monotonic())
+            elif time.monotonic() - first[1] > TAKEOVER_MARKER_S:
                 marker.unlink(missing_ok=True)
-        except FileNotFoundError:
-            pass
         yield False
         return
     try:
         yield True
     finally:
         marker.unlink(missing_ok=True)
+
+
+_markers_seen: dict[str, tuple[tuple[int, int], float]] = {}
+"""Takeover markers this process found in place: their identity, and when (its monotonic clock) it first
+saw them so."""
 
 
 def _take_over(path: Path, holder: dict[str, Any], lease: dict[str, Any]) -> bool:
@@ -176,6 +200,24 @@ def stale(holder: dict[str, Any], now: float | None = None) -> str | None:
     age = now - float(holder.get("heartbeat", 0.0))
     if age > STALE_AFTER_S:
         return f"no heartbeat for {age:.0f} s"
+    if age < -STALE_AFTER_S:  # another host's clock ahead of this one's: never stale by its age
+        return f"a heartbeat {-age:.0f} s ahead of this host's clock"
+    return None
+
+
+def _watched(path: Path, holder: dict[str, Any], poll_s: float) -> dict[str, Any] | None:
+    """The lease at ``path`` once it changed while this process watched it, for up to `WATCH_S` of its own
+    clock (its holder is alive, whatever its clock says: returned with ``clock_skew_s``, how far its
+    heartbeat is from this host's clock); None: it stayed ``holder``'s, unchanged (its holder is gone), or
+    went (released)."""
+    end = time.monotonic() + WATCH_S
+    while time.monotonic() < end:
+        time.sleep(min(poll_s, max(end - time.monotonic(), 0.0)))
+        now = _read(path)
+        if now is None or now.get("token") != holder.get("token"):
+            return None  # released or taken: the caller looks again
+        if now.get("heartbeat") != holder.get("heartbeat"):
+            return {**now, "clock_skew_s": float(now["heartbeat"]) - time.time()}
     return None
 
 
@@ -267,6 +309,13 @@ def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
         if holder is None:
             continue  # released between the two calls
         why = stale(holder)
+        if why is not None and not holder.get("damaged") and holder.get("host") != socket.gethostname():
+            # Stamped by another host's clock: stale only if it also stays the same while watched.
+            alive = _watched(path, holder, poll_s)
+            if alive is not None:
+                why, holder = None, alive
+            elif _read(path) != holder:
+                continue  # released or taken meanwhile
         if why is not None:
             if _take_over(path, holder, mine):
                 # A damaged one said "a stale lease of pid None on None (no heartbeat for 1796529485 s)".
