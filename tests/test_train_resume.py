@@ -552,13 +552,19 @@ def test_a_group_stops_for_a_preemption_wherever_it_came_else_for_its_user() -> 
 
 
 @pytest.mark.parametrize(
-    ("sig", "code"), [(signal.SIGTERM, exit_codes.REQUEUE), (signal.SIGHUP, exit_codes.HUNG_UP)]
+    ("sig", "code"),
+    [
+        (signal.SIGTERM, exit_codes.REQUEUE),
+        (signal.SIGHUP, exit_codes.HUNG_UP),
+        (signal.SIGXCPU, exit_codes.REQUEUE),
+    ],
 )
 def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
     demo_dir: Path, tmp_path: Path, sig: int, code: int
 ) -> None:
     # Before the loop's handler (a restore, a compile: minutes on a GPU) it killed the trainer without a
-    # word: exit -15, its lease left behind. A hang-up (an ssh session dropped) the same: exit -1.
+    # word: exit -15, its lease left behind. A hang-up (an ssh session dropped) the same: exit -1. A soft
+    # CPU-time limit's SIGXCPU killed it unsaved at any step (exit 152): a preemption, requeued.
     run = tmp_path / "early"
     # As a terminal's process has it: under nohup (a CI run started so) a hang-up is ignored, and stays so.
     start = (

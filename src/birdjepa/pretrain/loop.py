@@ -105,7 +105,7 @@ def pretrain(cfg: PretrainConfig) -> int:
     # later with a C++ stack.
     group = jax.process_count() > 1
     stop = StopRequest(
-        (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, *((signal.SIGINT,) if group else ())),
+        (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGXCPU, *((signal.SIGINT,) if group else ())),
         speaks=multihost.is_main(),
     )
     try:

@@ -13,7 +13,9 @@ from birdjepa import exit_codes
 #: SIGTERM and SIGUSR1 (Slurm's warning signal) ask the loop to save at the step boundary and exit, and
 #: so does a first Ctrl-C (SIGINT): Python's own KeyboardInterrupt lost every step since the last save.
 #: So does a SIGHUP (the terminal of a run started in an ssh session closed): it killed the run unsaved.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+#: And a SIGXCPU, a soft CPU-time limit's warning before the hard limit's SIGKILL (Slurm passes a login
+#: shell's `ulimit -t` on to its jobs): it killed the run unsaved, exit 152; a preemption, requeued.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU)
 #: What the user sends (or their terminal): ignored where the shell ignores it (``nohup``, a background
 #: job without job control), and not a preemption, so not requeued.
 USER_SIGNALS = {signal.SIGINT: exit_codes.INTERRUPTED, signal.SIGHUP: exit_codes.HUNG_UP}
