@@ -183,6 +183,14 @@ def test_a_resume_says_when_its_log_lost_rows_or_holds_a_bad_line(
         lines = (tmp_path / run / METRICS_FILE).read_text().splitlines()
         (event,) = [json.loads(x) for x in lines if '"log_damaged"' in x]
         assert said in event["why"] and event["step"] == 2
+    # Rows as sparse as the segment that wrote the checkpoint logged them: a --log-every lowered at the
+    # resume said "the log lost rows" of a log that lost none.
+    assert train(demo_dir, tmp_path, "sparse", "--log-every", "50", "--monitor-interval", "0",
+                 "--stop-at-step", "1") == 0  # fmt: skip
+    capsys.readouterr()
+    assert train(demo_dir, tmp_path, "sparse", "--log-every", "1") == 0
+    assert "lost rows" not in capsys.readouterr().out
+    assert not [e for e in read_metrics(tmp_path / "sparse") if e.get("event") == "log_damaged"]
 
 
 def test_a_non_finite_value_is_a_string_in_the_log_and_a_number_in_wandb(tmp_path: Path) -> None:

@@ -486,24 +486,37 @@ def test_a_console_that_fails_stops_no_run(demo_dir: Path, tmp_path: Path) -> No
     assert sorted(metrics_by_step(tmp_path / "con")) == list(range(STEPS))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGINT], ids=["USR1", "INT"])
+@pytest.mark.parametrize(
+    ("sig", "during"),
+    [(signal.SIGUSR1, "step"), (signal.SIGINT, "step"), (signal.SIGINT, "save")],
+    ids=["USR1", "INT", "INT-in-save"],
+)
 def test_a_preemption_or_a_ctrl_c_during_the_last_step_finishes_the_run(
     demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-    sig: signal.Signals,
+    sig: signal.Signals, during: str,
 ) -> None:  # fmt: skip
     # It exited 75: a requeue only to say "nothing to do", and the closing summary was in no log. A Ctrl-C
-    # there said "stopping after this step, with a checkpoint (exit 130)", and the run finished, exit 0.
-    real = train_loop.advance
+    # there said "stopping after this step, with a checkpoint (exit 130)", and the run finished, exit 0;
+    # so did one during the save before the last step (the loop sees it at the last step's end).
+    from birdjepa.pretrain.trainer import Trainer
+
+    real, real_save = train_loop.advance, Trainer.save
 
     def advance(fns, cfg, state, batch):  # noqa: ANN001, ANN202
-        if state.step == cfg.steps - 1:
+        if during == "step" and state.step == cfg.steps - 1:
             os.kill(os.getpid(), sig)  # the handler records it: the step runs on
         return real(fns, cfg, state, batch)
 
+    def save(self, state, *args):  # noqa: ANN001, ANN202
+        if during == "save" and state.step == self.cfg.steps - 1:  # the save of the step before the last
+            os.kill(os.getpid(), sig)
+        return real_save(self, state, *args)
+
     monkeypatch.setattr(train_loop, "advance", advance)
+    monkeypatch.setattr(Trainer, "save", save)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
-        assert pretrain_here(demo_dir, tmp_path, "last", *NO_EVAL, "--steps", "2") == 0
+        assert pretrain_here(demo_dir, tmp_path, "last", *NO_EVAL, "--steps", "2", "--ckpt-every", "1") == 0
     finally:
         signal.signal(signal.SIGINT, previous)
     (stop,) = events(tmp_path / "last", "stop")
@@ -511,7 +524,9 @@ def test_a_preemption_or_a_ctrl_c_during_the_last_step_finishes_the_run(
     out, err = capfd.readouterr()
     assert "done: 2 steps in" in out
     if sig == signal.SIGINT:
-        assert "Ctrl-C: this is the run's last step: it finishes, with a checkpoint (exit 0)" in err, err
+        assert "Ctrl-C: the run stops after this step anyway (its last, or --stop-at-step), with a " in err, (
+            err
+        )
 
 
 def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_ctrl_c_twice_quits() -> None:

@@ -266,7 +266,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     if lease is not None and lease.took_over is not None:
         t.log.event("lease_taken_over", state.step, **lease.took_over)
     if logged is not None and t.main:  # what a later `compare` found first, said at the resume
-        for event, why in (("log_damaged", logged.damage(slack=2 * cfg.log_every)),
+        # Rows as far apart as the segment that wrote the checkpoint logged them (a --log-every 50 then
+        # lowered at this resume said "the log lost rows").
+        every = max(cfg.log_every, meta.get("config", {}).get("log_every", cfg.log_every))
+        for event, why in (("log_damaged", logged.damage(slack=2 * every)),
                            ("checkpoint_missing", logged.lost(cfg.run_dir)),
                            ("other_history", logged.other(meta.get("last_metrics", {})))):  # fmt: skip
             if why is not None:
@@ -305,6 +308,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     # Loop: step, evaluate, save.
     stop.watch(list(USER_SIGNALS))
     last = cfg.steps - 1
+    end_here = last if cfg.stop_at_step is None else min(last, cfg.stop_at_step)  # where the segment ends
     start, end = state.step, state.step if exit_code else cfg.steps
     progress = Progress(
         total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
@@ -318,7 +322,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     try:
         for step in range(start, end):
             t0 = time.perf_counter()
-            stop.at_the_last = step == last
+            stop.at_the_last = step == end_here  # a stop asked for now comes at this step's end anyway
             batch, pending = (pending if pending is not None else next(loader)), None
             t_data = time.perf_counter() - t0
             state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
@@ -356,6 +360,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
 
             # Every process stops at the same step, with one code: a signal seen by one is acted on by all.
             signalled_with = group_stop(multihost.every_process(stop.signal or 0))
+            stop.at_the_last = step + 1 == end_here  # one asked for during this step's save: at the next
             stopping = step == cfg.stop_at_step or signalled_with is not None
             if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
                 try:

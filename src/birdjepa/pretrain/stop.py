@@ -24,8 +24,8 @@ CTRL_C = (
     b"again quits at once, losing the steps since the last checkpoint.\n"
 )
 CTRL_C_AT_THE_LAST = (
-    b"\nCtrl-C: this is the run's last step: it finishes, with a checkpoint (exit 0). Ctrl-C again quits at "
-    b"once, losing the steps since the last checkpoint.\n"
+    b"\nCtrl-C: the run stops after this step anyway (its last, or --stop-at-step), with a checkpoint (exit "
+    b"0). Ctrl-C again quits at once, losing the steps since the last checkpoint.\n"
 )
 
 
@@ -38,7 +38,7 @@ class StopRequest:
     def __init__(self, signals: Sequence[int] = STOP_SIGNALS, *, speaks: bool = True) -> None:
         self.signal: int | None = None
         self.ctrl_c = False
-        self.at_the_last = False  # set by the loop: a stop there finishes the run (exit 0)
+        self.at_the_last = False  # set by the loop: the segment ends at the step a stop would come (exit 0)
         self.speaks = speaks  # process 0 alone, in a group: a terminal said it once per process
         # Asked now: once the terminal hung up, isatty() says no (its ioctl fails too).
         self.terminal = [fd for fd in (1, 2) if os.isatty(fd)]
