@@ -353,7 +353,8 @@ def test_an_old_checkpoint_that_cannot_be_removed_is_said_once_and_the_saves_go_
         c.wait()
     assert c.all_steps() == [1, 3]
     said = capsys.readouterr().out
-    assert said.count("WARNING checkpoint 1 could not be removed (Permission denied: ") == 1, said
+    where = tmp_path / "checkpoints" / "1"
+    assert said.count(f"WARNING checkpoint 1 could not be removed (Permission denied, in {where})") == 1, said
     assert "which --ckpt-keep 1 no longer keeps: the run trains on; remove it by hand" in said
     c.close()
 

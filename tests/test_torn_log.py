@@ -287,9 +287,39 @@ def test_a_copied_run_folder_mirrors_to_its_own_wandb_id_and_a_moved_one_keeps_i
     assert run_id(tmp_path / "moved", "a") == first
     (tmp_path / "link").symlink_to(tmp_path / "moved")  # another path to the same folder
     assert run_id(tmp_path / "link", "a") == first and "WARNING" not in capsys.readouterr().out
+    # A run named with a letter beyond ASCII keeps the id made of it (it got a new one at every start).
+    (tmp_path / "café").mkdir()
+    accented = run_id(tmp_path / "café", "café")
+    assert accented.startswith("café-") and run_id(tmp_path / "café", "café") == accented
     # Emptied (a write cut short, a full disk): the mirror did not start at any start, the file unnamed.
     for held in (b"", b"\n", b"\xff\xfe"):
         (tmp_path / "moved" / "wandb_id").write_bytes(held)
         again = run_id(tmp_path / "moved", "a")
         assert again.startswith("a-") and run_id(tmp_path / "moved", "a") == again
         assert f"WARNING {tmp_path / 'moved' / 'wandb_id'} holds no wandb id" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\n",
+        b"\n\n\n",
+        b"a",
+        b"a\n",
+        b"a\nb",
+        b"a\nb\n\n\n",
+        b"x" * 70000 + b"\n" + b"y" * 70000,
+        b"x" * 70000 + b"\n" + b"y" * 70000 + b"\n\n",
+        b"a\n" + b"\n" * 70000,
+        b"q\n" + b"z" * (1 << 16) + b"\n",
+        b'{"step": 0}\n' + b"\0" * (1 << 20),
+    ],  # fmt: skip
+)
+def test_the_last_line_is_found_from_the_end_across_blocks(tmp_path: Path, data: bytes) -> None:
+    # Read back from the end, not whole (a log of hundreds of MB at every start); a first version read
+    # the tail again for every block it went back (a tail of NULs a crash left: minutes).
+    from birdjepa.rundir.metrics_log import _last_line
+
+    (tmp_path / "log").write_bytes(data)
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1
+    assert _last_line(tmp_path / "log") == (cut, data[cut:])

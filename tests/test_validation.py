@@ -343,7 +343,8 @@ def test_a_run_name_or_data_path_that_is_no_printable_utf8_is_refused(demo_dir: 
             validation.check(PretrainConfig(run=run), data=False)
     with pytest.raises(OptionError, match=r"is not UTF-8 \(a name in latin-1, say\): rename it"):
         validation.check(PretrainConfig(run=latin1), data=False)
-    validation.check(PretrainConfig(run="rün é鳥 x"), data=False)  # printable UTF-8, spaces: fine
+    validation.check(PretrainConfig(run="rün é鳥 x\xa0y"), data=False)  # printable UTF-8, spaces: fine
+    validation.check(PretrainConfig(log=LogConfig(runs_dir=tmp_path / "a\xa0b")), data=False)  # a no-break
     # The runs folder too: trained to its first save, then 127 tracebacks from Orbax and exit 74.
     with pytest.raises(
         OptionError, match=r"^--log.runs-dir .*'.*lat\\udce9' is not UTF-8 \(a name in latin-1"

@@ -17,6 +17,7 @@ import dataclasses
 import math
 import os
 import sys
+import unicodedata
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
@@ -226,6 +227,12 @@ def _utf8(text: str) -> bool:
         return False
 
 
+def _breaks_lines(text: str) -> bool:
+    """Whether ``text`` holds a control character (a line break, a tab) or a line or paragraph separator:
+    what splits the lines naming it. Not ``str.isprintable``, which refused a no-break space too."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
+
+
 def not_utf8(what: str) -> str:
     """Why a name that is not UTF-8 is refused: a latin-1 name, or a Python that reads every name as
     ASCII (``LC_ALL=C`` with ``PYTHONUTF8=0``), where good UTF-8 names were blamed."""
@@ -248,16 +255,16 @@ def _check_run(cfg: PretrainConfig) -> None:
     # UnicodeEncodeError's traceback.
     if not _utf8(cfg.run):
         raise OptionError("run", cfg.run, not_utf8("is not UTF-8"))
-    if not cfg.run.isprintable():
+    if _breaks_lines(cfg.run):
         raise OptionError("run", cfg.run, "must be printable UTF-8 text (no line break, tab or control "
                           "character)")  # fmt: skip
     # The folder it is in too: trained to its first save, then 127 tracebacks from Orbax ("Unable to cast
     # Python instance of type <class 'str'>") and exit 74 with advice about free space.
     if not _utf8(where := os.path.abspath(cfg.log.runs_dir)):
-        raise OptionError("log.runs_dir", cfg.log.runs_dir, not_utf8(f"{where!r} is not UTF-8"))
-    if not where.isprintable():  # a line break split every line naming the run folder, as --run's did
-        raise OptionError("log.runs_dir", cfg.log.runs_dir, f"{where!r} holds a line break, tab or control "
-                          "character")  # fmt: skip
+        raise OptionError("log.runs_dir", str(cfg.log.runs_dir), not_utf8(f"{where!r} is not UTF-8"))
+    if _breaks_lines(where):  # a line break split every line naming the run folder, as --run's did
+        raise OptionError("log.runs_dir", str(cfg.log.runs_dir), f"{where!r} holds a line break, tab or "
+                          "control character")  # fmt: skip
     # Every step trained, then the first save failed ("File name too long", exit 74, "free space"): the
     # checkpoint's deepest files lie ~200 bytes below the run directory.
     path = len(os.fsencode(os.path.abspath(cfg.run_dir)))

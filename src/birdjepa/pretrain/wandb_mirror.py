@@ -32,7 +32,7 @@ def run_id(run_dir: Path, run: str) -> str:
             line.strip() for line in path.read_bytes().decode(errors="replace").splitlines()
         ] or [""]
         origin = made_in[0] if made_in else None
-        if not kept or any(not (c.isascii() and (c.isalnum() or c in "-_")) for c in kept):
+        if not kept or any(not (c.isalnum() or c in "-_") for c in kept):  # as `new` is made
             # Emptied (a write cut short, a full disk): "could not start (ValueError: not enough values
             # to unpack)" at every start, the file unnamed.
             print(f"WARNING {path} holds no wandb id ({kept[:40]!r}): this run mirrors to a new one, {new}",

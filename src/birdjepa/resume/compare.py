@@ -150,7 +150,8 @@ def cli(
         unlogged = [d.name for d in diffs if d.steps == 0]  # a typo compared equal: max_abs_diff=0.0
         if uncompared := [m for m in unlogged if not compared(m)]:  # "neither run logged it" where both did
             print(f"error: --metrics {' '.join(uncompared)}: not compared (wall-clock time or bookkeeping, "
-                  "which differ between any two runs)", file=sys.stderr, flush=True)  # fmt: skip
+                  "which differ between any two runs, or the monitor's references, computed from the batch "
+                  "size and the data set's size alone)", file=sys.stderr, flush=True)  # fmt: skip
             raise SystemExit(exit_codes.USAGE)
         if unlogged:
             logged = sorted({k for log in logs for m in log.values() for k in m})

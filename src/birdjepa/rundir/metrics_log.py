@@ -181,18 +181,24 @@ def repair_torn_tail(path: Path) -> dict[str, Any] | None:
 
 
 def _last_line(path: Path) -> tuple[int, bytes]:
-    """Where the file's last line starts, and its bytes: read back from the end in blocks, not whole."""
+    """Where the file's last line starts, and its bytes: read back from the end, each block once (a long
+    run's log is hundreds of MB; a tail of NULs a crash left, as long)."""
+    block = 1 << 16
     with path.open("rb") as f:
         end = f.seek(0, 2)
-        data, start = b"", end
-        while start > 0:
-            start = max(0, start - (1 << 16))
+        pos, content_end, found = end, None, 0  # content_end: past the last byte that is no newline
+        while pos > 0 and not found:
+            start = max(0, pos - block)
             f.seek(start)
-            data = f.read(end - start)
-            nl = data.rstrip(b"\n").rfind(b"\n")
-            if nl >= 0:
-                return start + nl + 1, data[nl + 1 :]
-        return 0, data
+            data = f.read(pos - start)
+            if content_end is None and data.rstrip(b"\n"):
+                content_end = start + len(data.rstrip(b"\n"))
+            if content_end is not None:
+                nl = data.rfind(b"\n", 0, content_end - start)
+                found = start + nl + 1 if nl >= 0 else 0
+            pos = start
+        f.seek(found)
+        return found, f.read(end - found)
 
 
 def read_metrics(run_dir: Path) -> Iterator[dict[str, Any]]:

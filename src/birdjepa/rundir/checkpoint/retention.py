@@ -60,8 +60,8 @@ class RetentionAndFallback:
                     self._mngr.delete(s)
                 except OSError as e:  # another user's files, an admin's chmod: each save stopped the run
                     self._kept_against_policy.add(s)
-                    where = e.filename or self.directory / str(s)
-                    print(f"WARNING checkpoint {s} could not be removed ({e.strerror}: {where}), which "
+                    where = self.directory / str(s)  # rmtree's names are relative to the folder it was in
+                    print(f"WARNING checkpoint {s} could not be removed ({e.strerror}, in {where}), which "
                           f"--ckpt-keep {self.keep} no longer keeps: the run trains on; remove it by hand",
                           flush=True)  # fmt: skip
 
