@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import re
@@ -328,7 +329,9 @@ def test_a_set_with_other_labels_is_refused_beside_shards_whose_vocabulary_it_wo
     assert len(list_shards(tmp_path / "out")) == 2 and (tmp_path / "out" / "vocab.json").read_text() == before
 
 
-def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prepare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = make_src(tmp_path / "src")
     main(["prepare", str(src), str(tmp_path / "out"), "--format", "stream", "--shard-mb", "0.02"])
     assert len(list_shards(tmp_path / "out")) >= 3
@@ -341,6 +344,25 @@ def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     main(["prepare", str(src), str(tmp_path / "out3"), "--skip-bad"])
     out = capsys.readouterr().out
     assert "skipped 1 bad file(s):\n  amecro/bad.mp3: cannot decode" in out and "no row" not in out
+    # Out of file descriptors (ulimit -n under many --workers): good files skipped as bad, another set
+    # at every run. The process's limit is no bad file: one line, nothing written.
+    real = Path.read_bytes
+
+    def out_of_descriptors(self: Path) -> bytes:
+        if self.suffix == ".wav":
+            raise OSError(errno.EMFILE, "Too many open files", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", out_of_descriptors)
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(src), str(tmp_path / "limited"), "--skip-bad"])
+    err = capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and ": cannot read: Too many open files: a limit of this process (ulimit -n: " in err
+    )
+    assert "not the file; fewer --workers, or a higher limit" in err and not list_shards(tmp_path / "limited")
+    monkeypatch.undo()
     # A label whose every file was skipped stays in vocab.json: chance levels count it, unsaid.
     (src / "badwar").mkdir()
     (src / "badwar" / "x.wav").write_bytes(b"nonsense")

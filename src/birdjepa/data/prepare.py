@@ -16,6 +16,7 @@ unless `skip_bad`, which skips it, counts it and lists it at the end.
 from __future__ import annotations
 
 import csv
+import errno
 import glob
 import math
 import os
@@ -267,8 +268,23 @@ def _load(args: tuple[Path, str, Check, int]) -> tuple[bytes, str | None]:
     try:
         data = (src / rel).read_bytes()
     except OSError as e:
+        if e.errno in RESOURCE_ERRNOS:  # the process's limit, not the file: --skip-bad dropped good files
+            limit = f" (ulimit -n: {_open_files_limit()})" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
+            raise PrepareError(f"{src / rel}: cannot read: {e.strerror}: a limit of this process{limit}, not "
+                               "the file; fewer --workers, or a higher limit") from None  # fmt: skip
         return b"", f"cannot read: {e.strerror or e}"
     return data, check_audio(data, check)
+
+
+#: What a read fails with for want of the process's resources (descriptors, memory, threads), whatever
+#: the file: never a bad file to skip.
+RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN)
+
+
+def _open_files_limit() -> int:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def _loaded(
