@@ -100,6 +100,29 @@ def test_a_checkpoints_folder_that_cannot_be_written_says_so_not_free_space(
     assert "Make the checkpoints folder writable, then run the same command" in line, line
 
 
+@pytest.mark.parametrize(
+    ("why", "fix"),
+    [
+        ("No space left on device", "Free space or move the run directory"),
+        ("Too many open files", "Raise the limit on open files (ulimit -n)"),
+        ("File too large", "Raise the limit on a file's size (ulimit -f)"),
+        (
+            "RuntimeError: can't start new thread",
+            "Raise the limit on threads (ulimit -u, a cgroup's pids.max)",
+        ),
+    ],  # fmt: skip
+)
+def test_a_save_stopped_by_a_limit_of_the_process_says_which_not_free_space(why: str, fix: str) -> None:
+    # Out of descriptors (ulimit -n), threads (a cgroup's pids.max) or a file-size cap (ulimit -f): each
+    # told to "free space", with GBs free.
+    from birdjepa.rundir.checkpoint.space import CheckpointWriteError
+
+    e = CheckpointWriteError(
+        f"could not write checkpoint 1 to runs/r/checkpoints: {why} (7.0 MiB free there)"
+    )
+    assert e.fix() == fix
+
+
 @pytest.mark.slow  # a minute; CI runs it beside the suite
 def test_a_log_that_cannot_be_written_stops_the_run_in_one_line_and_it_resumes_exactly(
     demo_dir: Path, straight: Path, tmp_path: Path
@@ -184,7 +207,9 @@ def test_a_log_the_run_may_not_write_is_one_line_and_exit_74(
     (line,) = said_lines(capsys.readouterr().out)
     log = tmp_path / "r" / "metrics.jsonl"
     assert line.startswith(f"ERROR: could not write {log}: Operation not permitted"), line
-    assert line.endswith("make it writable or move the run directory, then resume; exit 74"), line
+    # Nothing saved: "the checkpoints already written are intact" sent the user looking for them.
+    assert "; no checkpoint was written yet: the same command starts the run over. Free space" in line, line
+    assert line.endswith("or move the run directory, then run the same command; exit 74"), line
 
 
 def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -> None:

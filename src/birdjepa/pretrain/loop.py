@@ -170,15 +170,17 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         return exit_codes.USAGE
     except (RuntimeError, ValueError) as e:
         if (gone := multihost.peer_lost(e)) is not None:
-            print(f"ERROR: another process of the group stopped while this one waited for it ({gone}): its "
-                  "own output says why; the checkpoints already written are intact and the same command "
-                  f"resumes from the newest; exit {exit_codes.GROUP_BROKEN}", flush=True)  # fmt: skip
+            print(
+                f"ERROR: another process of the group stopped while this one waited for it ({gone}): its "
+                f"own output says why; {_intact(cfg.run_dir)}; exit {exit_codes.GROUP_BROKEN}",
+                flush=True,
+            )
             return exit_codes.GROUP_BROKEN
         if (said := out_of_memory(e)) is None:
             raise
         print(f"ERROR: the device ran out of memory ({said}): a smaller --data.batch-size "
-              "(--optim.grad-accum keeps the batch an update sees), a smaller model, or --model.remat; the "
-              f"checkpoints already written are intact; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
+              f"(--optim.grad-accum keeps the batch an update sees), a smaller model, or --model.remat; "
+              f"{_intact(cfg.run_dir)}; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
         return exit_codes.USAGE
     except OSError as e:  # the log or config.json on a full disk (a checkpoint says more: `save_failed`)
         # A log the run may not write (read-only, immutable) was a traceback, exit 1: a file of the run's.
@@ -189,12 +191,24 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         what = e.filename or f"to {cfg.run_dir}"
         where = Path(e.filename).parent if e.filename else cfg.run_dir
         print(f"ERROR: could not write {what}: {e.strerror} ({mib(free_bytes(where))} free there); "
-              "the checkpoints already written are intact. Free space, make it writable or move the run "
-              f"directory, then resume; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
+              f"{_intact(cfg.run_dir)}. Free space, make it writable or move the run directory, then run the "
+              f"same command; exit {exit_codes.IOERR}", flush=True)  # fmt: skip
         return exit_codes.IOERR
     finally:
         if lease is not None:
             lease.release()
+
+
+def _intact(run_dir: Path) -> str:
+    """What a run that stopped on an error keeps, said in its one line: "the checkpoints ... intact" where
+    none was written yet sent a user looking for them."""
+    try:
+        steps = layout.checkpoint_steps(run_dir)
+    except OSError:
+        steps = []
+    if not steps:
+        return "no checkpoint was written yet: the same command starts the run over"
+    return f"the checkpoints written are intact, and the same command resumes from the newest ({steps[-1]})"
 
 
 def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest) -> int:

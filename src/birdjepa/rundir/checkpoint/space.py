@@ -33,11 +33,25 @@ class CheckpointWriteError(CheckpointError):
 
     def fix(self) -> str:
         """What to do before the same command: space was not the reason where the folder cannot be written
-        (a read-only mount, permissions), and freeing it then changed nothing."""
+        (a read-only mount, permissions) or a limit of the process was met (open files, file size,
+        threads), and freeing it then changed nothing."""
         denied = (os.strerror(n) for n in (errno.EROFS, errno.EACCES, errno.EPERM))
         if any(f": {why} (" in str(self) for why in denied):
             return "Make the checkpoints folder writable"
+        for why, fix in _LIMITS.items():
+            if why in str(self):
+                return fix
         return "Free space or move the run directory"
+
+
+#: A save that failed at a limit of the process, not of the disk: what to raise.
+_LIMITS = {
+    os.strerror(errno.EMFILE): "Raise the limit on open files (ulimit -n)",
+    os.strerror(errno.ENFILE): "Raise the system's limit on open files (fs.file-max)",
+    os.strerror(errno.EFBIG): "Raise the limit on a file's size (ulimit -f)",
+    "can't start new thread": "Raise the limit on threads (ulimit -u, a cgroup's pids.max)",
+    os.strerror(errno.EAGAIN): "Raise the limit on threads (ulimit -u, a cgroup's pids.max)",
+}
 
 
 def mib(n: int | None) -> str:

@@ -191,9 +191,10 @@ class Checkpointer(RetentionAndFallback):
         intact = next((s for s in reversed(self._committed()) if self.verify(s)), None)
         size = folder_bytes(self.directory / str(intact)) if intact is not None else None
         newest = f"the newest intact checkpoint is {intact}" if intact is not None else "no checkpoint yet"
+        takes = f", a checkpoint takes {mib(size)}" if size is not None else ""  # "takes ?" before the first
         return CheckpointWriteError(
             f"could not write checkpoint {step} to {self.directory}: {reason(e)} "
-            f"({mib(free_bytes(self.directory))} free there, a checkpoint takes {mib(size)}); {newest}"
+            f"({mib(free_bytes(self.directory))} free there{takes}); {newest}"
         )
 
     def room(self) -> tuple[int, int | None]:
