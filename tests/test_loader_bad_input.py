@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import signal
 import struct
 import subprocess
@@ -510,3 +511,40 @@ def test_a_loader_in_a_forked_process_says_it_has_no_workers_there(demo_dir: Pat
     said = r"child: this loader was opened in process \d+, and this is \d+, forked from it, where its worker"
     assert re.match(said + r" threads are not: open a loader in this process", child), child
     assert parent == "parent: (4,)"
+
+
+OUT_OF_THREADS = """
+import sys
+from birdjepa.data import DataError, Loader
+try:
+    Loader(sys.argv[1], n_workers=64)
+except DataError as e:
+    print(e)
+"""
+
+
+def test_a_loader_that_cannot_start_its_workers_says_which_limit(demo_dir: Path, tmp_path: Path) -> None:
+    # Under a cgroup's pids.max (or ulimit -u): a Rust panic's 30-line traceback, and the workers started
+    # before it blocked for ever on a barrier.
+    import os
+
+    pids = Path("/sys/fs/cgroup/pids")
+    group = pids / f"birdjepa-test-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as e:  # not root, or no cgroup v1 pids controller: CI's machine has both
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot make a pids cgroup: {e}")
+        pytest.skip(f"cannot make a pids cgroup: {e}")
+    try:
+        (group / "pids.max").write_text("40")
+        cmd = shlex.join([sys.executable, "-c", OUT_OF_THREADS, str(demo_dir / "train")])
+        start = f"echo $$ > {group / 'cgroup.procs'} && exec {cmd}"
+        done = subprocess.run(["sh", "-c", start], capture_output=True, text=True, timeout=120)
+    finally:
+        group.rmdir()
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "panicked" not in done.stderr, done
+    said = r"cannot start loader worker \d+ of 64: Resource temporarily unavailable \(os error 11\): a limit"
+    assert re.match(
+        said + r" on this process's threads \(ulimit -u, a cgroup's pids.max\); fewer", done.stdout
+    ), done

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Barrier, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -440,7 +440,7 @@ impl Loader {
             }
         };
         let shadow = cfg.planner(&dataset.shard_rows(), Some(plan.clone()))?;
-        let pipeline = spawn(&cfg, &dataset, &extractor, &shadow);
+        let pipeline = spawn(&cfg, &dataset, &extractor, &shadow)?;
         Ok(Self {
             building: Batch::with_capacity(cfg.batch_size, cfg.n_views, extractor.frame_len()),
             cfg,
@@ -517,7 +517,7 @@ impl Loader {
         self.shadow = self.cfg.planner(&self.dataset.shard_rows(), Some(plan.clone()))?;
         // Stop the old workers before starting new ones so the two never compete for cores.
         self.pipeline.stop();
-        self.pipeline = spawn(&self.cfg, &self.dataset, &self.extractor, &self.shadow);
+        self.pipeline = spawn(&self.cfg, &self.dataset, &self.extractor, &self.shadow)?;
         self.pending.clear();
         self.end_at = None;
         self.building = Batch::with_capacity(self.cfg.batch_size, self.cfg.n_views, self.extractor.frame_len());
@@ -736,7 +736,7 @@ fn debug_fields(prefix: &str, text: &str) -> Option<Vec<(String, String)>> {
     Some(fields)
 }
 
-fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtractor>, shadow: &Planner) -> Pipeline {
+fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtractor>, shadow: &Planner) -> Result<Pipeline> {
     let window = (cfg.prefetch_batches * cfg.batch_size).max(2 * cfg.n_workers) as u64;
     let shared = Arc::new(Shared {
         dataset: dataset.clone(),
@@ -750,23 +750,37 @@ fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtract
     let (tx, rx) = channel();
     // A thread takes its name from inside itself once it runs: the loader returns only when every worker
     // runs under its name, so whoever lists the process's threads next (a profiler, a test) sees them all.
-    let started = Arc::new(Barrier::new(cfg.n_workers + 1));
-    let workers = (0..cfg.n_workers)
-        .map(|w| {
-            let shared = shared.clone();
-            let tx = tx.clone();
-            let started = started.clone();
-            std::thread::Builder::new()
-                .name(format!("birdjepa-loader-{w}"))
-                .spawn(move || {
-                    started.wait();
-                    worker(&shared, &tx)
-                })
-                .expect("spawn loader worker")
-        })
-        .collect();
-    started.wait();
-    Pipeline { shared, rx, workers, process: std::process::id() }
+    let (ready_tx, ready_rx) = channel::<()>();
+    let mut pipeline = Pipeline { shared, rx, workers: Vec::with_capacity(cfg.n_workers), process: std::process::id() };
+    let mut failed = None;
+    for w in 0..cfg.n_workers {
+        let (shared, tx, ready) = (pipeline.shared.clone(), tx.clone(), ready_tx.clone());
+        let started = std::thread::Builder::new().name(format!("birdjepa-loader-{w}")).spawn(move || {
+            let _ = ready.send(());
+            worker(&shared, &tx)
+        });
+        match started {
+            Ok(handle) => pipeline.workers.push(handle),
+            Err(e) => {
+                failed = Some((w, e));
+                break;
+            }
+        }
+    }
+    drop(ready_tx);
+    for _ in 0..pipeline.workers.len() {
+        let _ = ready_rx.recv();
+    }
+    // Out of threads (ulimit -u, a cgroup's pids.max): a Rust panic's traceback, the workers started
+    // before it blocked for ever. Those stop as the pipeline drops.
+    if let Some((w, e)) = failed {
+        return Err(Error::data(format!(
+            "cannot start loader worker {w} of {}: {e}: a limit on this process's threads (ulimit -u, a \
+             cgroup's pids.max); fewer n_workers",
+            cfg.n_workers
+        )));
+    }
+    Ok(pipeline)
 }
 
 fn worker(shared: &Shared, tx: &Sender<Message>) {

@@ -96,8 +96,17 @@ pub(crate) fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
     // SAFETY: shards and audio files are treated as immutable while the loader runs; the data set's
     // fingerprint and its shards' digests (`Dataset::shard_digests`) see a file rewritten between
     // segments, and the resume's dataset check refuses it.
-    let mmap = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| Error::data(format!("{}: cannot mmap: {e}", path.display())))?;
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
+        // Every shard is mapped at once: past ~65,000 shards (or under `ulimit -v`) a healthy shard was
+        // named, as if it were at fault.
+        let why = if e.kind() == std::io::ErrorKind::OutOfMemory {
+            ": this process's limit on memory maps (vm.max_map_count; a data set maps each of its shards) \
+             or on its address space (ulimit -v) was met, not this file's fault"
+        } else {
+            ""
+        };
+        Error::data(format!("{}: cannot mmap: {e}{why}", path.display()))
+    })?;
     // Rows are read where the plan points, from every shard at once by default: the kernel's
     // read-around would read up to read_ahead_kb (8 MiB here) around each page touched, 10x the
     // bytes a loader needs. Instead each record asks for exactly its bytes (`Shard::will_need`).
