@@ -436,3 +436,20 @@ def test_a_device_out_of_memory_is_one_line_and_exit_2(demo_dir: Path, tmp_path:
     said = [line for line in done.stdout.splitlines() if line.startswith("ERROR")]
     assert done.returncode == exit_codes.USAGE and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert len(said) == 1 and said[0].startswith("ERROR: the device ran out of memory (RESOURCE_EXHAUSTED: ")
+
+
+def test_a_thread_that_cannot_start_is_one_line_and_exit_2(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ulimit -u, a cgroup's pids.max met by the norms' thread: a traceback, exit 1.
+    from birdjepa.train import param_norms
+
+    def no_thread(*_: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(param_norms, "later", no_thread)
+    assert pretrain(config(demo_dir, tmp_path, "threads", steps=2)) == exit_codes.USAGE
+    (said,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ERROR")]
+    assert said.startswith("ERROR: a thread could not be started (can't start new thread): a limit on this "
+                           "process's threads (ulimit -u, a cgroup's pids.max) was met"), said  # fmt: skip
+    assert said.endswith("; no checkpoint was written yet: the same command starts the run over; exit 2")

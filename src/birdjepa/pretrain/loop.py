@@ -176,6 +176,11 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
                 flush=True,
             )
             return exit_codes.GROUP_BROKEN
+        if "can't start new thread" in str(e):  # ulimit -u, a cgroup's pids.max: a traceback, exit 1
+            print(f"ERROR: a thread could not be started ({e}): a limit on this process's threads (ulimit "
+                  "-u, a cgroup's pids.max) was met; fewer --data.n-workers or a higher limit; "
+                  f"{_intact(cfg.run_dir)}; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
+            return exit_codes.USAGE
         if (said := out_of_memory(e)) is None:
             raise
         print(f"ERROR: the device ran out of memory ({said}): a smaller --data.batch-size "
