@@ -11,6 +11,7 @@ is a lower bound of what a step needs: where it is more than the device holds, n
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,14 @@ class DoesNotFit(ValueError):
 
 def host_bytes() -> int:
     """The memory this process may use on its host: the physical memory, or less where a cgroup limits
-    it (a Slurm job's ``--mem``; the nearest limit on the process's cgroup path, v2 or v1)."""
+    it (a Slurm job's ``--mem``; the nearest limit on the process's cgroup path, v2 or v1) or a limit of
+    the process (``ulimit -v``, ``ulimit -d``: a model 3x too large for one passed, and XLA's
+    RESOURCE_EXHAUSTED came after the compile, told to use a smaller batch)."""
     limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for rlimit in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+        soft = resource.getrlimit(rlimit)[0]
+        if soft != resource.RLIM_INFINITY:
+            limit = min(limit, soft)
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
