@@ -245,16 +245,19 @@ def test_another_host_s_clock_neither_takes_a_live_run_over_nor_holds_a_dead_one
     # run (a Slurm requeue waiting and exiting 75) until the clocks caught up.
     from birdjepa.rundir import lease as lease_lib
 
-    monkeypatch.setattr(lease_lib, "WATCH_S", 0.5)
+    monkeypatch.setattr(lease_lib, "WATCH_S", 1.5)  # 30 heartbeats of the holder below, on a busy machine
     run = tmp_path / "r"
     held_by(4242, run)
     path = run / LEASE_FILE
     holder = {**json.loads(path.read_text()), "host": "another-node"}
+    path.write_text(json.dumps({**holder, "heartbeat": time.time() + skew}))  # before any taker looks
     stop = threading.Event()
 
-    def beats() -> None:  # the live holder, renewing by its clock
+    def beats() -> None:  # the live holder, renewing by its clock, as leases are written: aside, renamed
         while not stop.is_set():
-            path.write_text(json.dumps({**holder, "heartbeat": time.time() + skew}))
+            aside = path.with_name(".lease.json.beat")
+            aside.write_text(json.dumps({**holder, "heartbeat": time.time() + skew}))
+            os.replace(aside, path)
             time.sleep(0.05)
 
     beating = threading.Thread(target=beats)
