@@ -102,6 +102,11 @@ def test_a_lease_without_heartbeat_is_stale_and_a_live_one_is_not(
     held_by(os.getpid(), run)  # this process: alive
     with pytest.raises(RuntimeError, match="is held by pid"):
         acquire(run)
+    # This host's clock stepped back under a live holder of it: its heartbeat from the future says nothing.
+    lease = json.loads((run / LEASE_FILE).read_text())
+    (run / LEASE_FILE).write_text(json.dumps({**lease, "heartbeat": time.time() + 3600}))
+    with pytest.raises(RuntimeError, match="is held by pid"):
+        acquire(run)
     lease = json.loads((run / LEASE_FILE).read_text())
     lease["host"], lease["heartbeat"] = "another-node", time.time() - 3600  # a node that went silent
     (run / LEASE_FILE).write_text(json.dumps(lease))

@@ -200,7 +200,9 @@ def stale(holder: dict[str, Any], now: float | None = None) -> str | None:
     age = now - float(holder.get("heartbeat", 0.0))
     if age > STALE_AFTER_S:
         return f"no heartbeat for {age:.0f} s"
-    if age < -STALE_AFTER_S:  # another host's clock ahead of this one's: never stale by its age
+    # Another host's clock ahead of this one's: never stale by its age (this host's own clock stepped back
+    # under a live holder of this host says nothing of it).
+    if age < -STALE_AFTER_S and holder.get("host") != socket.gethostname():
         return f"a heartbeat {-age:.0f} s ahead of this host's clock"
     return None
 
