@@ -6,9 +6,11 @@ command's files, and both marimo notebooks run headless."""
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import math
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -94,7 +96,9 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_wandb_export_resumes_are_found_by_step_going_back_and_by_clock_gaps(tmp_path: Path) -> None:
+def test_wandb_export_resumes_are_found_by_step_going_back_and_by_clock_gaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rows = [{"_step": s, "_timestamp": 1000.0 + 10 * s, "loss": s, "note": "x"} for s in range(20)]
     # A requeued job: 2 h of waiting, then steps go on (no step regression).
     rows += [
@@ -117,6 +121,26 @@ def test_wandb_export_resumes_are_found_by_step_going_back_and_by_clock_gaps(tmp
     assert loss.tolist() == [float(s) for s in range(25) if s != 3] + [-float(s) for s in range(25, 40)]
     # The threshold is a parameter; a larger one leaves only the step regression.
     assert [r.step for r in analysis.load_run(tmp_path / "export.csv", gap_s=8000).resumes] == [25]
+    # A segment on a node whose clock is an hour behind: "0 resume(s)".
+    back = [{"_step": s, "_timestamp": 1000.0 + 10 * s - 3600 * (s >= 30), "loss": s} for s in range(60)]
+    log = analysis.load_run(write_csv(tmp_path / "back.csv", back))
+    assert [(r.step, r.reason) for r in log.resumes] == [(30, "the clock went back 3590 s")]
+    # Times without a zone, read in the reader's zone: across the night New York's clocks went back, a
+    # resume at step 20 there (a gap of 3630 s), none in UTC.
+    start = datetime.datetime(2026, 11, 1, 1, 50)  # naive: 01:50 to 02:04:30, 30 s apart
+    naive = [{"_step": s, "_timestamp": (start + datetime.timedelta(seconds=30 * s)).isoformat(), "loss": s}
+             for s in range(30)]  # fmt: skip
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert analysis.load_run(write_csv(tmp_path / "naive.csv", naive)).resumes == []
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    from birdjepa.analysis.report import summary_markdown  # "-3590.0 s after the previous line"
+
+    said = "- step 30: the clock went back 3590 s, 3590.0 s before the previous line by its clock"
+    assert said in summary_markdown(log, [], 10, None, None).splitlines()
     # In-memory rows (wandb's scan_history) read the same way.
     assert [r.step for r in analysis.from_rows("api", rows).resumes] == [20, 25]
     # Each export's analysis beside it, in a folder of its own (two in one folder wrote over each other).

@@ -107,7 +107,10 @@ def _seconds(value: Any) -> float | None:
     seconds = _number(value)
     if seconds is None and isinstance(value, str):
         with contextlib.suppress(ValueError):
-            seconds = datetime.datetime.fromisoformat(value.strip()).timestamp()
+            when = datetime.datetime.fromisoformat(value.strip())
+            # One without a zone is read as UTC, not in the reader's zone: the night clocks went back,
+            # New York found a resume where UTC found none.
+            seconds = (when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)).timestamp()
     return seconds
 
 
@@ -235,6 +238,8 @@ def _split_foreign(rows: list[_Row], gap_s: float) -> tuple[list[list[_Row]], li
                 reason = f"step went back from {prev.step}"
             elif gap > gap_s:
                 reason = f"time gap {gap:.0f} s"
+            elif gap < -gap_s:  # a segment on a node whose clock is behind: not found at all
+                reason = f"the clock went back {-gap:.0f} s"
             if reason:
                 resumes.append(Resume(r.step, len(segments), reason, gap))
                 segments.append([])

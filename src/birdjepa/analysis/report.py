@@ -48,6 +48,8 @@ def summary_markdown(log: RunLog, found: list[Jump], width: int, other: RunLog |
                  f"resume(s); windows of {width} steps.")  # fmt: skip
     for r in log.resumes:
         gap = "" if math.isnan(r.gap_s) else f", {r.gap_s:.1f} s after the previous line"
+        if r.gap_s < 0:  # "-3595.4 s after": a segment on a node whose clock was behind
+            gap = f", {-r.gap_s:.1f} s before the previous line by its clock"
         before, after = windows_at(log, r.step, width)
         where = " and ".join(w for w, cut in (("start", before < width), ("end", after < width)) if cut)
         if where:  # its z is against drift over windows as short as its own: said, as the table is not
