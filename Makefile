@@ -45,10 +45,11 @@ wheel: $(BIN)/uv
 build: $(VENV)/.built
 
 # The main job: a short LeJEPA pretrain of the tiny ViT on the demo set, in a new run directory each time
-# (DEMO_ARGS: more options; the slow learning test runs this target with --log.runs-dir).
+# (DEMO_ARGS: more options; the slow learning test runs this target with --log.runs-dir). Named in UTC: in
+# local time two runs an hour apart on the night clocks go back got one name, the second resuming the first.
 DEMO_ARGS ?=
 demo: build
-	$(BIN)/birdjepa pretrain --run demo-$$(date +%Y%m%d-%H%M%S) $(DEMO_ARGS)
+	$(BIN)/birdjepa pretrain --run demo-$$(date -u +%Y%m%d-%H%M%SZ) $(DEMO_ARGS)
 
 loader-demo: build
 	$(BIN)/birdjepa loader-demo
