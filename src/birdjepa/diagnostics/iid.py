@@ -97,7 +97,6 @@ def _hash64(index: np.ndarray) -> np.ndarray:
     return index.astype(np.uint64) * HASH_MULT
 
 
-@functools.lru_cache(maxsize=8)
 @functools.lru_cache(maxsize=64)
 def iid_overlap(b_prev: int, b: int, n: int) -> float:
     """The expected multiset overlap ``Σ_i min(X_i, Y_i)`` of two batches of ``b_prev`` and ``b`` indices
@@ -118,6 +117,7 @@ def _at_least(m: int, n: int) -> np.ndarray:
     return np.cumsum(pmf[::-1])[::-1]
 
 
+@functools.lru_cache(maxsize=8)
 def _bucket_shares(n_samples: int) -> np.ndarray:
     """How many of the N indices fall in each of the 256 buckets: int64 [3, 256], rows as BUCKETINGS."""
     b = np.arange(N_BUCKETS + 1, dtype=np.int64)
