@@ -10,14 +10,13 @@ what all four need, before the writer opens the log (which cuts a torn last line
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from birdjepa.rundir.layout import CHECKPOINTS, DAMAGED_DIR
-from birdjepa.rundir.metrics_log import NOT_COMPARED, plain
+from birdjepa.rundir.metrics_log import NOT_COMPARED, TORN, parsed_lines, plain
 
 
 @dataclass(frozen=True)
@@ -82,27 +81,15 @@ class LogAtResume:
 
 
 def read_at_resume(path: Path, checkpoint: int) -> LogAtResume:
-    """`LogAtResume` of the log at ``path`` (none there: an empty one), streamed line by line."""
+    """`LogAtResume` of the log at ``path`` (none there: an empty one), streamed line by line; a torn last
+    line is the writer's to cut off (`birdjepa.rundir.metrics_log.repair_torn_tail`), not damage."""
     found: dict[str, Any] = {"last_step": -1, "saved": -1, "restart": -1, "row": None}
     bad: str | None = None
-    torn: str | None = None  # a line that does not parse, unless another follows it: a torn last line
-    if path.exists():
-        with path.open("rb") as f:
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                if torn is not None:
-                    bad = bad or torn
-                    torn = None
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    torn = f"{path}:{i}: not a JSON line"
-                    continue
-                if not isinstance(row, dict) or type(row.get("step")) is not int:
-                    bad = bad or f"{path}:{i}: not a row of this log (an object with an integer step)"
-                    continue
-                _take(found, row, checkpoint)
+    for i, row, why, _ in parsed_lines(path) if path.exists() else ():
+        if not why:
+            _take(found, row, checkpoint)
+        elif why != TORN and bad is None:
+            bad = f"{path}:{i}: {why}"
     return LogAtResume(path, checkpoint, bad=bad, **found)
 
 

@@ -210,24 +210,50 @@ def read_metrics_file(path: Path) -> Iterator[dict[str, Any]]:
     """Every line of a metrics file, in order. A torn last line (a live writer mid-append, or one that
     was killed) is skipped with a warning; any other line that does not parse raises `MetricsFileError`
     naming the file and the line."""
-    with Path(path).open("rb") as f:
-        lines = f.read().split(b"\n")
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            if i == last:
-                print(f"WARNING {path}:{i + 1}: a torn last line is ignored (a writer mid-append or killed)",
-                      flush=True)  # fmt: skip
-                return
-            raise MetricsFileError(f"{path}:{i + 1}: not a JSON line ({e})") from None
-        step = row.get("step") if isinstance(row, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool):  # a KeyError's or TypeError's traceback
-            raise MetricsFileError(f"{path}:{i + 1}: not a row of this log (an object with an integer step)")
+    for i, row, why, detail in parsed_lines(path):
+        if why == TORN:
+            print(
+                f"WARNING {path}:{i}: a torn last line is ignored (a writer mid-append or killed)", flush=True
+            )
+            return
+        if why:  # a KeyError's or TypeError's traceback, further on
+            raise MetricsFileError(f"{path}:{i}: {why}{f' ({detail})' if detail else ''}")
         yield row
+
+
+#: Why `parsed_lines` finds a line no row of the log.
+NOT_JSON, NOT_A_ROW, TORN = (
+    "not a JSON line",
+    "not a row of this log (an object with an integer step)",
+    "torn",
+)
+
+
+def parsed_lines(path: Path) -> Iterator[tuple[int, dict[str, Any], str, str]]:
+    """Each non-empty line of a metrics file, streamed (a long run's is hundreds of MB): its number, its
+    row, and "" or why it is none: `NOT_JSON` (with the parser's reason, ``detail``), `NOT_A_ROW`, or
+    `TORN`, a last line that does not parse (a writer mid-append, or killed). The one reading of a line
+    that the readers (`read_metrics_file`) and the resume (`birdjepa.rundir.log_at_resume`) share."""
+    pending: tuple[int, dict[str, Any], str, str] | None = None  # a line that does not parse: torn if last
+    with Path(path).open("rb") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if pending is not None:
+                yield pending
+                pending = None
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                pending = (i, {}, NOT_JSON, str(e))
+                continue
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):
+                yield i, {}, NOT_A_ROW, ""
+            else:
+                yield i, row, "", ""
+    if pending is not None:
+        yield pending[0], {}, TORN, ""
 
 
 #: Wall-clock measurements and bookkeeping: they legitimately differ between runs.
