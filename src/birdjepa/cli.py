@@ -10,13 +10,14 @@ the subcommand's arguments instead.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import importlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import tyro
@@ -102,23 +103,30 @@ class NamedStdout:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        try:
+        with _named():
             return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise OSError(e.errno, e.strerror, STDOUT) from e
 
     def flush(self) -> None:
-        try:
+        with _named():
             self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise OSError(e.errno, e.strerror, STDOUT) from e
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...: the stream's own
         return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _named() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, STDOUT) from e
+
+
+def _quiet_stdout() -> None:
+    """Standard output to /dev/null: what is still buffered for it fails no more at exit's flush."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class Terminated(BaseException):
@@ -187,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
             out_now(argv, INTERRUPTED)
         raise
     except BrokenPipeError:  # `| head` closed the pipe: a traceback, then another at exit's flush
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _quiet_stdout()
         raise SystemExit(PIPE_CLOSED) from None
     except AssertionError:  # JAX's bare one where $JAX_PLATFORMS names a backend this machine lacks
         platforms = os.environ.get("JAX_PLATFORMS", "")
@@ -201,13 +209,13 @@ def main(argv: Sequence[str] | None = None) -> Any:
         if e.errno == errno.ENAMETOOLONG:  # a name past the file system's 255 bytes: each command's traceback
             print(f"birdjepa{name}: error: {e.filename}: {e.strerror}", file=sys.stderr, flush=True)
             raise SystemExit(USAGE) from None
-        # Another user's run made under umask 077, a folder not listable: a traceback, exit 1 (compare's
-        # "the runs differ"). The commands' own writes say more where they fail (exit 74 too).
         if e.filename == STDOUT:  # `> file` on a full disk or quota: the command's output is lost
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # its flush at exit: quiet
+            _quiet_stdout()
             print(f"birdjepa{name}: error: the {STDOUT} cannot be written ({e.strerror}); exit {IOERR}",
                   file=sys.stderr, flush=True)  # fmt: skip
             raise SystemExit(IOERR) from None
+        # Another user's run made under umask 077: a traceback, exit 1 (compare's "the runs differ"). The
+        # commands' own writes say more where they fail (exit 74 too).
         if e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None:
             print(f"birdjepa{name}: error: {e.filename}: {e.strerror}; exit {IOERR}", file=sys.stderr,
                   flush=True)  # fmt: skip

@@ -133,11 +133,12 @@ def resolve_files(
             raise DataError("an empty path names no shard file")
         if os.path.isdir(text):
             try:  # glob finds nothing in a folder it may not list: "no shard files match" it
-                os.listdir(text)
+                names = os.listdir(text)
             except OSError as e:
                 raise DataError(f"{text}: the folder cannot be listed ({e.strerror}): name its shard files, "
                                 "or make it readable") from None  # fmt: skip
-            found = sorted(glob.glob(os.path.join(text, "*.arrow")))
+            # As glob's "*.arrow": hidden names left out.
+            found = sorted(os.path.join(text, n) for n in names if n.endswith(".arrow") and n[0] != ".")
         elif glob.has_magic(text):
             found = sorted(glob.glob(text))
         else:  # a file not there: said here as a pattern's or a folder's, not "[Errno 2]" at its opening

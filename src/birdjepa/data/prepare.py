@@ -20,6 +20,7 @@ import errno
 import glob
 import math
 import os
+import resource
 import sys
 import time
 import unicodedata
@@ -269,7 +270,8 @@ def _load(args: tuple[Path, str, Check, int]) -> tuple[bytes, str | None]:
         data = (src / rel).read_bytes()
     except OSError as e:
         if e.errno in RESOURCE_ERRNOS:  # the process's limit, not the file: --skip-bad dropped good files
-            limit = f" (ulimit -n: {_open_files_limit()})" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
+            files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            limit = f" (ulimit -n: {files})" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
             raise PrepareError(f"{src / rel}: cannot read: {e.strerror}: a limit of this process{limit}, not "
                                "the file; fewer --workers, or a higher limit") from None  # fmt: skip
         return b"", f"cannot read: {e.strerror or e}"
@@ -279,12 +281,6 @@ def _load(args: tuple[Path, str, Check, int]) -> tuple[bytes, str | None]:
 #: What a read fails with for want of the process's resources (descriptors, memory, threads), whatever
 #: the file: never a bad file to skip.
 RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN)
-
-
-def _open_files_limit() -> int:
-    import resource
-
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def _loaded(

@@ -25,14 +25,14 @@ def run_id(run_dir: Path, run: str) -> str:
     run. A moved folder (the old one gone) and one reached by another path keep theirs."""
     path = run_dir / WANDB_ID_FILE
     here = str(Path(run_dir).resolve())
-    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in run)[:48]
+    safe = "".join(c if _id_char(c) else "-" for c in run)[:48]
     new = f"{safe}-{secrets.token_hex(4)}"
     if path.exists():
         kept, *made_in = [
             line.strip() for line in path.read_bytes().decode(errors="replace").splitlines()
         ] or [""]
         origin = made_in[0] if made_in else None
-        if not kept or any(not (c.isalnum() or c in "-_") for c in kept):  # as `new` is made
+        if not kept or not all(map(_id_char, kept)):
             # Emptied (a write cut short, a full disk): "could not start (ValueError: not enough values
             # to unpack)" at every start, the file unnamed.
             print(f"WARNING {path} holds no wandb id ({kept[:40]!r}): this run mirrors to a new one, {new}",
@@ -47,6 +47,11 @@ def run_id(run_dir: Path, run: str) -> str:
                   flush=True)  # fmt: skip
     _write(path, f"{new}\n{here}\n")
     return new
+
+
+def _id_char(c: str) -> bool:
+    """What an id this module makes is made of (a run name's letters, ``-`` and ``_``)."""
+    return c.isalnum() or c in "-_"
 
 
 def _write(path: Path, text: str) -> None:
