@@ -82,8 +82,14 @@ def test_a_local_sweep_takes_a_path_no_sbatch_line_could_hold(
 ) -> None:
     # `sweep --local` from a folder named "lab#2" was refused for its #SBATCH lines, which it never submits.
     path = sweep_file(tmp_path, '[{"run": "lr#2"}]')
-    main(["sweep", str(path), "--local", "--dry-run", "--runs-dir", str(tmp_path)])
-    assert f"# config 0 ({tmp_path / 'lr#2'}), resolved:" in capsys.readouterr().out
+    main(["sweep", str(path), "--local", "--dry-run", "--runs-dir", str(tmp_path), "--force-resume-at", "3"])
+    out = capsys.readouterr().out
+    assert f"# config 0 ({tmp_path / 'lr#2'}), resolved:" in out
+    # What --local runs, not the Slurm script it never submits (printed before): stop, then resume.
+    pretrain = f"{sys.executable} -m birdjepa.cli pretrain"
+    runs = [line for line in out.splitlines() if line.startswith(pretrain)]
+    assert "#SBATCH" not in out and len(runs) == 2, out
+    assert runs[0].endswith(" --stop-at-step 3") and runs[1] == runs[0].removesuffix(" --stop-at-step 3")
 
 
 @pytest.mark.parametrize(
@@ -321,6 +327,9 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
     main(["sweep", str(path), "--dry-run"])
     out = capsys.readouterr().out
     assert out.count("#SBATCH --requeue") == 2 and "--n-train 1 -1" in out and not results.exists()
+    main(["sweep", str(path), "--dry-run", "--local"])  # the commands it runs here, no Slurm script
+    out = capsys.readouterr().out
+    assert "#SBATCH" not in out and out.count(f"{sys.executable} -m birdjepa.cli benchmark ") == 2, out
     main(["sweep", str(path), "--local"])
     assert capsys.readouterr().out.count("local exit 0") == 2
     rows = store.read(results).to_pylist()

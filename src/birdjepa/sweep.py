@@ -98,11 +98,15 @@ def pretrain_only(
         )
 
 
+def benchmark_command(flags: list[str]) -> list[str]:
+    return [sys.executable, "-m", "birdjepa.cli", "benchmark", *flags]
+
+
 def job_script(name: str, flags: list[str], slurm: SlurmOptions, workdir: Path, log_dir: Path) -> str:
     """A requeueable sbatch script: a preempted job starts again and skips what its store holds."""
     output = f"{pretrain_sweep.in_pattern(log_dir)}/{pretrain_sweep.in_pattern(name)}-%j.out"
     sbatch = pretrain_sweep.sbatch_lines(f"birdjepa-{name}", output, slurm, 1)
-    command = [sys.executable, "-m", "birdjepa.cli", "benchmark", *flags]
+    command = benchmark_command(flags)
     lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in sbatch), "",
              f"# birdjepa sweep: benchmark {name}", "set -u", f"cd {shlex.quote(str(workdir))}",
              "export PYTHONUNBUFFERED=1", f"exec {shlex.join(command)}"]  # fmt: skip
@@ -146,14 +150,15 @@ def cli(
     for name, flags, results in jobs:
         log_dir = (results / "jobs").absolute()
         script = job_script(name, flags, slurm, Path.cwd(), log_dir)
-        if dry_run:
-            print(f"# {name}: birdjepa benchmark {shlex.join(flags)}\n{script}")
+        command = benchmark_command(flags)
+        if dry_run:  # --local runs the command, no script (it printed the Slurm script)
+            print(f"# {name}: birdjepa benchmark {shlex.join(flags)}")
+            print(shlex.join(command) if local else script)
             continue
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / f"{name}.sbatch").write_text(script)
         if local:
-            code = pretrain_sweep.launch_local([sys.executable, "-m", "birdjepa.cli", "benchmark", *flags], 1,
-                                               children)  # fmt: skip
+            code = pretrain_sweep.launch_local(command, 1, children)
             failed += code != 0
             print(f"{name}: local exit {code}")
             if children.stopped:  # a Ctrl-C or SIGTERM: the sweep stops, not just this entry

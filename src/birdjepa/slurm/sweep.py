@@ -378,12 +378,18 @@ def submit(script: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def run_local(job: Job, force_resume_at: int | None, ntasks: int, children: Children) -> int:
-    """Run a job's pretrain here (twice with --force-resume-at: stop, then resume), as ``ntasks``
-    processes that form one group through ``BIRDJEPA_*`` variables (see `birdjepa.slurm.distributed`)."""
+def local_commands(job: Job, force_resume_at: int | None) -> list[list[str]]:
+    """The commands a job runs here, one after another: its pretrain (twice with --force-resume-at:
+    stop, then resume)."""
     command = [sys.executable, "-m", "birdjepa.cli", "pretrain", *job.flags]
     starts = [[*command, "--stop-at-step", str(force_resume_at)]] if force_resume_at is not None else []
-    for argv in [*starts, command]:
+    return [*starts, command]
+
+
+def run_local(job: Job, force_resume_at: int | None, ntasks: int, children: Children) -> int:
+    """Run a job's `local_commands` here, each as ``ntasks`` processes that form one group through
+    ``BIRDJEPA_*`` variables (see `birdjepa.slurm.distributed`)."""
+    for argv in local_commands(job, force_resume_at):
         code = launch_local(argv, ntasks, children)
         if code != 0 or children.stopped:
             return code
@@ -490,7 +496,12 @@ def cli(
             print(f"# config {job.index} ({run_dir}), resolved:")
             print(json.dumps(to_dict(job.cfg), indent=1))
             print(f"# config {job.index}: birdjepa pretrain {shlex.join(job.flags)}")
-            print(script)
+            if not local:
+                print(script)
+                continue
+            # No script runs here (it printed the Slurm script): the commands, one after another.
+            group = f"  # as {slurm.ntasks} processes of one group" if slurm.ntasks > 1 else ""
+            print("".join(f"{shlex.join(argv)}{group}\n" for argv in local_commands(job, force)))
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "job.sbatch").write_text(script)
