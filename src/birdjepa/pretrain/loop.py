@@ -113,6 +113,8 @@ def pretrain(cfg: PretrainConfig) -> int:
     finally:  # however it ends (a refused option, a held lease): the caller's handlers back
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if stop.signal == signal.SIGXCPU:  # the kernel sends it again each CPU second past the soft limit:
+            signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # its default killed the saved run's exit 75
 
 
 def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
@@ -379,7 +381,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
 
             # Every process stops at the same step, with one code: a signal seen by one is acted on by all.
             signalled_with = group_stop(multihost.every_process(stop.signal or 0))
-            stop.at_the_last = step + 1 == end_here  # one asked for during this step's save: at the next
+            # One asked for during this step's save comes at the next step's end, or after this one's
+            # save where the segment ends here: exit 0 either way.
+            stop.at_the_last = step + 1 >= end_here
             stopping = step == cfg.stop_at_step or signalled_with is not None
             if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
                 try:
@@ -426,7 +430,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         raise
 
     # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
-    # summary next to its baselines.
+    # summary next to its baselines. A Ctrl-C meanwhile changes no exit code.
+    stop.at_the_last = exit_code == 0
     if exit_code in (0, exit_codes.REQUEUE, *USER_SIGNALS.values()):
         try:
             t.ckpt.wait()
