@@ -95,6 +95,35 @@ def test_a_missing_file_is_a_counted_skip_naming_shard_row_and_path(
     assert gone in skip["reason"] and "No such file" in skip["reason"], skip
 
 
+def test_a_file_opened_with_no_descriptor_left_stops_the_loader_in_one_line_and_is_no_skip(
+    birdset_task: Path, tmp_path: Path
+) -> None:
+    # Under `ulimit -n` healthy files were counted skips ("Too many open files"), another set at every
+    # run: a data stream that depends on the process's load, its resume unequal to the straight run.
+    import resource
+    import subprocess
+    import sys
+
+    mine = train_shard_by_path(birdset_task, tmp_path)
+    code = ("import os, sys; from birdjepa.data import DataError, Loader\n"
+            "with Loader([sys.argv[1]], batch_size=4, n_workers=2, train=False) as loader:\n"
+            "    held = []\n"
+            "    try:\n"
+            "        while True: held.append(os.open(os.devnull, os.O_RDONLY))\n"
+            "    except OSError: pass\n"
+            "    try: list(loader)\n"
+            "    except DataError as e: print('DataError', e)\n"
+            "    print('skipped', loader.diagnostics()['counters']['skipped'])\n")  # fmt: skip
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    few = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # noqa: E731
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(mine)], capture_output=True, text=True, timeout=120, preexec_fn=few
+    )
+    said = done.stdout.splitlines()
+    assert said[-1] == "skipped 0" and said[0].startswith("DataError audio file "), done.stdout + done.stderr
+    assert said[0].endswith("this process's limit on open files (ulimit -n) was met, not this file's fault")
+
+
 def test_a_path_to_a_pipe_or_a_folder_is_a_counted_skip_not_a_wait_for_ever(
     birdset_task: Path, tmp_path: Path
 ) -> None:

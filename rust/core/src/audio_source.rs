@@ -14,7 +14,7 @@ use arrow_array::{Array, ArrayRef, StructArray};
 use arrow_buffer::Buffer;
 use arrow_schema::{DataType, Field};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::shard::{mmap_buffer, Shard};
 
 /// A file read by path up to this size is asked for in one read (it is decoded whole); a longer one is
@@ -120,21 +120,25 @@ impl AudioLayout {
     }
 
     /// The encoded audio of row `r` of `column` (a shard's audio column), a file read whole where the row
-    /// names one (relative paths under `root`); the error is why the row has none, for a counted skip.
-    pub fn read(&self, column: &ArrayRef, r: usize, root: &Path) -> std::result::Result<Buffer, String> {
-        match self.locate(column, r) {
+    /// names one (relative paths under `root`). The inner error is why the row has none, for a counted
+    /// skip; the outer, a limit of this process that the read met (a skip would hang on the process, not
+    /// the file, and differ between runs).
+    pub fn read(&self, column: &ArrayRef, r: usize, root: &Path) -> Result<std::result::Result<Buffer, String>> {
+        Ok(match self.locate(column, r) {
             Some(Located::Bytes(b)) => Ok(b),
-            Some(Located::Path(p)) => {
-                let file = resolve(root, &p);
-                let (buffer, map) = mmap_buffer(&file).map_err(|e| format!("audio file {e}"))?;
-                if buffer.len() <= WHOLE_READ_BYTES {
-                    let _ = map.advise(memmap2::Advice::WillNeed); // decoded whole: one read
+            Some(Located::Path(p)) => match mmap_buffer(&resolve(root, &p)) {
+                Ok((buffer, map)) => {
+                    if buffer.len() <= WHOLE_READ_BYTES {
+                        let _ = map.advise(memmap2::Advice::WillNeed); // decoded whole: one read
+                    }
+                    Ok(buffer)
                 }
-                Ok(buffer)
-            }
+                Err(e) if e.kind == ErrorKind::Limit => return Err(Error::limit(format!("audio file {e}"))),
+                Err(e) => Err(format!("audio file {e}")),
+            },
             None if self.path.is_some() => Err("audio bytes and path are null".into()),
             None => Err("audio bytes are null".into()),
-        }
+        })
     }
 
     /// Size and modification time (ns) of every file the shard's rows read by path, in row order (a
@@ -222,7 +226,7 @@ mod tests {
             vec![Some("ignored.flac"), Some("clips/a.flac"), Some(&absolute), Some("clips/missing.flac"), None],
         );
         let layout = AudioLayout::of(Path::new("s.arrow"), &field).unwrap();
-        let read = |r| layout.read(&column, r, &dir);
+        let read = |r| layout.read(&column, r, &dir).unwrap();
         assert_eq!(read(0).unwrap().as_slice(), b"inline");
         assert_eq!(read(1).unwrap().as_slice(), b"file a");
         assert_eq!(read(2).unwrap().as_slice(), b"file a");

@@ -517,7 +517,7 @@ impl Dataset {
         let audio_col = entry.shard.column(&batch, &self.columns.audio_column).map_err(RecordError::Fatal)?;
         let label_col = entry.shard.column(&batch, &self.columns.label_column).map_err(RecordError::Fatal)?;
 
-        let audio = entry.audio.read(&audio_col, r, &entry.audio_root).map_err(RecordError::Skip)?;
+        let audio = entry.audio.read(&audio_col, r, &entry.audio_root).map_err(RecordError::Fatal)?.map_err(RecordError::Skip)?;
         entry.shard.will_need(&audio);
 
         // Bad labels stop the loader (they are the data set's, not one recording's): one line naming the row.

@@ -11,6 +11,9 @@ pub enum ErrorKind {
     State,
     /// A worker thread died (a panic); the message carries the panic text.
     Worker,
+    /// One of this process's limits was met (open files, memory maps, threads): not the data's fault, so
+    /// never a skip of the record that met it.
+    Limit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +31,9 @@ impl Error {
     }
     pub fn state(message: impl Into<String>) -> Self {
         Self { kind: ErrorKind::State, message: message.into() }
+    }
+    pub fn limit(message: impl Into<String>) -> Self {
+        Self { kind: ErrorKind::Limit, message: message.into() }
     }
     pub fn worker(message: impl Into<String>) -> Self {
         Self { kind: ErrorKind::Worker, message: message.into() }

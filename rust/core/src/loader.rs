@@ -774,7 +774,7 @@ fn spawn(cfg: &LoaderConfig, dataset: &Arc<Dataset>, extractor: &Arc<ClipExtract
     // Out of threads (ulimit -u, a cgroup's pids.max): a Rust panic's traceback, the workers started
     // before it blocked for ever. Those stop as the pipeline drops.
     if let Some((w, e)) = failed {
-        return Err(Error::data(format!(
+        return Err(Error::limit(format!(
             "cannot start loader worker {w} of {}: {e}: a limit on this process's threads (ulimit -u, a \
              cgroup's pids.max); fewer n_workers",
             cfg.n_workers

@@ -80,15 +80,35 @@ struct MmapOwner(#[allow(dead_code)] Arc<memmap2::Mmap>);
 
 /// The file at `path` mapped into memory, as a buffer the mapping's owner keeps alive (shards, and audio
 /// files read by path: a crop touches only the pages it decodes).
+/// Why `path` could not be opened or mapped (`what`): the file's fault, or one of this process's limits met
+/// (`ErrorKind::Limit`, said so: under `ulimit -n` healthy audio files read by path were skipped as bad,
+/// another set at every run, and past ~65,000 shards or under `ulimit -v` a healthy shard was named).
+fn open_error(path: &Path, what: &str, e: std::io::Error) -> Error {
+    // Linux's numbers (macOS's too): std names none of the first two.
+    const ENOMEM: i32 = 12;
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    let limit = match e.raw_os_error() {
+        Some(EMFILE) => "this process's limit on open files (ulimit -n)",
+        Some(ENFILE) => "the system's limit on open files (fs.file-max)",
+        Some(ENOMEM) => {
+            "this process's limit on memory maps (vm.max_map_count; a data set maps each of its shards) or on \
+             its address space (ulimit -v), or the machine's memory"
+        }
+        _ => return Error::data(format!("{}: {what}: {e}", path.display())),
+    };
+    Error::limit(format!("{}: {what}: {e}: {limit} was met, not this file's fault", path.display()))
+}
+
 pub(crate) fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
     // Before the open: a FIFO's open waits for a writer, for ever and deaf to Ctrl-C (a path a row names,
     // or a shard); a folder's was "cannot mmap: No such device".
-    let kind = std::fs::metadata(path).map_err(|e| Error::data(format!("{}: cannot open: {e}", path.display())))?;
+    let kind = std::fs::metadata(path).map_err(|e| open_error(path, "cannot open", e))?;
     if !kind.is_file() {
         let what = if kind.is_dir() { "a folder" } else { "not a regular file (a pipe, socket or device)" };
         return Err(Error::data(format!("{}: cannot open: {what}", path.display())));
     }
-    let file = File::open(path).map_err(|e| Error::data(format!("{}: cannot open: {e}", path.display())))?;
+    let file = File::open(path).map_err(|e| open_error(path, "cannot open", e))?;
     let len = kind.len(); // the stat above: one per file, as before
     if len == 0 {
         return Err(Error::data(format!("{}: file is empty (truncated?)", path.display())));
@@ -96,17 +116,7 @@ pub(crate) fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
     // SAFETY: shards and audio files are treated as immutable while the loader runs; the data set's
     // fingerprint and its shards' digests (`Dataset::shard_digests`) see a file rewritten between
     // segments, and the resume's dataset check refuses it.
-    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
-        // Every shard is mapped at once: past ~65,000 shards (or under `ulimit -v`) a healthy shard was
-        // named, as if it were at fault.
-        let why = if e.kind() == std::io::ErrorKind::OutOfMemory {
-            ": this process's limit on memory maps (vm.max_map_count; a data set maps each of its shards) \
-             or on its address space (ulimit -v) was met, not this file's fault"
-        } else {
-            ""
-        };
-        Error::data(format!("{}: cannot mmap: {e}{why}", path.display()))
-    })?;
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| open_error(path, "cannot mmap", e))?;
     // Rows are read where the plan points, from every shard at once by default: the kernel's
     // read-around would read up to read_ahead_kb (8 MiB here) around each page touched, 10x the
     // bytes a loader needs. Instead each record asks for exactly its bytes (`Shard::will_need`).

@@ -25,7 +25,7 @@ const POLL: Duration = Duration::from_millis(100);
 fn to_py(e: Error) -> PyErr {
     match e.kind {
         ErrorKind::Config => PyValueError::new_err(e.message),
-        ErrorKind::Data => DataError::new_err(e.message),
+        ErrorKind::Data | ErrorKind::Limit => DataError::new_err(e.message),
         ErrorKind::State => StateError::new_err(e.message),
         ErrorKind::Worker => WorkerError::new_err(e.message),
     }
