@@ -40,6 +40,7 @@ from birdjepa.benchmark.multi_label_probes import (
     TOKEN_PROBES,
     Loss,
     Recipe,
+    first_class,
     fit_and_score,
 )
 from birdjepa.benchmark.recipe import UNTRAINED
@@ -123,8 +124,7 @@ def took(e: Embedded) -> str:
 
 def train_labels(e: Embedded) -> np.ndarray:
     """Each train recording's class for the few-shot draw: its single label, else its first multi-label."""
-    first = np.where(e.targets.any(axis=1), e.targets.argmax(axis=1), -1)
-    return np.where(e.label >= 0, e.label, first)
+    return np.where(e.label >= 0, e.label, first_class(e.targets))
 
 
 def run_task(
@@ -252,9 +252,8 @@ def run_task(
                     keep = fewshot.draw(classes, n, seed)
                     t0 = time.perf_counter()
                     try:
-                        scores = fit_and_score(
-                            probe, train_x[keep], tr.targets[keep], test_x, seed=seed, recipe=recipe
-                        )
+                        scores = fit_and_score(probe, train_x[keep], tr.targets[keep], test_x, seed=seed,
+                                               recipe=recipe, train_label=classes[keep])  # fmt: skip
                         metrics = all_metrics(scores, te.targets)
                     except ValueError as e:  # "scores hold NaN or inf", naming no probe, backbone or cause
                         where = f"{b.identity}, {probe}, n = {'all' if n == fewshot.ALL else n}, seed {seed}"

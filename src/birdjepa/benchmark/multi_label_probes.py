@@ -11,11 +11,15 @@ All three standardise with the train split's statistics first
   per class there is nothing to hold out, and one recipe keeps the few-shot curve comparable across n.
 - **proto** and **attentive** read patch tokens, not embeddings: `token_probes`.
 - **centroid**: nothing trained; the cosine similarity to each class's mean (standardised, then
-  L2-normalised) train embedding. A class with no train recording scores -1 (below every cosine).
+  L2-normalised) train embedding.
 - **softmax** and **knn**: `birdjepa evaluate`'s single-label probes
   (`birdjepa.evaluation.single_label_probes`: multinomial logistic regression with cross-validated L2,
-  and weighted cosine kNN), fitted on each train recording's one class; their scores are class
-  probabilities and kNN vote weights. For single-label tasks, and to compare with `evaluate`'s numbers.
+  and weighted cosine kNN), fitted on each train recording's one class, its focal species (a BirdSet
+  train row lists secondary ones too); their scores are class probabilities and kNN vote weights. For
+  single-label tasks, and to compare with `evaluate`'s numbers.
+
+Whatever the probe, a class no train recording has scores one constant, below every other class's score
+(`unseen_alike`): its AP is its share of the test windows, the same for every probe and backbone.
 
 Train batches are padded to a power of two with zero-weight rows, so the few-shot sizes compile a
 handful of shapes, not one per n; padded rows change no sum. On CPU the scores are a deterministic
@@ -42,7 +46,8 @@ PROBES: tuple[str, ...] = ("linear", "mlp", "centroid", "proto", "attentive", "s
 MULTI_LABEL: tuple[str, ...] = ("linear", "mlp", "centroid")
 """The probes a benchmark runs unless told otherwise (BirdSet's tasks are multi-label)."""
 HIDDEN = 256
-__all__ = ["HIDDEN", "MULTI_LABEL", "PROBES", "TOKEN_PROBES", "Loss", "ProbeName", "Recipe", "fit_and_score"]
+__all__ = ["HIDDEN", "MULTI_LABEL", "PROBES", "TOKEN_PROBES", "Loss", "ProbeName", "Recipe", "first_class",
+           "fit_and_score"]  # fmt: skip
 
 
 def _init(kind: str, d: int, c: int, key: jax.Array) -> dict:
@@ -91,10 +96,39 @@ def fit_and_score(
     *,
     seed: int = 0,
     recipe: Recipe = Recipe(),
+    train_label: np.ndarray | None = None,
 ) -> np.ndarray:
     """Scores of ``test_x`` for every class of ``train_y [N, C]`` (multi-hot) after fitting ``probe``:
-    on embeddings ``[N, D]``, or, for a token probe (`TOKEN_PROBES`), patch tokens ``[N, T, D]``."""
+    on embeddings ``[N, D]``, or, for a token probe (`TOKEN_PROBES`), patch tokens ``[N, T, D]``.
+    ``train_label``: each train recording's one class for softmax and knn (-1: none), its focal species;
+    by default its first listed class."""
     train_y = np.asarray(train_y, np.float32)
+    return unseen_alike(_fit_and_score(probe, train_x, train_y, test_x, seed, recipe, train_label), train_y)
+
+
+def first_class(y: np.ndarray) -> np.ndarray:
+    """Each row's first listed class of multi-hot ``y`` (-1: none)."""
+    return np.where(y.any(axis=1), y.argmax(axis=1), -1)
+
+
+def unseen_alike(scores: np.ndarray, train_y: np.ndarray) -> np.ndarray:
+    """``scores`` with each class no train recording has set to one constant below every other score. A
+    probe's own scores there are float noise (a trained probe's are a near-constant logit, tied but for
+    rounding): they ranked the test windows, and one fit gave cmAP 0.645 or 0.650 as XLA's flags moved
+    the last bits."""
+    unseen = ~train_y.any(axis=0)
+    if not unseen.any():
+        return scores
+    scores = np.array(scores, copy=True)
+    seen = scores[:, ~unseen]
+    scores[:, unseen] = seen.min() - 1.0 if seen.size else 0.0
+    return scores
+
+
+def _fit_and_score(
+    probe: ProbeName, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, seed: int, recipe: Recipe,
+    train_label: np.ndarray | None,
+) -> np.ndarray:  # fmt: skip
     if probe in TOKEN_PROBES:
         return fit_and_score_tokens(probe, train_x, train_y, test_x, seed=seed, recipe=recipe)
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
@@ -105,7 +139,9 @@ def fit_and_score(
     if not (np.isfinite(train_x).all() and np.isfinite(test_x).all()):
         raise ValueError("features hold NaN or inf (a diverged encoder?)")
     if probe in ("softmax", "knn"):
-        return _single_label(probe, train_x, train_y, test_x, seed)
+        if train_label is None:
+            train_label = first_class(train_y)
+        return _single_label(probe, train_x, np.asarray(train_label), test_x, seed, train_y.shape[1])
     a, b = standardise(train_x, test_x)
     if probe == "centroid":
         return _centroid_scores(a, train_y, b)
@@ -127,22 +163,21 @@ def _centroid_scores(train: np.ndarray, train_y: np.ndarray, test: np.ndarray) -
     train, test = unit(train), unit(test)
     counts = train_y.sum(axis=0)
     means = (train_y.T.astype(np.float64) @ train) / np.maximum(counts, 1)[:, None]
-    scores = test @ unit(means).T
-    scores[:, counts == 0] = -1.0
-    return scores
+    return test @ unit(means).T
 
 
 def _single_label(
-    probe: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, seed: int
+    probe: str, train_x: np.ndarray, train_label: np.ndarray, test_x: np.ndarray, seed: int, n_classes: int
 ) -> np.ndarray:
-    """`evaluate`'s probes on each train recording's first class (recordings without one left out)."""
+    """`evaluate`'s probes on each train recording's one class (recordings without one left out)."""
     from birdjepa.evaluation import single_label_probes as single
 
-    keep = train_y.any(axis=1)
-    labels = train_y[keep].argmax(axis=1)
+    if len(train_label) != len(train_x):
+        raise ValueError(f"need one train label per train clip, got {len(train_label)} for {len(train_x)}")
+    keep = train_label >= 0
+    labels = train_label[keep]
     if not keep.any():
         raise ValueError("no train recording has a class")
-    n_classes = train_y.shape[1]
     if probe == "knn":
         return single.knn(train_x[keep], labels, test_x, None, n_classes=n_classes).scores
     return single.linear_probe(train_x[keep], labels, test_x, None, seed=seed, n_classes=n_classes).scores

@@ -36,11 +36,16 @@ class Recipe:
     token_batch: int = 32
     """Clips per step of the token probes (drawn with replacement, seeded); the pooled probes take every
     clip at every step."""
+    scoring: int = 2
+    """How every probe's scores are made around its fit (`multi_label_probes`), as stored results record
+    it. 2: a class no train recording has scores one constant below the rest, and softmax and knn fit
+    each recording's focal class. Results stored without it took a probe's own scores there (float
+    noise: a cmAP moved by ~0.01 with the last bits) and a recording's first listed class."""
 
     def read_by(self, probe: str) -> dict[str, object]:
         """The fields ``probe``'s fit reads: a stored result fitted with other values of these is stale."""
         if probe in UNTRAINED:
-            return {}
+            return {"scoring": self.scoring}
         only = {"token_batch": ("proto", "attentive"), "prototypes": ("proto",)}  # the rest: every probe
         return {k: v for k, v in dataclasses.asdict(self).items() if probe in only.get(k, (probe,))}
 
