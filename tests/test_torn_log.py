@@ -51,6 +51,41 @@ def test_readers_skip_a_torn_last_line_and_name_any_other_bad_line(
             list(read_metrics(tmp_path))
 
 
+def test_a_live_log_is_read_as_it_was_at_the_open_not_into_a_line_appended_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader at the end of a live run's log met a line half written, then, at its next read, the other
+    # half as a line of its own: "not a JSON line" (exit 2) where a torn last line is passed over.
+    good = [{"step": 0, "restart": 0, "train/loss": 1.0}, {"step": 1, "restart": 0, "train/loss": 0.5}]
+    log = tmp_path / METRICS_FILE
+    line = json.dumps(good[1]).encode() + b"\n"
+    log.write_bytes(json.dumps(good[0]).encode() + b"\n" + line[:10])
+    real_open = Path.open
+
+    class Live:  # the writer finishes its line between the reader's two reads, as a kernel may order them
+        def __init__(self, f: object) -> None:
+            self.f = f
+
+        def __enter__(self) -> Live:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()  # type: ignore[attr-defined]
+
+        def fileno(self) -> int:
+            return self.f.fileno()  # type: ignore[attr-defined]
+
+        def __iter__(self):  # noqa: ANN204
+            for read in self.f:  # type: ignore[attr-defined]
+                if not read.endswith(b"\n"):
+                    with real_open(log, "ab") as w:
+                        w.write(line[10:])
+                yield read
+
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: Live(real_open(self, *a, **k)))
+    assert list(read_metrics(tmp_path)) == good[:1]
+
+
 def test_a_resume_cuts_the_torn_tail_off_and_ends_equal_to_the_straight_run(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
@@ -236,7 +237,13 @@ def parsed_lines(path: Path) -> Iterator[tuple[int, dict[str, Any], str, str]]:
     that the readers (`read_metrics_file`) and the resume (`birdjepa.rundir.log_at_resume`) share."""
     pending: tuple[int, dict[str, Any], str, str] | None = None  # a line that does not parse: torn if last
     with Path(path).open("rb") as f:
+        # The file as it was at the open: a live run's log read to its end read on into a line appended
+        # meanwhile, its first half a line that "does not parse" before its second.
+        left = os.fstat(f.fileno()).st_size
         for i, line in enumerate(f, start=1):
+            if left <= 0:
+                break
+            line, left = line[:left], left - len(line)
             if not line.strip():
                 continue
             if pending is not None:
