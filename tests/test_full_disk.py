@@ -10,6 +10,7 @@ the test.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
@@ -191,25 +192,32 @@ def test_futures_of_a_failed_orbax_write_are_not_reported_but_others_are(
     assert len(reported) == (0 if raised_in == "orbax" else 1)
 
 
+@pytest.mark.parametrize(
+    ("error", "fix"),
+    [
+        (errno.EPERM, "Free space, make it writable or move the run directory"),
+        # A file-size limit (ulimit -f) said "Free space" with GBs free.
+        (errno.EFBIG, "Raise the limit on a file's size (ulimit -f)"),
+    ],
+)
 def test_a_log_the_run_may_not_write_is_one_line_and_exit_74(
-    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    error: int, fix: str,
+) -> None:  # fmt: skip
     # An immutable or read-only metrics.jsonl (EPERM, EACCES) was a PermissionError traceback, exit 1.
-    import errno
-
     from birdjepa.pretrain import trainer
 
     def denied(run_dir: Path, **_: object) -> None:
-        raise PermissionError(errno.EPERM, "Operation not permitted", str(run_dir / "metrics.jsonl"))
+        raise OSError(error, os.strerror(error), str(run_dir / "metrics.jsonl"))
 
     monkeypatch.setattr(trainer, "MetricsLog", denied)
     assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path))) == exit_codes.IOERR
     (line,) = said_lines(capsys.readouterr().out)
     log = tmp_path / "r" / "metrics.jsonl"
-    assert line.startswith(f"ERROR: could not write {log}: Operation not permitted"), line
+    assert line.startswith(f"ERROR: could not write {log}: {os.strerror(error)}"), line
     # Nothing saved: "the checkpoints already written are intact" sent the user looking for them.
-    assert "; no checkpoint was written yet: the same command starts the run over. Free space" in line, line
-    assert line.endswith("or move the run directory, then run the same command; exit 74"), line
+    said = f"; no checkpoint was written yet: the same command starts the run over. {fix}, then run the same"
+    assert said in line and line.endswith(" command; exit 74"), line
 
 
 def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -> None:

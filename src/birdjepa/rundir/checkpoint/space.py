@@ -38,13 +38,15 @@ class CheckpointWriteError(CheckpointError):
         denied = (os.strerror(n) for n in (errno.EROFS, errno.EACCES, errno.EPERM))
         if any(f": {why} (" in str(self) for why in denied):
             return "Make the checkpoints folder writable"
-        for why, fix in _LIMITS.items():
-            if why in str(self):
-                return fix
-        return "Free space or move the run directory"
+        return limit_fix(str(self)) or "Free space or move the run directory"
 
 
-#: A save that failed at a limit of the process, not of the disk: what to raise.
+def limit_fix(error: str) -> str | None:
+    """What to raise where a write failed at a limit of the process (``error`` names it), or None."""
+    return next((fix for why, fix in _LIMITS.items() if why in error), None)
+
+
+#: A write that failed at a limit of the process, not of the disk: what to raise.
 _LIMITS = {
     os.strerror(errno.EMFILE): "Raise the limit on open files (ulimit -n)",
     os.strerror(errno.ENFILE): "Raise the system's limit on open files (fs.file-max)",
