@@ -18,6 +18,42 @@ import pytest
 from birdjepa.cli import main
 
 
+def test_compare_leaves_out_what_a_revision_crossed_by_a_resume_redefines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An MAE run resumed across revision 6 (its monitor summaries over other parameters) differed from
+    # its straight twin by either code, max_abs_diff=inf, exit 1, and nothing said why.
+    import json
+
+    def write(run: str, lines: list[dict]) -> None:
+        (tmp_path / run).mkdir(exist_ok=True)
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+    rows = [{"step": s, "train/loss": 1.0 / (s + 1), "monitor/update_ratio/min": 0.0} for s in range(4)]
+    write("straight", rows)
+    revised = {"event": "step_revised", "step": 2, "revision": [5, 6], "redefined": ["monitor/update_ratio/"]}
+    write("resumed", [*rows[:2], revised, *({**r, "monitor/update_ratio/min": 2.5e-4} for r in rows[2:])])
+    main(["compare", str(tmp_path / "straight"), str(tmp_path / "resumed")])
+    out = capsys.readouterr().out
+    said = (f"not compared: monitor/update_ratio/*, which a revision of the step crossed by a resume "
+            f"redefines ({tmp_path / 'resumed'} at step 2; `birdjepa analyze` says which)")  # fmt: skip
+    assert said in out.splitlines() and out.endswith("max_abs_diff=0.0\n"), out
+    # Another metric still counts; and an event written before events named them: every metric the
+    # crossed revisions redefine (revision 4's train/grad_norm here).
+    write(
+        "resumed",
+        [
+            {"event": "step_revised", "step": 2, "revision": [3, 4]},
+            *({**r, "train/loss": 2.0, "train/grad_norm": float(r["step"])} for r in rows),
+        ],
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["compare", str(tmp_path / "straight"), str(tmp_path / "resumed")])
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "not compared: train/grad_norm, which a revision" in out, out
+    assert "train/loss" in out and "monitor/update_ratio/min" in out, out
+
+
 @pytest.mark.parametrize(
     ("name", "message"),
     [

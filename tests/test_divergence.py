@@ -489,10 +489,19 @@ def test_bisect_says_where_the_runs_evaluate_otherwise(runs: Path, tmp_path: Pat
     with (copy / METRICS_FILE).open("a") as f:
         f.write(json.dumps({"step": 2, "eval/knn_acc": 0.5}) + "\n")
     code, report, _ = bisect(runs / "A", copy)
-    said = ("logged metrics: the training's equal up to step 3; eval/knn_acc, which no training step writes, "
+    said = ("logged metrics: the training's equal up to step 3; eval/knn_acc, which the evaluation writes, "
             "first differs at step 2 (None vs 0.5): the runs evaluate otherwise")  # fmt: skip
     assert said in report.splitlines(), report
     assert code == 0 and report.endswith("(their logs differ, as said above).")
+    # A monitor's diagnostic (a run resumed across its redefinition) was said to be the evaluation's.
+    monitor = shutil.copytree(runs / "A", tmp_path / "M")
+    with (monitor / METRICS_FILE).open("a") as f:
+        f.write(json.dumps({"step": 2, "monitor/update_ratio/min": 0.5}) + "\n")
+    said = (
+        "logged metrics: the training's equal up to step 3; monitor/update_ratio/min, a diagnostic the "
+        "training logs beside its metrics, first differs at step 2 (None vs 0.5): it is computed"
+    )
+    assert any(line.startswith(said) for line in bisect(runs / "A", monitor)[1].splitlines())
 
 
 def test_a_non_finite_value_the_log_spells_as_a_string_is_the_replay_s_number() -> None:

@@ -382,10 +382,14 @@ def bisect(
             lines.append(f"logged metrics: first differ at step {s.first_logged} ({name}: {va!r} vs {vb!r})")
     elif s.other is not None:
         at, name, va, vb = s.other
-        lines.append(
-            f"logged metrics: the training's equal up to step {s.last}; {name}, which no training step "
-            f"writes, first differs at step {at} ({va!r} vs {vb!r}): the runs evaluate otherwise"
-        )
+        # A monitor's or the loader's diagnostic was said to be the evaluation's.
+        what, why = ("which the evaluation writes", "the runs evaluate otherwise")
+        if not name.startswith("eval/"):
+            what = "a diagnostic the training logs beside its metrics"
+            why = "it is computed otherwise (by code of another version, where a resume crossed one: " \
+                  "`birdjepa analyze` says)"  # fmt: skip
+        lines.append(f"logged metrics: the training's equal up to step {s.last}; {name}, {what}, first "
+                     f"differs at step {at} ({va!r} vs {vb!r}): {why}")  # fmt: skip
     else:
         lines.append(f"logged metrics: equal up to step {s.last}")
     lines.append(

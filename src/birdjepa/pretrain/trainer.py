@@ -245,7 +245,9 @@ class Trainer:
             print(f"WARNING resumed by code of another revision of the step than checkpoint {step - 1} was "
                   f"written by ({saved_revision} -> {revisions.REVISION}: "
                   f"{'; '.join(r.what for r in crossed)})", flush=True)  # fmt: skip
-            self.log.event("step_revised", step, revision=[saved_revision, revisions.REVISION])
+            # What `compare` leaves out of this run: its metrics from before and after mean other things.
+            self.log.event("step_revised", step, revision=[saved_revision, revisions.REVISION],
+                           redefined=revisions.redefined(crossed, cfg))  # fmt: skip
             if revisions.moves_training(crossed, cfg):
                 moved = {**moved, "step_revision": (str(saved_revision), str(revisions.REVISION))}
         results = resume_check.check_resume(

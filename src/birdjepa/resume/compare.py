@@ -16,7 +16,8 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.rundir import layout
-from birdjepa.rundir.metrics_log import MetricsFileError, compared, metrics_by_step
+from birdjepa.rundir.metrics_log import MetricsFileError, by_step, compared, metrics_by_step, read_metrics
+from birdjepa.train import revisions
 
 Logged = dict[int, dict[str, float]]
 """A run's log by step (`metrics_by_step`)."""
@@ -114,6 +115,24 @@ def step_ranges(steps: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
+def read_run(run: Path) -> tuple[Logged, dict[str, int]]:
+    """A run's log by step (`metrics_by_step`), read once, and the metrics a revision of the step its
+    resume crossed redefines in it (names or prefixes, `revisions.redefined`), each with the step it was
+    crossed at: its values before and after mean other things, and another run's are either."""
+    redefined: dict[str, int] = {}
+
+    def rows() -> Iterable[dict]:
+        for line in read_metrics(run):
+            if line.get("event") == "step_revised":
+                # Written before events named them: every metric the crossed revisions redefine.
+                crossed = revisions.between(*line["revision"])
+                names = line.get("redefined", [m for r in crossed for m in r.redefines])
+                redefined.update({m: redefined.get(m, line["step"]) for m in names})
+            yield line
+
+    return by_step(rows()), redefined
+
+
 def not_a_run(run: Path) -> str | None:
     """Why ``run`` is no run folder to compare (None: it is one): the argument that is wrong, rather
     than the file in it that could not be opened."""
@@ -142,10 +161,20 @@ def cli(
             print(f"error: {why}", file=sys.stderr, flush=True)
             raise SystemExit(exit_codes.USAGE)
     try:
-        logs = metrics_by_step(run_a), metrics_by_step(run_b)  # read once, for every check below
+        (la, ra), (lb, rb) = read_run(run_a), read_run(run_b)  # read once, for every check below
+        logs = la, lb
         if not any(logs):  # an empty table, exit 1, unexplained
             print(f"error: neither {run_a} nor {run_b} logged a step", file=sys.stderr, flush=True)
             raise SystemExit(exit_codes.USAGE)
+        redefined = sorted({*ra, *rb})
+        if metrics is None and redefined:  # a run resumed across a redefinition differed from both twins
+            metrics = tuple(sorted({k for log in logs for m in log.values() for k in m
+                                    if not revisions.is_redefined(k, redefined)}))  # fmt: skip
+            crossed = "; ".join(f"{run} at step {min(r.values())}" for run, r in ((run_a, ra), (run_b, rb))
+                                if r)  # fmt: skip
+            print(f"not compared: {', '.join(m + '*' if m.endswith('/') else m for m in redefined)}, which a "
+                  f"revision of the step crossed by a resume redefines ({crossed}; `birdjepa analyze` says "
+                  "which)")  # fmt: skip
         diffs, coverage = compare_with_coverage(run_a, run_b, metrics, logs)
         unlogged = [d.name for d in diffs if d.steps == 0]  # a typo compared equal: max_abs_diff=0.0
         if uncompared := [m for m in unlogged if not compared(m)]:  # "neither run logged it" where both did

@@ -24,11 +24,17 @@ class Revision:
     what: str
     #: Whether it moves the training's bits, or only what the step reports about them.
     training: bool
-    #: Logged metrics it gave another meaning: a run that crosses it is not compared with the old code's
-    #: run on them.
+    #: Logged metrics it gave another meaning (a name ending in "/": every metric under it): a run that
+    #: crosses it is not compared with the old code's run, nor with this code's, on them.
     redefines: tuple[str, ...] = ()
-    #: The runs (`birdjepa.config.PretrainConfig`) whose bits it moves; None: every run.
+    #: The runs (`birdjepa.config.PretrainConfig`) whose bits it moves, or whose metrics it redefines;
+    #: None: every run.
     applies: Callable[[Any], bool] | None = None
+
+
+def has_idle_params(cfg: Any) -> bool:
+    """Whether the run's objective builds parameters no loss reads (MAE's projector)."""
+    return bool(cfg.objective.options.IDLE_PARAMS)
 
 
 def recomputes_heads(cfg: Any) -> bool:
@@ -65,6 +71,14 @@ REVISIONS = (
         training=True,
         applies=recomputes_heads,
     ),
+    Revision(
+        "the update monitor's summaries and smallest ratios leave out the parameters no loss reads "
+        "(2026-12-06): an MAE run's monitor/update_ratio/*, monitor/grad_norm/* and smallest ratios are "
+        "taken over other parameters; the training's bits do not move",
+        training=False,
+        redefines=("monitor/update_ratio/", "monitor/grad_norm/", "monitor/smallest_ratio/"),
+        applies=has_idle_params,
+    ),
 )
 REVISION = len(REVISIONS)
 """The revision of this code's step."""
@@ -82,3 +96,13 @@ def between(saved: int, now: int = REVISION) -> list[Revision]:
 def moves_training(crossed: Sequence[Revision], cfg: Any) -> bool:
     """Whether any of the ``crossed`` revisions moves the training bits of the run ``cfg``."""
     return any(r.training and (r.applies is None or r.applies(cfg)) for r in crossed)
+
+
+def redefined(crossed: Sequence[Revision], cfg: Any) -> list[str]:
+    """The metrics (names, or prefixes ending in "/") the ``crossed`` revisions redefine in run ``cfg``."""
+    return sorted({m for r in crossed if r.applies is None or r.applies(cfg) for m in r.redefines})
+
+
+def is_redefined(metric: str, names: Sequence[str]) -> bool:
+    """Whether ``metric`` is one of ``names`` (`redefined`'s), or under one of its prefixes."""
+    return any(metric == n or (n.endswith("/") and metric.startswith(n)) for n in names)
