@@ -356,6 +356,9 @@ def test_an_old_checkpoint_that_cannot_be_removed_is_said_once_and_the_saves_go_
     where = tmp_path / "checkpoints" / "1"
     assert said.count(f"WARNING checkpoint 1 could not be removed (Permission denied, in {where})") == 1, said
     assert "which --ckpt-keep 1 no longer keeps: the run trains on; remove it by hand" in said
+    (warning,) = c.take_warnings()  # for the trainer's log, where the console alone held it
+    assert warning.startswith("checkpoint 1 could not be removed (Permission denied")
+    assert not c.take_warnings()
     c.close()
 
 

@@ -220,6 +220,28 @@ def test_a_log_the_run_may_not_write_is_one_line_and_exit_74(
     assert said in line and line.endswith(" command; exit 74"), line
 
 
+def test_an_old_checkpoint_the_retention_cannot_remove_is_a_warning_event_in_the_run_s_log(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Said on the console alone: `analyze` and the log's readers never saw it.
+    import orbax.checkpoint as ocp
+
+    from birdjepa.rundir.metrics_log import read_metrics
+
+    real = ocp.CheckpointManager.delete
+
+    def denied(self: ocp.CheckpointManager, step: int) -> None:
+        if step == 0:
+            raise PermissionError(13, "Permission denied", "0")
+        real(self, step)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "delete", denied)
+    args = [*flags(demo_dir, tmp_path), "--steps", "3", "--ckpt-keep", "1"]
+    assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
+    (event,) = [r for r in read_metrics(tmp_path / "r") if r.get("event") == "warning"]
+    assert event["message"].startswith("checkpoint 0 could not be removed (Permission denied"), event
+
+
 def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -> None:
     # Orbax's save threads, after a save that could not be written, waited for ever: the process said
     # "exit 74" and ran on until the job's time limit. Their join raises TimeoutError (Orbax's own).

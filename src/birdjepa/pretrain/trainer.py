@@ -415,7 +415,10 @@ class Trainer:
             "next_step": self.next_step(state, pending).to_json(),
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
         }
-        return pending, state_lib.save(self.ckpt, state, meta)
+        saved = state_lib.save(self.ckpt, state, meta)
+        for warning in self.ckpt.take_warnings():  # the retention's, as the save began
+            self.log.event("warning", state.step - 1, message=warning)
+        return pending, saved
 
     def save_failed(self, e: checkpoint.CheckpointWriteError, step: int) -> tuple[int, str]:
         """A checkpoint could not be written: the exit code, which the job script does not requeue (the

@@ -30,6 +30,7 @@ class RetentionAndFallback:
     fallbacks: list[dict[str, Any]]
     _verified: set[int]
     _kept_against_policy: set[int]
+    warnings: list[str]
     _saved: bool
     write_failed: bool
 
@@ -61,9 +62,11 @@ class RetentionAndFallback:
                 except OSError as e:  # another user's files, an admin's chmod: each save stopped the run
                     self._kept_against_policy.add(s)
                     where = self.directory / str(s)  # rmtree's names are relative to the folder it was in
-                    print(f"WARNING checkpoint {s} could not be removed ({e.strerror}, in {where}), which "
-                          f"--ckpt-keep {self.keep} no longer keeps: the run trains on; remove it by hand",
-                          flush=True)  # fmt: skip
+                    said = (f"checkpoint {s} could not be removed ({e.strerror}, in {where}), which "
+                            f"--ckpt-keep {self.keep} no longer keeps: the run trains on; remove it "
+                            "by hand")  # fmt: skip
+                    print(f"WARNING {said}", flush=True)
+                    self.warnings.append(said)
 
     def restore_latest(self, target: Any) -> tuple[int, Any, dict[str, Any]] | None:
         """``(step, state, meta)`` of the newest checkpoint that verifies, or None if there is none.

@@ -116,6 +116,7 @@ class Checkpointer(RetentionAndFallback):
         self.fallbacks: list[dict[str, Any]] = []
         self._verified: set[int] = set()
         self._kept_against_policy: set[int] = set()  # old checkpoints that could not be removed (said once)
+        self.warnings: list[str] = []  # said since the caller last took them (`take_warnings`), for its log
         self._saved = False  # retention applies once this checkpointer has saved (never on a read)
         self._in_flight: int | None = None  # the step Orbax may still be writing
         self.write_failed = False  # a save failed: retention deletes nothing more, `close` raises no more
@@ -168,6 +169,12 @@ class Checkpointer(RetentionAndFallback):
         self._saved = True
         main = main_norm_name(norms)
         print(f"CKPT_SAVE step={step} {main}={norms[main]!r}", flush=True)
+
+    def take_warnings(self) -> list[str]:
+        """The WARNINGs printed since the last call (an old checkpoint retention could not remove), for a
+        log that records them as events: the console alone held them."""
+        taken, self.warnings = self.warnings, []
+        return taken
 
     def wait(self) -> None:
         """Block until every pending save is committed (renamed to its final folder), then apply the
