@@ -315,6 +315,29 @@ def test_a_record_evaluate_cannot_read_is_said_once_and_in_its_record(
     assert [w for w in json.loads(out.read_text())["warnings"] if w.startswith(said)], out.read_text()
 
 
+def test_a_run_whose_eval_records_all_fail_to_read_stops_at_its_evaluation_in_one_line(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Labels up front, audio the loader skips: "ValueError: features must be [N, D] with one D, got (4, 64)
+    # and (0, 0)", a traceback, exit 1.
+    from test_loader_bad_input import read_table, with_corrupt_rows, write_table
+
+    from birdjepa.pretrain.loop import pretrain
+
+    (tmp_path / "eval").mkdir()
+    for shard in sorted((demo_dir / "eval").glob("*.arrow")):
+        table = read_table(shard)
+        write_table(with_corrupt_rows(table, set(range(len(table)))), tmp_path / "eval" / shard.name)
+    shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "eval")
+    cfg = tiny_config(demo_dir, tmp_path / "runs")
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=str(tmp_path / "eval")))
+    capsys.readouterr()
+    assert pretrain(cfg) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the eval split ([") and err.count("\n") == 1, err
+    assert "has no labelled clip (the loader's WARNINGs above name the records it skipped)" in err, err
+
+
 def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys):
     from birdjepa.evaluation.cli import cli
 

@@ -558,6 +558,40 @@ def test_unlabelled_shards_pretrain_self_supervised_and_the_supervised_objective
     assert sorted(logged) == [0, 1] and all(m["train/probe_ce"] == 0.0 for m in logged.values())
 
 
+def test_an_evaluation_with_no_labelled_eval_row_or_one_train_class_is_refused_before_training(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Held-out audio prepared without a folder per class: trained, then a ValueError's traceback at the
+    # first evaluation, exit 1, its step unsaved (and the same at every resume). A train split of one
+    # class: every probe 1.000, its chance too, exit 0 (`birdjepa evaluate` refuses both).
+    from conftest import tone
+
+    from birdjepa.synthetic.codecs import encode_audio
+
+    def audio(folder: Path, names: list[str]) -> Path:
+        for i, name in enumerate(names):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(encode_audio(tone(500.0 + 300 * i, 16000, 2.0), 16000, "wav_pcm16"))
+        return folder
+
+    main(["prepare", str(audio(tmp_path / "flat", ["r0.wav", "r1.wav"])), str(tmp_path / "unlabelled"),
+          "--vocab", str(demo_dir / "train")])  # fmt: skip
+    common = ["--eval-every", "2", "--log.runs-dir", str(tmp_path / "runs")]
+    code, err = pretrain_exit(capsys, "--data.train", str(demo_dir / "train"), "--data.eval",
+                              str(tmp_path / "unlabelled"), *common)  # fmt: skip
+    said = f"error: --data.eval '{tmp_path / 'unlabelled'}': has no labelled row"
+    assert code == 2 and err.startswith(said), err
+    assert err.count("\n") == 1 and err.rstrip().endswith("scores probes on labels; or --eval-every 0"), err
+    one = audio(tmp_path / "one", ["a/r0.wav", "a/r1.wav"])
+    main(["prepare", str(one), str(tmp_path / "one-train")])
+    main(["prepare", str(one), str(tmp_path / "one-eval"), "--vocab", str(tmp_path / "one-train")])
+    code, err = pretrain_exit(capsys, "--data.train", str(tmp_path / "one-train"), "--data.eval",
+                              str(tmp_path / "one-eval"), *common)  # fmt: skip
+    said = f"error: --data.train '{tmp_path / 'one-train'}': has labelled rows of one class alone: a probe"
+    assert code == 2 and err.startswith(said), err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("checkpoints/*"))
+
+
 def test_jax_enable_x64_is_refused_in_one_line(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,7 +26,7 @@ from birdjepa import seams
 from birdjepa.config import SEED_LIMIT, ConfigError, PretrainConfig, as_recorded, flatten, to_dict
 from birdjepa.data import DataError, resolve_files
 from birdjepa.data.loader import Features, no_shards_match, options_json
-from birdjepa.data.shards import check_same_labels, label_count
+from birdjepa.data.shards import check_same_labels, label_count, labelled_classes
 from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
 
@@ -500,3 +500,19 @@ def check_data(cfg: PretrainConfig) -> None:
             check_same_labels(files["data.train"], files["data.eval"])
         except DataError as e:
             raise OptionError("data.eval", cfg.data.eval, str(e)) from None
+        if cfg.eval_every > 0:  # else a traceback at the first evaluation (its step unsaved), or 1.000
+            _check_scorable(files, cfg)
+
+
+def _check_scorable(files: dict[str, list[str]], cfg: PretrainConfig) -> None:
+    """The held-out evaluation scores probes fitted on the train split's labels on the eval split's: both
+    need labels, the train split two classes (a split of one scored 1.000 everywhere, its chance too)."""
+    every = cfg.eval_every
+    off = f"the held-out evaluation (--eval-every {every}) scores probes on labels; or --eval-every 0"
+    if labelled_classes(files["data.eval"], 1) == 0:
+        raise OptionError("data.eval", cfg.data.eval, "has no labelled row (audio prepared without a folder "
+                          f"per class?): {off}")  # fmt: skip
+    if (n := labelled_classes(files["data.train"], 2)) < 2:
+        held = "no labelled row" if n == 0 else "labelled rows of one class alone"
+        raise OptionError("data.train", cfg.data.train, f"has {held}: a probe has nothing to tell apart; "
+                          f"{off}")  # fmt: skip

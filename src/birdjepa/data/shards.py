@@ -485,6 +485,28 @@ def label_count(files: Sequence[str]) -> int:
     return largest + 1
 
 
+def labelled_classes(files: Sequence[str], enough: int) -> int:
+    """How many classes the rows of ``files`` are labelled with, counted up to ``enough`` (the shards
+    read in order until then; a class is its name where the folder has a vocabulary). Before a run
+    evaluates its probes on them: a split with none, or a train split of one, is nothing to score."""
+    seen: set[object] = set()
+    for f in files:
+        table = read_shard(Path(f))
+        if DEFAULT_LABEL_COLUMN not in table.column_names:
+            continue
+        labels = table.column(DEFAULT_LABEL_COLUMN)
+        labels = pc.filter(labels, pc.is_valid(labels))
+        if pa.types.is_integer(labels.type):
+            labels = pc.filter(labels, pc.greater_equal(labels, 0))
+        names = vocab_names(Path(f).parent)
+        for label in pc.unique(labels).to_pylist():
+            seen.add(names[label] if names is not None and isinstance(label, int) and label < len(names)
+                     else label)  # fmt: skip
+        if len(seen) >= enough:
+            break
+    return len(seen)
+
+
 MAX_CLASSES = 1 << 20
 """The most classes integer labels without a vocabulary may index (BirdSet's largest task has 9,736)."""
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import jax
-import numpy as np
 import tyro
 
 from birdjepa.config import PretrainConfig
@@ -35,6 +34,7 @@ from birdjepa.evaluation.report import (
     score,
     table,
     thin_train_split,
+    unusable,
     what_a_row_holds_past_its_label,
     write_json,
 )
@@ -279,13 +279,8 @@ def evaluate_checkpoint(
         cfg.data.features, seed=cfg.seed, batch_size=batch_size or cfg.data.batch_size, n_workers=n_workers,
         audio_root=cfg.data.audio_root,
     )  # fmt: skip
-    for name, split in (("train", train), ("eval", held_out)):
-        if len(split.labels) == 0:
-            raise EvaluateError(f"the {name} split ({train_files if name == 'train' else eval_files}) "
-                                "has no labelled clip")  # fmt: skip
-    if len(np.unique(train.labels)) < 2:  # every row 1/C, "converged" with 0 iterations, exit 0
-        raise EvaluateError(f"the train split ({train_files}) holds clips of one class: a probe has nothing "
-                            "to tell apart")  # fmt: skip
+    if (why := unusable(train, held_out, (train_files, eval_files))) is not None:
+        raise EvaluateError(why)
     t_embed = time.perf_counter() - t0
     rows = score(train, held_out, linear=True, seed=cfg.seed)
     files, splits = (train_files, eval_files), (train, held_out)

@@ -14,7 +14,7 @@ import numpy as np
 
 from birdjepa.data import Features, Loader
 from birdjepa.evaluation.embed import RAW, Encode, Split, embed_split
-from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, overlap, score
+from birdjepa.evaluation.report import ENCODER, RANDOM_INIT, Row, UnusableSplits, overlap, score, unusable
 
 
 class PeriodicEval:
@@ -38,6 +38,7 @@ class PeriodicEval:
                           features=features, audio_root=audio_root)  # fmt: skip
 
         self.train_loader, self.eval_loader = loader(train_files), loader(eval_files)
+        self.files = (list(train_files), list(eval_files))
         fingerprints = (self.train_loader.fingerprint, self.eval_loader.fingerprint)
         self.overlap = overlap((train_files, eval_files), fingerprints)
         """Why the eval split is not held out (`birdjepa.evaluation.report.overlap`), or None."""
@@ -52,7 +53,10 @@ class PeriodicEval:
         encoders = {ENCODER: encode, **({RANDOM_INIT: self.random_init()} if first else {})}
         train = embed_split(self.train_loader, encoders, raw=first)
         held_out = embed_split(self.eval_loader, encoders, raw=first)
-        if first:
+        if first:  # the splits' records read as they stay: a split all of whose records were skipped
+            if (why := unusable(train, held_out, self.files)) is not None:
+                raise UnusableSplits(f"{why} (the loader's WARNINGs above name the records it skipped): the "
+                                     "evaluation has nothing to score; --eval-every 0 for none")  # fmt: skip
             keep = (RANDOM_INIT, RAW)
             self._baselines = tuple({k: s.features[k] for k in keep} for s in (train, held_out))
         train_base, eval_base = self._baselines

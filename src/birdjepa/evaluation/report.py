@@ -58,6 +58,24 @@ class Row:
     """The linear probe's details (chosen C, validation accuracies, iterations, train accuracy)."""
 
 
+class UnusableSplits(ValueError):
+    """Splits the probes cannot score (`unusable`)."""
+
+
+def unusable(train: Split, held_out: Split, files: tuple[Sequence[str], Sequence[str]]) -> str | None:
+    """Why the embedded splits give the probes nothing to score (None: they do): a split without a
+    labelled clip it could read, or a train split of one class (every row 1/C, 'converged' with 0
+    iterations)."""
+    for name, split, where in (("train", train, files[0]), ("eval", held_out, files[1])):
+        if len(split.labels) == 0:
+            return f"the {name} split ({list(where)}) has no labelled clip"
+    if len(np.unique(train.labels)) < 2:
+        return (
+            f"the train split ({list(files[0])}) holds clips of one class: a probe has nothing to tell apart"
+        )
+    return None
+
+
 def score(train: Split, held_out: Split, *, linear: bool, seed: int = 0) -> dict[str, Row]:
     """Every feature set the two splits share, scored on ``held_out`` (kNN always, the linear probe
     when ``linear``)."""

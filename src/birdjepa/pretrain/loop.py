@@ -167,7 +167,8 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
     except LeaseLost as e:  # another trainer holds the run now: it writes, this one must not
         print(f"ERROR: {e}; exit {exit_codes.USAGE}", flush=True)
         return exit_codes.USAGE
-    except (DataError, DoesNotFit) as e:  # a shard found unusable once opened (a truncated one), or mid-run
+    # A shard found unusable once opened (a truncated one), or mid-run; splits the evaluation cannot score.
+    except (DataError, DoesNotFit, eval_report.UnusableSplits) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return exit_codes.USAGE
     except (RuntimeError, ValueError) as e:
