@@ -180,11 +180,23 @@ pub fn check_recording(
     finite(&first, 0)
 }
 
-/// An error naming the first sample of `src` (frames from `first_frame` on) that is NaN or infinite:
-/// the filter bank's log floor turned such a recording into silence.
+/// The largest sample magnitude the filter bank takes: a frame's mel energy stays below ~1.3e9 x^2, and
+/// past ~5e14 it overflows float32 (a float WAV of 1e30 read as 88.72 everywhere, one of 3e38 as silence).
+/// Audio in any scale a file uses (+-1, +-32768) is far below it.
+const MAX_SAMPLE: f32 = 1e12;
+
+/// An error naming the first sample of `src` (frames from `first_frame` on) that is NaN, infinite, or
+/// beyond [`MAX_SAMPLE`]: the filter bank's log floor turned such a recording into silence.
 fn finite(src: &[f32], first_frame: u64) -> Result<(), AudioError> {
-    match src.iter().position(|x| !x.is_finite()) {
-        Some(k) => Err(AudioError(format!("a sample that is not finite (NaN or inf) at frame {}", first_frame + k as u64))),
+    match src.iter().position(|x| x.is_nan() || x.abs() > MAX_SAMPLE) {
+        Some(k) if !src[k].is_finite() => {
+            Err(AudioError(format!("a sample that is not finite (NaN or inf) at frame {}", first_frame + k as u64)))
+        }
+        Some(k) => Err(AudioError(format!(
+            "a sample of magnitude {:e} at frame {} (past {MAX_SAMPLE:e}, where its spectrum overflows float32)",
+            src[k].abs(),
+            first_frame + k as u64
+        ))),
         None => Ok(()),
     }
 }
@@ -651,6 +663,12 @@ mod tests {
         wav.extend(x.iter().flat_map(|s| s.to_le_bytes()));
         let e = check_recording(wav.clone(), true, 1_000).unwrap_err();
         assert!(e.0.ends_with("a sample that is not finite (NaN or inf) at frame 40000"), "{e}");
+        // Finite, and past what float32 spectra hold: read as silence, or as 88.72 everywhere.
+        let huge: Vec<u8> = wav[..44].iter().copied().chain(x.iter().enumerate().flat_map(|(i, s)| {
+            (if i == 40_000 { 3e38f32 } else { *s }).to_le_bytes()
+        })).collect();
+        let e = check_recording(huge, true, 1_000).unwrap_err();
+        assert!(e.0.ends_with("a sample of magnitude 3e38 at frame 40000 (past 1e12, where its spectrum overflows float32)"), "{e}");
         check_recording(wav, false, 1_000).unwrap(); // the header check reads the first clip only
         // A packet at a time, the same samples as the whole recording decoded at once.
         for name in ["birds_22k_mono_short.flac", "birds_32k_mono.mp3", "birds_44k_stereo_30s.ogg"] {
