@@ -582,6 +582,30 @@ def test_a_class_count_other_than_the_task_vocabulary_s_is_refused_before_anythi
         _one_hot(np.array([0, 3, -1]), 2)
 
 
+def test_a_test_split_whose_windows_all_hold_the_same_classes_is_refused(
+    birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One window (or windows of one class): every probe stored cmAP 1.000, AUROC nan, without a word.
+    import shutil
+
+    from test_loader_bad_input import read_table, write_table
+
+    from birdjepa.cli import main
+
+    task = birdset_dir / "SYN1"
+    (tmp_path / "test").mkdir()
+    shard = sorted((task / "test_5s").glob("*.arrow"))[0]
+    write_table(read_table(shard).slice(0, 1), tmp_path / "test" / shard.name)
+    shutil.copy(task / "test_5s" / "vocab.json", tmp_path / "test")
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--backbone", "raw", "--task", "SYN1", "--train", str(task / "train" / "*.arrow"),
+              "--test", str(tmp_path / "test" / "*.arrow"), "--probe", "centroid", "--results",
+              str(tmp_path / "results"), "--n-workers", "1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "SYN1: every test window holds the same classes (" in err, err
+    assert "so cmAP is 1.0 whatever a probe scores" in err and not (tmp_path / "results" / "rows").exists()
+
+
 def test_an_n_no_class_reaches_is_said_to_score_as_all(
     birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

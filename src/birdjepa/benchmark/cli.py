@@ -218,7 +218,13 @@ def run_task(
             more = " and more" if len(files) > 1 else ""
             raise BenchmarkError(f"{task.name}: no {split} clip has a label ({files[0]}{more}): nothing "
                                  "to fit or score")  # fmt: skip
-    uncovered = np.flatnonzero(test_targets.any(axis=0) & ~first.targets.any(axis=0))
+    held = test_targets.any(axis=0)
+    if test_targets[:, held].all():  # a class positive in every window has an AP of 1 whatever it scores
+        classes = ", ".join(task.class_names[c] for c in np.flatnonzero(held))
+        raise BenchmarkError(f"{task.name}: every test window holds the same classes ({classes}), so cmAP "
+                             f"is 1.0 whatever a probe scores ({task.test[0]}): test windows that "
+                             "differ")  # fmt: skip
+    uncovered = np.flatnonzero(held & ~first.targets.any(axis=0))
     if len(uncovered):
         log(
             f"WARNING {task.name}: {len(uncovered)} test classes have no train recording "
