@@ -94,6 +94,33 @@ def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
     assert differing(straight, cfg.run_dir) == []
 
 
+def test_a_non_finite_stop_says_where_the_checkpoints_finite_parameters_blew_up() -> None:
+    # --optim.lr 1e3 --on-nonfinite skip: every checkpoint finite, their parameters' norm 41 -> 1.6e10,
+    # and the line advised a resume from the newest, which could only blow up again.
+    from types import SimpleNamespace
+
+    from birdjepa.pretrain.trainer import Trainer
+
+    class Saved:
+        def __init__(self, norms: dict[int, float]) -> None:
+            self.norms = norms
+
+        def all_steps(self) -> list[int]:
+            return sorted(self.norms)
+
+        def read_meta(self, step: int) -> dict:
+            return {"norms": {"param_norm": self.norms[step]}}
+
+    said = Trainer._newest_finite(SimpleNamespace(ckpt=Saved({0: 41.4, 1: 41.5, 2: 1.59e10})))  # type: ignore[arg-type]
+    assert said == (
+        "the newest checkpoint (2) is finite, but its parameters' norm is 1.59e+10, 3.84e+08x "
+        "checkpoint 0's: move the checkpoints after the last one before that growth aside"
+    ), said
+    assert Trainer._newest_finite(SimpleNamespace(ckpt=Saved({0: 41.4, 3: 45.0}))) == (  # type: ignore[arg-type]
+        "the newest checkpoint (3) is finite"
+    )
+
+
 def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

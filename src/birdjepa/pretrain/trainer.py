@@ -96,6 +96,11 @@ def check_device_options(cfg: PretrainConfig) -> None:
         raise OptionError("data.batch_size", cfg.data.batch_size, f"must divide over the {devices} devices")
 
 
+#: How many times the parameters' norm at the first checkpoint kept the newest one's may be before a
+#: non-finite stop says they blew up (a run's norm moves by percents; lr 1e3 took it from 41 to 1.6e10).
+GREW = 100.0
+
+
 class Trainer:
     """What stays fixed while a run segment trains: the data, the model, the optimizer, the devices, the
     compiled functions, the checkpointer and the log. It advances a `TrainState`."""
@@ -359,8 +364,21 @@ class Trainer:
         )
 
     def _newest_finite(self) -> str:
-        latest = self.ckpt.latest_step()  # every checkpoint is finite: a state that is not is never saved
-        return f"the newest checkpoint ({latest}) is finite" if latest is not None else "no checkpoint yet"
+        steps = self.ckpt.all_steps()  # every checkpoint is finite: a state that is not is never saved
+        if not steps:
+            return "no checkpoint yet"
+        said = f"the newest checkpoint ({steps[-1]}) is finite"
+        # Finite is not sound: skipped steps between saves (a huge --optim.lr) saved parameters of norm 1e33
+        # against 41 at the start, and a resume from them could only blow up again.
+        try:
+            newest, oldest = (self.ckpt.read_meta(s)["norms"]["param_norm"] for s in (steps[-1], steps[0]))
+        except (KeyError, OSError, checkpoint.CheckpointError):
+            return said
+        if newest > GREW * oldest:
+            said += (f", but its parameters' norm is {newest:.3g}, {newest / oldest:.3g}x checkpoint "
+                     f"{steps[0]}'s: move the checkpoints after the last one before that growth "
+                     "aside")  # fmt: skip
+        return said
 
     def evaluate(self, params: Any, step: int) -> tuple[dict[str, float], dict[str, Row]]:
         """Frozen-encoder kNN beside its baselines; at the last step also the linear probe (unless
