@@ -582,13 +582,13 @@ def test_a_class_count_other_than_the_task_vocabulary_s_is_refused_before_anythi
         _one_hot(np.array([0, 3, -1]), 2)
 
 
-def test_a_test_split_whose_windows_all_hold_the_same_classes_is_refused(
+def test_a_test_split_whose_windows_all_hold_the_same_classes_or_none_reads_is_refused(
     birdset_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # One window (or windows of one class): every probe stored cmAP 1.000, AUROC nan, without a word.
     import shutil
 
-    from test_loader_bad_input import read_table, write_table
+    from test_loader_bad_input import read_table, with_corrupt_rows, write_table
 
     from birdjepa.cli import main
 
@@ -604,6 +604,16 @@ def test_a_test_split_whose_windows_all_hold_the_same_classes_is_refused(
     err = capsys.readouterr().err
     assert e.value.code == 2 and "SYN1: every test window holds the same classes (" in err, err
     assert "so cmAP is 1.0 whatever a probe scores" in err and not (tmp_path / "results" / "rows").exists()
+    # Every window unreadable: numpy's "need at least one array to concatenate".
+    table = read_table(shard)
+    write_table(with_corrupt_rows(table, set(range(len(table)))), tmp_path / "test" / shard.name)
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--backbone", "raw", "--task", "SYN1", "--train", str(task / "train" / "*.arrow"),
+              "--test", str(tmp_path / "test" / "*.arrow"), "--probe", "centroid", "--results",
+              str(tmp_path / "results"), "--n-workers", "1"])  # fmt: skip
+    err = capsys.readouterr().err
+    said = f"{tmp_path / 'test' / shard.name}: the loader read no record of them (each skipped"
+    assert e.value.code == 2 and said in err and err.count("\n") == 1, err
 
 
 def test_an_n_no_class_reaches_is_said_to_score_as_all(

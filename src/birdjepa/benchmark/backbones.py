@@ -396,6 +396,10 @@ def embed(
                 batch["multilabel"] if "multilabel" in batch else _one_hot(batch["label"], n_classes)
             )
     pass_seconds = time.perf_counter() - start
+    if not labels:  # every record skipped: numpy's "need at least one array to concatenate"
+        more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+        raise DataError(f"{files[0]}{more}: the loader read no record of them (each skipped: its WARNING "
+                        "above names them)")  # fmt: skip
     label = np.concatenate(labels).astype(np.int64)
     target = np.concatenate(targets).astype(np.uint8)
     cache.mkdir(parents=True, exist_ok=True)
