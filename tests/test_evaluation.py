@@ -329,8 +329,9 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_at_its_evaluation_in_on
         table = read_table(shard)
         write_table(with_corrupt_rows(table, set(range(len(table)))), tmp_path / "eval" / shard.name)
     shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "eval")
-    cfg = tiny_config(demo_dir, tmp_path / "runs")
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=str(tmp_path / "eval")))
+    cfg = tiny_config(demo_dir, tmp_path / "runs")  # evaluated after its first step
+    data = dataclasses.replace(cfg.data, eval=str(tmp_path / "eval"))
+    cfg = dataclasses.replace(cfg, eval_every=1, data=data)
     capsys.readouterr()
     assert pretrain(cfg) == 2
     err = capsys.readouterr().err
