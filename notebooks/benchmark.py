@@ -15,8 +15,8 @@ def _():
 
     import marimo as mo
 
-    from birdjepa.benchmark.cli import format_store, stored_results
     from birdjepa.benchmark.figures import fewshot_curves
+    from birdjepa.benchmark.tables import format_store, stored_results
 
     return Path, fewshot_curves, format_store, mo, os, stored_results
 

@@ -105,8 +105,10 @@ def test_a_file_opened_with_no_descriptor_left_stops_the_loader_in_one_line_and_
     import sys
 
     mine = train_shard_by_path(birdset_task, tmp_path)
+    # Two records decoded ahead at most: the rest are opened once the descriptors are gone.
     code = ("import os, sys; from birdjepa.data import DataError, Loader\n"
-            "with Loader([sys.argv[1]], batch_size=4, n_workers=2, train=False) as loader:\n"
+            "with Loader([sys.argv[1]], batch_size=1, n_workers=1, prefetch_batches=1,\n"
+            "            train=False) as loader:\n"
             "    held = []\n"
             "    try:\n"
             "        while True: held.append(os.open(os.devnull, os.O_RDONLY))\n"

@@ -116,7 +116,7 @@ for i in range(40):
 
 def test_backbones_sort_with_their_step_numbers_as_numbers() -> None:
     # As strings, a checkpoint sweep's table listed step 1000 before step 500.
-    from birdjepa.benchmark.cli import natural
+    from birdjepa.benchmark.tables import natural
 
     names = ["run:r@1000#9f", "raw:logmel", "run:r@500#0a", "run:r@34#ff", "random:run:r@500#0a"]
     assert sorted(names, key=natural) == ["random:run:r@500#0a", "raw:logmel", "run:r@34#ff", "run:r@500#0a",
@@ -160,7 +160,7 @@ def test_single_label_probes_score_as_evaluate_predicts() -> None:
 
 
 def test_the_table_gives_each_metric_s_mean_over_seeds_and_half_their_spread() -> None:
-    from birdjepa.benchmark.cli import format_table
+    from birdjepa.benchmark.tables import format_table
 
     base = {"task": "T", "backbone": "raw", "probe": "linear", "n": 1, "auroc": 0.5, "top1": 0.25}
     text = format_table([{**base, "seed": 0, "cmap": 0.5}, {**base, "seed": 1, "cmap": 0.75}])
