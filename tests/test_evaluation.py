@@ -335,7 +335,7 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_at_its_evaluation_in_on
     capsys.readouterr()
     assert pretrain(cfg) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: the eval split ([") and err.count("\n") == 1, err
+    assert err.startswith("error: the eval split (") and err.count("\n") == 1, err
     assert "has no labelled clip (the loader's WARNINGs above name the records it skipped)" in err, err
 
 

@@ -116,9 +116,10 @@ def test_a_non_finite_stop_says_where_the_checkpoints_finite_parameters_blew_up(
         "the newest checkpoint (2) is finite, but its parameters' norm is 1.59e+10, 3.84e+08x "
         "checkpoint 0's: move the checkpoints after the last one before that growth aside"
     ), said
-    assert Trainer._newest_finite(SimpleNamespace(ckpt=Saved({0: 41.4, 3: 45.0}))) == (  # type: ignore[arg-type]
-        "the newest checkpoint (3) is finite"
-    )
+    for norms in ({0: 41.4, 3: 45.0}, {0: 0.0, 3: 45.0}):  # a run from zeros: no ZeroDivisionError
+        assert Trainer._newest_finite(SimpleNamespace(ckpt=Saved(norms))) == (  # type: ignore[arg-type]
+            "the newest checkpoint (3) is finite"
+        )
 
 
 def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(

@@ -590,6 +590,18 @@ def test_an_evaluation_with_no_labelled_eval_row_or_one_train_class_is_refused_b
     said = f"error: --data.train '{tmp_path / 'one-train'}': has labelled rows of one class alone: a probe"
     assert code == 2 and err.startswith(said), err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("checkpoints/*"))
+    # The label column the loader reads, which vocab.json names (`prepare --label-column species` was
+    # refused as unlabelled); a shard the check cannot read is the loader's to say, in its words.
+    from birdjepa.validation import check_data
+
+    two = audio(tmp_path / "two", ["a/r0.wav", "b/r1.wav"])
+    main(["prepare", str(two), str(tmp_path / "sp-train"), "--label-column", "species"])
+    main(["prepare", str(two), str(tmp_path / "sp-eval"), "--vocab", str(tmp_path / "sp-train")])
+    split = DataConfig(train=str(tmp_path / "sp-train"), eval=str(tmp_path / "sp-eval"))
+    check_data(PretrainConfig(data=split, eval_every=2))
+    shard = next((tmp_path / "sp-eval").glob("*.arrow"))
+    shard.write_bytes(shard.read_bytes()[:300])
+    check_data(PretrainConfig(data=split, eval_every=2))
 
 
 def test_jax_enable_x64_is_refused_in_one_line(

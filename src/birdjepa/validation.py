@@ -509,10 +509,17 @@ def _check_scorable(files: dict[str, list[str]], cfg: PretrainConfig) -> None:
     need labels, the train split two classes (a split of one scored 1.000 everywhere, its chance too)."""
     every = cfg.eval_every
     off = f"the held-out evaluation (--eval-every {every}) scores probes on labels; or --eval-every 0"
-    if labelled_classes(files["data.eval"], 1) == 0:
+    try:
+        counts = {
+            option: labelled_classes(files[option], enough)
+            for option, enough in (("data.eval", 1), ("data.train", 2))
+        }
+    except DataError:  # a truncated shard: the loader says it in its own words as it opens the split
+        return
+    if counts["data.eval"] == 0:
         raise OptionError("data.eval", cfg.data.eval, "has no labelled row (audio prepared without a folder "
                           f"per class?): {off}")  # fmt: skip
-    if (n := labelled_classes(files["data.train"], 2)) < 2:
+    if (n := counts["data.train"]) < 2:
         held = "no labelled row" if n == 0 else "labelled rows of one class alone"
         raise OptionError("data.train", cfg.data.train, f"has {held}: a probe has nothing to tell apart; "
                           f"{off}")  # fmt: skip

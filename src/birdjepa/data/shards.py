@@ -490,11 +490,15 @@ def labelled_classes(files: Sequence[str], enough: int) -> int:
     read in order until then; a class is its name where the folder has a vocabulary). Before a run
     evaluates its probes on them: a split with none, or a train split of one, is nothing to score."""
     seen: set[object] = set()
+    column = label_column(files)  # the loader's: `prepare --label-column species` names it in vocab.json
     for f in files:
         table = read_shard(Path(f))
-        if DEFAULT_LABEL_COLUMN not in table.column_names:
+        if column not in table.column_names:
             continue
-        labels = table.column(DEFAULT_LABEL_COLUMN)
+        labels = table.column(column)
+        if not (pa.types.is_integer(labels.type) or pa.types.is_string(labels.type)
+                or pa.types.is_large_string(labels.type)):  # fmt: skip
+            return enough  # a type the loader refuses, in its own words, as it opens the split
         labels = pc.filter(labels, pc.is_valid(labels))
         if pa.types.is_integer(labels.type):
             labels = pc.filter(labels, pc.greater_equal(labels, 0))

@@ -55,8 +55,10 @@ class PeriodicEval:
         held_out = embed_split(self.eval_loader, encoders, raw=first)
         if first:  # the splits' records read as they stay: a split all of whose records were skipped
             if (why := unusable(train, held_out, self.files)) is not None:
-                raise UnusableSplits(f"{why} (the loader's WARNINGs above name the records it skipped): the "
-                                     "evaluation has nothing to score; --eval-every 0 for none")  # fmt: skip
+                loaders = (self.train_loader, self.eval_loader)
+                if any(loader.diagnostics()["counters"]["skipped"] for loader in loaders):
+                    why += " (the loader's WARNINGs above name the records it skipped)"
+                raise UnusableSplits(f"{why}: the evaluation has nothing to score; --eval-every 0 for none")
             keep = (RANDOM_INIT, RAW)
             self._baselines = tuple({k: s.features[k] for k in keep} for s in (train, held_out))
         train_base, eval_base = self._baselines

@@ -66,13 +66,16 @@ def unusable(train: Split, held_out: Split, files: tuple[Sequence[str], Sequence
     """Why the embedded splits give the probes nothing to score (None: they do): a split without a
     labelled clip it could read, or a train split of one class (every row 1/C, 'converged' with 0
     iterations)."""
-    for name, split, where in (("train", train, files[0]), ("eval", held_out, files[1])):
-        if len(split.labels) == 0:
-            return f"the {name} split ({list(where)}) has no labelled clip"
+
+    def split(where: Sequence[str]) -> str:  # a split of hundreds of shards: its first, and a count
+        return f"{where[0]}{f' and {len(where) - 1} more' if len(where) > 1 else ''}"
+
+    for name, embedded, where in (("train", train, files[0]), ("eval", held_out, files[1])):
+        if len(embedded.labels) == 0:
+            return f"the {name} split ({split(where)}) has no labelled clip"
     if len(np.unique(train.labels)) < 2:
-        return (
-            f"the train split ({list(files[0])}) holds clips of one class: a probe has nothing to tell apart"
-        )
+        one = "holds clips of one class: a probe has nothing to tell apart"
+        return f"the train split ({split(files[0])}) {one}"
     return None
 
 

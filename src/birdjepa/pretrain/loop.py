@@ -113,8 +113,8 @@ def pretrain(cfg: PretrainConfig) -> int:
     finally:  # however it ends (a refused option, a held lease): the caller's handlers back
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if stop.signal == signal.SIGXCPU:  # the kernel sends it again each CPU second past the soft limit:
-            signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # its default killed the saved run's exit 75
+        if stop.cpu_limit:  # past the soft limit the kernel sends it again each CPU second: its default
+            signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # killed the saved run's exit 75 (or 0)
 
 
 def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
@@ -393,7 +393,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     hold()
                     pending, saved = t.save(state, loader, callbacks, metrics)
                     if stopping:  # on disk before the run says it stopped
-                        t.ckpt.wait()
+                        t.wait_saved(step)
                 except checkpoint.CheckpointWriteError as e:  # this save, or the previous one (background)
                     exit_code, line = t.save_failed(e, step)
                     progress.message(line)
@@ -437,7 +437,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     stop.at_the_last = exit_code == 0
     if exit_code in (0, exit_codes.REQUEUE, *USER_SIGNALS.values()):
         try:
-            t.ckpt.wait()
+            t.wait_saved(state.step - 1)
         except checkpoint.CheckpointWriteError as e:
             exit_code, line = t.save_failed(e, state.step - 1)
             progress.message(line)

@@ -37,6 +37,7 @@ class StopRequest:
 
     def __init__(self, signals: Sequence[int] = STOP_SIGNALS, *, speaks: bool = True) -> None:
         self.signal: int | None = None
+        self.cpu_limit = False  # a SIGXCPU came, whichever signal the run stops for: it comes again
         self.ctrl_c = False
         self.at_the_last = False  # set by the loop: the segment ends at the step a stop would come (exit 0)
         self.speaks = speaks  # process 0 alone, in a group: a terminal said it once per process
@@ -50,6 +51,7 @@ class StopRequest:
                 signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: object) -> None:
+        self.cpu_limit |= signum == signal.SIGXCPU
         if signum == signal.SIGINT:
             if self.ctrl_c:  # the second, whatever came between
                 raise KeyboardInterrupt

@@ -372,9 +372,9 @@ class Trainer:
         # against 41 at the start, and a resume from them could only blow up again.
         try:
             newest, oldest = (self.ckpt.read_meta(s)["norms"]["param_norm"] for s in (steps[-1], steps[0]))
-        except (KeyError, OSError, checkpoint.CheckpointError):
+        except (KeyError, OSError, ValueError, checkpoint.CheckpointError):
             return said
-        if newest > GREW * oldest:
+        if oldest > 0 and newest > GREW * oldest:
             said += (f", but its parameters' norm is {newest:.3g}, {newest / oldest:.3g}x checkpoint "
                      f"{steps[0]}'s: move the checkpoints after the last one before that growth "
                      "aside")  # fmt: skip
@@ -434,9 +434,18 @@ class Trainer:
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
         }
         saved = state_lib.save(self.ckpt, state, meta)
-        for warning in self.ckpt.take_warnings():  # the retention's, as the save began
-            self.log.event("warning", state.step - 1, message=warning)
+        self._log_retention(state.step - 1)  # what it said as the save began
         return pending, saved
+
+    def wait_saved(self, step: int) -> None:
+        """Every checkpoint on disk (``step`` the last saved): `Checkpointer.wait`, its retention's
+        WARNINGs logged too (those of a segment's last wait were said on the console alone)."""
+        self.ckpt.wait()
+        self._log_retention(step)
+
+    def _log_retention(self, step: int) -> None:
+        for warning in self.ckpt.take_warnings():
+            self.log.event("warning", step, message=warning)
 
     def save_failed(self, e: checkpoint.CheckpointWriteError, step: int) -> tuple[int, str]:
         """A checkpoint could not be written: the exit code, which the job script does not requeue (the
