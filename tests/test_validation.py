@@ -592,12 +592,20 @@ def test_an_evaluation_with_no_labelled_eval_row_or_one_train_class_is_refused_b
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("checkpoints/*"))
     # The label column the loader reads, which vocab.json names (`prepare --label-column species` was
     # refused as unlabelled); a shard the check cannot read is the loader's to say, in its words.
+    from test_loader_bad_input import write_table
+
     from birdjepa.validation import check_data
 
     two = audio(tmp_path / "two", ["a/r0.wav", "b/r1.wav"])
     main(["prepare", str(two), str(tmp_path / "sp-train"), "--label-column", "species"])
     main(["prepare", str(two), str(tmp_path / "sp-eval"), "--vocab", str(tmp_path / "sp-train")])
     split = DataConfig(train=str(tmp_path / "sp-train"), eval=str(tmp_path / "sp-eval"))
+    check_data(PretrainConfig(data=split, eval_every=2))
+    shard = next((tmp_path / "sp-train").glob("*.arrow"))
+    table = read_shard(shard)  # labels of a type the loader refuses: pyarrow's unique() raised
+    listed = pa.array([[v] for v in table.column("species").to_pylist()], pa.list_(pa.int64()))
+    write_table(table.set_column(table.column_names.index("species"), "species", listed), tmp_path / "t")
+    (tmp_path / "t").replace(shard)  # not written over in place: `table` maps it
     check_data(PretrainConfig(data=split, eval_every=2))
     shard = next((tmp_path / "sp-eval").glob("*.arrow"))
     shard.write_bytes(shard.read_bytes()[:300])
