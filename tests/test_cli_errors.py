@@ -38,6 +38,12 @@ def test_compare_leaves_out_what_a_revision_crossed_by_a_resume_redefines(
     said = (f"not compared: monitor/update_ratio/*, which a revision of the step crossed by a resume "
             f"redefines ({tmp_path / 'resumed'} at step 2; `birdjepa analyze` says which)")  # fmt: skip
     assert said in out.splitlines() and out.endswith("max_abs_diff=0.0\n"), out
+    # A run the crossed revisions redefine nothing in (a LeJEPA run across revision 6): all compared.
+    write("resumed", [*rows[:2], {**revised, "redefined": []},
+                      *({**r, "monitor/update_ratio/min": 2.5e-4} for r in rows[2:])])  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        main(["compare", str(tmp_path / "straight"), str(tmp_path / "resumed")])
+    assert e.value.code == 1 and "not compared" not in capsys.readouterr().out
     # Another metric still counts; and an event written before events named them: every metric the
     # crossed revisions redefine (revision 4's train/grad_norm here).
     write(

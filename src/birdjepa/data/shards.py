@@ -490,6 +490,7 @@ def labelled_classes(files: Sequence[str], enough: int) -> int:
     read in order until then; a class is its name where the folder has a vocabulary). Before a run
     evaluates its probes on them: a split with none, or a train split of one, is nothing to score."""
     seen: set[object] = set()
+    folder_names: dict[Path, list[str] | None] = {}
     column = label_column(files)  # the loader's: `prepare --label-column species` names it in vocab.json
     for f in files:
         table = read_shard(Path(f))
@@ -502,7 +503,10 @@ def labelled_classes(files: Sequence[str], enough: int) -> int:
         labels = pc.filter(labels, pc.is_valid(labels))
         if pa.types.is_integer(labels.type):
             labels = pc.filter(labels, pc.greater_equal(labels, 0))
-        names = vocab_names(Path(f).parent)
+        folder = Path(f).parent
+        if folder not in folder_names:  # read once a folder, not once a shard
+            folder_names[folder] = vocab_names(folder)
+        names = folder_names[folder]
         for label in pc.unique(labels).to_pylist():
             seen.add(names[label] if names is not None and isinstance(label, int) and label < len(names)
                      else label)  # fmt: skip

@@ -125,8 +125,8 @@ def read_run(run: Path) -> tuple[Logged, dict[str, int]]:
         for line in read_metrics(run):
             if line.get("event") == "step_revised":
                 # Written before events named them: every metric the crossed revisions redefine.
-                crossed = revisions.between(*line["revision"])
-                names = line.get("redefined", [m for r in crossed for m in r.redefines])
+                if (names := line.get("redefined")) is None:
+                    names = revisions.redefined(revisions.between(*line["revision"]))
                 redefined.update({m: redefined.get(m, line["step"]) for m in names})
             yield line
 

@@ -93,14 +93,19 @@ def between(saved: int, now: int = REVISION) -> list[Revision]:
     return [REVISIONS[i] if i < len(REVISIONS) else unknown for i in range(lo, hi)]
 
 
+def _applies(r: Revision, cfg: Any) -> bool:
+    return r.applies is None or cfg is None or r.applies(cfg)
+
+
 def moves_training(crossed: Sequence[Revision], cfg: Any) -> bool:
     """Whether any of the ``crossed`` revisions moves the training bits of the run ``cfg``."""
-    return any(r.training and (r.applies is None or r.applies(cfg)) for r in crossed)
+    return any(r.training and _applies(r, cfg) for r in crossed)
 
 
-def redefined(crossed: Sequence[Revision], cfg: Any) -> list[str]:
-    """The metrics (names, or prefixes ending in "/") the ``crossed`` revisions redefine in run ``cfg``."""
-    return sorted({m for r in crossed if r.applies is None or r.applies(cfg) for m in r.redefines})
+def redefined(crossed: Sequence[Revision], cfg: Any = None) -> list[str]:
+    """The metrics (names, or prefixes ending in "/") the ``crossed`` revisions redefine in run ``cfg``
+    (None: a run not known, every one they redefine in any run)."""
+    return sorted({m for r in crossed if _applies(r, cfg) for m in r.redefines})
 
 
 def is_redefined(metric: str, names: Sequence[str]) -> bool:

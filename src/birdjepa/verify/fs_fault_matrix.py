@@ -104,7 +104,7 @@ def continues_old_run(run: Path, old: Path) -> list[MetricDiff]:
     ours, theirs = metrics_by_step(run), metrics_by_step(old)
     crossed = [e for e in read_metrics(run) if e.get("event") == "step_revised"]
     revised = [r for e in crossed for r in revisions.between(*e["revision"])]
-    redefined = [m for r in revised for m in r.redefines]
+    redefined = revisions.redefined(revised)
     names = {k for logged in theirs.values() for k in logged if not revisions.is_redefined(k, redefined)}
     exact = {n for n in names if n.startswith(EXACT_ACROSS_CPUS)}
     if any(r.training for r in revised):
