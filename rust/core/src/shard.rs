@@ -78,8 +78,6 @@ pub struct Shard {
 
 struct MmapOwner(#[allow(dead_code)] Arc<memmap2::Mmap>);
 
-/// The file at `path` mapped into memory, as a buffer the mapping's owner keeps alive (shards, and audio
-/// files read by path: a crop touches only the pages it decodes).
 /// Why `path` could not be opened or mapped (`what`): the file's fault, or one of this process's limits met
 /// (`ErrorKind::Limit`, said so: under `ulimit -n` healthy audio files read by path were skipped as bad,
 /// another set at every run, and past ~65,000 shards or under `ulimit -v` a healthy shard was named).
@@ -100,6 +98,8 @@ fn open_error(path: &Path, what: &str, e: std::io::Error) -> Error {
     Error::limit(format!("{}: {what}: {e}: {limit} was met, not this file's fault", path.display()))
 }
 
+/// The file at `path` mapped into memory, as a buffer the mapping's owner keeps alive (shards, and audio
+/// files read by path: a crop touches only the pages it decodes).
 pub(crate) fn mmap_buffer(path: &Path) -> Result<(Buffer, Arc<memmap2::Mmap>)> {
     // Before the open: a FIFO's open waits for a writer, for ever and deaf to Ctrl-C (a path a row names,
     // or a shard); a folder's was "cannot mmap: No such device".

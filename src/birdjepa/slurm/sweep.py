@@ -496,12 +496,11 @@ def cli(
             print(f"# config {job.index} ({run_dir}), resolved:")
             print(json.dumps(to_dict(job.cfg), indent=1))
             print(f"# config {job.index}: birdjepa pretrain {shlex.join(job.flags)}")
-            if not local:
+            if local:  # no script runs here (it printed the Slurm script): the commands, in turn
+                group = f"  # as {slurm.ntasks} processes of one group" if slurm.ntasks > 1 else ""
+                print("".join(f"{shlex.join(argv)}{group}\n" for argv in local_commands(job, force)))
+            else:
                 print(script)
-                continue
-            # No script runs here (it printed the Slurm script): the commands, one after another.
-            group = f"  # as {slurm.ntasks} processes of one group" if slurm.ntasks > 1 else ""
-            print("".join(f"{shlex.join(argv)}{group}\n" for argv in local_commands(job, force)))
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "job.sbatch").write_text(script)
