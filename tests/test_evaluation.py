@@ -28,7 +28,10 @@ from birdjepa.data import DataError
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import raw_features
+from birdjepa.resume.compare import compare_runs
+from birdjepa.rundir import layout
 from birdjepa.rundir.layout import LEASE_FILE
+from birdjepa.rundir.metrics_log import read_metrics
 
 
 def separable(seed: int, n_classes: int = 5, per_class: int = 30, dim: int = 8, offset: float = 0.0):
@@ -315,8 +318,8 @@ def test_a_record_evaluate_cannot_read_is_said_once_and_in_its_record(
     assert [w for w in json.loads(out.read_text())["warnings"] if w.startswith(said)], out.read_text()
 
 
-def test_a_run_whose_eval_records_all_fail_to_read_stops_at_its_evaluation_in_one_line(
-    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation_in_one_line(
+    demo_dir: Path, tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Labels up front, audio the loader skips: "ValueError: features must be [N, D] with one D, got (4, 64)
     # and (0, 0)", a traceback, exit 1.
@@ -329,14 +332,33 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_at_its_evaluation_in_on
         table = read_table(shard)
         write_table(with_corrupt_rows(table, set(range(len(table)))), tmp_path / "eval" / shard.name)
     shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "eval")
-    cfg = tiny_config(demo_dir, tmp_path / "runs")  # evaluated after its first step
-    data = dataclasses.replace(cfg.data, eval=str(tmp_path / "eval"))
-    cfg = dataclasses.replace(cfg, eval_every=1, data=data)
+    good = tiny_config(demo_dir, tmp_path / "runs")  # evaluated after step 2; saved at the last alone
+    good = dataclasses.replace(good, ckpt_every=100)
+    cfg = dataclasses.replace(good, data=dataclasses.replace(good.data, eval=str(tmp_path / "eval")))
     capsys.readouterr()
     assert pretrain(cfg) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: the eval split (") and err.count("\n") == 1, err
-    assert "has no labelled clip (the loader's WARNINGs above name the records it skipped)" in err, err
+    said = capsys.readouterr()
+    assert said.err.startswith("error: the eval split (") and said.err.count("\n") == 1, said.err
+    assert "has no labelled clip (the loader's WARNINGs above name the records it skipped)" in said.err
+    # The 3 steps trained are saved (a stop there lost them, and each resume again), the evaluation not:
+    run = good.run_dir
+    assert layout.checkpoint_steps(run) == [2], said.out
+    assert "stopping after step 2, saved without its evaluation" in said.out and "exit 2" in said.out
+    assert pretrain(cfg) == 2 and layout.checkpoint_steps(run) == [2]  # its data still unread: no step
+    # Its data mended, the run evaluates step 2 first and trains on: every metric as the straight run's.
+    capsys.readouterr()
+    assert pretrain(good) == 0
+    assert "eval step 2: kNN" in capsys.readouterr().out
+    diffs = compare_runs(tiny_run, run)
+    assert any(d.name == "eval/knn_acc" and d.steps == 2 for d in diffs), diffs
+    assert all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
+    # At the last step: the finished run's next start evaluates it, with the closing table, once.
+    good, cfg = (dataclasses.replace(c, run="last", eval_every=6) for c in (good, cfg))
+    assert pretrain(cfg) == 2 and layout.checkpoint_steps(good.run_dir) == [5]
+    capsys.readouterr()
+    assert pretrain(good) == 0 and "done: 0 steps" in capsys.readouterr().out
+    assert pretrain(good) == 0 and "already finished at step 5" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(good.run_dir) if "eval/knn_acc" in r] == [5]
 
 
 def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys):

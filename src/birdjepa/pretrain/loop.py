@@ -324,6 +324,13 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
         exit_code = t.check_resume(state, meta, pending, loader, loader_error)
     elif meta is not None:
         exit_code = t.check_finished(state, meta)
+    evals: dict[str, float] = {}
+    # The evaluation a stop was saved without (it failed: its data) comes first, at the step it was due.
+    caught_up = bool(meta and meta.get("unevaluated")) and not (logged and logged.evaluated)
+    caught_up = caught_up and exit_code == 0 and cfg.eval_every > 0
+    if caught_up:
+        evals, eval_rows = t.evaluate(state.params, state.step - 1)
+        print(f"{_eval_line(state.step - 1, evals)} (the stop's evaluation)", flush=True)
     # The options of the segment that trains: a refused one leaves them, and so does a start of a finished
     # run (nothing to do, nothing checked).
     if exit_code == 0 and state.step < cfg.steps and multihost.is_main():
@@ -337,12 +344,12 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     progress = Progress(
         total=cfg.steps, start=start, batch_size=cfg.data.batch_size, every=cfg.log.print_every
     )
-    if start >= cfg.steps and not exit_code:
+    if start >= cfg.steps and not exit_code and not caught_up:
         print(
             f"run {cfg.run} already finished at step {start - 1} ({cfg.run_dir}); nothing to do", flush=True
         )
     t_start = time.perf_counter()
-    evals: dict[str, float] = {}
+    unevaluated: Exception | None = None
     try:
         for step in range(start, end):
             t0 = time.perf_counter()
@@ -375,23 +382,24 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     break
 
             if cfg.eval_every > 0 and due(step, cfg.eval_every, last):
-                evals, eval_rows = t.evaluate(state.params, step)
-                progress.message(
-                    f"eval step {step}: kNN {evals['eval/knn_acc']:.3f} (random init "
-                    f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); "
-                    f"online probe {evals['eval/probe_acc']:.3f}"
-                )
+                try:
+                    evals, eval_rows = t.evaluate(state.params, step)
+                except (DataError, eval_report.UnusableSplits) as e:  # its data: the step is saved below
+                    unevaluated = e  # (a stop lost every step since the last checkpoint, each resume too)
+                    print(f"error: {e}", file=sys.stderr, flush=True)
+                else:
+                    progress.message(_eval_line(step, evals))
 
             # Every process stops at the same step, with one code: a signal seen by one is acted on by all.
             signalled_with = group_stop(multihost.every_process(stop.signal or 0))
             # One asked for during this step's save comes at the next step's end, or after this one's
             # save where the segment ends here: exit 0 either way.
             stop.at_the_last = step + 1 >= end_here
-            stopping = step == cfg.stop_at_step or signalled_with is not None
+            stopping = step == cfg.stop_at_step or signalled_with is not None or unevaluated is not None
             if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
                 try:
                     hold()
-                    pending, saved = t.save(state, loader, callbacks, metrics)
+                    pending, saved = t.save(state, loader, callbacks, metrics, unevaluated=bool(unevaluated))
                     if stopping:  # on disk before the run says it stopped
                         t.wait_saved(step)
                 except checkpoint.CheckpointWriteError as e:  # this save, or the previous one (background)
@@ -404,6 +412,16 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     break
                 if step in cfg.debug.roundtrip_steps:
                     state = debug_roundtrip(t, state, saved)
+            if unevaluated is not None:  # the data's fault, not a preemption's: not requeued
+                exit_code = exit_codes.USAGE
+                t.log.event(
+                    "stop", step, reason="evaluation failed", exit_code=exit_code, error=str(unevaluated)
+                )
+                progress.message(
+                    f"stopping after step {step}, saved without its evaluation (the error above): once its "
+                    f"data reads, the same command resumes there and evaluates it first; exit {exit_code}"
+                )
+                break
             if stopping:
                 signalled = step != cfg.stop_at_step
                 # By the user: not a preemption to requeue.
@@ -442,7 +460,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
             exit_code, line = t.save_failed(e, state.step - 1)
             progress.message(line)
     progress.close()
-    if exit_code == 0 and start < cfg.steps and state.step == cfg.steps:
+    if exit_code == 0 and (start < cfg.steps or caught_up) and state.step == cfg.steps:
         took = f"done: {cfg.steps - start} steps in {time.perf_counter() - t_start:.0f} s"
         if not evals:
             print(f"{took}; no evaluation (--eval-every 0); run directory {cfg.run_dir}", flush=True)
@@ -466,6 +484,12 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
             )
     t.close(exit_code)
     return exit_code
+
+
+def _eval_line(step: int, evals: dict[str, float]) -> str:
+    return (f"eval step {step}: kNN {evals['eval/knn_acc']:.3f} (random init "
+            f"{evals['eval/knn_acc_random_init']:.3f}, raw {evals['eval/knn_acc_raw']:.3f}); "
+            f"online probe {evals['eval/probe_acc']:.3f}")  # fmt: skip
 
 
 def parse(args: Sequence[str]) -> PretrainConfig:

@@ -407,10 +407,17 @@ class Trainer:
         return evals, rows
 
     def save(
-        self, state: TrainState, loader: Loader, callbacks: Callbacks, metrics: dict[str, float]
+        self,
+        state: TrainState,
+        loader: Loader,
+        callbacks: Callbacks,
+        metrics: dict[str, float],
+        *,
+        unevaluated: bool = False,
     ) -> tuple[Batch, dict[str, Any]]:
         """Checkpoint the step just done (``state.step - 1``) with the loader's and the callbacks' state;
-        returns the next batch (fetched to record what the next step will do) and the meta written."""
+        returns the next batch (fetched to record what the next step will do) and the meta written.
+        ``unevaluated``: the step's evaluation was due and failed; the resume runs it first."""
         self.log.flush()  # the step's row complete: ``metrics`` then holds its norms for the meta
         free, size = self.ckpt.room() if not self.disk_warned else (0, None)  # once a segment
         if size is not None and free < 2 * size:  # early, not at the failure
@@ -432,6 +439,7 @@ class Trainer:
             "eval_fingerprint": self.evaluator.eval_loader.fingerprint if self.evaluator else None,
             "next_step": self.next_step(state, pending).to_json(),
             "last_metrics": {k: v for k, v in metrics.items() if k.startswith("train/")},
+            **({"unevaluated": True} if unevaluated else {}),
         }
         saved = state_lib.save(self.ckpt, state, meta)
         self._log_retention(state.step - 1)  # what it said as the save began

@@ -1,9 +1,10 @@
 """What a resume learns from the run's metrics log, read once.
 
-A resume asks the log four things: the highest restart it holds (a segment killed before its first save
+A resume asks the log five things: the highest restart it holds (a segment killed before its first save
 logged under its checkpoint's restart), whether it is still the log of the steps the checkpoint holds
-(`damage`), whether a checkpoint the log says was saved is gone (`lost`), and whether its row of the
-checkpoint's step is what the checkpoint recorded (`other`). A long run's log is hundreds of MB: each
+(`damage`), whether a checkpoint the log says was saved is gone (`lost`), whether its row of the
+checkpoint's step is what the checkpoint recorded (`other`), and whether that step was evaluated (a stop
+saved without its evaluation evaluates it first, once). A long run's log is hundreds of MB: each
 question read and parsed it whole again (15 s at a resume of a 210 MB log), so one streaming pass collects
 what all four need, before the writer opens the log (which cuts a torn last line off: skipped here too).
 """
@@ -18,6 +19,9 @@ from typing import Any
 from birdjepa.rundir.layout import CHECKPOINTS, DAMAGED_DIR
 from birdjepa.rundir.metrics_log import NOT_COMPARED, TORN, parsed_lines, plain
 
+#: The metric every evaluation's row holds (`birdjepa.evaluation.report.metrics`).
+EVALUATED = "eval/knn_acc"
+
 
 @dataclass(frozen=True)
 class LogAtResume:
@@ -30,6 +34,7 @@ class LogAtResume:
     saved: int = -1  # the newest `stop` event's step: that checkpoint was on disk
     restart: int = -1  # the highest restart any line holds
     row: Mapping[str, Any] | None = None  # the newest training row of the checkpoint's step
+    evaluated: bool = False  # an evaluation's row of the checkpoint's step is there
 
     def damage(self, slack: int) -> str | None:
         """Why the log is not the log of the steps the checkpoint holds, in one line (None: it is): a line
@@ -83,7 +88,7 @@ class LogAtResume:
 def read_at_resume(path: Path, checkpoint: int) -> LogAtResume:
     """`LogAtResume` of the log at ``path`` (none there: an empty one), streamed line by line; a torn last
     line is the writer's to cut off (`birdjepa.rundir.metrics_log.repair_torn_tail`), not damage."""
-    found: dict[str, Any] = {"last_step": -1, "saved": -1, "restart": -1, "row": None}
+    found: dict[str, Any] = {"last_step": -1, "saved": -1, "restart": -1, "row": None, "evaluated": False}
     bad: str | None = None
     for i, row, why, _ in parsed_lines(path) if path.exists() else ():
         if not why:
@@ -104,3 +109,4 @@ def _take(found: dict[str, Any], row: dict[str, Any], checkpoint: int) -> None:
         # The training row: an evaluation's row of the same step, written after it, holds no train/ value.
         if step == checkpoint and "train/loss" in row:
             found["row"] = row
+        found["evaluated"] |= step == checkpoint and EVALUATED in row
