@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -57,15 +59,29 @@ def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_update_that_overflows_with_finite_gradients_stops_the_run_in_one_line(
-    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    demo_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The probe's LR 1e30 times its gradients overflows its parameters: the loss and the gradients were
     # finite, so the guard let the update through, and the save that refused the state was a traceback.
     from birdjepa.config import OptimConfig
+    from birdjepa.pretrain.trainer import Trainer
 
+    real_close = Trainer.close
+
+    def close(self, exit_code: int) -> None:  # a Ctrl-C as the run closes said "exit 130", and it was 70
+        os.kill(os.getpid(), signal.SIGINT)
+        real_close(self, exit_code)
+
+    monkeypatch.setattr(Trainer, "close", close)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     cfg = config(demo_dir, tmp_path, "over", optim=OptimConfig(probe_lr_scale=1e30), ckpt_every=1)
-    assert pretrain(cfg) == exit_codes.NONFINITE
-    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    try:
+        assert pretrain(cfg) == exit_codes.NONFINITE
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capfd.readouterr()
+    assert f"Ctrl-C: the run is stopping already, exit {exit_codes.NONFINITE} (the line above" in err, err
+    (line,) = [x for x in out.splitlines() if x.startswith("ERROR")]
     assert re.match(r"ERROR: the state after step \d is not finite \(param_norm=inf\) though its loss and "
                     r"gradients were: an update overflowed", line), line  # fmt: skip
     (event,) = events(cfg.run_dir, "nonfinite")

@@ -515,12 +515,12 @@ def test_a_preemption_or_a_ctrl_c_during_the_last_step_finishes_the_run(
             os.kill(os.getpid(), sig)  # the handler records it: the step runs on
         return real(fns, cfg, state, batch)
 
-    def save(self, state, *args):  # noqa: ANN001, ANN202
+    def save(self, state, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         if during == "save" and state.step == self.cfg.steps - 1:  # the save of the step before the last
             os.kill(os.getpid(), sig)
         if during == "last save" and state.step == self.cfg.steps:
             os.kill(os.getpid(), sig)
-        return real_save(self, state, *args)
+        return real_save(self, state, *args, **kwargs)
 
     monkeypatch.setattr(train_loop, "advance", advance)
     monkeypatch.setattr(Trainer, "save", save)

@@ -353,7 +353,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     try:
         for step in range(start, end):
             t0 = time.perf_counter()
-            stop.at_the_last = step == end_here  # a stop asked for now comes at this step's end anyway
+            stop.ending_with = 0 if step == end_here else None  # a stop now comes at this step's end anyway
             batch, pending = (pending if pending is not None else next(loader)), None
             t_data = time.perf_counter() - t0
             state, metrics, stats, guard = advance(t.fns, cfg, state, batch)
@@ -394,7 +394,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
             signalled_with = group_stop(multihost.every_process(stop.signal or 0))
             # One asked for during this step's save comes at the next step's end, or after this one's
             # save where the segment ends here: exit 0 either way.
-            stop.at_the_last = step + 1 >= end_here
+            stop.ending_with = 0 if step + 1 >= end_here else None
             stopping = step == cfg.stop_at_step or signalled_with is not None or unevaluated is not None
             if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
                 try:
@@ -452,7 +452,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
 
     # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
     # summary next to its baselines. A Ctrl-C meanwhile changes no exit code.
-    stop.at_the_last = exit_code == 0
+    stop.ending_with = exit_code
     if exit_code in (0, exit_codes.REQUEUE, *USER_SIGNALS.values()):
         try:
             t.wait_saved(state.step - 1)

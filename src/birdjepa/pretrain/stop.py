@@ -20,12 +20,18 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, si
 #: job without job control), and not a preemption, so not requeued.
 USER_SIGNALS = {signal.SIGINT: exit_codes.INTERRUPTED, signal.SIGHUP: exit_codes.HUNG_UP}
 CTRL_C = (
-    b"\nCtrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes). Ctrl-C "
-    b"again quits at once, losing the steps since the last checkpoint.\n"
+    "\nCtrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes). Ctrl-C "
+    "again quits at once, losing the steps since the last checkpoint.\n"
 )
 CTRL_C_AT_THE_LAST = (
-    b"\nCtrl-C: the run stops after this step anyway (its last, or --stop-at-step), with a checkpoint (exit "
-    b"0). Ctrl-C again quits at once, losing the steps since the last checkpoint.\n"
+    "\nCtrl-C: the run stops after this step anyway (its last, or --stop-at-step), with a checkpoint (exit "
+    "0). Ctrl-C again quits at once, losing the steps since the last checkpoint.\n"
+)
+#: Once the loop has stopped for its own reason (a non-finite step, a failed save or resume check):
+#: "exit 130; the same command resumes" said, and the run exited with its own code.
+CTRL_C_STOPPING = (
+    "\nCtrl-C: the run is stopping already, exit {code} (the line above says why). Ctrl-C again quits at "
+    "once.\n"
 )
 
 
@@ -39,7 +45,9 @@ class StopRequest:
         self.signal: int | None = None
         self.cpu_limit = False  # a SIGXCPU came, whichever signal the run stops for: it comes again
         self.ctrl_c = False
-        self.at_the_last = False  # set by the loop: the segment ends at the step a stop would come (exit 0)
+        # Set by the loop: the code the run exits with whatever a Ctrl-C asks (0: the segment ends at the
+        # step a stop would come); None while a stop would change it.
+        self.ending_with: int | None = None
         self.speaks = speaks  # process 0 alone, in a group: a terminal said it once per process
         # Asked now: once the terminal hung up, isatty() says no (its ioctl fails too).
         self.terminal = [fd for fd in (1, 2) if os.isatty(fd)]
@@ -57,10 +65,10 @@ class StopRequest:
                 raise KeyboardInterrupt
             self.ctrl_c = True
             if self.signal is None:
-                if self.speaks:
-                    os.write(
-                        sys.stderr.fileno(), CTRL_C_AT_THE_LAST if self.at_the_last else CTRL_C
-                    )  # not print: the handler may interrupt a print
+                if self.speaks:  # os.write, not print: the handler may interrupt a print
+                    code = self.ending_with
+                    said = CTRL_C if code is None else CTRL_C_AT_THE_LAST if code == 0 else CTRL_C_STOPPING
+                    os.write(sys.stderr.fileno(), said.format(code=code).encode())
                 self.signal = signum
             return
         if signum == signal.SIGHUP:
