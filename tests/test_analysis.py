@@ -75,6 +75,16 @@ def test_a_resume_by_another_revision_of_the_step_or_on_another_machine_says_so(
     (r,) = analysis.load_run(tmp_path / "r").resumes
     assert r.reason == ("resume event (checkpoint 2); on another kind of machine (device, jaxlib); by "
                         "another revision of the step (1 -> 5, which redefines train/grad_norm)")  # fmt: skip
+    # What the event says its run's resume redefines (nothing in a LeJEPA run across revision 6), as
+    # `compare` reads it: every run's was said.
+    write_segments(tmp_path / "j", [(0, range(0, 3), {"train/loss": float})])
+    log = MetricsLog(tmp_path / "j", restart=1)
+    log.event("resume", 3, checkpoint=2)
+    log.event("step_revised", 3, revision=[5, 6], redefined=[])
+    log.log(3, {"train/loss": 3.0})
+    log.close()
+    (r,) = analysis.load_run(tmp_path / "j").resumes
+    assert r.reason.endswith("by another revision of the step (5 -> 6)"), r.reason
 
 
 def test_a_log_cut_mid_line_by_a_kill_loads_and_damage_elsewhere_names_the_line(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from birdjepa.diagnostics.monitor import (
 )
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params, named_params
+from birdjepa.train.revisions import REVISIONS, is_redefined
 
 Params = dict[str, dict[str, jax.Array]]
 NAMES = ["dense/bias", "dense/kernel", "head/bias", "head/kernel"]
@@ -183,11 +184,18 @@ def test_vanishing_gradient_is_reported_by_name():
         assert len(warnings) == 1 and "vanishing" in warnings[0] and "unused/kernel" in warnings[0]
     # A parameter the objective builds and no loss reads (MAE's projector): warned at every check.
     idle = UpdateMonitor(NAMES + ["unused/kernel"], idle=("unused/",), patience=1, frozen_ratio=1.0)
+    counted = UpdateMonitor(NAMES + ["unused/kernel"], patience=1, frozen_ratio=1.0)  # as before revision 6
     for s, st in enumerate(stats):
         metrics, warnings = idle.observe(s, st)
         assert metrics["monitor/vanishing"] == 0.0 and not any("unused/" in w for w in warnings), warnings
         # Nor its ratio of 0 every check's minimum and first smallest, hiding the ratios to watch.
         assert not any("unused/" in k for k in metrics) and metrics["monitor/update_ratio/min"] > 0, metrics
+        # Every metric that moved is one the step's revision 6 declares redefined (`compare` leaves those
+        # out of a run resumed across it): monitor/vanishing and monitor/frozen were not.
+        before, _ = counted.observe(s, st)
+        moved = {k for k in {*metrics, *before} if metrics.get(k) != before.get(k)}
+        assert {"monitor/vanishing", "monitor/frozen"} <= moved, moved
+        assert all(is_redefined(k, REVISIONS[5].redefines) for k in moved), moved
     assert "unused/kernel" not in idle.frozen and idle.frozen  # the others still are, at this ratio
 
 

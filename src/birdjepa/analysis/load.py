@@ -154,7 +154,7 @@ def _timeline(name: str, segments: list[list[_Row]], resumes: list[Resume]) -> R
 
 def _revised(event: dict[str, Any]) -> str:
     saved, now = event["revision"]
-    redefined = revisions.redefined(revisions.between(saved, now))
+    redefined = revisions.redefined_at(event)
     more = f", which redefines {', '.join(redefined)}" if redefined else ""
     return f"by another revision of the step ({saved} -> {now}{more})"
 

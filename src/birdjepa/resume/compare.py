@@ -124,9 +124,7 @@ def read_run(run: Path) -> tuple[Logged, dict[str, int]]:
     def rows() -> Iterable[dict]:
         for line in read_metrics(run):
             if line.get("event") == "step_revised":
-                # Written before events named them: every metric the crossed revisions redefine.
-                if (names := line.get("redefined")) is None:
-                    names = revisions.redefined(revisions.between(*line["revision"]))
+                names = revisions.redefined_at(line)
                 redefined.update({m: redefined.get(m, line["step"]) for m in names})
             yield line
 

@@ -15,7 +15,7 @@ some runs only (``applies``) leaves the others' resume exact.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -72,11 +72,18 @@ REVISIONS = (
         applies=recomputes_heads,
     ),
     Revision(
-        "the update monitor's summaries and smallest ratios leave out the parameters no loss reads "
-        "(2026-12-06): an MAE run's monitor/update_ratio/*, monitor/grad_norm/* and smallest ratios are "
-        "taken over other parameters; the training's bits do not move",
+        "the update monitor's summaries, smallest ratios and counts of vanishing and frozen parameters "
+        "leave out the parameters no loss reads (2026-12-06): an MAE run's monitor/update_ratio/*, "
+        "monitor/grad_norm/*, smallest ratios, monitor/vanishing and monitor/frozen are taken over other "
+        "parameters; the training's bits do not move",
         training=False,
-        redefines=("monitor/update_ratio/", "monitor/grad_norm/", "monitor/smallest_ratio/"),
+        redefines=(
+            "monitor/update_ratio/",
+            "monitor/grad_norm/",
+            "monitor/smallest_ratio/",
+            "monitor/vanishing",
+            "monitor/frozen",
+        ),
         applies=has_idle_params,
     ),
 )
@@ -106,6 +113,13 @@ def redefined(crossed: Sequence[Revision], cfg: Any = None) -> list[str]:
     """The metrics (names, or prefixes ending in "/") the ``crossed`` revisions redefine in run ``cfg``
     (None: a run not known, every one they redefine in any run)."""
     return sorted({m for r in crossed if _applies(r, cfg) for m in r.redefines})
+
+
+def redefined_at(event: Mapping[str, Any]) -> list[str]:
+    """What a ``step_revised`` event says its resume's crossed revisions redefine in its run: the event's own
+    list, or, in one written before events kept it, every metric they redefine in any run."""
+    names = event.get("redefined")
+    return list(names) if names is not None else redefined(between(*event["revision"]))
 
 
 def is_redefined(metric: str, names: Sequence[str]) -> bool:
