@@ -17,12 +17,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tyro
 
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
+from birdjepa.pretrain import loop as train_loop
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.checkpoint.space import TMP_SUFFIX, folder_bytes, quiet_orbax_errors
@@ -240,6 +242,19 @@ def test_an_old_checkpoint_the_retention_cannot_remove_is_a_warning_event_in_the
         (2, "checkpoint 0 could not be removed "),
         (2, "checkpoint 1 could not be removed "),
     ], events
+    # And at the wait of a run an error stops (after checkpoint 1's save, checkpoint 0's removal failed).
+    real = train_loop.advance
+
+    def fails(fns: Any, cfg: PretrainConfig, state: Any, batch: Any) -> Any:
+        if int(state.step) == 2:
+            raise RuntimeError("planted: the step fails")
+        return real(fns, cfg, state, batch)
+
+    monkeypatch.setattr(train_loop, "advance", fails)
+    with pytest.raises(RuntimeError, match="planted"):
+        pretrain(tyro.cli(PretrainConfig, args=[*args, "--run", "e"]))
+    events = [r for r in read_metrics(tmp_path / "e") if r.get("event") == "warning"]
+    assert [(e["step"], e["message"][:34]) for e in events] == [(1, "checkpoint 0 could not be removed ")]
 
 
 def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -> None:

@@ -447,7 +447,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                 t.log.flush()
         if not isinstance(e, (KeyboardInterrupt, LeaseLost)):
             with contextlib.suppress(Exception):
-                t.ckpt.wait()
+                t.wait_saved(state.step - 1)  # its retention's WARNINGs logged too
         raise
 
     # Close: every checkpoint on disk (a failed background write shows here at the latest), then the
