@@ -646,3 +646,21 @@ def test_jax_enable_x64_is_refused_in_one_line(
     assert not (tmp_path / "runs").exists()
     # The settings that move numbers are in the machine record: a resume under another says which.
     assert "jax_threefry_partitionable=True" in machine_kind()["jax_config"]
+
+
+def test_a_fresh_start_warns_of_a_warmup_past_the_run_and_of_a_batch_larger_than_the_train_split() -> None:
+    # Both allowed (a short try, a small test set); a batch of 100 from 64 clips repeated 36 without a word.
+    from birdjepa.config import OptimConfig
+    from birdjepa.train.segment import start_warnings
+
+    cfg = PretrainConfig(steps=20, optim=OptimConfig(warmup_steps=10, grad_accum=2, lr=3e-4),
+                         data=DataConfig(batch_size=100))  # fmt: skip
+    assert start_warnings(cfg, 100) == [
+        "--optim.warmup-steps 10 >= the run's 10 optimizer updates: its LR never reaches --optim.lr 0.0003"
+    ]
+    assert start_warnings(cfg, 64)[1] == (
+        "--data.batch-size 100 > the 64 records of the train split: every batch holds some recordings more "
+        "than once"
+    )
+    cfg = PretrainConfig(steps=22, optim=OptimConfig(warmup_steps=10, grad_accum=2))
+    assert start_warnings(cfg, cfg.data.batch_size) == []

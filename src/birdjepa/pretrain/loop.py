@@ -53,7 +53,7 @@ from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
 from birdjepa.train.memory_fit import DoesNotFit, out_of_memory
-from birdjepa.train.segment import advance, classes_changed, open_loader, open_segment, total_updates
+from birdjepa.train.segment import advance, classes_changed, open_loader, open_segment, start_warnings
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
 from birdjepa.validation import OptionError
@@ -310,9 +310,8 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     loader, loader_error = open_loader(cfg, train_files, state.loader_state, resumed=meta is not None)
     threads = loader.n_workers  # --data.n-workers 0 (the default) runs one per CPU this process may use
     print(f"loader: {threads} decode thread{'s' * (threads != 1)}", flush=True)
-    if meta is None and cfg.optim.warmup_steps >= (updates := total_updates(cfg)):  # allowed: a short try
-        print(f"WARNING --optim.warmup-steps {cfg.optim.warmup_steps} >= the run's {updates} optimizer "
-              f"updates: its LR never reaches --optim.lr {cfg.optim.lr:g}", flush=True)  # fmt: skip
+    for warning in start_warnings(cfg, len(loader)) if meta is None else ():
+        print(f"WARNING {warning}", flush=True)
     callbacks = make_callbacks(cfg, loader, state.params)
     # The batch of the coming step is fetched ahead whenever a save or a resume needs to fingerprint it.
     pending: Batch | None = None

@@ -82,6 +82,19 @@ def total_updates(cfg: PretrainConfig) -> int:
     return max(cfg.steps // cfg.optim.grad_accum, 1)
 
 
+def start_warnings(cfg: PretrainConfig, n_records: int) -> list[str]:
+    """What a fresh start of ``cfg`` on a train split of ``n_records`` says before its first step: options
+    allowed (a short try, a small test set) that do not do what they seem to."""
+    said = []
+    if cfg.optim.warmup_steps >= (updates := total_updates(cfg)):
+        said.append(f"--optim.warmup-steps {cfg.optim.warmup_steps} >= the run's {updates} optimizer "
+                    f"updates: its LR never reaches --optim.lr {cfg.optim.lr:g}")  # fmt: skip
+    if cfg.data.batch_size > n_records:  # a batch runs on into the next epochs: silent, the same clips twice
+        said.append(f"--data.batch-size {cfg.data.batch_size} > the {n_records} records of the train split: "
+                    "every batch holds some recordings more than once")  # fmt: skip
+    return said
+
+
 def initial_params(cfg: PretrainConfig, model_cfg: ModelConfig) -> Any:
     """The parameters of step 0 from the seed's init key: the model, with the objective's decoder if it
     has one (the template every restore of the run's checkpoints fills)."""
