@@ -112,30 +112,25 @@ def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
 
 def test_a_non_finite_stop_says_where_the_checkpoints_finite_parameters_blew_up() -> None:
     # --optim.lr 1e3 --on-nonfinite skip: every checkpoint finite, their parameters' norm 41 -> 1.6e10,
-    # and the line advised a resume from the newest, which could only blow up again.
-    from types import SimpleNamespace
+    # and the line advised a resume from the newest, which could only blow up again; measured against the
+    # oldest kept checkpoint, a growth before it (--ckpt-keep 3) advised the same, and so did a line with
+    # no checkpoint at all ("no checkpoint yet. Resume from it").
+    from birdjepa.pretrain.trainer import what_to_resume
 
-    from birdjepa.pretrain.trainer import Trainer
-
-    class Saved:
-        def __init__(self, norms: dict[int, float]) -> None:
-            self.norms = norms
-
-        def all_steps(self) -> list[int]:
-            return sorted(self.norms)
-
-        def read_meta(self, step: int) -> dict:
-            return {"norms": {"param_norm": self.norms[step]}}
-
-    said = Trainer._newest_finite(SimpleNamespace(ckpt=Saved({0: 41.4, 1: 41.5, 2: 1.59e10})))  # type: ignore[arg-type]
-    assert said == (
-        "the newest checkpoint (2) is finite, but its parameters' norm is 1.59e+10, 3.84e+08x "
-        "checkpoint 0's: move the checkpoints after the last one before that growth aside"
-    ), said
-    for norms in ({0: 41.4, 3: 45.0}, {0: 0.0, 3: 45.0}):  # a run from zeros: no ZeroDivisionError
-        assert Trainer._newest_finite(SimpleNamespace(ckpt=Saved(norms))) == (  # type: ignore[arg-type]
-            "the newest checkpoint (3) is finite"
-        )
+    assert what_to_resume({0: 41.4, 1: 41.5, 2: 1.59e10}, 41.0) == (
+        "the newest checkpoint (2) is finite, but its parameters' norm is 1.59e+10, 3.88e+08x step 0's: move "
+        "the checkpoints after 1 aside",
+        True,
+    )
+    assert what_to_resume({7: 4.8e11, 11: 4.8e11}, 41.0) == (
+        "the newest checkpoint (11) is finite, but its parameters' norm is 4.8e+11, 1.17e+10x step 0's, and "
+        "every checkpoint's grew so: none is worth resuming; train it in a new run",
+        False,
+    )
+    assert what_to_resume({}, 41.0) == ("no checkpoint was written yet: the same command starts the run over",
+                                        False)  # fmt: skip
+    for norms, start in (({0: 41.4, 3: 45.0}, 41.0), ({3: 45.0}, 0.0)):  # from zeros: no ZeroDivisionError
+        assert what_to_resume(norms, start) == ("the newest checkpoint (3) is finite", True)
 
 
 def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(

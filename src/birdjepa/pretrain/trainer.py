@@ -38,6 +38,7 @@ from birdjepa.objectives.supervised import probe_metrics
 from birdjepa.pretrain.wandb_mirror import open_run
 from birdjepa.resume import checks as resume_check
 from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.checkpoint.space import mib
 from birdjepa.rundir.metrics_log import MetricsLog, NullLog
 from birdjepa.seams import planted
@@ -47,7 +48,7 @@ from birdjepa.train.compiled import Compiled
 from birdjepa.train.determinism import X64_WHY, machine_kind, x64_refusal
 from birdjepa.train.digest import hex_digest
 from birdjepa.train.optim import accumulation_progress, make_schedule, update_count
-from birdjepa.train.segment import total_updates
+from birdjepa.train.segment import initial_params, total_updates
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import init_key, step_key
 from birdjepa.validation import OptionError
@@ -96,9 +97,30 @@ def check_device_options(cfg: PretrainConfig) -> None:
         raise OptionError("data.batch_size", cfg.data.batch_size, f"must divide over the {devices} devices")
 
 
-#: How many times the parameters' norm at the first checkpoint kept the newest one's may be before a
-#: non-finite stop says they blew up (a run's norm moves by percents; lr 1e3 took it from 41 to 1.6e10).
+#: How many times the parameters' norm at step 0 a checkpoint's may be before a non-finite stop says
+#: they blew up (a run's norm moves by percents; lr 1e3 took it from 41 to 1.6e10).
 GREW = 100.0
+
+
+def what_to_resume(norms: dict[int, float], start: float) -> tuple[str, bool]:
+    """After a non-finite stop, what its checkpoints (step -> parameters' norm) are worth, said, and
+    whether one is worth resuming. Finite is not sound: skipped steps between saves (a huge --optim.lr)
+    saved parameters of norm 1e33 against 41 at the start (``start``), and a resume from them could only
+    blow up again; growth that began before the oldest kept checkpoint was not seen against that one."""
+    if not norms:
+        return "no checkpoint was written yet: the same command starts the run over", False
+    steps = sorted(norms)
+    said = f"the newest checkpoint ({steps[-1]}) is finite"
+    sound = [s for s in steps if not start > 0 or norms[s] <= GREW * start]
+    if sound == steps:
+        return said, True
+    grew = f", but its parameters' norm is {norms[steps[-1]]:.3g}, {norms[steps[-1]] / start:.3g}x step 0's"
+    if sound:
+        return f"{said}{grew}: move the checkpoints after {sound[-1]} aside", True
+    return (
+        f"{said}{grew}, and every checkpoint's grew so: none is worth resuming; train it in a new run",
+        False,
+    )
 
 
 class Trainer:
@@ -345,10 +367,12 @@ class Trainer:
         # Skipping already: a larger --max-skips, not the mode it was in (it advised --on-nonfinite skip).
         other = ("with --on-nonfinite skip" if cfg.on_nonfinite == "stop" else
                  f"with a --max-skips above {cfg.max_skips} (0: never stop)")  # fmt: skip
+        said, resumable = self._newest_finite()
+        fix = (f"Resume from it with a lower --optim.lr and --allow-config-change, or {other}" if resumable
+               else f"Give a lower --optim.lr, or run {other}")  # fmt: skip
         return exit_codes.NONFINITE, (
             f"ERROR: step {step} is not finite: {what}{why}. It was not applied and nothing was saved; "
-            f"{self._newest_finite()}. Resume from it with a lower --optim.lr and --allow-config-change, or "
-            f"{other}; exit {exit_codes.NONFINITE}"
+            f"{said}. {fix}; exit {exit_codes.NONFINITE}"
         )
 
     def state_not_finite(self, e: checkpoint.NotFiniteError) -> tuple[int, str]:
@@ -356,29 +380,23 @@ class Trainer:
         overflowed: an LR or a probe LR scale too large), found as it was to be saved: the exit code and
         the line. Logs a ``nonfinite`` event."""
         self.log.event("nonfinite", e.step, metrics=[e.norm], params=[], action="stop")
+        said, resumable = self._newest_finite()
+        fix = "Resume from it with a lower LR and --allow-config-change" if resumable else "Give a lower LR"
         return exit_codes.NONFINITE, (
             f"ERROR: the state after step {e.step} is not finite ({e.norm}={e.value!r}) though its loss and "
             f"gradients were: an update overflowed (an --optim.lr or --optim.probe-lr-scale too large). "
-            f"Nothing was saved; {self._newest_finite()}. Resume from it with a lower LR and "
-            f"--allow-config-change; exit {exit_codes.NONFINITE}"
+            f"Nothing was saved; {said}. {fix}; exit {exit_codes.NONFINITE}"
         )
 
-    def _newest_finite(self) -> str:
+    def _newest_finite(self) -> tuple[str, bool]:
+        """`what_to_resume` of the run's checkpoints, against the parameters' norm at step 0."""
         steps = self.ckpt.all_steps()  # every checkpoint is finite: a state that is not is never saved
-        if not steps:
-            return "no checkpoint yet"
-        said = f"the newest checkpoint ({steps[-1]}) is finite"
-        # Finite is not sound: skipped steps between saves (a huge --optim.lr) saved parameters of norm 1e33
-        # against 41 at the start, and a resume from them could only blow up again.
         try:
-            newest, oldest = (self.ckpt.read_meta(s)["norms"]["param_norm"] for s in (steps[-1], steps[0]))
+            norms = {s: float(self.ckpt.read_meta(s)["norms"]["param_norm"]) for s in steps}
         except (KeyError, OSError, ValueError, checkpoint.CheckpointError):
-            return said
-        if oldest > 0 and newest > GREW * oldest:
-            said += (f", but its parameters' norm is {newest:.3g}, {newest / oldest:.3g}x checkpoint "
-                     f"{steps[0]}'s: move the checkpoints after the last one before that growth "
-                     "aside")  # fmt: skip
-        return said
+            norms = dict.fromkeys(steps, 0.0)  # unknown: no growth said
+        start = tree_norms(initial_params(self.cfg, self.model_cfg))["param_norm"]
+        return what_to_resume(norms, start)
 
     def evaluate(self, params: Any, step: int) -> tuple[dict[str, float], dict[str, Row]]:
         """Frozen-encoder kNN beside its baselines; at the last step also the linear probe (unless
