@@ -38,6 +38,10 @@ def said_lines(out: str) -> list[str]:
     return [x for x in lines if "--optim.warmup-steps" not in x]
 
 
+#: A run moved off a full disk is resumed at its new place: the same command started it over.
+ELSEWHERE = "(or move the run directory to another disk and give its new parent as --log.runs-dir)"
+
+
 def flags(demo_dir: Path, runs: Path) -> list[str]:
     return ["--run", "r", "--log.runs-dir", str(runs), "--steps", "6", "--eval-every", "0",
             "--ckpt-every", "1", "--ckpt-keep", "10", "--data.batch-size", "4",
@@ -75,7 +79,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_moved_run_resumes_exactly
     assert said[1].startswith("ERROR: could not write checkpoint 4 to ")
     assert "No space left on device" in said[1]
     assert "the newest intact checkpoint is 3" in said[1] and said[1].endswith("exit 74")
-    assert "Free space or move the run directory, then run the same command" in said[1]
+    assert f"Free space {ELSEWHERE}, then run the same command: it resumes exactly" in said[1]
     run = moved / "r"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0", "1", "2", "3"]  # no temporaries
     assert not any(p.name.endswith(TMP_SUFFIX) for p in run.rglob("*"))
@@ -100,13 +104,23 @@ def test_a_checkpoints_folder_that_cannot_be_written_says_so_not_free_space(
         assert pretrain(tyro.cli(PretrainConfig, args=args)) == exit_codes.IOERR
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
     assert line.startswith("ERROR: could not write checkpoint 1 to ") and line.endswith("; exit 74"), line
-    assert "Make the checkpoints folder writable, then run the same command" in line, line
+    assert "Make the checkpoints folder writable, then run the same command: it resumes exactly" in line, line
+    # Its first save: "it resumes exactly", and the same command started the run over.
+    (tmp_path / "n" / "checkpoints").mkdir(parents=True)
+    with read_only(tmp_path / "n" / "checkpoints"):
+        assert pretrain(tyro.cli(PretrainConfig, args=[*args, "--run", "n"])) == exit_codes.IOERR
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
+    assert line.startswith("ERROR: could not write checkpoint 0 to "), line
+    assert line.endswith("then run the same command: it starts the run over, none being saved; exit 74"), line
 
 
 @pytest.mark.parametrize(
     ("why", "fix"),
     [
-        ("No space left on device", "Free space or move the run directory"),
+        (
+            "No space left on device",
+            f"Free space {ELSEWHERE}",
+        ),
         ("Too many open files", "Raise the limit on open files (ulimit -n)"),
         ("File too large", "Raise the limit on a file's size (ulimit -f)"),
         (
@@ -197,7 +211,10 @@ def test_futures_of_a_failed_orbax_write_are_not_reported_but_others_are(
 @pytest.mark.parametrize(
     ("error", "fix"),
     [
-        (errno.EPERM, "Free space, make it writable or move the run directory"),
+        (
+            errno.EPERM,
+            f"Free space or make it writable {ELSEWHERE}",
+        ),
         # A file-size limit (ulimit -f) said "Free space" with GBs free.
         (errno.EFBIG, "Raise the limit on a file's size (ulimit -f)"),
     ],

@@ -46,7 +46,14 @@ from birdjepa.resume.checks import config_diff
 from birdjepa.resume.options import hand_edits, resumed_config, saved_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, layout
-from birdjepa.rundir.checkpoint.space import WRITE_ERRNOS, free_bytes, limit_fix, mib, remove_temporaries
+from birdjepa.rundir.checkpoint.space import (
+    MOVED,
+    WRITE_ERRNOS,
+    free_bytes,
+    limit_fix,
+    mib,
+    remove_temporaries,
+)
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire
 from birdjepa.rundir.log_at_resume import read_at_resume
 from birdjepa.seams import injected
@@ -199,7 +206,7 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         what = e.filename or f"to {cfg.run_dir}"
         where = Path(e.filename).parent if e.filename else cfg.run_dir
         # A file-size limit (ulimit -f) said "Free space" with GBs free.
-        fix = limit_fix(str(e.strerror)) or "Free space, make it writable or move the run directory"
+        fix = limit_fix(str(e.strerror)) or f"Free space or make it writable {MOVED}"
         print(f"ERROR: could not write {what}: {e.strerror} ({mib(free_bytes(where))} free there); "
               f"{_intact(cfg.run_dir)}. {fix}, then run the same command; exit {exit_codes.IOERR}",
               flush=True)  # fmt: skip

@@ -482,9 +482,11 @@ class Trainer:
             self.log.event("save_failed", step, error=str(e), exit_code=code)
         except OSError:
             pass  # the log is on the same full disk; the line says it
+        # With no checkpoint written, "it resumes exactly" and the same command started the run over.
+        then = "it resumes exactly" if self.ckpt.all_steps() else "it starts the run over, none being saved"
         return code, (
             f"ERROR: {e}. Training stopped after step {step}; nothing was deleted. {e.fix()}, then run the "
-            f"same command: it resumes exactly; exit {code}"
+            f"same command: {then}; exit {code}"
         )
 
     def close(self, exit_code: int) -> None:

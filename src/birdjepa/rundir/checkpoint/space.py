@@ -27,6 +27,10 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
+#: How a run moves off a full disk: the same command looked for it where it was, and started it over.
+MOVED = "(or move the run directory to another disk and give its new parent as --log.runs-dir)"
+
+
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (a full disk, a quota, an I/O error). What was on disk before it
     is intact; the failed write's temporary folders are gone."""
@@ -38,7 +42,7 @@ class CheckpointWriteError(CheckpointError):
         denied = (os.strerror(n) for n in (errno.EROFS, errno.EACCES, errno.EPERM))
         if any(f": {why} (" in str(self) for why in denied):
             return "Make the checkpoints folder writable"
-        return limit_fix(str(self)) or "Free space or move the run directory"
+        return limit_fix(str(self)) or f"Free space {MOVED}"
 
 
 def limit_fix(error: str) -> str | None:
