@@ -539,6 +539,46 @@ def test_a_preemption_or_a_ctrl_c_during_the_last_step_finishes_the_run(
         )
 
 
+def test_a_second_ctrl_c_says_what_the_run_keeps_and_gives_up(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # It said "the next start resumes from the newest checkpoint that verifies" where none was written (the
+    # next start began at step 0), and nothing of the checkpoint being written (printed as saved) that it
+    # gave up.
+    from birdjepa.pretrain.trainer import Trainer
+    from birdjepa.rundir.checkpoint.space import TMP_SUFFIX
+
+    real_save = Trainer.save
+    at = {"step": 1}
+
+    def save(self, state, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if int(state.step) == at["step"] + 1:  # the save of step ``at``
+            if at["step"]:  # as Orbax leaves a write in flight: the tmp folder of the checkpoint
+                (tmp_path / "r" / "checkpoints" / f"{at['step']}{TMP_SUFFIX}").mkdir()
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the second raises KeyboardInterrupt
+            time.sleep(1)  # the handler runs in the main thread, between two bytecodes
+        return real_save(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "save", save)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        for step, said in (
+            (0, "interrupted: no checkpoint was written yet: the same command starts the run over; exit 130"),
+            (1, "interrupted: the checkpoint being written is given up; the checkpoints written are intact, "
+                "and the same command resumes from the newest (0); exit 130"),
+        ):  # fmt: skip
+            at["step"] = step
+            args = pretrain_flags(demo_dir, tmp_path, "r", *NO_EVAL, "--steps", "3", "--ckpt-every", "1",
+                                  "--no-ckpt-async")  # fmt: skip
+            with pytest.raises(SystemExit) as e:
+                train_loop.cli(tyro.cli(PretrainConfig, args=args))
+            assert e.value.code == 130
+            assert capfd.readouterr().err.strip().splitlines()[-1] == said
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_ctrl_c_twice_quits() -> None:
     # INT then TERM said "exit 130" and exited 75; TERM then INT exited 130 (a preempted job not requeued);
     # INT, TERM, INT: the second Ctrl-C did not quit, the TERM between had overwritten the first. Slurm's

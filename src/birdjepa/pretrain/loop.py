@@ -45,7 +45,7 @@ from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callba
 from birdjepa.resume.checks import config_diff
 from birdjepa.resume.options import hand_edits, resumed_config, saved_config
 from birdjepa.resume.restored import Restored
-from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir import checkpoint, kept, layout
 from birdjepa.rundir.checkpoint.space import (
     MOVED,
     WRITE_ERRNOS,
@@ -182,20 +182,20 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         if (gone := multihost.peer_lost(e)) is not None:
             print(
                 f"ERROR: another process of the group stopped while this one waited for it ({gone}): its "
-                f"own output says why; {_intact(cfg.run_dir)}; exit {exit_codes.GROUP_BROKEN}",
+                f"own output says why; {kept.intact(cfg.run_dir)}; exit {exit_codes.GROUP_BROKEN}",
                 flush=True,
             )
             return exit_codes.GROUP_BROKEN
         if "can't start new thread" in str(e):  # ulimit -u, a cgroup's pids.max: a traceback, exit 1
             print(f"ERROR: a thread could not be started ({e}): a limit on this process's threads (ulimit "
                   "-u, a cgroup's pids.max) was met; fewer --data.n-workers or a higher limit; "
-                  f"{_intact(cfg.run_dir)}; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
+                  f"{kept.intact(cfg.run_dir)}; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
             return exit_codes.USAGE
         if (said := out_of_memory(e)) is None:
             raise
         print(f"ERROR: the device ran out of memory ({said}): a smaller --data.batch-size "
               f"(--optim.grad-accum keeps the batch an update sees), a smaller model, or --model.remat; "
-              f"{_intact(cfg.run_dir)}; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
+              f"{kept.intact(cfg.run_dir)}; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
         return exit_codes.USAGE
     except OSError as e:  # the log or config.json on a full disk (a checkpoint says more: `save_failed`)
         # A log the run may not write (read-only, immutable) was a traceback, exit 1: a file of the run's.
@@ -208,24 +208,12 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         # A file-size limit (ulimit -f) said "Free space" with GBs free.
         fix = limit_fix(str(e.strerror)) or f"Free space or make it writable {MOVED}"
         print(f"ERROR: could not write {what}: {e.strerror} ({mib(free_bytes(where))} free there); "
-              f"{_intact(cfg.run_dir)}. {fix}, then run the same command; exit {exit_codes.IOERR}",
+              f"{kept.intact(cfg.run_dir)}. {fix}, then run the same command; exit {exit_codes.IOERR}",
               flush=True)  # fmt: skip
         return exit_codes.IOERR
     finally:
         if lease is not None:
             lease.release()
-
-
-def _intact(run_dir: Path) -> str:
-    """What a run that stopped on an error keeps, said in its one line: "the checkpoints ... intact" where
-    none was written yet sent a user looking for them."""
-    try:
-        steps = layout.checkpoint_steps(run_dir)
-    except OSError:
-        steps = []
-    if not steps:
-        return "no checkpoint was written yet: the same command starts the run over"
-    return f"the checkpoints written are intact, and the same command resumes from the newest ({steps[-1]})"
 
 
 def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest) -> int:
@@ -558,8 +546,8 @@ def _cli(cfg: PretrainConfig) -> None:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.USAGE) from None
     except KeyboardInterrupt:  # a second Ctrl-C (or one before training started): out at once
-        print(f"interrupted: the next start resumes from the newest checkpoint that verifies; exit "
-              f"{exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)  # fmt: skip
+        said = kept.interrupted(cfg.run_dir)
+        print(f"interrupted: {said}; exit {exit_codes.INTERRUPTED}", file=sys.stderr, flush=True)
         raise SystemExit(exit_codes.INTERRUPTED) from None
     if code == exit_codes.GROUP_BROKEN:  # out now: the exit's shutdown barrier waits for the lost process
         exit_codes.exit_now(code)  # 100 s, then aborts with a C++ stack

@@ -21,7 +21,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, si
 USER_SIGNALS = {signal.SIGINT: exit_codes.INTERRUPTED, signal.SIGHUP: exit_codes.HUNG_UP}
 CTRL_C = (
     "\nCtrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes). Ctrl-C "
-    "again quits at once, losing the steps since the last checkpoint.\n"
+    "again quits at once, losing the steps since the last checkpoint written (and one being written).\n"
 )
 CTRL_C_AT_THE_LAST = (
     "\nCtrl-C: the run stops after this step anyway (its last, or --stop-at-step), with a checkpoint (exit "
