@@ -366,12 +366,24 @@ def test_allowed_config_change_passes_the_config_check_loudly(
 ) -> None:
     capsys.readouterr()
     # Refused, the line names what changed and the flag that allows it (extending a run is the common case).
-    assert resume_with(matrix.base, "batch_size_change", RESUME_AT).exit_code == exit_codes.RESUME_CHECK
+    lr = 2 * matrix.base.optim.lr
+    retuned = dataclasses.replace(matrix.base, optim=dataclasses.replace(matrix.base.optim, lr=lr))
+    assert resume_with(retuned, None, RESUME_AT).exit_code == exit_codes.RESUME_CHECK
     assert (
-        "lines). Nothing was trained. Options that change the run were given (data.batch_size:8->16): pass "
-        "--allow-config-change to train on under them (the run is then no longer exact), or leave them out, "
-        "or pass --resume-checks warn"
+        f"lines). Nothing was trained. Options that change the run were given (optim.lr:"
+        f"{matrix.base.optim.lr}->{lr}): pass --allow-config-change to train on under them (the run is then "
+        "no longer exact), or leave them out, or pass --resume-checks warn"
     ) in capsys.readouterr().out
+    # The batch stream cannot continue at another batch size, the flag given or not: said at once (the
+    # first refusal advised the flag, and the second refused it; before, it said "Fix the cause").
+    stream = (
+        "Nothing was trained. The options changed (data.batch_size:8->16) lay out the data stream or the "
+        "step keys (loader_state, next_batch differ), which cannot change within a run, "
+        "--allow-config-change neither (warned past, the data starts over at its first batch): train the "
+        "change in a new run, or leave them out, or pass --resume-checks warn"
+    )
+    assert resume_with(matrix.base, "batch_size_change", RESUME_AT).exit_code == exit_codes.RESUME_CHECK
+    assert stream in capsys.readouterr().out
     allowed = dataclasses.replace(matrix.base, allow_config_change=True)
     row = resume_with(allowed, "batch_size_change", RESUME_AT)
     out = capsys.readouterr().out
@@ -379,14 +391,7 @@ def test_allowed_config_change_passes_the_config_check_loudly(
     assert (
         "RESUME_CHECK name=config ok=True expected=breaking_changes_allowed got=data.batch_size:8->16" in out
     )
-    # The batch stream itself cannot continue at another batch size: that still stops the run, saying so
-    # (it said "Fix the cause", where the flag's help promised batch size, seed and data).
-    assert not row.checks["loader_state"] and row.exit_code == exit_codes.RESUME_CHECK
-    assert (
-        "Nothing was trained. The options changed (data.batch_size:8->16) lay out the data stream or the "
-        "step keys, which cannot change within a run, --allow-config-change neither (warned past, the data "
-        "starts over at its first batch): train the change in a new run, or pass --resume-checks warn"
-    ) in out
+    assert not row.checks["loader_state"] and row.exit_code == exit_codes.RESUME_CHECK and stream in out
     # Warned past, the stream started over at its first batch, exit 0, and nothing said so.
     warned = dataclasses.replace(allowed, resume_checks="warn")
     assert resume_with(warned, "batch_size_change", RESUME_AT).exit_code == 0

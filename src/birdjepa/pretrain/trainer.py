@@ -313,8 +313,15 @@ class Trainer:
             return 0
         changed = next((r.got for r in results if r.name == "config" and not r.ok), None)
         allowed = next((r.got for r in results if r.expected == resume_check.BREAKING_ALLOWED), None)
-        # A run extended or retuned on purpose (--steps 800 after 600) is the common case.
-        if changed is not None:
+        stream = set(failed) & {"loader_state", "next_batch", "prng"} if "dataset" not in failed else set()
+        # A run extended or retuned on purpose (--steps 800 after 600) is the common case; one whose data
+        # stream the change lays out otherwise was told to pass the flag, which was then refused.
+        if (changed or allowed) is not None and stream:
+            how = (f"The options changed ({changed or allowed}) lay out the data stream or the step keys "
+                   f"({', '.join(sorted(stream))} differ), which cannot change within a run, "
+                   "--allow-config-change neither (warned past, the data starts over at its first batch): "
+                   "train the change in a new run, or leave them out")  # fmt: skip
+        elif changed is not None:
             how = (f"Options that change the run were given ({changed}): pass --allow-config-change to train "
                    "on under them (the run is then no longer exact), or leave them out")  # fmt: skip
         elif "dataset" in failed:
@@ -326,11 +333,6 @@ class Trainer:
             how = (f"The data changed since checkpoint {step - 1}{times} (the dataset line names the shards "
                    "where it knows them): resume on the data it trained on, or train this data in a new "
                    "run")  # fmt: skip
-        elif allowed is not None and set(failed) <= {"loader_state", "next_batch", "prng"}:
-            # Allowed, and still "fix the cause": the flag's help promised batch size, seed and data.
-            how = (f"The options changed ({allowed}) lay out the data stream or the step keys, which cannot "
-                   "change within a run, --allow-config-change neither (warned past, the data starts over "
-                   "at its first batch): train the change in a new run")  # fmt: skip
         else:
             how = "Fix the cause"
         print(
