@@ -504,3 +504,32 @@ def test_a_thread_that_cannot_start_is_one_line_and_exit_2(
     assert said.startswith("ERROR: a thread could not be started (can't start new thread): a limit on this "
                            "process's threads (ulimit -u, a cgroup's pids.max) was met"), said  # fmt: skip
     assert said.endswith("; no checkpoint was written yet: the same command starts the run over; exit 2")
+
+
+def test_a_device_out_of_memory_after_a_checkpoint_advises_what_goes_on_with_the_run(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # XLA's error planted at step 2 (no device runs out here): the line advised a smaller batch or model,
+    # which the resume then refused (they change what the run trains), and --model.remat without the flag
+    # it needs. Followed, its advice goes on with the run.
+    real = train_loop.advance
+
+    def out_of_memory(fns, cfg, state, batch):  # noqa: ANN001, ANN202
+        if int(state.step) == 2 and not cfg.model.remat:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB.")
+        return real(fns, cfg, state, batch)
+
+    monkeypatch.setattr(train_loop, "advance", out_of_memory)
+    cfg = config(demo_dir, tmp_path, "oom", steps=4, ckpt_every=1)
+    assert pretrain(cfg) == exit_codes.USAGE
+    (said,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ERROR")]
+    assert said == (
+        "ERROR: the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+        "1.00GiB.): --model.remat --allow-config-change goes on with this run (activations recomputed, the "
+        "same parameters); a smaller --data.batch-size (--optim.grad-accum keeps the batch an update sees) "
+        "or a smaller model trains in a new run; the checkpoints written are intact, and the same command "
+        "resumes from the newest (1); exit 2"
+    ), said
+    model = dataclasses.replace(cfg.model, remat=True)
+    assert pretrain(dataclasses.replace(cfg, model=model, allow_config_change=True)) == 0
+    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [1]

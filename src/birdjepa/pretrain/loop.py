@@ -59,7 +59,7 @@ from birdjepa.rundir.log_at_resume import read_at_resume
 from birdjepa.seams import injected
 from birdjepa.slurm import distributed
 from birdjepa.train import param_norms
-from birdjepa.train.memory_fit import DoesNotFit, out_of_memory
+from birdjepa.train.memory_fit import DoesNotFit, out_of_memory, smaller_step
 from birdjepa.train.segment import advance, classes_changed, open_loader, open_segment, start_warnings
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import fresh_chain
@@ -193,8 +193,7 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
             return exit_codes.USAGE
         if (said := out_of_memory(e)) is None:
             raise
-        print(f"ERROR: the device ran out of memory ({said}): a smaller --data.batch-size "
-              f"(--optim.grad-accum keeps the batch an update sees), a smaller model, or --model.remat; "
+        print(f"ERROR: the device ran out of memory ({said}): {smaller_step(bool(kept.saved(cfg.run_dir)))}; "
               f"{kept.intact(cfg.run_dir)}; exit {exit_codes.USAGE}", flush=True)  # fmt: skip
         return exit_codes.USAGE
     except OSError as e:  # the log or config.json on a full disk (a checkpoint says more: `save_failed`)

@@ -8,14 +8,18 @@ from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint.space import TMP_SUFFIX
 
 
+def saved(run_dir: Path) -> list[int]:
+    """The steps of the checkpoints on disk (none where the folder cannot be read)."""
+    try:
+        return layout.checkpoint_steps(run_dir)
+    except OSError:
+        return []
+
+
 def intact(run_dir: Path) -> str:
     """The checkpoints on disk and what the same command does with them: "the checkpoints ... intact"
     where none was written yet sent a user looking for them."""
-    try:
-        steps = layout.checkpoint_steps(run_dir)
-    except OSError:
-        steps = []
-    if not steps:
+    if not (steps := saved(run_dir)):
         return "no checkpoint was written yet: the same command starts the run over"
     return f"the checkpoints written are intact, and the same command resumes from the newest ({steps[-1]})"
 

@@ -96,3 +96,15 @@ def out_of_memory(e: BaseException) -> str | None:
     if isinstance(e, (RuntimeError, ValueError)) and "RESOURCE_EXHAUSTED" in text:
         return text.splitlines()[0]
     return None
+
+
+def smaller_step(trained: bool) -> str:
+    """What to change after the device ran out of memory in a step: for a run with checkpoints, what
+    goes on with it (a smaller batch or model was advised, and a resume refused them: they change what
+    the run trains), and what trains in a new run."""
+    if not trained:
+        return ("a smaller --data.batch-size (--optim.grad-accum keeps the batch an update sees), a smaller "
+                "model, or --model.remat")  # fmt: skip
+    return ("--model.remat --allow-config-change goes on with this run (activations recomputed, the same "
+            "parameters); a smaller --data.batch-size (--optim.grad-accum keeps the batch an update sees) or "
+            "a smaller model trains in a new run")  # fmt: skip
