@@ -293,7 +293,11 @@ def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
     assert pretrain(cfg) == exit_codes.RESUME_CHECK
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
     assert line.startswith("ERROR: cannot resume: no checkpoint in") and "verifies" in line
-    assert line.endswith(f"exit {exit_codes.RESUME_CHECK}")
+    # It advised nothing, and the same command then started the run over without a word of why.
+    assert line.endswith(
+        f"; the next start begins the run over at step 0: to resume, put a good copy of one "
+        f"(a backup) in {cfg.run_dir / 'checkpoints'} first; exit {exit_codes.RESUME_CHECK}"
+    )
     assert steps_on_disk(cfg.run_dir) == []
 
 

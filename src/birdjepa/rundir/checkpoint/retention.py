@@ -85,7 +85,9 @@ class RetentionAndFallback:
         if self.fallbacks:
             raise NoValidCheckpointError(
                 f"no checkpoint in {self.directory} verifies: {len(self.fallbacks)} damaged ones were moved "
-                f"to {self.directory.parent / DAMAGED_DIR} (the newest: {self.fallbacks[0]['reason']})"
+                f"to {self.directory.parent / DAMAGED_DIR} (the newest: {self.fallbacks[0]['reason']}); the "
+                "next start begins the run over at step 0: to resume, put a good copy of one (a backup) "
+                f"in {self.directory} first"
             )
         return None
 
