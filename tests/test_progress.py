@@ -12,11 +12,12 @@ METRICS = {"train/loss": 0.25, "train/probe_acc": 0.5, "train/data_wait": 0.001}
 def test_plain_lines_every_n_steps_and_at_the_end(capsys: pytest.CaptureFixture[str]) -> None:
     p = Progress(total=25, start=3, batch_size=8, every=10, tty=False)
     for step in range(3, 25):
-        p.step(step, METRICS)
+        p.step(step, METRICS, epoch=step // 8)  # nothing said how far through the data a run was
     p.message("eval step 24: probe_acc 0.500")
     p.close()
     lines = capsys.readouterr().out.splitlines()
-    assert [x.split()[1] for x in lines[:-1]] == ["10/25", "20/25", "24/25"]
+    assert [x.split()[1:4] for x in lines[:-1]] == [["10/25", "epoch", "1"], ["20/25", "epoch", "2"],
+                                                    ["24/25", "epoch", "3"]]  # fmt: skip
     assert all("loss 0.2500 probe_acc 0.500" in x and "clips/s" in x for x in lines[:-1])
     assert lines[-1] == "eval step 24: probe_acc 0.500"
 

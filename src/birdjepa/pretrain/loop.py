@@ -367,7 +367,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                 # Post-update norms on host float64, as the checkpoint computes them, taken on a thread
                 # while the next step runs; only when logged, since they copy every parameter.
                 t.log.log(step, metrics, later=param_norms.later(state.params))
-            progress.step(step, metrics)
+            progress.step(step, metrics, epoch=int(batch["epoch"].max()))
             if not finite:  # before any evaluation or save: a stop leaves the last checkpoint the newest
                 exit_code, line = t.nonfinite(state, metrics, guard["bad"])
                 progress.message(line)

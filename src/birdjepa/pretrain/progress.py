@@ -30,18 +30,22 @@ class Progress:
         self._mark = (step + 1, now)
         return rate
 
-    def step(self, step: int, metrics: Mapping[str, float]) -> None:
-        """After step ``step``: advance the bar, or print a line every ``every`` steps and at the end."""
+    def step(self, step: int, metrics: Mapping[str, float], epoch: int = 0) -> None:
+        """After step ``step``, whose batch reached the data's pass ``epoch`` (from 0: nothing said how far
+        through the data a run was): advance the bar, or print a line every ``every`` steps and at the
+        end."""
         loss, acc = metrics["train/loss"], metrics["train/probe_acc"]
         if self.bar is not None:
             self.bar.update(1)
             if step % self.every == 0 or step == self.total - 1:
                 rate = self._throughput(step)
-                self.bar.set_postfix_str(f"loss {loss:.4f} probe_acc {acc:.3f} {rate:.1f} clips/s")
+                self.bar.set_postfix_str(
+                    f"epoch {epoch} loss {loss:.4f} probe_acc {acc:.3f} {rate:.1f} clips/s"
+                )
         elif step % self.every == 0 or step == self.total - 1:
             rate = self._throughput(step)
             print(
-                f"step {step}/{self.total} loss {loss:.4f} probe_acc {acc:.3f} "
+                f"step {step}/{self.total} epoch {epoch} loss {loss:.4f} probe_acc {acc:.3f} "
                 f"{rate:.1f} clips/s (data wait {metrics['train/data_wait']:.3f} s){self._eta(step)}",
                 flush=True,
             )
