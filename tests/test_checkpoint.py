@@ -286,6 +286,24 @@ def test_tampered_array_on_disk_is_caught(tmp_path):
         ck.Checkpointer(tmp_path, async_save=False).restore(3, make_target())
 
 
+def test_a_checkpoint_without_orbax_s_metadata_file_restores_with_one_warning_of_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its _CHECKPOINT_METADATA gone (a half-deleted copy): it verifies by birdjepa's own hashes, and
+    # Orbax said "Metadata file does not exist" at each of its reads, 10 lines in one resume.
+    state = make_state()
+    with ck.Checkpointer(tmp_path, async_save=False) as c:
+        c.save(3, state, {})
+    (tmp_path / "checkpoints" / "3" / "_CHECKPOINT_METADATA").unlink()
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            with ck.Checkpointer(tmp_path, async_save=False) as c:
+                restored = c.restore_latest(make_target())
+                assert restored is not None and restored[0] == 3
+    said = [r.getMessage() for r in caplog.records if "Metadata file does not exist" in r.getMessage()]
+    assert len(said) == 1, said
+
+
 def test_tampered_recorded_norm_is_caught(tmp_path):
     state = make_state()
     c = ck.Checkpointer(tmp_path, async_save=False)

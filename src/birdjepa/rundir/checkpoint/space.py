@@ -96,10 +96,20 @@ def remove_temporaries(directory: Path) -> None:
 
 class _DropOrbaxTracebacks(logging.Filter):
     """Orbax logs every failure of its background writer at ERROR with a traceback, once per thread
-    (66 lines for one full disk). The same exception reaches `Checkpointer`, which says it in one line."""
+    (66 lines for one full disk). The same exception reaches `Checkpointer`, which says it in one line.
+    Its warnings are said once each: a checkpoint without its ``_CHECKPOINT_METADATA`` (which verifies
+    all the same: its hashes are birdjepa's) printed "Metadata file does not exist" at each of its 10
+    reads in one resume."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
         orbax = _in_orbax(record.pathname) or _raised_in_orbax(record)
+        if orbax and record.levelno < logging.ERROR:
+            said, self.said = record.getMessage() in self.said, self.said | {record.getMessage()}
+            return not said
         return not (record.levelno >= logging.ERROR and orbax)
 
 

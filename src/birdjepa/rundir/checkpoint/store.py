@@ -100,6 +100,7 @@ class Checkpointer(RetentionAndFallback):
         self.directory = Path(run_dir) / subdir if subdir else Path(run_dir)
         self.keep = keep
         self.async_save = async_save
+        quiet_orbax_errors()  # before the manager, whose listing reads every checkpoint's metadata
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None,  # retention is `_retain`'s: it keeps the newest checkpoint that verifies
             enable_async_checkpointing=async_save,
@@ -120,7 +121,6 @@ class Checkpointer(RetentionAndFallback):
         self._saved = False  # retention applies once this checkpointer has saved (never on a read)
         self._in_flight: int | None = None  # the step Orbax may still be writing
         self.write_failed = False  # a save failed: retention deletes nothing more, `close` raises no more
-        quiet_orbax_errors()
 
     # -- save
     def save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None) -> None:
