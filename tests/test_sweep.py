@@ -258,6 +258,14 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
                        r"than these \(optim.lr:0.001->0.002\)"):  # fmt: skip
         plan(edited, tmp_path)
     assert script.read_text() == "the script that trained it"
+    # An option that lays out the data stream: no flag changes it within a run (it advised
+    # allow_config_change=True, and the job then exited 65).
+    for allowed in (False, True):
+        edited = sweep_file(tmp_path, repr([{**cfg, "data.batch_size": 4, "allow_config_change": allowed}]))
+        with pytest.raises(SweepError, match=r"\(data.batch_size:8->4\), and data.batch_size:8->4 cannot "
+                           r"change within a run, allow_config_change=True neither .*: give the config "
+                           r"another run, or leave them out"):  # fmt: skip
+            plan(edited, tmp_path)
     # Its stop, now past: planned, and refused at the job's start (exit 2).
     with pytest.raises(SweepError, match=r"config 0: stop_at_step 0: run .* has trained that step already"):
         plan(sweep_file(tmp_path, repr([cfg])), tmp_path)

@@ -183,6 +183,17 @@ def is_harmless(key: str) -> bool:
     return any(key == h or (h.endswith(".") and key.startswith(h)) for h in HARMLESS_CONFIG)
 
 
+#: Breaking options no --allow-config-change lets change within a run: those that lay out the data stream
+#: (the loader refuses its saved position) or the step keys, and the accumulation the schedule counts.
+FIXED_IN_A_RUN = ("seed", "prng", "optim.grad_accum", "data.")
+
+
+def fixed_in_a_run(change: str) -> bool:
+    """Whether a breaking change (``key:saved->now``, `config_diff`'s) is one of `FIXED_IN_A_RUN`'s."""
+    key = change.split(":", 1)[0]
+    return any(key == f or (f.endswith(".") and key.startswith(f)) for f in FIXED_IN_A_RUN)
+
+
 def config_diff(saved: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """``(harmless, breaking)`` changes between two `config.to_dict` trees, as ``key:saved->now``. An
     option that one config lacks and the other holds at its default is harmless: a config written

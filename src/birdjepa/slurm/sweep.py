@@ -265,7 +265,7 @@ def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> None:
     the queue, and its job script would no longer be the one that trained it."""
     if not layout.has_checkpoints(cfg.run_dir):
         return
-    from birdjepa.resume.checks import config_diff  # JAX: only where a run has checkpoints
+    from birdjepa.resume.checks import config_diff, fixed_in_a_run  # JAX: only where a run has checkpoints
     from birdjepa.resume.options import resumed_config
 
     try:
@@ -276,6 +276,13 @@ def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> None:
         return
     step, saved, resumed, _ = found
     _, breaking = config_diff(saved, to_dict(resumed))
+    if fixed := [c for c in breaking if fixed_in_a_run(c)]:  # allowed or not: it advised the flag
+        raise SweepError(
+            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with other options than these "
+            f"({', '.join(breaking)}), and {', '.join(fixed)} cannot change within a run, "
+            "allow_config_change=True neither (they lay out the data stream, the step keys or the "
+            "schedule's updates): give the config another run, or leave them out; nothing was submitted"
+        )
     if breaking and not resumed.allow_config_change:
         raise SweepError(
             f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with other options than these "
