@@ -239,22 +239,28 @@ def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalDat
                        n_classes=n_classes)  # fmt: skip
 
 
-def check_trained_on(run: RestoredRun) -> None:
-    """`EvaluateError` where the run's train split, as its config names it, holds other data here than it
-    trained on: a relative path read from another folder scored another data set, exit 0."""
-    trained_on = run.meta.get("dataset_fingerprint")  # absent from checkpoints older than it
-    if not trained_on:
-        return
+def check_trained_on(run: RestoredRun, given: EvalData) -> None:
+    """`EvaluateError` where a split the command line did not give, as the run's config names it, holds
+    other data here than the run trained (train) or last evaluated (eval) on: a relative path read from
+    another folder scored another data set, exit 0 (the eval split's too, where --data.train alone was
+    given)."""
     data = run.cfg.data
-    with Loader(run.train_files, seed=0, batch_size=1, n_workers=1, train=False, features=data.features,
-                audio_root=data.audio_root) as loader:  # fmt: skip
-        here = loader.fingerprint
-    if here != trained_on:
-        raise EvaluateError(
-            f"{run.cfg.data.train!r}, the train split its config names, holds other data here than the run "
-            f"trained on (fingerprint {here}, not {trained_on}): a relative path is read from the current "
-            "folder, so evaluate from the folder the run was started in, or give --data.train and --data.eval"
-        )
+    for option, path, files, key in (("train", given.train, run.train_files, "dataset_fingerprint"),
+                                     ("eval", given.eval, run.eval_files, "eval_fingerprint")):  # fmt: skip
+        recorded = run.meta.get(key)  # absent from checkpoints older than it, and runs never evaluated
+        if path is not None or not recorded:
+            continue
+        with Loader(files, seed=0, batch_size=1, n_workers=1, train=False, features=data.features,
+                    audio_root=data.audio_root) as loader:  # fmt: skip
+            here = loader.fingerprint
+        if here != recorded:
+            did = "trained" if option == "train" else "evaluated"
+            raise EvaluateError(
+                f"{getattr(data, option)!r}, the {option} split its config names, holds other data here than "
+                f"the run {did} on (fingerprint {here}, not {recorded}): a relative path is read from the "
+                "current folder, so evaluate from the folder the run was started in, or give --data.train "
+                "PATH --data.eval PATH with --out FILE"
+            )
 
 
 def evaluate_checkpoint(
@@ -272,8 +278,7 @@ def evaluate_checkpoint(
     t0 = time.perf_counter()
     run = restore_run(run_dir, step, data)
     cfg, model_cfg, train_files, eval_files = run.cfg, run.model_cfg, run.train_files, run.eval_files
-    if data.train is None:
-        check_trained_on(run)
+    check_trained_on(run, data)
     train, held_out = embed_splits(
         train_files, eval_files, {ENCODER: run.params, RANDOM_INIT: run.random_init}, model_cfg,
         cfg.data.features, seed=cfg.seed, batch_size=batch_size or cfg.data.batch_size, n_workers=n_workers,
