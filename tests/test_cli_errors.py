@@ -6,6 +6,7 @@ tests/test_evaluation.py; `analyze`: tests/test_analysis.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -86,17 +87,20 @@ def test_compare_names_the_run_folder_that_is_not_one(
 def test_compare_of_a_metric_neither_run_logged_is_an_error_not_equal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # --metrics train/los (a typo) printed max_abs_diff=0.0 and exit 0: a resume check that passed.
+    # --metrics train/los (a typo) printed max_abs_diff=0.0 and exit 0: a resume check that passed; then
+    # the first 8 names logged, all dataloader/*, never the one meant.
+    row = {"step": 0, **{f"dataloader/m{i}": 1.0 for i in range(9)}, "train/loss": 1.0}
     for run in ("a", "b"):
         (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    first = ", ".join(f"dataloader/m{i}" for i in range(8))
+    for typo, hint in (("train/los", "did you mean train/loss?"), ("zzz", f"they log {first}, ... (10)")):
+        with pytest.raises(SystemExit) as e:
+            main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--metrics", typo])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err == f"error: --metrics {typo}: neither run logged it; {hint}\n", err
+    for run in ("a", "b"):
         (tmp_path / run / "metrics.jsonl").write_text('{"step": 0, "train/loss": 1.0}\n')
-    with pytest.raises(SystemExit) as e:
-        main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--metrics", "train/los"])
-    err = capsys.readouterr().err
-    assert (
-        e.value.code == 2
-        and err == "error: --metrics train/los: neither run logged it; they log train/loss\n"
-    )
     with pytest.raises(SystemExit) as e:  # logged, not compared: it said "neither run logged it"
         main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--metrics", "time", "train/step_time"])
     said = "error: --metrics time train/step_time: not compared (wall-clock time or bookkeeping, which differ"

@@ -81,6 +81,10 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path, monkeypatch: pyt
     # folder that matched nothing said so with where a relative path was read from.
     with pytest.raises(DataError, match=r"^no shard files match 'gone/a.arrow' \(a relative path: read "):
         Loader(["gone/a.arrow"])
+    # A data set's top folder, its splits below: said as a path that names nothing.
+    said = f": it holds folders of shards, {demo_dir / 'eval'}, {demo_dir / 'train'}: give one of them"
+    with pytest.raises(DataError, match=re.escape(said) + "$"):
+        Loader(demo_dir)
     # A folder that may not be listed (chmod 711): "no shard files match" it, as if it held none.
     real_listdir = os.listdir
 

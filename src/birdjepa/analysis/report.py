@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import sys
@@ -17,7 +16,7 @@ from birdjepa.analysis.load import DEFAULT_GAP_S, RunLog, load_run
 from birdjepa.analysis.windows import Jump, jumps, max_abs_diff, windows_at
 from birdjepa.outputs import unwritable
 from birdjepa.rundir import layout
-from birdjepa.rundir.metrics_log import MetricsFileError
+from birdjepa.rundir.metrics_log import MetricsFileError, close_names
 
 #: Plotted when --metrics is not given (those the run logged).
 DEFAULT_METRICS = (
@@ -128,14 +127,10 @@ def analyze(
     else:
         missing = [m for m in metrics if m not in log.metrics]
         if missing:  # exit 1 with all its ~80 names, where compare's typo is one line and exit 2
-            near = difflib.get_close_matches(missing[0], sorted(log.metrics), n=3)
-            hint = (
-                f"; did you mean {', '.join(near)}?"
-                if near
-                else f"; it logged {', '.join(sorted(log.metrics)[:5])}, ..."
-            )
+            first = ", ".join(sorted(log.metrics)[:5])
+            hint = close_names(missing[0], log.metrics) or f"it logged {first}, ..."
             raise MetricsFileError(f"--metrics {' '.join(missing)}: {run} did not log it ({len(log.metrics)} "
-                                   f"metrics){hint}")  # fmt: skip
+                                   f"metrics); {hint}")  # fmt: skip
         chosen = list(metrics)
     if out is not None:
         where = Path(out)

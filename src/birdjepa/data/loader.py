@@ -184,6 +184,12 @@ def _what_the_folder_holds(path: str) -> str:
 
     if not os.path.isdir(path):
         return ""
+    # A data set's top folder (demo/ with train/ and eval/): said as a path that names nothing.
+    splits = sorted(
+        str(sub) for sub in pathlib.Path(path).iterdir() if sub.is_dir() and any(sub.glob("*.arrow"))
+    )
+    if splits:
+        return f": it holds folders of shards, {', '.join(splits)}: give one of them"
     if parquet_files(path):
         return f": it holds Parquet files, which `birdjepa prepare {path} OUT` converts into shards"
     if find_audio_files(pathlib.Path(path)):

@@ -16,7 +16,14 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.rundir import layout
-from birdjepa.rundir.metrics_log import MetricsFileError, by_step, compared, metrics_by_step, read_metrics
+from birdjepa.rundir.metrics_log import (
+    MetricsFileError,
+    by_step,
+    close_names,
+    compared,
+    metrics_by_step,
+    read_metrics,
+)
 from birdjepa.train import revisions
 
 Logged = dict[int, dict[str, float]]
@@ -183,8 +190,9 @@ def cli(
         if unlogged:
             logged = sorted({k for log in logs for m in log.values() for k in m})
             more = f", ... ({len(logged)})" if len(logged) > 8 else ""
-            print(f"error: --metrics {' '.join(unlogged)}: neither run logged it; they log "
-                  f"{', '.join(logged[:8])}{more}", file=sys.stderr, flush=True)  # fmt: skip
+            hint = close_names(unlogged[0], logged) or f"they log {', '.join(logged[:8])}{more}"
+            print(f"error: --metrics {' '.join(unlogged)}: neither run logged it; {hint}", file=sys.stderr,
+                  flush=True)  # fmt: skip
             raise SystemExit(exit_codes.USAGE)
         worst = print_table(diffs)
         for line in coverage:

@@ -15,6 +15,7 @@ naming the file and the line.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import math
 import os
@@ -292,3 +293,10 @@ def by_step(lines: Iterable[dict[str, Any]], *, everything: bool = False) -> dic
             continue
         out.setdefault(line["step"], {}).update({k: v for k, v in line.items() if everything or compared(k)})
     return out
+
+
+def close_names(name: str, logged: Iterable[str]) -> str | None:
+    """``did you mean A, B?`` for a metric name a log lacks (a typo), from the names it holds; None where
+    none is close (compare listed the first 8 names in order, all dataloader/*, never train/loss)."""
+    near = difflib.get_close_matches(name, sorted(logged), n=3)
+    return f"did you mean {', '.join(near)}?" if near else None
