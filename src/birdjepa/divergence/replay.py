@@ -164,7 +164,7 @@ def options_changed(
             f"{run_dir}: its options changed at step {at} (--allow-config-change: {what}), and no checkpoint "
             f"from step {at - 1} on before step {step} is kept to replay it from: steps {first}-{step} were "
             f"trained under two sets of options. Trace a step before {at}, or one after a kept checkpoint "
-            "of the new options (keep more with --ckpt-keep)"
+            "of the new options (a run keeps more with pretrain's --ckpt-keep)"
         )
     if later:
         where = f"{layout.metrics_file(run_dir)}: the config_changed event of step {later[0]['step']}"
