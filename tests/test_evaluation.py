@@ -344,7 +344,9 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation
     run = good.run_dir
     assert layout.checkpoint_steps(run) == [2], said.out
     assert "stopping after step 2, saved without its evaluation" in said.out and "exit 2" in said.out
+    capsys.readouterr()
     assert pretrain(cfg) == 2 and layout.checkpoint_steps(run) == [2]  # its data still unread: no step
+    assert "step 2 stays saved without its evaluation: once its data reads" in capsys.readouterr().err
     # Its data mended, the run evaluates step 2 first and trains on: every metric as the straight run's.
     capsys.readouterr()
     assert pretrain(good) == 0
@@ -359,6 +361,52 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation
     assert pretrain(good) == 0 and "done: 0 steps" in capsys.readouterr().out
     assert pretrain(good) == 0 and "already finished at step 5" in capsys.readouterr().out
     assert [r["step"] for r in read_metrics(good.run_dir) if "eval/knn_acc" in r] == [5]
+    # Scored on other data than the checkpoint's record: said, as a resume says it (the log had no word).
+    assert [e["step"] for e in read_metrics(good.run_dir) if e.get("event") == "eval_data_changed"] == [6]
+
+
+def test_an_eval_shard_deleted_under_a_run_stops_it_saved_and_a_ctrl_c_then_says_exit_2(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The last evaluation's report reads the eval shards by path: deleted under the run (the loaders hold
+    # their maps), a FileNotFoundError traceback, every step lost. A Ctrl-C during the save that follows
+    # said "exit 130; the same command resumes".
+    import signal
+
+    from birdjepa.pretrain import loop as train_loop
+    from birdjepa.pretrain.loop import pretrain
+    from birdjepa.pretrain.trainer import Trainer
+
+    shutil.copytree(demo_dir / "eval", tmp_path / "eval")
+    cfg = tiny_config(demo_dir, tmp_path / "runs")
+    cfg = dataclasses.replace(cfg, eval_every=6, ckpt_every=100, eval_linear=False,
+                              data=dataclasses.replace(cfg.data, eval=str(tmp_path / "eval")))  # fmt: skip
+    real_advance, real_save = train_loop.advance, Trainer.save
+
+    def advance(fns, cfg, state, batch):  # noqa: ANN001, ANN202
+        if int(state.step) == 5:
+            shutil.rmtree(tmp_path / "eval")
+        return real_advance(fns, cfg, state, batch)
+
+    def save(self, state, *args, unevaluated=False, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if unevaluated:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_save(self, state, *args, unevaluated=unevaluated, **kwargs)
+
+    monkeypatch.setattr(train_loop, "advance", advance)
+    monkeypatch.setattr(Trainer, "save", save)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        assert pretrain(cfg) == 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capfd.readouterr().err
+    assert "No such file or directory, since the run opened it: the evaluation cannot read its shards" in err
+    assert "Ctrl-C: the run is stopping already, exit 2 (the line above says why)" in err, err
+    assert layout.checkpoint_steps(cfg.run_dir) == [5]
+    monkeypatch.undo()
+    shutil.copytree(demo_dir / "eval", tmp_path / "eval")  # put back: evaluated, the closing table
+    assert pretrain(cfg) == 0 and "frozen encoder on the held-out split" in capfd.readouterr().out
 
 
 def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys):

@@ -129,6 +129,9 @@ def test_a_non_finite_stop_says_where_the_checkpoints_finite_parameters_blew_up(
     )
     assert what_to_resume({}, 41.0) == ("no checkpoint was written yet: the same command starts the run over",
                                         False)  # fmt: skip
+    # An older one's growth (recovered since) is not the newest's: it named the newest to move aside.
+    recovered = {10: 41.0, 20: 1e6, 30: 60.0}
+    assert what_to_resume(recovered, 41.0) == ("the newest checkpoint (30) is finite", True)
     for norms, start in (({0: 41.4, 3: 45.0}, 41.0), ({3: 45.0}, 0.0)):  # from zeros: no ZeroDivisionError
         assert what_to_resume(norms, start) == ("the newest checkpoint (3) is finite", True)
 

@@ -322,8 +322,16 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     caught_up = bool(meta and meta.get("unevaluated")) and not (logged and logged.evaluated)
     caught_up = caught_up and exit_code == 0 and cfg.eval_every > 0
     if caught_up:
-        evals, eval_rows = t.evaluate(state.params, state.step - 1)
-        print(f"{_eval_line(state.step - 1, evals)} (the stop's evaluation)", flush=True)
+        if state.step >= cfg.steps:  # a finished run: no resume check said its eval split changed
+            t.check_eval_data(meta, state.step)
+        try:
+            evals, eval_rows = t.evaluate(state.params, state.step - 1)
+            print(f"{_eval_line(state.step - 1, evals)} (the stop's evaluation)", flush=True)
+        except (DataError, eval_report.UnusableSplits) as e:  # its data, still: nothing trains
+            exit_code, caught_up = exit_codes.USAGE, False
+            print(f"error: {e}\nstep {state.step - 1} stays saved without its evaluation: once its data "
+                  f"reads, the same command evaluates it first (--eval-every 0 leaves it); exit {exit_code}",
+                  file=sys.stderr, flush=True)  # fmt: skip
     # The options of the segment that trains: a refused one leaves them, and so does a start of a finished
     # run (nothing to do, nothing checked).
     if exit_code == 0 and state.step < cfg.steps and multihost.is_main():
@@ -379,20 +387,27 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     evals, eval_rows = t.evaluate(state.params, step)
                 except (DataError, eval_report.UnusableSplits) as e:  # its data: the step is saved below
                     unevaluated = e  # (a stop lost every step since the last checkpoint, each resume too)
+                    stop.ending_with = exit_codes.USAGE  # whatever a Ctrl-C asks now
                     print(f"error: {e}", file=sys.stderr, flush=True)
                 else:
                     progress.message(_eval_line(step, evals))
+                if multihost.any_process(unevaluated is not None) and unevaluated is None:  # all stop
+                    unevaluated = DataError("another process's evaluation failed on its data")
 
             # Every process stops at the same step, with one code: a signal seen by one is acted on by all.
             signalled_with = group_stop(multihost.every_process(stop.signal or 0))
             # One asked for during this step's save comes at the next step's end, or after this one's
             # save where the segment ends here: exit 0 either way.
-            stop.ending_with = 0 if step + 1 >= end_here else None
+            stop.ending_with = (
+                exit_codes.USAGE if unevaluated is not None else 0 if step + 1 >= end_here else None
+            )
             stopping = step == cfg.stop_at_step or signalled_with is not None or unevaluated is not None
             if due(step, cfg.ckpt_every, last) or stopping or step in cfg.debug.roundtrip_steps:
                 try:
                     hold()
-                    pending, saved = t.save(state, loader, callbacks, metrics, unevaluated=bool(unevaluated))
+                    pending, saved = t.save(
+                        state, loader, callbacks, metrics, unevaluated=unevaluated is not None
+                    )
                     if stopping:  # on disk before the run says it stopped
                         t.wait_saved(step)
                 except checkpoint.CheckpointWriteError as e:  # this save, or the previous one (background)

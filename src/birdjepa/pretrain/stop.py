@@ -25,7 +25,8 @@ CTRL_C = (
 )
 CTRL_C_AT_THE_LAST = (
     "\nCtrl-C: the run stops after this step anyway (its last, or --stop-at-step), with a checkpoint (exit "
-    "0). Ctrl-C again quits at once, losing the steps since the last checkpoint.\n"
+    "0). Ctrl-C again quits at once, losing the steps since the last checkpoint written (and one being "
+    "written).\n"
 )
 #: Once the loop has stopped for its own reason (a non-finite step, a failed save or resume check):
 #: "exit 130; the same command resumes" said, and the run exited with its own code.

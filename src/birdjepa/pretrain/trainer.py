@@ -18,7 +18,7 @@ import numpy as np
 
 from birdjepa import exit_codes, multihost
 from birdjepa.config import PretrainConfig, to_dict
-from birdjepa.data import Batch, Loader
+from birdjepa.data import Batch, DataError, Loader
 from birdjepa.data.shards import split_labels
 from birdjepa.diagnostics.callbacks import (
     Callback,
@@ -112,7 +112,7 @@ def what_to_resume(norms: dict[int, float], start: float) -> tuple[str, bool]:
     steps = sorted(norms)
     said = f"the newest checkpoint ({steps[-1]}) is finite"
     sound = [s for s in steps if not start > 0 or norms[s] <= GREW * start]
-    if sound == steps:
+    if sound and sound[-1] == steps[-1]:  # an older one's growth is not the newest's
         return said, True
     grew = f", but its parameters' norm is {norms[steps[-1]]:.3g}, {norms[steps[-1]] / start:.3g}x step 0's"
     if sound:
@@ -237,6 +237,19 @@ class Trainer:
               f"{exit_codes.RESUME_CHECK}", flush=True)  # fmt: skip
         return exit_codes.RESUME_CHECK
 
+    def check_eval_data(self, meta: dict[str, Any], step: int) -> None:
+        """A WARNING and an ``eval_data_changed`` event where the eval split is other data than the
+        checkpoint of ``step - 1`` was evaluated on. It moves no training bit, but every eval metric
+        after it: a changed one was found only by `compare` (eval/knn_acc differs from the step after the
+        resume, every check "ok")."""
+        saved_eval = meta.get("eval_fingerprint")
+        eval_now = self.evaluator.eval_loader.fingerprint if self.evaluator else None
+        if saved_eval and eval_now and saved_eval != eval_now:
+            print(f"WARNING the eval split is other data than checkpoint {step - 1}'s (fingerprint "
+                  f"{saved_eval} -> {eval_now}): the eval metrics from here on are not comparable with those "
+                  "before", flush=True)  # fmt: skip
+            self.log.event("eval_data_changed", step, fingerprint=[saved_eval, eval_now])
+
     def check_resume(
         self, state: TrainState, meta: dict[str, Any], batch: Batch, loader: Loader, loader_error: str | None
     ) -> int:
@@ -257,15 +270,7 @@ class Trainer:
                   "differ from an uninterrupted one in the last bits (--train.virtual-shards keeps it exact "
                   "on any device count)", flush=True)  # fmt: skip
             self.log.event("devices_changed", step, devices=[saved_devices, self.n_devices])
-        # The eval split moves no training bit, but every eval metric after it: a changed one was found
-        # only by `compare` (eval/knn_acc differs from the step after the resume, every check "ok").
-        saved_eval = meta.get("eval_fingerprint")
-        eval_now = self.evaluator.eval_loader.fingerprint if self.evaluator else None
-        if saved_eval and eval_now and saved_eval != eval_now:
-            print(f"WARNING the eval split is other data than checkpoint {step - 1}'s (fingerprint "
-                  f"{saved_eval} -> {eval_now}): the eval metrics from here on are not comparable with those "
-                  "before", flush=True)  # fmt: skip
-            self.log.event("eval_data_changed", step, fingerprint=[saved_eval, eval_now])
+        self.check_eval_data(meta, step)
         saved_revision = meta.get("step_revision", 1)
         crossed = revisions.between(saved_revision)
         if crossed:  # a declared change of the step's bits lies between the save and this code
@@ -410,17 +415,27 @@ class Trainer:
         self.held_out_clips = len(held_out.labels)
         self.held_out_chance = eval_report.chance(train_split.labels, held_out.labels)
         evals = {**eval_report.metrics(rows), **online_probe_metrics(params["probe"], held_out)}
-        self.log.log(step, evals)
+        doc = None
         if step == last and self.main:
             files, splits = (self.train_files, self.eval_files), (train_split, held_out)
-            doc = eval_report.info(
-                cfg.run_dir, step, cfg.seed, self.model_cfg, files, splits, self.model_cfg.n_classes
-            )
-            # What `birdjepa evaluate` says of the same splits (the loader said its skips as they came):
-            # eval classes the train split lacks, rows of several species, windows of another length.
-            names, _ = split_labels(self.train_files)
-            thin = thin_train_split(train_split.labels, held_out.labels, rows, names)
-            doc["warnings"] = [*thin, *what_a_row_holds_past_its_label(self.eval_files, cfg.data.features)]
+            try:  # before the row is logged: a resume evaluates again a step whose log lacks it
+                doc = eval_report.info(
+                    cfg.run_dir, step, cfg.seed, self.model_cfg, files, splits, self.model_cfg.n_classes
+                )
+                # What `birdjepa evaluate` says of the same splits (the loader said its skips as they
+                # came): eval classes the train split lacks, rows of several species, windows of another
+                # length.
+                names, _ = split_labels(self.train_files)
+                thin = thin_train_split(train_split.labels, held_out.labels, rows, names)
+                doc["warnings"] = [
+                    *thin,
+                    *what_a_row_holds_past_its_label(self.eval_files, cfg.data.features),
+                ]
+            except OSError as e:  # read by path: a shard deleted since the loaders mapped it, a traceback
+                raise DataError(f"{e.filename}: {e.strerror}, since the run opened it: the evaluation cannot "
+                                "read its shards") from e  # fmt: skip
+        self.log.log(step, evals)
+        if doc is not None:
             for warning in doc["warnings"]:
                 print(f"WARNING {warning}", flush=True)
             eval_report.write_json(layout.eval_report(cfg.run_dir, step), rows, doc)
