@@ -485,6 +485,14 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     with pytest.raises(SystemExit) as e:  # the run's batch size, said nowhere
         cli(tiny_run, batch_size=0)
     assert e.value.code == 2 and "--batch-size 0: must be >= 1" in capsys.readouterr().err
+    # Above the loader's bounds: its traceback once the checkpoint was restored.
+    for kw, said in (
+        ({"n_workers": 100_000}, "--n-workers 100000: n_workers must be in 0..=1024"),
+        ({"batch_size": 10**6}, "--batch-size 1000000: batch_size x n_views x n_frames"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            cli(tiny_run, **kw)
+        assert e.value.code == 2 and said in capsys.readouterr().err
     # Writing into a run another live process holds (a trainer) is refused at once, in one line.
     holder = subprocess.Popen(["sleep", "60"])
     lease = {"host": socket.gethostname(), "pid": holder.pid, "job": None, "started": time.time(),
@@ -1000,6 +1008,8 @@ def test_export_and_embed_errors_are_one_line(
              tmp_path / "empty", "a folder with neither audio files (.flac")  # fmt: skip
     one_line(["embed", shards, "--encoder", str(tiny_run), "--out", str(out), "--n-workers", "-1"], "embed",
              "--n-workers -1: must be >= 0")  # fmt: skip
+    one_line(["embed", shards, "--encoder", str(tiny_run), "--out", str(out), "--n-workers", "100000"],
+             "embed", "--n-workers 100000: n_workers must be in 0..=1024")  # fmt: skip
     assert not out.exists()
 
 
@@ -1179,6 +1189,10 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
         (
             ["--backbone", "raw", "--train", str(train), "--test", str(test), "--batch-size", "-4"],
             "--batch-size -4: must be >= 1",
+        ),  # fmt: skip
+        (
+            ["--backbone", "raw", "--train", str(train), "--test", str(test), "--n-workers", "100000"],
+            "--n-workers 100000: n_workers must be in 0..=1024",
         ),  # fmt: skip
         (
             ["--backbone", "raw", "--train", str(train), "--test", str(silent), "--probe", "centroid"],

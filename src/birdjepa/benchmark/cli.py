@@ -45,6 +45,7 @@ from birdjepa.benchmark.recipe import UNTRAINED
 from birdjepa.benchmark.tables import BenchmarkError, format_store, format_table, stored_results
 from birdjepa.config import SEED_LIMIT
 from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
+from birdjepa.data.loader import size_refusal
 from birdjepa.data.row_columns import MULTILABEL_COLUMN
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.evaluation.report import overlap
@@ -347,6 +348,8 @@ def check_options(
     for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
         if value < least:
             raise BenchmarkError(f"{flag} {value}: must be >= {least}")
+    if (why := size_refusal(batch_size, n_workers)) is not None:  # after the backbones loaded, unnamed
+        raise BenchmarkError(why)
     # A value given twice: its second result was counted "already in the store".
     lists = {"--backbone": backbone, "--probe": probe, "--n-train": n_train, "--seed": seed}
     for flag, values in lists.items():

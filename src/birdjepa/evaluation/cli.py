@@ -23,7 +23,7 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
-from birdjepa.data.loader import skipped_line
+from birdjepa.data.loader import size_refusal, skipped_line
 from birdjepa.data.shards import split_labels
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import (
@@ -337,6 +337,9 @@ def cli(
         if value is not None and value < least:  # --batch-size 0 was the run's batch size, said nowhere
             print(f"birdjepa evaluate: error: {flag} {value}: must be >= {least}", file=sys.stderr)
             raise SystemExit(USAGE)
+    if (why := size_refusal(batch_size, n_workers)) is not None:
+        print(f"birdjepa evaluate: error: {why}", file=sys.stderr)
+        raise SystemExit(USAGE)
     if out is None and (data.train is not None or data.eval is not None):  # it replaced the run's own record
         print(f"birdjepa evaluate: error: --data.train/--data.eval without --out: {run}/eval/<step>.json "
               "holds the evaluation on the run's own splits; give --out FILE for this one",
