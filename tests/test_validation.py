@@ -3,6 +3,7 @@ option, its value and what is allowed, never a traceback; sweep files get the sa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -140,6 +141,7 @@ INVALID = [
     (["--data.features.time-mask-width", "8"],
      "--data.features.time-mask-width 8: is each mask's width: --data.features.time-mask-count is 0"),
     (["--data.event-column", "events"], "--data.event-column 'events': is read by --data.crop-events"),
+    (["--log.wandb-project", "foo"], "--log.wandb-project 'foo': names a wandb project: --log.wandb is"),
     (["--augment.mix-db", "-10", "-3"], "--augment.mix-db (-10.0, -3.0): is the mixed-in level"),
     # Values that ran and did nothing or nonsense, a traceback, or a refusal naming no option.
     (["--data.features.clip-seconds", "10"], "--data.features.clip-seconds 10.0: gives 998 log-mel frames"),
@@ -664,3 +666,12 @@ def test_a_fresh_start_warns_of_a_warmup_past_the_run_and_of_a_batch_larger_than
     )
     cfg = PretrainConfig(steps=22, optim=OptimConfig(warmup_steps=10, grad_accum=2))
     assert start_warnings(cfg, cfg.data.batch_size) == []
+    # wsd's decay counts the warmup's updates: a warmup running into it won, then a cliff (0.989, 1.0, 0.45).
+    wsd = dataclasses.replace(cfg.optim, schedule="wsd", warmup_steps=90, grad_accum=1, decay_fraction=0.2)
+    assert start_warnings(dataclasses.replace(cfg, steps=100, optim=wsd), cfg.data.batch_size) == [
+        "--optim.warmup-steps 90 runs into the wsd decay, which takes the last 0.2 of the 100 updates (from "
+        "update 80): the LR drops from its peak at once after the warmup; a shorter warmup or a smaller "
+        "--optim.decay-fraction"
+    ]
+    smooth = dataclasses.replace(cfg, steps=100, optim=dataclasses.replace(wsd, warmup_steps=80))
+    assert start_warnings(smooth, cfg.data.batch_size) == []

@@ -62,13 +62,18 @@ class OptimConfig:
     lr: float = 1e-3
     """Peak learning rate."""
     weight_decay: float = 0.05
+    """Decoupled weight decay (AdamW's; muon's, and its AdamW part's)."""
     b1: float = 0.9
+    """Adam's first-moment decay (muon: its AdamW part's, for the parameters that are not matrices)."""
     b2: float = 0.999
+    """Adam's second-moment decay (muon: its AdamW part's)."""
     schedule: Literal["cosine", "wsd"] = "cosine"
     """cosine: linear warmup then cosine decay; wsd: warmup, stable, then linear decay."""
     warmup_steps: int = 10
+    """Optimizer updates (not steps: with --optim.grad-accum N, N steps each) of linear warmup to the peak."""
     decay_fraction: float = 0.2
-    """wsd only: the fraction of updates spent decaying at the end (0: none, the LR stays at its peak)."""
+    """wsd only: the fraction of all updates, warmup included, spent decaying at the end (0: none, the
+    LR stays at its peak); a warmup that runs into it is said at the start."""
     min_lr_ratio: float = 0.0
     """Final LR as a fraction of the peak."""
     clip_norm: float = 1.0
@@ -88,6 +93,7 @@ class LogConfig:
     wandb: Literal["disabled", "offline", "online"] = "disabled"
     """Mirror metrics to wandb; the JSON lines in the run directory are the source of truth."""
     wandb_project: str = "birdjepa"
+    """The wandb project the run is mirrored to (with --log.wandb offline or online)."""
     print_every: int = 10
     """Console line every N steps when stdout is not a terminal (a progress bar when it is)."""
 

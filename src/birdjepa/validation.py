@@ -419,6 +419,7 @@ def unused(cfg: PretrainConfig) -> list[tuple[str, Any, str]]:
         *((f"data.features.{axis}_mask_width", getattr(features, f"{axis}_mask_count") > 0,
            f"is each mask's width: --data.features.{axis}-mask-count is 0") for axis in ("time", "freq")),
         ("data.event_column", cfg.data.crop_events, "is read by --data.crop-events, which is off"),
+        ("log.wandb_project", cfg.log.wandb != "disabled", "names a wandb project: --log.wandb is disabled"),
         ("augment.mix_db", cfg.augment.mix_prob > 0, "is the mixed-in level: --augment.mix-prob is 0"),
         ("model.drop_path", cfg.model.resolved().depth > 1,
          "is the last block's rate, rising from 0 at the first: one block (--model.depth 1) drops nothing"),

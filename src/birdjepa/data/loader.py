@@ -85,6 +85,7 @@ class DataConfig:
     """Decode threads; 0 (default): one per CPU this process may run on (a Slurm job's
     --cpus-per-task). Changing it never changes the batches."""
     shuffle_buffer: int = DEFAULTS["shuffle_buffer"]
+    """Sample indices a training epoch's draws are shuffled among (larger: closer to a full shuffle)."""
     shuffle_initial: int | None = DEFAULTS["shuffle_initial"]
     """Start drawing once the buffer holds this many samples, growing it by one per draw
     (webdataset's `initial`); None: fill the whole buffer first. Either way the stream resumes exactly."""
@@ -99,6 +100,7 @@ class DataConfig:
     seconds, as BirdSet's event detector marks calls): a point drawn inside a drawn event centres the
     clip. Rows without events keep the uniform crop. Deterministic and exactly resumable as every crop."""
     event_column: str = DEFAULTS["event_column"]
+    """The column --data.crop-events reads its events from (BirdSet's ``detected_events``)."""
     audio_root: str | None = DEFAULTS["audio_root"]
     """Where a row whose audio is a file path (HF's Audio with null bytes, as a loading script's cache
     holds BirdSet) finds a relative path: every split's shards (train and eval); None: each shard's

@@ -38,6 +38,7 @@ class ModelConfig:
     """
 
     preset: str = "tiny"
+    """tiny, small or base: the values of every option left unset (`PRESETS`)."""
     dim: int | None = None
     """Token width D."""
     depth: int | None = None

@@ -24,6 +24,12 @@ from birdjepa.config import OptimConfig
 from birdjepa.seams import NONE, Seams
 
 
+def wsd_decay_start(cfg: OptimConfig, total: int) -> int:
+    """The update ``wsd``'s linear decay starts at, of ``total`` (warmup included): a positive
+    ``decay_fraction`` decays over one update at least; 0 keeps the peak (it decayed the last update)."""
+    return total - max(int(round(cfg.decay_fraction * total)), 1) if cfg.decay_fraction > 0 else total
+
+
 def lr_table(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> np.ndarray:
     """LR of every optimizer update ``s`` in ``[0, total)``, computed on the host in float64.
 
@@ -34,8 +40,7 @@ def lr_table(cfg: OptimConfig, total_updates: int, seams: Seams = NONE) -> np.nd
     peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
     warmup = max(cfg.warmup_steps, 0)
     total = max(total_updates, warmup + 1)
-    # A positive fraction decays over one update at least; 0 keeps the peak (it decayed the last update).
-    decay_start = total - max(int(round(cfg.decay_fraction * total)), 1) if cfg.decay_fraction > 0 else total
+    decay_start = wsd_decay_start(cfg, total)
     out = np.empty(total, np.float64)
     for s in range(total):
         if s < warmup:

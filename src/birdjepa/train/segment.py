@@ -31,7 +31,7 @@ from birdjepa.synthetic.demo import ensure_demo_data
 from birdjepa.train import state as state_lib
 from birdjepa.train.compiled import Compiled, compiled
 from birdjepa.train.memory_fit import check_fits
-from birdjepa.train.optim import make_optimizer
+from birdjepa.train.optim import make_optimizer, wsd_decay_start
 from birdjepa.train.recording import RecordableStep
 from birdjepa.train.state import TrainState
 from birdjepa.train.step import StepConfig, fresh_chain, init_key, step_key
@@ -89,6 +89,13 @@ def start_warnings(cfg: PretrainConfig, n_records: int) -> list[str]:
     if cfg.optim.warmup_steps >= (updates := total_updates(cfg)):
         said.append(f"--optim.warmup-steps {cfg.optim.warmup_steps} >= the run's {updates} optimizer "
                     f"updates: its LR never reaches --optim.lr {cfg.optim.lr:g}")  # fmt: skip
+    elif cfg.optim.schedule == "wsd" and cfg.optim.warmup_steps > (
+        start := wsd_decay_start(cfg.optim, updates)
+    ):  # the warmup wins over the decay's first updates, then the LR falls off a cliff
+        said.append(f"--optim.warmup-steps {cfg.optim.warmup_steps} runs into the wsd decay, which takes "
+                    f"the last {cfg.optim.decay_fraction:g} of the {updates} updates (from update {start}): "
+                    "the LR drops from its peak at once after the warmup; a shorter warmup or a smaller "
+                    "--optim.decay-fraction")  # fmt: skip
     if cfg.data.batch_size > n_records:  # a batch runs on into the next epochs: silent, the same clips twice
         said.append(f"--data.batch-size {cfg.data.batch_size} > the {n_records} records of the train split: "
                     "every batch holds some recordings more than once")  # fmt: skip
