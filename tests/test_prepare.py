@@ -561,6 +561,7 @@ def test_a_held_out_split_prepared_with_the_train_split_s_vocabulary_indexes_its
         ({"prefix": "a/b"}, "--prefix 'a/b': must be a file name's start"),
         ({"prefix": ".x"}, "--prefix '.x': must be a file name's start"),  # hidden: a folder of no shards
         ({"label_column": ""}, "--label-column '': must be a name"),
+        ({"workers": 0}, "--workers 0: must be >= 1"),  # one thread, without a word
     ],
 )
 def test_prepare_options_that_cannot_work_are_one_line(

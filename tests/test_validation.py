@@ -150,7 +150,7 @@ INVALID = [
     (["--augment.pitch-bins", "1000"], "--augment.pitch-bins 1000.0: must be at most --model.n-mels (128)"),
     (["--augment.stretch", "inf"], "--augment.stretch inf: must be a finite number"),
     (["--optim.lr", "1e39"], "--optim.lr 1e+39: must be a float32"),
-    (["--seed", "-1"], "--seed -1: must be in [0, 2^63)"),
+    (["--seed", "-1"], "--seed -1: must be in [0, 2^32)"),  # it said 2^63, and 2^32 is the bound
     (["--seed", str(2**32 + 5)],
      "--seed 4294967301: must be below 2^32: JAX's keys take its low 32 bits, and it would draw seed 5's"),
     (["--data.features.time-mask-count", "2"],

@@ -93,7 +93,8 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
     # Each frame is a real FFT of this length for every clip: 10^8 held 9.5 GB, ran on for minutes before
     # a step, and a preemption's SIGTERM could not stop it (handled at a step's end). 2^16: 2 s at 32 kHz.
     (("data.features.n_fft",), lambda v: v <= MAX_N_FFT, f"must be at most {MAX_N_FFT}"),
-    (("seed",), lambda v: 0 <= v < 2**63, "must be in [0, 2^63)"),
+    # (A run that trained with a seed in [2^32, 2^63) goes on: the check of SEED_LIMIT below.)
+    (("seed",), lambda v: 0 <= v < 2**63, "must be in [0, 2^32)"),
     (
         ("optim.lr", "optim.probe_lr_scale", "data.features.std", "model.ln_epsilon"),
         lambda v: v > 0, "must be > 0",

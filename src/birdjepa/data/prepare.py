@@ -446,6 +446,8 @@ def cli(
             labels name the same classes, even where it lacks some (a held-out split: --data.eval).
     """
     try:
+        if workers < 1:  # taken as one thread without a word
+            raise PrepareError(f"--workers {workers}: must be >= 1")
         if out.resolve() == (src.resolve() if src.is_dir() else src.resolve().parent):
             raise PrepareError(f"OUT {out} is where SRC's files are: the shards would sit among them "
                                "(and be read as the source next time): give another folder")  # fmt: skip
