@@ -43,23 +43,41 @@ class Features:
     """
 
     target_rate: int = DEFAULTS["target_rate"]
+    """Hz every recording is resampled to."""
     clip_seconds: float = DEFAULTS["clip_seconds"]
+    """Seconds of audio a clip (a view) holds; a shorter recording is followed by zeros."""
     n_fft: int = DEFAULTS["n_fft"]
+    """FFT length in samples: even, at least the window's (the frame zero-padded to it)."""
     win_length: int = DEFAULTS["win_length"]
+    """Analysis window in samples (800: 25 ms at 32 kHz)."""
     hop_length: int = DEFAULTS["hop_length"]
+    """Samples between frames (320: 10 ms at 32 kHz)."""
     n_mels: int = DEFAULTS["n_mels"]
+    """Mel bins: the map's width."""
     f_min: float = DEFAULTS["f_min"]
+    """Lowest mel filter edge, Hz."""
     f_max: float | None = DEFAULTS["f_max"]
+    """Highest mel filter edge, Hz; None: Nyquist."""
     preemphasis: float = DEFAULTS["preemphasis"]
+    """Pre-emphasis coefficient in [0, 1], applied to each frame after its DC removal (0: off)."""
     remove_dc: bool = DEFAULTS["remove_dc"]
+    """Subtract each frame's mean first (Kaldi's)."""
     log_floor: float = DEFAULTS["log_floor"]
+    """The log is ln(max(energy, log_floor)) (Kaldi's floor: float32 epsilon)."""
     n_frames: int = DEFAULTS["n_frames"]
+    """Frames of the map: the clip's first ones, zeros (the normalised mean) past its end."""
     mean: float = DEFAULTS["mean"]
+    """Normalisation: each value becomes (x - mean) / std (AudioMAE's fbank statistics)."""
     std: float = DEFAULTS["std"]
+    """See ``mean``."""
     time_mask_count: int = DEFAULTS["time_mask_count"]
+    """Train mode: time masks per view (whole frames set to 0), SpecAugment's; 0: off."""
     time_mask_width: int = DEFAULTS["time_mask_width"]
+    """Each time mask's largest width in frames (its width drawn in [0, it])."""
     freq_mask_count: int = DEFAULTS["freq_mask_count"]
+    """Train mode: frequency masks per view (whole mel bins set to 0); 0: off."""
     freq_mask_width: int = DEFAULTS["freq_mask_width"]
+    """Each frequency mask's largest width in mel bins."""
 
     def options(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
