@@ -319,13 +319,20 @@ def test_a_record_evaluate_cannot_read_is_said_once_and_in_its_record(
 
 
 def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation_in_one_line(
-    demo_dir: Path, tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    demo_dir: Path,
+    tiny_run: Path,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Labels up front, audio the loader skips: "ValueError: features must be [N, D] with one D, got (4, 64)
     # and (0, 0)", a traceback, exit 1.
+    import signal
+
     from test_loader_bad_input import read_table, with_corrupt_rows, write_table
 
     from birdjepa.pretrain.loop import pretrain
+    from birdjepa.pretrain.trainer import Trainer
 
     (tmp_path / "eval").mkdir()
     for shard in sorted((demo_dir / "eval").glob("*.arrow")):
@@ -335,22 +342,36 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation
     good = tiny_config(demo_dir, tmp_path / "runs")  # evaluated after step 2; saved at the last alone
     good = dataclasses.replace(good, ckpt_every=100)
     cfg = dataclasses.replace(good, data=dataclasses.replace(good.data, eval=str(tmp_path / "eval")))
-    capsys.readouterr()
-    assert pretrain(cfg) == 2
-    said = capsys.readouterr()
-    assert said.err.startswith("error: the eval split (") and said.err.count("\n") == 1, said.err
-    assert "has no labelled clip (the loader's WARNINGs above name the records it skipped)" in said.err
+    real = Trainer.evaluate
+
+    def ctrl_c_first(self, params, step):  # noqa: ANN001, ANN202  # as the evaluation runs: said exit 130
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(self, params, step)
+
+    monkeypatch.setattr(Trainer, "evaluate", ctrl_c_first)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    capfd.readouterr()
+    try:
+        assert pretrain(cfg) == 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        monkeypatch.undo()
+    said = capfd.readouterr()
+    (error,) = [line for line in said.err.splitlines() if line.startswith("error: ")]
+    assert error.startswith("error: the eval split (") and "Ctrl-C: stopping after this step" in said.err
+    assert "has no labelled clip (the loader's WARNINGs above name the records it skipped)" in error
+    assert error.endswith("(the Ctrl-C's exit is 2 now)"), said.err
     # The 3 steps trained are saved (a stop there lost them, and each resume again), the evaluation not:
     run = good.run_dir
     assert layout.checkpoint_steps(run) == [2], said.out
     assert "stopping after step 2, saved without its evaluation" in said.out and "exit 2" in said.out
-    capsys.readouterr()
+    capfd.readouterr()
     assert pretrain(cfg) == 2 and layout.checkpoint_steps(run) == [2]  # its data still unread: no step
-    assert "step 2 stays saved without its evaluation: once its data reads" in capsys.readouterr().err
+    assert "step 2 stays saved without its evaluation: once its data reads" in capfd.readouterr().err
     # Its data mended, the run evaluates step 2 first and trains on: every metric as the straight run's.
-    capsys.readouterr()
+    capfd.readouterr()
     assert pretrain(good) == 0
-    assert "eval step 2: kNN" in capsys.readouterr().out
+    assert "eval step 2: kNN" in capfd.readouterr().out
     diffs = compare_runs(tiny_run, run)
     assert any(d.name == "eval/knn_acc" and d.steps == 2 for d in diffs), diffs
     assert all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]

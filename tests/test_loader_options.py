@@ -81,6 +81,14 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path, monkeypatch: pyt
     # folder that matched nothing said so with where a relative path was read from.
     with pytest.raises(DataError, match=r"^no shard files match 'gone/a.arrow' \(a relative path: read "):
         Loader(["gone/a.arrow"])
+    # A batch's bound is in values: checked with the features that read it (the defaults' refused a
+    # valid batch of small clips, and passed one of large clips to the loader's traceback).
+    from birdjepa.data.loader import size_refusal
+
+    assert size_refusal(40_000, 0, Features(n_mels=32, n_frames=128, clip_seconds=1.2)) is None
+    large = Features(n_frames=1024, clip_seconds=10.0)
+    assert (size_refusal(20_000, 0, large) or "").startswith("--batch-size 20000: batch_size x n_views")
+    assert size_refusal(20_000, 0) is None and size_refusal(None, 2000).startswith("--n-workers 2000: ")
     # A data set's top folder, its splits below: said as a path that names nothing.
     said = f": it holds folders of shards, {demo_dir / 'eval'}, {demo_dir / 'train'}: give one of them"
     with pytest.raises(DataError, match=re.escape(said) + "$"):

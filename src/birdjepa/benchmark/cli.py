@@ -164,6 +164,9 @@ def run_task(
     if shared is not None:
         log(f"WARNING {task.name}: {shared.replace('eval', 'test')}")
     default = next((b.features for b in backbones if b.features is not None), Features())
+    for features in {b.features or default for b in backbones}:  # a batch's bound is in values
+        if (why := size_refusal(batch_size, n_workers, features)) is not None:
+            raise BenchmarkError(why)
     backbones = identified(backbones, default)
     embedded: dict[str, dict[str, Embedded]] = {"train": {}, "test": {}}
     tokens = any(p in TOKEN_PROBES for p in probes)
@@ -348,7 +351,7 @@ def check_options(
     for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
         if value < least:
             raise BenchmarkError(f"{flag} {value}: must be >= {least}")
-    if (why := size_refusal(batch_size, n_workers)) is not None:  # after the backbones loaded, unnamed
+    if (why := size_refusal(None, n_workers)) is not None:  # after the backbones loaded, unnamed
         raise BenchmarkError(why)
     # A value given twice: its second result was counted "already in the store".
     lists = {"--backbone": backbone, "--probe": probe, "--n-train": n_train, "--seed": seed}

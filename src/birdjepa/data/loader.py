@@ -190,16 +190,19 @@ def options_json(options: dict[str, Any]) -> str:
     return json.dumps(options)
 
 
-def size_refusal(batch_size: int | None, n_workers: int) -> str | None:
-    """Why the Rust core refuses a loader of ``batch_size`` clips a batch (None: the caller's default) and
-    ``n_workers`` decode threads, said with the commands' flags, or None: where only the lower bounds
-    were checked, `evaluate` and `embed` restored an encoder to end in the loader's traceback. Bounded by
-    the default features; a run's own are checked again by its loader."""
+def size_refusal(batch_size: int | None, n_workers: int, features: Features | None = None) -> str | None:
+    """Why the Rust core refuses a loader of ``batch_size`` clips a batch (None: not checked) and
+    ``n_workers`` decode threads, with ``features`` (None: the defaults; a batch's bound is in values,
+    so check it with the features that will read it), said with the commands' flags, or None: where
+    only the lower bounds were checked, `evaluate` and `embed` restored an encoder to end in the loader's
+    traceback."""
     from birdjepa import _rs
 
-    options = {"n_workers": n_workers, **({"batch_size": batch_size} if batch_size is not None else {})}
+    options = {"n_workers": n_workers, **(features.options() if features is not None else {})}
     try:
-        _rs.check_loader_options(options_json(options))
+        _rs.check_loader_options(
+            options_json({**options, **({} if batch_size is None else {"batch_size": batch_size})})
+        )
     except ValueError as e:
         flag, value = (
             ("--n-workers", n_workers) if str(e).startswith("n_workers") else ("--batch-size", batch_size)

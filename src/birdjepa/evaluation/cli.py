@@ -278,6 +278,8 @@ def evaluate_checkpoint(
     t0 = time.perf_counter()
     run = restore_run(run_dir, step, data)
     cfg, model_cfg, train_files, eval_files = run.cfg, run.model_cfg, run.train_files, run.eval_files
+    if (why := size_refusal(batch_size, n_workers, cfg.data.features)) is not None:  # not a traceback
+        raise EvaluateError(why)
     check_trained_on(run, data)
     train, held_out = embed_splits(
         train_files, eval_files, {ENCODER: run.params, RANDOM_INIT: run.random_init}, model_cfg,
@@ -337,7 +339,7 @@ def cli(
         if value is not None and value < least:  # --batch-size 0 was the run's batch size, said nowhere
             print(f"birdjepa evaluate: error: {flag} {value}: must be >= {least}", file=sys.stderr)
             raise SystemExit(USAGE)
-    if (why := size_refusal(batch_size, n_workers)) is not None:
+    if (why := size_refusal(None, n_workers)) is not None:  # the batch's bound: with the run's features
         print(f"birdjepa evaluate: error: {why}", file=sys.stderr)
         raise SystemExit(USAGE)
     if out is None and (data.train is not None or data.eval is not None):  # it replaced the run's own record

@@ -387,8 +387,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
                     evals, eval_rows = t.evaluate(state.params, step)
                 except (DataError, eval_report.UnusableSplits) as e:  # its data: the step is saved below
                     unevaluated = e  # (a stop lost every step since the last checkpoint, each resume too)
-                    stop.ending_with = exit_codes.USAGE  # whatever a Ctrl-C asks now
-                    print(f"error: {e}", file=sys.stderr, flush=True)
+                    stop.ending_with = exit_codes.USAGE  # whatever a Ctrl-C asks now (one before: said)
+                    again = f" (the Ctrl-C's exit is {exit_codes.USAGE} now)" if stop.ctrl_c else ""
+                    print(f"error: {e}{again}", file=sys.stderr, flush=True)
                 else:
                     progress.message(_eval_line(step, evals))
                 if multihost.any_process(unevaluated is not None) and unevaluated is None:  # all stop
