@@ -184,6 +184,11 @@ def test_a_run_says_how_many_decode_threads_its_loader_runs(
     assert f"loader: {threads} decode thread{'s' * (threads != 1)}\n" in out
     # ... and that its warmup (10, the default) outlasts its 4 updates: a try, or a mistyped --steps.
     assert "WARNING --optim.warmup-steps 10 >= the run's 4 optimizer updates: its LR never reaches" in out
+    # More threads than cores: said (they take turns with each other and the step's).
+    more = len(os.sched_getaffinity(0)) + 1
+    assert pretrain(tyro.cli(PretrainConfig, args=[*args, "--data.n-workers", str(more)])) == 0
+    said = f"loader: {more} decode threads (more than the {more - 1} CPUs this process may run on: they take"
+    assert said in capsys.readouterr().out
 
 
 def test_a_shard_index_goes_to_the_user_cache_where_an_empty_variable_is_unset(

@@ -35,6 +35,7 @@ import tyro
 
 from birdjepa import exit_codes, multihost, validation
 from birdjepa.config import ConfigError, PretrainConfig, flatten, to_dict
+from birdjepa.cores import threads_said
 from birdjepa.data import Batch, DataError
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
@@ -303,7 +304,7 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
               f"(restart {state.restart})", flush=True)  # fmt: skip
     loader, loader_error = open_loader(cfg, train_files, state.loader_state, resumed=meta is not None)
     threads = loader.n_workers  # --data.n-workers 0 (the default) runs one per CPU this process may use
-    print(f"loader: {threads} decode thread{'s' * (threads != 1)}", flush=True)
+    print(f"loader: {threads_said(threads)}", flush=True)
     for warning in start_warnings(cfg, len(loader)) if meta is None else ():
         print(f"WARNING {warning}", flush=True)
     callbacks = make_callbacks(cfg, loader, state.params)
