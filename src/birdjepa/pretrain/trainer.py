@@ -37,7 +37,7 @@ from birdjepa.model.vit import init_params
 from birdjepa.objectives.supervised import probe_metrics
 from birdjepa.pretrain.wandb_mirror import open_run
 from birdjepa.resume import checks as resume_check
-from birdjepa.rundir import checkpoint, layout
+from birdjepa.rundir import checkpoint, kept, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
 from birdjepa.rundir.checkpoint.space import mib
 from birdjepa.rundir.metrics_log import MetricsLog, NullLog
@@ -108,7 +108,7 @@ def what_to_resume(norms: dict[int, float], start: float) -> tuple[str, bool]:
     saved parameters of norm 1e33 against 41 at the start (``start``), and a resume from them could only
     blow up again; growth that began before the oldest kept checkpoint was not seen against that one."""
     if not norms:
-        return "no checkpoint was written yet: the same command starts the run over", False
+        return kept.NONE_YET, False
     steps = sorted(norms)
     said = f"the newest checkpoint ({steps[-1]}) is finite"
     sound = [s for s in steps if not start > 0 or norms[s] <= GREW * start]

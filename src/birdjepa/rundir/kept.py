@@ -7,6 +7,9 @@ from pathlib import Path
 from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint.space import TMP_SUFFIX
 
+#: What a run with no checkpoint keeps, as every line that stops one says it.
+NONE_YET = "no checkpoint was written yet: the same command starts the run over"
+
 
 def saved(run_dir: Path) -> list[int]:
     """The steps of the checkpoints on disk (none where the folder cannot be read)."""
@@ -20,7 +23,7 @@ def intact(run_dir: Path) -> str:
     """The checkpoints on disk and what the same command does with them: "the checkpoints ... intact"
     where none was written yet sent a user looking for them."""
     if not (steps := saved(run_dir)):
-        return "no checkpoint was written yet: the same command starts the run over"
+        return NONE_YET
     return f"the checkpoints written are intact, and the same command resumes from the newest ({steps[-1]})"
 
 

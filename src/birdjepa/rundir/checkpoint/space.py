@@ -108,8 +108,11 @@ class _DropOrbaxTracebacks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         orbax = _in_orbax(record.pathname) or _raised_in_orbax(record)
         if orbax and record.levelno < logging.ERROR:
-            said, self.said = record.getMessage() in self.said, self.said | {record.getMessage()}
-            return not said
+            message = record.getMessage()
+            if message in self.said:
+                return False
+            self.said.add(message)
+            return True
         return not (record.levelno >= logging.ERROR and orbax)
 
 
