@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -86,6 +87,11 @@ os.environ.update(
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
+# ... and in this process, whose JAX the imports above started before these were set: JAX reads them as it
+# starts. The xdist workers start with them; `pytest -p no:xdist tests/FILE` compiled every step anew.
+jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 TINY_LABELS = ("aaalow", "bbbmid", "ccchig")
 TINY_FREQS_HZ = (750.0, 1500.0, 3000.0)

@@ -643,7 +643,7 @@ def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
         f"import signal, runpy, sys; signal.signal({int(sig)}, signal.SIG_DFL); "
         "runpy.run_module('birdjepa.cli', run_name='__main__')"
     )
-    cmd = [sys.executable, "-c", start, "pretrain", *pretrain_flags(demo_dir, tmp_path, "early")]
+    cmd = [sys.executable, "-c", start, "pretrain", *pretrain_flags(demo_dir, tmp_path, "early", *NO_EVAL)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # the trainer's first line, printed as the run opens, before the loop
