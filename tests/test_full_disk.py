@@ -251,7 +251,7 @@ def test_an_old_checkpoint_the_retention_cannot_remove_is_a_warning_event_in_the
         raise PermissionError(13, "Permission denied", str(step))
 
     monkeypatch.setattr(ocp.CheckpointManager, "delete", denied)
-    args = [*flags(demo_dir, tmp_path), "--steps", "3", "--ckpt-keep", "1"]
+    args = [*flags(demo_dir, tmp_path), "--stop-at-step", "2", "--ckpt-keep", "1"]  # the 6-step build
     assert pretrain(tyro.cli(PretrainConfig, args=args)) == 0
     # Checkpoint 0 found as checkpoint 2's save began, 1 at the segment's last wait (a console line alone).
     events = [r for r in read_metrics(tmp_path / "r") if r.get("event") == "warning"]

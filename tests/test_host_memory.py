@@ -59,11 +59,16 @@ NOT_GLIBC = sys.platform != "linux" and not os.environ.get("CI")
 @pytest.mark.skipif(NOT_GLIBC, reason="glibc's mallopt: Linux only")
 def test_the_command_reuses_a_freed_large_block_without_faulting_it_in_again() -> None:
     env = {k: v for k, v in os.environ.items() if k not in (ENV, "JAX_PLATFORMS")}
-    assert third_time_faults(env) < 100  # 65,536 pages of 4 KiB
-    # glibc's default: mapped and unmapped each time
-    assert third_time_faults({**env, ENV: "system"}) > 60_000
+    assert third_time_faults(env) < 100  # 65,536 pages of 4 KiB (glibc's default faults > 60,000: below)
+
+
+def test_system_or_an_accelerator_leaves_the_c_library_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
     # A step on an accelerator gains nothing, and its compiles would wait on one arena: left as it is.
-    assert third_time_faults({**env, "JAX_PLATFORMS": "cuda"}) > 60_000
+    monkeypatch.setenv(ENV, "system")
+    assert host_memory.keep_for_reuse() is False
+    monkeypatch.delenv(ENV)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert host_memory.keep_for_reuse() is False
 
 
 def test_a_value_other_than_reuse_or_system_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

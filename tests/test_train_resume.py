@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from birdjepa.config import OptimConfig, PretrainConfig
 from birdjepa.divergence import trace_file
 from birdjepa.divergence.trace import trace_step
 from birdjepa.pretrain import loop as train_loop
+from birdjepa.pretrain.stop import USER_SIGNALS, StopRequest
 from birdjepa.resume.checks import CHECKS
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.checkpoint import Checkpointer
@@ -162,24 +164,44 @@ def verify_resume(demo_dir: Path, runs: Path, *args: str) -> subprocess.Complete
 def test_a_run_resumed_mid_update_in_a_new_process_with_another_worker_count_equals_the_straight_run(
     demo_dir: Path, tmp_path: Path
 ) -> None:
-    """The suite's exact resume: 12 micro-steps of 2-batch accumulation trained straight and in two
-    segments, the first stopped after step 4 (mid-update: 5 micro-batches done), the second in a new
-    process with 1 loader worker. Every logged metric is equal, and the 11 resume checks pass. (The
-    three-resume test below adds a SIGTERM and verify-resume's own command; CI runs it.)"""
+    """The suite's exact resume: 12 micro-steps of 2-batch accumulation trained straight and in three
+    segments: the first stopped after step 4 (mid-update: 5 micro-batches done); the second in a new
+    process with 1 loader worker, stopped by a first Ctrl-C once it logged a step (exit 130, saved at the
+    step it finished); the third in this process. Every logged metric is equal, and the 11 resume checks
+    pass. (The three-resume test below adds a SIGTERM and verify-resume's own command; CI runs it.)"""
     args = ("--steps", "12", "--optim.grad-accum", "2", *NO_EVAL, "--ckpt-every", "4")
     assert pretrain_here(demo_dir, tmp_path, "straight", *args) == 0
     assert pretrain_here(demo_dir, tmp_path, "resumed", *args, "--stop-at-step", "4") == 0
-    done = pretrain(demo_dir, tmp_path, "resumed", *args, "--data.n-workers", "1")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     resumed = tmp_path / "resumed"
+    flags = pretrain_flags(demo_dir, tmp_path, "resumed", *args, "--data.n-workers", "1")
+    argv = ["birdjepa", "pretrain", *flags]
+    # SIGINT handled as in a terminal's Python (a test runner's worker may ignore it, and a child inherits
+    # that): set before the command runs, in the child.
+    start = (f"import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             f"sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    while max(metrics_by_step(resumed)) < 5:  # the segment's first step is logged
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-3000:] + err[-3000:]
+    assert "Ctrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes)" in err
+    (stop,) = [e for e in events(resumed, "stop") if e["reason"] != "stop_at_step"]
+    assert stop["reason"] == f"signal {int(signal.SIGINT)}" and stop["exit_code"] == 130
+    assert f"stopping after step {stop['step']} (signal 2); exit 130" in out
+    assert 5 <= stop["step"] < 11 and Checkpointer(resumed).latest_step() == stop["step"]
+    assert out.count("RESUME_CHECK") == len(CHECKS) and "ok=False" not in out
+    assert json.loads((resumed / "config.json").read_text())["data"]["n_workers"] == 1
+    # No step lost or redone: resumed once more, here, the run equals the straight one.
+    assert pretrain_here(demo_dir, tmp_path, "resumed", *args) == 0
     assert differing(tmp_path / "straight", resumed) == []
     logged = metrics_by_step(resumed)
     assert sorted(logged) == list(range(12))
     assert logged[4]["train/accum_progress"] == 1.0 and logged[5]["train/accum_progress"] == 0.0
-    assert [e["restart"] for e in events(resumed, "resume")] == [1]
-    assert done.stdout.count("RESUME_CHECK") == len(CHECKS) and "ok=False" not in done.stdout
+    assert [e["restart"] for e in events(resumed, "resume")] == [1, 2]
     assert not events(resumed, "resume_check_failed")
-    assert json.loads((resumed / "config.json").read_text())["data"]["n_workers"] == 1
 
 
 @pytest.mark.slow  # four processes, two minutes: CI runs it; the test above is the suite's exact resume
@@ -415,33 +437,6 @@ def test_resume_is_bit_exact_at_the_optimisation_level_users_run(demo_dir: Path,
     assert ("WARNING" in done.stdout) == bool(differ), done.stdout
 
 
-def test_a_first_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_run_resumes_exactly(
-    demo_dir: Path, straight: Path, tmp_path: Path
-) -> None:
-    run = tmp_path / "straight"  # the straight run's name: the log's run field must match it
-    argv = ["birdjepa", "pretrain", *pretrain_flags(demo_dir, tmp_path, "straight", "--no-eval-linear")]
-    # SIGINT handled as in a terminal's Python (a test runner's worker may ignore it, and a child inherits
-    # that): set before the command runs, in the child.
-    start = (f"import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             f"sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    while not (run / "metrics.jsonl").exists() or not metrics_by_step(run):  # the first step is logged
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, out + err
-    assert "Ctrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes)" in err
-    (stop,) = events(run, "stop")
-    assert stop["reason"] == f"signal {int(signal.SIGINT)}" and stop["exit_code"] == 130
-    assert f"stopping after step {stop['step']} (signal 2); exit 130" in out
-    assert stop["step"] < STEPS - 1 and Checkpointer(run).latest_step() == stop["step"]
-    # No step lost or redone: resumed, the run equals the straight one.
-    assert pretrain_here(demo_dir, tmp_path, "straight", "--no-eval-linear") == 0
-    assert differing(straight, run) == []
-
-
 def test_a_terminal_that_hangs_up_stops_the_run_after_its_step_with_a_checkpoint(
     demo_dir: Path, tmp_path: Path
 ) -> None:
@@ -462,7 +457,7 @@ def test_a_terminal_that_hangs_up_stops_the_run_after_its_step_with_a_checkpoint
                             start_new_session=True)  # fmt: skip
     os.close(far)
     said = b""
-    while not (run / "metrics.jsonl").exists() or not metrics_by_step(run):  # the first step is logged
+    while b"devices=" not in said:  # the trainer's first line, as the run opens, before the loop
         if select.select([terminal], [], [], 0.05)[0]:
             said += os.read(terminal, 65536)  # drained: a full pty would block the run's writes
         assert proc.poll() is None, said.decode(errors="replace")
@@ -471,6 +466,7 @@ def test_a_terminal_that_hangs_up_stops_the_run_after_its_step_with_a_checkpoint
     (stop,) = events(run, "stop")
     assert stop["reason"] == f"signal {int(signal.SIGHUP)}" and stop["exit_code"] == exit_codes.HUNG_UP
     assert stop["step"] < STEPS - 1 and Checkpointer(run).latest_step() == stop["step"]
+    assert not (run / "lease.json").exists()
 
 
 @pytest.mark.slow  # two segments in processes of their own: ~20 s
@@ -605,6 +601,31 @@ def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_c
             signal.signal(sig, handler)
 
 
+def test_every_stop_signal_is_recorded_from_the_moment_the_run_opens(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The subprocess test below sends SIGTERM as the run opens; the hang-up test, SIGHUP. The others reach
+    # the same handler, installed by `pretrain` before anything opens; SIGXCPU's stop exits 75 (requeued).
+    came: dict[int, tuple[int | None, bool]] = {}
+
+    def opens(sig: int) -> Callable[..., int]:
+        def held(cfg: PretrainConfig, stop: StopRequest) -> int:
+            os.kill(os.getpid(), sig)
+            time.sleep(0.01)  # the handler runs in the main thread, between two bytecodes
+            came[sig] = (stop.signal, stop.cpu_limit)
+            return 0
+
+        return held
+
+    previous = signal.getsignal(signal.SIGXCPU)
+    try:
+        for sig in (signal.SIGUSR1, signal.SIGXCPU):
+            monkeypatch.setattr(train_loop, "_held", opens(sig))
+            assert train_loop.pretrain(PretrainConfig()) == 0
+    finally:
+        signal.signal(signal.SIGXCPU, previous)  # a run that met SIGXCPU leaves it ignored
+    assert came == {signal.SIGUSR1: (signal.SIGUSR1, False), signal.SIGXCPU: (signal.SIGXCPU, True)}
+    assert signal.SIGXCPU not in USER_SIGNALS  # so its stop exits REQUEUE (75), as SIGTERM's
+
+
 def test_a_group_stops_for_a_preemption_wherever_it_came_else_for_its_user() -> None:
     # One process's Ctrl-C made the others exit 75 (requeue) and it 130, logged "signal on another process".
     from birdjepa.pretrain.stop import group_stop
@@ -623,46 +644,39 @@ def repeat_until_exit(proc: subprocess.Popen, sig: int) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize(
-    ("sig", "code"),
-    [
-        (signal.SIGTERM, exit_codes.REQUEUE),
-        (signal.SIGHUP, exit_codes.HUNG_UP),
-        (signal.SIGXCPU, exit_codes.REQUEUE),
-    ],
-)
 def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
-    demo_dir: Path, tmp_path: Path, sig: int, code: int
+    demo_dir: Path, tmp_path: Path
 ) -> None:
     # Before the loop's handler (a restore, a compile: minutes on a GPU) it killed the trainer without a
-    # word: exit -15, its lease left behind. A hang-up (an ssh session dropped) the same: exit -1. A soft
-    # CPU-time limit's SIGXCPU killed it unsaved at any step (exit 152): a preemption, requeued.
+    # word: exit -15, its lease left behind (a hang-up the same: the terminal test hangs up as the run
+    # opens; the other stop signals: test_every_stop_signal_is_recorded_from_the_moment_the_run_opens).
     run = tmp_path / "early"
-    # As a terminal's process has it: under nohup (a CI run started so) a hang-up is ignored, and stays so.
-    start = (
-        f"import signal, runpy, sys; signal.signal({int(sig)}, signal.SIG_DFL); "
-        "runpy.run_module('birdjepa.cli', run_name='__main__')"
-    )
-    cmd = [sys.executable, "-c", start, "pretrain", *pretrain_flags(demo_dir, tmp_path, "early", *NO_EVAL)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "birdjepa.cli",
+        "pretrain",
+        *pretrain_flags(demo_dir, tmp_path, "early", *NO_EVAL),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # the trainer's first line, printed as the run opens, before the loop
         if line.startswith("devices="):
-            proc.send_signal(sig)
+            proc.send_signal(signal.SIGTERM)
             break
     said = [line]
-    for line in proc.stdout if sig != signal.SIGHUP else ():
+    for line in proc.stdout:
         said.append(line)
         if "stopping after step" in line:
-            # Past the soft limit the kernel sends SIGXCPU again each CPU second, to the last: its default
-            # action killed the run as it closed, saved and said "exit 75" (exit 152, not requeued),
-            # whether it stopped for the SIGXCPU or for a preemption before it.
+            # Past a soft CPU-time limit the kernel sends SIGXCPU again each CPU second, to the last: its
+            # default action killed the run as it closed, saved and said "exit 75" (exit 152, not
+            # requeued), whether it stopped for the SIGXCPU or for a preemption before it.
             threading.Thread(target=repeat_until_exit, args=(proc, signal.SIGXCPU), daemon=True).start()
             break
     out = "".join(said) + proc.communicate(timeout=300)[0]
-    assert proc.returncode == code, out
+    assert proc.returncode == exit_codes.REQUEUE, out
     (stop,) = events(run, "stop")
-    assert stop["reason"] == f"signal {int(sig)}"
+    assert stop["reason"] == f"signal {int(signal.SIGTERM)}"
     assert Checkpointer(run).latest_step() == stop["step"]
     assert not (run / "lease.json").exists()
 

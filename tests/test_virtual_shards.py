@@ -13,18 +13,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import tyro
 
 from birdjepa import exit_codes
+from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
 from birdjepa.divergence import trace_file
 from birdjepa.pretrain.loop import pretrain
+from birdjepa.pretrain.trainer import check_device_options
 from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir.checkpoint import Checkpointer
 from birdjepa.rundir.metrics_log import metrics_by_step
-from birdjepa.slurm.sweep import launch_local
 from birdjepa.validation import OptionError, check
 
 HERE = Path(__file__).parent
@@ -183,7 +185,7 @@ def test_virtual_shards_that_cannot_cut_the_batch_are_refused_before_the_run() -
 
 
 def test_a_device_count_that_does_not_divide_the_virtual_shards_and_several_processes_are_refused(
-    demo_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture
+    demo_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     done = birdjepa("pretrain", *run_flags(demo_dir, tmp_path, "r"), "--data.batch-size", "24", devices=3)
     assert done.returncode == exit_codes.USAGE
@@ -191,13 +193,15 @@ def test_a_device_count_that_does_not_divide_the_virtual_shards_and_several_proc
     assert not (tmp_path / "r").exists()  # refused before a run directory, a lease or a checkpointer
     plain = run_flags(demo_dir, tmp_path, "b")
     plain[plain.index("--train.virtual-shards") + 1] = "0"  # the batch of 8 cut over 3 devices
-    done = birdjepa("pretrain", *plain, devices=3)
-    assert done.returncode == exit_codes.USAGE and not (tmp_path / "b").exists()
-    assert "--data.batch-size 8: must divide over the 3 devices" in done.stderr, done.stderr[-2000:]
-    # Two processes (a group over gloo, as `birdjepa sweep --local --slurm.ntasks 2` forms it): refused
-    # before anything compiles, since the step moves each shard's results within one process.
-    argv = [sys.executable, "-m", "birdjepa.cli", "pretrain", *run_flags(demo_dir, tmp_path, "p")]
+    monkeypatch.setattr(jax, "device_count", lambda: 3)  # the same check, in this process
     capfd.readouterr()
-    assert launch_local(argv, ntasks=2) == exit_codes.USAGE
-    assert "--train.virtual-shards 8: runs in one process, not 2" in capfd.readouterr().err
-    assert not (tmp_path / "p").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", *plain])
+    assert e.value.code == exit_codes.USAGE and not (tmp_path / "b").exists()
+    assert "--data.batch-size 8: must divide over the 3 devices" in capfd.readouterr().err
+    # Two processes (a group over gloo, as `birdjepa sweep --local --slurm.ntasks 2` forms it): refused
+    # before anything compiles, since the step moves each shard's results within one process (by the
+    # check the subprocess above met first; a group of two processes costs ~4 s to start).
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(OptionError, match="runs in one process, not 2"):
+        check_device_options(tyro.cli(PretrainConfig, args=run_flags(demo_dir, tmp_path, "p")))
