@@ -626,6 +626,25 @@ def test_every_stop_signal_is_recorded_from_the_moment_the_run_opens(monkeypatch
     assert signal.SIGXCPU not in USER_SIGNALS  # so its stop exits REQUEUE (75), as SIGTERM's
 
 
+def test_a_ctrl_c_or_a_hang_up_the_shell_ignores_stays_ignored() -> None:
+    # A job put in the background without job control (`cmd &` in a script) ignores SIGINT, and a run
+    # under nohup SIGHUP: the run keeps it so. A preemption's signal is the run's to take, ignored or not.
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
+    try:
+        for sig in before:
+            signal.signal(sig, signal.SIG_IGN)
+        StopRequest(tuple(before), speaks=False)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        StopRequest((signal.SIGINT,), speaks=False)
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def test_a_group_stops_for_a_preemption_wherever_it_came_else_for_its_user() -> None:
     # One process's Ctrl-C made the others exit 75 (requeue) and it 130, logged "signal on another process".
     from birdjepa.pretrain.stop import group_stop
