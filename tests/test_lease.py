@@ -75,7 +75,8 @@ def test_a_slurm_requeue_waits_for_the_holder_then_exits_75_and_a_dead_holder_is
     assert f"is held by pid {holder.pid}" in capsys.readouterr().out
     assert not (tmp_path / "r" / METRICS_FILE).exists()  # nothing touched
     # Another job (the sweep submitted twice) or a trainer started by hand: it requeued itself every
-    # 2 min, holding its allocation, until that one ended. Not requeued now.
+    # 2 min, holding its allocation, until that one ended. Not requeued now (after the same wait: none).
+    monkeypatch.setenv(LEASE_WAIT_ENV, "0")
     for job in ("912344", None):
         held_by(holder.pid, tmp_path / "r", job=job)
         assert pretrain(tyro.cli(PretrainConfig, args=flags(demo_dir, tmp_path, 2))) == exit_codes.USAGE
@@ -225,20 +226,21 @@ else:
 """
 
 
-@pytest.mark.parametrize("state", ["free", "stale"])
-def test_racers_for_a_free_or_stale_lease_give_exactly_one_winner(tmp_path: Path, state: str) -> None:
-    run = tmp_path / "r"
-    if state == "stale":  # a holder on a node that went silent an hour ago
-        held_by(1, run)
-        lease = json.loads((run / LEASE_FILE).read_text())
-        lease["host"], lease["heartbeat"] = "another-node", time.time() - 3600
-        (run / LEASE_FILE).write_text(json.dumps(lease))
-    start = time.time() + 3.0  # after every interpreter has started
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(run), str(start)], stdout=subprocess.PIPE,
-                               text=True) for _ in range(4)]  # fmt: skip
-    outcomes = sorted(p.communicate(timeout=60)[0].strip().splitlines()[-1] for p in racers)
-    assert outcomes == ["held", "held", "held", "won"]  # the winner's WARNING (a takeover) comes before
-    assert not (run / LEASE_FILE).exists()  # the winner let go
+def test_racers_for_a_free_or_stale_lease_give_exactly_one_winner(tmp_path: Path) -> None:
+    free, stale = tmp_path / "free", tmp_path / "stale"
+    held_by(1, stale)  # a holder on a node that went silent an hour ago
+    lease = json.loads((stale / LEASE_FILE).read_text())
+    lease["host"], lease["heartbeat"] = "another-node", time.time() - 3600
+    (stale / LEASE_FILE).write_text(json.dumps(lease))
+    # Four racers a folder, both races at once; an interpreter starts in ~0.1 s.
+    start = time.time() + 2.0  # after every interpreter has started
+    racers = {run: [subprocess.Popen([sys.executable, "-c", RACER, str(run), str(start)],
+                                     stdout=subprocess.PIPE, text=True) for _ in range(4)]
+              for run in (free, stale)}  # fmt: skip
+    for run, procs in racers.items():
+        outcomes = sorted(p.communicate(timeout=60)[0].strip().splitlines()[-1] for p in procs)
+        assert outcomes == ["held", "held", "held", "won"], run  # a takeover's WARNING comes before
+        assert not (run / LEASE_FILE).exists()  # the winner let go
 
 
 @pytest.mark.parametrize("skew", [-600.0, 600.0])
