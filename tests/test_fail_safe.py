@@ -506,7 +506,7 @@ def test_a_thread_that_cannot_start_is_one_line_and_exit_2(
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(param_norms, "later", no_thread)
-    assert pretrain(config(demo_dir, tmp_path, "threads", steps=2)) == exit_codes.USAGE
+    assert pretrain(config(demo_dir, tmp_path, "threads")) == exit_codes.USAGE
     (said,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ERROR")]
     assert said.startswith("ERROR: a thread could not be started (can't start new thread): a limit on this "
                            "process's threads (ulimit -u, a cgroup's pids.max) was met"), said  # fmt: skip
@@ -527,7 +527,7 @@ def test_a_device_out_of_memory_after_a_checkpoint_advises_what_goes_on_with_the
         return real(fns, cfg, state, batch)
 
     monkeypatch.setattr(train_loop, "advance", out_of_memory)
-    cfg = config(demo_dir, tmp_path, "oom", steps=4, ckpt_every=1)
+    cfg = config(demo_dir, tmp_path, "oom", ckpt_every=1)  # the file's 6-step build
     assert pretrain(cfg) == exit_codes.USAGE
     (said,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ERROR")]
     assert said == (

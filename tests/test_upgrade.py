@@ -81,7 +81,8 @@ def stopped_run(
     capsys: pytest.CaptureFixture, demo_dir: Path, run_dir: Path, *, steps: int, stop: int
 ) -> tuple[Path, dict]:
     """A short run at ``run_dir`` stopped after step ``stop`` of ``steps``: its last checkpoint's metadata
-    file and contents, for a test to rewrite as an older code or another machine would have written it."""
+    file and contents, for a test to rewrite as an older code or another machine would have written it.
+    (``steps`` 4, as the file's first test: a run of another length builds its step again, ~2 s.)"""
     data = ["--data.batch-size", "4", "--data.train", demo_dir / "train", "--data.eval", demo_dir / "eval"]
     run = ["--run", run_dir.name, "--log.runs-dir", run_dir.parent, "--steps", str(steps), *data]
     assert command(capsys, "pretrain", *run, "--eval-every", "0", "--stop-at-step", str(stop))[0] == 0
@@ -92,7 +93,7 @@ def stopped_run(
 def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_checks_allow_for_it(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "m", steps=3, stop=1)
+    meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "m", steps=4, stop=1)
     here = meta["machine"]
     recorded = {"jax", "jaxlib", "device", "lock", "cpu_threads", "lapack", "xla_flags", "jax_config"}
     assert set(here) == recorded
@@ -143,7 +144,7 @@ def test_a_run_a_revision_does_not_apply_to_resumes_across_it_exactly(
     # As if checkpoint 0 had been written before the last revision that moves some runs' bits (remat
     # runs with a predictor or decoder only): this run's resume is said to cross it (and those after),
     # and its loss is checked exactly.
-    meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "v", steps=2, stop=0)
+    meta_file, meta = stopped_run(capsys, demo_dir, tmp_path / "v", steps=4, stop=0)
     before = max(i for i, r in enumerate(revisions.REVISIONS) if r.training and r.applies is not None)
     crossed = revisions.between(before)
     rewrite_meta(meta_file, {**meta, "step_revision": before})
