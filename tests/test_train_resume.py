@@ -10,6 +10,7 @@ import contextlib
 import csv
 import json
 import os
+import runpy
 import shlex
 import signal
 import subprocess
@@ -120,13 +121,15 @@ def test_straight_run_logs_every_step(straight: Path) -> None:
         assert meta["step"] == step and meta["loader_state"] and meta["git"]["commit"]
 
 
-def test_checkpoint_norms_recomputed_from_disk_equal_the_logged_ones(straight: Path, tmp_path: Path) -> None:
+def test_checkpoint_norms_recomputed_from_disk_equal_the_logged_ones(
+    straight: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = Path(__file__).resolve().parents[1] / "scripts" / "compare_ckpt_param_norms.py"
     out = tmp_path / "norms.csv"
-    done = subprocess.run(
-        [sys.executable, str(script), str(straight), "--out", str(out)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    monkeypatch.setattr(sys, "argv", [str(script), str(straight), "--out", str(out)])
+    with pytest.raises(SystemExit) as done:  # the script as `python scripts/...` runs it, in this process
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0
     rows = list(csv.DictReader(out.open()))
     assert {r["step"] for r in rows} == {"2", "5"}
     assert {r["norm"] for r in rows} >= {"param_norm", "param_norm/encoder", "param_norm/probe"}
