@@ -345,6 +345,25 @@ def test_a_benchmark_sweep_checks_every_option_then_runs_each_job(
     assert sorted(p.name for p in (results / "jobs").glob("*.sbatch")) == ["bench-0.sbatch", "bench-1.sbatch"]
 
 
+def traps_set(pid: int, sigs: tuple[int, ...], timeout_s: float = 30.0) -> None:
+    """Wait until process ``pid`` catches each of ``sigs`` (its ``SigCgt`` in /proc: a shell's traps are
+    set); one second where there is no /proc to read."""
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        time.sleep(1.0)
+        return
+    want = sum(1 << (sig - 1) for sig in sigs)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        caught = next(
+            int(line.split()[1], 16) for line in status.read_text().splitlines() if line.startswith("SigCgt:")
+        )
+        if caught & want == want:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} set no traps for {sigs} in {timeout_s} s")
+
+
 def run_job_script(
     tmp_path: Path,
     trainer: str,
@@ -377,7 +396,7 @@ def run_job_script(
     proc = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     if signal_name is not None:
-        time.sleep(1.0)  # the trainer runs and the traps are set
+        traps_set(proc.pid, (signals.SIGUSR1, signals.SIGTERM))  # the trainer runs (started before them)
         proc.send_signal(getattr(signals, signal_name))
     _, err = proc.communicate(timeout=60)
     assert "unbound variable" not in err, err  # outside Slurm, the requeue line's ${SLURM_JOB_ID}: exit 1
