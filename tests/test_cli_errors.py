@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shlex
 import signal
 import subprocess
@@ -328,7 +329,9 @@ def test_compare_counts_a_nan_against_a_number_as_a_difference_and_two_nans_as_e
     assert same.max_abs == 0.0 and same.first_step is None
 
 
-def test_a_matrix_script_never_removes_a_folder_it_did_not_write(tmp_path: Path) -> None:
+def test_a_matrix_script_never_removes_a_folder_it_did_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # --runs-dir a folder of the user's runs was removed whole, and --only with a typo ran nothing, exit 0.
     from birdjepa.outputs import SCRATCH_MARKER, scratch_folder
 
@@ -345,8 +348,8 @@ def test_a_matrix_script_never_removes_a_folder_it_did_not_write(tmp_path: Path)
     typo = "--only no-such-pair: no such pair (the pairs: lr_schedule_shifted, "
     for args, said in ((["--only", "no-such-pair"], typo),
                        (["--runs-dir", str(precious)], f"--runs-dir {precious}: holds files")):  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 1 and done.stderr.startswith(said), done.stderr[-2000:]
+        monkeypatch.setattr(sys, "argv", [str(script), *args])
+        with pytest.raises(SystemExit) as done:  # as python runs the script, in this process: a message
+            runpy.run_path(str(script), run_name="__main__")  # exits 1, printed to stderr
+        assert isinstance(done.value.code, str) and done.value.code.startswith(said), done.value.code
     assert (precious / "r" / "checkpoint").exists()
