@@ -196,23 +196,22 @@ def test_slurm_options_no_job_can_run_with_are_refused(
     assert e.value.code == 2 and said in err and err.count("\n") == 1, err
 
 
-def test_dry_run_prints_configs_and_scripts_and_submits_nothing(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "birdjepa.cli", "sweep", str(REPO / "sweeps" / "tiny.py"), "--dry-run",
-         "--runs-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.count("#!/bin/bash") == 2 and "--optim.lr 0.003" in done.stdout
-    assert '"lr": 0.003' in done.stdout and '"batch_size": 8' in done.stdout  # the resolved configs
+def test_dry_run_prints_configs_and_scripts_and_submits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    main(["sweep", str(REPO / "sweeps" / "tiny.py"), "--dry-run", "--runs-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.count("#!/bin/bash") == 2 and "--optim.lr 0.003" in out
+    assert '"lr": 0.003' in out and '"batch_size": 8' in out  # the resolved configs
     assert not list(tmp_path.iterdir())
-    # Where sbatch fails (here: none on PATH), one line saying what was submitted (a traceback).
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
-    done = subprocess.run([sys.executable, "-m", "birdjepa.cli", "sweep", str(REPO / "sweeps" / "tiny.py"),
-                           "--runs-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
-    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("error: config 0: sbatch is not on PATH"), done.stderr
+    # Where sbatch fails (here: none on PATH), one line saying what was submitted (a traceback). (A real
+    # process's error is one line: test_validation's test_the_real_process_prints_one_line_and_no_traceback.)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    with pytest.raises(SystemExit) as done:
+        main(["sweep", str(REPO / "sweeps" / "tiny.py"), "--runs-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert done.value.code == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: config 0: sbatch is not on PATH"), err
 
 
 @pytest.mark.slow  # two trainings; the job script's requeue is proved below in the suite
