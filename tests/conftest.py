@@ -218,24 +218,27 @@ def corrupt_shards(tmp_path_factory: pytest.TempPathFactory) -> TinyShards:
     )
 
 
-# The files with the longest trainings first, as `make test` measured them (warm, 2026-11-27): xdist
+# The files with the longest trainings first, as `make test` measured them (warm, 2026-12-07): xdist
 # hands out whole files in collection order (--dist loadfile --no-loadscope-reorder; its default order,
 # by test count, left the one-test 35 s file for the end, with the other core idle), so the short ones
-# fill in at the end instead of a long one running alone.
+# fill in at the end instead of a long one running alone (test_validation, 23 s, was the last but one).
 LONGEST_FIRST = (
     "test_train_resume.py",
-    "test_resume_checks.py",
-    "test_divergence.py",
     "test_evaluation.py",
-    "test_objectives.py",
     "test_fail_safe.py",
-    "test_lease.py",
+    "test_resume_checks.py",
+    "test_validation.py",
+    "test_divergence.py",
     "test_upgrade.py",
-    "test_checkpoint.py",
-    "test_scale_set.py",
+    "test_lease.py",
+    "test_encoder_options.py",
+    "test_objectives.py",
+    "test_sweep.py",
+    "test_full_disk.py",
     "test_torn_log.py",
-    "test_virtual_shards.py",
-    "test_augment.py",
+    "test_perf.py",
+    "test_scale_set.py",
+    "test_checkpoint.py",
 )
 
 
