@@ -26,6 +26,7 @@ from birdjepa.data import (
     plan_indices,
 )
 from birdjepa.pretrain.loop import pretrain
+from birdjepa.validation import OptionError, check
 
 # Loader options that no config exposes: set per call by the trainer, the evaluation or tests.
 PER_CALL = {"seed", "train", "augment", "prefetch_batches", "drop_last", "audio_column", "label_column",
@@ -83,12 +84,23 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path, monkeypatch: pyt
         Loader(["gone/a.arrow"])
     # A batch's bound is in values: checked with the features that read it (the defaults' refused a
     # valid batch of small clips, and passed one of large clips to the loader's traceback).
-    from birdjepa.data.loader import size_refusal
+    from birdjepa.data.loader import loader_refusal
 
-    assert size_refusal(40_000, 0, Features(n_mels=32, n_frames=128, clip_seconds=1.2)) is None
+    assert loader_refusal(40_000, 0, Features(n_mels=32, n_frames=128, clip_seconds=1.2)) is None
     large = Features(n_frames=1024, clip_seconds=10.0)
-    assert (size_refusal(20_000, 0, large) or "").startswith("--batch-size 20000: batch_size x n_views")
-    assert size_refusal(20_000, 0) is None and size_refusal(None, 2000).startswith("--n-workers 2000: ")
+    assert (loader_refusal(20_000, 0, large) or "").startswith("--batch-size 20000: batch_size x n_views")
+    assert loader_refusal(20_000, 0) is None and loader_refusal(None, 2000).startswith("--n-workers 2000: ")
+    # An audio root that is no folder was taken without a word (rows naming their audio by path were then
+    # all skipped, or it was never read): refused by every command, pretrain's check with the flag.
+    root = "audio_root must be a folder, where rows whose audio is a relative path find it"
+    with pytest.raises(ValueError, match=f"^{root}$"):
+        Loader(demo_dir / "train", audio_root=str(demo_dir / "no-such-folder"))
+    assert loader_refusal(None, 0, audio_root="/no/such") == f"--audio-root /no/such: {root}"
+    assert loader_refusal(None, 0, audio_root=str(demo_dir)) is None
+    with pytest.raises(
+        OptionError, match=f"^--data.audio-root '/no/such': {root.removeprefix('audio_root ')}$"
+    ):
+        check(PretrainConfig(data=DataConfig(audio_root="/no/such")), data=False)
     # A data set's top folder, its splits below: said as a path that names nothing.
     said = f": it holds folders of shards, {demo_dir / 'eval'}, {demo_dir / 'train'}: give one of them"
     with pytest.raises(DataError, match=re.escape(said) + "$"):

@@ -219,7 +219,15 @@ impl LoaderConfig {
         self.debug.check()?;
         check(self.columns.n_classes != Some(0), "n_classes must be >= 1")?;
         let orphan = self.columns.n_classes.is_some() && self.columns.multilabel_column.is_none();
-        check(!orphan, "n_classes is the width of multilabel_column's multi-hot: set multilabel_column too")
+        check(!orphan, "n_classes is the width of multilabel_column's multi-hot: set multilabel_column too")?;
+        // A root that is no folder (a typo, a node's local copy not made yet) was taken without a word:
+        // every row naming its audio by path was then skipped, or none did and it was never read.
+        match &self.columns.audio_root {
+            Some(root) if !root.is_dir() => {
+                Err(Error::config("audio_root must be a folder, where rows whose audio is a relative path find it"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -935,10 +943,13 @@ mod tests {
             (r#"{"debug_crop_shift_index": -2}"#, "debug_crop_shift_index must be >= -1"),
             (r#"{"multilabel_column": "m", "n_classes": 0}"#, "n_classes must be >= 1"),
             (r#"{"n_classes": 3}"#, "set multilabel_column too"),
+            (r#"{"audio_root": "/no/such/folder"}"#, "audio_root must be a folder, where rows whose audio"),
         ] {
             let e = LoaderConfig::from_options(&LoaderOptions::from_json(json).unwrap()).check().unwrap_err();
             assert_eq!(e.kind, ErrorKind::Config);
             assert!(e.message.contains(name), "{json}: {}", e.message);
         }
+        let here = format!(r#"{{"audio_root": {:?}}}"#, env!("CARGO_MANIFEST_DIR"));
+        assert!(LoaderConfig::from_options(&LoaderOptions::from_json(&here).unwrap()).check().is_ok());
     }
 }

@@ -45,7 +45,7 @@ from birdjepa.benchmark.recipe import UNTRAINED
 from birdjepa.benchmark.tables import BenchmarkError, format_store, format_table, stored_results
 from birdjepa.config import SEED_LIMIT
 from birdjepa.data import DEFAULTS, DataError, Features, resolve_files
-from birdjepa.data.loader import size_refusal
+from birdjepa.data.loader import loader_refusal
 from birdjepa.data.row_columns import MULTILABEL_COLUMN
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.evaluation.report import overlap
@@ -165,7 +165,7 @@ def run_task(
         log(f"WARNING {task.name}: {shared.replace('eval', 'test')}")
     default = next((b.features for b in backbones if b.features is not None), Features())
     for features in {b.features or default for b in backbones}:  # a batch's bound is in values
-        if (why := size_refusal(batch_size, n_workers, features)) is not None:
+        if (why := loader_refusal(batch_size, n_workers, features)) is not None:
             raise BenchmarkError(why)
     backbones = identified(backbones, default)
     embedded: dict[str, dict[str, Embedded]] = {"train": {}, "test": {}}
@@ -341,6 +341,7 @@ def check_options(
     n_classes: int | None,
     batch_size: int = 1,
     n_workers: int = 0,
+    audio_root: str | None = None,
 ) -> Task:
     """The task, once the options that need no backbone loaded check out (`BenchmarkError` for the first
     that does not): what `benchmark` checks before it starts, and a benchmark sweep before it submits."""
@@ -351,7 +352,7 @@ def check_options(
     for flag, value, least in (("--batch-size", batch_size, 1), ("--n-workers", n_workers, 0)):
         if value < least:
             raise BenchmarkError(f"{flag} {value}: must be >= {least}")
-    if (why := size_refusal(None, n_workers)) is not None:  # after the backbones loaded, unnamed
+    if (why := loader_refusal(None, n_workers, audio_root=audio_root)) is not None:  # before anything loads
         raise BenchmarkError(why)
     # A value given twice: its second result was counted "already in the store".
     lists = {"--backbone": backbone, "--probe": probe, "--n-train": n_train, "--seed": seed}
@@ -475,7 +476,7 @@ def cli(
         t = check_options(backbone=backbone, train=train, test=test, task=task, probe=probe, n_train=n_train,
                           seed=seed, prototypes=prototypes, probe_steps=probe_steps, probe_lr=probe_lr,
                           token_batch=token_batch, n_classes=n_classes, batch_size=batch_size,
-                          n_workers=n_workers)  # fmt: skip
+                          n_workers=n_workers, audio_root=audio_root)  # fmt: skip
         t0 = time.perf_counter()
         backbones = resolve(backbone, step)
         print(

@@ -190,22 +190,29 @@ def options_json(options: dict[str, Any]) -> str:
     return json.dumps(options)
 
 
-def size_refusal(batch_size: int | None, n_workers: int, features: Features | None = None) -> str | None:
-    """Why the Rust core refuses a loader of ``batch_size`` clips a batch (None: not checked) and
-    ``n_workers`` decode threads, with ``features`` (None: the defaults; a batch's bound is in values,
-    so check it with the features that will read it), said with the commands' flags, or None: where
-    only the lower bounds were checked, `evaluate` and `embed` restored an encoder to end in the loader's
-    traceback."""
+def loader_refusal(
+    batch_size: int | None,
+    n_workers: int,
+    features: Features | None = None,
+    audio_root: str | None = None,
+    root_flag: str = "--audio-root",
+) -> str | None:
+    """Why the Rust core refuses a loader of ``batch_size`` clips a batch (None: not checked),
+    ``n_workers`` decode threads and ``audio_root`` (None: not given; ``root_flag`` names it), with
+    ``features`` (None: the defaults; a batch's bound is in values, so check it with the features that
+    will read it), said with the commands' flags, or None: where only the lower bounds were checked,
+    `evaluate` and `embed` restored an encoder to end in the loader's traceback."""
     from birdjepa import _rs
 
     options = {"n_workers": n_workers, **(features.options() if features is not None else {})}
+    options |= {} if batch_size is None else {"batch_size": batch_size}
+    options |= {} if audio_root is None else {"audio_root": audio_root}
     try:
-        _rs.check_loader_options(
-            options_json({**options, **({} if batch_size is None else {"batch_size": batch_size})})
-        )
+        _rs.check_loader_options(options_json(options))
     except ValueError as e:
-        flag, value = (
-            ("--n-workers", n_workers) if str(e).startswith("n_workers") else ("--batch-size", batch_size)
+        named = (("n_workers", "--n-workers", n_workers), ("audio_root", root_flag, audio_root))
+        flag, value = next(
+            ((f, v) for p, f, v in named if str(e).startswith(p)), ("--batch-size", batch_size)
         )
         return f"{flag} {value}: {e}"
     return None

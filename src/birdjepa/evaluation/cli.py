@@ -23,7 +23,7 @@ import tyro
 
 from birdjepa.config import PretrainConfig
 from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
-from birdjepa.data.loader import size_refusal, skipped_line
+from birdjepa.data.loader import loader_refusal, skipped_line
 from birdjepa.data.shards import split_labels
 from birdjepa.evaluation.embed import Split, batched, embed_split
 from birdjepa.evaluation.report import (
@@ -278,7 +278,11 @@ def evaluate_checkpoint(
     t0 = time.perf_counter()
     run = restore_run(run_dir, step, data)
     cfg, model_cfg, train_files, eval_files = run.cfg, run.model_cfg, run.train_files, run.eval_files
-    if (why := size_refusal(batch_size, n_workers, cfg.data.features)) is not None:  # not a traceback
+    # The run's audio root too: one that is no longer a folder was the loader's traceback.
+    why = loader_refusal(
+        batch_size, n_workers, cfg.data.features, cfg.data.audio_root, "the run's --data.audio-root"
+    )
+    if why is not None:  # not a traceback
         raise EvaluateError(why)
     check_trained_on(run, data)
     train, held_out = embed_splits(
@@ -339,7 +343,7 @@ def cli(
         if value is not None and value < least:  # --batch-size 0 was the run's batch size, said nowhere
             print(f"birdjepa evaluate: error: {flag} {value}: must be >= {least}", file=sys.stderr)
             raise SystemExit(USAGE)
-    if (why := size_refusal(None, n_workers)) is not None:  # the batch's bound: with the run's features
+    if (why := loader_refusal(None, n_workers)) is not None:  # the batch's bound: with the run's features
         print(f"birdjepa evaluate: error: {why}", file=sys.stderr)
         raise SystemExit(USAGE)
     if out is None and (data.train is not None or data.eval is not None):  # it replaced the run's own record

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import tyro
 
 from birdjepa.data import DEFAULTS, DataError, resolve_files
-from birdjepa.data.loader import size_refusal
+from birdjepa.data.loader import loader_refusal
 from birdjepa.data.prepare import AUDIO_EXTENSIONS, PrepareError, find_audio_files
 from birdjepa.data.row_columns import SAME_LENGTH_S, row_windows
 from birdjepa.data.shards import read_shard, shard_recording_ids, split_labels
@@ -290,7 +290,7 @@ def embed_cli(
     if n_workers < 0:  # the loader's ValueError, a traceback
         print(f"birdjepa embed: error: --n-workers {n_workers}: must be >= 0", file=sys.stderr)
         raise SystemExit(USAGE)
-    if (why := size_refusal(None, n_workers)) is not None:
+    if (why := loader_refusal(None, n_workers, audio_root=audio_root)) is not None:
         print(f"birdjepa embed: error: {why}", file=sys.stderr)
         raise SystemExit(USAGE)
     try:
