@@ -448,6 +448,11 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     with pytest.raises(SystemExit) as e:  # other data's scores replaced the run's own record
         cli(tiny_run, data=EvalData(eval=str(tiny_run)))
     assert e.value.code == 2 and "--data.train/--data.eval without --out: " in capsys.readouterr().err
+    # An audio root that is no folder (the run's, on another node; or one given): one line naming it.
+    with pytest.raises(SystemExit) as e:
+        cli(tiny_run, data=EvalData(audio_root=str(tmp_path / "gone")))
+    assert e.value.code == 2
+    assert f"--data.audio-root {tmp_path / 'gone'}: audio_root must be a folder" in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
     # A newest step folder that is empty (a copy cut short, a stray mkdir): a KeyError's traceback.
     from birdjepa.evaluation.cli import restore_checkpoint

@@ -57,6 +57,9 @@ class EvalData:
     """Labelled shards the probes are fitted on (default: the run's train split)."""
     eval: str | None = None
     """Held-out shards the probes are scored on (default: the run's eval split)."""
+    audio_root: str | None = None
+    """Where rows that name their audio by a relative path find it (default: the run's --data.audio-root,
+    which on another node may not be there)."""
 
 
 def run_config(meta: dict[str, Any], where: str) -> PretrainConfig:
@@ -239,6 +242,13 @@ def restore_run(run_dir: Path, step: int | None = None, data: EvalData = EvalDat
                        n_classes=n_classes)  # fmt: skip
 
 
+def audio_root(run: RestoredRun, given: EvalData) -> tuple[str | None, str]:
+    """The audio root the evaluation reads under, and how to name it: the one given, else the run's."""
+    if given.audio_root is not None:
+        return given.audio_root, "--data.audio-root"
+    return run.cfg.data.audio_root, "the run's --data.audio-root"
+
+
 def check_trained_on(run: RestoredRun, given: EvalData) -> None:
     """`EvaluateError` where a split the command line did not give, as the run's config names it, holds
     other data here than the run trained (train) or last evaluated (eval) on: a relative path read from
@@ -251,7 +261,7 @@ def check_trained_on(run: RestoredRun, given: EvalData) -> None:
         if path is not None or not recorded:
             continue
         with Loader(files, seed=0, batch_size=1, n_workers=1, train=False, features=data.features,
-                    audio_root=data.audio_root) as loader:  # fmt: skip
+                    audio_root=audio_root(run, given)[0]) as loader:  # fmt: skip
             here = loader.fingerprint
         if here != recorded:
             did = "trained" if option == "train" else "evaluated"
@@ -278,17 +288,14 @@ def evaluate_checkpoint(
     t0 = time.perf_counter()
     run = restore_run(run_dir, step, data)
     cfg, model_cfg, train_files, eval_files = run.cfg, run.model_cfg, run.train_files, run.eval_files
-    # The run's audio root too: one that is no longer a folder was the loader's traceback.
-    why = loader_refusal(
-        batch_size, n_workers, cfg.data.features, cfg.data.audio_root, "the run's --data.audio-root"
-    )
-    if why is not None:  # not a traceback
+    root, named = audio_root(run, data)  # the run's, on another node, may be no folder: said, not a traceback
+    if (why := loader_refusal(batch_size, n_workers, cfg.data.features, root, named)) is not None:
         raise EvaluateError(why)
     check_trained_on(run, data)
     train, held_out = embed_splits(
         train_files, eval_files, {ENCODER: run.params, RANDOM_INIT: run.random_init}, model_cfg,
         cfg.data.features, seed=cfg.seed, batch_size=batch_size or cfg.data.batch_size, n_workers=n_workers,
-        audio_root=cfg.data.audio_root,
+        audio_root=root,
     )  # fmt: skip
     if (why := unusable(train, held_out, (train_files, eval_files))) is not None:
         raise EvaluateError(why)
