@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import platform
 import subprocess
 import sys
 
@@ -64,11 +65,24 @@ def test_the_command_reuses_a_freed_large_block_without_faulting_it_in_again() -
 
 def test_system_or_an_accelerator_leaves_the_c_library_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
     # A step on an accelerator gains nothing, and its compiles would wait on one arena: left as it is.
+    # (The command's default, in a process of its own: the test above.)
+    called: list[tuple[int, int]] = []
+
+    class Libc:
+        def mallopt(self, param: int, value: int) -> int:
+            called.append((param, value))
+            return 1
+
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda *_: Libc())
     monkeypatch.setenv(ENV, "system")
     assert host_memory.keep_for_reuse() is False
     monkeypatch.delenv(ENV)
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
     assert host_memory.keep_for_reuse() is False
+    assert called == []  # no setting changed, whatever it returned
+    if platform.libc_ver()[0] == "glibc":  # the recorder sees the default's settings
+        monkeypatch.delenv("JAX_PLATFORMS")
+        assert host_memory.keep_for_reuse() is True and len(called) == len(host_memory.SETTINGS)
 
 
 def test_a_value_other_than_reuse_or_system_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

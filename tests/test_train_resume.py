@@ -612,6 +612,8 @@ def test_every_stop_signal_is_recorded_from_the_moment_the_run_opens(monkeypatch
 
     def opens(sig: int) -> Callable[..., int]:
         def held(cfg: PretrainConfig, stop: StopRequest) -> int:
+            # Asked first: a signal not handled would end the test's process (its default action).
+            assert signal.getsignal(sig) == stop._handle, f"{signal.Signals(sig).name} is not handled"
             os.kill(os.getpid(), sig)
             time.sleep(0.01)  # the handler runs in the main thread, between two bytecodes
             came[sig] = (stop.signal, stop.cpu_limit)
