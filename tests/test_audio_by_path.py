@@ -210,3 +210,12 @@ def test_a_resume_refused_for_audio_copied_without_its_times_says_the_times_coun
     assert ("The data changed since checkpoint 1 (audio read by path counts its files' sizes and "
             "modification times: a copy that did not keep the times, cp -r where cp -a or rsync -a keeps "
             "them, reads as changed)") in capsys.readouterr().out  # fmt: skip
+    # evaluate says the same of the split it reads as the run's (it blamed the folder it was run from).
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", str(tmp_path / "runs" / "r"), "--data.eval", str(birdset_task / "test_5s"),
+              "--out", str(tmp_path / "e.json")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert (
+        e.value.code == 2 and "names its audio by path, and the files under each shard folder differ" in err
+    )
+    assert "differ from those the run trained on in size or modification time" in err and "cp -a" in err, err

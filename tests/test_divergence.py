@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,20 @@ def test_trace_of_a_run_whose_data_moved_says_how_to_replay_it(
     assert e.value.code == 2 and f"{copy}: its train data cannot be read: " in err, err
     assert err.endswith("(replays read the path the run recorded, from the folder it was started in: where "
                         "the data moved, link it back there)\n"), err  # fmt: skip
+    # Its audio root the same (a relative one read from here), where the loader's ValueError was a traceback.
+    trained = json.loads((runs / "A" / "checkpoints" / "1" / "meta" / "metadata").read_text())["config"]
+    for meta_file in copy.glob("checkpoints/*/meta/metadata"):
+        meta = json.loads(meta_file.read_text())
+        meta["config"]["data"] |= {"train": trained["data"]["train"], "audio_root": "gone"}
+        rewrite_meta(meta_file, {k: v for k, v in meta.items() if k != "meta_crc"})
+    with pytest.raises(SystemExit) as e:
+        main(["trace", str(copy), "--step", "3", "--out", str(tmp_path / "t.npz")])
+    err = capsys.readouterr().err
+    said = (
+        "the run's --data.audio-root gone: audio_root must be a folder, where rows whose audio is a "
+        f"relative path find it (a relative path: read from {os.getcwd()}) (replays read the audio where"
+    )
+    assert e.value.code == 2 and said in err, err  # fmt: skip
 
 
 def test_a_traced_step_is_the_step_that_trained_replayed_from_an_older_checkpoint(runs: Path) -> None:

@@ -452,7 +452,9 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     with pytest.raises(SystemExit) as e:
         cli(tiny_run, data=EvalData(audio_root=str(tmp_path / "gone")))
     assert e.value.code == 2
-    assert f"--data.audio-root {tmp_path / 'gone'}: audio_root must be a folder" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert f"--data.audio-root {tmp_path / 'gone'}: audio_root must be a folder" in said.err
+    assert "CKPT_RESTORE" not in said.out  # refused before the checkpoint was read
     assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
     # A newest step folder that is empty (a copy cut short, a stray mkdir): a KeyError's traceback.
     from birdjepa.evaluation.cli import restore_checkpoint

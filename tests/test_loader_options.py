@@ -97,6 +97,8 @@ def test_an_unknown_or_mistyped_option_is_named(demo_dir: Path, monkeypatch: pyt
         Loader(demo_dir / "train", audio_root=str(demo_dir / "no-such-folder"))
     assert loader_refusal(None, 0, audio_root="/no/such") == f"--audio-root /no/such: {root}"
     assert loader_refusal(None, 0, audio_root=str(demo_dir)) is None
+    relative = f"--audio-root no/such: {root} (a relative path: read from {os.getcwd()})"
+    assert loader_refusal(None, 0, audio_root="no/such") == relative
     with pytest.raises(
         OptionError, match=f"^--data.audio-root '/no/such': {root.removeprefix('audio_root ')}$"
     ):

@@ -25,7 +25,7 @@ from typing import Any
 from birdjepa import seams
 from birdjepa.config import SEED_LIMIT, ConfigError, PretrainConfig, as_recorded, flatten, to_dict
 from birdjepa.data import DataError, resolve_files
-from birdjepa.data.loader import Features, no_shards_match, options_json
+from birdjepa.data.loader import Features, no_shards_match, options_json, read_from
 from birdjepa.data.shards import check_same_labels, label_count, labelled_classes
 from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
@@ -311,6 +311,8 @@ def _check_loader(cfg: PretrainConfig) -> None:
             terms = " x ".join(f"{flag(option(n))} {options[n]}" for n in names)
             total = math.prod(int(options[n]) for n in (name, *names))
             why = f"x {terms} = {total:,} values a batch, which must {rule.removesuffix(' values a batch')}"
+        elif name == "audio_root":  # resolved against the current folder, as the rows' paths under it
+            why += read_from(value)
         raise OptionError(option(name), value, why)
     n_frames = cfg.data.features.n_frames
     if frames > n_frames:  # the loader keeps the first n_frames: a 10 s clip trained on its first 5.1 s

@@ -214,15 +214,19 @@ def loader_refusal(
         flag, value = next(
             ((f, v) for p, f, v in named if str(e).startswith(p)), ("--batch-size", batch_size)
         )
-        return f"{flag} {value}: {e}"
+        return f"{flag} {value}: {e}{read_from(audio_root) if flag == root_flag else ''}"
     return None
 
 
+def read_from(path: str | None) -> str:
+    """Where a relative ``path`` was read from, said after a refusal of it (a resume started in another
+    folder said no more); nothing for an absolute one."""
+    return "" if path is None or os.path.isabs(path) else f" (a relative path: read from {os.getcwd()})"
+
+
 def no_shards_match(path: str) -> str:
-    """Why ``path`` names no shard: what it holds instead, and where a relative one was read from (a
-    resume started in another folder said no more)."""
-    where = "" if os.path.isabs(path) else f" (a relative path: read from {os.getcwd()})"
-    return f"no shard files match {path!r}{where}{_what_the_folder_holds(path)}"
+    """Why ``path`` names no shard: what it holds instead, and where a relative one was read from."""
+    return f"no shard files match {path!r}{read_from(path)}{_what_the_folder_holds(path)}"
 
 
 def _what_the_folder_holds(path: str) -> str:

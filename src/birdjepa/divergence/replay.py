@@ -22,6 +22,7 @@ import jax
 from birdjepa import multihost
 from birdjepa.config import ConfigError, PretrainConfig, resolve
 from birdjepa.data import Batch, DataError, Loader
+from birdjepa.data.loader import loader_refusal
 from birdjepa.model.config import ModelConfig
 from birdjepa.resume.checks import describe_changes, machine_changes
 from birdjepa.rundir import checkpoint, layout
@@ -223,6 +224,13 @@ def open_at(
                 metas[s] = ckpt.read_meta(s)
     (train_files, _), model_cfg, fns, state, meta = seg.files, seg.model_cfg, seg.fns, seg.state, seg.meta
     check_devices(run_dir, devices_at(lines, metas, step), cfg.train.virtual_shards)
+    # The run's audio root, gone from this machine: the loader's ValueError was a traceback.
+    root = cfg.data.audio_root
+    if why := loader_refusal(
+        None, cfg.data.n_workers, audio_root=root, root_flag="the run's --data.audio-root"
+    ):
+        raise ReplayError(f"{where}: {why} (replays read the audio where the run did: where it moved, link "
+                          "it back there)")  # fmt: skip
     loader, error = open_loader(cfg, train_files, state.loader_state, resumed=base is not None)
     if error is not None:
         loader.close()

@@ -260,11 +260,20 @@ def check_trained_on(run: RestoredRun, given: EvalData) -> None:
         recorded = run.meta.get(key)  # absent from checkpoints older than it, and runs never evaluated
         if path is not None or not recorded:
             continue
+        root, named = audio_root(run, given)
         with Loader(files, seed=0, batch_size=1, n_workers=1, train=False, features=data.features,
-                    audio_root=audio_root(run, given)[0]) as loader:  # fmt: skip
-            here = loader.fingerprint
+                    audio_root=root) as loader:  # fmt: skip
+            here, by_path = loader.fingerprint, loader.reads_audio_by_path
+        did = "trained" if option == "train" else "evaluated"
+        if here != recorded and by_path:  # the audio files' sizes and times count: a copy that lost them
+            under = f"under {named} {root}" if root else "under each shard folder"
+            raise EvaluateError(
+                f"{getattr(data, option)!r}, the {option} split its config names, names its audio by path, "
+                f"and the files {under} differ from those the run {did} on in size or modification time "
+                f"(fingerprint {here}, not {recorded}): a copy must keep the times (cp -a, rsync -a); or "
+                "give --data.train PATH --data.eval PATH with --out FILE"
+            )
         if here != recorded:
-            did = "trained" if option == "train" else "evaluated"
             raise EvaluateError(
                 f"{getattr(data, option)!r}, the {option} split its config names, holds other data here than "
                 f"the run {did} on (fingerprint {here}, not {recorded}): a relative path is read from the "
@@ -290,7 +299,9 @@ def evaluate_checkpoint(
     cfg, model_cfg, train_files, eval_files = run.cfg, run.model_cfg, run.train_files, run.eval_files
     root, named = audio_root(run, data)  # the run's, on another node, may be no folder: said, not a traceback
     if (why := loader_refusal(batch_size, n_workers, cfg.data.features, root, named)) is not None:
-        raise EvaluateError(why)
+        raise EvaluateError(
+            why if data.audio_root is not None else f"{why}: give another with --data.audio-root"
+        )
     check_trained_on(run, data)
     train, held_out = embed_splits(
         train_files, eval_files, {ENCODER: run.params, RANDOM_INIT: run.random_init}, model_cfg,
@@ -303,6 +314,7 @@ def evaluate_checkpoint(
     rows = score(train, held_out, linear=True, seed=cfg.seed)
     files, splits = (train_files, eval_files), (train, held_out)
     doc = info(run_dir, run.step, cfg.seed, model_cfg, files, splits, run.n_classes)
+    doc["data"]["audio_root"] = root  # where rows naming their audio by path were read (None: by each shard)
     names, _ = split_labels(train_files)
     doc["warnings"] = [*unreadable(("train", train), ("eval", held_out)),
                        *thin_train_split(train.labels, held_out.labels, rows, names),
@@ -350,7 +362,8 @@ def cli(
         if value is not None and value < least:  # --batch-size 0 was the run's batch size, said nowhere
             print(f"birdjepa evaluate: error: {flag} {value}: must be >= {least}", file=sys.stderr)
             raise SystemExit(USAGE)
-    if (why := loader_refusal(None, n_workers)) is not None:  # the batch's bound: with the run's features
+    # The batch's bound: with the run's features, after the restore; a root given: before it.
+    if why := loader_refusal(None, n_workers, audio_root=data.audio_root, root_flag="--data.audio-root"):
         print(f"birdjepa evaluate: error: {why}", file=sys.stderr)
         raise SystemExit(USAGE)
     if out is None and (data.train is not None or data.eval is not None):  # it replaced the run's own record
