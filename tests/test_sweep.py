@@ -247,7 +247,7 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
     from birdjepa.pretrain.loop import pretrain
 
     data = {"data.train": str(demo_dir / "train"), "data.eval": str(demo_dir / "eval"), "data.batch_size": 8}
-    cfg = {"steps": 6, "eval_every": 0, "eval_linear": False, "stop_at_step": 0, **data}
+    cfg = {"steps": 6, "eval_every": 0, "stop_at_step": 0, **data}
     (job,) = plan(sweep_file(tmp_path, repr([cfg])), tmp_path)
     assert pretrain(tyro.cli(PretrainConfig, args=job.flags)) == 0
     script = job.cfg.run_dir / "job.sbatch"

@@ -316,7 +316,7 @@ def test_a_resume_by_code_whose_backward_pass_alone_changed_names_the_parameter(
 
     identity.defvjp(lambda x: (x, None), lambda _, g: (g * (1 + 2.0**-10),))
     terms = health.terms
-    flags = (*NO_EVAL, "--no-eval-linear")
+    flags = NO_EVAL
     assert pretrain_here(demo_dir, tmp_path, "run", *flags, "--stop-at-step", "1") == 0
     monkeypatch.setattr(
         health, "terms", lambda out, b: terms({**out, "probe_logits": identity(out["probe_logits"])}, b)

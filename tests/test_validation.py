@@ -142,6 +142,7 @@ INVALID = [
      "--data.features.time-mask-width 8: is each mask's width: --data.features.time-mask-count is 0"),
     (["--data.event-column", "events"], "--data.event-column 'events': is read by --data.crop-events"),
     (["--log.wandb-project", "foo"], "--log.wandb-project 'foo': names a wandb project: --log.wandb is"),
+    (["--eval-every", "0", "--no-eval-linear"], "--eval-linear False: is the last evaluation's linear probe"),
     (["--augment.mix-db", "-10", "-3"], "--augment.mix-db (-10.0, -3.0): is the mixed-in level"),
     # Values that ran and did nothing or nonsense, a traceback, or a refusal naming no option.
     (["--data.features.clip-seconds", "10"], "--data.features.clip-seconds 10.0: gives 998 log-mel frames"),

@@ -423,6 +423,7 @@ def unused(cfg: PretrainConfig) -> list[tuple[str, Any, str]]:
            f"is each mask's width: --data.features.{axis}-mask-count is 0") for axis in ("time", "freq")),
         ("data.event_column", cfg.data.crop_events, "is read by --data.crop-events, which is off"),
         ("log.wandb_project", cfg.log.wandb != "disabled", "names a wandb project: --log.wandb is disabled"),
+        ("eval_linear", cfg.eval_every > 0, "is the last evaluation's linear probe: --eval-every 0 has none"),
         ("augment.mix_db", cfg.augment.mix_prob > 0, "is the mixed-in level: --augment.mix-prob is 0"),
         ("model.drop_path", cfg.model.resolved().depth > 1,
          "is the last block's rate, rising from 0 at the first: one block (--model.depth 1) drops nothing"),
