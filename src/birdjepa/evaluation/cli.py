@@ -254,13 +254,12 @@ def check_trained_on(run: RestoredRun, given: EvalData) -> None:
     other data here than the run trained (train) or last evaluated (eval) on: a relative path read from
     another folder scored another data set, exit 0 (the eval split's too, where --data.train alone was
     given)."""
-    data = run.cfg.data
+    data, (root, named) = run.cfg.data, audio_root(run, given)
     for option, path, files, key in (("train", given.train, run.train_files, "dataset_fingerprint"),
                                      ("eval", given.eval, run.eval_files, "eval_fingerprint")):  # fmt: skip
         recorded = run.meta.get(key)  # absent from checkpoints older than it, and runs never evaluated
         if path is not None or not recorded:
             continue
-        root, named = audio_root(run, given)
         with Loader(files, seed=0, batch_size=1, n_workers=1, train=False, features=data.features,
                     audio_root=root) as loader:  # fmt: skip
             here, by_path = loader.fingerprint, loader.reads_audio_by_path
