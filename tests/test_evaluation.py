@@ -585,40 +585,39 @@ def test_what_an_eval_row_holds_past_its_one_label_is_said(birdset_dir: Path, tm
 
 
 def test_a_run_s_relative_data_read_from_another_folder_is_refused(
-    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tiny_run: Path,
+    demo_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # config.json keeps --data.train as given: from another folder, data/train was another set, scored
-    # with exit 0 as the run's own split.
-    from birdjepa.evaluation.cli import EvalData, cli
-    from birdjepa.pretrain.loop import pretrain
+    # with exit 0 as the run's own split. The module's run, its splits recorded as relative paths (as a
+    # run started with them records them; its fingerprints are the ones it trained and evaluated on).
+    from birdjepa.evaluation.cli import EvalData, check_trained_on, cli, restore_run
 
-    for folder, (train, held_out) in (("started", ("train", "eval")), ("elsewhere", ("eval", "train"))):
-        (tmp_path / folder / "data").mkdir(parents=True)
-        (tmp_path / folder / "data" / "train").symlink_to(demo_dir / train)
-        (tmp_path / folder / "data" / "eval").symlink_to(demo_dir / held_out)
-    cfg = tiny_config(demo_dir, tmp_path / "runs")  # evaluated at its last step: the eval split recorded
-    data = dataclasses.replace(cfg.data, train="data/train", eval="data/eval")
-    cfg = dataclasses.replace(cfg, eval_every=6, eval_linear=False, data=data)
-    monkeypatch.chdir(tmp_path / "started")
-    assert pretrain(cfg) == 0
+    (tmp_path / "elsewhere" / "data").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "data" / "train").symlink_to(demo_dir / "eval")
+    (tmp_path / "elsewhere" / "data" / "eval").symlink_to(demo_dir / "train")
+    run = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns(LEASE_FILE))
+    for meta_file in run.glob("checkpoints/*/meta/metadata"):
+        meta = json.loads(meta_file.read_text())
+        meta["config"]["data"] |= {"train": "data/train", "eval": "data/eval"}
+        rewrite_meta(meta_file, {k: v for k, v in meta.items() if k != "meta_crc"})
     monkeypatch.chdir(tmp_path / "elsewhere")
     # The train split given where it is, the eval split read from here: another set, scored, exit 0.
     for given, option in ((EvalData(), "train"), (EvalData(train=str(demo_dir / "train")), "eval")):
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:
-            cli(cfg.run_dir, data=given, out=tmp_path / "e.json")
+            cli(run, data=given, out=tmp_path / "e.json")
         err = capsys.readouterr().err
         said = f"'data/{option}', the {option} split its config names, holds other data here"
         assert e.value.code == 2 and said in err, err
         assert err.rstrip().endswith("or give --data.train PATH --data.eval PATH with --out FILE"), err
         assert not (tmp_path / "e.json").exists()
-    # Followed (it left --out out, which a run's other data needs), the run's own numbers.
+    # Followed, the check passes (what the command then scores, the run's own numbers: end_to_end).
     both = EvalData(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"))
-    cli(cfg.run_dir, data=both, out=tmp_path / "e.json")
-    scored = json.loads((tmp_path / "e.json").read_text())
-    trained = json.loads(layout.eval_report(cfg.run_dir, 5).read_text())
-    knn = [{name: row["knn_acc"] for name, row in doc["rows"].items()} for doc in (scored, trained)]
-    assert knn[0] == knn[1], knn  # (the trainer's last evaluation fitted no linear probe here)
+    check_trained_on(restore_run(run, data=both), both)
 
 
 def test_load_encoder_sets_the_command_s_xla_flags_and_says_where_jax_started_first(tiny_run: Path) -> None:

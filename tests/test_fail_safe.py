@@ -58,6 +58,19 @@ def straight(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cfg.run_dir
 
 
+@pytest.fixture(scope="module")
+def stopped(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The straight run's options, stopped after step 3 (checkpoints 1 and 3): each test resumes a copy."""
+    cfg = config(demo_dir, tmp_path_factory.mktemp("stopped"), "stopped")
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=3)) == 0
+    return cfg.run_dir
+
+
+def copy_of(run_dir: Path, runs: Path, name: str) -> Path:
+    shutil.copytree(run_dir, runs / name)
+    return runs / name
+
+
 def test_an_update_that_overflows_with_finite_gradients_stops_the_run_in_one_line(
     demo_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -91,22 +104,22 @@ def test_an_update_that_overflows_with_finite_gradients_stops_the_run_in_one_lin
 def test_a_diverging_step_stops_the_run_unsaved_and_its_last_checkpoint_resumes(
     demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    # Step 4's batch is NaN (--debug.nonfinite-steps): its loss and every gradient are not finite.
-    cfg = config(demo_dir, tmp_path, "nan", debug=DebugConfig(nonfinite_steps=(4,)), ckpt_every=1)
+    # Step 3's batch is NaN (--debug.nonfinite-steps): its loss and every gradient are not finite.
+    cfg = config(demo_dir, tmp_path, "nan", debug=DebugConfig(nonfinite_steps=(3,)))
     assert pretrain(cfg) == exit_codes.NONFINITE
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
-    assert line.startswith("ERROR: step 4 is not finite: train/loss") and "newest checkpoint (3)" in line
+    assert line.startswith("ERROR: step 3 is not finite: train/loss") and "newest checkpoint (1)" in line
     assert line.endswith(f"exit {exit_codes.NONFINITE}")
-    # Nothing after step 3 was saved, although --ckpt-every 1 asked for a save after every step.
-    assert steps_on_disk(cfg.run_dir) == [1, 2, 3]
+    # Nothing after step 1 was saved, although --ckpt-every 2 asked for a save after step 3.
+    assert steps_on_disk(cfg.run_dir) == [1]
     (event,) = events(cfg.run_dir, "nonfinite")
-    assert event["step"] == 4 and event["action"] == "stop" and "train/loss" in event["metrics"]
+    assert event["step"] == 3 and event["action"] == "stop" and "train/loss" in event["metrics"]
     assert "encoder/patch_embed/kernel" in event["params"]
     logged = metrics_by_step(cfg.run_dir)
-    assert logged[4]["train/loss"] == "nan" and 5 not in logged  # (JSON has no NaN: the log says 'nan')
-    # The same command without the bad batch resumes from checkpoint 3 and trains the straight run.
+    assert logged[3]["train/loss"] == "nan" and 4 not in logged  # (JSON has no NaN: the log says 'nan')
+    # The same command without the bad batch resumes from checkpoint 1 and trains the straight run.
     assert pretrain(dataclasses.replace(cfg, debug=DebugConfig())) == 0
-    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [3]
+    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [1]
     assert differing(straight, cfg.run_dir) == []
 
 
@@ -139,7 +152,7 @@ def test_a_non_finite_stop_says_where_the_checkpoints_finite_parameters_blew_up(
 def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(
     demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    skip = {"on_nonfinite": "skip", "debug": DebugConfig(nonfinite_steps=(3,))}
+    skip = {"on_nonfinite": "skip", "debug": DebugConfig(nonfinite_steps=(3,)), "ckpt_every": 0}
     straight = config(demo_dir, tmp_path, "skip", **skip)
     assert pretrain(straight) == 0
     logged = metrics_by_step(straight.run_dir, everything=True)
@@ -157,7 +170,7 @@ def test_skip_mode_skips_the_update_and_resumes_exactly_across_it(
     # Under accumulation a skipped micro-step moves every later update one micro-step on: the monitor's
     # checks, by step number, then met no update, and said every parameter was frozen. A check due at a
     # skipped step is made at the next applied one: a streak of skips read every parameter as frozen.
-    accum = config(demo_dir, tmp_path, "accum", on_nonfinite="skip", monitor_interval=1,
+    accum = config(demo_dir, tmp_path, "accum", on_nonfinite="skip", monitor_interval=1, ckpt_every=0,
                    debug=DebugConfig(nonfinite_steps=(1,)), optim=OptimConfig(grad_accum=2))  # fmt: skip
     assert pretrain(accum) == 0
     logged = metrics_by_step(accum.run_dir, everything=True)
@@ -192,53 +205,53 @@ def damage(run_dir: Path, step: int) -> None:
 
 
 def test_a_damaged_checkpoint_falls_back_and_the_run_equals_the_straight_one(
-    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    demo_dir: Path, straight: Path, stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     cfg = config(demo_dir, tmp_path, "damaged")
-    assert pretrain(dataclasses.replace(cfg, stop_at_step=5)) == 0
-    damage(cfg.run_dir, 5)
+    copy_of(stopped, tmp_path, "damaged")
+    damage(cfg.run_dir, 3)
     capsys.readouterr()
     assert pretrain(cfg) == 0
     out = capsys.readouterr().out
-    assert "WARNING checkpoint 5 is damaged" in out
+    assert "WARNING checkpoint 3 is damaged" in out
     (fallback,) = events(cfg.run_dir, "ckpt_fallback")
-    assert fallback["step"] == 4 and fallback["checkpoint"] == 5
-    assert fallback["moved_to"] == str(cfg.run_dir / DAMAGED_DIR / "5")
-    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [3]
-    assert (cfg.run_dir / DAMAGED_DIR / "5").is_dir()
+    assert fallback["step"] == 2 and fallback["checkpoint"] == 3
+    assert fallback["moved_to"] == str(cfg.run_dir / DAMAGED_DIR / "3")
+    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [1]
+    assert (cfg.run_dir / DAMAGED_DIR / "3").is_dir()
     assert differing(straight, cfg.run_dir) == [] and not events(cfg.run_dir, "checkpoint_missing")
-    # Removed by hand (or lost with a disk), not damaged: the resume from 3 retrained 4-5 without a word.
+    # Removed by hand (or lost with a disk), not damaged: the resume from 1 retrained 2-3 without a word.
     cfg = config(demo_dir, tmp_path, "removed")
-    assert pretrain(dataclasses.replace(cfg, stop_at_step=5)) == 0
-    shutil.rmtree(cfg.run_dir / "checkpoints" / "5")
+    copy_of(stopped, tmp_path, "removed")
+    shutil.rmtree(cfg.run_dir / "checkpoints" / "3")
     capsys.readouterr()
     assert pretrain(cfg) == 0
-    said = "checkpoint 5, which the log says this run saved when it stopped, is gone from"
+    said = "checkpoint 3, which the log says this run saved when it stopped, is gone from"
     assert f"WARNING {said}" in capsys.readouterr().out
     (missing,) = events(cfg.run_dir, "checkpoint_missing")
-    assert missing["step"] == 4 and missing["why"].startswith(said)
-    assert missing["why"].endswith("resuming from checkpoint 3, steps 4-5 train again")
+    assert missing["step"] == 2 and missing["why"].startswith(said)
+    assert missing["why"].endswith("resuming from checkpoint 1, steps 2-3 train again")
     assert differing(straight, cfg.run_dir) == []
 
 
 def test_a_bare_resume_past_a_damaged_checkpoint_takes_the_options_of_the_one_it_resumes(
-    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    demo_dir: Path, straight: Path, stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    # Checkpoint 3 holds a declared change (lr 0.002) and is damaged: its options were read all the same,
-    # and the resume of checkpoint 1 was refused for them, "leave them out" of a command that gave none.
+    # Checkpoint 4 holds a declared change (lr 0.002) and is damaged: its options were read all the same,
+    # and the resume of checkpoint 3 was refused for them, "leave them out" of a command that gave none.
     from birdjepa.cli import main
 
     cfg = config(demo_dir, tmp_path, "declared")
-    assert pretrain(dataclasses.replace(cfg, stop_at_step=1)) == 0
+    copy_of(stopped, tmp_path, "declared")
     run = ["pretrain", "--run", "declared", "--log.runs-dir", str(tmp_path)]
-    main([*run, "--optim.lr", "0.002", "--allow-config-change", "--stop-at-step", "3"])
-    damage(cfg.run_dir, 3)
+    main([*run, "--optim.lr", "0.002", "--allow-config-change", "--stop-at-step", "4"])
+    damage(cfg.run_dir, 4)
     capsys.readouterr()
     main(run)  # exit 0: a non-zero code is a SystemExit
     out = capsys.readouterr().out
-    assert "run declared: options from checkpoint 1's config" in out
-    assert "WARNING checkpoint 3 is damaged" in out
-    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [1, 1]
+    assert "run declared: options from checkpoint 3's config" in out
+    assert "WARNING checkpoint 4 is damaged" in out
+    assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [3, 3]
     assert differing(straight, cfg.run_dir) == []
 
 
@@ -286,10 +299,10 @@ def test_a_class_added_to_the_data_at_a_resume_is_named_with_its_vocabulary(
 
 
 def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
-    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    cfg = config(demo_dir, tmp_path, "all-damaged", ckpt_keep=2)
-    assert pretrain(dataclasses.replace(cfg, stop_at_step=3)) == 0
+    cfg = config(demo_dir, tmp_path, "all-damaged")
+    copy_of(straight, tmp_path, "all-damaged")
     for step in steps_on_disk(cfg.run_dir):
         damage(cfg.run_dir, step)
     capsys.readouterr()
@@ -419,7 +432,7 @@ def test_a_record_the_loader_cannot_read_is_a_warning_naming_its_shard_and_row(
     train = tmp_path / "train"
     shard = a_demo_shard_beside_its_vocabulary(demo_dir, train)
     write_table(with_corrupt_rows(read_table(shard), {1, 4}), train / "a.arrow")
-    cfg = config(demo_dir, tmp_path, "skips")  # the straight run's step, compiled once
+    cfg = config(demo_dir, tmp_path, "skips", stop_at_step=1)  # the straight run's step
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=str(train)))
     assert pretrain(cfg) == 0
     said = [e["message"] for e in events(cfg.run_dir, "warning")]
@@ -436,17 +449,18 @@ def test_a_start_with_no_checkpoint_to_resume_keeps_the_earlier_log_apart(
     # The run's checkpoints removed (or a kill -9 before its first save): the next start begins at step 0,
     # and its rows followed the earlier start's under the same step numbers, both restart 0.
     cfg = config(demo_dir, tmp_path, "again")
-    assert pretrain(dataclasses.replace(cfg, stop_at_step=2)) == 0
+    copy_of(straight, tmp_path, "again")
     earlier = (cfg.run_dir / "metrics.jsonl").read_text()
     shutil.rmtree(cfg.run_dir / "checkpoints")
     capsys.readouterr()
-    assert pretrain(cfg) == 0
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=1)) == 0
     kept = cfg.run_dir / "metrics.earlier-1.jsonl"
     assert f"the log of an earlier start there is kept as {kept}" in capsys.readouterr().out
     assert kept.read_text() == earlier
     steps = [r["step"] for r in read_metrics(cfg.run_dir) if "event" not in r]
-    assert steps == list(range(STEPS)), steps
-    assert differing(straight, cfg.run_dir) == []
+    assert steps == [0, 1], steps
+    again, first = metrics_by_step(cfg.run_dir), metrics_by_step(straight)
+    assert all(again[s][k] == first[s][k] for s in steps for k in ("train/loss", "train/param_norm"))
 
 
 def test_a_model_larger_than_the_memory_is_one_line_before_an_array_is_allocated(
@@ -527,7 +541,7 @@ def test_a_device_out_of_memory_after_a_checkpoint_advises_what_goes_on_with_the
         return real(fns, cfg, state, batch)
 
     monkeypatch.setattr(train_loop, "advance", out_of_memory)
-    cfg = config(demo_dir, tmp_path, "oom", ckpt_every=1)  # the file's 6-step build
+    cfg = config(demo_dir, tmp_path, "oom")  # the file's 6-step build: saves after step 1
     assert pretrain(cfg) == exit_codes.USAGE
     (said,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ERROR")]
     assert said == (
@@ -538,5 +552,5 @@ def test_a_device_out_of_memory_after_a_checkpoint_advises_what_goes_on_with_the
         "resumes from the newest (1); exit 2"
     ), said
     model = dataclasses.replace(cfg.model, remat=True)
-    assert pretrain(dataclasses.replace(cfg, model=model, allow_config_change=True)) == 0
+    assert pretrain(dataclasses.replace(cfg, model=model, allow_config_change=True, stop_at_step=2)) == 0
     assert [e["checkpoint"] for e in events(cfg.run_dir, "resume")] == [1]

@@ -402,33 +402,31 @@ def test_allowed_config_change_passes_the_config_check_loudly(
     assert "continuing; the data starts over at its first batch" in capsys.readouterr().out
 
 
-def test_five_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, tmp_path: Path) -> None:
+def test_clean_resumes_with_harmless_changes_raise_no_flag(demo_dir: Path, tmp_path: Path) -> None:
     straight = config(demo_dir, tmp_path, "straight")
     assert pretrain(straight) == 0
     run = config(demo_dir, tmp_path, "seg")
-    # Resumes after steps 1, 3, 4, 6 and 8 (mid-update and on update boundaries), changing only options
-    # that may change: worker count, checkpoint cadence, monitor interval.
+    # Resumes after steps 1, 4 and 6 (on an update boundary, then mid-update), changing only options that
+    # may change: worker count and checkpoint cadence, then monitor interval (each back at the next).
     segments = [
         dict(stop_at_step=1),
-        dict(stop_at_step=3, data=dataclasses.replace(run.data, n_workers=1)),
-        dict(stop_at_step=4, ckpt_every=3),
+        dict(stop_at_step=4, ckpt_every=3, data=dataclasses.replace(run.data, n_workers=1)),
         dict(stop_at_step=6, monitor_interval=2),
-        dict(stop_at_step=8),
         dict(),
     ]
     before = signal.getsignal(signal.SIGTERM)
     for i, seg in enumerate(segments):
-        # The fifth under another default PRNG ($JAX_DEFAULT_PRNG_IMPL=rbg): its restore was JAX's
+        # The third under another default PRNG ($JAX_DEFAULT_PRNG_IMPL=rbg): its restore was JAX's
         # traceback (the checkpoint's chain of 2 words, where rbg's keys have 4). The run's keys keep theirs.
-        jax.config.update("jax_default_prng_impl", "rbg" if i == 4 else "threefry2x32")
+        jax.config.update("jax_default_prng_impl", "rbg" if i == 2 else "threefry2x32")
         try:
             assert pretrain(dataclasses.replace(run, **seg)) == 0
         finally:
             jax.config.update("jax_default_prng_impl", "threefry2x32")
         assert signal.getsignal(signal.SIGTERM) is before  # the run's stop handler is gone again
-    assert [e["step"] for e in events(run.run_dir, "resume")] == [2, 4, 5, 7, 9]
+    assert [e["step"] for e in events(run.run_dir, "resume")] == [2, 5, 7]
     checks = [m for m in metrics_by_step(run.run_dir, everything=True).values() if "resume/failed" in m]
-    assert len(checks) == 5 and all(m["resume/failed"] == 0.0 for m in checks)
+    assert len(checks) == 3 and all(m["resume/failed"] == 0.0 for m in checks)
     assert not events(run.run_dir, "resume_check_failed") and not events(run.run_dir, "warning")
     # The checkpoint after step 3 (4 batches of 8) holds a buffer of 4 + 32 = 36, still growing.
     meta = Checkpointer(straight.run_dir, keep=None, async_save=False).read_meta(3)

@@ -96,10 +96,11 @@ def test_a_resume_cuts_the_torn_tail_off_and_ends_equal_to_the_straight_run(
         f.write(TORN)
     assert train(demo_dir, tmp_path, "torn") == 0
     assert (tmp_path / "torn" / (METRICS_FILE + ".torn")).read_bytes() == TORN + b"\n"
-    assert (
-        f"a torn last line ({len(TORN)} bytes, a writer killed mid-append) was moved"
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert f"a torn last line ({len(TORN)} bytes, a writer killed mid-append) was moved" in out
+    # Its own checkpoints and log: no word of another run's (test_a_resume_says_when_its_checkpoints_...).
+    assert "is not what checkpoint" not in out
+    assert not [e for e in read_metrics(tmp_path / "torn") if e.get("event") == "other_history"]
     events = [r for r in read_metrics(tmp_path / "torn") if r.get("event") == "torn_log"]
     assert len(events) == 1 and events[0]["bytes"] == len(TORN)
     assert all(line.strip() for line in log.read_text().splitlines())  # every record on its own line
@@ -137,20 +138,23 @@ def test_a_resume_says_when_its_checkpoints_are_another_run_s(
     # and the log then held the steps of two runs as one (compare: max_abs_diff 3e9).
     import shutil
 
-    for run, seed in (("mine", "0"), ("other", "1")):
-        assert train(demo_dir, tmp_path, run, "--stop-at-step", "1", "--seed", seed) == 0
-    shutil.rmtree(tmp_path / "mine" / "checkpoints")
-    shutil.copytree(tmp_path / "other" / "checkpoints", tmp_path / "mine" / "checkpoints")
+    assert train(demo_dir, tmp_path, "other", "--stop-at-step", "1", "--seed", "1") == 0
+    # "mine": a run whose log is its own (step 1's row differs from what the checkpoint recorded), with
+    # the other run's checkpoints copied in.
+    shutil.copytree(tmp_path / "other", tmp_path / "mine")
+    log = tmp_path / "mine" / METRICS_FILE
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    for r in rows:
+        if r.get("step") == 1 and "train/loss" in r:
+            r["train/loss"] = r["train/loss"] * 1.5
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     capsys.readouterr()
     assert train(demo_dir, tmp_path, "mine", "--stop-at-step", "2", "--seed", "1") == 0
     out = capsys.readouterr().out
     said = f"WARNING {tmp_path / 'mine' / METRICS_FILE}'s row of step 1 is not what checkpoint 1 recorded"
     assert said in out and "the checkpoints or the log are another run's (copied in?)" in out, out
     assert [e["step"] for e in read_metrics(tmp_path / "mine") if e.get("event") == "other_history"] == [2]
-    # Its own checkpoint: nothing said.
-    assert train(demo_dir, tmp_path, "other", "--stop-at-step", "2", "--seed", "1") == 0
-    assert "is not what checkpoint" not in capsys.readouterr().out
-    assert not [e for e in read_metrics(tmp_path / "other") if e.get("event") == "other_history"]
+    # Its own checkpoint, nothing said: the torn-tail test's resume.
 
 
 def test_another_history_is_told_by_the_training_row_of_the_step_and_not_by_its_clocks(
@@ -205,11 +209,14 @@ def test_a_resume_says_when_its_log_lost_rows_or_holds_a_bad_line(
 ) -> None:
     # Both resumed with exit 0 and no word; only a later compare found them (max_abs_diff=inf, or the
     # log refused).
+    import shutil
+
+    assert train(demo_dir, tmp_path, "stopped", "--stop-at-step", "1") == 0
     for run, damage, said in (
         ("emptied", lambda log: log.write_bytes(b""), "holds rows of no step, and checkpoint 1 was written"),
         ("cut", cut_first_line, f"{METRICS_FILE}:1: not a JSON line"),
     ):
-        assert train(demo_dir, tmp_path, run, "--stop-at-step", "1") == 0
+        shutil.copytree(tmp_path / "stopped", tmp_path / run)
         damage(tmp_path / run / METRICS_FILE)
         capsys.readouterr()
         assert train(demo_dir, tmp_path, run) == 0

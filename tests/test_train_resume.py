@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import os
 import runpy
@@ -165,43 +166,68 @@ def verify_resume(demo_dir: Path, runs: Path, *args: str) -> subprocess.Complete
 
 
 def test_a_run_resumed_mid_update_in_a_new_process_with_another_worker_count_equals_the_straight_run(
-    demo_dir: Path, tmp_path: Path
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """The suite's exact resume: 12 micro-steps of 2-batch accumulation trained straight and in three
-    segments: the first stopped after step 4 (mid-update: 5 micro-batches done); the second in a new
-    process with 1 loader worker, stopped by a first Ctrl-C once it logged a step (exit 130, saved at the
-    step it finished); the third in this process. Every logged metric is equal, and the 11 resume checks
-    pass. (The three-resume test below adds a SIGTERM and verify-resume's own command; CI runs it.)"""
-    args = ("--steps", "12", "--optim.grad-accum", "2", *NO_EVAL, "--ckpt-every", "4")
+    """The suite's exact resume: 8 micro-steps of 2-batch accumulation trained straight and in three
+    segments: the first here, stopped by a first Ctrl-C during step 4 (mid-update: 5 micro-batches done;
+    exit 130, saved at the step it finished); the second in a new process with 1 loader worker, sent a
+    SIGTERM as it opens (its restore: before the loop's handler it killed the trainer without a word,
+    exit -15, its lease left behind), which stops it after its first step, saved, exit 75; the third
+    here. Every logged metric is equal, and the 11 resume checks pass. (The three-resume test below adds
+    verify-resume's own command; CI runs it.)"""
+    args = ("--steps", "8", "--optim.grad-accum", "2", *NO_EVAL, "--ckpt-every", "4")
     assert pretrain_here(demo_dir, tmp_path, "straight", *args) == 0
-    assert pretrain_here(demo_dir, tmp_path, "resumed", *args, "--stop-at-step", "4") == 0
     resumed = tmp_path / "resumed"
-    flags = pretrain_flags(demo_dir, tmp_path, "resumed", *args, "--data.n-workers", "1")
-    argv = ["birdjepa", "pretrain", *flags]
-    # SIGINT handled as in a terminal's Python (a test runner's worker may ignore it, and a child inherits
-    # that): set before the command runs, in the child.
-    start = (f"import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             f"sys.argv = {argv!r}; runpy.run_module('birdjepa.cli', run_name='__main__')")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    while max(metrics_by_step(resumed)) < 5:  # the segment's first step is logged
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, out[-3000:] + err[-3000:]
+    real = train_loop.advance
+
+    def advance(fns, cfg, state, batch):  # noqa: ANN001, ANN202
+        if state.step == 4:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler records it: the step runs on
+        return real(fns, cfg, state, batch)
+
+    with monkeypatch.context() as m:
+        m.setattr(train_loop, "advance", advance)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+        try:
+            assert pretrain_here(demo_dir, tmp_path, "resumed", *args) == 130
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    out, err = capfd.readouterr()
     assert "Ctrl-C: stopping after this step, with a checkpoint (exit 130; the same command resumes)" in err
-    (stop,) = [e for e in events(resumed, "stop") if e["reason"] != "stop_at_step"]
-    assert stop["reason"] == f"signal {int(signal.SIGINT)}" and stop["exit_code"] == 130
-    assert f"stopping after step {stop['step']} (signal 2); exit 130" in out
-    assert 5 <= stop["step"] < 11 and Checkpointer(resumed).latest_step() == stop["step"]
+    assert "stopping after step 4 (signal 2); exit 130" in out, out[-3000:]
+    (stop,) = events(resumed, "stop")
+    assert (stop["step"], stop["reason"], stop["exit_code"]) == (4, f"signal {int(signal.SIGINT)}", 130)
+    assert Checkpointer(resumed).latest_step() == 4
+    cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain",
+           *pretrain_flags(demo_dir, tmp_path, "resumed", *args, "--data.n-workers", "1")]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the trainer's first line, printed as the run opens, before the restore
+        if line.startswith("devices="):
+            proc.send_signal(signal.SIGTERM)
+            break
+    said = [line]
+    for line in proc.stdout:
+        said.append(line)
+        if "stopping after step" in line:
+            # Past a soft CPU-time limit the kernel sends SIGXCPU again each CPU second, to the last: its
+            # default action killed the run as it closed, saved and said "exit 75" (exit 152, not
+            # requeued), whether it stopped for the SIGXCPU or for a preemption before it.
+            threading.Thread(target=repeat_until_exit, args=(proc, signal.SIGXCPU), daemon=True).start()
+            break
+    out = "".join(said) + proc.communicate(timeout=300)[0]
+    assert proc.returncode == exit_codes.REQUEUE, out[-5000:]
+    stop = events(resumed, "stop")[1]
+    assert stop["reason"] == f"signal {int(signal.SIGTERM)}" and stop["exit_code"] == exit_codes.REQUEUE
+    assert stop["step"] in (5, 6) and Checkpointer(resumed).latest_step() == stop["step"], stop
+    assert not (resumed / "lease.json").exists()
     assert out.count("RESUME_CHECK") == len(CHECKS) and "ok=False" not in out
     assert json.loads((resumed / "config.json").read_text())["data"]["n_workers"] == 1
     # No step lost or redone: resumed once more, here, the run equals the straight one.
     assert pretrain_here(demo_dir, tmp_path, "resumed", *args) == 0
     assert differing(tmp_path / "straight", resumed) == []
     logged = metrics_by_step(resumed)
-    assert sorted(logged) == list(range(12))
+    assert sorted(logged) == list(range(8))
     assert logged[4]["train/accum_progress"] == 1.0 and logged[5]["train/accum_progress"] == 0.0
     assert [e["restart"] for e in events(resumed, "resume")] == [1, 2]
     assert not events(resumed, "resume_check_failed")
@@ -294,7 +320,8 @@ def test_the_legacy_resume_bug_is_caught_by_the_checks_and_by_compare(
     assert capsys.readouterr().out.strip().endswith("max_abs_diff=0.0")
     # `birdjepa analyze` puts the difference at the resume: nothing before it, the loss after it.
     # (A window of 4 covers steps 0..5: the table's largest difference is the loss's over the run.)
-    assert command(capsys, "analyze", resumed, "--other", straight, "--window", "4") == 0
+    analyzed = ("analyze", resumed, "--other", straight, "--window", "4", "--metrics", "train/loss")
+    assert command(capsys, *analyzed) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 | train/loss |")]
     assert row.split("|")[-2].strip() == f"{loss.max_abs:.4g}"
     assert (resumed / "analysis" / "window-train_loss.png").stat().st_size > 5000
@@ -321,12 +348,11 @@ def test_a_resume_by_code_whose_backward_pass_alone_changed_names_the_parameter(
     monkeypatch.setattr(
         health, "terms", lambda out, b: terms({**out, "probe_logits": identity(out["probe_logits"])}, b)
     )
-    compiled._build.cache_clear()  # this process's functions were built by the code before
+    # This process's functions were built by the code before: a cache of its own for the changed code,
+    # the one the other tests share kept as it is.
+    monkeypatch.setattr(compiled, "_build", functools.lru_cache(maxsize=4)(compiled._build.__wrapped__))
     capsys.readouterr()
-    try:
-        assert pretrain_here(demo_dir, tmp_path, "run", *flags) == exit_codes.RESUME_CHECK
-    finally:
-        compiled._build.cache_clear()
+    assert pretrain_here(demo_dir, tmp_path, "run", *flags) == exit_codes.RESUME_CHECK
     lines = {
         ln.split()[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("RESUME_CHECK")
     }
@@ -525,14 +551,15 @@ def test_a_preemption_or_a_ctrl_c_during_the_last_step_finishes_the_run(
     monkeypatch.setattr(Trainer, "save", save)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
-        # 3 steps, as the second Ctrl-C test: one build of the step for both.
-        assert pretrain_here(demo_dir, tmp_path, "last", *NO_EVAL, "--steps", "3", "--ckpt-every", "1") == 0
+        # The file's steps: the straight run's build of the step. Saved after step 4 (the save before the
+        # last) and the last.
+        assert pretrain_here(demo_dir, tmp_path, "last", *NO_EVAL, "--ckpt-every", "5") == 0
     finally:
         signal.signal(signal.SIGINT, previous)
     stops = [(e["step"], e["exit_code"], e["reason"]) for e in events(tmp_path / "last", "stop")]
-    assert stops == ([] if during == "last save" else [(2, 0, f"signal {int(sig)} at the last step")])
+    assert stops == ([] if during == "last save" else [(STEPS - 1, 0, f"signal {int(sig)} at the last step")])
     out, err = capfd.readouterr()
-    assert "done: 3 steps in" in out
+    assert f"done: {STEPS} steps in" in out
     if sig == signal.SIGINT:
         assert "Ctrl-C: the run stops after this step anyway (its last, or --stop-at-step), with a " in err, (
             err
@@ -569,8 +596,7 @@ def test_a_second_ctrl_c_says_what_the_run_keeps_and_gives_up(
                 "and the same command resumes from the newest (0); exit 130"),
         ):  # fmt: skip
             at["step"] = step
-            args = pretrain_flags(demo_dir, tmp_path, "r", *NO_EVAL, "--steps", "3", "--ckpt-every", "1",
-                                  "--no-ckpt-async")  # fmt: skip
+            args = pretrain_flags(demo_dir, tmp_path, "r", *NO_EVAL, "--ckpt-every", "1", "--no-ckpt-async")
             with pytest.raises(SystemExit) as e:
                 train_loop.cli(tyro.cli(PretrainConfig, args=args))
             assert e.value.code == 130
@@ -606,8 +632,9 @@ def test_a_preemption_and_a_ctrl_c_in_either_order_stop_for_the_preemption_and_c
 
 
 def test_every_stop_signal_is_recorded_from_the_moment_the_run_opens(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The subprocess test below sends SIGTERM as the run opens; the hang-up test, SIGHUP. The others reach
-    # the same handler, installed by `pretrain` before anything opens; SIGXCPU's stop exits 75 (requeued).
+    # The exact-resume test sends its second segment SIGTERM as it opens; the hang-up test, SIGHUP. The
+    # others reach the same handler, installed by `pretrain` before anything opens; SIGXCPU's stop exits
+    # 75 (requeued).
     came: dict[int, tuple[int | None, bool]] = {}
 
     def opens(sig: int) -> Callable[..., int]:
@@ -667,43 +694,6 @@ def repeat_until_exit(proc: subprocess.Popen, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
         time.sleep(0.01)
-
-
-def test_a_sigterm_while_the_run_opens_stops_it_after_its_first_step_saved(
-    demo_dir: Path, tmp_path: Path
-) -> None:
-    # Before the loop's handler (a restore, a compile: minutes on a GPU) it killed the trainer without a
-    # word: exit -15, its lease left behind (a hang-up the same: the terminal test hangs up as the run
-    # opens; the other stop signals: test_every_stop_signal_is_recorded_from_the_moment_the_run_opens).
-    run = tmp_path / "early"
-    cmd = [
-        sys.executable,
-        "-m",
-        "birdjepa.cli",
-        "pretrain",
-        *pretrain_flags(demo_dir, tmp_path, "early", *NO_EVAL),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:  # the trainer's first line, printed as the run opens, before the loop
-        if line.startswith("devices="):
-            proc.send_signal(signal.SIGTERM)
-            break
-    said = [line]
-    for line in proc.stdout:
-        said.append(line)
-        if "stopping after step" in line:
-            # Past a soft CPU-time limit the kernel sends SIGXCPU again each CPU second, to the last: its
-            # default action killed the run as it closed, saved and said "exit 75" (exit 152, not
-            # requeued), whether it stopped for the SIGXCPU or for a preemption before it.
-            threading.Thread(target=repeat_until_exit, args=(proc, signal.SIGXCPU), daemon=True).start()
-            break
-    out = "".join(said) + proc.communicate(timeout=300)[0]
-    assert proc.returncode == exit_codes.REQUEUE, out
-    (stop,) = events(run, "stop")
-    assert stop["reason"] == f"signal {int(signal.SIGTERM)}"
-    assert Checkpointer(run).latest_step() == stop["step"]
-    assert not (run / "lease.json").exists()
 
 
 @pytest.mark.slow  # two trainers compile and start: CI runs it

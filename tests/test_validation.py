@@ -501,7 +501,7 @@ def test_a_run_on_your_shards_is_never_evaluated_on_another_vocabulary_s_classes
     (mixed / "a").symlink_to(demo_dir / "train")
     (mixed / "b").symlink_to(other)
     main(["pretrain", "--run", "mine", "--data.train", str(mixed / "*" / "*.arrow"), "--eval-every", "0",
-          "--steps", "1", "--data.batch-size", "4", *runs])  # fmt: skip
+          "--steps", "4", "--stop-at-step", "0", "--data.batch-size", "4", *runs])  # fmt: skip
     out = capsys.readouterr().out
     assert (
         "the train shards' folders index different vocabularies "
