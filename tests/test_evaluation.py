@@ -28,10 +28,10 @@ from birdjepa.data import DataError
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import raw_features
-from birdjepa.resume.compare import compare_runs
+from birdjepa.resume.compare import compare_logged
 from birdjepa.rundir import layout
 from birdjepa.rundir.layout import LEASE_FILE
-from birdjepa.rundir.metrics_log import read_metrics
+from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
 
 
 def separable(seed: int, n_classes: int = 5, per_class: int = 30, dim: int = 8, offset: float = 0.0):
@@ -286,36 +286,32 @@ def test_overlapping_splits_are_named_and_the_table_marked(
     said = capsys.readouterr().out.splitlines()
     warnings = [line for line in said if line.startswith("WARNING") and "--optim.warmup-steps" not in line]
     assert len(warnings) == 1 and f"share the shard {train[0]}" in warnings[0]
-    out = tmp_path / "overlap.json"
-    cli(tiny_run, data=EvalData(eval=str(demo_dir / "train")), out=out)
-    printed = capsys.readouterr().out.splitlines()
-    warnings = [line for line in printed if line.startswith("WARNING")]
-    assert len(warnings) == 1 and "share the shard" in warnings[0]
-    assert any(line.startswith("NOT HELD OUT: the train and eval splits share") for line in printed)
-    assert "share the shard" in json.loads(out.read_text())["data"]["overlap"]
-
-
-def test_a_record_evaluate_cannot_read_is_said_once_and_in_its_record(
-    tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Printed by the loader, and the evaluation's JSON said "warnings": [].
+    # evaluate, on an eval folder that holds a copy of a train shard and a record the loader cannot read:
+    # each said once (the record's was printed by the loader, and the JSON said "warnings": []).
     from test_loader_bad_input import read_table, with_corrupt_rows, write_table
 
-    from birdjepa.evaluation.cli import EvalData, cli
-
     shards = sorted((demo_dir / "eval").glob("*.arrow"))
-    (tmp_path / "eval").mkdir()
+    (tmp_path / "held-out").mkdir()
     for i, shard in enumerate(shards):
         table = read_table(shard)
-        write_table(with_corrupt_rows(table, {0}) if i == 0 else table, tmp_path / "eval" / shard.name)
-    shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "eval")
-    out = tmp_path / "e.json"
-    capsys.readouterr()
-    cli(tiny_run, data=EvalData(eval=str(tmp_path / "eval")), out=out)
-    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING")]
-    said = f"skipped 1 eval record the loader cannot read: {tmp_path / 'eval' / shards[0].name} row 0: "
-    assert len(warnings) == 1 and warnings[0].startswith(f"WARNING {said}"), warnings
-    assert [w for w in json.loads(out.read_text())["warnings"] if w.startswith(said)], out.read_text()
+        write_table(with_corrupt_rows(table, {0}) if i == 0 else table, tmp_path / "held-out" / shard.name)
+    shutil.copy(train[1], tmp_path / "held-out" / "zz-copy.arrow")
+    shutil.copy(demo_dir / "eval" / "vocab.json", tmp_path / "held-out")
+    out = tmp_path / "overlap.json"
+    cli(tiny_run, data=EvalData(eval=str(tmp_path / "held-out")), out=out)
+    printed = capsys.readouterr().out.splitlines()
+    warnings = sorted(line for line in printed if line.startswith("WARNING"))
+    skipped = (
+        f"skipped 1 eval record the loader cannot read: {tmp_path / 'held-out' / shards[0].name} row 0: "
+    )
+    assert len(warnings) == 2, warnings
+    assert (
+        warnings[0].startswith(f"WARNING {skipped}") and "holds the bytes of the train shard" in warnings[1]
+    )
+    assert any(line.startswith("NOT HELD OUT: the eval shard") for line in printed), printed
+    doc = json.loads(out.read_text())
+    assert "holds the bytes of the train shard" in doc["data"]["overlap"]
+    assert [w for w in doc["warnings"] if w.startswith(skipped)], doc["warnings"]
 
 
 def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation_in_one_line(
@@ -368,12 +364,14 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation
     capfd.readouterr()
     assert pretrain(cfg) == 2 and layout.checkpoint_steps(run) == [2]  # its data still unread: no step
     assert "step 2 stays saved without its evaluation: once its data reads" in capfd.readouterr().err
-    # Its data mended, the run evaluates step 2 first and trains on: every metric as the straight run's.
+    # Its data mended, the run evaluates step 2 first and trains on: every metric as the straight run's
+    # (to step 3: exact resume over whole runs is test_train_resume's).
     capfd.readouterr()
-    assert pretrain(good) == 0
+    assert pretrain(dataclasses.replace(good, stop_at_step=3)) == 0
     assert "eval step 2: kNN" in capfd.readouterr().out
-    diffs = compare_runs(tiny_run, run)
-    assert any(d.name == "eval/knn_acc" and d.steps == 2 for d in diffs), diffs
+    straight = {s: m for s, m in metrics_by_step(tiny_run).items() if s <= 3}
+    diffs = compare_logged(straight, metrics_by_step(run))
+    assert any(d.name == "eval/knn_acc" and d.steps == 1 for d in diffs), diffs
     assert all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
 
 
@@ -620,26 +618,29 @@ def test_a_run_s_relative_data_read_from_another_folder_is_refused(
     check_trained_on(restore_run(run, data=both), both)
 
 
-def test_load_encoder_sets_the_command_s_xla_flags_and_says_where_jax_started_first(tiny_run: Path) -> None:
+def test_load_encoder_sets_the_command_s_xla_flags_and_says_where_jax_started_first(
+    tiny_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A script's load_encoder ran with XLA's defaults, not the CLI's flags: 33 of 72 rows of its
     # embeddings differed from `birdjepa embed`'s by 3e-7, where the docs promise them bit for bit.
     import sys
 
+    import birdjepa
+
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC")}
-    code = ("import os, sys, birdjepa; {first}; birdjepa.load_encoder(sys.argv[1]); "
-            "print(os.environ['XLA_FLAGS'])")  # fmt: skip
-    said = {}
-    for name, first in (
-        ("fresh", "pass"),
-        ("late", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"),
-    ):
-        done = subprocess.run([sys.executable, "-c", code.format(first=first), str(tiny_run)], env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        said[name] = done.stdout
-    assert "--xla_cpu_multi_thread_eigen=false" in said["fresh"] and "WARNING" not in said["fresh"], said
+    code = "import os, sys, birdjepa; birdjepa.load_encoder(sys.argv[1]); print(os.environ['XLA_FLAGS'])"
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_run)], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--xla_cpu_multi_thread_eigen=false" in done.stdout and "WARNING" not in done.stdout, done.stdout
+    # Late: in this process, whose JAX has started, the flags unset (monkeypatch restores them).
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.delenv("PJRT_NPROC")
+    jnp.zeros(1).block_until_ready()
+    capsys.readouterr()
+    birdjepa.load_encoder(tiny_run)
     late = "WARNING birdjepa.load_encoder: JAX started before it could set --xla_cpu_multi_thread_eigen=false"
-    assert said["late"].startswith(late), said
+    assert capsys.readouterr().out.startswith(late)
 
 
 def test_embed_ends_a_clip_at_its_row_s_window_and_says_where_windows_are_shorter_than_clips(
