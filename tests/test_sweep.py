@@ -115,6 +115,21 @@ def test_a_sweep_file_that_fails_is_one_line_naming_its_line(
     assert err.startswith(f"error: {path}:{line}: ") and message in err, err
 
 
+def test_a_sweep_file_rewritten_at_its_size_and_time_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Imported, it ran from a __pycache__ entry its loader wrote beside it, found by the file's size and
+    # time: rewritten in the same second at the same size (a script writing sweeps), its old code ran.
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as where PYTHONDONTWRITEBYTECODE is unset
+    path = tmp_path / "sweep.py"
+    for lr in ("0.001", "0.002"):
+        path.write_text(f'def make_cfgs():\n    return [{{"optim.lr": {lr}}}]\n')
+        os.utime(path, ns=(10**18, 10**18))
+        (job,) = plan(path, tmp_path)
+        assert job.cfg.optim.lr == float(lr)
+    assert not (tmp_path / "__pycache__").exists()
+
+
 def test_every_type_round_trips_through_the_command_line(tmp_path: Path) -> None:
     body = (
         '[{"ckpt_async": False, "debug.roundtrip_steps": [3, 5], "stop_at_step": None, "optim.lr": 2e-3,'

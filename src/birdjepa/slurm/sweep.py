@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 import math
 import os
@@ -106,17 +104,22 @@ def load_module(path: Path) -> types.ModuleType:
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file")
-    key = (str(path.resolve()), hashlib.sha256(path.read_bytes()).digest())
+    source = path.read_bytes()
+    key = (str(path.resolve()), hashlib.sha256(source).digest())
     if key not in _LOADED:
-        # Whatever its name ends in (spec_from_file_location has no loader for a name without .py: an
-        # AssertionError's traceback), and able to import a module beside it, as `python FILE` is.
-        loader = importlib.machinery.SourceFileLoader(f"birdjepa_sweep_{path.stem}", str(path))
-        spec = importlib.util.spec_from_loader(loader.name, loader)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
+        # The bytes hashed, compiled here: an import's loader took a __pycache__ entry by the file's
+        # size and time (a sweep file rewritten in the same second, at the same size, ran its old
+        # code) and wrote one beside the user's file. Whatever its name ends in, and able to import a
+        # module beside it, as `python FILE` is.
+        module = types.ModuleType(f"birdjepa_sweep_{path.stem}")
+        module.__file__ = str(path)
+
+        def execute() -> None:
+            exec(compile(source, str(path), "exec", dont_inherit=True), vars(module))
+
         sys.path.insert(0, str(path.resolve().parent))
         try:
-            run_own_code(path, loader.exec_module, module)
+            run_own_code(path, execute)
         finally:
             sys.path.remove(str(path.resolve().parent))
         _LOADED[key] = module
