@@ -56,10 +56,13 @@ loader-demo: build
 
 # Rust: --release --workspace resolves the dependencies' features as maturin's build does, so the tests
 # reuse everything it compiled. Python: one worker per core, each test file kept on one worker (its
-# module fixtures are trained once); the 10 slowest tests are printed.
+# module fixtures are trained once); the 10 slowest tests are printed. Bytecode written even where
+# PYTHONDONTWRITEBYTECODE is set (as on CI; __pycache__ is ignored by git): pytest rewrites every test
+# file's asserts (~2 s a worker) and each `birdjepa` the tests start compiles the package's sources
+# (~0.1 s) again where none is kept.
 test: build
 	cargo test --release --workspace --quiet
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=10
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=10
 
 lint: build
 	cargo clippy --all-targets -- -D warnings
