@@ -28,10 +28,10 @@ from birdjepa.data import DataError
 from birdjepa.diagnostics.collapse import effective_rank
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import raw_features
-from birdjepa.resume.compare import compare_logged
+from birdjepa.resume.compare import compare_runs
 from birdjepa.rundir import layout
 from birdjepa.rundir.layout import LEASE_FILE
-from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
+from birdjepa.rundir.metrics_log import read_metrics
 
 
 def separable(seed: int, n_classes: int = 5, per_class: int = 30, dim: int = 8, offset: float = 0.0):
@@ -364,14 +364,13 @@ def test_a_run_whose_eval_records_all_fail_to_read_stops_saved_at_its_evaluation
     capfd.readouterr()
     assert pretrain(cfg) == 2 and layout.checkpoint_steps(run) == [2]  # its data still unread: no step
     assert "step 2 stays saved without its evaluation: once its data reads" in capfd.readouterr().err
-    # Its data mended, the run evaluates step 2 first and trains on: every metric as the straight run's
-    # (to step 3: exact resume over whole runs is test_train_resume's).
+    # Its data mended, the run evaluates step 2 first and trains on, evaluating at step 5 as it would
+    # have: every metric as the straight run's.
     capfd.readouterr()
-    assert pretrain(dataclasses.replace(good, stop_at_step=3)) == 0
+    assert pretrain(good) == 0
     assert "eval step 2: kNN" in capfd.readouterr().out
-    straight = {s: m for s, m in metrics_by_step(tiny_run).items() if s <= 3}
-    diffs = compare_logged(straight, metrics_by_step(run))
-    assert any(d.name == "eval/knn_acc" and d.steps == 1 for d in diffs), diffs
+    diffs = compare_runs(tiny_run, run)
+    assert any(d.name == "eval/knn_acc" and d.steps == 2 for d in diffs), diffs
     assert all(d.max_abs == 0.0 for d in diffs), [d for d in diffs if d.max_abs]
 
 
@@ -592,7 +591,7 @@ def test_a_run_s_relative_data_read_from_another_folder_is_refused(
     # config.json keeps --data.train as given: from another folder, data/train was another set, scored
     # with exit 0 as the run's own split. The module's run, its splits recorded as relative paths (as a
     # run started with them records them; its fingerprints are the ones it trained and evaluated on).
-    from birdjepa.evaluation.cli import EvalData, check_trained_on, cli, restore_run
+    from birdjepa.evaluation.cli import EvalData, cli
 
     (tmp_path / "elsewhere" / "data").mkdir(parents=True)
     (tmp_path / "elsewhere" / "data" / "train").symlink_to(demo_dir / "eval")
@@ -613,9 +612,13 @@ def test_a_run_s_relative_data_read_from_another_folder_is_refused(
         assert e.value.code == 2 and said in err, err
         assert err.rstrip().endswith("or give --data.train PATH --data.eval PATH with --out FILE"), err
         assert not (tmp_path / "e.json").exists()
-    # Followed, the check passes (what the command then scores, the run's own numbers: end_to_end).
+    # Followed (it left --out out, which a run's other data needs), the run's own numbers.
     both = EvalData(train=str(demo_dir / "train"), eval=str(demo_dir / "eval"))
-    check_trained_on(restore_run(run, data=both), both)
+    cli(run, data=both, out=tmp_path / "e.json")
+    scored = json.loads((tmp_path / "e.json").read_text())
+    trained = json.loads(layout.eval_report(run, 5).read_text())
+    knn = [{name: row["knn_acc"] for name, row in doc["rows"].items()} for doc in (scored, trained)]
+    assert knn[0] == knn[1], knn
 
 
 def test_load_encoder_sets_the_command_s_xla_flags_and_says_where_jax_started_first(
