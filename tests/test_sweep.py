@@ -130,6 +130,17 @@ def test_a_sweep_file_rewritten_at_its_size_and_time_runs_as_written(
     assert not (tmp_path / "__pycache__").exists()
 
 
+def test_a_dataclass_in_a_sweep_file_under_postponed_annotations_loads(tmp_path: Path) -> None:
+    # Its annotations strings, dataclasses looks its module up in sys.modules: "AttributeError:
+    # 'NoneType' object has no attribute '__dict__'", refused at the class's line.
+    path = tmp_path / "sweep.py"
+    path.write_text("from __future__ import annotations\nimport dataclasses\n\n\n@dataclasses.dataclass\n"
+                    "class Lr:\n    value: float = 3e-3\n\n\ndef make_cfgs():\n"
+                    "    return [{'optim.lr': Lr().value}]\n")  # fmt: skip
+    (job,) = plan(path, tmp_path)
+    assert job.cfg.optim.lr == 3e-3
+
+
 def test_every_type_round_trips_through_the_command_line(tmp_path: Path) -> None:
     body = (
         '[{"ckpt_async": False, "debug.roundtrip_steps": [3, 5], "stop_at_step": None, "optim.lr": 2e-3,'

@@ -113,6 +113,9 @@ def load_module(path: Path) -> types.ModuleType:
         # module beside it, as `python FILE` is.
         module = types.ModuleType(f"birdjepa_sweep_{path.stem}")
         module.__file__ = str(path)
+        # Registered, as an import registers it: a dataclass under `from __future__ import annotations`
+        # looks its module up there ("'NoneType' object has no attribute '__dict__'" without).
+        sys.modules[module.__name__] = module
 
         def execute() -> None:
             exec(compile(source, str(path), "exec", dont_inherit=True), vars(module))
