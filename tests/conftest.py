@@ -12,14 +12,12 @@
 
 from __future__ import annotations
 
-import atexit
 import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,12 +57,6 @@ deterministic_xla()
 fewer_collections()  # as the `birdjepa` command does: the workers train in-process too
 keep_for_reuse()  # the same: before JAX's threads start (the step digests then hold its bits too)
 
-# One folder for the session, shared by this process, the xdist workers and every `birdjepa` subprocess
-# (the first process, pytest itself, makes it and removes it).
-if "BIRDJEPA_TEST_TMP" not in os.environ:
-    os.environ["BIRDJEPA_TEST_TMP"] = tempfile.mkdtemp(prefix="birdjepa-tests-")
-    atexit.register(shutil.rmtree, os.environ["BIRDJEPA_TEST_TMP"], ignore_errors=True)
-SHARED = Path(os.environ["BIRDJEPA_TEST_TMP"])
 REPO = Path(__file__).resolve().parents[1]
 
 # A JAX compilation cache that outlives the session and the checkout, in the user's birdjepa cache

@@ -66,11 +66,6 @@ def stopped(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cfg.run_dir
 
 
-def copy_of(run_dir: Path, runs: Path, name: str) -> Path:
-    shutil.copytree(run_dir, runs / name)
-    return runs / name
-
-
 def test_an_update_that_overflows_with_finite_gradients_stops_the_run_in_one_line(
     demo_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,7 +203,7 @@ def test_a_damaged_checkpoint_falls_back_and_the_run_equals_the_straight_one(
     demo_dir: Path, straight: Path, stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     cfg = config(demo_dir, tmp_path, "damaged")
-    copy_of(stopped, tmp_path, "damaged")
+    shutil.copytree(stopped, cfg.run_dir)
     damage(cfg.run_dir, 3)
     capsys.readouterr()
     assert pretrain(cfg) == 0
@@ -222,7 +217,7 @@ def test_a_damaged_checkpoint_falls_back_and_the_run_equals_the_straight_one(
     assert differing(straight, cfg.run_dir) == [] and not events(cfg.run_dir, "checkpoint_missing")
     # Removed by hand (or lost with a disk), not damaged: the resume from 1 retrained 2-3 without a word.
     cfg = config(demo_dir, tmp_path, "removed")
-    copy_of(stopped, tmp_path, "removed")
+    shutil.copytree(stopped, cfg.run_dir)
     shutil.rmtree(cfg.run_dir / "checkpoints" / "3")
     capsys.readouterr()
     assert pretrain(cfg) == 0
@@ -242,7 +237,7 @@ def test_a_bare_resume_past_a_damaged_checkpoint_takes_the_options_of_the_one_it
     from birdjepa.cli import main
 
     cfg = config(demo_dir, tmp_path, "declared")
-    copy_of(stopped, tmp_path, "declared")
+    shutil.copytree(stopped, cfg.run_dir)
     run = ["pretrain", "--run", "declared", "--log.runs-dir", str(tmp_path)]
     main([*run, "--optim.lr", "0.002", "--allow-config-change", "--stop-at-step", "4"])
     damage(cfg.run_dir, 4)
@@ -302,7 +297,7 @@ def test_no_checkpoint_that_verifies_is_one_line_and_exit_65(
     demo_dir: Path, straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     cfg = config(demo_dir, tmp_path, "all-damaged")
-    copy_of(straight, tmp_path, "all-damaged")
+    shutil.copytree(straight, cfg.run_dir)
     for step in steps_on_disk(cfg.run_dir):
         damage(cfg.run_dir, step)
     capsys.readouterr()
@@ -449,7 +444,7 @@ def test_a_start_with_no_checkpoint_to_resume_keeps_the_earlier_log_apart(
     # The run's checkpoints removed (or a kill -9 before its first save): the next start begins at step 0,
     # and its rows followed the earlier start's under the same step numbers, both restart 0.
     cfg = config(demo_dir, tmp_path, "again")
-    copy_of(straight, tmp_path, "again")
+    shutil.copytree(straight, cfg.run_dir)
     earlier = (cfg.run_dir / "metrics.jsonl").read_text()
     shutil.rmtree(cfg.run_dir / "checkpoints")
     capsys.readouterr()
