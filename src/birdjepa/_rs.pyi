@@ -39,6 +39,10 @@ def vocab_names(shard: str | os.PathLike[str]) -> list[str] | None:
     """The label names of the ``vocab.json`` beside ``shard`` (``{"names": [...]}`` or a plain list), or
     None where there is none; DataError naming the file for one that cannot be read or parsed."""
 
+def open_shards(files: list[str], options_json: str) -> tuple[str, int, bool]:
+    """(fingerprint, rows, whether some row names its audio by path) of the shards a `Loader` with
+    these options reads, opened and checked as it opens them (its DataError), with no thread started."""
+
 class Loader:
     def __init__(self, files: list[str], options_json: str, state_json: str | None = None) -> None:
         """``options_json``: a JSON object of loader options (see `loader_defaults`); an unknown name

@@ -425,20 +425,7 @@ pub struct Loader {
 
 impl Loader {
     pub fn new(files: &[PathBuf], cfg: LoaderConfig, state: Option<LoaderState>) -> Result<Self> {
-        cfg.validate()?;
-        let dataset = Arc::new(Dataset::open(files, cfg.columns.clone())?);
-        if dataset.is_empty() {
-            let first = dataset.shard_path(0).display();
-            let more = if dataset.n_shards() > 1 { format!(" and {} more", dataset.n_shards() - 1) } else { String::new() };
-            return Err(Error::data(format!("{first}{more}: no rows (every shard given is empty)")));
-        }
-        if !cfg.train && cfg.drop_last && dataset.len() < cfg.batch_size as u64 {  // every pass empty, unsaid
-            return Err(Error::config(format!(
-                "drop_last with batch_size {} drops every batch of a pass: the set holds {} rows",
-                cfg.batch_size,
-                dataset.len()
-            )));
-        }
+        let dataset = Arc::new(Self::open_dataset(files, &cfg)?);
         let extractor = Arc::new(ClipExtractor::new(cfg.clip.clone()).map_err(Error::config)?);
         let (plan, counters) = match state {
             None => (PlanState::start(), Counters::default()),
@@ -469,6 +456,26 @@ impl Loader {
             failed: None,
             finished: false,
         })
+    }
+
+    /// What `new` opens before it starts a thread: the shards (their footers, schemas and columns),
+    /// checked as the loader reads them. Its errors are `new`'s, without decoding a record.
+    pub fn open_dataset(files: &[PathBuf], cfg: &LoaderConfig) -> Result<Dataset> {
+        cfg.validate()?;
+        let dataset = Dataset::open(files, cfg.columns.clone())?;
+        if dataset.is_empty() {
+            let first = dataset.shard_path(0).display();
+            let more = if dataset.n_shards() > 1 { format!(" and {} more", dataset.n_shards() - 1) } else { String::new() };
+            return Err(Error::data(format!("{first}{more}: no rows (every shard given is empty)")));
+        }
+        if !cfg.train && cfg.drop_last && dataset.len() < cfg.batch_size as u64 {  // every pass empty, unsaid
+            return Err(Error::config(format!(
+                "drop_last with batch_size {} drops every batch of a pass: the set holds {} rows",
+                cfg.batch_size,
+                dataset.len()
+            )));
+        }
+        Ok(dataset)
     }
 
     pub fn config(&self) -> &LoaderConfig {

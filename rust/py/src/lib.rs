@@ -213,6 +213,15 @@ impl PyLoader {
     }
 }
 
+/// (fingerprint, rows, whether some row names its audio by path) of the shards a loader with these
+/// options would read, opened and checked as `Loader::new` opens them, with no thread started.
+#[pyfunction]
+fn open_shards(py: Python<'_>, files: Vec<PathBuf>, options_json: &str) -> PyResult<(String, u64, bool)> {
+    let cfg = LoaderConfig::from_options(&LoaderOptions::from_json(options_json).map_err(to_py)?);
+    let dataset = py.detach(|| Loader::open_dataset(&files, &cfg)).map_err(to_py)?;
+    Ok((dataset.fingerprint().to_string(), dataset.len(), dataset.reads_audio_by_path()))
+}
+
 /// The label names of the `vocab.json` beside `shard`, or None where there is none.
 #[pyfunction]
 fn vocab_names(shard: PathBuf) -> PyResult<Option<Vec<String>>> {
@@ -227,6 +236,7 @@ fn _rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_audio_column, m)?)?;
     m.add_function(wrap_pyfunction!(plan_indices, m)?)?;
     m.add_function(wrap_pyfunction!(vocab_names, m)?)?;
+    m.add_function(wrap_pyfunction!(open_shards, m)?)?;
     m.add("VOCAB_FILE", birdjepa_core::dataset::VOCAB_FILE)?;
     m.add("DataError", m.py().get_type::<DataError>())?;
     m.add("StateError", m.py().get_type::<StateError>())?;

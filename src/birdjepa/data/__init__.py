@@ -15,8 +15,10 @@ from birdjepa.data.loader import (
     DataError,
     Features,
     Loader,
+    Shards,
     StateError,
     WorkerError,
+    open_shards,
     open_train_loader,
     plan_indices,
     resolve_files,
@@ -24,6 +26,6 @@ from birdjepa.data.loader import (
 )  # fmt: skip
 
 __all__ = [
-    "DEFAULTS", "TRAIN_VIEWS", "Batch", "DataConfig", "DataError", "Features", "Loader", "StateError",
-    "WorkerError", "open_train_loader", "plan_indices", "resolve_files", "take",
+    "DEFAULTS", "TRAIN_VIEWS", "Batch", "DataConfig", "DataError", "Features", "Loader", "Shards",
+    "StateError", "WorkerError", "open_shards", "open_train_loader", "plan_indices", "resolve_files", "take",
 ]  # fmt: skip

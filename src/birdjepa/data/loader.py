@@ -15,7 +15,7 @@ import math
 import os
 import pathlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -306,31 +306,16 @@ class Loader:
         A split whose folders index different vocabularies (`split_labels`) is read with
         ``label_names``: every ``label`` is the position of its name among the split's names, whichever
         folder it came from; other splits' labels are as stored (their signature unchanged)."""
-        features = Features() if features is None else features
-        if not isinstance(features, Features):  # a dict: "'dict' object has no attribute 'options'"
-            raise TypeError(f"features must be a birdjepa.data.Features, got {type(features).__name__}")
-        if given := sorted(options.keys() & features.options().keys()):  # else the Features' values won
-            raise TypeError(f"{', '.join(given)}: feature options go in features=Features(...)")
-        self.files = resolve_files(files)
+        self.files, core_options = _core_options(
+            files, features, options, multilabel_column=multilabel_column, n_classes=n_classes,
+            window_start_column=window_start_column, window_end_column=window_end_column,
+        )  # fmt: skip
         self.say_skips = True
         """Whether an eval pass ends with its WARNING line of the records it skipped (False: the caller
         says them in its own terms, from `diagnostics`)."""
         self.train = bool(options.get("train", DEFAULTS["train"]))
-        if "label_names" not in options:
-            names, mixed = split_labels(self.files)
-            options["label_names"] = names if mixed else None
-        if "label_column" not in options:  # where `prepare --label-column` wrote them, its vocab.json says
-            options["label_column"] = label_column(self.files)
-        options = {
-            **options,
-            **features.options(),
-            "multilabel_column": multilabel_column,
-            "n_classes": n_classes,
-            "window_start_column": window_start_column,
-            "window_end_column": window_end_column,
-        }
         state_json = None if state is None else json.dumps(state)
-        self._rs: Any = _rs.Loader(self.files, options_json(options), state_json)
+        self._rs: Any = _rs.Loader(self.files, core_options, state_json)
         self._passes = 0
         self._skips_before_pass = 0
         self._closed: tuple[str, str] | None = None  # the state and diagnostics it closed with
@@ -435,6 +420,57 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _core_options(
+    files: str | bytes | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]],
+    features: Features | None,
+    options: dict[str, Any],
+    **columns: Any,
+) -> tuple[list[str], str]:
+    """The shard paths and the Rust core's options JSON of a `Loader(files, features=..., **options)`
+    (``columns``: its keyword options named in its signature)."""
+    features = Features() if features is None else features
+    if not isinstance(features, Features):  # a dict: "'dict' object has no attribute 'options'"
+        raise TypeError(f"features must be a birdjepa.data.Features, got {type(features).__name__}")
+    if given := sorted(options.keys() & features.options().keys()):  # else the Features' values won
+        raise TypeError(f"{', '.join(given)}: feature options go in features=Features(...)")
+    paths = resolve_files(files)
+    options = dict(options)
+    if "label_names" not in options:
+        names, mixed = split_labels(paths)
+        options["label_names"] = names if mixed else None
+    if "label_column" not in options:  # where `prepare --label-column` wrote them, its vocab.json says
+        options["label_column"] = label_column(paths)
+    return paths, options_json({**options, **features.options(), **columns})
+
+
+class Shards(NamedTuple):
+    """What `open_shards` found: the shards' `Loader.fingerprint`, rows and `reads_audio_by_path`."""
+
+    fingerprint: str
+    rows: int
+    reads_audio_by_path: bool
+
+
+def open_shards(
+    files: str | bytes | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]],
+    *,
+    features: Features | None = None,
+    multilabel_column: str | None = DEFAULTS["multilabel_column"],
+    n_classes: int | None = DEFAULTS["n_classes"],
+    window_start_column: str = DEFAULTS["window_start_column"],
+    window_end_column: str = DEFAULTS["window_end_column"],
+    **options: Any,
+) -> Shards:
+    """The shards a `Loader` with these arguments reads, opened and checked as it opens them (the same
+    DataError for a truncated shard, a missing column, ...) without starting its threads or decoding a
+    record: a check before minutes of compiling, and a fingerprint that costs no worker."""
+    paths, core_options = _core_options(
+        files, features, options, multilabel_column=multilabel_column, n_classes=n_classes,
+        window_start_column=window_start_column, window_end_column=window_end_column,
+    )  # fmt: skip
+    return Shards(*_rs.open_shards(paths, core_options))
 
 
 def open_train_loader(

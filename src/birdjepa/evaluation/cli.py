@@ -22,7 +22,7 @@ import jax
 import tyro
 
 from birdjepa.config import PretrainConfig
-from birdjepa.data import DEFAULTS, DataError, Features, Loader, resolve_files
+from birdjepa.data import DEFAULTS, DataError, Features, Loader, open_shards, resolve_files
 from birdjepa.data.loader import loader_refusal, skipped_line
 from birdjepa.data.shards import split_labels
 from birdjepa.evaluation.embed import Split, batched, embed_split
@@ -260,9 +260,8 @@ def check_trained_on(run: RestoredRun, given: EvalData) -> None:
         recorded = run.meta.get(key)  # absent from checkpoints older than it, and runs never evaluated
         if path is not None or not recorded:
             continue
-        with Loader(files, seed=0, batch_size=1, n_workers=1, train=False, features=data.features,
-                    audio_root=root) as loader:  # fmt: skip
-            here, by_path = loader.fingerprint, loader.reads_audio_by_path
+        opened = open_shards(files, train=False, features=data.features, audio_root=root)
+        here, by_path = opened.fingerprint, opened.reads_audio_by_path
         did = "trained" if option == "train" else "evaluated"
         if here != recorded and by_path:  # the audio files' sizes and times count: a copy that lost them
             under = f"under {named} {root}" if root else "under each shard folder"

@@ -85,16 +85,16 @@ def debug_roundtrip(t: Trainer, state: TrainState, meta: dict[str, Any]) -> Trai
 def group_values(cfg: PretrainConfig) -> dict[str, str]:
     """What every process of a group must agree on: each option (but the loader's worker count, which
     moves no batch) and the train data's fingerprint (its files as this process reads them)."""
-    from birdjepa.data import Loader
+    from birdjepa.data import open_shards
     from birdjepa.train.segment import data_files
 
     values = {
         f"--{k.replace('_', '-')}": repr(v) for k, v in flatten(to_dict(cfg)).items() if k != "data.n_workers"
     }
     try:
-        with Loader(data_files(cfg)[0], batch_size=1, n_workers=1, train=False, features=cfg.data.features,
-                    audio_root=cfg.data.audio_root) as loader:  # fmt: skip
-            values["train data (its fingerprint)"] = loader.fingerprint
+        opened = open_shards(data_files(cfg)[0], train=False, features=cfg.data.features,
+                             audio_root=cfg.data.audio_root)  # fmt: skip
+        values["train data (its fingerprint)"] = opened.fingerprint
     except Exception as e:  # noqa: BLE001 (said by the checks after, in every process alike)
         values["train data (its fingerprint)"] = f"unreadable: {e}"
     return values
