@@ -289,10 +289,27 @@ def test_files_whose_ids_would_mean_other_classes_are_refused_naming_the_file(
     write("strings", "a.parquet", table, names)
     strings = pa.array([f"new-{x}" for x in table.column("ebird_code").to_pylist()])
     write("strings", "b.parquet", table.set_column(at, "ebird_code", strings), None)
+    write("categorical", "a.parquet", table, names)  # pandas' Categorical of names: passed, as strings did
+    write("categorical", "b.parquet", table.set_column(at, "ebird_code", strings.dictionary_encode()), None)
+    # String labels beside a multilabel column's ClassLabel ids in another order than the sorted strings
+    # vocab.json holds: its ids named other classes, exit 0.
+    named = pa.array([names[i] for i in table.column("ebird_code").to_pylist()])
+    by_name = json.loads(json.dumps(meta))
+    by_name["info"]["features"]["ebird_code"] = {"dtype": "string", "_type": "Value"}
+    by_name["info"]["features"]["ebird_code_multilabel"]["feature"]["names"] = sorted(names)[::-1]
+    (tmp_path / "strmulti").mkdir()
+    pq.write_table(table.set_column(at, "ebird_code", named).replace_schema_metadata(
+        {b"huggingface": json.dumps(by_name).encode()}), tmp_path / "strmulti" / "a.parquet")  # fmt: skip
     for folder, said in (
         ("order", "b.parquet: its ClassLabel names of 'ebird_code' are not "),
         ("bare", "b.parquet: integer labels without ClassLabel names beside "),
         ("strings", "b.parquet: string labels beside "),
+        ("categorical", "b.parquet: string labels beside "),
+        (
+            "strmulti",
+            "a.parquet: the ClassLabel names of 'ebird_code_multilabel' are not 'ebird_code''s "
+            "string labels, sorted (or not in their order)",
+        ),
         (
             "past",
             f"a.parquet: row group 1 (row 9): label {len(names) + 3} is outside its {len(names)} ClassLabel",

@@ -124,6 +124,9 @@ def _convert(files: list[Path], out: Path, label_column: str, prefix: str, audio
     # cannot be written left named shards without one, which a second run then refused to replace.
     clash = None if names is not None or not vocab else relabelled(out, vocab, label_column)
     clash = clash or (bad_names(vocab, ordered=names is None) if vocab else None)
+    if names is None and vocab:  # checked against the ClassLabel's names before any row was read
+        said = f"{label_column!r}'s string labels, sorted"
+        clash = clash or _multilabel_clash(files, schemas, label_column, vocab, said)
     if rows == 0 or clash is not None:  # 0 rows: it said "wrote 0 rows" and exit 0, for a set every
         for p in shards:  # command then refused
             partial_name(p).unlink()
@@ -160,7 +163,7 @@ def _one_vocabulary(files: list[Path], schemas: list[pa.Schema], label_column: s
         raise ParquetError(f"{bare[0]}: integer labels without ClassLabel names beside {other}'s named "
                            "ones: its ids would be read as positions in that vocabulary; convert the two "
                            "apart")  # fmt: skip
-    text = next((f for f, s in zip(files, schemas, strict=True) if _text(s.field(label_column).type)), None)
+    text = next((f for f, s in zip(files, schemas, strict=True) if _names(s.field(label_column).type)), None)
     if first is not None and text is not None:  # prepare passed, and the first string missing from the
         raise ParquetError(f"{text}: string labels beside {first[0]}'s ClassLabel ids: the vocabulary "
                            "would be the ClassLabel's names alone, and a training run stops at the first "
@@ -170,15 +173,25 @@ def _one_vocabulary(files: list[Path], schemas: list[pa.Schema], label_column: s
     why = bad_names(first[1], ordered=False)
     if why is not None:
         raise ParquetError(f"{first[0]}: its ClassLabel names cannot be a vocabulary: {why}")
-    for f, schema in zip(files, schemas, strict=True):  # a multilabel column reads its ids as these names
+    clash = _multilabel_clash(files, schemas, label_column, first[1], f"those of {label_column!r}")
+    if clash is not None:
+        raise ParquetError(clash)
+    return first[1]
+
+
+def _multilabel_clash(
+    files: list[Path], schemas: list[pa.Schema], label_column: str, vocab: list[str], said: str
+) -> str | None:
+    """Why a list column's ClassLabel ids would name other classes than ``vocab``'s (``said``: where the
+    vocabulary comes from), or None: a multilabel column reads its ids as vocab.json's names."""
+    for f, schema in zip(files, schemas, strict=True):
         for column in schema.names:
             names = class_names(schema, column) if pa.types.is_list(schema.field(column).type) else None
-            if column != label_column and names is not None and names != first[1]:
-                raise ParquetError(f"{f}: the ClassLabel names of {column!r} are not those of "
-                                   f"{label_column!r} (or not in their order), which vocab.json will hold: "
-                                   "read as a multilabel column, its ids would name other classes; remap it "
-                                   "to them first")  # fmt: skip
-    return first[1]
+            if column != label_column and names is not None and names != vocab:
+                return (f"{f}: the ClassLabel names of {column!r} are not {said} (or not in their order), "
+                        "which vocab.json will hold: read as a multilabel column, its ids would name other "
+                        "classes; remap it to them first")  # fmt: skip
+    return None
 
 
 def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema:
@@ -194,8 +207,7 @@ def _check_schema(file: Path, audio_column: str, label_column: str) -> pa.Schema
     except _rs.DataError as e:
         raise ParquetError(str(e)) from None
     kind = schema.field(label_column).type
-    names = pa.types.is_dictionary(kind) and _text(kind.value_type)
-    if not (pa.types.is_integer(kind) or _text(kind) or names):
+    if not (pa.types.is_integer(kind) or _names(kind)):
         # Converted, it was refused by every command that reads it ("has type double").
         raise ParquetError(f"{file}: label column {label_column!r} has type {kind}: class ids (integers) or "
                            "names (strings) are read; a float column of ids with missing values: cast it "
@@ -209,6 +221,11 @@ SOURCE_KEY = b"birdjepa.source"
 
 def _text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _names(kind: pa.DataType) -> bool:
+    """Labels as class names: strings, or pandas' Categorical of them (a dictionary)."""
+    return _text(kind) or (pa.types.is_dictionary(kind) and _text(kind.value_type))
 
 
 def _copy(
