@@ -79,20 +79,29 @@ def test_audio_root_finds_relative_paths_for_shards_kept_elsewhere(
         assert loader.diagnostics()["counters"]["skipped"] == len(read_shard(moved))
 
 
-def test_a_missing_file_is_a_counted_skip_naming_shard_row_and_path(
+def test_a_missing_or_unreadable_file_is_a_counted_skip_naming_shard_row_and_path(
     birdset_task: Path, tmp_path: Path
 ) -> None:
+    # A file no decoder takes was named by its shard and row alone ("decode: unrecognised container").
     mine = train_shard_by_path(birdset_task, tmp_path)
-    gone = read_shard(mine).column("audio").combine_chunks().field("path")[2].as_py()
+    paths = read_shard(mine).column("audio").combine_chunks().field("path")
+    gone, damaged = paths[2].as_py(), paths[5].as_py()
     (tmp_path / gone).unlink()
+    (tmp_path / damaged).write_bytes(b"RIFF\x00\x00\x00\x00junk" * 8)
     with Loader([str(mine)], batch_size=4, train=False) as loader:
         rows = np.concatenate([b["index"] for b in loader])
         diagnostics = loader.diagnostics()
-    assert 2 not in rows and len(rows) == len(read_shard(mine)) - 1
-    assert diagnostics["counters"]["skipped"] == 1
-    (skip,) = diagnostics["skipped"]
-    assert (skip["file"], skip["row"]) == (str(mine), 2)
-    assert gone in skip["reason"] and "No such file" in skip["reason"], skip
+    assert 2 not in rows and 5 not in rows and len(rows) == len(read_shard(mine)) - 2
+    assert diagnostics["counters"]["skipped"] == 2
+    missing, unreadable = diagnostics["skipped"]
+    assert (missing["file"], missing["row"], unreadable["file"], unreadable["row"]) == (
+        str(mine),
+        2,
+        str(mine),
+        5,
+    )
+    assert gone in missing["reason"] and "No such file" in missing["reason"], missing
+    assert unreadable["reason"].startswith(f"audio file {tmp_path / damaged}: decode: "), unreadable
 
 
 def test_a_file_opened_with_no_descriptor_left_stops_the_loader_in_one_line_and_is_no_skip(

@@ -120,18 +120,18 @@ impl AudioLayout {
     }
 
     /// The encoded audio of row `r` of `column` (a shard's audio column), a file read whole where the row
-    /// names one (relative paths under `root`). The inner error is why the row has none, for a counted
-    /// skip; the outer, a limit of this process that the read met (a skip would hang on the process, not
-    /// the file, and differ between runs).
-    pub fn read(&self, column: &ArrayRef, r: usize, root: &Path) -> Result<std::result::Result<Buffer, String>> {
+    /// names one (relative paths under `root`), with that file's path (None: bytes in the shard). The
+    /// inner error is why the row has none, for a counted skip; the outer, a limit of this process that
+    /// the read met (a skip would hang on the process, not the file, and differ between runs).
+    pub fn read(&self, column: &ArrayRef, r: usize, root: &Path) -> Result<std::result::Result<(Buffer, Option<PathBuf>), String>> {
         Ok(match self.locate(column, r) {
-            Some(Located::Bytes(b)) => Ok(b),
+            Some(Located::Bytes(b)) => Ok((b, None)),
             Some(Located::Path(p)) => match mmap_buffer(&resolve(root, &p)) {
                 Ok((buffer, map)) => {
                     if buffer.len() <= WHOLE_READ_BYTES {
                         let _ = map.advise(memmap2::Advice::WillNeed); // decoded whole: one read
                     }
-                    Ok(buffer)
+                    Ok((buffer, Some(resolve(root, &p))))
                 }
                 Err(e) if e.kind == ErrorKind::Limit => return Err(Error::limit(format!("audio file {e}"))),
                 Err(e) => Err(format!("audio file {e}")),
@@ -227,9 +227,9 @@ mod tests {
         );
         let layout = AudioLayout::of(Path::new("s.arrow"), &field).unwrap();
         let read = |r| layout.read(&column, r, &dir).unwrap();
-        assert_eq!(read(0).unwrap().as_slice(), b"inline");
-        assert_eq!(read(1).unwrap().as_slice(), b"file a");
-        assert_eq!(read(2).unwrap().as_slice(), b"file a");
+        assert_eq!(read(0).unwrap(), (Buffer::from(b"inline"), None));
+        assert_eq!(read(1).unwrap(), (Buffer::from(b"file a"), Some(dir.join("clips/a.flac"))));
+        assert_eq!(read(2).unwrap(), (Buffer::from(b"file a"), Some(dir.join("clips/a.flac"))));
         let missing = read(3).unwrap_err();
         assert!(missing.starts_with("audio file ") && missing.contains("clips/missing.flac"), "{missing}");
         assert_eq!(read(4).unwrap_err(), "audio bytes and path are null");

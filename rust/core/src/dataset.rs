@@ -71,6 +71,8 @@ enum LabelLayout {
 /// One decoded row: the encoded audio (a zero-copy slice of the mapped shard) and its labels.
 pub struct Record {
     pub audio: Buffer,
+    /// The file the audio was read from, where the row names one by path (not bytes in the shard).
+    pub file: Option<PathBuf>,
     pub label: i64,
     /// The multi-hot row (`n_classes` bytes of 0 or 1) when a multilabel column is read.
     pub multilabel: Option<Vec<u8>>,
@@ -517,7 +519,7 @@ impl Dataset {
         let audio_col = entry.shard.column(&batch, &self.columns.audio_column).map_err(RecordError::Fatal)?;
         let label_col = entry.shard.column(&batch, &self.columns.label_column).map_err(RecordError::Fatal)?;
 
-        let audio = entry.audio.read(&audio_col, r, &entry.audio_root).map_err(RecordError::Fatal)?.map_err(RecordError::Skip)?;
+        let (audio, file) = entry.audio.read(&audio_col, r, &entry.audio_root).map_err(RecordError::Fatal)?.map_err(RecordError::Skip)?;
         entry.shard.will_need(&audio);
 
         // Bad labels stop the loader (they are the data set's, not one recording's): one line naming the row.
@@ -569,7 +571,7 @@ impl Dataset {
             }
             _ => None,
         };
-        Ok(Record { audio, label, multilabel, window, events, shard: s, row })
+        Ok(Record { audio, file, label, multilabel, window, events, shard: s, row })
     }
 }
 

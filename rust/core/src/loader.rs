@@ -867,7 +867,11 @@ fn process(shared: &Shared, item: PlanItem) -> Outcome {
             let (label, multilabel) = (record.label, record.multilabel);
             Outcome::Sample(Decoded { features, crop_offset, label, multilabel, shard })
         }
-        Err(AudioError(reason)) => Outcome::Skip { shard, row, reason },
+        // A file read by path is named: the row alone sent a user through the shard for it.
+        Err(AudioError(reason)) => match record.file {
+            Some(file) => Outcome::Skip { shard, row, reason: format!("audio file {}: {reason}", file.display()) },
+            None => Outcome::Skip { shard, row, reason },
+        },
     }
 }
 
