@@ -7,7 +7,6 @@ another CPU: the batches and the schedule with ==, the model's numbers to 1e-5 r
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -170,7 +169,10 @@ def test_an_option_given_again_at_a_resume_is_not_said_to_be_kept(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # "where this birdjepa's defaults differ: optim.grad_accum=2 (default now 1)" was said of a resume
-    # given --optim.grad-accum 3.
+    # given --optim.grad-accum 3, and "data.batch_size=4 (default now 16)" of a requeue given its whole
+    # command line again.
+    import tyro
+
     from birdjepa.config import to_dict
     from birdjepa.resume import options
 
@@ -178,11 +180,13 @@ def test_an_option_given_again_at_a_resume_is_not_said_to_be_kept(
         **to_dict(PretrainConfig()),
         "seed": 5,
         "optim": {**to_dict(PretrainConfig())["optim"], "grad_accum": 2},
+        "data": {**to_dict(PretrainConfig())["data"], "batch_size": 4},
     }
     monkeypatch.setattr(options, "saved_config", lambda run_dir: (3, saved))
-    fresh = PretrainConfig(log=dataclasses.replace(PretrainConfig().log, runs_dir=tmp_path))
-    _, _, cfg, kept = options.resumed_config(["--optim.grad-accum", "3"], fresh)
-    assert cfg.optim.grad_accum == 3 and cfg.seed == 5
+    args = ["--log.runs-dir", str(tmp_path), "--optim.grad-accum", "3", "--data.batch-size", "4"]
+    fresh = tyro.cli(PretrainConfig, args=args)  # as `birdjepa pretrain` parses them for a new run
+    _, _, cfg, kept = options.resumed_config(args, fresh)
+    assert cfg.optim.grad_accum == 3 and cfg.seed == 5 and cfg.data.batch_size == 4
     assert kept == ["seed=5 (default now 0)"]
 
 

@@ -105,7 +105,8 @@ def resumed_config(
     step, saved = found
     defaults, kept = resume_defaults(saved, f"{fresh.run_dir / 'checkpoints' / str(step)}")
     cfg = tyro.cli(PretrainConfig, args=list(args), default=defaults, **cli)
-    # Those the command line set anew are not kept: "optim.grad_accum=2 (default now 1)" was said of a
-    # resume given --optim.grad-accum 3.
-    now, was = flatten(to_dict(cfg)), flatten(to_dict(defaults))
-    return step, saved, cfg, [k for k in kept if now[k.split("=")[0]] == was[k.split("=")[0]]]
+    # Those the command line set are not kept, at any value: "optim.grad_accum=2 (default now 1)" was
+    # said of a resume given --optim.grad-accum 3, and "steps=8 (default now 600)" of a requeue given
+    # its whole command line again. Set, an option is ARGS' value under both defaults.
+    now, given = flatten(to_dict(cfg)), flatten(to_dict(fresh))
+    return step, saved, cfg, [k for k in kept if now[k.split("=")[0]] != given[k.split("=")[0]]]
