@@ -396,6 +396,10 @@ def test_allowed_config_change_passes_the_config_check_loudly(
         "RESUME_CHECK name=config ok=True expected=breaking_changes_allowed got=data.batch_size:8->16" in out
     )
     assert not row.checks["loader_state"] and row.exit_code == exit_codes.RESUME_CHECK and stream in out
+    # Other step keys alone leave the loader's state as it was: no "the data starts over" said of them.
+    row = resume_with(dataclasses.replace(allowed, prng="stateless"), None, RESUME_AT)
+    keys = "(prng differ), which cannot change within a run, --allow-config-change neither: train the change"
+    assert row.exit_code == exit_codes.RESUME_CHECK and keys in capsys.readouterr().out
     # Warned past, the stream started over at its first batch, exit 0, and nothing said so.
     warned = dataclasses.replace(allowed, resume_checks="warn")
     assert resume_with(warned, "batch_size_change", RESUME_AT).exit_code == 0

@@ -322,10 +322,14 @@ class Trainer:
         # A run extended or retuned on purpose (--steps 800 after 600) is the common case; one whose data
         # stream the change lays out otherwise was told to pass the flag, which was then refused.
         if (changed or allowed) is not None and stream:
+            # Warned past, a loader that refused its state starts over; the step keys alone (--prng) do not.
+            over = (
+                " (warned past, the data starts over at its first batch)" if "loader_state" in stream else ""
+            )
             how = (f"The options changed ({changed or allowed}) lay out the data stream or the step keys "
                    f"({', '.join(sorted(stream))} differ), which cannot change within a run, "
-                   "--allow-config-change neither (warned past, the data starts over at its first batch): "
-                   "train the change in a new run, or leave them out")  # fmt: skip
+                   f"--allow-config-change neither{over}: train the change in a new run, or leave them "
+                   "out")  # fmt: skip
         elif changed is not None:
             how = (f"Options that change the run were given ({changed}): pass --allow-config-change to train "
                    "on under them (the run is then no longer exact), or leave them out")  # fmt: skip
