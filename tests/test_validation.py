@@ -435,12 +435,20 @@ def test_a_combination_a_newer_check_refuses_goes_on_in_a_run_that_trained_with_
         validation.check(mix, data=False, saved=flatten(to_dict(dataclasses.replace(mix, data=DataConfig()))))
 
 
-def test_a_verification_s_own_files_are_its_output_and_its_lease_s_leftovers() -> None:
+def test_a_verification_s_own_files_are_its_output_and_its_lease_s_leftovers(tmp_path: Path) -> None:
+    # A user's run named verify-X/straight (no console.log in it) was removed by `verify-resume --run X`.
     from birdjepa.resume.verify import own_output
 
-    assert all(map(own_output, ["straight", "resumed", "verify.json", "lease.json", "lease.json.takeover",
-                                ".lease.json.0123456789abcdef"]))  # fmt: skip
-    assert not any(map(own_output, ["checkpoints", "metrics.jsonl", "config.json"]))
+    for name in ("straight", "resumed"):
+        (tmp_path / name).mkdir()
+        assert own_output(tmp_path / name)  # made, killed before its trainer wrote
+        (tmp_path / name / "metrics.jsonl").touch()
+        assert not own_output(tmp_path / name)  # a run the verification did not write
+        (tmp_path / name / "console.log").touch()
+        assert own_output(tmp_path / name)
+    names = ["verify.json", "lease.json", "lease.json.takeover", ".lease.json.0123456789abcdef"]
+    assert all(own_output(tmp_path / name) for name in names)
+    assert not any(own_output(tmp_path / name) for name in ["checkpoints", "metrics.jsonl", "config.json"])
 
 
 def test_the_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:

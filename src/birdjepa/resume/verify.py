@@ -149,8 +149,9 @@ def run_segment(
     with ``signal_at`` sends SIGTERM once that step is in the run's metrics file. Returns the exit code."""
     cmd = [sys.executable, "-m", "birdjepa.cli", "pretrain", *args]
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONSOLE_LOG).touch()  # before the trainer writes: the mark of a verification's run
     proc = children.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, f"[{label}] ", run_dir / "console.log"))
+    pump = threading.Thread(target=_pump, args=(proc.stdout, f"[{label}] ", run_dir / CONSOLE_LOG))
     pump.start()
     signalled = signal_at is None
     while proc.poll() is None:
@@ -189,7 +190,7 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
     root = cfg.log.runs_dir / f"verify-{cfg.run}"
     # An earlier verification's output is started afresh (removed); anything else there is not ours: a
     # run named verify-X lost its checkpoints and log to `verify-resume --run X`, without a word.
-    if root.is_dir() and (others := sorted(p.name for p in root.iterdir() if not own_output(p.name))):
+    if root.is_dir() and (others := sorted(p.name for p in root.iterdir() if not own_output(p))):
         print(f"error: verify-resume writes its two runs into {root}, which holds {', '.join(others[:3])}"
               f"{' ...' if len(others) > 3 else ''}, not an earlier verification's output: give another "
               f"--run or --log.runs-dir; nothing was touched; exit {exit_codes.USAGE}",
@@ -211,14 +212,19 @@ def verify(opts: VerifyOptions, cfg: PretrainConfig, argv: Sequence[str]) -> int
         lease.release()
 
 
-#: What a verification writes into its folder (`_verify`), and nothing else.
-OWN_OUTPUT = ("straight", "resumed", "verify.json")
+#: The runs a verification trains in its folder (`_verify`); it writes nothing else there but its report.
+OWN_RUNS = ("straight", "resumed")
+#: Each of its runs' console output, which no trainer writes: what tells them from a user's run of the
+#: same name (`pretrain --run verify-X/straight` was removed by `verify-resume --run X`).
+CONSOLE_LOG = "console.log"
 
 
-def own_output(name: str) -> bool:
-    """A verification's own file: its output, or its lease's (a takeover marker or a file written aside,
-    left by a process that died holding it)."""
-    return name in OWN_OUTPUT or name.startswith((LEASE_FILE, f".{LEASE_FILE}"))
+def own_output(path: Path) -> bool:
+    """A verification's own file: one of its runs (empty, or holding its console.log), its report, or
+    its lease's (a takeover marker or a file written aside, left by a process that died holding it)."""
+    if path.name in OWN_RUNS:
+        return path.is_dir() and (not any(path.iterdir()) or (path / CONSOLE_LOG).is_file())
+    return path.name == "verify.json" or path.name.startswith((LEASE_FILE, f".{LEASE_FILE}"))
 
 
 def _verify(opts: VerifyOptions, argv: Sequence[str], stops: list[Interruption], root: Path) -> int:
