@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -151,6 +152,43 @@ def test_the_heartbeat_is_renewed_and_stops_once_taken_over(tmp_path: Path, monk
     assert json.loads((run / LEASE_FILE).read_text()) == other
     held.release()  # not its lease any more: it stays
     assert json.loads((run / LEASE_FILE).read_text()) == other
+
+
+def test_a_run_folder_moved_or_removed_under_its_trainer_stops_it_before_its_next_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    # Moved while training: the heartbeat thread died in a FileNotFoundError traceback and the next step's
+    # check raised another (exit 1); or the next save recreated the old path, the run split in two, and
+    # the trainer said it "went 15 s without renewing its lease (suspended, or cut off)".
+    from birdjepa.rundir import lease as lease_lib
+    from birdjepa.rundir.lease import RunDirGone
+
+    monkeypatch.setattr(lease_lib, "HEARTBEAT_S", 0.02)
+
+    def replaced(run: Path) -> None:  # another folder (made first: another inode) renamed into its place
+        (tmp_path / "other").mkdir()
+        run.rename(tmp_path / "moved-too")
+        (tmp_path / "other").rename(run)
+
+    for what, change in (
+        ("was moved or removed", lambda run: run.rename(tmp_path / "moved")),
+        ("was moved or removed, and another folder put at its name", replaced),
+        (
+            "lost its lease (the folder replaced, or the file removed)",
+            lambda run: (run / LEASE_FILE).unlink(),
+        ),
+    ):
+        run = tmp_path / "r"
+        held = acquire(run)
+        held.check()
+        change(run)
+        time.sleep(0.1)  # beats meet the move
+        said = f"the run directory {run} {what} while this trainer ran;"
+        with pytest.raises(RunDirGone, match=f"^{re.escape(said)}"):
+            held.check()
+        assert "Traceback" not in capfd.readouterr().err  # the heartbeat's, before
+        held.release()
+        assert not (tmp_path / "r" / LEASE_FILE).exists()
 
 
 def test_a_holder_woken_after_a_long_stop_renews_its_lease_or_finds_it_taken(tmp_path: Path) -> None:

@@ -73,6 +73,21 @@ class LeaseLost(RuntimeError):
                          f"off), and {now} ({run_dir / LEASE_FILE}); it stops without writing")  # fmt: skip
 
 
+class RunDirGone(LeaseLost):
+    """The run directory was moved or removed while this process held it: its next save recreated the
+    old path (a run split in two, said to be a lease not renewed), or the heartbeat died in a traceback."""
+
+    def __init__(self, run_dir: Path, what: str) -> None:
+        self.taker = None
+        said = f"the run directory {run_dir} {what} while this trainer ran; it stops without writing"
+        RuntimeError.__init__(self, f"{said} (the checkpoints saved are where the folder went)")
+
+
+def _identity(folder: Path) -> tuple[int, int]:
+    st = os.stat(folder)
+    return st.st_dev, st.st_ino
+
+
 class LeaseUnwritable(RuntimeError):
     """The run directory, or the lease in it, cannot be written (a read-only folder, a full disk): nothing
     was touched."""
@@ -233,6 +248,7 @@ class Lease:
     """The stale holder this lease replaced, and why it was stale (None: the run was free)."""
 
     def __post_init__(self) -> None:
+        self.folder = _identity(self.path.parent)  # a folder put at its name later is another run's
         self.renewed = time.time()  # the heartbeat it was created with
         self.lost = False
         self._stop = threading.Event()
@@ -256,14 +272,23 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            if self._renew() is False:
-                return  # taken over (this process was presumed dead): stop renewing
+            try:
+                if self._renew() is False:
+                    return  # taken over (this process was presumed dead): stop renewing
+            except OSError:  # the folder moved or removed, a full disk: `check` says it, before a write
+                continue
 
     def check(self) -> None:
         """Raises `LeaseLost` unless this process still holds the run; before each write into it. While
         heartbeats come on time it reads a clock: renewed less than half `STALE_AFTER_S` ago, no taker
         can have found the lease stale. After a longer silence (the process was stopped: a suspended
         job, a paused machine) it renews the lease now, under the marker, or finds it taken."""
+        try:  # a stat a step: the save after a move wrote into a new folder at the old name
+            moved = _identity(self.path.parent) != self.folder
+        except (FileNotFoundError, NotADirectoryError):
+            raise RunDirGone(self.path.parent, "was moved or removed") from None
+        if moved:
+            raise RunDirGone(self.path.parent, "was moved or removed, and another folder put at its name")
         silent = time.time() - self.renewed
         if not self.lost and silent < STALE_AFTER_S / 2:
             return
@@ -271,7 +296,9 @@ class Lease:
             if self._renew():
                 return
             time.sleep(0.05)  # a taker holds the marker: its outcome decides
-        raise LeaseLost(self.path.parent, _read(self.path), silent)
+        if (taker := _read(self.path)) is None and silent < STALE_AFTER_S / 2:  # no taker removes it
+            raise RunDirGone(self.path.parent, "lost its lease (the folder replaced, or the file removed)")
+        raise LeaseLost(self.path.parent, taker, silent)
 
     def release(self) -> None:
         self._stop.set()
