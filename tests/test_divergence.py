@@ -202,7 +202,7 @@ def test_the_same_step_traced_in_two_processes_gives_the_same_file(
 
 
 def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_difference(
-    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     t0, t1 = tmp_path / "new" / "0.npz", tmp_path / "1.npz"
     # The command makes a missing folder for its output, as `embed --out` does.
@@ -212,6 +212,17 @@ def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_differenc
         main(["trace", str(runs / "A"), "--step", "0", "--out", str(runs / "A" / "metrics.jsonl")])
     said = capsys.readouterr().err
     assert own.value.code == 2 and "metrics.jsonl: exists and is no trace (a run's own file?)" in said
+    # At the default name (trace-<run folder's name>-<step>.npz): traced again, the same run's is
+    # replaced; another run's of the same name is not (two sweeps' run A replaced each other).
+    here, other = tmp_path / "cwd", tmp_path / "sweep2" / "A"
+    here.mkdir(), other.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    for _ in range(2):
+        main(["trace", str(runs / "A"), "--step", "0", "--only", "batch"])
+    with pytest.raises(SystemExit) as same_name:
+        main(["trace", str(other), "--step", "0"])
+    said = f"trace-A-0.npz holds a trace of another run named A ({runs / 'A'}): give --out"
+    assert same_name.value.code == 2 and said in capsys.readouterr().err
     with pytest.raises(SystemExit) as typo:  # a trace of 0 tensors, exit 0
         main(["trace", str(runs / "A"), "--step", "0", "--only", "batch", "batch/idx", "--out", str(t1)])
     said = capsys.readouterr().err

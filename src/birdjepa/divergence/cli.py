@@ -52,6 +52,10 @@ def trace(
     why = unwritable(path)  # before the step is re-executed, not after
     if why is None and path.exists() and not trace_file.is_trace(path):  # --out RUN/metrics.jsonl: a zip
         why = f"{path}: exists and is no trace (a run's own file?): give another --out"
+    # The default name holds the run's folder name alone: two sweeps' run b traced here replaced each other.
+    traced = trace_file.traced_run(path) if why is None and out is None and path.exists() else None
+    if traced is not None and Path(traced).resolve() != run.resolve():
+        why = f"{path} holds a trace of another run named {run.name} ({traced}): give --out"
     if why is not None:
         _fail(ValueError(why))
     try:

@@ -122,6 +122,15 @@ def is_trace(path: Path) -> bool:
         return False
 
 
+def traced_run(path: Path) -> str | None:
+    """The run folder the trace in ``path`` re-executed, as it was given (None: no trace there)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return json.loads(z.read(MANIFEST)).get("run")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
 def read(path: Path) -> Trace:
     """The trace in ``path``; `TraceFileError` (naming the file) if it is not one."""
     path = Path(path)
