@@ -334,6 +334,9 @@ impl ClipExtractor {
             return Err(AudioError(format!("window: start_time {start_s} s is negative")));
         }
         let rate = self.cfg.target_rate as f64;
+        if start_s * rate >= u64::MAX as f64 {  // the cast saturates: said "end_time is not after start_time"
+            return Err(AudioError(format!("window: start_time {start_s} s is past the end of any recording")));
+        }
         let (start, end) = ((start_s * rate).round() as u64, (end_s * rate).round() as u64);
         if end <= start {
             return Err(AudioError(format!("window: end_time {end_s} s is not after start_time {start_s} s")));
@@ -932,6 +935,7 @@ mod tests {
             (3.0, 3.0, "is not after start_time"),
             (3.0, 2.0, "is not after start_time"),
             (f64::NAN, 2.0, "not finite"),
+            (1e20, 2e20, "start_time 100000000000000000000 s is past the end of any recording"),
         ] {
             let e = ex.window(start, end).unwrap_err();
             assert!(e.0.starts_with("window: ") && e.0.contains(why), "{start} {end}: {e}");
