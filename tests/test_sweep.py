@@ -41,6 +41,13 @@ def test_the_shipped_sweep_resolves(tmp_path: Path) -> None:
         ('[{"steps": "10"}]', "config 0: key 'steps' = '10' has the wrong type"),
         ('[{"data.batch_size": 8.5}]', "config 0: key 'data.batch_size' = 8.5 has the wrong type"),
         ('[{"prng": "random"}]', "config 0: key 'prng' = 'random' has the wrong type"),
+        # A pair given three values: tyro's usage box, naming no sweep file, exit 0.
+        (
+            '[{"augment.mix_db": [-20.0, -10.0, -5.0]}]',
+            "config 0: key 'augment.mix_db' = [-20.0, -10.0, -5.0] has the wrong type",
+        ),
+        # A NaN never equals itself: "flags ... do not parse back to the config".
+        ('[{"optim.lr": float("nan")}]', "config 0: --optim.lr nan: must be a finite number"),
         ('[{"optim": 3}]', "config 0: key 'optim' is a group"),
         ('[{"steps.x": 3}]', "config 0: unknown key 'steps.x'"),
         (
@@ -180,9 +187,15 @@ def test_a_sweep_into_a_folder_it_cannot_write_starts_nothing_and_says_so_in_one
     )
 
 
-def test_force_resume_must_fall_inside_the_run(tmp_path: Path) -> None:
+def test_force_resume_must_fall_inside_the_run_and_before_its_stop(tmp_path: Path) -> None:
     with pytest.raises(SweepError, match="--force-resume-at 40 is not inside its 40 steps"):
         plan(REPO / "sweeps" / "tiny.py", tmp_path, force_resume_at=40)
+    # After the config's --stop-at-step on the command line, it won: the run trained past the config's
+    # stop, and its requeued start was refused (exit 2, not requeued).
+    path = sweep_file(tmp_path, '[{"steps": 8, "stop_at_step": 2}]')
+    with pytest.raises(SweepError, match="config 0: --force-resume-at 2 is not before its stop_at_step 2"):
+        plan(path, tmp_path, force_resume_at=2)
+    assert plan(path, tmp_path, force_resume_at=1)
 
 
 def test_job_script_is_requeueable_and_forwards_the_warning_signal(tmp_path: Path) -> None:

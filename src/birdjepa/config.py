@@ -267,8 +267,10 @@ def type_ok(value: Any, hint: Any) -> bool:
     if origin is tuple:
         if not isinstance(value, (tuple, list)):
             return False
-        item = args[0] if args else Any
-        return all(type_ok(v, item) for v in value)
+        if len(args) == 2 and args[1] is Ellipsis or not args:  # tuple[int, ...]: any length
+            return all(type_ok(v, args[0] if args else Any) for v in value)
+        # tuple[float, float]: three values passed, and the job's command line was tyro's usage box
+        return len(value) == len(args) and all(type_ok(v, a) for v, a in zip(value, args, strict=True))
     if hint is type(None):
         return value is None
     if hint is bool:

@@ -222,14 +222,14 @@ def plan(
             cfg = resolve(PretrainConfig(), overrides, where)
         except ConfigError as e:
             raise SweepError(str(e)) from None
-        flags = to_flags(overrides)
-        parsed = tyro.cli(PretrainConfig, args=flags)
-        if parsed != cfg:  # the job's command line must mean exactly this config
-            raise SweepError(f"{where}: flags {shlex.join(flags)} do not parse back to the config")
         try:  # the values pretrain would reject, here, before anything is submitted
             validation.check(cfg, saved=trained_config(cfg))  # as pretrain's start
         except OptionError as e:
             raise SweepError(f"{where}: {e}") from None
+        flags = to_flags(overrides)
+        parsed = tyro.cli(PretrainConfig, args=flags)
+        if parsed != cfg:  # the job's command line must mean exactly this config
+            raise SweepError(f"{where}: flags {shlex.join(flags)} do not parse back to the config")
         if submits:
             slurm_safe(cfg.run_dir.absolute(), "its run directory", where)
         if cfg.resume == "never":  # refused at its first requeue's start (exit 2): the run left half done
@@ -244,6 +244,15 @@ def plan(
             raise SweepError(
                 f"{where}: --force-resume-at {force_resume_at} is not inside its {cfg.steps} steps"
             )
+        # Its stop came after the config's on the command line and won: the run trained past the config's
+        # stop, and the requeued start was refused, "has trained that step already", exit 2.
+        if (
+            force_resume_at is not None
+            and cfg.stop_at_step is not None
+            and force_resume_at >= cfg.stop_at_step
+        ):
+            raise SweepError(f"{where}: --force-resume-at {force_resume_at} is not before its stop_at_step "
+                             f"{cfg.stop_at_step}: give an earlier step, or none")  # fmt: skip
         jobs.append(Job(i, cfg, flags))
     first: dict[Path, int] = {}
     for job in jobs:  # it listed every config's run directory, and named no config
