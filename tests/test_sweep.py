@@ -281,6 +281,7 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
     # Its jobs waited in the queue to exit 65 at their start, and each run's job.sbatch was rewritten
     # with options that never trained it.
     import tyro
+    from conftest import a_demo_shard_beside_its_vocabulary
 
     from birdjepa.config import PretrainConfig
     from birdjepa.pretrain.loop import pretrain
@@ -304,6 +305,21 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
                            r"change within a run, allow_config_change=True neither .*: give the config "
                            r"another run, or leave them out"):  # fmt: skip
             plan(edited, tmp_path)
+    # An override dropped: its job resumed the checkpoint's value, and --dry-run printed the default.
+    dropped = {k: v for k, v in cfg.items() if k != "data.batch_size"}
+    said = r"config 0: run .* has checkpoint 0, trained with options the config leaves at other values "
+    with pytest.raises(
+        SweepError, match=said + r"\(data.batch_size:16->8: the config's, then the checkpoint's"
+    ):
+        plan(sweep_file(tmp_path, repr([dropped])), tmp_path)
+    # Pointed at other shards: planned, and refused at the job's start by the dataset check (exit 65).
+    other = tmp_path / "other"
+    shard = a_demo_shard_beside_its_vocabulary(demo_dir, other)
+    (other / shard.name).write_bytes(shard.read_bytes())
+    moved = {**cfg, "stop_at_step": 3, "data.train": str(other)}
+    said = rf"config 0: run .* has checkpoint 0, trained on data of fingerprint \w+; data.train '{other}' "
+    with pytest.raises(SweepError, match=said + r"reads as \w+ \(other shards"):
+        plan(sweep_file(tmp_path, repr([moved])), tmp_path)
     # Its stop, now past: planned, and refused at the job's start (exit 2).
     with pytest.raises(SweepError, match=r"config 0: stop_at_step 0: run .* has trained that step already"):
         plan(sweep_file(tmp_path, repr([cfg])), tmp_path)

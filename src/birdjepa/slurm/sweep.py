@@ -304,6 +304,42 @@ def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> None:
             f"({', '.join(breaking)}): give the config another run, or allow_config_change=True to train "
             "on under them; nothing was submitted"
         )
+    # An override dropped from the file: its job resumes the checkpoint's value (options not on its
+    # command line come from there), and --dry-run printed the file's (a run at lr 3e-3 shown as 1e-3).
+    _, left_out = config_diff(to_dict(cfg), to_dict(resumed))
+    if left_out:
+        raise SweepError(
+            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with options the config leaves at "
+            f"other values ({', '.join(left_out)}: the config's, then the checkpoint's, which its job would "
+            "train on): set them in the config as the run trained them, or give the config another run; "
+            "nothing was submitted"
+        )
+    data_moved(resumed, step, where)
+
+
+def data_moved(resumed: PretrainConfig, step: int, where: str) -> None:
+    """Raises SweepError where the train shards a resumed run's job reads are not those its checkpoint
+    ``step`` trained on (a sweep edited to point the run at other data, or the data changed since): its
+    job was refused at its start, exit 65, after its wait in the queue. The demo set is left alone."""
+    if resumed.data.train is None:
+        return
+    from birdjepa.data import DataError, open_shards, resolve_files
+    from birdjepa.rundir.checkpoint import Checkpointer
+
+    with Checkpointer(resumed.run_dir, async_save=False, create=False) as ckpt:
+        trained = ckpt.read_meta(step).get("dataset_fingerprint")
+    try:
+        files = resolve_files(resumed.data.train)
+        now = open_shards(files, features=resumed.data.features, **resumed.data.loader_options()).fingerprint
+    except DataError as e:
+        raise SweepError(f"{where}: data.train {resumed.data.train!r}: {e}") from None
+    if trained is not None and now != trained:
+        raise SweepError(
+            f"{where}: run {resumed.run_dir} has checkpoint {step}, trained on data of fingerprint "
+            f"{trained}; data.train {resumed.data.train!r} reads as {now} (other shards, or the same "
+            "changed), which its job's resume would refuse (exit 65): give the config its data again, or "
+            "another run; nothing was submitted"
+        )
 
 
 # ---------------------------------------------------------------------------------------- job scripts
