@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import io
 import json
 import math
@@ -14,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -425,7 +427,20 @@ def test_an_eval_shard_deleted_under_a_run_stops_it_saved_and_a_ctrl_c_then_says
     assert [e["step"] for e in read_metrics(cfg.run_dir) if e.get("event") == "eval_data_changed"] == [6]
 
 
-def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys):
+def full_disk(write_whole: Callable[..., None]) -> Callable[..., None]:
+    """``write_whole`` (`birdjepa.outputs`) whose write meets a full disk after its first bytes."""
+
+    def writes(path: Path, data: object, partial: Path | None = None) -> None:
+        def cut_short(at: Path) -> None:
+            at.write_bytes(b'{"cut')
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        write_whole(path, cut_short, partial)
+
+    return writes
+
+
+def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Path, capsys, monkeypatch):
     from birdjepa.evaluation.cli import cli
 
     cases = [
@@ -466,6 +481,21 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     )
     assert restore_checkpoint(copy).step == 5
     assert f"WARNING {copy / 'checkpoints' / '9'}: its meta and state" in capsys.readouterr().out
+    # Its record on a full disk: a traceback, and the earlier record cut short (4 KiB of broken JSON).
+    from birdjepa.evaluation import report
+
+    out = tmp_path / "earlier.json"
+    out.write_text('{"earlier": true}\n')
+    with monkeypatch.context() as m:
+        m.setattr(report, "write_whole", full_disk(report.write_whole))
+        with pytest.raises(SystemExit) as e:
+            cli(copy, step=5, out=out)
+    said = f"birdjepa evaluate: error: cannot write {out}: No space left on device ("
+    err = capsys.readouterr().err
+    assert e.value.code == 74 and err.startswith(said) and err.endswith("what it held before is kept\n"), err
+    assert out.read_text() == '{"earlier": true}\n' and sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "earlier.json"
+    ]  # no partial file beside it
     # The run's data moved (or its relative path read from another folder): "[Errno 2] No such file or
     # directory: 'data/train'" after the restore, or the labels of a folder not there said to differ.
     shutil.rmtree(copy / "checkpoints" / "9")
@@ -1182,7 +1212,7 @@ def test_benchmark_of_a_run_beside_its_baselines_on_birdset_files(
         run_notebook("benchmark", results_path=str(tmp_path / "resutls"))
 
 
-def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys):
+def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys, monkeypatch):
     import pyarrow as pa
 
     from birdjepa.cli import main
@@ -1258,3 +1288,17 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
     main(["benchmark", "--backbone", "raw", "--train", str(test), "--test", str(test), "--probe", "centroid",
           "--n-train", "1", "--results", str(tmp_path / "same")])  # fmt: skip
     assert "WARNING SYN1: the train and test splits share the shard " in capsys.readouterr().out
+    # An embedding or a result on a full disk: a traceback, and its partial file (the pid in its name, so
+    # no later call removed it) kept the disk full.
+    from birdjepa.benchmark import backbones, store
+
+    for module in (backbones, store):
+        results = tmp_path / f"full-{module.__name__.rsplit('.', 1)[1]}"
+        with monkeypatch.context() as m:
+            m.setattr(module, "write_whole", full_disk(module.write_whole))
+            with pytest.raises(SystemExit) as e:
+                main(["benchmark", "--backbone", "raw", "--train", str(train), "--test", str(test), "--probe",
+                      "centroid", "--n-train", "1", "--results", str(results)])  # fmt: skip
+        err = capsys.readouterr().err
+        assert e.value.code == 74 and "No space left on device" in err and err.count("\n") == 1, err
+        assert not [p for p in results.rglob("*") if "tmp" in p.name], list(results.rglob("*"))

@@ -347,11 +347,11 @@ WRITE_ON_A_FULL_DISK = """
 import sys
 from pathlib import Path
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-from birdjepa.export.cli import WriteError, write_whole
+from birdjepa.outputs import WriteError, write_whole
 out = Path(sys.argv[1]) / "e.parquet"
-write_whole(out, pa.table({"x": np.arange(10)}))
+write_whole(out, lambda p: pq.write_table(pa.table({"x": np.arange(10)}), p))
 try:
-    write_whole(out, pa.table({"x": np.random.default_rng(0).random(100_000)}))
+    write_whole(out, lambda p: pq.write_table(pa.table({"x": np.random.default_rng(0).random(100_000)}), p))
 except WriteError as e:
     print(e)
 print(pq.read_table(out).num_rows, sorted(p.name for p in out.parent.iterdir()))

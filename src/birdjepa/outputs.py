@@ -1,5 +1,6 @@
 """Where a command writes its result: checked before the work whose result goes there, so a path that
-cannot be written costs one line, not the work (`birdjepa export`, `embed`, `trace`, `bisect --save`)."""
+cannot be written costs one line, not the work (`birdjepa export`, `embed`, `trace`, `bisect --save`);
+and written whole or not at all (`write_whole`), what was there before kept where the write fails."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -49,3 +51,45 @@ def scratch_folder(path: Path, what: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / SCRATCH_MARKER).write_text(f"{what}: this folder is removed and made again at its next run\n")
     return path
+
+
+def mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def free_bytes(where: Path) -> int:
+    """Free space for this user on the file system that holds ``where`` (or its nearest parent)."""
+    while not where.exists():
+        where = where.parent
+    return shutil.disk_usage(where).free
+
+
+class WriteError(OSError):
+    """A result that could not be written (a full disk, a quota): what was there before is kept. Its
+    ``errno``, ``strerror`` and ``filename`` are the failed write's (a trainer's handler of a full disk
+    reads them); its text says the file, why, the free space, and that nothing was lost."""
+
+    def __init__(self, e: OSError, path: Path) -> None:
+        super().__init__(e.errno, e.strerror or str(e), str(path))
+        free = mib(free_bytes(path.parent))
+        self.said = f"cannot write {path}: {self.strerror} ({free} free there); what it held before is kept"
+
+    def __str__(self) -> str:
+        return self.said
+
+
+def write_whole(path: Path, data: bytes | Callable[[Path], None], partial: Path | None = None) -> None:
+    """``path`` written whole or not at all: ``data`` (bytes, or a function that writes the file at the
+    path it is given) into ``partial`` (default: ``.<name>.partial`` beside it), renamed over ``path``,
+    and removed where the write fails (a full disk kept it, and the disk full; an earlier result at
+    ``path`` was lost, or cut short). Raises `WriteError`."""
+    partial = path.with_name(f".{path.name}.partial") if partial is None else partial
+    try:
+        if callable(data):
+            data(partial)
+        else:
+            partial.write_bytes(data)
+        partial.replace(path)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise WriteError(e, path) from None

@@ -34,6 +34,7 @@ the token probes (`token_probes`) skip it, and say so. Tokens are computed and c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -50,6 +51,7 @@ import numpy as np
 from birdjepa.data import DataError, Features, Loader
 from birdjepa.evaluation.embed import raw_features
 from birdjepa.model.config import ModelConfig
+from birdjepa.outputs import write_whole
 
 #: ``(*inputs, tokens) -> (embedding [B, D], tokens [B, N, D] or None)``.
 Encode = Callable[..., tuple[np.ndarray, np.ndarray | None]]
@@ -412,9 +414,10 @@ def embed(
         if b.tokens is not None:
             extra["gives_tokens"] = b.tokens
         tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")  # two jobs embedding one key write apart
-        np.savez(tmp, features=x, label=label, targets=target, seconds=took[b.identity],
-                 pass_seconds=pass_seconds, **extra)  # fmt: skip
-        tmp.replace(path)
+        arrays = dict(
+            features=x, label=label, targets=target, seconds=took[b.identity], pass_seconds=pass_seconds
+        )
+        write_whole(path, functools.partial(np.savez, **arrays, **extra), partial=tmp)
         out[b.identity] = Embedded(x, label, target, took[b.identity], pass_seconds, False, t)
     return out
 

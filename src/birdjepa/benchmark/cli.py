@@ -49,8 +49,8 @@ from birdjepa.data.loader import loader_refusal
 from birdjepa.data.row_columns import MULTILABEL_COLUMN
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.evaluation.report import overlap
-from birdjepa.exit_codes import USAGE
-from birdjepa.outputs import unwritable
+from birdjepa.exit_codes import IOERR, USAGE
+from birdjepa.outputs import WriteError, unwritable
 from birdjepa.train.determinism import machine_kind
 from birdjepa.train.memory_fit import out_of_memory
 
@@ -505,6 +505,9 @@ def cli(
             )
         print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
+    except WriteError as e:  # an embedding or a result on a full disk: a traceback, its partial file kept
+        print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
+        raise SystemExit(IOERR) from None
     print(format_table(rows))
     try:
         held = len(store.read(results))  # this call's rows are its task's and backbones' only

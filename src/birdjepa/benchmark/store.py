@@ -27,6 +27,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from birdjepa.outputs import write_whole
+
 ROWS = "rows"
 KEY_FIELDS = ("backbone", "task", "probe", "n", "seed")
 
@@ -94,8 +96,7 @@ def put(results: Path, key: Key, metrics: dict[str, float], *, n_train: int, n_t
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / key.file_name()
     tmp = folder / f".tmp-{os.getpid()}-{path.name}"
-    pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), tmp)
-    os.replace(tmp, path)
+    write_whole(path, lambda p: pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), p), partial=tmp)
     return path
 
 

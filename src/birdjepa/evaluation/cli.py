@@ -41,7 +41,7 @@ from birdjepa.evaluation.report import (
 from birdjepa.exit_codes import IOERR, USAGE
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import encoder_apply
-from birdjepa.outputs import unwritable
+from birdjepa.outputs import WriteError, unwritable
 from birdjepa.rundir import checkpoint, layout
 from birdjepa.rundir.lease import LeaseHeld, LeaseUnwritable, acquire
 from birdjepa.train.determinism import x64_refusal
@@ -395,6 +395,9 @@ def cli(
     except (EvaluateError, DataError, checkpoint.CheckpointError) as e:  # as export's and embed's: exit 2
         print(f"birdjepa evaluate: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
+    except WriteError as e:  # a full disk: a traceback, and the earlier record cut short
+        print(f"birdjepa evaluate: error: {e}", file=sys.stderr)
+        raise SystemExit(IOERR) from None
     finally:
         if lease is not None:
             lease.release()

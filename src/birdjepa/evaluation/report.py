@@ -23,6 +23,7 @@ from birdjepa.data.row_columns import MULTILABEL_COLUMN, SAME_LENGTH_S, several_
 from birdjepa.data.shards import read_shard, shard_recording_ids
 from birdjepa.evaluation import single_label_probes as probes
 from birdjepa.evaluation.embed import RAW, Split
+from birdjepa.outputs import write_whole
 from birdjepa.rundir import layout
 from birdjepa.train.determinism import machine_kind
 
@@ -262,7 +263,7 @@ def write_json(path: Path, rows: dict[str, Row], info: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {**info, "protocol": PROTOCOL, "rows": {n: dataclasses.asdict(r) for n, r in rows.items()}}
     doc["metrics"] = metrics(rows)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    write_whole(path, (json.dumps(doc, indent=1) + "\n").encode())  # an earlier record kept on a full disk
     return path
 
 

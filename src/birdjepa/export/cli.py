@@ -32,7 +32,7 @@ from birdjepa.export.encoder import (
     load_encoder,
     read_card,
 )
-from birdjepa.outputs import unwritable
+from birdjepa.outputs import WriteError, unwritable, write_whole
 
 
 def export(run: Path, out: Path, step: int | None = None) -> Path:
@@ -96,30 +96,6 @@ def held_out(out: Path, identity: str) -> None:
     if out.is_dir() and (others := sorted(p.name for p in out.iterdir() if p.name not in ours)):
         raise ExportError(f"{out} holds files no export wrote ({', '.join(others[:3])}): give an empty or a "
                           "new folder as --out")  # fmt: skip
-
-
-class WriteError(OSError):
-    """A result that could not be written (a full disk, a quota): what was there before is kept."""
-
-
-def write_whole(path: Path, data: bytes | pa.Table) -> None:
-    """``path`` written whole or not at all (a Parquet table or bytes): through a hidden file renamed
-    over it, removed where the write fails (a full disk kept it, and the disk full; an earlier result at
-    ``path`` was lost)."""
-    from birdjepa.rundir.checkpoint.space import free_bytes, mib
-
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        if isinstance(data, pa.Table):
-            pq.write_table(data, partial)
-        else:
-            partial.write_bytes(data)
-        partial.replace(path)
-    except OSError as e:
-        partial.unlink(missing_ok=True)
-        why = e.strerror or str(e)
-        raise WriteError(f"cannot write {path}: {why} ({mib(free_bytes(path.parent))} free there); what "
-                         "it held before is kept") from None  # fmt: skip
 
 
 def export_cli(
@@ -238,7 +214,8 @@ def embed_sources(
             pa.array(np.asarray(columns["embedding"], np.float32).reshape(-1)), dim),
     })  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_whole(out, table.replace_schema_metadata({"encoder": encoder.identity}))
+    table = table.replace_schema_metadata({"encoder": encoder.identity})
+    write_whole(out, lambda p: pq.write_table(table, p))
     return len(table)
 
 

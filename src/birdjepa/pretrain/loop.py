@@ -39,6 +39,7 @@ from birdjepa.cores import threads_said
 from birdjepa.data import Batch, DataError
 from birdjepa.diagnostics.callbacks import StepEnd
 from birdjepa.evaluation import report as eval_report
+from birdjepa.outputs import free_bytes, mib
 from birdjepa.pretrain.console import KeptGoing
 from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.stop import STOP_SIGNALS, USER_SIGNALS, StopRequest, group_stop
@@ -50,9 +51,7 @@ from birdjepa.rundir import checkpoint, kept, layout
 from birdjepa.rundir.checkpoint.space import (
     MOVED,
     WRITE_ERRNOS,
-    free_bytes,
     limit_fix,
-    mib,
     remove_temporaries,
 )
 from birdjepa.rundir.lease import LEASE_WAIT_ENV, Lease, LeaseHeld, LeaseLost, LeaseUnwritable, acquire

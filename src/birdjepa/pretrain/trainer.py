@@ -35,11 +35,11 @@ from birdjepa.evaluation.report import ENCODER, Row, thin_train_split, what_a_ro
 from birdjepa.model.config import ModelConfig
 from birdjepa.model.vit import init_params
 from birdjepa.objectives.supervised import probe_metrics
+from birdjepa.outputs import mib
 from birdjepa.pretrain.wandb_mirror import open_run
 from birdjepa.resume import checks as resume_check
 from birdjepa.rundir import checkpoint, kept, layout
 from birdjepa.rundir.checkpoint.norms import tree_norms
-from birdjepa.rundir.checkpoint.space import mib
 from birdjepa.rundir.metrics_log import MetricsLog, NullLog
 from birdjepa.seams import planted
 from birdjepa.train import revisions

@@ -60,17 +60,6 @@ _LIMITS = {
 }
 
 
-def mib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**20:.1f} MiB"
-
-
-def free_bytes(where: Path) -> int:
-    """Free space for this user on the file system that holds ``where`` (or its nearest parent)."""
-    while not where.exists():
-        where = where.parent
-    return shutil.disk_usage(where).free
-
-
 def folder_bytes(where: Path) -> int:
     return sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
 

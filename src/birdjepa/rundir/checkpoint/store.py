@@ -24,6 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from birdjepa.outputs import free_bytes, mib
 from birdjepa.rundir.checkpoint.format import (
     FORMAT_VERSION,
     FORMATS_READ,
@@ -45,8 +46,6 @@ from birdjepa.rundir.checkpoint.retention import RetentionAndFallback
 from birdjepa.rundir.checkpoint.space import (
     CheckpointWriteError,
     folder_bytes,
-    free_bytes,
-    mib,
     quiet_orbax_errors,
     reason,
     remove_temporaries,
