@@ -794,6 +794,11 @@ def test_export_load_and_embed_give_evaluates_embeddings(
         encoder.embed_waveform((chirp * 32767).astype(np.int16), rate)
     with pytest.raises(DataError, match="rate 0: give the waveform's sample rate in Hz"):
         encoder.embed_waveform(chirp, 0)
+    for shape in ((1, -1), (2, -1), (1, 1, -1)):  # channels first: libsndfile's "Format not recognised"
+        with pytest.raises(
+            DataError, match=r"the waveform's shape is \(.*\): give \[samples\] or \[samples,"
+        ):
+            encoder.embed_waveform(np.resize(chirp, (*shape[:-1], len(chirp))), rate)
     soundfile.write(tmp_path / "allnan.wav", np.full(rate, np.nan, np.float32), rate, subtype="FLOAT")
     with pytest.raises(
         DataError, match=rf"no window of {re.escape(str(tmp_path / 'allnan.wav'))} can be read"

@@ -146,8 +146,9 @@ class Encoder:
             return self._embed_windows([(str(f), Path(f)) for f in files], n_workers, Path(tmp))
 
     def embed_waveform(self, samples: np.ndarray, rate: int) -> np.ndarray:
-        """``[W, D]``: each clip-long window of a mono float waveform at ``rate`` Hz, through the loader's
-        resampling and log-mel (it is stored as a 32-bit float WAV, which decodes to the same samples)."""
+        """``[W, D]``: each clip-long window of a float waveform at ``rate`` Hz, ``[samples]`` or ``[samples,
+        channels]`` (averaged, as the loader mixes a file's channels), through the loader's resampling and
+        log-mel (it is stored as a 32-bit float WAV, which decodes to the same samples)."""
         import soundfile
 
         samples = np.asarray(samples)
@@ -155,6 +156,11 @@ class Encoder:
             raise DataError(f"the waveform is {samples.dtype}: give float samples in [-1, 1] (int16 / 32768)")
         if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:  # libsndfile's
             raise DataError(f"rate {rate!r}: give the waveform's sample rate in Hz, a positive integer")
+        # torch's and librosa's [channels, samples] was written as one frame of N channels: libsndfile's
+        # "Format not recognised", naming a temporary file.
+        if samples.ndim not in (1, 2) or samples.ndim == 2 and samples.shape[1] > samples.shape[0]:
+            raise DataError(f"the waveform's shape is {samples.shape}: give [samples] or [samples, channels] "
+                            "(a [channels, samples] array transposed: samples.T)")  # fmt: skip
         with tempfile.TemporaryDirectory() as tmp:
             wav = Path(tmp) / "waveform.wav"
             soundfile.write(wav, samples.astype(np.float32), int(rate), format="WAV", subtype="FLOAT")
