@@ -276,7 +276,7 @@ def test_local_sweep_runs_each_config_here_with_a_forced_resume(
 
 
 def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_submitted(
-    demo_dir: Path, tmp_path: Path
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Its jobs waited in the queue to exit 65 at their start, and each run's job.sbatch was rewritten
     # with options that never trained it.
@@ -305,13 +305,16 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
                            r"change within a run, allow_config_change=True neither .*: give the config "
                            r"another run, or leave them out"):  # fmt: skip
             plan(edited, tmp_path)
-    # An override dropped: its job resumed the checkpoint's value, and --dry-run printed the default.
-    dropped = {k: v for k, v in cfg.items() if k != "data.batch_size"}
-    said = r"config 0: run .* has checkpoint 0, trained with options the config leaves at other values "
-    with pytest.raises(
-        SweepError, match=said + r"\(data.batch_size:16->8: the config's, then the checkpoint's"
-    ):
-        plan(sweep_file(tmp_path, repr([dropped])), tmp_path)
+    # An override dropped (or a default changed since): its job resumes the checkpoint's value, where
+    # --dry-run printed the default; said, as pretrain says it at the resume.
+    dropped = {k: v for k, v in cfg.items() if k not in ("data.batch_size", "stop_at_step")}
+    (job,) = plan(path := sweep_file(tmp_path, repr([dropped])), tmp_path)
+    assert job.kept == ("data.batch_size:16->8",)
+    main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path)])
+    said = f"WARNING config 0: run {job.cfg.run_dir.absolute()} resumes options from its checkpoint that the "
+    assert said + "config gives other values (data.batch_size:16->8: the config's, then the checkpoint's" in (
+        capsys.readouterr().out
+    )
     # Pointed at other shards: planned, and refused at the job's start by the dataset check (exit 65).
     other = tmp_path / "other"
     shard = a_demo_shard_beside_its_vocabulary(demo_dir, other)
@@ -320,6 +323,14 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
     said = rf"config 0: run .* has checkpoint 0, trained on data of fingerprint \w+; data.train '{other}' "
     with pytest.raises(SweepError, match=said + r"reads as \w+ \(other shards"):
         plan(sweep_file(tmp_path, repr([moved])), tmp_path)
+    # Not where its job checks no data: warned past (resume_checks warn), or finished ("nothing to do").
+    assert plan(sweep_file(tmp_path, repr([{**moved, "resume_checks": "warn"}])), tmp_path)
+    finished = {
+        **{k: v for k, v in moved.items() if k != "stop_at_step"},
+        "steps": 1,
+        "allow_config_change": True,
+    }
+    assert plan(sweep_file(tmp_path, repr([finished])), tmp_path)
     # Its stop, now past: planned, and refused at the job's start (exit 2).
     with pytest.raises(SweepError, match=r"config 0: stop_at_step 0: run .* has trained that step already"):
         plan(sweep_file(tmp_path, repr([cfg])), tmp_path)

@@ -40,11 +40,8 @@ from birdjepa.children import Children
 from birdjepa.config import ConfigError, PretrainConfig, flatten, resolve, to_dict
 from birdjepa.outputs import unwritable
 from birdjepa.rundir import layout
+from birdjepa.slurm.resumed_runs import SweepError, refused_resume, trained_config
 from birdjepa.validation import OptionError
-
-
-class SweepError(ConfigError):
-    """A sweep file or one of its configs is invalid (the message names file, config and key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +182,10 @@ class Job:
     cfg: PretrainConfig
     flags: list[str]
     """The `birdjepa pretrain` flags of this run (parsed back to ``cfg`` exactly, see `plan`)."""
+    kept: tuple[str, ...] = ()
+    """Options its run's checkpoint holds at other values than ``cfg`` and the flags leave to it, which
+    the job trains on (``key:config's->checkpoint's``): an override dropped from the file, or a default
+    changed since the run trained."""
 
 
 #: What Slurm's ``#SBATCH`` lines read otherwise than as a path's characters: ``#`` starts a comment (a
@@ -235,7 +236,7 @@ def plan(
         if cfg.resume == "never":  # refused at its first requeue's start (exit 2): the run left half done
             raise SweepError(f"{where}: --resume never: a sweep's job is requeued, and each start after its "
                              "first must resume the run")  # fmt: skip
-        refused_resume(cfg, flags, where)
+        kept = refused_resume(cfg, flags, where)
         newest = max(layout.checkpoint_steps(cfg.run_dir.absolute()), default=-1)
         if cfg.stop_at_step is not None and cfg.stop_at_step <= newest:  # refused at its job's start, exit 2
             raise SweepError(f"{where}: stop_at_step {cfg.stop_at_step}: run {cfg.run} has trained that step "
@@ -253,7 +254,7 @@ def plan(
         ):
             raise SweepError(f"{where}: --force-resume-at {force_resume_at} is not before its stop_at_step "
                              f"{cfg.stop_at_step}: give an earlier step, or none")  # fmt: skip
-        jobs.append(Job(i, cfg, flags))
+        jobs.append(Job(i, cfg, flags, kept))
     first: dict[Path, int] = {}
     for job in jobs:  # it listed every config's run directory, and named no config
         run_dir = job.cfg.run_dir.absolute()
@@ -261,85 +262,6 @@ def plan(
         if (other := first.setdefault(run_dir.resolve(), job.index)) != job.index:
             raise SweepError(f"{path}: configs {other} and {job.index} share the run directory {run_dir}")
     return jobs
-
-
-def trained_config(cfg: PretrainConfig) -> dict[str, Any] | None:
-    """The flattened config of the checkpoint ``cfg``'s run resumes (None: none), as pretrain's start
-    reads it for `validation.check`."""
-    if not layout.has_checkpoints(cfg.run_dir):
-        return None
-    from birdjepa.resume.options import saved_config  # JAX: only where a run has checkpoints
-
-    found = saved_config(cfg.run_dir)
-    return flatten(found[1]) if found else None
-
-
-def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> None:
-    """Raises SweepError where the run has checkpoints trained with other options than the config
-    gives (an edited sweep run again): its job would be refused at its start (exit 65) after its wait in
-    the queue, and its job script would no longer be the one that trained it."""
-    if not layout.has_checkpoints(cfg.run_dir):
-        return
-    from birdjepa.resume.checks import config_diff, fixed_in_a_run  # JAX: only where a run has checkpoints
-    from birdjepa.resume.options import resumed_config
-
-    try:
-        found = resumed_config(flags, cfg)
-    except ConfigError as e:
-        raise SweepError(f"{where}: {e}") from None
-    if found is None:
-        return
-    step, saved, resumed, _ = found
-    _, breaking = config_diff(saved, to_dict(resumed))
-    if fixed := [c for c in breaking if fixed_in_a_run(c)]:  # allowed or not: it advised the flag
-        raise SweepError(
-            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with other options than these "
-            f"({', '.join(breaking)}), and {', '.join(fixed)} cannot change within a run, "
-            "allow_config_change=True neither (they lay out the data stream, the step keys or the "
-            "schedule's updates): give the config another run, or leave them out; nothing was submitted"
-        )
-    if breaking and not resumed.allow_config_change:
-        raise SweepError(
-            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with other options than these "
-            f"({', '.join(breaking)}): give the config another run, or allow_config_change=True to train "
-            "on under them; nothing was submitted"
-        )
-    # An override dropped from the file: its job resumes the checkpoint's value (options not on its
-    # command line come from there), and --dry-run printed the file's (a run at lr 3e-3 shown as 1e-3).
-    _, left_out = config_diff(to_dict(cfg), to_dict(resumed))
-    if left_out:
-        raise SweepError(
-            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with options the config leaves at "
-            f"other values ({', '.join(left_out)}: the config's, then the checkpoint's, which its job would "
-            "train on): set them in the config as the run trained them, or give the config another run; "
-            "nothing was submitted"
-        )
-    data_moved(resumed, step, where)
-
-
-def data_moved(resumed: PretrainConfig, step: int, where: str) -> None:
-    """Raises SweepError where the train shards a resumed run's job reads are not those its checkpoint
-    ``step`` trained on (a sweep edited to point the run at other data, or the data changed since): its
-    job was refused at its start, exit 65, after its wait in the queue. The demo set is left alone."""
-    if resumed.data.train is None:
-        return
-    from birdjepa.data import DataError, open_shards, resolve_files
-    from birdjepa.rundir.checkpoint import Checkpointer
-
-    with Checkpointer(resumed.run_dir, async_save=False, create=False) as ckpt:
-        trained = ckpt.read_meta(step).get("dataset_fingerprint")
-    try:
-        files = resolve_files(resumed.data.train)
-        now = open_shards(files, features=resumed.data.features, **resumed.data.loader_options()).fingerprint
-    except DataError as e:
-        raise SweepError(f"{where}: data.train {resumed.data.train!r}: {e}") from None
-    if trained is not None and now != trained:
-        raise SweepError(
-            f"{where}: run {resumed.run_dir} has checkpoint {step}, trained on data of fingerprint "
-            f"{trained}; data.train {resumed.data.train!r} reads as {now} (other shards, or the same "
-            "changed), which its job's resume would refuse (exit 65): give the config its data again, or "
-            "another run; nothing was submitted"
-        )
 
 
 # ---------------------------------------------------------------------------------------- job scripts
@@ -538,6 +460,12 @@ def cli(
             if (why := unwritable(job.cfg.run_dir.absolute(), folder=True)) is not None:
                 print(f"error: config {job.index}: {why}; nothing was started", file=sys.stderr, flush=True)
                 raise SystemExit(exit_codes.IOERR)
+    for job in jobs:  # as pretrain's first line says them at the resume; --dry-run printed the file's
+        if job.kept:
+            print(f"WARNING config {job.index}: run {job.cfg.run_dir.absolute()} resumes options from its "
+                  f"checkpoint that the config gives other values ({', '.join(job.kept)}: the config's, then "
+                  "the checkpoint's, which its job trains on): set them in the config to train them, or give "
+                  "it another run", flush=True)  # fmt: skip
     workdir = Path.cwd()
     rows = []
     failed = ""

@@ -1,0 +1,101 @@
+"""A sweep's config against the run it resumes, before anything is submitted: options its run's
+checkpoint holds that no resume may change, the data it trained on, and the options the job will take
+from the checkpoint rather than the config (`birdjepa.slurm.sweep.plan`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from birdjepa.config import ConfigError, PretrainConfig, flatten, to_dict
+from birdjepa.data import Features
+from birdjepa.rundir import layout
+
+
+class SweepError(ConfigError):
+    """A sweep file or one of its configs is invalid (the message names file, config and key)."""
+
+
+def trained_config(cfg: PretrainConfig) -> dict[str, Any] | None:
+    """The flattened config of the checkpoint ``cfg``'s run resumes (None: none), as pretrain's start
+    reads it for `validation.check`."""
+    if not layout.has_checkpoints(cfg.run_dir):
+        return None
+    from birdjepa.resume.options import saved_config  # JAX: only where a run has checkpoints
+
+    found = saved_config(cfg.run_dir)
+    return flatten(found[1]) if found else None
+
+
+def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> tuple[str, ...]:
+    """Raises SweepError where the run has checkpoints trained with other options than the config
+    gives (an edited sweep run again), or other data: its job would be refused at its start (exit 65)
+    after its wait in the queue, and its job script would no longer be the one that trained it. Returns
+    the options the job will resume from the checkpoint at other values than the config's (`Job.kept`)."""
+    if not layout.has_checkpoints(cfg.run_dir):
+        return ()
+    from birdjepa.resume.checks import config_diff, fixed_in_a_run  # JAX: only where a run has checkpoints
+    from birdjepa.resume.options import resumed_config
+
+    try:
+        found = resumed_config(flags, cfg)
+    except ConfigError as e:
+        raise SweepError(f"{where}: {e}") from None
+    if found is None:
+        return ()
+    step, saved, resumed, _ = found
+    _, breaking = config_diff(saved, to_dict(resumed))
+    if fixed := [c for c in breaking if fixed_in_a_run(c)]:  # allowed or not: it advised the flag
+        raise SweepError(
+            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with other options than these "
+            f"({', '.join(breaking)}), and {', '.join(fixed)} cannot change within a run, "
+            "allow_config_change=True neither (they lay out the data stream, the step keys or the "
+            "schedule's updates): give the config another run, or leave them out; nothing was submitted"
+        )
+    if breaking and not resumed.allow_config_change:
+        raise SweepError(
+            f"{where}: run {cfg.run_dir} has checkpoint {step}, trained with other options than these "
+            f"({', '.join(breaking)}): give the config another run, or allow_config_change=True to train "
+            "on under them; nothing was submitted"
+        )
+    if step + 1 >= resumed.steps:  # finished: its job says "nothing to do", trains nothing, checks no data
+        return ()
+    if resumed.resume_checks == "error":  # warned past, the job trains on other data, as it was told
+        data_moved(resumed, step, where)
+    # An override dropped from the file (or a default changed since): its job resumes the checkpoint's
+    # value (options not on its command line come from there), where --dry-run printed the file's.
+    return tuple(config_diff(to_dict(cfg), to_dict(resumed))[1])
+
+
+def data_moved(resumed: PretrainConfig, step: int, where: str) -> None:
+    """Raises SweepError where the train shards a resumed run's job reads are not those its checkpoint
+    ``step`` trained on (a sweep edited to point the run at other data, or the data changed since): its
+    job was refused at its start, exit 65, after its wait in the queue. The demo set is left alone."""
+    if resumed.data.train is None:
+        return
+    from birdjepa.data import DataError, resolve_files
+    from birdjepa.rundir.checkpoint import Checkpointer
+
+    with Checkpointer(resumed.run_dir, async_save=False, create=False) as ckpt:
+        trained = ckpt.read_meta(step).get("dataset_fingerprint")
+    try:  # once per data and options: the configs of a sweep share their data (by path: a stat a file)
+        options = json.dumps(resumed.data.loader_options(), sort_keys=True)
+        now = _fingerprint(tuple(resolve_files(resumed.data.train)), resumed.data.features, options)
+    except DataError as e:
+        raise SweepError(f"{where}: data.train {resumed.data.train!r}: {e}") from None
+    if trained is not None and now != trained:
+        raise SweepError(
+            f"{where}: run {resumed.run_dir} has checkpoint {step}, trained on data of fingerprint "
+            f"{trained}; data.train {resumed.data.train!r} reads as {now} (other shards, or the same "
+            "changed), which its job's resume would refuse (exit 65): give the config its data again, or "
+            "another run; nothing was submitted"
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint(files: tuple[str, ...], features: Features, options: str) -> str:
+    """`birdjepa.data.open_shards`' fingerprint of ``files`` under the loader ``options`` (JSON)."""
+    from birdjepa.data import open_shards
+
+    return open_shards(list(files), features=features, **json.loads(options)).fingerprint
