@@ -14,8 +14,10 @@ import errno
 import gc
 import logging
 import os
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
+from birdjepa.outputs import write_whole
 from birdjepa.pretrain import loop as train_loop
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
@@ -371,3 +374,23 @@ def test_an_export_or_embeddings_that_do_not_fit_keep_what_was_there(tmp_path: P
     assert said.startswith(f"cannot write {disk}/e.parquet: ") and "No space left on device" in said, done
     assert said.endswith("free there); what it held before is kept"), said
     assert left == "10 ['e.parquet']", done.stdout  # the earlier result whole, no partial file
+
+
+def test_a_result_written_whole_follows_a_link_and_writes_a_pipe_in_place(tmp_path: Path) -> None:
+    # `evaluate --out latest.json`, a link to the newest record: the rename replaced the link, and its
+    # target kept the old record; a pipe (or /dev/stdout) would have been renamed over.
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "record.json").write_text("old")
+    (tmp_path / "latest.json").symlink_to("keep/record.json")
+    write_whole(tmp_path / "latest.json", b"new")
+    assert (tmp_path / "latest.json").is_symlink() and (
+        tmp_path / "keep" / "record.json"
+    ).read_text() == "new"
+    assert sorted(p.name for p in (tmp_path / "keep").iterdir()) == ["record.json"]
+    os.mkfifo(tmp_path / "pipe")
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "pipe").read_bytes()))
+    reader.start()
+    write_whole(tmp_path / "pipe", b"through")
+    reader.join(timeout=10)
+    assert got == [b"through"] and stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode)

@@ -82,14 +82,23 @@ def write_whole(path: Path, data: bytes | Callable[[Path], None], partial: Path 
     """``path`` written whole or not at all: ``data`` (bytes, or a function that writes the file at the
     path it is given) into ``partial`` (default: ``.<name>.partial`` beside it), renamed over ``path``,
     and removed where the write fails (a full disk kept it, and the disk full; an earlier result at
-    ``path`` was lost, or cut short). Raises `WriteError`."""
-    partial = path.with_name(f".{path.name}.partial") if partial is None else partial
+    ``path`` was lost, or cut short). A symbolic link is written through (the rename replaced the link,
+    its target kept the old result); a path that is no regular file (``/dev/stdout``, a FIFO) is written
+    in place. Raises `WriteError`."""
+    if path.exists() and not Path(os.path.realpath(path)).is_file():
+        partial = path
+    else:
+        name = f".{path.name}.partial" if partial is None else partial.name
+        path = Path(os.path.realpath(path)) if path.is_symlink() else path
+        partial = path.with_name(name)
     try:
         if callable(data):
             data(partial)
         else:
             partial.write_bytes(data)
-        partial.replace(path)
+        if partial != path:
+            partial.replace(path)
     except OSError as e:
-        partial.unlink(missing_ok=True)
+        if partial != path:
+            partial.unlink(missing_ok=True)
         raise WriteError(e, path) from None
