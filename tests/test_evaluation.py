@@ -1307,3 +1307,13 @@ def test_benchmark_errors_are_one_line(birdset_dir: Path, tmp_path: Path, capsys
         err = capsys.readouterr().err
         assert e.value.code == 74 and "No space left on device" in err and err.count("\n") == 1, err
         assert not [p for p in results.rglob("*") if "tmp" in p.name], list(results.rglob("*"))
+    from birdjepa.benchmark import cli as benchmark_cli  # its figure: cut short, the earlier one lost
+
+    (tmp_path / "f.png").write_bytes(b"earlier")
+    with monkeypatch.context() as m:
+        m.setattr(benchmark_cli, "write_whole", full_disk(benchmark_cli.write_whole))
+        with pytest.raises(SystemExit) as e:
+            main(["benchmark", "--table", str(tmp_path / "same"), "--plot", str(tmp_path / "f.png")])
+    err = capsys.readouterr().err
+    assert e.value.code == 74 and f"cannot write {tmp_path / 'f.png'}: No space left" in err, err
+    assert (tmp_path / "f.png").read_bytes() == b"earlier" and not list(tmp_path.glob(".f.png*"))

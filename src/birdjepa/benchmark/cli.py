@@ -50,7 +50,7 @@ from birdjepa.data.row_columns import MULTILABEL_COLUMN
 from birdjepa.data.shards import DEFAULT_LABEL_COLUMN, VOCAB_FILE, class_names, read_shard, split_labels
 from birdjepa.evaluation.report import overlap
 from birdjepa.exit_codes import IOERR, USAGE
-from birdjepa.outputs import WriteError, unwritable
+from birdjepa.outputs import WriteError, unwritable, write_whole
 from birdjepa.train.determinism import machine_kind
 from birdjepa.train.memory_fit import out_of_memory
 
@@ -466,7 +466,10 @@ def cli(
                 from birdjepa.benchmark.figures import fewshot_curves
 
                 plot.parent.mkdir(parents=True, exist_ok=True)  # as `unwritable` promised (a traceback)
-                fewshot_curves(rows, metric).savefig(plot, dpi=120)  # it drew cmAP whatever --metric said
+                figure = fewshot_curves(rows, metric)  # it drew cmAP whatever --metric said
+                # Whole or not at all: a full disk cut the earlier figure short (its format by --plot's
+                # suffix: the partial file's is ".partial").
+                write_whole(plot, lambda p: figure.savefig(p, dpi=120, format=plot.suffix[1:].lower()))
                 print(f"wrote {plot}")
             return
         # Before the work: the probes were fitted, then a traceback from the store's first write.
@@ -505,7 +508,7 @@ def cli(
             )
         print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
         raise SystemExit(USAGE) from None
-    except WriteError as e:  # an embedding or a result on a full disk: a traceback, its partial file kept
+    except WriteError as e:  # a result, embedding or figure on a full disk: a traceback, its partial kept
         print(f"birdjepa benchmark: error: {e}", file=sys.stderr)
         raise SystemExit(IOERR) from None
     print(format_table(rows))
