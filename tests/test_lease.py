@@ -5,6 +5,7 @@ WARNING and an event. Two real processes race for one run directory."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,21 @@ def test_a_run_folder_moved_or_removed_under_its_trainer_stops_it_before_its_nex
         assert "Traceback" not in capfd.readouterr().err  # the heartbeat's, before
         held.release()
         assert not (tmp_path / "r" / LEASE_FILE).exists()
+
+    # On NFS a folder removed on another client is ESTALE; an EIO may pass, and is looked at again.
+    def stat_fails(err: int) -> Callable[[Path], tuple[int, int]]:
+        def fails(folder: Path) -> tuple[int, int]:
+            raise OSError(err, os.strerror(err))
+
+        return fails
+
+    held = acquire(tmp_path / "r")
+    for err, gone in ((errno.EIO, False), (errno.ESTALE, True)):
+        with monkeypatch.context() as m:
+            m.setattr(lease_lib, "_identity", stat_fails(err))
+            with pytest.raises(RunDirGone) if gone else contextlib.nullcontext():
+                held.check()
+    held.release()
 
 
 def test_a_holder_woken_after_a_long_stop_renews_its_lease_or_finds_it_taken(tmp_path: Path) -> None:

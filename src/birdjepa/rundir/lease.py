@@ -287,6 +287,10 @@ class Lease:
             moved = _identity(self.path.parent) != self.folder
         except (FileNotFoundError, NotADirectoryError):
             raise RunDirGone(self.path.parent, "was moved or removed") from None
+        except OSError as e:  # NFS: a folder removed on another client is ESTALE; EIO may pass
+            if e.errno == errno.ESTALE:
+                raise RunDirGone(self.path.parent, "was moved or removed") from None
+            moved = False  # looked at again after the next step
         if moved:
             raise RunDirGone(self.path.parent, "was moved or removed, and another folder put at its name")
         silent = time.time() - self.renewed
