@@ -20,6 +20,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from conftest import rewrite_meta
 
 from birdjepa.rundir import checkpoint as ck
 from birdjepa.rundir.checkpoint.norms import tree_norms
@@ -602,15 +603,28 @@ def test_no_checkpoint_that_verifies_raises_and_a_newer_format_names_both_versio
     flip(0.5)(tmp_path / "checkpoints" / "1")
     with pytest.raises(ck.NoValidCheckpointError, match="no checkpoint in .* verifies"):
         ck.Checkpointer(tmp_path, keep=None).restore_latest(make_target())
-    # A checkpoint of a newer format is not damaged: it stays where it is, and the error says why.
+    # A checkpoint of a newer format (its meta's CRC-32 holds) is not damaged: it stays where it is, and
+    # the error says why.
     with ck.Checkpointer(tmp_path, keep=None, async_save=False) as c:
         c.save(2, make_state(), {})
     meta_file = tmp_path / "checkpoints" / "2" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
-    meta_file.write_text(json.dumps({**meta, "checkpoint_format": 4}))
+    rewrite_meta(meta_file, {k: v for k, v in meta.items() if k != "meta_crc"} | {"checkpoint_format": 4})
     with pytest.raises(ck.CheckpointError, match="checkpoint format 4, this birdjepa reads formats 1, 2, 3"):
         ck.Checkpointer(tmp_path, keep=None).restore_latest(make_target())
     assert (tmp_path / "checkpoints" / "2").is_dir()
+
+
+def test_a_format_digit_changed_by_damage_is_damage_and_the_older_checkpoint_resumes(tmp_path):
+    # One bit ('3' -> '7') read as "a newer birdjepa wrote it": exit 65 at every start, and the older
+    # checkpoint that verifies was never tried. Its meta's CRC-32 no longer holds: damage.
+    with ck.Checkpointer(tmp_path, keep=None, async_save=False) as c:
+        c.save(1, make_state(), {})
+        c.save(2, make_state(), {})
+    meta_file = tmp_path / "checkpoints" / "2" / "meta" / "metadata"
+    meta_file.write_text(meta_file.read_text().replace('"checkpoint_format": 3', '"checkpoint_format": 7'))
+    found = ck.Checkpointer(tmp_path, keep=None).restore_latest(make_target())
+    assert found is not None and found[0] == 1 and not (tmp_path / "checkpoints" / "2").exists()
 
 
 def test_retention_keeps_the_newest_checkpoint_that_verifies_and_refuses_a_non_finite_save(tmp_path):

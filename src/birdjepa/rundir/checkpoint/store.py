@@ -272,6 +272,11 @@ class Checkpointer(RetentionAndFallback):
             meta = self.read_meta(step)
         except Exception as e:  # noqa: BLE001 (any failure to read it back is damage)
             raise IntegrityError(f"{where}: meta unreadable ({type(e).__name__}: {e})") from e
+        # The CRC-32 first, whatever format the meta claims (its definition holds for every format from 3
+        # on): one changed bit made format 3 read as 7, "a newer birdjepa wrote it", exit 65, and the
+        # older checkpoint that verifies was never tried.
+        if "meta_crc" in meta and meta["meta_crc"] != meta_crc(meta):
+            raise IntegrityError(f"{where}: meta differs from its recorded CRC-32 (bytes changed)")
         fmt = meta.get("checkpoint_format")
         if fmt not in FORMATS_READ:
             raise CheckpointError(
