@@ -207,6 +207,25 @@ def test_a_run_folder_moved_or_removed_under_its_trainer_stops_it_before_its_nex
     held.release()
 
 
+def test_a_copy_of_a_live_run_is_not_held_by_the_original_s_trainer(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # `cp -r` of a live run copied its lease: the copy was "held by pid N" (the original's trainer) until
+    # the copied heartbeat aged a minute; under Slurm "held by another job", exit 2, not requeued.
+    from birdjepa.rundir.lease import LeaseHeld
+
+    held = acquire(tmp_path / "live")
+    with pytest.raises(LeaseHeld):  # the folder itself: held, as before
+        acquire(tmp_path / "live")
+    shutil.copytree(tmp_path / "live", tmp_path / "copy")
+    copy = acquire(tmp_path / "copy")
+    said = capsys.readouterr().out
+    assert f"WARNING {tmp_path / 'copy' / LEASE_FILE}: took over a stale lease of pid {os.getpid()}" in said
+    assert "(copied with the folder: pid" in said, said
+    copy.release()
+    held.release()
+
+
 def test_a_holder_woken_after_a_long_stop_renews_its_lease_or_finds_it_taken(tmp_path: Path) -> None:
     from birdjepa.rundir.lease import STALE_AFTER_S, LeaseLost
 

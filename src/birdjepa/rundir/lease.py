@@ -331,7 +331,7 @@ def acquire(run_dir: Path, *, wait_s: float = 0.0, poll_s: float = 1.0) -> Lease
 
 
 def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
-    me = _me()
+    me = {**_me(), "folder": list(_identity(run_dir))}
     deadline = time.monotonic() + wait_s
     said = False  # that it waits, once
     while True:
@@ -342,6 +342,10 @@ def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
         if holder is None:
             continue  # released between the two calls
         why = stale(holder)
+        # `cp -r` of a live run copies its lease: the copy was "held by" the original's trainer (for a
+        # minute, until the copied heartbeat aged). On this host one folder is one (device, inode).
+        if holder.get("host") == socket.gethostname() and holder.get("folder") not in (None, me["folder"]):
+            why = f"copied with the folder: pid {holder.get('pid')} holds the folder it was copied from"
         if why is not None and not holder.get("damaged") and holder.get("host") != socket.gethostname():
             # Stamped by another host's clock: stale only if it also stays the same while watched.
             alive = _watched(path, holder, poll_s)
