@@ -448,9 +448,15 @@ def test_a_start_with_no_checkpoint_to_resume_keeps_the_earlier_log_apart(
     earlier = (cfg.run_dir / "metrics.jsonl").read_text()
     shutil.rmtree(cfg.run_dir / "checkpoints")
     capsys.readouterr()
-    assert pretrain(dataclasses.replace(cfg, stop_at_step=1)) == 0
+    # Another option than its config.json's (a bare command line took this birdjepa's defaults): said.
+    assert pretrain(dataclasses.replace(cfg, stop_at_step=1, ckpt_keep=cfg.ckpt_keep + 2)) == 0
     kept = cfg.run_dir / "metrics.earlier-1.jsonl"
-    assert f"the log of an earlier start there is kept as {kept}" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"the log of an earlier start there is kept as {kept}" in said
+    assert (
+        f"begins at step 0, with other options than its config.json (ckpt_keep: {cfg.ckpt_keep + 2} -> "
+        in said
+    )
     assert kept.read_text() == earlier
     steps = [r["step"] for r in read_metrics(cfg.run_dir) if "event" not in r]
     assert steps == [0, 1], steps

@@ -45,7 +45,7 @@ from birdjepa.pretrain.progress import Progress
 from birdjepa.pretrain.stop import STOP_SIGNALS, USER_SIGNALS, StopRequest, group_stop
 from birdjepa.pretrain.trainer import Trainer, check_device_options, make_callbacks
 from birdjepa.resume.checks import config_diff
-from birdjepa.resume.options import hand_edits, resumed_config, saved_config
+from birdjepa.resume.options import hand_edits, resumed_config, saved_config, unlike_its_config
 from birdjepa.resume.restored import Restored
 from birdjepa.rundir import checkpoint, kept, layout
 from birdjepa.rundir.checkpoint.space import (
@@ -269,8 +269,9 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     if meta is None and multihost.is_main():  # a fresh start: an earlier start's log is not this run's
         earlier = layout.set_aside_log(cfg.run_dir)
         if earlier is not None:
-            print(f"WARNING {cfg.run_dir} holds no checkpoint to resume, so this start begins at step 0; the "
-                  f"log of an earlier start there is kept as {earlier}", flush=True)  # fmt: skip
+            print(f"WARNING {cfg.run_dir} holds no checkpoint to resume, so this start begins at step 0"
+                  f"{unlike_its_config(cfg)}; the log of an earlier start there is kept as {earlier}",
+                  flush=True)  # fmt: skip
     # The log read once, before its writer opens it, for every check of the resume below.
     logged = read_at_resume(layout.metrics_file(cfg.run_dir), r.state.step - 1) if meta is not None else None
     if logged is not None:  # a segment that saved nothing was a resume too: counted from the log

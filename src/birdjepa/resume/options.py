@@ -80,6 +80,16 @@ def hand_edits(run_dir: Path, saved: Mapping[str, Any]) -> list[str]:
     return [f"{k}: {recorded.get(k)!r} -> {edited.get(k)!r}" for k in differ]
 
 
+def unlike_its_config(cfg: PretrainConfig) -> str:
+    """For a start that resumes no checkpoint in a run folder an earlier start left: where its options
+    differ from that start's config.json (the first three, ``key: this start's -> the file's``), as a
+    clause of its WARNING, or "". A bare command line there (its checkpoints removed, or none verifying)
+    trained this birdjepa's defaults, and its config.json overwrote the run's, without a word."""
+    unlike = hand_edits(cfg.run_dir, to_dict(cfg))
+    more = f" and {len(unlike) - 3} more" if len(unlike) > 3 else ""
+    return f", with other options than its config.json ({'; '.join(unlike[:3])}{more})" if unlike else ""
+
+
 def resume_defaults(saved: Mapping[str, Any], where: str) -> tuple[PretrainConfig, list[str]]:
     """The defaults a resumed segment parses its command line against: this birdjepa's, with every
     option but `SEGMENT_ONLY` as ``saved`` (the config recorded at ``where``) holds it; and, as
