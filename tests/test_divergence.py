@@ -503,6 +503,16 @@ def test_bisect_says_where_one_run_s_log_lacks_steps_both_ran(runs: Path, tmp_pa
     seeds = f"{config['seed']}->{config['seed'] + 9}"
     assert code == 0 and report.endswith(f"Config: seed:{seeds}, which changed nothing up to it."), report
     assert "side by side from checkpoint 3: no step left to run" in report, report
+    # Stopped after step 1, then a resume refused: its checks, logged alone at step 2, read as step 2 run
+    # ("step 2 was never run (it ran steps 0-1)", exit 2) in either order.
+    refused = shutil.copytree(runs / "A", tmp_path / "refused")
+    shutil.rmtree(refused / "checkpoints" / "3")
+    rows = [json.loads(x) for x in (refused / METRICS_FILE).read_text().splitlines()]
+    kept = [r for r in rows if r["step"] <= 1] + [{"step": 2, "resume/config": 0.0, "resume/failed": 1.0}]
+    (refused / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    for pair in ((runs / "A", refused), (refused, runs / "A")):
+        code, report, _ = bisect(*pair)
+        assert code == 0 and report.endswith("No difference between the runs up to step 1."), report
 
 
 def test_bisect_says_where_the_runs_evaluate_otherwise(runs: Path, tmp_path: Path) -> None:
@@ -610,6 +620,11 @@ def test_a_stage_s_worst_tensor_is_the_largest_difference_and_a_digest_s_is_a_lo
     line = StageDiff("updates", 1, [zeros], [], []).line()
     assert "differs in bits only (a zero's sign, a NaN's payload): 1 of 1" in line, line
     assert "noise floor" not in StageDiff("updates", 2, [zeros, whole], [], []).line()  # one is real
+    # An infinity both hold is no difference: "inf vs inf, max abs inf" hid the 0.5 beside it.
+    inf_a, inf_b = np.array([np.inf, 1, 2], np.float32), np.array([np.inf, 1, 2.5], np.float32)
+    both = tensor_diff(Entry("loss", "t", (3,), "float32", "x", (0.0,) * 5, inf_a),
+                       Entry("loss", "t", (3,), "float32", "y", (0.0,) * 5, inf_b), 0.0)  # fmt: skip
+    assert both is not None and (both.max_abs, both.index) == (0.5, (2,)), both
     from birdjepa.divergence.bisect import verdict
     from birdjepa.divergence.diff import TraceDiff
     from birdjepa.divergence.trace_file import Trace

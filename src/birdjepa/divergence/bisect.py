@@ -91,8 +91,14 @@ def _ckpt_steps(run_dir: Path) -> list[int]:
 
 
 def search(a: Path, b: Path) -> Search:
-    la = metrics_by_step(a, everything=True) if layout.metrics_file(a).exists() else {}
-    lb = metrics_by_step(b, everything=True) if layout.metrics_file(b).exists() else {}
+    # Steps run (`replay.last_step`'s rule): a refused resume logs its checks alone at the step it did not
+    # run, which read as "step 2 was never run", exit 2, against its straight twin.
+    la, lb = (
+        {s: m for s, m in metrics_by_step(r, everything=True).items() if compared_keys(m)}
+        if layout.metrics_file(r).exists()
+        else {}
+        for r in (a, b)
+    )
     first_logged, metric, other = None, None, None
     ran = min(max([*la, *_ckpt_steps(a)], default=-1), max([*lb, *_ckpt_steps(b)], default=-1))
     for s in sorted(set(la) | set(lb)):

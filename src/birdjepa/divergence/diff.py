@@ -175,7 +175,8 @@ def tensor_diff(x: Entry, y: Entry, floor: float) -> TensorDiff | None:
                           floor, math.inf, exact=False)  # fmt: skip
     a, b = x.array, y.array
     fa, fb = a.astype(np.float64), b.astype(np.float64)
-    d = np.abs(fa - fb)
+    with np.errstate(invalid="ignore"):  # an infinity both hold is no difference (inf - inf: NaN, then inf)
+        d = np.where(fa == fb, 0.0, np.abs(fa - fb))
     d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
     flat = int(np.argmax(d)) if d.size else 0
     index = tuple(int(i) for i in np.unravel_index(flat, a.shape)) if a.shape else ()
