@@ -84,6 +84,19 @@ def test_a_verdict_says_a_step_that_does_not_re_execute_as_it_trained(runs: Path
     assert verdict(1, diff_traces(t, t), search(runs / "A", runs / "A"), 1, t, t).startswith(
         "No tensor differs at step 1. The configs agree."
     )
+    # Another input of the step is no consequence of the first difference (another seed's keys and
+    # initial parameters were "consequences" of its batch).
+    from birdjepa.divergence.diff import StageDiff, TensorDiff, TraceDiff
+
+    def differs(stage: str) -> StageDiff:
+        real = TensorDiff(stage, "x", ((2,), (2,)), 0.5, 1.0, (0,), (1.0, 2.0), 0.0, exact=True)
+        return StageDiff(stage, 1, [real], [], [])
+
+    d = TraceDiff(([], []), (1, 1), [differs("optimizer"), differs("opt_state_in"), differs("updates")])
+    said = verdict(1, d, search(runs / "A", runs / "A"), 1, t, t)
+    assert said.endswith(
+        " Also differing going into the step: opt_state_in. Later stages that differ (consequences): updates."
+    ), said
 
 
 def test_bisect_names_a_resume_that_went_wrong_in_memory(runs: Path, demo_dir: Path) -> None:
@@ -538,6 +551,12 @@ def test_bisect_says_where_the_runs_evaluate_otherwise(runs: Path, tmp_path: Pat
         "training logs beside its metrics, first differs at step 2 (None vs 0.5): it is computed"
     )
     assert any(line.startswith(said) for line in bisect(runs / "A", monitor)[1].splitlines())
+    # Options that change no training bit and set a diagnostic (--iid-window): not named, "another version".
+    config = json.loads((monitor / "config.json").read_text())
+    (monitor / "config.json").write_text(json.dumps({**config, "iid_window": 2}))
+    window = f"iid_window:{config['iid_window']}->2"
+    said += f" otherwise (by the options that differ and change no training bit ({window}), or"
+    assert any(line.startswith(said) for line in bisect(runs / "A", monitor)[1].splitlines()), said
 
 
 def test_a_non_finite_value_the_log_spells_as_a_string_is_the_replay_s_number() -> None:

@@ -365,8 +365,13 @@ def verdict(step: int, d: TraceDiff, s: Search, repeat: int, ta: Trace, tb: Trac
         where += (" What a step compiled apart recorded is within rounding of the training steps' own (XLA "
                   "fuses it otherwise); the digests of the tensors and the outputs are exact.")  # fmt: skip
     later = [st.stage for st in d.stages if not st.identical and st.stage != first.stage]
-    consequence = f" Later stages that differ (consequences): {', '.join(later)}." if later else ""
-    return where[0].upper() + where[1:] + changed + consequence
+    # What goes into the step is no consequence of what it computes: another seed's keys and initial
+    # parameters were "consequences" of its batch.
+    inputs = [x for x in later if x in INPUT_STAGES]
+    computed = [x for x in later if x not in INPUT_STAGES]
+    also = f" Also differing going into the step: {', '.join(inputs)}." if inputs else ""
+    consequence = f" Later stages that differ (consequences): {', '.join(computed)}." if computed else ""
+    return where[0].upper() + where[1:] + changed + also + consequence
 
 
 def bisect(
@@ -392,8 +397,13 @@ def bisect(
         what, why = ("which the evaluation writes", "the runs evaluate otherwise")
         if not name.startswith("eval/"):
             what = "a diagnostic the training logs beside its metrics"
-            why = "it is computed otherwise (by code of another version, where a resume crossed one: " \
-                  "`birdjepa analyze` says)"  # fmt: skip
+            # Options that change no training bit set some diagnostics (--iid-window): named first.
+            harmless = "; ".join(config_diff(*(_options(r) for r in (a, b)))[0])
+            options = (
+                f"the options that differ and change no training bit ({harmless}), or " if harmless else ""
+            )
+            why = (f"it is computed otherwise (by {options}code of another version, where a resume crossed "
+                   "one: `birdjepa analyze` says)")  # fmt: skip
         lines.append(f"logged metrics: the training's equal up to step {s.last}; {name}, {what}, first "
                      f"differs at step {at} ({va!r} vs {vb!r}): {why}")  # fmt: skip
     else:
