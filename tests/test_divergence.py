@@ -325,6 +325,13 @@ def test_steps_before_an_allowed_option_change_replay_with_the_options_that_trai
     for step, restored_from in ((1, None), (2, 1)):
         m = trace_step(tmp_path / "C", step).manifest
         assert (m["restored_from"], m["matches_run"]["logged_metrics_equal"]) == (restored_from, True)
+    # Side by side with its twin of one segment from step 0, step 2 ran with the first segment's options:
+    # "step 2 is not the same in two executions", and a needless --repeat 2.
+    twin = [*flags(tmp_path, "T", data(demo_dir)), "--ckpt-every", "0"]
+    assert pretrain(tyro.cli(PretrainConfig, args=twin)) == 0
+    code, report, _ = bisect(tmp_path / "T", tmp_path / "C")
+    assert code == 1 and "side by side from step 0: first differ at step 2" in report, report
+    assert "not the same in two executions" not in report and "stage optimizer" in report, report
     for old in (1, 2):
         shutil.rmtree(tmp_path / "C" / "checkpoints" / str(old))
     with pytest.raises(ReplayError, match=r"options changed at step 2 \(--allow-config-change: optim.lr:"):

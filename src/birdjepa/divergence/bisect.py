@@ -147,6 +147,16 @@ def first_differing_step(a: Path, b: Path, s: Search) -> tuple[int | None, str |
     ra, rb = open_at(a, begin), open_at(b, begin)
     try:
         for step in range(begin, end + 1):
+            # A segment resumed under other options (--allow-config-change) trains with them: each run is
+            # opened with its segment's (with the first's, its replay "varied between executions").
+            changed = [any(x.get("event") == "config_changed" and x.get("step") == step for x in lines)
+                       for lines, _ in s.runs]  # fmt: skip
+            if step > begin and changed[0]:
+                ra.close()
+                ra = open_at(a, step)
+            if step > begin and changed[1]:
+                rb.close()
+                rb = open_at(b, step)
             ba, bb = ra.batch(), rb.batch()
             if _differ(ba, bb) or _differ(_key(ra), _key(rb)):
                 return step, None
