@@ -53,9 +53,15 @@ WATCH_S = 3 * HEARTBEAT_S
 class LeaseHeld(RuntimeError):
     """Another live process holds the run."""
 
-    def __init__(self, run_dir: Path, holder: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, holder: dict[str, Any], copied: bool = False) -> None:
+        """``copied``: the lease names another folder (device, inode) on this host than ``run_dir``."""
         self.holder = holder
-        super().__init__(f"{held_by(run_dir, holder)} ({run_dir / LEASE_FILE}); nothing was touched")
+        # Not taken over for it: the same folder through another mount (FUSE, NFS mounted twice) has
+        # another device, or another inode, and a live trainer there would have a second writer.
+        copy = (f" (its lease names another folder than this one: copied with it, as cp -r of a live run "
+                f"does, and stale {STALE_AFTER_S:.0f} s after the copy; or this folder through another mount)"
+                if copied else "")  # fmt: skip
+        super().__init__(f"{held_by(run_dir, holder)} ({run_dir / LEASE_FILE}); nothing was touched{copy}")
 
 
 class LeaseLost(RuntimeError):
@@ -342,10 +348,6 @@ def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
         if holder is None:
             continue  # released between the two calls
         why = stale(holder)
-        # `cp -r` of a live run copies its lease: the copy was "held by" the original's trainer (for a
-        # minute, until the copied heartbeat aged). On this host one folder is one (device, inode).
-        if holder.get("host") == socket.gethostname() and holder.get("folder") not in (None, me["folder"]):
-            why = f"copied with the folder: pid {holder.get('pid')} holds the folder it was copied from"
         if why is not None and not holder.get("damaged") and holder.get("host") != socket.gethostname():
             # Stamped by another host's clock: stale only if it also stays the same while watched.
             alive = _watched(path, holder, poll_s)
@@ -363,8 +365,12 @@ def _hold(run_dir: Path, path: Path, wait_s: float, poll_s: float) -> Lease:
                 return Lease(path, me, {**holder, "why": why})
             time.sleep(0.05)  # another taker is at it: look again
             continue
-        if time.monotonic() >= deadline:
-            raise LeaseHeld(run_dir, holder) from None
+        if time.monotonic() >= deadline:  # `cp -r` of a live run copies its lease: said, not taken over
+            copied = holder.get("host") == socket.gethostname() and holder.get("folder") not in (
+                None,
+                me["folder"],
+            )
+            raise LeaseHeld(run_dir, holder, copied) from None
         if not said:
             said = True
             print(f"{held_by(run_dir, holder)}: waiting up to {wait_s:.0f} s for it to end", flush=True)
