@@ -290,7 +290,9 @@ class Lease:
         can have found the lease stale. After a longer silence (the process was stopped: a suspended
         job, a paused machine) it renews the lease now, under the marker, or finds it taken."""
         try:  # a stat a step: the save after a move wrote into a new folder at the old name
-            moved = _identity(self.path.parent) != self.folder
+            moved = (
+                _identity(self.path.parent)[1] != self.folder[1]
+            )  # the inode: an NFS remount's device moves
         except (FileNotFoundError, NotADirectoryError):
             raise RunDirGone(self.path.parent, "was moved or removed") from None
         except OSError as e:  # NFS: a folder removed on another client is ESTALE; EIO may pass
