@@ -990,6 +990,10 @@ def test_export_and_embed_errors_are_one_line(
     said = capsys.readouterr().out
     assert f"WARNING {where}: arrays unreadable" in said and "reading checkpoint 2, the newest before" in said
     assert json.loads((tmp_path / "e" / "encoder.json").read_text())["checkpoint"]["step"] == 2
+    # A pipe as --out: Parquet's "lseek failed" once every embedding was computed.
+    os.mkfifo(tmp_path / "fifo")
+    one_line(["embed", shards, "--encoder", str(tiny_run), "--out", str(tmp_path / "fifo")], "embed",
+             f"{tmp_path / 'fifo'}: is no regular file (a pipe, a device)")  # fmt: skip
     # A folder listing a link to nowhere (a traceback from the read).
     (tmp_path / "linked").mkdir()
     (tmp_path / "linked" / "gone.wav").symlink_to(tmp_path / "nowhere.wav")

@@ -26,7 +26,7 @@ import tyro
 
 from birdjepa import exit_codes
 from birdjepa.config import PretrainConfig
-from birdjepa.outputs import write_whole
+from birdjepa.outputs import unwritable, write_whole
 from birdjepa.pretrain import loop as train_loop
 from birdjepa.pretrain.loop import pretrain
 from birdjepa.resume.compare import compare_runs
@@ -394,3 +394,17 @@ def test_a_result_written_whole_follows_a_link_and_writes_a_pipe_in_place(tmp_pa
     write_whole(tmp_path / "pipe", b"through")
     reader.join(timeout=10)
     assert got == [b"through"] and stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode)
+    # /dev/stdout redirected to a log: a link to it, renamed over (every earlier line lost), or opened
+    # for writing (truncated). Appended.
+    log = tmp_path / "all.log"
+    log.write_text("earlier\n")
+    write = "from pathlib import Path; from birdjepa.outputs import write_whole; "
+    write += "write_whole(Path('/dev/stdout'), b'record\\n'); print('after')"
+    with log.open("a") as out:
+        subprocess.run([sys.executable, "-c", write], stdout=out, check=True, timeout=60)
+    assert log.read_text() == "earlier\nrecord\nafter\n"
+    # A link into a folder not made yet: made, as --out makes a missing folder; checked there before.
+    (tmp_path / "ahead.json").symlink_to("later/record.json")
+    assert unwritable(tmp_path / "ahead.json") is None
+    write_whole(tmp_path / "ahead.json", b"x")
+    assert (tmp_path / "later" / "record.json").read_bytes() == b"x"

@@ -21,7 +21,9 @@ def unwritable(path: Path, *, folder: bool = False) -> str | None:
     path = Path(path)
     if path.exists() and path.is_dir() != folder:
         return f"{path}: exists and is not a folder" if folder else f"{path}: is a folder, not a file"
-    existing = path if folder else path.parent
+    # A link is written through (`write_whole`): its target's folder is the one written.
+    target = path if folder or in_place(path) else written_at(path)
+    existing = target if folder else target.parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
@@ -78,6 +80,19 @@ class WriteError(OSError):
         return self.said
 
 
+def in_place(path: Path) -> bool:
+    """Whether ``path`` is written in place, not through a hidden file renamed over it: a stream
+    (``/dev/stdout``, redirected to a log or not: the rename replaced the log, every earlier line lost)
+    or a file that is no regular one (a FIFO)."""
+    return str(path).startswith(("/dev/", "/proc/")) or (path.exists() and not written_at(path).is_file())
+
+
+def written_at(path: Path) -> Path:
+    """The file a write of ``path`` lands in: a link's target (renamed over, the link was replaced and
+    its target kept the old result), else ``path``."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def write_whole(path: Path, data: bytes | Callable[[Path], None], partial: Path | None = None) -> None:
     """``path`` written whole or not at all: ``data`` (bytes, or a function that writes the file at the
     path it is given) into ``partial`` (default: ``.<name>.partial`` beside it), renamed over ``path``,
@@ -85,15 +100,19 @@ def write_whole(path: Path, data: bytes | Callable[[Path], None], partial: Path 
     ``path`` was lost, or cut short). A symbolic link is written through (the rename replaced the link,
     its target kept the old result); a path that is no regular file (``/dev/stdout``, a FIFO) is written
     in place. Raises `WriteError`."""
-    if path.exists() and not Path(os.path.realpath(path)).is_file():
+    if in_place(path):
         partial = path
     else:
         name = f".{path.name}.partial" if partial is None else partial.name
-        path = Path(os.path.realpath(path)) if path.is_symlink() else path
+        path = written_at(path)
         partial = path.with_name(name)
     try:
+        partial.parent.mkdir(parents=True, exist_ok=True)  # a link to a folder not made yet
         if callable(data):
             data(partial)
+        elif partial == path:  # appended: opened for writing, /dev/stdout truncated the log it goes to
+            with path.open("ab") as stream:
+                stream.write(data)
         else:
             partial.write_bytes(data)
         if partial != path:

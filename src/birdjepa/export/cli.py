@@ -32,7 +32,7 @@ from birdjepa.export.encoder import (
     load_encoder,
     read_card,
 )
-from birdjepa.outputs import WriteError, unwritable, write_whole
+from birdjepa.outputs import WriteError, in_place, unwritable, write_whole
 
 
 def export(run: Path, out: Path, step: int | None = None) -> Path:
@@ -141,6 +141,8 @@ def checked(source: str, out: Path) -> tuple[list[Path], list[str]]:
     """What can fail before an encoder loads: ``source``'s files (`sources`), and ``out`` writable."""
     audio, files = sources(source)
     why = unwritable(out)
+    if why is None and in_place(out):  # Parquet seeks: "lseek failed" once every embedding was computed
+        why = f"{out}: is no regular file (a pipe, a device): embeddings are a Parquet file, written whole"
     if why is not None:
         raise ExportError(why)
     return audio, files
