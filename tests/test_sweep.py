@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -281,7 +282,7 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
     # Its jobs waited in the queue to exit 65 at their start, and each run's job.sbatch was rewritten
     # with options that never trained it.
     import tyro
-    from conftest import a_demo_shard_beside_its_vocabulary
+    from conftest import a_demo_shard_beside_its_vocabulary, rewrite_meta
 
     from birdjepa.config import PretrainConfig
     from birdjepa.pretrain.loop import pretrain
@@ -325,12 +326,18 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
         plan(sweep_file(tmp_path, repr([moved])), tmp_path)
     # Not where its job checks no data: warned past (resume_checks warn), or finished ("nothing to do").
     assert plan(sweep_file(tmp_path, repr([{**moved, "resume_checks": "warn"}])), tmp_path)
-    finished = {
+    ended = {
         **{k: v for k, v in moved.items() if k != "stop_at_step"},
         "steps": 1,
         "allow_config_change": True,
     }
-    assert plan(sweep_file(tmp_path, repr([finished])), tmp_path)
+    with pytest.raises(SweepError, match=r"has trained through step 0, and steps 1 would end it there"):
+        plan(sweep_file(tmp_path, repr([ended])), tmp_path)  # the trainer's refusal, exit 65
+    finished = shutil.copytree(job.cfg.run_dir, tmp_path / "finished" / job.cfg.run_dir.name)
+    meta_file = finished / "checkpoints" / "0" / "meta" / "metadata"
+    meta = {k: v for k, v in json.loads(meta_file.read_text()).items() if k != "meta_crc"}
+    rewrite_meta(meta_file, {**meta, "config": {**meta["config"], "steps": 1}})  # a run of 1 step, done
+    assert plan(sweep_file(tmp_path, repr([{**ended, "log.runs_dir": str(finished.parent)}])), tmp_path)
     # Its stop, now past: planned, and refused at the job's start (exit 2).
     with pytest.raises(SweepError, match=r"config 0: stop_at_step 0: run .* has trained that step already"):
         plan(sweep_file(tmp_path, repr([cfg])), tmp_path)

@@ -59,7 +59,13 @@ def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> tuple[s
             f"({', '.join(breaking)}): give the config another run, or allow_config_change=True to train "
             "on under them; nothing was submitted"
         )
-    if step + 1 >= resumed.steps:  # finished: its job says "nothing to do", trains nothing, checks no data
+    if step + 1 >= resumed.steps:  # its job trains nothing, checks no data: "nothing to do", or refused
+        if step + 1 < saved.get("steps", step + 1):  # the trainer's `check_finished`: exit 65
+            raise SweepError(
+                f"{where}: run {cfg.run_dir} has trained through step {step}, and steps {resumed.steps} "
+                f"would end it there: a run is not ended at a step it trained (its checkpoint holds steps "
+                f"{saved['steps']}); give steps above {step + 1}, or another run; nothing was submitted"
+            )
         return ()
     if resumed.resume_checks == "error":  # warned past, the job trains on other data, as it was told
         data_moved(resumed, step, where)
