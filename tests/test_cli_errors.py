@@ -65,7 +65,7 @@ def test_compare_leaves_out_what_a_revision_crossed_by_a_resume_redefines(
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("nosuch", "nosuch: no such run folder"),
+        ("nosuch", "nosuch: no such folder (runs in {tmp}: good)"),  # the runs beside it
         ("afile", "afile: not a run folder (a file)"),
         ("bare", "bare: not a run folder (no metrics.jsonl in it)"),
     ],
@@ -82,7 +82,7 @@ def test_compare_names_the_run_folder_that_is_not_one(
         with pytest.raises(SystemExit) as e:
             main(["compare", *map(str, args)])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and err == f"error: {tmp_path}/{message}\n", err
+        assert e.value.code == 2 and err == f"error: {tmp_path}/{message.format(tmp=tmp_path)}\n", err
 
 
 def test_compare_of_a_metric_neither_run_logged_is_an_error_not_equal(

@@ -269,7 +269,8 @@ def test_diff_trace_exits_0_on_identical_traces_and_1_naming_the_first_differenc
         (["trace", "{runs}/bare", "--step", "3"], "no checkpoint before step 3 and no config.json"),
         (["trace", "{runs}/badconfig", "--step", "0"], "badconfig/config.json: not a readable config"),
         (["diff-trace", "{runs}/A/config.json", "{runs}/A/config.json"], "not a birdjepa trace"),
-        (["bisect", "{runs}/A", "{runs}/nothing"], "not a run directory"),
+        # A run not there (`make demo` names its run demo-<date>-<time>): the runs beside it named.
+        (["bisect", "{runs}/A", "{runs}/nothing"], "nothing: no such folder (runs in "),
         (["diff-trace", "{runs}/A", "{runs}/A"], "A: a folder, not a trace file"),
         (["trace", "{runs}/badline", "--step", "1", "--out", "{runs}/t"], "badline/metrics.jsonl:2: not a"),
         (["bisect", "{runs}/badline", "{runs}/A"], "badline/metrics.jsonl:2: not a JSON line"),

@@ -444,7 +444,9 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     from birdjepa.evaluation.cli import cli
 
     cases = [
-        (tmp_path / "nope", {}, "not a run directory"),
+        (tmp_path, {}, f"{tmp_path}: not a run directory (no checkpoints/ folder in it)"),
+        # `make demo` names its run demo-<date>-<time>, which the docs call runs/demo: the runs there said.
+        (tiny_run.parent / "demo", {}, f"demo: no such folder (runs in {tiny_run.parent}: {tiny_run.name})"),
         (tiny_run, {"step": 1}, "no checkpoint 1; there are [2, 5]"),
         (tiny_run, {"data": "missing"}, "no shard files match '"),
     ]
@@ -467,7 +469,7 @@ def test_evaluate_errors_are_clear(tiny_run: Path, demo_dir: Path, tmp_path: Pat
     said = capsys.readouterr()
     assert f"--data.audio-root {tmp_path / 'gone'}: audio_root must be a folder" in said.err
     assert "CKPT_RESTORE" not in said.out  # refused before the checkpoint was read
-    assert not (tmp_path / "nope").exists()  # nothing created by a failed evaluation
+    assert not (tiny_run.parent / "demo").exists()  # nothing created by a failed evaluation
     # A newest step folder that is empty (a copy cut short, a stray mkdir): a KeyError's traceback.
     from birdjepa.evaluation.cli import restore_checkpoint
 

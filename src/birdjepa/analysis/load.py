@@ -288,6 +288,8 @@ def _foreign(name: str, records: Iterable[Mapping[str, Any]], where: str, gap_s:
 def load_run(path: str | Path, *, gap_s: float = DEFAULT_GAP_S, name: str | None = None) -> RunLog:
     """A run directory, its ``metrics.jsonl``, or a CSV export (see the module docstring)."""
     path = Path(path)
+    if not path.exists() and not path.suffix:  # a run folder not there: "runs/demo: no metrics log"
+        raise FileNotFoundError(layout.no_run_at(path))
     if path.is_dir():
         name = name or path.name
         path = layout.metrics_file(path)

@@ -392,7 +392,7 @@ def bisect(
     parameters), else it records digests and a second pass keeps what differs."""
     for r in (a, b):
         if not layout.is_run(r):
-            raise ReplayError(f"{r}: not a run directory (no {layout.RUN_MARKERS})")
+            raise ReplayError(layout.no_run_at(r))
     s = search(a, b)
     lines = [f"A {a}", f"B {b}"]
     if s.first_logged is not None:

@@ -190,7 +190,7 @@ def open_at(
     the steps in between replayed; ``on_step(s, metrics)`` after each). Raises `ReplayError`."""
     run_dir = Path(run_dir)
     if not layout.is_run(run_dir):
-        raise ReplayError(f"{run_dir}: not a run directory (no {layout.RUN_MARKERS})")
+        raise ReplayError(layout.no_run_at(run_dir))
     if (why := x64_refusal()) is not None:
         raise ReplayError(why)
     lines = list(read_metrics(run_dir)) if layout.metrics_file(run_dir).exists() else []  # read once

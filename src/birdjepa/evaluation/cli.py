@@ -138,7 +138,7 @@ def restore_checkpoint(run_dir: Path, step: int | None = None) -> RestoredCheckp
     run's data need not be on this machine. The newest of a live run, removed by the trainer's rotation
     while it is read, gives way to the new newest."""
     if not layout.has_checkpoints(run_dir):
-        raise EvaluateError(f"{run_dir}: not a run directory (no checkpoints/ folder in it)")
+        raise EvaluateError(layout.no_run_at(run_dir, "checkpoints/ folder in it"))
     if (why := x64_refusal()) is not None:  # else a leaf "saved as float32, target float64": the checkpoint
         raise EvaluateError(why)
     for _ in range(NEWEST_TRIES - 1):

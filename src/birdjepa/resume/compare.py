@@ -142,7 +142,7 @@ def not_a_run(run: Path) -> str | None:
     """Why ``run`` is no run folder to compare (None: it is one): the argument that is wrong, rather
     than the file in it that could not be opened."""
     if not run.exists():
-        return f"{run}: no such run folder"
+        return layout.no_run_at(run)
     if not run.is_dir():
         return f"{run}: not a run folder (a file)"
     if not layout.metrics_file(run).is_file():

@@ -96,6 +96,20 @@ def is_run(run_dir: Path) -> bool:
     return any(p.exists() for p in (metrics_file(run_dir), checkpoints(run_dir), config_file(run_dir)))
 
 
+def no_run_at(path: Path, markers: str = RUN_MARKERS) -> str:
+    """Why ``path`` holds no run (``markers``: what of a run was looked for): where it does not exist, "no
+    such folder" and the runs beside it (`make demo` names its run demo-<date>-<time>, which the docs
+    call runs/demo: "not a run directory (no checkpoints/ folder in it)" sent a newcomer looking inside)."""
+    path = Path(path)
+    if path.exists():
+        return f"{path}: not a run directory (no {markers})"
+    parent = path.parent
+    beside = sorted(p.name for p in parent.iterdir() if p.is_dir() and is_run(p)) if parent.is_dir() else []
+    more = f", ... ({len(beside)} in all)" if len(beside) > 5 else ""
+    runs = f" (runs in {parent}: {', '.join(beside[:5])}{more})" if beside else ""
+    return f"{path}: no such folder{runs}"
+
+
 def nesting(runs_dir: Path, run_dir: Path) -> str | None:
     """Why ``run_dir`` cannot hold a run, or None: it lies inside another run's folder (``--run a/b`` beside
     a run ``a``), or it is no run and holds runs (``--run sweep`` over ``sweep/a``). Either way one
