@@ -418,11 +418,15 @@ def test_species_and_config_validation() -> None:
     assert encode_audio(x, 16000, "ogg", ogg_serial=3) == encode_audio(x, 16000, "ogg_vorbis", ogg_serial=3)
 
 
-def test_ensure_demo_data_generates_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ensure_demo_data_generates_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = DemoConfig(n_species=2, per_species_train=1, per_species_eval=1, min_seconds=1.0, max_seconds=1.0)
     monkeypatch.setenv("BIRDJEPA_CACHE", str(tmp_path / "cache"))
-    first = ensure_demo_data(cfg, workers=1, verbose=False)
+    first = ensure_demo_data(cfg, workers=1)
     assert first.parent == tmp_path / "cache" and (first / "train" / "vocab.json").is_file()
+    # Its closing line names the cache's folder (it named the temporary one, gone by then).
+    assert f" MiB of audio) to {first} in " in capsys.readouterr().out
     stamp = (first / "manifest.json").stat().st_mtime_ns
     assert ensure_demo_data(cfg, workers=1, verbose=False) == first
     assert (first / "manifest.json").stat().st_mtime_ns == stamp  # reused, not regenerated

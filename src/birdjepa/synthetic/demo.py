@@ -94,15 +94,18 @@ def generate_demo_data(
     workers: int | None = None,
     overwrite: bool = False,
     verbose: bool = False,
+    said_as: Path | None = None,
 ) -> Path:
-    """Writes the demo set into `out` (see the module docstring) and returns `out`.
+    """Writes the demo set into `out` (see the module docstring) and returns `out`; `said_as`: the
+    folder its closing line names (the cache's, where `out` is a temporary folder renamed into it).
 
     `workers` processes render and encode recordings (default: all available cores); the bytes written
     do not depend on it. A set already in `out` (a manifest or shards) is replaced with `overwrite`,
     once this one is whole (`birdjepa.synthetic.writer.written`); otherwise it is an error.
     """
     out = Path(out)
-    written(out, overwrite, SPLITS, lambda folder: _write_demo_data(folder, out, config, workers, verbose))
+    shown = out if said_as is None else Path(said_as)
+    written(out, overwrite, SPLITS, lambda folder: _write_demo_data(folder, shown, config, workers, verbose))
     return out
 
 
@@ -211,7 +214,9 @@ def ensure_demo_data(
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / f"demo-v{GENERATOR_VERSION}-{_config_key(config)}"
     return _cached(
-        final, lambda tmp: generate_demo_data(tmp, config, workers=workers, verbose=verbose), verbose
+        final,
+        lambda tmp: generate_demo_data(tmp, config, workers=workers, verbose=verbose, said_as=final),
+        verbose,
     )
 
 
