@@ -29,6 +29,10 @@ from birdjepa.validation import OptionError
 # (flags, what the line must say); the data flags of `demo_dir` are added to each.
 INVALID = [
     (["--steps", "-5"], "--steps -5: must be >= 1"),
+    # 0 in float32 (or moving no float32 weight): the run trained nothing, exit 0.
+    (["--optim.lr", "1e-50"], "--optim.lr 1e-50: must be at least 1e-12: below it no float32 weight moves"),
+    (["--optim.probe-lr-scale", "1e-50"], "--optim.probe-lr-scale 1e-50: times --optim.lr (0.001) must"),
+    (["--model.ln-epsilon", "1e-50"], "--model.ln-epsilon 1e-50: must be at least float32's smallest"),
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--data.batch-size", "0"], "--data.batch-size 0: must be >= 1"),
     (["--data.n-workers", "-1"], "--data.n-workers -1: must be >= 0"),
@@ -210,6 +214,21 @@ def test_invalid_option_exits_2_with_one_line(
     (line,) = err.strip().splitlines()
     assert line.startswith("error: ") and message in line, line
     assert not list(tmp_path.iterdir())  # nothing ran: not even a run directory
+
+
+def test_a_start_that_failed_before_its_first_step_leaves_no_run(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # --data.crop-events on the demo set was refused once the run's folder, its empty log and checkpoints/
+    # were made, and the same command without it, with --resume never, was "already holds a run".
+    with pytest.raises(OptionError, match=r"^--data.crop-events True: crops views around a shard's events"):
+        validation.check(PretrainConfig(data=DataConfig(crop_events=True)))
+    run = tmp_path / "runs" / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").touch()
+    flags = ["--run", "r", "--resume", "never", "--steps", "1", "--data.batch-size", "4", "--eval-every", "0"]
+    main(["pretrain", *data_flags(demo_dir), "--log.runs-dir", str(tmp_path / "runs"), *flags])  # exit 0
+    assert (run / "checkpoints" / "0").is_dir()
 
 
 def test_a_run_inside_another_or_over_others_is_refused(

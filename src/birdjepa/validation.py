@@ -44,6 +44,12 @@ class OptionError(ValueError):
         super().__init__(f"{flag(option)} {value!r}: {allowed}")
 
 
+#: The smallest positive float32 (a subnormal); a value below it is 0 in the step.
+F32_TINY = 1.401298464324817e-45
+#: The smallest learning rate (the probe's too, --optim.lr x --optim.probe-lr-scale) a run takes.
+MIN_LR = 1e-12
+
+
 def flag(option: str) -> str:
     """The command-line spelling of a config field path (``data.batch_size`` -> ``--data.batch-size``);
     an environment variable (``$JAX_ENABLE_X64``) as it is."""
@@ -100,6 +106,10 @@ _RANGES: list[tuple[tuple[str, ...], Callable[[Any], bool], str]] = [
         lambda v: v > 0, "must be > 0",
     ),
     (("optim.lr",), lambda v: v < 3e38, "must be a float32 (below 3e38)"),
+    # Below float32's smallest number an epsilon is 0; a learning rate far above it already moves no
+    # float32 weight (a weight of 0.01's last bit is ~1e-9): 1e-50 trained nothing, exit 0.
+    (("model.ln_epsilon",), lambda v: v >= F32_TINY, f"must be at least float32's smallest, {F32_TINY:g}"),
+    (("optim.lr",), lambda v: v >= MIN_LR, f"must be at least {MIN_LR:g}: below it no float32 weight moves"),
     # Past these the float32 log-mel is erased (a 1e9 dB offset, a normalisation by 1e-30): a run on
     # zeros that exits 0. No recording's spread or level comes near them.
     (("data.features.std",), lambda v: 1e-6 <= v <= 1e6, "must be in [1e-6, 1e6] (a log-mel's spread)"),
@@ -157,6 +167,11 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
                 raise OptionError(option, value, "must be a finite number")
             if value is not None and not ok(value):
                 raise OptionError(option, value, allowed)
+    if cfg.optim.lr * cfg.optim.probe_lr_scale < MIN_LR:  # the probe trained nothing, exit 0
+        why = (
+            f"times --optim.lr ({cfg.optim.lr:g}) must be at least {MIN_LR:g}: the probe's weights never move"
+        )
+        raise OptionError("optim.probe_lr_scale", cfg.optim.probe_lr_scale, why)
     if cfg.optim.grad_accum > cfg.steps:  # --steps counts micro-steps: the run would end before an update
         why = f"must be at most --steps ({cfg.steps}): a step is one micro-batch, an update every N of them"
         raise OptionError("optim.grad_accum", cfg.optim.grad_accum, why)
@@ -470,6 +485,9 @@ def check_data(cfg: PretrainConfig) -> None:
     """The data paths match shard files, the train shards' labels can be counted, and the held-out
     evaluation has held-out shards whose labels name the train split's classes."""
     files: dict[str, list[str]] = {}
+    if cfg.data.train is None and cfg.data.crop_events:  # said once the run's folder and log were made
+        why = "crops views around a shard's events, and the demo set has none: give --data.train shards"
+        raise OptionError("data.crop_events", True, f"{why} that have them")
     for option in ("data.train", "data.eval"):
         value = _get(cfg, option)
         if value is None:  # the demo set, generated on first use

@@ -130,15 +130,15 @@ def _held(cfg: PretrainConfig, stop: StopRequest) -> int:
         print(f"error: the processes of the group were started with another {differs}: give each the same "
               "options and data", file=sys.stderr, flush=True)  # fmt: skip
         return exit_codes.USAGE
-    # An empty checkpoints/ folder is no run: a start that failed before its first step (a truncated
-    # shard) leaves one, and the same command with --resume never was refused.
-    ckpts = layout.checkpoints(cfg.run_dir)
+    # An empty checkpoints/ folder or log is no run: a start that failed before its first step leaves
+    # them, and the same command with --resume never was refused.
+    ckpts, log = layout.checkpoints(cfg.run_dir), layout.metrics_file(cfg.run_dir)
     saved = ckpts.is_dir() and any(ckpts.iterdir())
     found = saved_config(cfg.run_dir) if saved and cfg.resume == "auto" else None
     validation.check(cfg, saved=flatten(found[1]) if found else None)  # before anything touches the run
     if (nested := layout.nesting(cfg.log.runs_dir, cfg.run_dir)) is not None:
         raise OptionError("run", cfg.run, nested)
-    if cfg.resume == "never" and (saved or layout.metrics_file(cfg.run_dir).exists()):
+    if cfg.resume == "never" and (saved or (log.is_file() and log.stat().st_size > 0)):
         # A fresh start there would write a second run's checkpoints and log beside the first's, and the
         # next resume would continue whichever checkpoint is newest.
         raise OptionError("resume", "never", f"{cfg.run_dir} already holds a run: give another --run, or "
