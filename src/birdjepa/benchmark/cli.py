@@ -465,10 +465,9 @@ def cli(
             if plot is not None:
                 from birdjepa.benchmark.figures import fewshot_curves
 
-                plot.parent.mkdir(parents=True, exist_ok=True)  # as `unwritable` promised (a traceback)
                 figure = fewshot_curves(rows, metric)  # it drew cmAP whatever --metric said
-                # Whole or not at all: a full disk cut the earlier figure short (its format by --plot's
-                # suffix: the partial file's is ".partial").
+                # Whole or not at all, its folder made (as `unwritable` promised): a full disk cut the earlier
+                # figure short (its format by --plot's suffix: the partial file's is ".partial").
                 write_whole(plot, lambda p: figure.savefig(p, dpi=120, format=plot.suffix[1:].lower()))
                 print(f"wrote {plot}")
             return

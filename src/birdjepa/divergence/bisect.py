@@ -144,17 +144,16 @@ def first_differing_step(a: Path, b: Path, s: Search) -> tuple[int | None, str |
     end = min(x for x in (s.first_logged, s.first_ckpt, s.last) if x is not None)
     if begin > end:  # the newest agreeing checkpoint is the last step both ran
         return None, None
+    # A segment resumed under other options (--allow-config-change) trains with them: each run is opened
+    # anew at such a step with its segment's (with the first's, its replay "varied between executions").
+    changes = [{x.get("step") for x in lines if x.get("event") == "config_changed"} for lines, _ in s.runs]
     ra, rb = open_at(a, begin), open_at(b, begin)
     try:
         for step in range(begin, end + 1):
-            # A segment resumed under other options (--allow-config-change) trains with them: each run is
-            # opened with its segment's (with the first's, its replay "varied between executions").
-            changed = [any(x.get("event") == "config_changed" and x.get("step") == step for x in lines)
-                       for lines, _ in s.runs]  # fmt: skip
-            if step > begin and changed[0]:
+            if step > begin and step in changes[0]:
                 ra.close()
                 ra = open_at(a, step)
-            if step > begin and changed[1]:
+            if step > begin and step in changes[1]:
                 rb.close()
                 rb = open_at(b, step)
             ba, bb = ra.batch(), rb.batch()

@@ -260,7 +260,6 @@ def table(rows: dict[str, Row], *, encoder_title: str = "encoder", overlap: str 
 
 def write_json(path: Path, rows: dict[str, Row], info: dict[str, Any]) -> Path:
     """``info`` (run, step, data, ...), the protocol and every row, as indented JSON."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {**info, "protocol": PROTOCOL, "rows": {n: dataclasses.asdict(r) for n, r in rows.items()}}
     doc["metrics"] = metrics(rows)
     write_whole(path, (json.dumps(doc, indent=1) + "\n").encode())  # an earlier record kept on a full disk

@@ -215,7 +215,6 @@ def embed_sources(
         "embedding": pa.FixedSizeListArray.from_arrays(
             pa.array(np.asarray(columns["embedding"], np.float32).reshape(-1)), dim),
     })  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
     table = table.replace_schema_metadata({"encoder": encoder.identity})
     write_whole(out, lambda p: pq.write_table(table, p))
     return len(table)

@@ -289,10 +289,10 @@ class Lease:
         heartbeats come on time it reads a clock: renewed less than half `STALE_AFTER_S` ago, no taker
         can have found the lease stale. After a longer silence (the process was stopped: a suspended
         job, a paused machine) it renews the lease now, under the marker, or finds it taken."""
-        try:  # a stat a step: the save after a move wrote into a new folder at the old name
-            moved = (
-                _identity(self.path.parent)[1] != self.folder[1]
-            )  # the inode: an NFS remount's device moves
+        # A stat a step (the save after a move wrote into a new folder at the old name), of the inode: an
+        # NFS remount gives the same folder another device.
+        try:
+            moved = _identity(self.path.parent)[1] != self.folder[1]
         except (FileNotFoundError, NotADirectoryError):
             raise RunDirGone(self.path.parent, "was moved or removed") from None
         except OSError as e:  # NFS: a folder removed on another client is ESTALE; EIO may pass

@@ -4,12 +4,9 @@ from the checkpoint rather than the config (`birdjepa.slurm.sweep.plan`)."""
 
 from __future__ import annotations
 
-import functools
-import json
 from typing import Any
 
 from birdjepa.config import ConfigError, PretrainConfig, flatten, to_dict
-from birdjepa.data import Features
 from birdjepa.rundir import layout
 
 
@@ -80,28 +77,20 @@ def data_moved(resumed: PretrainConfig, step: int, where: str) -> None:
     job was refused at its start, exit 65, after its wait in the queue. The demo set is left alone."""
     if resumed.data.train is None:
         return
-    from birdjepa.data import DataError, resolve_files
+    from birdjepa.data import DataError, open_shards
     from birdjepa.rundir.checkpoint import Checkpointer
 
     with Checkpointer(resumed.run_dir, async_save=False, create=False) as ckpt:
         trained = ckpt.read_meta(step).get("dataset_fingerprint")
-    try:  # once per data and options: the configs of a sweep share their data (by path: a stat a file)
-        options = json.dumps(resumed.data.loader_options(), sort_keys=True)
-        now = _fingerprint(tuple(resolve_files(resumed.data.train)), resumed.data.features, options)
+    data = resumed.data
+    try:
+        now = open_shards(data.train, features=data.features, **data.loader_options()).fingerprint
     except DataError as e:
-        raise SweepError(f"{where}: data.train {resumed.data.train!r}: {e}") from None
+        raise SweepError(f"{where}: data.train {data.train!r}: {e}") from None
     if trained is not None and now != trained:
         raise SweepError(
             f"{where}: run {resumed.run_dir} has checkpoint {step}, trained on data of fingerprint "
-            f"{trained}; data.train {resumed.data.train!r} reads as {now} (other shards, or the same "
+            f"{trained}; data.train {data.train!r} reads as {now} (other shards, or the same "
             "changed), which its job's resume would refuse (exit 65): give the config its data again, or "
             "another run; nothing was submitted"
         )
-
-
-@functools.lru_cache(maxsize=16)
-def _fingerprint(files: tuple[str, ...], features: Features, options: str) -> str:
-    """`birdjepa.data.open_shards`' fingerprint of ``files`` under the loader ``options`` (JSON)."""
-    from birdjepa.data import open_shards
-
-    return open_shards(list(files), features=features, **json.loads(options)).fingerprint
