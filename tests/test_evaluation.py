@@ -776,6 +776,17 @@ def test_export_load_and_embed_give_evaluates_embeddings(
     assert windows["start_s"].tolist() == [0.0, 5.0, 10.0] and windows["end_s"].tolist() == [5.0, 10.0, 12.0]
     assert np.array_equal(encoder.embed_waveform(chirp, rate), windows["embedding"])
     assert not np.array_equal(windows["embedding"][0], windows["embedding"][1])  # the chirp moves
+    # An encoder exported before --data.features.gapless reads an MP3 as its run did: with the codec's
+    # delay and padding (1105 and less than a frame of 1152), so its last window ends that much later.
+    before = tmp_path / "exported-before"
+    shutil.copytree(folder, before)
+    card_then = {**card, "features": {k: v for k, v in card["features"].items() if k != "gapless"}}
+    (before / "encoder.json").write_text(json.dumps(card_then))
+    soundfile.write(tmp_path / "chirp.mp3", chirp, rate, format="MP3")
+    then = birdjepa.load_encoder(before)
+    ends = [e.embed_audio([tmp_path / "chirp.mp3"])["end_s"][-1] for e in (encoder, then)]
+    assert card["features"]["gapless"] and not then.features.gapless
+    assert ends[0] == 12.0 and 1105 < (ends[1] - 12.0) * rate < 1105 + 1152
     # A window the loader cannot read (a NaN sample) is left out, and said; its embedding was zeros,
     # exit 0, and a file of no readable window "embedded" as zeros too.
     damaged = chirp.copy()
@@ -854,11 +865,12 @@ def test_the_windows_of_an_audio_file_name_it_by_path_not_each_a_copy(tmp_path: 
     # (extrapolated; 6.3 GB of memory measured at 8 minutes).
     import soundfile
 
+    from birdjepa.data import Features
     from birdjepa.export.encoder import window_shard
 
     wav = tmp_path / "minute.wav"
     soundfile.write(wav, np.zeros(60 * 16000, np.float32), 16000, subtype="FLOAT")  # 3.8 MB, 12 windows
-    shard, where = window_shard([("minute", wav)], 5.0, tmp_path)
+    shard, where = window_shard([("minute", wav)], Features(clip_seconds=5.0), tmp_path)
     assert len(where) == 12 and Path(shard).stat().st_size < 20_000
 
 

@@ -165,6 +165,10 @@ def test_restore_rejects_other_data_and_stream_config(demo_dir: Path) -> None:
     # A clip option: the field that changed, where both clips' whole debug texts were printed (400 chars).
     with pytest.raises(StateError, match=r"config: clip\.fbank\.n_mels: saved 128 now 64$"):
         train_loader(demo_dir, features=Features(n_mels=64), state=state)
+    # Decoded otherwise (an MP3 1105 samples later): the run of a state saved before the option decodes
+    # without it, and the two never meet.
+    with pytest.raises(StateError, match=r"config: gapless: saved true now \(absent\)$"):
+        train_loader(demo_dir, features=Features(gapless=False), state=state)
     # n_workers only changes speed, so it may change across a resume.
     take(train_loader(demo_dir, n_workers=1, state=state), 1)
 

@@ -7,6 +7,7 @@ another CPU: the batches and the schedule with ==, the model's numbers to 1e-5 r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -161,7 +162,9 @@ def test_what_steers_one_segment_is_never_taken_from_the_checkpoint() -> None:
     fresh = PretrainConfig()
     assert (defaults.stop_at_step, defaults.run, defaults.seed) == (None, "demo", 5)
     assert defaults.data.n_workers == fresh.data.n_workers != 7
-    assert kept == ["seed=5 (default now 0)"]
+    # A config recorded before --data.features.gapless decoded without it, and keeps doing so.
+    assert not defaults.data.features.gapless and fresh.data.features.gapless
+    assert kept == ["data.features.gapless=False (default now True)", "seed=5 (default now 0)"]
     assert {"run", "stop_at_step", "resume", "data.n_workers", "log.runs_dir"} <= set(SEGMENT_ONLY)
 
 
@@ -204,6 +207,28 @@ def test_a_config_recorded_before_the_debug_options_became_a_group_reads_under_t
     assert (defaults.debug.plant, defaults.debug.inject_fault) == ("loader_seed", None)
     now = to_dict(defaults)
     assert config_diff({**old, "debug_inject_fault": None}, now) == ([], [])
+
+
+def test_a_config_recorded_before_gapless_decoding_existed_reads_without_it_everywhere() -> None:
+    # Its MP3s were read with the codec's delay (1105 samples late): a resume, evaluate, bisect's replay
+    # and the checks between two configs read it so, and a change to it is one (the batches move).
+    from birdjepa.config import recorded, to_dict
+    from birdjepa.divergence.replay import read_config
+    from birdjepa.evaluation.cli import run_config
+    from birdjepa.resume.checks import config_diff
+
+    old = to_dict(PretrainConfig())
+    del old["data"]["features"]["gapless"]
+    assert recorded(old)["data.features.gapless"] is False
+    assert recorded(old["data"]["features"], "data.features.")["gapless"] is False  # an encoder's card
+    assert not run_config({"config": old}, "c").data.features.gapless
+    assert not read_config(old, "c").data.features.gapless
+    off = dataclasses.replace(PretrainConfig().data.features, gapless=False)
+    then = to_dict(
+        dataclasses.replace(PretrainConfig(), data=dataclasses.replace(PretrainConfig().data, features=off))
+    )
+    assert config_diff(old, then) == ([], [])
+    assert config_diff(old, to_dict(PretrainConfig())) == ([], ["data.features.gapless:False->True"])
 
 
 @pytest.mark.slow  # the old code's two runs in subprocesses: a minute; CI runs it

@@ -74,13 +74,15 @@ def log_mel(samples: npt.NDArray[np.float32], **options: Any) -> npt.NDArray[np.
     """Kaldi-style log-mel of a mono signal -> ``[frames, n_mels]``; ``options`` are the loader's
     feature options (``target_rate``, ``n_fft``, ``win_length``, ...), with the same defaults."""
 
-def decode_audio(data: bytes) -> tuple[npt.NDArray[np.float32], int]:
-    """Encoded audio (OGG/Vorbis, FLAC, WAV, MP3) -> (mono float32 samples, native sample rate)."""
+def decode_audio(data: bytes, *, gapless: bool | None = None) -> tuple[npt.NDArray[np.float32], int]:
+    """Encoded audio (OGG/Vorbis, FLAC, WAV, MP3) -> (mono float32 samples, native sample rate).
+    ``gapless``: the loader's option of that name (None: its default, on)."""
 
-def audio_length(path: str | os.PathLike[str]) -> tuple[int, int]:
+def audio_length(path: str | os.PathLike[str], *, gapless: bool | None = None) -> tuple[int, int]:
     """An audio file -> (its length in frames, its native rate), as the loader's crops see it, without
     keeping its samples: the container's count where it seeks and its last frame decodes, else counted.
-    OSError where it cannot be read, ValueError where it cannot be decoded."""
+    ``gapless`` as `decode_audio`'s. OSError where it cannot be read, ValueError where it cannot be
+    decoded."""
 
 def check_audio(data: bytes, full: bool, frames: int) -> None:
     """Raises ValueError with the reason the loader would skip this recording: its container or codec,

@@ -310,16 +310,36 @@ def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any
     return dataclasses.replace(obj, **{name: value})
 
 
+#: Options added since a config could be recorded whose default is not what a config recorded
+#: without them ran with: such a config reads as this value (`recorded`). Every other option added
+#: since reads as its default, which kept the behaviour runs had before it.
+BEFORE_IT_EXISTED: dict[str, Any] = {
+    # MP3 and Vorbis were decoded with the codec's delay and padding (an MP3 1105 samples late).
+    "data.features.gapless": False,
+}
+
+
+def recorded(saved: Mapping[str, Any], group: str = "") -> dict[str, Any]:
+    """``saved`` (a config as a checkpoint, a config.json or an encoder card records it; ``group``: the
+    dotted name of the group it is, as ``"data.features."``) flattened, each `BEFORE_IT_EXISTED` option
+    of the group that it lacks at the value its run had."""
+    flat = flatten(saved)
+    for key, value in BEFORE_IT_EXISTED.items():
+        if key.startswith(group):
+            flat.setdefault(key.removeprefix(group), value)
+    return flat
+
+
 def as_recorded(
     saved: Mapping[str, Any], where: str, leave_out: tuple[str, ...] = ()
 ) -> tuple[PretrainConfig, dict[str, Any]]:
     """The config a checkpoint recorded (``saved``, at ``where``) over this birdjepa's defaults, and the
-    recorded options it kept: an option added since reads as its default (what the run trained with);
-    those this birdjepa no longer has, and ``leave_out``, are left out. A value of another type raises
-    `ConfigError`."""
+    recorded options it kept: an option added since reads as its default (what the run trained with),
+    or as `BEFORE_IT_EXISTED` says; those this birdjepa no longer has, and ``leave_out``, are left out.
+    A value of another type raises `ConfigError`."""
     defaults = flatten(to_dict(PretrainConfig()))
-    recorded = {k: v for k, v in flatten(saved).items() if k not in leave_out and k in defaults}
-    return resolve(PretrainConfig(), recorded, where), recorded
+    kept = {k: v for k, v in recorded(saved).items() if k not in leave_out and k in defaults}
+    return resolve(PretrainConfig(), kept, where), kept
 
 
 def resolve(base: T, overrides: Mapping[str, Any], where: str) -> T:

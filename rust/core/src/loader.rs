@@ -55,6 +55,8 @@ pub struct LoaderConfig {
     pub prefetch_batches: usize,
     pub columns: ColumnConfig,
     pub clip: ClipConfig,
+    /// Decode MP3 and Vorbis gapless (`LoaderOptions::gapless`).
+    pub gapless: bool,
     /// The verification harness's seam: off unless a `debug_*` option asks.
     pub debug: DebugHooks,
 }
@@ -101,6 +103,7 @@ impl LoaderConfig {
             prefetch_batches: o.prefetch_batches,
             columns: ColumnConfig::from_options(o),
             clip: ClipConfig::from_options(o),
+            gapless: o.gapless,
             debug: DebugHooks::from_options(o),
         }
     }
@@ -193,6 +196,11 @@ impl LoaderConfig {
             m.insert("event_column".into(), column.clone());
         }
         m.insert("clip".into(), format!("{:?}", self.clip));
+        if self.gapless {
+            // Only when on (the default since it exists), like `shuffle_initial`: a state saved before
+            // it, whose run decodes as it did (read as off), still matches.
+            m.insert("gapless".into(), "true".into());
+        }
         self.debug.sign(&mut m);
         m
     }
@@ -426,7 +434,8 @@ pub struct Loader {
 impl Loader {
     pub fn new(files: &[PathBuf], cfg: LoaderConfig, state: Option<LoaderState>) -> Result<Self> {
         let dataset = Arc::new(Self::open_dataset(files, &cfg)?);
-        let extractor = Arc::new(ClipExtractor::new(cfg.clip.clone()).map_err(Error::config)?);
+        let extractor = ClipExtractor::new(cfg.clip.clone()).map_err(Error::config)?;
+        let extractor = Arc::new(extractor.with_gapless(cfg.gapless));
         let (plan, counters) = match state {
             None => (PlanState::start(), Counters::default()),
             Some(st) => {

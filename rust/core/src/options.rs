@@ -76,6 +76,9 @@ pub struct LoaderOptions {
     pub time_mask_width: usize,
     pub freq_mask_count: usize,
     pub freq_mask_width: usize,
+    /// Decode an MP3 without its encoder's delay and padding, and a Vorbis stream without its last
+    /// block's padding, as their headers say (`audio::decode`); false: as birdjepa read them before.
+    pub gapless: bool,
 }
 
 impl Default for LoaderOptions {
@@ -126,6 +129,7 @@ impl Default for LoaderOptions {
             time_mask_width: 0,
             freq_mask_count: 0,
             freq_mask_width: 0,
+            gapless: true,
         }
     }
 }

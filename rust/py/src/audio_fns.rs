@@ -1,7 +1,7 @@
 //! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
 //! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
 use birdjepa_core::audio::clip::{check_rate, check_recording};
-use birdjepa_core::audio::decode::{decode_mono, AudioReader};
+use birdjepa_core::audio::decode::{decode_mono_as, AudioReader};
 use birdjepa_core::audio::AudioError;
 use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
 use birdjepa_core::options::LoaderOptions;
@@ -41,11 +41,24 @@ fn log_mel<'py>(
     PyArray1::from_vec(py, out).reshape([frames, n_mels])
 }
 
-/// Decode encoded audio bytes (OGG/Vorbis, FLAC, WAV, MP3) -> (float32 mono samples, native rate).
+/// The loader's `gapless` option where a caller gives none (its default).
+fn gapless_or_default(gapless: Option<bool>) -> bool {
+    gapless.unwrap_or(LoaderOptions::default().gapless)
+}
+
+/// Decode encoded audio bytes (OGG/Vorbis, FLAC, WAV, MP3) -> (float32 mono samples, native rate),
+/// trimmed as the loader's `gapless` option says.
 #[pyfunction]
-fn decode_audio<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<(Bound<'py, PyArray1<f32>>, u32)> {
+#[pyo3(signature = (data, *, gapless = None))]
+fn decode_audio<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    gapless: Option<bool>,
+) -> PyResult<(Bound<'py, PyArray1<f32>>, u32)> {
     let bytes = data.as_bytes().to_vec();
-    let (samples, rate) = py.detach(|| decode_mono(bytes)).map_err(|e| PyValueError::new_err(e.0))?;
+    let gapless = gapless_or_default(gapless);
+    let (samples, rate) =
+        py.detach(|| decode_mono_as(bytes, gapless)).map_err(|e| PyValueError::new_err(e.0))?;
     Ok((PyArray1::from_vec(py, samples), rate))
 }
 
@@ -53,10 +66,12 @@ fn decode_audio<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<(B
 /// its samples (`birdjepa_core::audio::decode::AudioReader::length`): OSError where it cannot be read,
 /// ValueError where it cannot be decoded. Read here, the file is in memory once (an hour's WAV: 230 MB).
 #[pyfunction]
-fn audio_length(py: Python<'_>, path: std::path::PathBuf) -> PyResult<(u64, u32)> {
+#[pyo3(signature = (path, *, gapless = None))]
+fn audio_length(py: Python<'_>, path: std::path::PathBuf, gapless: Option<bool>) -> PyResult<(u64, u32)> {
     let bytes = py.detach(|| std::fs::read(&path)).map_err(|e| os_error(e, &path))?;
+    let gapless = gapless_or_default(gapless);
     py.detach(|| {
-        let mut reader = AudioReader::open(bytes)?;
+        let mut reader = AudioReader::open_as(bytes, gapless)?;
         Ok((reader.length()?, reader.info().0))
     })
     .map_err(|e: AudioError| PyValueError::new_err(e.0))

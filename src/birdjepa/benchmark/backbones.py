@@ -442,13 +442,14 @@ class Clips:
         self.loader = loader
         self.rate = features.target_rate
         self.length = int(round(features.clip_seconds * features.target_rate))
+        self.gapless = features.gapless
 
     def waveforms(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         from birdjepa._rs import decode_audio, resample
 
         out = np.zeros((len(batch["index"]), self.length), np.float32)
         for i, (index, offset) in enumerate(zip(batch["index"], batch["crop_offset"], strict=True)):
-            samples, rate = decode_audio(self.loader.encoded_audio(int(index)))
+            samples, rate = decode_audio(self.loader.encoded_audio(int(index)), gapless=self.gapless)
             if rate != self.rate:
                 samples = resample(samples, rate, self.rate)
             window = samples[int(offset) : int(offset) + self.length]

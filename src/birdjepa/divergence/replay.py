@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from birdjepa import multihost
-from birdjepa.config import ConfigError, PretrainConfig, resolve
+from birdjepa.config import ConfigError, PretrainConfig, recorded, resolve
 from birdjepa.data import Batch, DataError, Loader
 from birdjepa.data.loader import loader_refusal
 from birdjepa.model.config import ModelConfig
@@ -142,7 +142,7 @@ def _options_at(
 
 def read_config(config: dict[str, Any], where: str) -> PretrainConfig:
     try:
-        return resolve(PretrainConfig(), config, where)
+        return resolve(PretrainConfig(), recorded(config), where)
     except (ConfigError, KeyError) as e:
         raise ReplayError(f"{where}: its configuration cannot be read by this version: {e}") from e
 

@@ -64,10 +64,10 @@ class EvalData:
 
 def run_config(meta: dict[str, Any], where: str) -> PretrainConfig:
     """The `PretrainConfig` a checkpoint was written with."""
-    from birdjepa.config import ConfigError, resolve
+    from birdjepa.config import ConfigError, recorded, resolve
 
     try:
-        return resolve(PretrainConfig(), meta["config"], where)
+        return resolve(PretrainConfig(), recorded(meta["config"]), where)
     except (ConfigError, KeyError) as e:
         raise EvaluateError(f"{where}: its configuration cannot be read by this version: {e}") from e
 

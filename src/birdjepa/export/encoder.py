@@ -174,7 +174,7 @@ class Encoder:
         """The windows the loader read; one it skipped (a NaN sample) is left out, said in a WARNING line
         naming its file, seconds and why (its embedding was zeros, exit 0; the loader's own line named
         the temporary shard's row)."""
-        shard, where = window_shard(files, self.features.clip_seconds, tmp)
+        shard, where = window_shard(files, self.features, tmp)
         vectors = np.zeros((len(where), self.model.dim), np.float32)
         read = np.zeros(len(where), bool)
         skipped: list[dict[str, Any]] = []
@@ -200,17 +200,17 @@ class Encoder:
         }
 
 
-def window_shard(files: list[tuple[str, Path]], clip: float, folder: Path) -> tuple[str, list[tuple]]:
-    """Audio files as one Arrow shard whose rows are their consecutive ``clip``-second windows (each row
+def window_shard(files: list[tuple[str, Path]], features: Features, folder: Path) -> tuple[str, list[tuple]]:
+    """Audio files as one Arrow shard whose rows are their consecutive clips' windows (each row
     names its file by path, as BirdSet's soundscape rows do, with its window's start and end: the loader
     seeks to each window); returns the shard and, per row, (name, start s, end s). A row holding the
     file's bytes made the shard an hour-long file's size times its 720 windows."""
     from birdjepa._rs import audio_length
 
-    rows, where = [], []
+    rows, where, clip = [], [], features.clip_seconds
     for name, path in files:
         try:
-            frames, rate = audio_length(path)  # its samples decoded were an hour's 460 MB
+            frames, rate = audio_length(path, gapless=features.gapless)  # not decoded whole: an hour's 460 MB
         except OSError as e:  # a dangling link, a file removed since the folder was listed
             raise DataError(f"{name}: cannot read: {e.strerror or e}") from e
         except ValueError as e:
@@ -286,7 +286,7 @@ def _from_export(folder: Path) -> Encoder:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    from birdjepa.config import ConfigError, resolve
+    from birdjepa.config import ConfigError, recorded, resolve
     from birdjepa.model.vit import encoder_apply
     from birdjepa.validation import OptionError, check_encoder
 
@@ -296,7 +296,8 @@ def _from_export(folder: Path) -> Encoder:
                           f"this birdjepa reads {FORMAT} version {FORMAT_VERSION}")  # fmt: skip
     try:
         model = resolve(ModelConfig(), card_field(card, folder, "model", dict), str(folder / CARD))
-        features = resolve(Features(), card_field(card, folder, "features", dict), str(folder / CARD))
+        recorded_features = recorded(card_field(card, folder, "features", dict), "data.features.")
+        features = resolve(Features(), recorded_features, str(folder / CARD))
     except ConfigError as e:
         raise ExportError(str(e)) from e
     batch_size = card_field(card, folder, "batch_size", int)

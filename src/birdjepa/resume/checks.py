@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from birdjepa.config import PretrainConfig, flatten, to_dict
+from birdjepa.config import PretrainConfig, flatten, recorded, to_dict
 from birdjepa.data import Batch
 from birdjepa.model.config import PRESETS
 
@@ -198,7 +198,7 @@ def config_diff(saved: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[list[
     """``(harmless, breaking)`` changes between two `config.to_dict` trees, as ``key:saved->now``. An
     option that one config lacks and the other holds at its default is harmless: a config written
     before the option existed ran with the behaviour its default keeps."""
-    a, b = _preset_filled(flatten(saved)), _preset_filled(flatten(now))
+    a, b = _preset_filled(recorded(saved)), _preset_filled(recorded(now))
     defaults = flatten(to_dict(PretrainConfig()))
     harmless, breaking = [], []
     for key in sorted(set(a) | set(b)):

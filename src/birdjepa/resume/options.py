@@ -17,7 +17,7 @@ from typing import Any
 
 import tyro
 
-from birdjepa.config import PretrainConfig, as_recorded, flatten, to_dict
+from birdjepa.config import PretrainConfig, as_recorded, flatten, recorded, to_dict
 from birdjepa.rundir import layout
 from birdjepa.rundir.checkpoint import Checkpointer, CheckpointError
 
@@ -71,13 +71,13 @@ def hand_edits(run_dir: Path, saved: Mapping[str, Any]) -> list[str]:
     resumes), as ``key: checkpoint -> file``: a hand edit, which the resume does not read and the new
     segment's config.json overwrote without a word. Empty where they agree or the file is unreadable."""
     try:
-        edited = flatten(layout.read_config(run_dir))
+        edited = recorded(layout.read_config(run_dir))
     except (OSError, ValueError, AttributeError):
         return []
-    recorded = flatten(saved)
-    keys = sorted(k for k in set(edited) | set(recorded) if k not in SEGMENT_ONLY)
-    differ = [k for k in keys if edited.get(k) != recorded.get(k)]
-    return [f"{k}: {recorded.get(k)!r} -> {edited.get(k)!r}" for k in differ]
+    kept = recorded(saved)
+    keys = sorted(k for k in set(edited) | set(kept) if k not in SEGMENT_ONLY)
+    differ = [k for k in keys if edited.get(k) != kept.get(k)]
+    return [f"{k}: {kept.get(k)!r} -> {edited.get(k)!r}" for k in differ]
 
 
 def unlike_its_config(cfg: PretrainConfig) -> str:

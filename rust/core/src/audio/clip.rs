@@ -204,6 +204,9 @@ fn finite(src: &[f32], first_frame: u64) -> Result<(), AudioError> {
 /// Decodes, resamples and featurises clips; immutable apart from the resampler cache, share via `Arc`.
 pub struct ClipExtractor {
     cfg: ClipConfig,
+    /// How recordings are decoded (`AudioReader::open_as`); kept apart from `cfg`, whose printed form
+    /// is the stream signature's "clip", which states saved before the option hold.
+    gapless: bool,
     fbank: Fbank,
     /// Fbank frames of one clip (`n_frames_for(clip_samples)`).
     n_fbank: usize,
@@ -212,7 +215,7 @@ pub struct ClipExtractor {
 
 impl std::fmt::Debug for ClipExtractor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClipExtractor").field("cfg", &self.cfg).finish_non_exhaustive()
+        f.debug_struct("ClipExtractor").field("cfg", &self.cfg).field("gapless", &self.gapless).finish_non_exhaustive()
     }
 }
 
@@ -298,7 +301,14 @@ impl ClipExtractor {
             ));
         }
         let n_fbank = fbank.n_frames_for(cfg.clip_samples);
-        Ok(ClipExtractor { cfg, fbank, n_fbank, resamplers: RwLock::new(HashMap::new()) })
+        let gapless = LoaderOptions::default().gapless;
+        Ok(ClipExtractor { cfg, gapless, fbank, n_fbank, resamplers: RwLock::new(HashMap::new()) })
+    }
+
+    /// This extractor decoding recordings gapless or not (`LoaderOptions::gapless`; the default's when
+    /// not set).
+    pub fn with_gapless(self, gapless: bool) -> Self {
+        ClipExtractor { gapless, ..self }
     }
 
     pub fn config(&self) -> &ClipConfig {
@@ -439,7 +449,7 @@ impl ClipExtractor {
         if out.len() != n_views * fl {
             return Err(AudioError(format!("extract: out has {} floats, expected {n_views} views x {fl}", out.len())));
         }
-        let mut reader = AudioReader::open(data)?;
+        let mut reader = AudioReader::open_as(data, self.gapless)?;
         let (rate, _, n_frames) = reader.info();
         check_rate(rate).map_err(|e| AudioError(format!("extract: {}", e.0)))?;
         if n_views == 0 {

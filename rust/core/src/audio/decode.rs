@@ -4,9 +4,15 @@
 //! * Mono mix: per frame `(c0 + c1 + ... ) / n_channels`, summed in channel order, in f32. Integer
 //!   samples are converted by symphonia's `IntoSample<f32>` (e.g. `i16 / 32768`), so 16-bit PCM and
 //!   FLAC decode to exactly the values `soundfile.read(dtype="float32")` gives.
-//! * No gapless trimming (symphonia's default): a Vorbis stream yields what the decoder renders, which is
-//!   sample-aligned with libsndfile's decode but keeps the final block's padding (< 1 block, e.g. 704
-//!   extra frames on an 8 s file); MP3 keeps the encoder/decoder delay at its start.
+//! * Gapless (the `gapless` option, on by default): MP3 is trimmed as ffmpeg and libsndfile trim it: the encoder's delay plus the decoder's 529 frames
+//!   before its first sample (1105 for LAME) and the padding after its last, as its LAME/Info tag says
+//!   (nothing without one), so its frame `i` is the signal's frame `i` as in any other codec ([`trim`];
+//!   symphonia's own `enable_gapless` is left off: it trims a whole decode only, not a stream opened at a
+//!   frame mid-file, and ends the stream at the Xing header's frame count where the frames' own count
+//!   is the one read here). The trim is applied in both the whole decode and the windows, so a window
+//!   is still the whole decode's frames, bit for bit. A Vorbis stream ends at its last granule position
+//!   (the final block's padding past it, < 1 block, is dropped), as libvorbisfile ends it. Off, both
+//!   are the decoder's whole output, as birdjepa read them before the option: an MP3 1105 frames late.
 //!
 //! ## Windowed decoding
 //! [`AudioReader::read_window_mono`] returns frames `[start, start + len)` of the stream (frames outside
@@ -51,6 +57,7 @@ use symphonia::core::sample::Sample;
 use super::mp3_frames::{self, Mp3Frames};
 use super::AudioError;
 use crate::error::quietly;
+use crate::options::LoaderOptions;
 
 /// Seek retries (each doubling the pre-roll margin) before falling back to decoding from the start.
 const SEEK_TRIES: usize = 3;
@@ -115,6 +122,27 @@ pub struct AudioReader {
     /// The timestamp of the stream's first packet as the current reader numbers it (0 unless the
     /// reader was opened at an MP3 frame).
     ts_base: u64,
+    /// Frames the decoder renders before the stream's first sample, dropped (see [`trim`]); frame
+    /// `i` of the stream is frame `lead + i` of the decoder's output.
+    lead: u64,
+    /// Where the stream ends, for a codec whose decode runs past it (see [`trim`]): frames from
+    /// there on are dropped. None where the decode's own end is the stream's end.
+    end: Option<u64>,
+}
+
+/// `(lead, end)` of a stream of `n` decoded frames (its container's count) whose container says to
+/// drop `delay` frames at the start and `padding` at the end, as ffmpeg, libsndfile (mpg123) and so
+/// librosa do: an MP3's LAME/Info tag gives the encoder's delay plus the decoder's 529 frames, and the
+/// padding of its last frame (1105 and 0 to 1151 for LAME; without a LAME tag, or with another
+/// encoder's, nothing is dropped, as there). A tag that would drop the whole stream or more is ignored
+/// (the decode kept whole). An Ogg stream's granule positions give its last block's padding the same
+/// way (symphonia's `CodecParameters::padding`), as libvorbisfile trims it.
+fn trim(delay: u64, padding: u64, n: Option<u64>) -> (u64, Option<u64>) {
+    match n {
+        Some(n) if delay.saturating_add(padding) < n => (delay, Some(n - delay - padding)),
+        Some(n) => (0, Some(n)),
+        None => (delay, None),
+    }
 }
 
 struct Opened {
@@ -127,6 +155,10 @@ struct Opened {
     start_ts: u64,
     codec_name: &'static str,
     vorbis_long_block: Option<u64>,
+    /// Frames the container says to drop at the start and the end of the decode (`CodecParameters`'
+    /// `delay` and `padding`): an MP3's LAME/Info tag (symphonia reads it whatever `enable_gapless`).
+    delay: u64,
+    padding: u64,
 }
 
 /// Vorbis decoders parse their codebooks from the setup header (about half a millisecond), and
@@ -314,6 +346,8 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
         start_ts: params.start_ts,
         codec_name,
         vorbis_long_block,
+        delay: params.delay.unwrap_or(0) as u64,
+        padding: params.padding.unwrap_or(0) as u64,
         decoder,
         format,
     })
@@ -334,8 +368,15 @@ fn count_frames(format: &mut dyn FormatReader, track: u32) -> Option<u64> {
 }
 
 impl AudioReader {
-    /// Probe the container and open the first audio track's decoder.
+    /// [`open_as`](Self::open_as) trimmed as the default options say (`LoaderOptions::gapless`).
     pub fn open(data: impl AsRef<[u8]> + Send + Sync + 'static) -> Result<Self, AudioError> {
+        Self::open_as(data, LoaderOptions::default().gapless)
+    }
+
+    /// Probe the container and open the first audio track's decoder. `gapless`: an MP3's and a Vorbis
+    /// stream's frames are the recording's (see [`trim`]); off, the decoder's whole output, as
+    /// birdjepa read them before the option (what a run recorded then trained on).
+    pub fn open_as(data: impl AsRef<[u8]> + Send + Sync + 'static, gapless: bool) -> Result<Self, AudioError> {
         let bytes = SharedBytes(Arc::new(data));
         let mut o = open_stream(&bytes)?;
         let mut mp3 = None;
@@ -353,6 +394,12 @@ impl AudioReader {
                 }
             };
         }
+        // WAV and FLAC decode exactly what they hold: only MP3 and Vorbis are trimmed.
+        let (lead, end) = match o.codec_name {
+            "mp3" | "vorbis" if gapless => trim(o.delay, o.padding, o.n_frames),
+            _ => (0, None),
+        };
+        o.n_frames = end.or(o.n_frames);
         let seekable_codec = o.codec_name == "flac" || o.codec_name == "vorbis" || o.codec_name == "mp3" || o.codec_name.starts_with("pcm");
         let can_seek = seekable_codec && o.n_frames.is_some_and(|n| n > 0);
         let seek_margin = match o.codec_name {
@@ -379,6 +426,8 @@ impl AudioReader {
             fresh: true,
             mp3,
             ts_base: 0,
+            lead,
+            end,
         })
     }
 
@@ -460,12 +509,12 @@ impl AudioReader {
     /// once holds a packet, not the recording (an hour of 48 kHz is 690 MB of samples).
     pub fn for_each_mono(&mut self, mut f: impl FnMut(&[f32], u64)) -> Result<u64, AudioError> {
         let (mut buf, mut n) = (Vec::new(), 0u64);
-        self.for_each_decoded(|decoded| {
+        self.for_each_decoded(|decoded, skip, len| {
             buf.clear();
-            buf.resize(decoded.frames(), 0.0);
-            mix_to_mono(decoded, 0, &mut buf);
+            buf.resize(len, 0.0);
+            mix_to_mono(decoded, skip, &mut buf);
             f(&buf, n);
-            n += buf.len() as u64;
+            n += len as u64;
         })?;
         Ok(n)
     }
@@ -480,19 +529,32 @@ impl AudioReader {
             }
         }
         let mut n = 0u64;
-        self.for_each_decoded(|decoded| n += decoded.frames() as u64)?;
+        self.for_each_decoded(|_, _, len| n += len as u64)?;
         Ok(n)
     }
 
-    /// Every decoded packet of the stream from its start, in order; an error where none decodes.
-    fn for_each_decoded(&mut self, mut f: impl FnMut(&AudioBufferRef<'_>)) -> Result<(), AudioError> {
+    /// Every decoded packet of the stream from its start, in order, as `f(packet, skip, len)`: its
+    /// frames `[skip, skip + len)` are the stream's (the decoder's output less the stream's `lead` and
+    /// what follows its `end`; a packet none of whose frames are is not passed). An error where no
+    /// packet decodes.
+    fn for_each_decoded(&mut self, mut f: impl FnMut(&AudioBufferRef<'_>, usize, usize)) -> Result<(), AudioError> {
         self.reopen()?;
         self.fresh = false;
-        let mut any = false;
+        let (lead, stop) = (self.lead, self.end.map(|n| self.lead + n));
+        let (mut any, mut at) = (false, 0u64); // `at`: the decoder's frames so far
         while let Some(packet) = self.next_packet()? {
+            if stop.is_some_and(|stop| at >= stop) {
+                break;
+            }
             let Some(decoded) = self.decode_packet(&packet)? else { continue };
             any = true;
-            f(&decoded);
+            let n = decoded.frames() as u64;
+            let lo = at.max(lead);
+            let hi = stop.map_or(at + n, |stop| (at + n).min(stop));
+            if lo < hi {
+                f(&decoded, (lo - at) as usize, (hi - lo) as usize);
+            }
+            at += n;
         }
         if !any {
             return Err(AudioError(format!(
@@ -589,14 +651,17 @@ impl AudioReader {
 
     /// Decode packets (after seeking to `seek_from` frames, if given) and place them by timestamp into
     /// `out` = frames `[start, start + len)`; see [`Window`] for what is returned.
+    /// `seek_from` and `start` count the stream's frames (after its `lead`); the seek goes to the
+    /// decoder's frame `lead` later.
     fn decode_into(&mut self, seek_from: Option<u64>, start: u64, out: &mut [f32]) -> Result<Window, AudioError> {
         self.fresh = false;
         if let Some(from) = seek_from {
+            let (from, first) = (from + self.lead, start + self.lead); // the decoder's frames
             if let Some(frames) = self.mp3.clone() {
                 // Open the stream at the frame holding `from`, or before it where the bit reservoir of
                 // the frames before `start` reaches further: no frame before it is parsed.
                 let spf = frames.samples_per_frame;
-                let k = ((from / spf) as usize).min(frames.decode_from((start / spf) as usize));
+                let k = ((from / spf) as usize).min(frames.decode_from((first / spf) as usize));
                 let offset = frames.offsets.get(k).copied().unwrap_or(self.bytes.as_ref().len());
                 let tail = SharedBytes(Arc::new(Tail(self.bytes.clone(), offset)));
                 let o = open_stream(&tail)?;
@@ -611,11 +676,14 @@ impl AudioReader {
             self.decoder.reset();
         }
         let end = start + out.len() as u64;
+        // Frames from the stream's end on (an MP3's padding) are not the stream's.
+        let cap = self.end.map_or(i128::MAX, |n| n as i128);
         let mut w = Window { covered: true, rendered: 0, stream_end: 0, stopped_early: false, inside: 0 };
         let mut first = true;
         while let Some(packet) = self.next_packet()? {
-            // Position of the packet's first rendered frame relative to the stream start.
-            let pos = (self.ts_base + packet.ts) as i128 - self.start_ts as i128;
+            // Position of the packet's first rendered frame relative to the stream start (its `lead`
+            // frames of delay are before it).
+            let pos = (self.ts_base + packet.ts) as i128 - self.start_ts as i128 - self.lead as i128;
             if pos >= end as i128 && !first {
                 w.stopped_early = true;
                 break;
@@ -634,9 +702,9 @@ impl AudioReader {
                 }
             }
             w.rendered += n as u64;
-            w.stream_end = w.stream_end.max((pos + n as i128).max(0) as u64);
+            w.stream_end = w.stream_end.max((pos + n as i128).min(cap).max(0) as u64);
             let lo = pos.max(start as i128);
-            let hi = (pos + n as i128).min(end as i128);
+            let hi = (pos + n as i128).min(end as i128).min(cap);
             if lo < hi {
                 w.inside += (hi - lo) as u64;
                 let skip = (lo - pos) as usize;
@@ -666,9 +734,18 @@ struct Window {
     inside: u64,
 }
 
-/// Full decode of one recording: channels averaged to mono, at the native rate.
+/// Full decode of one recording: channels averaged to mono, at the native rate, trimmed as the default
+/// options say.
 pub fn decode_mono(data: impl AsRef<[u8]> + Send + Sync + 'static) -> Result<(Vec<f32>, u32), AudioError> {
-    let mut r = AudioReader::open(data)?;
+    decode_mono_as(data, LoaderOptions::default().gapless)
+}
+
+/// [`decode_mono`], trimmed or not (`gapless`, [`AudioReader::open_as`]).
+pub fn decode_mono_as(
+    data: impl AsRef<[u8]> + Send + Sync + 'static,
+    gapless: bool,
+) -> Result<(Vec<f32>, u32), AudioError> {
+    let mut r = AudioReader::open_as(data, gapless)?;
     let rate = r.sample_rate;
     let samples = r.read_all_mono()?;
     Ok((samples, rate))
@@ -995,17 +1072,73 @@ pub(crate) mod tests {
     #[test]
     fn mp3_without_a_xing_or_info_header_counts_its_frames_and_seeks_exactly() {
         // Variable and constant bit rate, each with its header stripped: the header frame renders
-        // nothing, so the stream decodes as before; its length is now counted from the frames.
+        // nothing, so the stream decodes as before, except that without its LAME tag nothing says
+        // what to trim (nor do ffmpeg and libsndfile trim it): the decoder's whole output, the trimmed
+        // stream `lead` frames into it; its length is now counted from the frames.
         for name in ["birds_32k_mono.mp3", "birds_32k_mono_cbr.mp3"] {
             let with = fixture(name);
             let without = without_xing(&with);
             let (a, _) = decode_mono(with.clone()).unwrap();
             let (b, _) = decode_mono(without.clone()).unwrap();
-            assert!(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}");
-            let r = AudioReader::open(without.clone()).unwrap();
+            let (tagged, r) = (AudioReader::open(with).unwrap(), AudioReader::open(without.clone()).unwrap());
+            let (lead, end) = (tagged.lead as usize, tagged.end.unwrap() as usize);
+            assert_eq!((lead, end, a.len()), (1105, 128_000, 128_000), "{name}: LAME's delay, the frames written");
+            assert_eq!((r.lead, r.end), (0, Some(b.len() as u64)), "{name}: untrimmed");
+            assert!(b.len() > lead + a.len() && b.len() - lead - a.len() < 1152, "{name}: padding < a frame");
+            let same = a.iter().zip(&b[lead..]).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{name}: the trimmed decode is the untrimmed one from frame {lead}");
             assert_eq!(r.info().2, Some(b.len() as u64), "{name}: counted frames = decoded frames");
-            assert_eq!(r.info().2, AudioReader::open(with).unwrap().info().2, "{name}: = the header's length");
             check_bytes_windows_equal_full(name, without, &random_windows(7, 40, 4 * 32_000, 60_000));
+        }
+    }
+
+    #[test]
+    fn mp3_decodes_to_the_frames_written_as_libsndfile_reads_them() {
+        // The encoder's delay (and the decoder's 529 frames) before an MP3's first sample, and the
+        // padding after its last (its LAME tag), are not the recording's: every crop of an MP3 was
+        // 1105 frames late (35 ms at 32 kHz) against ffmpeg, libsndfile and librosa.
+        // `soundfile.info(path).frames` of each fixture; the 8 kbps one's first frame is too small for a
+        // LAME tag, so nothing is trimmed there (nor by libsndfile).
+        for (name, frames) in [
+            ("birds_32k_mono.mp3", 128_000u64),
+            ("birds_32k_mono_cbr.mp3", 128_000),
+            ("birds_48k_mono_vbr.mp3", 288_000),
+            ("birds_24k_mono_8kbps.mp3", 193_536),
+            ("birds_48k_stereo.ogg", 384_000),
+            ("birds_44k_stereo_30s.ogg", 1_323_000),
+        ] {
+            let (all, _) = decode_mono(fixture(name)).unwrap();
+            let mut r = AudioReader::open(fixture(name)).unwrap();
+            assert_eq!((all.len() as u64, r.info().2, r.length().unwrap()), (frames, Some(frames), frames), "{name}");
+        }
+        // The windows of the 24 kHz one from its first frame are its whole decode's (the other
+        // fixtures' are checked above), and so are the last frames of every one.
+        check_windows_equal_full("birds_24k_mono_8kbps.mp3", &[(0, 5000), (190_000, 5000), (193_000, 1000)]);
+        check_windows_equal_full("birds_32k_mono_cbr.mp3", &[(0, 1000), (127_000, 1000), (127_999, 10), (126_000, 5000)]);
+        check_windows_equal_full("birds_48k_mono_vbr.mp3", &[(0, 1200), (287_000, 3000)]);
+        check_windows_equal_full("birds_48k_stereo.ogg", &[(380_000, 5000), (383_999, 1)]);
+    }
+
+    #[test]
+    fn without_gapless_a_stream_is_the_decoders_whole_output_as_before_the_option() {
+        // What a run recorded before the option trained on: the trimmed stream is the untrimmed one
+        // from its `lead`, bit for bit, and the untrimmed one is longer by the delay and the padding.
+        for (name, lead, extra) in [
+            ("birds_32k_mono.mp3", 1105usize, 1105 + 1071),
+            ("birds_48k_mono_vbr.mp3", 1105, 1105 + 47),
+            ("birds_48k_stereo.ogg", 0, 704),
+        ] {
+            let (on, _) = decode_mono_as(fixture(name), true).unwrap();
+            let (off, _) = decode_mono_as(fixture(name), false).unwrap();
+            assert_eq!(off.len(), on.len() + extra, "{name}");
+            assert!(on.iter().zip(&off[lead..]).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}");
+            let mut r = AudioReader::open_as(fixture(name), false).unwrap();
+            assert_eq!(r.length().unwrap(), off.len() as u64, "{name}");
+            let (start, len) = (lead as u64 + 3000, 4000);
+            let mut window = vec![0.0f32; len];
+            r.read_window_mono(start, &mut window).unwrap();
+            let same = window.iter().zip(&off[start as usize..]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name}: a window of the untrimmed stream is its whole decode's");
         }
     }
 
