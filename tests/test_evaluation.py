@@ -872,6 +872,11 @@ def test_the_windows_of_an_audio_file_name_it_by_path_not_each_a_copy(tmp_path: 
     soundfile.write(wav, np.zeros(60 * 16000, np.float32), 16000, subtype="FLOAT")  # 3.8 MB, 12 windows
     shard, where = window_shard([("minute", wav)], Features(clip_seconds=5.0), tmp_path)
     assert len(where) == 12 and Path(shard).stat().st_size < 20_000
+    # A last window shorter than a log-mel frame holds none: 10 s and one sample at 44.1 kHz was three
+    # windows, the third one sample long (0.7 at 32 kHz), embedded as a map of padding.
+    soundfile.write(wav, np.zeros(441_001, np.float32), 44_100, subtype="FLOAT")
+    _, where = window_shard([("ten", wav)], Features(clip_seconds=5.0), tmp_path)
+    assert [w[1:] for w in where] == [(0.0, 5.0), (5.0, 10.0)]
 
 
 def test_backbone_identities_tell_encoders_apart_and_one_encoder_is_named_once(
@@ -1066,7 +1071,7 @@ def test_export_and_embed_errors_are_one_line(
         ("nobatch", lambda f: (f / "encoder.json").write_text(json.dumps({**card, "batch_size": "eight"})),
          "encoder.json: its 'batch_size' must be a JSON integer, not \"eight\""),
         ("mels", lambda f: (f / "encoder.json").write_text(json.dumps({**card, "features": {
-         **card["features"], "n_mels": 64}})), "encoder.json: --model.n-frames"),
+         **card["features"], "n_mels": 64}})), "encoder.json: --model.n-mels 128: the model is built"),
     ):  # fmt: skip
         shutil.copytree(folder, tmp_path / name)
         damage(tmp_path / name)

@@ -152,14 +152,14 @@ def test_a_dataclass_in_a_sweep_file_under_postponed_annotations_loads(tmp_path:
 def test_every_type_round_trips_through_the_command_line(tmp_path: Path) -> None:
     body = (
         '[{"ckpt_async": False, "debug.roundtrip_steps": [3, 5], "stop_at_step": None, "optim.lr": 2e-3,'
-        ' "objective": {"kind": "supervised"}, "data.features.f_max": 8000.0, "model.preset": "small",'
+        ' "objective": {"kind": "supervised"}, "data.features.f_max": 10000.0, "model.preset": "small",'
         ' "log.wandb": "offline", "debug.disable_stochastic": True, "log.wandb_project": "-x"}]'
     )
     (job,) = plan(sweep_file(tmp_path, body), tmp_path)  # "-x" as two words: tyro's usage box
     cfg = job.cfg
     assert cfg.log.wandb_project == "-x" and "--log.wandb-project=-x" in job.flags
     assert cfg.ckpt_async is False and cfg.debug.roundtrip_steps == (3, 5) and cfg.optim.lr == 2e-3
-    assert cfg.objective.kind == "supervised" and cfg.data.features.f_max == 8000.0
+    assert cfg.objective.kind == "supervised" and cfg.data.features.f_max == 10000.0
     assert "--no-ckpt-async" in job.flags and "--debug.disable-stochastic" in job.flags
 
 

@@ -22,7 +22,7 @@ from conftest import a_demo_shard_beside_its_vocabulary
 from birdjepa import validation
 from birdjepa.cli import main
 from birdjepa.config import DataConfig, LogConfig, PretrainConfig
-from birdjepa.data import Loader
+from birdjepa.data import Features, Loader
 from birdjepa.data.shards import read_shard, shard_schema
 from birdjepa.validation import OptionError
 
@@ -150,8 +150,22 @@ INVALID = [
     (["--eval-every", "0", "--no-eval-linear"], "--eval-linear False: is the last evaluation's linear probe"),
     (["--augment.mix-db", "-10", "-3"], "--augment.mix-db (-10.0, -3.0): is the mixed-in level"),
     # Values that ran and did nothing or nonsense, a traceback, or a refusal naming no option.
-    (["--data.features.clip-seconds", "10"], "--data.features.clip-seconds 10.0: gives 998 log-mel frames"),
-    (["--data.features.f-max", "10"], "--data.features.f-max 10.0: (10 Hz) must be above f_min (20 Hz)"),
+    (["--data.features.clip-seconds", "10"],
+     "--data.features.clip-seconds 10.0: gives 998 log-mel frames, more than --data.features.n-frames (512), "
+     "of which the rest would be cut off: a shorter clip, or --data.features.n-frames and --model.n-frames "
+     "1008"),  # a multiple of the patch (it said 998, which --model.patch refused)
+    (["--data.features.f-max", "10"], "--data.features.f-max 10.0: must be above f_min (20 Hz)"),
+    (["--data.features.f-min", "20000"], "--data.features.f-min 20000.0: must be in [0, f_max (16000 Hz))"),
+    (["--data.features.n-mels", "64"], "--model.n-mels 128: the model is built for 512 x 128 spectrograms"),
+    # Every map, or most of it, one value: the run exited 0.
+    (["--data.features.log-floor", "1e10"], "--data.features.log-floor 10000000000.0: must be in [1.17549e-"),
+    (["--data.features.log-floor", "1e-46"], "--data.features.log-floor 1e-46: must be in [1.17549e-38, "
+     "0.001]: below float32's smallest normal number its log reads wrongly"),  # it said "(got 0)"
+    (["--data.features.f-max", "2000"], "--data.features.n-mels 128: has 21 mel bands that no FFT bin falls "
+     "in (31.25 Hz a bin at --data.features.n-fft 1024, over 20-2000 Hz): each is the log floor"),
+    (["--data.features.clip-seconds", "1"], "--data.features.n-frames 512: is more than the 98 log-mel "
+     "frames a clip gives (--data.features.clip-seconds 1, hop 320): 81% of every map would be zeros; "
+     "--data.features.n-frames and --model.n-frames 112, or a longer clip"),
     (["--data.features.f-min", "nan"], "--data.features.f-min nan: must be a finite number"),
     (["--augment.pitch-bins", "1000"], "--augment.pitch-bins 1000.0: must be at most --model.n-mels (128)"),
     (["--augment.stretch", "inf"], "--augment.stretch inf: must be a finite number"),
@@ -438,7 +452,17 @@ def test_a_combination_a_newer_check_refuses_goes_on_in_a_run_that_trained_with_
         objective=ObjectiveConfig(lejepa=LeJepaConfig(span_weight=1.0, span_ratio=0.05)),
     )
     mix = PretrainConfig(data=DataConfig(batch_size=1), augment=AugmentConfig(mix_prob=0.5))
-    for cfg, option in ((span, "span-ratio 0.05"), (mix, "mix-prob 0.5")):
+    short = PretrainConfig(data=DataConfig(features=Features(clip_seconds=1.0)))  # 81% padding
+    low = PretrainConfig(data=DataConfig(features=Features(f_max=2000.0)))  # 21 empty mel bands
+    floor = PretrainConfig(data=DataConfig(features=Features(log_floor=0.01)))
+    cases = (
+        (span, "span-ratio 0.05"),
+        (mix, "mix-prob 0.5"),
+        (short, "n-frames 512"),
+        (low, "n-mels 128"),
+        (floor, "log-floor 0.01"),
+    )
+    for cfg, option in cases:
         with pytest.raises(OptionError, match=option):
             validation.check(cfg, data=False)
         validation.check(cfg, data=False, saved=flatten(to_dict(cfg)))  # it trained with them: goes on

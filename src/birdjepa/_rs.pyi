@@ -18,9 +18,10 @@ class WorkerError(Exception):
 def loader_defaults() -> str:
     """Every loader option with its default, as a JSON object (the only place the defaults live)."""
 
-def check_loader_options(options_json: str) -> int:
+def check_loader_options(options_json: str) -> tuple[int, int]:
     """Raises ValueError naming the first option (of a JSON object of them) out of its range, without
-    opening a file; else returns the log-mel frames one clip gives (the first ``n_frames`` are kept)."""
+    opening a file; else returns the log-mel frames one clip gives (the first ``n_frames`` are kept)
+    and the mel bands no FFT bin falls in (the log floor in every clip)."""
 
 def check_audio_column(schema_ipc: bytes, column: str, file: str) -> None:
     """DataError naming ``file`` where no reader takes its audio ``column`` (``schema_ipc``: the file's

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import sys
 import unicodedata
 from collections.abc import Callable, Mapping
@@ -217,8 +218,7 @@ def check(cfg: PretrainConfig, *, data: bool = True, saved: Mapping[str, Any] | 
     if cfg.augment.pitch_bins > cfg.model.n_mels:  # its cost grows with it (96 s for a step at 1000)
         why = f"must be at most --model.n-mels ({cfg.model.n_mels}): a larger shift moves every band out"
         raise OptionError("augment.pitch_bins", cfg.augment.pitch_bins, why)
-    _check_loader(cfg)
-    _check_model(cfg)
+    _check_maps(cfg, trained)
     _check_objective(cfg, trained)
     _check_unused(cfg, saved)
     _check_virtual_shards(cfg, trained)
@@ -294,7 +294,48 @@ def _check_run(cfg: PretrainConfig) -> None:
         raise OptionError("run", cfg.run, f"has a folder name of {longest} bytes: at most {most}")
 
 
-def _check_loader(cfg: PretrainConfig) -> None:
+#: The log floor's range: below float32's smallest normal number the log-mel's log reads it wrongly
+#: (1e-40 as -88.0, not -92.1); above 1e-3 quiet bands sit at it (a quarter of the demo set's values;
+#: at 1e10 all of them, exit 0). Kaldi's floor is float32's epsilon, librosa's 1e-10.
+LOG_FLOOR = (1.1754943508222875e-38, 1e-3)
+
+
+def _check_maps(cfg: PretrainConfig, trained: PretrainConfig | None) -> None:
+    """The loader's options and the model's, then features every map of which is degenerate (each
+    trained without a word), but in a run that trained with them (the checks are younger than it)."""
+    f, patch, (low, high) = cfg.data.features, cfg.model.patch, LOG_FLOOR
+    new, floor = trained is None or _maps(trained) != _maps(cfg), f.log_floor
+    # fmt: off
+    if new and floor > 0 and math.isfinite(floor) and not low <= floor <= high:  # before float32 has it
+        why = (f"must be in [{low:.6g}, {high:g}]: below float32's smallest normal number its log reads "
+               "wrongly, above it quiet bands sit at the floor (a quarter of the demo's values at 1e-3)")
+        raise OptionError("data.features.log_floor", floor, why)
+    frames, empty = _check_loader(cfg)
+    _check_model(cfg)
+    if new and empty:  # as Kaldi refuses such a filter bank
+        why = (f"has {empty} mel band{'s' * (empty > 1)} that no FFT bin falls in "
+               f"({f.target_rate / f.n_fft:g} Hz a bin at --data.features.n-fft {f.n_fft}, over {f.f_min:g}-"
+               f"{f.f_max or f.target_rate / 2:g} Hz): each is the log floor in every clip; fewer bands, a "
+               "larger n_fft or a wider f_min..f_max")
+        raise OptionError("data.features.n_mels", f.n_mels, why)
+    if new and frames <= f.n_frames - patch:  # a row of patches of zeros in every map
+        why = (f"is more than the {frames} log-mel frames a clip gives (--data.features.clip-seconds "
+               f"{f.clip_seconds:g}, hop {f.hop_length}): {1 - frames / f.n_frames:.0%} of every map would "
+               f"be zeros; --data.features.n-frames and --model.n-frames {-(-frames // patch) * patch}, or "
+               "a longer clip")
+        raise OptionError("data.features.n_frames", f.n_frames, why)
+    # fmt: on
+
+
+def _maps(cfg: PretrainConfig) -> tuple[Any, ...]:
+    f = cfg.data.features  # what `_check_maps` reads
+    return (f.target_rate, f.clip_seconds, f.n_fft, f.win_length, f.hop_length, f.n_mels, f.f_min, f.f_max,
+            f.log_floor, f.n_frames, cfg.model.patch)  # fmt: skip
+
+
+def _check_loader(cfg: PretrainConfig) -> tuple[int, int]:
+    """The log-mel frames a clip gives and its empty mel bands, where the Rust core takes the loader's
+    options; else `OptionError` naming the first it refuses."""
     from birdjepa import _rs
 
     data = cfg.data.loader_options()
@@ -303,19 +344,19 @@ def _check_loader(cfg: PretrainConfig) -> None:
     def option(name: str) -> str:
         return f"data.{name}" if name in data else f"data.features.{name}"
 
-    def checked(values: dict[str, Any]) -> int | tuple[str, str]:
-        """The log-mel frames the options give, or (option, the Rust core's message less its name) of the
-        first one it rejects."""
+    def checked(values: dict[str, Any]) -> tuple[int, int] | tuple[str, str]:
+        """The log-mel frames the options give and their empty mel bands, or (option, the Rust core's
+        message less its name and value) of the first one it rejects."""
         try:
             return _rs.check_loader_options(options_json(values))
-        except ValueError as e:  # "[fbank: ]<name> must be ...": the Rust core names the option
+        except ValueError as e:  # "[fbank: ]<name> [(value)] must be ...": the Rust core names the option
             message = str(e).split(": ", 1)[-1] if str(e).startswith(("fbank: ", "clip: ")) else str(e)
             name = message.split()[0]
-            return name, message.removeprefix(f"{name} ")
+            return name, re.sub(r"^\([^)]*\) ", "", message.removeprefix(f"{name} "))
 
-    frames = checked(options)
-    if isinstance(frames, tuple):
-        name, why = frames
+    result = checked(options)
+    if isinstance(result[0], str):
+        name, why = result
         value = options.get(name, "?")
         if isinstance(value, int) and value < 0:  # its type's ">= 0": say the bound it has (batch: >= 1)
             at_zero = checked({**options, name: 0})
@@ -329,12 +370,14 @@ def _check_loader(cfg: PretrainConfig) -> None:
         elif name == "audio_root":  # resolved against the current folder, as the rows' paths under it
             why += read_from(value)
         raise OptionError(option(name), value, why)
-    n_frames = cfg.data.features.n_frames
+    frames, empty = result
+    n_frames, patch = cfg.data.features.n_frames, cfg.model.patch
     if frames > n_frames:  # the loader keeps the first n_frames: a 10 s clip trained on its first 5.1 s
         why = (f"gives {frames} log-mel frames, more than --data.features.n-frames ({n_frames}), of which "
                f"the rest would be cut off: a shorter clip, or --data.features.n-frames and --model.n-frames "
-               f"{frames} or more")  # fmt: skip
+               f"{-(-frames // patch) * patch}")  # fmt: skip
         raise OptionError("data.features.clip_seconds", cfg.data.features.clip_seconds, why)
+    return frames, empty
 
 
 def check_encoder(model: ModelConfig, features: Features, batch_size: int) -> None:
@@ -365,8 +408,9 @@ def _check_model(cfg: PretrainConfig) -> None:
         raise OptionError("model.patch_freq", m.patch_freq, f"must divide --model.n-mels ({m.n_mels})")
     features = cfg.data.features
     if (features.n_frames, features.n_mels) != (m.n_frames, m.n_mels):
+        differs = "n_frames" if features.n_frames != m.n_frames else "n_mels"
         raise OptionError(
-            "model.n_frames", m.n_frames,
+            f"model.{differs}", getattr(m, differs),
             f"the model is built for {m.n_frames} x {m.n_mels} spectrograms, the data gives "
             f"{features.n_frames} x {features.n_mels} (--data.features.n-frames, --data.features.n-mels)",
         )  # fmt: skip

@@ -111,10 +111,12 @@ impl LoaderConfig {
     /// Every option in its range, checked without opening a file (a loader checks the same at its
     /// start), so a command line can be rejected before anything runs.
     /// Errs naming the first option out of its range; else the log-mel frames one clip gives (the
-    /// first `n_frames` of them are kept).
-    pub fn check(&self) -> Result<usize> {
+    /// first `n_frames` of them are kept) and its mel bands that no FFT bin falls in (the floor in
+    /// every clip).
+    pub fn check(&self) -> Result<(usize, usize)> {
         self.validate()?;
-        ClipExtractor::new(self.clip.clone()).map(|x| x.clip_frames()).map_err(Error::config)
+        let x = ClipExtractor::new(self.clip.clone()).map_err(Error::config)?;
+        Ok((x.clip_frames(), x.empty_mel_bands()))
     }
 
     /// The buffer never holds more than one epoch: a larger one would hold several copies of a recording
@@ -938,7 +940,7 @@ mod tests {
 
     #[test]
     fn check_names_the_first_option_out_of_range_and_passes_the_defaults() {
-        assert_eq!(LoaderConfig::from_options(&LoaderOptions::default()).check().unwrap(), 498); // frames
+        assert_eq!(LoaderConfig::from_options(&LoaderOptions::default()).check().unwrap(), (498, 0)); // frames, empty mel bands
         // Each starts with the option's name, which the CLI turns into its flag (it named "need",
         // "clip_samples" and "time_mask.max_width"); a clip of 1e9 s aborted the process.
         for (json, name) in [

@@ -39,7 +39,7 @@ fn loader_defaults() -> String {
 
 /// Checks loader options (a JSON object) without opening a file; a ValueError names the first bad one.
 #[pyfunction]
-fn check_loader_options(options_json: &str) -> PyResult<usize> {
+fn check_loader_options(options_json: &str) -> PyResult<(usize, usize)> {
     LoaderOptions::from_json(options_json).and_then(|o| LoaderConfig::from_options(&o).check()).map_err(to_py)
 }
 

@@ -204,10 +204,12 @@ def window_shard(files: list[tuple[str, Path]], features: Features, folder: Path
     """Audio files as one Arrow shard whose rows are their consecutive clips' windows (each row
     names its file by path, as BirdSet's soundscape rows do, with its window's start and end: the loader
     seeks to each window); returns the shard and, per row, (name, start s, end s). A row holding the
-    file's bytes made the shard an hour-long file's size times its 720 windows."""
+    file's bytes made the shard an hour-long file's size times its 720 windows. A last window shorter
+    than one log-mel frame (``win_length`` samples) is none: it held no frame, and was embedded as a
+    map of padding (a 44.1 kHz file of 441001 samples) or refused as empty (its end rounded to its start)."""
     from birdjepa._rs import audio_length
 
-    rows, where, clip = [], [], features.clip_seconds
+    rows, where, clip, rate_out = [], [], features.clip_seconds, features.target_rate
     for name, path in files:
         try:
             frames, rate = audio_length(path, gapless=features.gapless)  # not decoded whole: an hour's 460 MB
@@ -219,6 +221,9 @@ def window_shard(files: list[tuple[str, Path]], features: Features, folder: Path
         audio = {"bytes": None, "path": str(path.absolute())}
         for k in range(max(int(np.ceil(seconds / clip - 1e-9)), 1)):
             start, end = k * clip, min((k + 1) * clip, seconds)
+            # The loader's window, rounded as it rounds it: one shorter than a frame holds none.
+            if k and np.floor(end * rate_out + 0.5) - np.floor(start * rate_out + 0.5) < features.win_length:
+                continue
             rows.append({"audio": audio, "ebird_code": None, "start_time": start, "end_time": end})
             where.append((name, start, end))
     audio_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])

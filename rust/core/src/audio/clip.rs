@@ -315,6 +315,11 @@ impl ClipExtractor {
         &self.cfg
     }
 
+    /// Mel bands that are the floor in every clip ([`Fbank::empty_filters`]).
+    pub fn empty_mel_bands(&self) -> usize {
+        self.fbank.empty_filters()
+    }
+
     /// The log-mel frames of one clip, before the first `n_frames` are kept.
     pub fn clip_frames(&self) -> usize {
         self.n_fbank

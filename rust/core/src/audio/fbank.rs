@@ -191,6 +191,12 @@ impl Fbank {
         self.cfg.n_mels
     }
 
+    /// Mel filters no FFT bin falls inside (too many mels for the FFT's resolution at the low end, or
+    /// a band narrower than a bin): each is the log floor in every frame. Kaldi refuses such a bank.
+    pub fn empty_filters(&self) -> usize {
+        self.filter_off.windows(2).filter(|w| w[0] == w[1]).count()
+    }
+
     /// `1 + (n_samples - win) / hop` when `n_samples >= win`, else 0 (Kaldi `snip_edges`).
     pub fn n_frames_for(&self, n_samples: usize) -> usize {
         if n_samples < self.cfg.win_length {
@@ -408,6 +414,24 @@ mod tests {
         }
         let (start, w) = f.filter(127);
         assert!(start + w.len() >= 500, "last filter ends near Nyquist");
+        assert_eq!(f.empty_filters(), 0);
+    }
+
+    #[test]
+    fn empty_filters_are_the_bands_that_are_the_floor_in_loud_noise() {
+        // 128 mels up to 2 kHz at 31.25 Hz a bin: the lowest bands are narrower than a bin.
+        let noise: Vec<f32> = (0..8000u32).map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) as f32 / 8e6) - 1.0).collect();
+        for (cfg, empty) in [
+            (FbankConfig::default(), 0),
+            (FbankConfig { f_max: Some(2000.0), ..Default::default() }, 21),
+            (FbankConfig { f_min: 15_990.0, n_mels: 4, ..Default::default() }, 4),
+        ] {
+            let f = Fbank::new(cfg.clone()).unwrap();
+            let out = f.compute_vec(&noise);
+            let floor = cfg.log_floor.ln();
+            let at_floor = (0..cfg.n_mels).filter(|&m| out.chunks(cfg.n_mels).all(|row| row[m] == floor)).count();
+            assert_eq!((f.empty_filters(), at_floor), (empty, empty), "{cfg:?}");
+        }
     }
 
     #[test]
