@@ -422,7 +422,10 @@ def test_bisect_places_a_planted_difference_where_it_first_shows(
     [
         pytest.param(p.name, marks=[pytest.mark.default_level] if p.name == "devices" else [])
         for p in PAIRS
-        if p.name not in CHEAP
+        # devices_virtual_shards: tests/test_virtual_shards.py proves 1, 2 and 4 devices compute its bits
+        # (and a run resumed 4 -> 1 -> 2 at the default level); bisect across device counts is the
+        # devices row's, its "identical" verdict the clean row's (36 s saved in CI).
+        if p.name not in CHEAP and p.name != "devices_virtual_shards"
     ],
 )
 def test_the_other_rows_of_the_divergence_matrix(name: str, tmp_path: Path, demo_dir: Path) -> None:

@@ -19,13 +19,15 @@ from birdjepa.train.compile_cache import without_jax_settings
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
-@pytest.mark.slow  # ~4 min in .ci/run beside another worker: 2 verify-resumes, a trace, 10 more processes
+@pytest.mark.slow  # ~3 min in .ci/run beside another worker: a verify-resume, a trace, 10 more processes
 def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> None:
     # A compilation cache of its own, empty (not the suite's): what the step and conds sections load, the
     # prebuild compiled, as on a GPU, where the prebuild is on by default.
     env = without_jax_settings(os.environ) | {"BIRDJEPA_COMPILE_CACHE": str(tmp_path / "xla")}
     out, runs = tmp_path / "table.json", tmp_path / "runs"
-    every = ["resume", "noise", "step", "conds", "loader", "requeue", "resume-cached"]
+    # Not resume-cached: the resume section's code with a cache folder (58 s here), whose exact resume
+    # from a warm cache tests/test_compile_cache.py proves at the default level.
+    every = ["resume", "noise", "step", "conds", "loader", "requeue"]
     cmd = [sys.executable, str(SCRIPT), "--quick", "--prebuild", "--budget-s", "3000", "--json", str(out),
            "--runs", str(runs), "--sections", *every]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -35,7 +37,7 @@ def test_gpu_check_runs_every_section_and_every_check_holds(tmp_path: Path) -> N
     assert table["complete"] is True
     assert [r[0] for r in rows] == ["prebuild", "resume", "noise floor", "matmul peak", "step",
                                     "step parts", "in place", "conds", "in place steps", "loader",
-                                    "data wait", "loop parts", "loop parts", "requeue", "resume"]  # fmt: skip
+                                    "data wait", "loop parts", "loop parts", "requeue"]  # fmt: skip
     verdicts = {(section, verdict) for section, _, _, verdict in rows}
     assert verdicts == {("prebuild", "measured"), ("resume", "ok"), ("noise floor", "ok"),
                         ("matmul peak", "measured"), ("step", "measured"), ("step parts", "measured"),
