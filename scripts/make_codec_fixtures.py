@@ -8,13 +8,13 @@ lossless (FLAC/WAV) decodes with the PCM written here.
 
 Usage::
 
-    python scripts/make_codec_fixtures.py            # writes the 9 files below into rust/core/tests/data/
+    python scripts/make_codec_fixtures.py            # writes the 10 files below into rust/core/tests/data/
     python scripts/make_codec_fixtures.py --check    # writes no fixture, only prints sizes (each < 200 KB)
     python scripts/make_codec_fixtures.py --bench-dir /tmp/birdjepa-bench   # + realistic timing inputs
 
 Either way it then prints the size of every file in the output folder and fails if one is 200 KB or more.
 
-Fixtures written (9 files, each < 200 KB):
+Fixtures written (10 files, each < 200 KB):
 
 - ``birds_44k_stereo.flac``   1.5 s, 44.1 kHz, stereo, PCM_16 (lossless)
 - ``birds_44k_stereo.flac.mono_f32.txt``  its frame count and the FNV-1a 64 hash of its exact float32
@@ -28,6 +28,9 @@ Fixtures written (9 files, each < 200 KB):
 - ``birds_24k_mono_8kbps.mp3``  8.0 s, 24 kHz, mono, MPEG-2 layer III at 8 kbps (constant): a bit
   reservoir that reaches back many frames; its own generator (``SEED + 2``), shared with the next
 - ``birds_48k_mono_vbr.mp3``  6.0 s, 48 kHz, mono, MPEG layer III, variable rate (``SEED + 2``)
+- ``birds_32k_mono_crc.mp3``  4.0 s, 32 kHz, mono, MPEG layer III with CRC protection (``lame -p``, the
+  LAME command line, which must be on the PATH: libsndfile cannot set it; ``SEED + 3``): its Info frame's
+  tag follows the CRC, which symphonia's demuxer does not read
 
 With ``--bench-dir DIR`` (also with ``--check``), timing inputs that are not committed:
 ``DIR/bench_44k_stereo_30s.ogg`` and ``DIR/bench_48k_stereo_30s.ogg`` (30 s, stereo, Vorbis at
@@ -117,6 +120,20 @@ def write_low_rate_mp3s(out: Path) -> None:
     sf.write(out / "birds_48k_mono_vbr.mp3", x[:, 0], 48000, format="MP3", subtype="MPEG_LAYER_III")
 
 
+def write_crc_mp3(out: Path) -> None:
+    import shutil
+    import subprocess
+    import tempfile
+
+    if shutil.which("lame") is None:
+        raise SystemExit("the CRC-protected MP3 fixture needs the LAME command line (apt-get install lame)")
+    x = birdsong(np.random.default_rng(SEED + 3), 4.0, 32000, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        sf.write(Path(tmp) / "x.wav", x[:, 0], 32000, subtype="PCM_16")
+        subprocess.run(["lame", "--quiet", "-p", "-b", "48", str(Path(tmp) / "x.wav"),
+                        str(out / "birds_32k_mono_crc.mp3")], check=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -170,6 +187,7 @@ def main() -> None:
 
         write_cbr_mp3(out)
         write_low_rate_mp3s(out)
+        write_crc_mp3(out)
 
     too_big = []
     for p in sorted(out.iterdir()):

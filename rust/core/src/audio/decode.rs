@@ -54,7 +54,7 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 use symphonia::core::sample::Sample;
 
-use super::mp3_frames::{self, Mp3Frames};
+use super::mp3_frames::{self, InfoTag, Mp3Frames};
 use super::AudioError;
 use crate::error::quietly;
 use crate::options::LoaderOptions;
@@ -119,6 +119,8 @@ pub struct AudioReader {
     /// An MP3's frames (`mp3_frames::scan`): a seek opens the stream at a frame instead of parsing
     /// every frame from the start; None for other codecs, or a stream that does not scan cleanly.
     mp3: Option<Arc<Mp3Frames>>,
+    /// The byte the stream's decode starts at: 0, or an MP3's first audio frame (read gapless).
+    from: usize,
     /// The timestamp of the stream's first packet as the current reader numbers it (0 unless the
     /// reader was opened at an MP3 frame).
     ts_base: u64,
@@ -379,20 +381,34 @@ impl AudioReader {
     pub fn open_as(data: impl AsRef<[u8]> + Send + Sync + 'static, gapless: bool) -> Result<Self, AudioError> {
         let bytes = SharedBytes(Arc::new(data));
         let mut o = open_stream(&bytes)?;
-        let mut mp3 = None;
+        let (mut mp3, mut from) = (None, 0);
         if o.codec_name == "mp3" {
             // Without a Xing/Info header (common at a constant bit rate) symphonia estimates the length
             // from the first frame's bit rate: off by frames for a variable rate. Count the frames from
             // their headers instead (`mp3_frames`); where that scan fails, from the demuxer's packets.
             mp3 = mp3_frames::scan(bytes.as_ref()).map(Arc::new);
-            o.n_frames = match &mp3 {
-                Some(frames) => Some(frames.n_samples()),
+            match &mp3 {
+                Some(frames) if gapless => {
+                    // The stream starts at its first audio frame, as the windows do, and its header
+                    // frame's tag is read there (a CRC-protected stream's was decoded as audio by the
+                    // demuxer, its delay kept, and its windows and whole decode were a frame apart). A
+                    // stream cut short of the frames its tag counts keeps its last samples: the
+                    // padding is the tag's last frame's.
+                    from = frames.offsets[0];
+                    o = open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))))?;
+                    let tag = frames.tag.unwrap_or(InfoTag { frames: None, delay_padding: None });
+                    let (delay, padding) = tag.delay_padding.unwrap_or((0, 0));
+                    let cut = tag.frames.is_some_and(|n| n != frames.offsets.len() as u64);
+                    (o.delay, o.padding) = (delay, if cut { 0 } else { padding });
+                    o.n_frames = Some(frames.n_samples());
+                }
+                Some(frames) => o.n_frames = Some(frames.n_samples()),
                 None => {
                     let counted = count_frames(&mut *o.format, o.track_id);
                     o = open_stream(&bytes)?;
-                    counted
+                    o.n_frames = counted;
                 }
-            };
+            }
         }
         // WAV and FLAC decode exactly what they hold: only MP3 and Vorbis are trimmed.
         let (lead, end) = match o.codec_name {
@@ -425,6 +441,7 @@ impl AudioReader {
             fallbacks: 0,
             fresh: true,
             mp3,
+            from,
             ts_base: 0,
             lead,
             end,
@@ -460,7 +477,10 @@ impl AudioReader {
         if self.fresh {
             return Ok(());
         }
-        let o = open_stream(&self.bytes)?;
+        let o = match self.from {
+            0 => open_stream(&self.bytes)?,
+            from => open_stream(&SharedBytes(Arc::new(Tail(self.bytes.clone(), from))))?,
+        };
         self.format = o.format;
         self.decoder = o.decoder;
         self.track_id = o.track_id;
@@ -1104,6 +1124,7 @@ pub(crate) mod tests {
             ("birds_32k_mono_cbr.mp3", 128_000),
             ("birds_48k_mono_vbr.mp3", 288_000),
             ("birds_24k_mono_8kbps.mp3", 193_536),
+            ("birds_32k_mono_crc.mp3", 128_000),
             ("birds_48k_stereo.ogg", 384_000),
             ("birds_44k_stereo_30s.ogg", 1_323_000),
         ] {
@@ -1117,6 +1138,24 @@ pub(crate) mod tests {
         check_windows_equal_full("birds_32k_mono_cbr.mp3", &[(0, 1000), (127_000, 1000), (127_999, 10), (126_000, 5000)]);
         check_windows_equal_full("birds_48k_mono_vbr.mp3", &[(0, 1200), (287_000, 3000)]);
         check_windows_equal_full("birds_48k_stereo.ogg", &[(380_000, 5000), (383_999, 1)]);
+        // CRC-protected: its header frame was decoded as 1152 samples of audio (the demuxer did not see
+        // its tag behind the CRC), its delay kept, and its windows were a frame off its whole decode.
+        check_windows_equal_full("birds_32k_mono_crc.mp3", &[(0, 3000), (64_000, 5000), (127_000, 1000)]);
+    }
+
+    #[test]
+    fn an_mp3_cut_short_of_the_frames_its_tag_counts_keeps_its_last_samples() {
+        // The tag's padding is its last frame's: trimmed off a stream that ends earlier, it cut real
+        // samples (479 of a file missing its last 100 bytes, against libsndfile).
+        let whole = fixture("birds_32k_mono_cbr.mp3");
+        let frames = crate::audio::mp3_frames::scan(&whole).unwrap();
+        let n = frames.offsets.len() as u64;
+        assert_eq!(frames.tag.and_then(|t| t.frames), Some(n));
+        let cut = whole[..*frames.offsets.last().unwrap()].to_vec(); // the last frame gone
+        let (untrimmed, _) = decode_mono_as(cut.clone(), false).unwrap();
+        let (got, _) = decode_mono_as(cut.clone(), true).unwrap();
+        assert_eq!((untrimmed.len() as u64, got.len() as u64), ((n - 1) * 1152, (n - 1) * 1152 - 1105));
+        check_bytes_windows_equal_full("cut", cut, &[(0, 1000), ((n - 1) * 1152 - 1105 - 2000, 2000)]);
     }
 
     #[test]

@@ -23,6 +23,8 @@
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mp3Frames {
     pub offsets: Vec<usize>,
+    /// The Xing/Info header frame's tag, where the stream starts with one ([`info_tag`]).
+    pub tag: Option<InfoTag>,
     /// 1152 (MPEG-1) or 576 (MPEG-2 and 2.5).
     pub samples_per_frame: u64,
     /// Each frame's bytes of main data (what follows its header, CRC and side information).
@@ -104,6 +106,43 @@ fn is_info_frame(frame: &[u8]) -> bool {
     head.windows(4).any(|w| w == b"Xing" || w == b"Info" || w == b"VBRI")
 }
 
+/// What a Xing/Info header frame says of the stream after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InfoTag {
+    /// The audio frames it counts (its frames field), where it has one.
+    pub frames: Option<u64>,
+    /// The samples before the first one written (the encoder's delay and the decoder's 529) and the
+    /// padding after the last, where a LAME (or Lavf/Lavc) extension says them.
+    pub delay_padding: Option<(u64, u64)>,
+}
+
+/// The Xing/Info tag of header frame `frame` (its header, CRC and side information `overhead` bytes),
+/// read as ffmpeg reads it and LAME writes it: the side information's length past the 4-byte header,
+/// the CRC's two bytes (where the frame has them) inside that span. (Symphonia's demuxer asks those
+/// bytes to be zero, the CRC's among them: a CRC-protected stream's header frame was decoded as a frame
+/// of audio, and its delay kept.)
+fn info_tag(frame: &[u8], overhead: usize) -> Option<InfoTag> {
+    let crc = if frame[1] & 1 == 0 { 2 } else { 0 };
+    let side = overhead - 4 - crc;
+    let tag = frame.get(4 + side..)?;
+    let be32 = |b: &[u8]| b.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
+    if !(tag.starts_with(b"Xing") || tag.starts_with(b"Info")) {
+        return None;
+    }
+    let flags = be32(&tag[4..])?;
+    let frames = if flags & 1 != 0 { Some(be32(tag.get(8..)?)?) } else { None };
+    let mut at = 8 + 4 * (flags & 1 != 0) as usize + 4 * (flags & 2 != 0) as usize;
+    at += 100 * (flags & 4 != 0) as usize + 4 * (flags & 8 != 0) as usize;
+    // The LAME extension: encoder (9 bytes), revision, lowpass, peak (4), two gains (2 each), flags, ABR,
+    // then 12 bits of delay and 12 of padding.
+    let ext = tag.get(at..at + 24);
+    let delay_padding = ext.filter(|e| [&b"LAME"[..], b"Lavf", b"Lavc"].contains(&&e[..4])).map(|e| {
+        let trim = u64::from(e[21]) << 16 | u64::from(e[22]) << 8 | u64::from(e[23]);
+        (529 + (trim >> 12), (trim & 0xFFF).saturating_sub(529))
+    });
+    Some(InfoTag { frames, delay_padding })
+}
+
 /// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
 pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
     let mut at = 0;
@@ -111,10 +150,10 @@ pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
         let size = data[6..10].iter().fold(0usize, |s, &b| (s << 7) | (b & 0x7F) as usize);
         at = 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
     }
-    let (mut offsets, mut main_bytes, mut spf, mut key) = (Vec::new(), Vec::new(), 0, None);
-    let done = |offsets: Vec<usize>, main_bytes, spf| {
+    let (mut offsets, mut main_bytes, mut spf, mut key, mut tag) = (Vec::new(), Vec::new(), 0, None, None);
+    let done = |offsets: Vec<usize>, main_bytes, spf, tag| {
         let reservoir = if spf == 1152 { 511 } else { 255 };
-        (!offsets.is_empty()).then_some(Mp3Frames { offsets, samples_per_frame: spf, main_bytes, reservoir })
+        (!offsets.is_empty()).then_some(Mp3Frames { offsets, tag, samples_per_frame: spf, main_bytes, reservoir })
     };
     while at < data.len() {
         let rest = &data[at..];
@@ -123,12 +162,14 @@ pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
             let trailer = rest.starts_with(b"TAG") && rest.len() == 128
                 || rest.starts_with(b"APETAGEX")
                 || rest.starts_with(b"LYRICS");
-            return if trailer { done(offsets, main_bytes, spf) } else { None };
+            return if trailer { done(offsets, main_bytes, spf, tag) } else { None };
         };
         if key.is_some_and(|k| k != h.key) || h.bytes > rest.len() || h.bytes < h.overhead {
             return None; // another version or rate midway, a last frame cut short, or no main data
         }
-        if !(offsets.is_empty() && key.is_none() && is_info_frame(&rest[..h.bytes])) {
+        if offsets.is_empty() && key.is_none() && is_info_frame(&rest[..h.bytes]) {
+            tag = info_tag(&rest[..h.bytes], h.overhead);
+        } else {
             offsets.push(at);
             main_bytes.push((h.bytes - h.overhead) as u16);
         }
@@ -136,7 +177,7 @@ pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
         spf = h.samples;
         at += h.bytes;
     }
-    done(offsets, main_bytes, spf)
+    done(offsets, main_bytes, spf, tag)
 }
 
 #[cfg(test)]
