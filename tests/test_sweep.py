@@ -316,6 +316,16 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
     assert said + "config gives other values (data.batch_size:16->8: the config's, then the checkpoint's" in (
         capsys.readouterr().out
     )
+    # A run recorded before --data.features.gapless trains on without it, as its job says: not an override
+    # dropped ("set them in the config to train them", which the run then refused).
+    old = shutil.copytree(job.cfg.run_dir, tmp_path / "old" / job.cfg.run_dir.name)
+    meta_file = old / "checkpoints" / "0" / "meta" / "metadata"
+    meta = {k: v for k, v in json.loads(meta_file.read_text()).items() if k != "meta_crc"}
+    del meta["config"]["data"]["features"]["gapless"]
+    rewrite_meta(meta_file, meta)
+    again = {**cfg, "stop_at_step": 3, "log.runs_dir": str(old.parent)}
+    (then,) = plan(sweep_file(tmp_path, repr([again])), tmp_path)
+    assert then.kept == () and then.cfg.data.features.gapless  # the file's; its job trains False, and says so
     # Pointed at other shards: planned, and refused at the job's start by the dataset check (exit 65).
     other = tmp_path / "other"
     shard = a_demo_shard_beside_its_vocabulary(demo_dir, other)

@@ -229,6 +229,14 @@ def test_a_config_recorded_before_gapless_decoding_existed_reads_without_it_ever
     )
     assert config_diff(old, then) == ([], [])
     assert config_diff(old, to_dict(PretrainConfig())) == ([], ["data.features.gapless:False->True"])
+    # A config that could not be read records nothing (bisect named a gapless change of an unread one).
+    unread = config_diff({}, to_dict(PretrainConfig()))[1]
+    assert recorded({}) == {} and not [c for c in unread if c.startswith("data.features.gapless")]
+    # The checkpoints of a run recorded before it and those saved since (False) hold one set of options:
+    # each resume verified the newest one's arrays again (seconds a GB), until the old ones rotated out.
+    from birdjepa.resume.options import _options
+
+    assert _options(old) == _options(then)
 
 
 @pytest.mark.slow  # the old code's two runs in subprocesses: a minute; CI runs it

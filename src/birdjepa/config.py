@@ -324,6 +324,8 @@ def recorded(saved: Mapping[str, Any], group: str = "") -> dict[str, Any]:
     dotted name of the group it is, as ``"data.features."``) flattened, each `BEFORE_IT_EXISTED` option
     of the group that it lacks at the value its run had."""
     flat = flatten(saved)
+    if not flat:  # nothing recorded (a config that could not be read) says nothing of how it ran
+        return flat
     for key, value in BEFORE_IT_EXISTED.items():
         if key.startswith(group):
             flat.setdefault(key.removeprefix(group), value)

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from birdjepa.config import BEFORE_IT_EXISTED
 from birdjepa.data import DataError, Features, Loader
 from birdjepa.evaluation.embed import raw_features
 from birdjepa.model.config import ModelConfig
@@ -214,10 +215,19 @@ def identified(backbones: Sequence[Backbone], features: Features) -> list[Backbo
     the defaults, those are in their identity, or another run's features read their scores from the
     store. An external one's import path says nothing of its code: its output on a fixed probe batch
     is in its identity, or a function edited under the same name was given the old one's scores."""
+    # An identity written before an option of `BEFORE_IT_EXISTED` embedded its old value: the option is
+    # named where it holds another (`+gapless=true`, today's default decode), or the store gave the old
+    # decode's scores (cmAP 0.666 for 0.672), and the rest is hashed as then.
+    group = "data.features."
+    then = {k.removeprefix(group): v for k, v in BEFORE_IT_EXISTED.items() if k.startswith(group)}
+    rest = dataclasses.replace(features, **then)
     tag = ""
-    if features != Features():
-        text = json.dumps(dataclasses.asdict(features), sort_keys=True, default=str)
+    if rest != dataclasses.replace(Features(), **then):
+        hashed = {k: v for k, v in dataclasses.asdict(rest).items() if k not in then}
+        text = json.dumps(hashed, sort_keys=True, default=str)
         tag = f"+features#{zlib.crc32(text.encode()):08x}"
+    for k, v in then.items():
+        tag += f"+{k}={json.dumps(getattr(features, k))}" if getattr(features, k) != v else ""
     out = []
     for b in backbones:
         own = b.features is not None

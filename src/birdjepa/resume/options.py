@@ -63,7 +63,7 @@ def saved_config(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
 
 def _options(config: Mapping[str, Any]) -> str:
     """A config's options a resume takes from it (`SEGMENT_ONLY` left out), as one comparable string."""
-    return json.dumps({k: v for k, v in flatten(config).items() if k not in SEGMENT_ONLY}, sort_keys=True)
+    return json.dumps({k: v for k, v in recorded(config).items() if k not in SEGMENT_ONLY}, sort_keys=True)
 
 
 def hand_edits(run_dir: Path, saved: Mapping[str, Any]) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from birdjepa.config import ConfigError, PretrainConfig, flatten, to_dict
+from birdjepa.config import BEFORE_IT_EXISTED, ConfigError, PretrainConfig, flatten, to_dict
 from birdjepa.rundir import layout
 
 
@@ -67,8 +67,11 @@ def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> tuple[s
     if resumed.resume_checks == "error":  # warned past, the job trains on other data, as it was told
         data_moved(resumed, step, where)
     # An override dropped from the file (or a default changed since): its job resumes the checkpoint's
-    # value (options not on its command line come from there), where --dry-run printed the file's.
-    return tuple(config_diff(to_dict(cfg), to_dict(resumed))[1])
+    # value (options not on its command line come from there), where --dry-run printed the file's. Not
+    # an option a run recorded before it existed trains as then (`BEFORE_IT_EXISTED`): the file cannot
+    # set it otherwise (a change refused above), and its job's first line says it.
+    kept = config_diff(to_dict(cfg), to_dict(resumed))[1]
+    return tuple(c for c in kept if c.split(":", 1)[0] not in BEFORE_IT_EXISTED)
 
 
 def data_moved(resumed: PretrainConfig, step: int, where: str) -> None:
