@@ -296,6 +296,10 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
         .map_err(|e| match bytes.as_ref().get(..4) {
             // A WAV past 4 GB's form, which symphonia does not read: "unrecognised container: end of stream"
             Some(b"RF64") => AudioError::new("decode: an RF64 WAV (a WAV past 4 GB's form) is not read: convert it to FLAC"),
+            // libsndfile and ffmpeg read it; "unrecognised container" sent one looking for another cause.
+            _ if mp3_frames::is_free_format(bytes.as_ref()) => AudioError::new(
+                "decode: a free-format MP3 (bit-rate index 0) is not read: re-encode it at a standard bit rate",
+            ),
             _ => sym_err("decode: unrecognised container", e),
         })?;
     let format = probed.format;
@@ -1187,6 +1191,19 @@ pub(crate) mod tests {
         rf64[..4].copy_from_slice(b"RF64");
         let e = decode_mono(rf64).unwrap_err();
         assert!(e.0.contains("an RF64 WAV (a WAV past 4 GB's form) is not read"), "{e}");
+    }
+
+    #[test]
+    fn a_free_format_mp3_says_what_it_is() {
+        // Every frame's bit-rate index 0 (libsndfile and ffmpeg read such a stream; the demuxer does not):
+        // it was "unrecognised container: end of stream".
+        let mut free = fixture("birds_32k_mono_cbr.mp3");
+        let frames = crate::audio::mp3_frames::scan(&free).unwrap();
+        for o in std::iter::once(0).chain(frames.offsets) {
+            free[o + 2] &= 0x0F;
+        }
+        let e = decode_mono(free).unwrap_err();
+        assert!(e.0.starts_with("decode: a free-format MP3 (bit-rate index 0) is not read"), "{e}");
     }
 
     #[test]

@@ -143,13 +143,25 @@ fn info_tag(frame: &[u8], overhead: usize) -> Option<InfoTag> {
     Some(InfoTag { frames, delay_padding })
 }
 
-/// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
-pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
-    let mut at = 0;
+/// Where `data`'s first frame starts: past an ID3v2 tag, if it has one.
+fn past_id3(data: &[u8]) -> usize {
     if data.len() >= 10 && &data[..3] == b"ID3" {
         let size = data[6..10].iter().fold(0usize, |s, &b| (s << 7) | (b & 0x7F) as usize);
-        at = 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
+        return 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
     }
+    0
+}
+
+/// Whether `data` starts (past an ID3v2 tag) with a free-format layer III frame: bit-rate index 0,
+/// which the demuxer does not read.
+pub fn is_free_format(data: &[u8]) -> bool {
+    let h = data.get(past_id3(data)..).unwrap_or_default();
+    h.len() >= 4 && h[0] == 0xFF && h[1] & 0xE0 == 0xE0 && (h[1] >> 1) & 3 == 1 && h[2] >> 4 == 0
+}
+
+/// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
+pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
+    let mut at = past_id3(data);
     let (mut offsets, mut main_bytes, mut spf, mut key, mut tag) = (Vec::new(), Vec::new(), 0, None, None);
     let done = |offsets: Vec<usize>, main_bytes, spf, tag| {
         let reservoir = if spf == 1152 { 511 } else { 255 };
