@@ -326,6 +326,11 @@ def test_a_sweep_edited_after_its_runs_trained_is_refused_before_anything_is_sub
     again = {**cfg, "stop_at_step": 3, "log.runs_dir": str(old.parent)}
     (then,) = plan(sweep_file(tmp_path, repr([again])), tmp_path)
     assert then.kept == () and then.cfg.data.features.gapless  # the file's; its job trains False, and says so
+    # A run recorded since, with gapless=False dropped from the file, is warned as any option dropped.
+    meta["config"]["data"]["features"]["gapless"] = False
+    rewrite_meta(meta_file, meta)
+    (since,) = plan(sweep_file(tmp_path, repr([again])), tmp_path)
+    assert since.kept == ("data.features.gapless:True->False",)
     # Pointed at other shards: planned, and refused at the job's start by the dataset check (exit 65).
     other = tmp_path / "other"
     shard = a_demo_shard_beside_its_vocabulary(demo_dir, other)

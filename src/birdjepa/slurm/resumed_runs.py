@@ -68,10 +68,11 @@ def refused_resume(cfg: PretrainConfig, flags: list[str], where: str) -> tuple[s
         data_moved(resumed, step, where)
     # An override dropped from the file (or a default changed since): its job resumes the checkpoint's
     # value (options not on its command line come from there), where --dry-run printed the file's. Not
-    # an option a run recorded before it existed trains as then (`BEFORE_IT_EXISTED`): the file cannot
-    # set it otherwise (a change refused above), and its job's first line says it.
+    # an option its checkpoint was recorded without (`BEFORE_IT_EXISTED`), which it trains as then: the
+    # file cannot set it otherwise (a change refused above), and its job's first line says it.
     kept = config_diff(to_dict(cfg), to_dict(resumed))[1]
-    return tuple(c for c in kept if c.split(":", 1)[0] not in BEFORE_IT_EXISTED)
+    then = BEFORE_IT_EXISTED.keys() - flatten(saved).keys()
+    return tuple(c for c in kept if c.split(":", 1)[0] not in then)
 
 
 def data_moved(resumed: PretrainConfig, step: int, where: str) -> None:

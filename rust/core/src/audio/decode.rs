@@ -408,9 +408,25 @@ impl AudioReader {
                 }
                 Some(frames) => o.n_frames = Some(frames.n_samples()),
                 None => {
+                    // Not indexed (cut mid-frame, or bytes after its frames): read gapless as above, from
+                    // the frame after the header frame, counted by the demuxer.
+                    let lead = mp3_frames::leading_tag(bytes.as_ref()).filter(|_| gapless);
+                    from = lead.map_or(0, |(_, next, _)| next);
+                    let reopened = || match from {
+                        0 => open_stream(&bytes),
+                        _ => open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from)))),
+                    };
+                    if from > 0 {
+                        o = reopened()?;
+                    }
                     let counted = count_frames(&mut *o.format, o.track_id);
-                    o = open_stream(&bytes)?;
+                    o = reopened()?;
                     o.n_frames = counted;
+                    if let Some((tag, _, spf)) = lead {
+                        let (delay, padding) = tag.delay_padding.unwrap_or((0, 0));
+                        let cut = tag.frames.is_some_and(|n| Some(n * spf) != counted);
+                        (o.delay, o.padding) = (delay, if cut { 0 } else { padding });
+                    }
                 }
             }
         }
@@ -1150,16 +1166,37 @@ pub(crate) mod tests {
     #[test]
     fn an_mp3_cut_short_of_the_frames_its_tag_counts_keeps_its_last_samples() {
         // The tag's padding is its last frame's: trimmed off a stream that ends earlier, it cut real
-        // samples (479 of a file missing its last 100 bytes, against libsndfile).
+        // samples (1071 of the fixture missing its last 100 bytes, against libsndfile). Cut at a frame's
+        // start (the frames indexed) and inside one (counted by the demuxer).
         let whole = fixture("birds_32k_mono_cbr.mp3");
         let frames = crate::audio::mp3_frames::scan(&whole).unwrap();
         let n = frames.offsets.len() as u64;
         assert_eq!(frames.tag.and_then(|t| t.frames), Some(n));
-        let cut = whole[..*frames.offsets.last().unwrap()].to_vec(); // the last frame gone
-        let (untrimmed, _) = decode_mono_as(cut.clone(), false).unwrap();
-        let (got, _) = decode_mono_as(cut.clone(), true).unwrap();
-        assert_eq!((untrimmed.len() as u64, got.len() as u64), ((n - 1) * 1152, (n - 1) * 1152 - 1105));
-        check_bytes_windows_equal_full("cut", cut, &[(0, 1000), ((n - 1) * 1152 - 1105 - 2000, 2000)]);
+        for cut in [*frames.offsets.last().unwrap(), whole.len() - 100] {
+            let cut = whole[..cut].to_vec(); // the last frame gone, or cut short
+            let (untrimmed, _) = decode_mono_as(cut.clone(), false).unwrap();
+            let (got, _) = decode_mono_as(cut.clone(), true).unwrap();
+            assert_eq!((untrimmed.len() as u64, got.len() as u64), ((n - 1) * 1152, (n - 1) * 1152 - 1105));
+            let last = (n - 1) * 1152 - 1105;
+            check_bytes_windows_equal_full("cut", cut, &[(0, 1000), (last - 2000, 2000), (last - 1, 1)]);
+        }
+    }
+
+    #[test]
+    fn a_crc_protected_mp3_that_is_not_indexed_is_trimmed_alike() {
+        // Cut inside its last frame, or followed by bytes that are no frame: not indexed (counted by the
+        // demuxer), and its tag behind the CRC was unread there too (2257 samples late).
+        let whole = fixture("birds_32k_mono_crc.mp3");
+        let (want, _) = decode_mono(whole.clone()).unwrap();
+        let junk = [whole.clone(), vec![0; 4]].concat();
+        assert!(crate::audio::mp3_frames::scan(&junk).is_none());
+        let (got, _) = decode_mono(junk.clone()).unwrap();
+        assert!(got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let cut = whole[..whole.len() - 1].to_vec();
+        let (got, _) = decode_mono(cut.clone()).unwrap();
+        assert!(got.len() < want.len() && got.len() + 1152 > want.len(), "{} of {}", got.len(), want.len());
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "sample-aligned");
+        check_bytes_windows_equal_full("crc+junk", junk, &[(0, 1000), (60_000, 5000), (127_000, 1000)]);
     }
 
     #[test]

@@ -159,6 +159,17 @@ pub fn is_free_format(data: &[u8]) -> bool {
     h.len() >= 4 && h[0] == 0xFF && h[1] & 0xE0 == 0xE0 && (h[1] >> 1) & 3 == 1 && h[2] >> 4 == 0
 }
 
+/// A stream's Xing/Info header frame (its first, past an ID3v2 tag) as `(its tag, where the next frame
+/// starts, the samples a frame renders)`, read alone: for a stream [`scan`] does not index (cut
+/// mid-frame, or bytes after its frames), whose tag the demuxer may not see (behind a CRC).
+pub fn leading_tag(data: &[u8]) -> Option<(InfoTag, usize, u64)> {
+    let at = past_id3(data);
+    let frame = data.get(at..)?;
+    let h = header(frame)?;
+    let frame = frame.get(..h.bytes)?;
+    is_info_frame(frame).then(|| info_tag(frame, h.overhead)).flatten().map(|tag| (tag, at + h.bytes, h.samples))
+}
+
 /// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
 pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
     let mut at = past_id3(data);
