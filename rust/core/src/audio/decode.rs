@@ -412,6 +412,9 @@ impl AudioReader {
                     // the frame after the header frame, counted by the demuxer.
                     let lead = mp3_frames::leading_tag(bytes.as_ref()).filter(|_| gapless);
                     from = lead.map_or(0, |(_, next, _)| next);
+                    if from >= bytes.as_ref().len() && lead.is_some() {
+                        return Err(AudioError::new("decode (mp3): no audio frames (only its Xing/Info header frame)"));
+                    }
                     let reopened = || match from {
                         0 => open_stream(&bytes),
                         _ => open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from)))),
@@ -624,7 +627,10 @@ impl AudioReader {
         }
         let mut margin = self.seek_margin;
         for _ in 0..SEEK_TRIES {
-            let from = start.saturating_sub(margin);
+            // The margin before the window's first frame as the decoder renders it (its `lead` of delay
+            // before the stream's first): a window near the start of a stream of a long delay was
+            // sought to its first frame exactly, and its bit reservoir not decoded.
+            let from = (start + self.lead).saturating_sub(margin);
             match self.decode_into(Some(from), start, out) {
                 Ok(w) if w.covered && w.rendered > 0 => return self.check_window(&w, start, out.len(), errors_before),
                 // Overshoot, nothing decodable after the seek point, or a seek failure: widen the
@@ -689,14 +695,13 @@ impl AudioReader {
         Ok(())
     }
 
-    /// Decode packets (after seeking to `seek_from` frames, if given) and place them by timestamp into
-    /// `out` = frames `[start, start + len)`; see [`Window`] for what is returned.
-    /// `seek_from` and `start` count the stream's frames (after its `lead`); the seek goes to the
-    /// decoder's frame `lead` later.
+    /// Decode packets (after seeking to the decoder's frame `seek_from`, if given) and place them by
+    /// timestamp into `out` = frames `[start, start + len)` of the stream; see [`Window`] for what is
+    /// returned. The stream's frame `i` is the decoder's `lead + i`.
     fn decode_into(&mut self, seek_from: Option<u64>, start: u64, out: &mut [f32]) -> Result<Window, AudioError> {
         self.fresh = false;
         if let Some(from) = seek_from {
-            let (from, first) = (from + self.lead, start + self.lead); // the decoder's frames
+            let first = start + self.lead; // the decoder's frame
             if let Some(frames) = self.mp3.clone() {
                 // Open the stream at the frame holding `from`, or before it where the bit reservoir of
                 // the frames before `start` reaches further: no frame before it is parsed.
@@ -1180,6 +1185,27 @@ pub(crate) mod tests {
             let last = (n - 1) * 1152 - 1105;
             check_bytes_windows_equal_full("cut", cut, &[(0, 1000), (last - 2000, 2000), (last - 1, 1)]);
         }
+    }
+
+    #[test]
+    fn a_window_near_the_start_of_a_stream_of_a_long_delay_is_its_whole_decode_s() {
+        // A tag's delay of 3000 or 4095 (another encoder's, or a damaged tag) in a stream the index does
+        // not take (4 bytes after its frames): a window at 0 was sought to the decoder's frame `lead`
+        // exactly, its bit reservoir not decoded, and differed from the whole decode from its first sample.
+        for delay in [3000u32, 4095] {
+            let mut data = fixture("birds_32k_mono.mp3");
+            let at = data.windows(4).position(|w| w == b"LAME").unwrap() + 21;
+            let padding = u32::from(data[at + 1] & 0x0F) << 8 | u32::from(data[at + 2]);
+            data[at..at + 3].copy_from_slice(&((delay << 12) | padding).to_be_bytes()[1..]);
+            data.extend([0; 4]);
+            assert_eq!(AudioReader::open(data.clone()).unwrap().lead, 529 + delay as u64);
+            check_bytes_windows_equal_full("long delay", data, &[(0, 1000), (1, 3000), (3000, 2000)]);
+        }
+        // A stream of its header frame alone: no audio (it said "empty input (0 bytes)").
+        let frames = crate::audio::mp3_frames::scan(&fixture("birds_32k_mono_cbr.mp3")).unwrap();
+        let header = fixture("birds_32k_mono_cbr.mp3")[..frames.offsets[0]].to_vec();
+        let e = decode_mono(header).unwrap_err();
+        assert!(e.0.contains("no audio frames"), "{e}");
     }
 
     #[test]
