@@ -4,9 +4,11 @@
 //! * Mono mix: per frame `(c0 + c1 + ... ) / n_channels`, summed in channel order, in f32. Integer
 //!   samples are converted by symphonia's `IntoSample<f32>` (e.g. `i16 / 32768`), so 16-bit PCM and
 //!   FLAC decode to exactly the values `soundfile.read(dtype="float32")` gives.
-//! * Gapless (the `gapless` option, on by default): MP3 is trimmed as ffmpeg and libsndfile trim it: the encoder's delay plus the decoder's 529 frames
-//!   before its first sample (1105 for LAME) and the padding after its last, as its LAME/Info tag says
-//!   (nothing without one), so its frame `i` is the signal's frame `i` as in any other codec ([`trim`];
+//! * Gapless (the `gapless` option, on by default): MP3 is trimmed as ffmpeg and libsndfile trim it:
+//!   the encoder's delay plus the decoder's 529 frames before its first sample (1105 for LAME) and the
+//!   padding after its last, as its LAME/Info tag says (nothing without one; the tag read by
+//!   `mp3_frames`, also behind a CRC, where the demuxer does not see it), so its frame `i` is the
+//!   signal's frame `i` as in any other codec ([`trim`];
 //!   symphonia's own `enable_gapless` is left off: it trims a whole decode only, not a stream opened at a
 //!   frame mid-file, and ends the stream at the Xing header's frame count where the frames' own count
 //!   is the one read here). The trim is applied in both the whole decode and the windows, so a window
