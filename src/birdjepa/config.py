@@ -319,6 +319,12 @@ BEFORE_IT_EXISTED: dict[str, Any] = {
 }
 
 
+def before_it_existed(group: str = "") -> dict[str, Any]:
+    """`BEFORE_IT_EXISTED`'s options of ``group`` (a dotted prefix, as ``"data.features."``), named
+    within it."""
+    return {k.removeprefix(group): v for k, v in BEFORE_IT_EXISTED.items() if k.startswith(group)}
+
+
 def recorded(saved: Mapping[str, Any], group: str = "") -> dict[str, Any]:
     """``saved`` (a config as a checkpoint, a config.json or an encoder card records it; ``group``: the
     dotted name of the group it is, as ``"data.features."``) flattened, each `BEFORE_IT_EXISTED` option
@@ -326,10 +332,7 @@ def recorded(saved: Mapping[str, Any], group: str = "") -> dict[str, Any]:
     flat = flatten(saved)
     if not flat:  # nothing recorded (a config that could not be read) says nothing of how it ran
         return flat
-    for key, value in BEFORE_IT_EXISTED.items():
-        if key.startswith(group):
-            flat.setdefault(key.removeprefix(group), value)
-    return flat
+    return {**before_it_existed(group), **flat}
 
 
 def as_recorded(

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from birdjepa.config import BEFORE_IT_EXISTED
+from birdjepa.config import before_it_existed
 from birdjepa.data import DataError, Features, Loader
 from birdjepa.evaluation.embed import raw_features
 from birdjepa.model.config import ModelConfig
@@ -218,8 +218,7 @@ def identified(backbones: Sequence[Backbone], features: Features) -> list[Backbo
     # An identity written before an option of `BEFORE_IT_EXISTED` embedded its old value: the option is
     # named where it holds another (`+gapless=true`, today's default decode), or the store gave the old
     # decode's scores (cmAP 0.666 for 0.672), and the rest is hashed as then.
-    group = "data.features."
-    then = {k.removeprefix(group): v for k, v in BEFORE_IT_EXISTED.items() if k.startswith(group)}
+    then = before_it_existed("data.features.")
     rest = dataclasses.replace(features, **then)
     tag = ""
     if rest != dataclasses.replace(Features(), **then):

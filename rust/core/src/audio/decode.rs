@@ -56,7 +56,7 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 use symphonia::core::sample::Sample;
 
-use super::mp3_frames::{self, InfoTag, Mp3Frames};
+use super::mp3_frames::{self, Mp3Frames};
 use super::AudioError;
 use crate::error::quietly;
 use crate::options::LoaderOptions;
@@ -402,10 +402,8 @@ impl AudioReader {
                     // padding is the tag's last frame's.
                     from = frames.offsets[0];
                     o = open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))))?;
-                    let tag = frames.tag.unwrap_or(InfoTag { frames: None, delay_padding: None });
-                    let (delay, padding) = tag.delay_padding.unwrap_or((0, 0));
-                    let cut = tag.frames.is_some_and(|n| n != frames.offsets.len() as u64);
-                    (o.delay, o.padding) = (delay, if cut { 0 } else { padding });
+                    let n = frames.offsets.len() as u64;
+                    (o.delay, o.padding) = frames.tag.map_or((0, 0), |tag| tag.trim(n));
                     o.n_frames = Some(frames.n_samples());
                 }
                 Some(frames) => o.n_frames = Some(frames.n_samples()),
@@ -428,9 +426,9 @@ impl AudioReader {
                     o = reopened()?;
                     o.n_frames = counted;
                     if let Some((tag, _, spf)) = lead {
-                        let (delay, padding) = tag.delay_padding.unwrap_or((0, 0));
-                        let cut = tag.frames.is_some_and(|n| Some(n * spf) != counted);
-                        (o.delay, o.padding) = (delay, if cut { 0 } else { padding });
+                        // A count that is no whole number of frames is none of the tag's.
+                        let n = counted.filter(|c| c % spf == 0).map_or(u64::MAX, |c| c / spf);
+                        (o.delay, o.padding) = tag.trim(n);
                     }
                 }
             }

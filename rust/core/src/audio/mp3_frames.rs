@@ -116,6 +116,15 @@ pub struct InfoTag {
     pub delay_padding: Option<(u64, u64)>,
 }
 
+impl InfoTag {
+    /// `(delay, padding)` to trim off a stream of `n` audio frames: no padding where `n` is not the
+    /// frames the tag counts (a stream cut short: the padding is the tag's last frame's, not its own).
+    pub fn trim(&self, n: u64) -> (u64, u64) {
+        let (delay, padding) = self.delay_padding.unwrap_or((0, 0));
+        (delay, if self.frames.is_some_and(|f| f != n) { 0 } else { padding })
+    }
+}
+
 /// The Xing/Info tag of header frame `frame` (its header, CRC and side information `overhead` bytes),
 /// read as ffmpeg reads it and LAME writes it: the side information's length past the 4-byte header,
 /// the CRC's two bytes (where the frame has them) inside that span. (Symphonia's demuxer asks those
