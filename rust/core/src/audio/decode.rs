@@ -392,7 +392,7 @@ impl AudioReader {
             // Without a Xing/Info header (common at a constant bit rate) symphonia estimates the length
             // from the first frame's bit rate: off by frames for a variable rate. Count the frames from
             // their headers instead (`mp3_frames`); where that scan fails, from the demuxer's packets.
-            mp3 = mp3_frames::scan(bytes.as_ref()).map(Arc::new);
+            mp3 = mp3_frames::scan(bytes.as_ref(), gapless).map(Arc::new);
             match &mp3 {
                 Some(frames) if gapless => {
                     // The stream starts at its first audio frame, as the windows do, and its header
@@ -1174,7 +1174,7 @@ pub(crate) mod tests {
         // samples (1071 of the fixture missing its last 100 bytes, against libsndfile). Cut at a frame's
         // start (the frames indexed) and inside one (counted by the demuxer).
         let whole = fixture("birds_32k_mono_cbr.mp3");
-        let frames = crate::audio::mp3_frames::scan(&whole).unwrap();
+        let frames = crate::audio::mp3_frames::scan(&whole, true).unwrap();
         let n = frames.offsets.len() as u64;
         assert_eq!(frames.tag.and_then(|t| t.frames), Some(n));
         for cut in [*frames.offsets.last().unwrap(), whole.len() - 100] {
@@ -1202,10 +1202,32 @@ pub(crate) mod tests {
             check_bytes_windows_equal_full("long delay", data, &[(0, 1000), (1, 3000), (3000, 2000)]);
         }
         // A stream of its header frame alone: no audio (it said "empty input (0 bytes)").
-        let frames = crate::audio::mp3_frames::scan(&fixture("birds_32k_mono_cbr.mp3")).unwrap();
+        let frames = crate::audio::mp3_frames::scan(&fixture("birds_32k_mono_cbr.mp3"), true).unwrap();
         let header = fixture("birds_32k_mono_cbr.mp3")[..frames.offsets[0]].to_vec();
         let e = decode_mono(header).unwrap_err();
         assert!(e.0.contains("no audio frames"), "{e}");
+    }
+
+    #[test]
+    fn two_mp3s_joined_end_to_end_seek_as_their_whole_decode() {
+        // `cat a.mp3 b.mp3`: the demuxer drops b's Info header frame, which the index counted as a frame
+        // of audio, so every window past the join was 1152 samples off the whole decode. Without gapless
+        // it is counted as before (what a run recorded then read).
+        let (a, b) = (fixture("birds_32k_mono_cbr.mp3"), fixture("birds_32k_mono.mp3"));
+        let joined = [a.clone(), b.clone()].concat();
+        let frames = |data: &[u8], gapless| crate::audio::mp3_frames::scan(data, gapless).unwrap().offsets.len();
+        let (na, nb) = (frames(&a, true), frames(&b, true));
+        assert_eq!((frames(&joined, true), frames(&joined, false)), (na + nb, na + nb + 1));
+        let (full, _) = decode_mono(joined.clone()).unwrap();
+        let mut r = AudioReader::open(joined.clone()).unwrap();
+        assert_eq!(r.length().unwrap(), full.len() as u64, "the length the windows are drawn in");
+        let join = na as u64 * 1152 - 1105;
+        let windows = [(join - 3000, 6000), (join + 20_000, 5000), (full.len() as u64 - 2000, 2000)];
+        check_bytes_windows_equal_full("joined", joined, &windows);
+        // A CRC-protected header frame midway is decoded as audio by the demuxer, and counted so.
+        let crc = [a, fixture("birds_32k_mono_crc.mp3")].concat();
+        assert_eq!(frames(&crc, true), na + frames(&fixture("birds_32k_mono_crc.mp3"), true) + 1);
+        check_bytes_windows_equal_full("joined crc", crc, &[(join + 1000, 5000), (join + 100_000, 5000)]);
     }
 
     #[test]
@@ -1215,7 +1237,7 @@ pub(crate) mod tests {
         let whole = fixture("birds_32k_mono_crc.mp3");
         let (want, _) = decode_mono(whole.clone()).unwrap();
         let junk = [whole.clone(), vec![0; 4]].concat();
-        assert!(crate::audio::mp3_frames::scan(&junk).is_none());
+        assert!(crate::audio::mp3_frames::scan(&junk, true).is_none());
         let (got, _) = decode_mono(junk.clone()).unwrap();
         assert!(got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         let cut = whole[..whole.len() - 1].to_vec();
@@ -1261,7 +1283,7 @@ pub(crate) mod tests {
         // Every frame's bit-rate index 0 (libsndfile and ffmpeg read such a stream; the demuxer does not):
         // it was "unrecognised container: end of stream".
         let mut free = fixture("birds_32k_mono_cbr.mp3");
-        let frames = crate::audio::mp3_frames::scan(&free).unwrap();
+        let frames = crate::audio::mp3_frames::scan(&free, true).unwrap();
         for o in std::iter::once(0).chain(frames.offsets) {
             free[o + 2] &= 0x0F;
         }

@@ -179,8 +179,27 @@ pub fn leading_tag(data: &[u8]) -> Option<(InfoTag, usize, u64)> {
     is_info_frame(frame).then(|| info_tag(frame, h.overhead)).flatten().map(|tag| (tag, at + h.bytes, h.samples))
 }
 
+/// Whether symphonia's demuxer drops `frame` as a Xing/Info or VBRI header frame met past a stream's
+/// first frame (its `next_packet`, as two files joined end to end hold one): its tag just past zeroed
+/// side information (the CRC's two bytes counted in it), and the tag's fields all there. Such a frame
+/// renders no audio: counted as a frame, every window after it was a frame off the whole decode.
+fn dropped_midway(frame: &[u8], h: &Header) -> bool {
+    let side = h.overhead - 4 - if frame[1] & 1 == 0 { 2 } else { 0 };
+    let zeroed = |end: usize| frame.get(4..end).is_some_and(|b| b.iter().all(|&b| b == 0));
+    let tag = &frame[(4 + side).min(frame.len())..];
+    if tag.len() >= 8 && (tag.starts_with(b"Xing") || tag.starts_with(b"Info")) && zeroed(4 + side) {
+        let flags = u32::from_be_bytes([tag[4], tag[5], tag[6], tag[7]]);
+        let fields = 4 * (flags & 1) + 4 * (flags >> 1 & 1) + 100 * (flags >> 2 & 1) + 4 * (flags >> 3 & 1);
+        return tag.len() >= 8 + fields as usize; // else not read as a tag, and decoded as audio
+    }
+    // VBRI: 32 bytes past the header whatever the side information; version 1.
+    frame.len() >= 62 && &frame[36..40] == b"VBRI" && zeroed(36) && frame[40..42] == [0, 1]
+}
+
 /// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
-pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
+/// `gapless`: a Xing/Info/VBRI header frame past the first is no frame of audio ([`dropped_midway`]);
+/// off, it is counted, as birdjepa counted it before the option (what a run recorded then read).
+pub fn scan(data: &[u8], gapless: bool) -> Option<Mp3Frames> {
     let mut at = past_id3(data);
     let (mut offsets, mut main_bytes, mut spf, mut key, mut tag) = (Vec::new(), Vec::new(), 0, None, None);
     let done = |offsets: Vec<usize>, main_bytes, spf, tag| {
@@ -201,6 +220,8 @@ pub fn scan(data: &[u8]) -> Option<Mp3Frames> {
         }
         if offsets.is_empty() && key.is_none() && is_info_frame(&rest[..h.bytes]) {
             tag = info_tag(&rest[..h.bytes], h.overhead);
+        } else if gapless && key.is_some() && dropped_midway(&rest[..h.bytes], &h) {
+            // Dropped by the demuxer: neither a frame of audio nor main data for the reservoir.
         } else {
             offsets.push(at);
             main_bytes.push((h.bytes - h.overhead) as u16);
@@ -221,15 +242,15 @@ mod tests {
     fn the_fixtures_index_every_audio_frame_and_skip_the_header_frame() {
         for name in ["birds_32k_mono.mp3", "birds_32k_mono_cbr.mp3"] {
             let data = fixture(name);
-            let frames = scan(&data).unwrap();
+            let frames = scan(&data, true).unwrap();
             assert_eq!(frames.samples_per_frame, 1152);
             assert!(frames.offsets[0] > 0, "{name}: the Xing/Info frame is not audio");
             assert!(frames.offsets.windows(2).all(|w| w[0] < w[1]));
             // Junk between frames, or a cut in the middle of the stream, is not indexed.
             let mut junk = data.clone();
             junk.insert(frames.offsets[5], 0);
-            assert_eq!(scan(&junk), None, "{name}");
+            assert_eq!(scan(&junk, true), None, "{name}");
         }
-        assert_eq!(scan(b"not an mp3 at all"), None);
+        assert_eq!(scan(b"not an mp3 at all", true), None);
     }
 }
