@@ -105,6 +105,12 @@ def test_short_input_has_no_frames_and_bad_config_raises() -> None:
     assert _rs.log_mel(np.zeros(799, np.float32)).shape == (0, 128)
     with pytest.raises(ValueError, match="n_fft"):
         _rs.log_mel(np.zeros(2000, np.float32), n_fft=512)
+    # As the loader refuses them: the log floor made a NaN clip silence.
+    for bad, why in [(np.nan, "not finite .NaN or inf. at frame 900"), (1e13, "magnitude 1e13 at frame 900")]:
+        x = np.zeros(2000, np.float32)
+        x[900] = bad
+        with pytest.raises(ValueError, match=f"^log_mel: a sample (that is |of ){why}"):
+            _rs.log_mel(x)
 
 
 @pytest.mark.parametrize("freq", [1000.0, 5000.0, 12000.0])

@@ -73,7 +73,8 @@ class Loader:
 
 def log_mel(samples: npt.NDArray[np.float32], **options: Any) -> npt.NDArray[np.float32]:
     """Kaldi-style log-mel of a mono signal -> ``[frames, n_mels]``; ``options`` are the loader's
-    feature options (``target_rate``, ``n_fft``, ``win_length``, ...), with the same defaults."""
+    feature options (``target_rate``, ``n_fft``, ``win_length``, ...), with the same defaults. A sample
+    the loader refuses (NaN, inf, past its largest magnitude) is a ValueError naming the first."""
 
 def decode_audio(data: bytes, *, gapless: bool | None = None) -> tuple[npt.NDArray[np.float32], int]:
     """Encoded audio (OGG/Vorbis, FLAC, WAV, MP3) -> (mono float32 samples, native sample rate).

@@ -1,6 +1,6 @@
 //! Stand-alone audio DSP functions for parity tests against numpy/scipy/soundfile
 //! (`tests/test_fbank_parity.py`). Conversion only; the DSP lives in `birdjepa_core::audio`.
-use birdjepa_core::audio::clip::{check_rate, check_recording};
+use birdjepa_core::audio::clip::{check_rate, check_recording, finite};
 use birdjepa_core::audio::decode::{decode_mono_as, AudioReader};
 use birdjepa_core::audio::AudioError;
 use birdjepa_core::audio::fbank::{Fbank, FbankConfig};
@@ -21,6 +21,8 @@ fn with_slice<R>(a: &PyReadonlyArray1<'_, f32>, f: impl FnOnce(&[f32]) -> R) -> 
 
 /// Kaldi-style log-mel filter bank of a mono float32 signal -> float32 `[frames, n_mels]`. Keyword
 /// options are the loader's feature options (`target_rate`, `n_fft`, ...), with the same defaults.
+/// Samples the loader refuses (NaN, inf, past its largest magnitude) are a ValueError naming the
+/// first: the log floor made them silence.
 #[pyfunction]
 #[pyo3(signature = (samples, **options))]
 fn log_mel<'py>(
@@ -37,6 +39,7 @@ fn log_mel<'py>(
     let n_mels = cfg.n_mels;
     let fb = Fbank::new(cfg).map_err(PyValueError::new_err)?;
     let n = samples.len();
+    with_slice(&samples, |x| finite(x, 0)).map_err(|e| PyValueError::new_err(format!("log_mel: {}", e.0)))?;
     let (out, frames) = with_slice(&samples, |x| py.detach(|| (fb.compute_vec(x), fb.n_frames_for(n))));
     PyArray1::from_vec(py, out).reshape([frames, n_mels])
 }

@@ -187,7 +187,7 @@ const MAX_SAMPLE: f32 = 1e12;
 
 /// An error naming the first sample of `src` (frames from `first_frame` on) that is NaN, infinite, or
 /// beyond [`MAX_SAMPLE`]: the filter bank's log floor turned such a recording into silence.
-fn finite(src: &[f32], first_frame: u64) -> Result<(), AudioError> {
+pub fn finite(src: &[f32], first_frame: u64) -> Result<(), AudioError> {
     match src.iter().position(|x| x.is_nan() || x.abs() > MAX_SAMPLE) {
         Some(k) if !src[k].is_finite() => {
             Err(AudioError(format!("a sample that is not finite (NaN or inf) at frame {}", first_frame + k as u64)))
