@@ -166,6 +166,8 @@ INVALID = [
     (["--data.features.clip-seconds", "1"], "--data.features.n-frames 512: is more than the 98 log-mel "
      "frames a clip gives (--data.features.clip-seconds 1, hop 320): 81% of every map would be zeros; "
      "--data.features.n-frames and --model.n-frames 112, or a longer clip"),
+    (["--data.features.hop-length", "1000"], "--data.features.hop-length 1000: is above "
+     "--data.features.win-length 800: 20% of the audio would be in no frame"),
     (["--data.features.f-min", "nan"], "--data.features.f-min nan: must be a finite number"),
     (["--augment.pitch-bins", "1000"], "--augment.pitch-bins 1000.0: must be at most --model.n-mels (128)"),
     (["--augment.stretch", "inf"], "--augment.stretch inf: must be a finite number"),
@@ -455,7 +457,9 @@ def test_a_combination_a_newer_check_refuses_goes_on_in_a_run_that_trained_with_
     short = PretrainConfig(data=DataConfig(features=Features(clip_seconds=1.0)))  # 81% padding
     low = PretrainConfig(data=DataConfig(features=Features(f_max=2000.0)))  # 21 empty mel bands
     floor = PretrainConfig(data=DataConfig(features=Features(log_floor=0.01)))
+    hop = PretrainConfig(data=DataConfig(features=Features(hop_length=1000)))  # 20% of the audio unread
     cases = (
+        (hop, "hop-length 1000"),
         (span, "span-ratio 0.05"),
         (mix, "mix-prob 0.5"),
         (short, "n-frames 512"),

@@ -31,10 +31,8 @@ from birdjepa.data.shards import check_same_labels, label_count, labelled_classe
 from birdjepa.model.config import PRESETS, ModelConfig
 from birdjepa.objectives.options import REGISTRY
 
-MAX_STEPS = 10_000_000
-"""The most micro-steps a run may take."""
-MAX_N_FFT = 2**16
-"""The longest FFT of the log-mel features."""
+MAX_STEPS = 10_000_000  #: The most micro-steps a run may take.
+MAX_N_FFT = 2**16  #: The longest FFT of the log-mel features.
 
 
 class OptionError(ValueError):
@@ -294,9 +292,8 @@ def _check_run(cfg: PretrainConfig) -> None:
         raise OptionError("run", cfg.run, f"has a folder name of {longest} bytes: at most {most}")
 
 
-#: The log floor's range: below float32's smallest normal number the log-mel's log reads it wrongly
-#: (1e-40 as -88.0, not -92.1); above 1e-3 quiet bands sit at it (a quarter of the demo set's values;
-#: at 1e10 all of them, exit 0). Kaldi's floor is float32's epsilon, librosa's 1e-10.
+#: The log floor's range: below float32's smallest normal the log reads it wrongly (1e-40 as -88.0,
+#: not -92.1); above 1e-3 quiet bands sit at it (at 1e10 all, exit 0). Kaldi's: float32's epsilon.
 LOG_FLOOR = (1.1754943508222875e-38, 1e-3)
 
 
@@ -312,6 +309,9 @@ def _check_maps(cfg: PretrainConfig, trained: PretrainConfig | None) -> None:
         raise OptionError("data.features.log_floor", floor, why)
     frames, empty = _check_loader(cfg)
     _check_model(cfg)
+    if new and f.hop_length > f.win_length:  # audio between two frames that neither reads
+        why = f"is above --data.features.win-length {f.win_length}: {1 - f.win_length / f.hop_length:.0%} of "
+        raise OptionError("data.features.hop_length", f.hop_length, why + "the audio would be in no frame")
     if new and empty:  # as Kaldi refuses such a filter bank
         why = (f"has {empty} mel band{'s' * (empty > 1)} that no FFT bin falls in "
                f"({f.target_rate / f.n_fft:g} Hz a bin at --data.features.n-fft {f.n_fft}, over {f.f_min:g}-"
