@@ -387,12 +387,12 @@ impl AudioReader {
     pub fn open_as(data: impl AsRef<[u8]> + Send + Sync + 'static, gapless: bool) -> Result<Self, AudioError> {
         let bytes = SharedBytes(Arc::new(data));
         let mut o = open_stream(&bytes)?;
-        let (mut mp3, mut from) = (None, 0);
+        let (mut mp3, mut from, mut tag_midway) = (None, 0, false);
         if o.codec_name == "mp3" {
             // Without a Xing/Info header (common at a constant bit rate) symphonia estimates the length
             // from the first frame's bit rate: off by frames for a variable rate. Count the frames from
             // their headers instead (`mp3_frames`); where that scan fails, from the demuxer's packets.
-            mp3 = mp3_frames::scan(bytes.as_ref(), gapless).map(Arc::new);
+            mp3 = mp3_frames::scan(bytes.as_ref(), gapless).map_err(AudioError::new)?.map(Arc::new);
             match &mp3 {
                 Some(frames) if gapless => {
                     // The stream starts at its first audio frame, as the windows do, and its header
@@ -422,6 +422,9 @@ impl AudioReader {
                     if from > 0 {
                         o = reopened()?;
                     }
+                    // The demuxer drops a header frame midway that its seek counts: windows decode from
+                    // the start there (joined files, the second behind a tag the index cannot pass).
+                    tag_midway = gapless && mp3_frames::tag_past_first_frame(bytes.as_ref());
                     let counted = count_frames(&mut *o.format, o.track_id);
                     o = reopened()?;
                     o.n_frames = counted;
@@ -440,7 +443,7 @@ impl AudioReader {
         };
         o.n_frames = end.or(o.n_frames);
         let seekable_codec = o.codec_name == "flac" || o.codec_name == "vorbis" || o.codec_name == "mp3" || o.codec_name.starts_with("pcm");
-        let can_seek = seekable_codec && o.n_frames.is_some_and(|n| n > 0);
+        let can_seek = seekable_codec && o.n_frames.is_some_and(|n| n > 0) && !tag_midway;
         let seek_margin = match o.codec_name {
             "flac" => 0,
             n if n.starts_with("pcm") => 0,
@@ -1174,7 +1177,7 @@ pub(crate) mod tests {
         // samples (1071 of the fixture missing its last 100 bytes, against libsndfile). Cut at a frame's
         // start (the frames indexed) and inside one (counted by the demuxer).
         let whole = fixture("birds_32k_mono_cbr.mp3");
-        let frames = crate::audio::mp3_frames::scan(&whole, true).unwrap();
+        let frames = crate::audio::mp3_frames::scan(&whole, true).unwrap().unwrap();
         let n = frames.offsets.len() as u64;
         assert_eq!(frames.tag.and_then(|t| t.frames), Some(n));
         for cut in [*frames.offsets.last().unwrap(), whole.len() - 100] {
@@ -1202,7 +1205,7 @@ pub(crate) mod tests {
             check_bytes_windows_equal_full("long delay", data, &[(0, 1000), (1, 3000), (3000, 2000)]);
         }
         // A stream of its header frame alone: no audio (it said "empty input (0 bytes)").
-        let frames = crate::audio::mp3_frames::scan(&fixture("birds_32k_mono_cbr.mp3"), true).unwrap();
+        let frames = crate::audio::mp3_frames::scan(&fixture("birds_32k_mono_cbr.mp3"), true).unwrap().unwrap();
         let header = fixture("birds_32k_mono_cbr.mp3")[..frames.offsets[0]].to_vec();
         let e = decode_mono(header).unwrap_err();
         assert!(e.0.contains("no audio frames"), "{e}");
@@ -1215,7 +1218,7 @@ pub(crate) mod tests {
         // it is counted as before (what a run recorded then read).
         let (a, b) = (fixture("birds_32k_mono_cbr.mp3"), fixture("birds_32k_mono.mp3"));
         let joined = [a.clone(), b.clone()].concat();
-        let frames = |data: &[u8], gapless| crate::audio::mp3_frames::scan(data, gapless).unwrap().offsets.len();
+        let frames = |data: &[u8], gapless| crate::audio::mp3_frames::scan(data, gapless).unwrap().unwrap().offsets.len();
         let (na, nb) = (frames(&a, true), frames(&b, true));
         assert_eq!((frames(&joined, true), frames(&joined, false)), (na + nb, na + nb + 1));
         let (full, _) = decode_mono(joined.clone()).unwrap();
@@ -1225,9 +1228,43 @@ pub(crate) mod tests {
         let windows = [(join - 3000, 6000), (join + 20_000, 5000), (full.len() as u64 - 2000, 2000)];
         check_bytes_windows_equal_full("joined", joined, &windows);
         // A CRC-protected header frame midway is decoded as audio by the demuxer, and counted so.
-        let crc = [a, fixture("birds_32k_mono_crc.mp3")].concat();
+        let crc = [a.clone(), fixture("birds_32k_mono_crc.mp3")].concat();
         assert_eq!(frames(&crc, true), na + frames(&fixture("birds_32k_mono_crc.mp3"), true) + 1);
         check_bytes_windows_equal_full("joined crc", crc, &[(join + 1000, 5000), (join + 100_000, 5000)]);
+        // The second behind an ID3v2 tag (ffmpeg writes one): passed by the index where the demuxer's sync
+        // passes it; else (a 0xFF byte in it) not indexed, and its windows are decoded from the start,
+        // as the demuxer's seek counts the header frame its packets drop (they were a frame off).
+        for text in [&b"\x03Lavf61.7.100"[..], b"\x03Lavf\xff1.7.100"] {
+            let frame = [&b"TSSE\0\0\0"[..], &[text.len() as u8, 0, 0], text].concat();
+            let id3 = [&b"ID3\x04\0\0\0\0\0"[..], &[frame.len() as u8], &frame].concat();
+            let tagged = [a.clone(), id3, b.clone()].concat();
+            let indexed = crate::audio::mp3_frames::scan(&tagged, true).unwrap().map(|f| f.offsets.len());
+            assert_eq!(indexed, (!text.contains(&0xFF)).then_some(na + nb));
+            let (full, _) = decode_mono(tagged.clone()).unwrap();
+            let mut r = AudioReader::open(tagged.clone()).unwrap();
+            assert_eq!((r.can_seek(), r.length().unwrap()), (indexed.is_some(), full.len() as u64));
+            for start in [join - 3000, join + 20_000, full.len() as u64 - 2000] {
+                let (mut w, mut fresh) = ([vec![0.0f32; 2000], vec![0.0f32; 2000]], AudioReader::open(tagged.clone()).unwrap());
+                r.read_window_mono(start, &mut w[0]).unwrap();
+                fresh.read_window_mono(start, &mut w[1]).unwrap();
+                let same = |w: &[f32]| w.iter().zip(&full[start as usize..]).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same(&w[0]) && same(&w[1]), "tagged {:?}: window at {start}", indexed.is_some());
+            }
+        }
+        // Another rate or channel count past the join: the decoder failed every frame past it, and the
+        // whole decode ended there without a word (windows went on). Read as before without gapless.
+        let mut stereo = b.clone();
+        for &o in &crate::audio::mp3_frames::scan(&b, true).unwrap().unwrap().offsets {
+            stereo[o + 3] &= 0x3F; // the channel mode: stereo
+        }
+        stereo[3] &= 0x3F; // its header frame too
+        for (other, now) in [(fixture("birds_48k_mono_vbr.mp3"), "48000 Hz mono"), (stereo, "32000 Hz stereo")] {
+            let mixed = [a.clone(), other].concat();
+            let e = AudioReader::open(mixed.clone()).err().unwrap();
+            let want = format!("decode (mp3): the stream changes from 32000 Hz mono to {now} at byte {}", a.len());
+            assert!(e.0.starts_with(&want), "{e}");
+            assert!(decode_mono_as(mixed, false).is_ok());
+        }
     }
 
     #[test]
@@ -1237,7 +1274,7 @@ pub(crate) mod tests {
         let whole = fixture("birds_32k_mono_crc.mp3");
         let (want, _) = decode_mono(whole.clone()).unwrap();
         let junk = [whole.clone(), vec![0; 4]].concat();
-        assert!(crate::audio::mp3_frames::scan(&junk, true).is_none());
+        assert!(crate::audio::mp3_frames::scan(&junk, true).unwrap().is_none());
         let (got, _) = decode_mono(junk.clone()).unwrap();
         assert!(got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         let cut = whole[..whole.len() - 1].to_vec();
@@ -1283,7 +1320,7 @@ pub(crate) mod tests {
         // Every frame's bit-rate index 0 (libsndfile and ffmpeg read such a stream; the demuxer does not):
         // it was "unrecognised container: end of stream".
         let mut free = fixture("birds_32k_mono_cbr.mp3");
-        let frames = crate::audio::mp3_frames::scan(&free, true).unwrap();
+        let frames = crate::audio::mp3_frames::scan(&free, true).unwrap().unwrap();
         for o in std::iter::once(0).chain(frames.offsets) {
             free[o + 2] &= 0x0F;
         }

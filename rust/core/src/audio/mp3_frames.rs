@@ -69,6 +69,8 @@ struct Header {
     overhead: usize,
     /// What must not change along the stream (version and sample rate).
     key: u8,
+    rate: u32,
+    channels: u8,
 }
 
 /// The layer III header at the start of `h`, or None.
@@ -97,7 +99,8 @@ fn header(h: &[u8]) -> Option<Header> {
         (false, false) => 17,
     };
     let crc = if h[1] & 1 == 0 { 2 } else { 0 };
-    Some(Header { bytes, samples: spf, overhead: 4 + crc + side, key: h[1] & 0x18 | (h[2] & 0x0C) })
+    let (key, channels) = (h[1] & 0x18 | (h[2] & 0x0C), if mono { 1 } else { 2 });
+    Some(Header { bytes, samples: spf, overhead: 4 + crc + side, key, rate: sample_rate, channels })
 }
 
 /// Whether `frame` is a Xing/Info/VBRI header rather than audio.
@@ -196,27 +199,53 @@ fn dropped_midway(frame: &[u8], h: &Header) -> bool {
     frame.len() >= 62 && &frame[36..40] == b"VBRI" && zeroed(36) && frame[40..42] == [0, 1]
 }
 
+/// Whether `data` holds a Xing/Info/VBRI tag's id past its first frame's first 48 bytes (where a header
+/// frame's is): a stream the index does not take whose demuxer may drop a header frame midway, which
+/// its seeks count (two files joined, the second behind an ID3v2 tag the index cannot pass).
+pub fn tag_past_first_frame(data: &[u8]) -> bool {
+    let rest = data.get(past_id3(data) + 48..).unwrap_or_default();
+    rest.windows(4).any(|w| w == b"Xing" || w == b"Info" || w == b"VBRI")
+}
+
 /// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
-/// `gapless`: a Xing/Info/VBRI header frame past the first is no frame of audio ([`dropped_midway`]);
-/// off, it is counted, as birdjepa counted it before the option (what a run recorded then read).
-pub fn scan(data: &[u8], gapless: bool) -> Option<Mp3Frames> {
+/// `gapless`: a Xing/Info/VBRI header frame past the first is no frame of audio ([`dropped_midway`]),
+/// an ID3v2 tag between frames is passed where the demuxer's sync passes it (no 0xFF byte in it), and
+/// a change of sample rate or channel count midway (two recordings joined) is an error: the decoder
+/// failed every frame past it, and a whole decode ended there without a word. Off, as birdjepa read
+/// them before the option (what a run recorded then read): counted, and not indexed.
+pub fn scan(data: &[u8], gapless: bool) -> Result<Option<Mp3Frames>, String> {
     let mut at = past_id3(data);
     let (mut offsets, mut main_bytes, mut spf, mut key, mut tag) = (Vec::new(), Vec::new(), 0, None, None);
+    let mut format = None;
     let done = |offsets: Vec<usize>, main_bytes, spf, tag| {
         let reservoir = if spf == 1152 { 511 } else { 255 };
-        (!offsets.is_empty()).then_some(Mp3Frames { offsets, tag, samples_per_frame: spf, main_bytes, reservoir })
+        Ok((!offsets.is_empty()).then_some(Mp3Frames { offsets, tag, samples_per_frame: spf, main_bytes, reservoir }))
     };
     while at < data.len() {
         let rest = &data[at..];
+        let id3 = past_id3(rest);
+        if gapless && key.is_some() && id3 > 0 && rest.get(..id3).is_some_and(|t| !t.contains(&0xFF)) {
+            at += id3;
+            continue;
+        }
         let Some(h) = header(rest) else {
             // The end: nothing, or a trailing tag.
             let trailer = rest.starts_with(b"TAG") && rest.len() == 128
                 || rest.starts_with(b"APETAGEX")
                 || rest.starts_with(b"LYRICS");
-            return if trailer { done(offsets, main_bytes, spf, tag) } else { None };
+            return if trailer { done(offsets, main_bytes, spf, tag) } else { Ok(None) };
         };
+        let mode = |(rate, channels): (u32, u8)| format!("{rate} Hz {}", ["mono", "stereo"][channels as usize - 1]);
+        match format {
+            Some(was) if gapless && was != (h.rate, h.channels) => {
+                let (was, now) = (mode(was), mode((h.rate, h.channels)));
+                return Err(format!("decode (mp3): the stream changes from {was} to {now} at byte {at} (recordings \
+                                    joined end to end?): each alone is read"));
+            }
+            _ => format = Some((h.rate, h.channels)),
+        }
         if key.is_some_and(|k| k != h.key) || h.bytes > rest.len() || h.bytes < h.overhead {
-            return None; // another version or rate midway, a last frame cut short, or no main data
+            return Ok(None); // another version or rate midway, a last frame cut short, or no main data
         }
         if offsets.is_empty() && key.is_none() && is_info_frame(&rest[..h.bytes]) {
             tag = info_tag(&rest[..h.bytes], h.overhead);
@@ -242,15 +271,15 @@ mod tests {
     fn the_fixtures_index_every_audio_frame_and_skip_the_header_frame() {
         for name in ["birds_32k_mono.mp3", "birds_32k_mono_cbr.mp3"] {
             let data = fixture(name);
-            let frames = scan(&data, true).unwrap();
+            let frames = scan(&data, true).unwrap().unwrap();
             assert_eq!(frames.samples_per_frame, 1152);
             assert!(frames.offsets[0] > 0, "{name}: the Xing/Info frame is not audio");
             assert!(frames.offsets.windows(2).all(|w| w[0] < w[1]));
             // Junk between frames, or a cut in the middle of the stream, is not indexed.
             let mut junk = data.clone();
             junk.insert(frames.offsets[5], 0);
-            assert_eq!(scan(&junk, true), None, "{name}");
+            assert_eq!(scan(&junk, true), Ok(None), "{name}");
         }
-        assert_eq!(scan(b"not an mp3 at all", true), None);
+        assert_eq!(scan(b"not an mp3 at all", true), Ok(None));
     }
 }
