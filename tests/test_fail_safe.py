@@ -384,6 +384,11 @@ def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_it
     def advance(fns: Any, cfg: PretrainConfig, state: Any, batch: Any) -> Any:
         out = real_advance(fns, cfg, state, batch)
         if during == "step" and int(state.step) == 2:
+            # Stopped once step 1's background save was on disk: on a loaded machine it was still being
+            # written when the takeover came, and the checkpoint this test expects was not there yet.
+            deadline = time.monotonic() + 120
+            while steps_on_disk(cfg.run_dir) != [1] and time.monotonic() < deadline:
+                time.sleep(0.05)
             stopped_and_taken_over()
         return out
 
