@@ -362,15 +362,25 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
 }
 
 /// The frames of `track` in the stream, summed from its packets' durations (the demuxer parses each
-/// frame's header and skips its data: no decoding); None where a packet cannot be read.
-fn count_frames(format: &mut dyn FormatReader, track: u32) -> Option<u64> {
-    let mut frames = 0u64;
+/// frame's header and skips its data: no decoding); None where a packet cannot be read. `mp3_format`: a
+/// layer III packet of another rate or channel count than the first is the error, as the index's.
+fn count_frames(format: &mut dyn FormatReader, track: u32, mp3_format: bool) -> Result<Option<u64>, AudioError> {
+    let (mut frames, mut first) = (0u64, None);
     loop {
         match format.next_packet() {
-            Ok(p) if p.track_id() == track => frames += p.dur,
+            Ok(p) if p.track_id() == track => {
+                match (first, mp3_frames::frame_format(p.buf()).filter(|_| mp3_format)) {
+                    (Some(was), Some(now)) if was != now => {
+                        return Err(AudioError::new(mp3_frames::changes(was, now, &format!("sample {frames}"))));
+                    }
+                    (None, now) => first = now,
+                    _ => {}
+                }
+                frames += p.dur
+            }
             Ok(_) => {}
-            Err(e) if is_end_of_stream(&e) => return (frames > 0).then_some(frames),
-            Err(_) => return None,
+            Err(e) if is_end_of_stream(&e) => return Ok((frames > 0).then_some(frames)),
+            Err(_) => return Ok(None),
         }
     }
 }
@@ -425,7 +435,7 @@ impl AudioReader {
                     // The demuxer drops a header frame midway that its seek counts: windows decode from
                     // the start there (joined files, the second behind a tag the index cannot pass).
                     tag_midway = gapless && mp3_frames::tag_past_first_frame(bytes.as_ref());
-                    let counted = count_frames(&mut *o.format, o.track_id);
+                    let counted = count_frames(&mut *o.format, o.track_id, gapless)?;
                     o = reopened()?;
                     o.n_frames = counted;
                     if let Some((tag, _, spf)) = lead {
@@ -1231,39 +1241,54 @@ pub(crate) mod tests {
         let crc = [a.clone(), fixture("birds_32k_mono_crc.mp3")].concat();
         assert_eq!(frames(&crc, true), na + frames(&fixture("birds_32k_mono_crc.mp3"), true) + 1);
         check_bytes_windows_equal_full("joined crc", crc, &[(join + 1000, 5000), (join + 100_000, 5000)]);
-        // The second behind an ID3v2 tag (ffmpeg writes one): passed by the index where the demuxer's sync
-        // passes it; else (a 0xFF byte in it) not indexed, and its windows are decoded from the start,
-        // as the demuxer's seek counts the header frame its packets drop (they were a frame off).
-        for text in [&b"\x03Lavf61.7.100"[..], b"\x03Lavf\xff1.7.100"] {
+        // The second behind an ID3v2 tag (ffmpeg writes one) or an APEv2 tag (mp3gain's): not indexed (an
+        // APE tag was taken for the trailer, and the second file lost), and its windows are decoded from
+        // the start, as the demuxer's seek counts the header frame its packets drop (a frame off).
+        let id3 = |text: &[u8]| {
             let frame = [&b"TSSE\0\0\0"[..], &[text.len() as u8, 0, 0], text].concat();
-            let id3 = [&b"ID3\x04\0\0\0\0\0"[..], &[frame.len() as u8], &frame].concat();
-            let tagged = [a.clone(), id3, b.clone()].concat();
-            let indexed = crate::audio::mp3_frames::scan(&tagged, true).unwrap().map(|f| f.offsets.len());
-            assert_eq!(indexed, (!text.contains(&0xFF)).then_some(na + nb));
+            [&b"ID3\x04\0\0\0\0\0"[..], &[frame.len() as u8], &frame].concat()
+        };
+        let ape = [&b"APETAGEX\xd0\x07\0\0\x20\0\0\0"[..], &[0; 16], b"APETAGEX\xd0\x07\0\0\x20\0\0\0", &[0; 16]].concat();
+        let (whole_a, _) = decode_mono(a.clone()).unwrap();
+        for between in [id3(b"\x03Lavf61.7.100"), id3(b"\x03Lavf\xff1.7.100"), ape.clone()] {
+            let tagged = [a.clone(), between, b.clone()].concat();
+            assert_eq!(crate::audio::mp3_frames::scan(&tagged, true), Ok(None));
             let (full, _) = decode_mono(tagged.clone()).unwrap();
+            assert!(full.len() > whole_a.len() + 100_000, "the second file decoded");
             let mut r = AudioReader::open(tagged.clone()).unwrap();
-            assert_eq!((r.can_seek(), r.length().unwrap()), (indexed.is_some(), full.len() as u64));
-            for start in [join - 3000, join + 20_000, full.len() as u64 - 2000] {
+            assert_eq!((r.can_seek(), r.length().unwrap()), (false, full.len() as u64));
+            let starts = (0..12).map(|k| join - 1500 + 500 * k).chain([join + 20_000, full.len() as u64 - 2000]);
+            for start in starts {
                 let (mut w, mut fresh) = ([vec![0.0f32; 2000], vec![0.0f32; 2000]], AudioReader::open(tagged.clone()).unwrap());
                 r.read_window_mono(start, &mut w[0]).unwrap();
                 fresh.read_window_mono(start, &mut w[1]).unwrap();
                 let same = |w: &[f32]| w.iter().zip(&full[start as usize..]).all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(same(&w[0]) && same(&w[1]), "tagged {:?}: window at {start}", indexed.is_some());
+                assert!(same(&w[0]) && same(&w[1]), "window at {start}");
             }
         }
-        // Another rate or channel count past the join: the decoder failed every frame past it, and the
-        // whole decode ended there without a word (windows went on). Read as before without gapless.
+        // An APE tag that ends the stream (then an ID3v1 tag) is its trailer.
+        let id3v1 = [&b"TAG"[..], &[b' '; 125]].concat();
+        for end in [ape.clone(), [ape, id3v1].concat()] {
+            assert_eq!(frames(&[a.clone(), end].concat(), true), na);
+        }
+        // Another rate or channel count past the join, indexed or not: the decoder failed every frame
+        // past it, and the whole decode ended there without a word (windows went on). Read as before
+        // without gapless.
         let mut stereo = b.clone();
         for &o in &crate::audio::mp3_frames::scan(&b, true).unwrap().unwrap().offsets {
             stereo[o + 3] &= 0x3F; // the channel mode: stereo
         }
         stereo[3] &= 0x3F; // its header frame too
         for (other, now) in [(fixture("birds_48k_mono_vbr.mp3"), "48000 Hz mono"), (stereo, "32000 Hz stereo")] {
-            let mixed = [a.clone(), other].concat();
-            let e = AudioReader::open(mixed.clone()).err().unwrap();
-            let want = format!("decode (mp3): the stream changes from 32000 Hz mono to {now} at byte {}", a.len());
-            assert!(e.0.starts_with(&want), "{e}");
-            assert!(decode_mono_as(mixed, false).is_ok());
+            let changes = |at: &str| format!("decode (mp3): the stream changes from 32000 Hz mono to {now} at {at}");
+            for (mixed, at) in [
+                ([a.clone(), other.clone()].concat(), changes(&format!("byte {}", a.len()))),
+                ([a.clone(), id3(b"\x03Lavf"), other].concat(), changes(&format!("sample {}", na * 1152))),
+            ] {
+                let e = AudioReader::open(mixed.clone()).err().unwrap();
+                assert!(e.0.starts_with(&at), "{e}");
+                assert!(decode_mono_as(mixed, false).is_ok());
+            }
         }
     }
 

@@ -207,12 +207,43 @@ pub fn tag_past_first_frame(data: &[u8]) -> bool {
     rest.windows(4).any(|w| w == b"Xing" || w == b"Info" || w == b"VBRI")
 }
 
+/// Whether `rest`, past the last frame, is the stream's end: nothing, or a trailing tag. `gapless`: a
+/// tag that runs to the end (an APEv2 or Lyrics3 tag, then at most an ID3v1): one between two files
+/// joined ended the index there, and the second file was lost to the whole decode and the windows.
+fn trailer(rest: &[u8], gapless: bool) -> bool {
+    let id3v1 = |t: &[u8]| t.starts_with(b"TAG") && t.len() == 128;
+    if !gapless {
+        return id3v1(rest) || rest.starts_with(b"APETAGEX") || rest.starts_with(b"LYRICS");
+    }
+    let body = match rest.len().checked_sub(128) {
+        Some(n) if id3v1(&rest[n..]) => &rest[..n],
+        _ => rest,
+    };
+    // APEv2's header: its size (the items and footer) at bytes 12-15, little-endian.
+    let ape = rest.get(12..16).map(|b| 32 + u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    id3v1(rest)
+        || rest.starts_with(b"APETAGEX") && ape == Some(body.len())
+        || rest.starts_with(b"LYRICSBEGIN") && (body.ends_with(b"LYRICS200") || body.ends_with(b"LYRICSEND"))
+}
+
+/// A frame's `(sample rate, channels)`, where `frame` starts with a layer III header.
+pub fn frame_format(frame: &[u8]) -> Option<(u32, u8)> {
+    header(frame).map(|h| (h.rate, h.channels))
+}
+
+/// The error of a stream whose frames change format at `at` (two recordings joined end to end): the
+/// decoder fails every frame past it, and a whole decode ended there without a word.
+pub fn changes(was: (u32, u8), now: (u32, u8), at: &str) -> String {
+    let mode = |(rate, channels): (u32, u8)| format!("{rate} Hz {}", ["mono", "stereo"][channels as usize - 1]);
+    let (was, now) = (mode(was), mode(now));
+    format!("decode (mp3): the stream changes from {was} to {now} at {at} (recordings joined end to end?): each alone is read")
+}
+
 /// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
-/// `gapless`: a Xing/Info/VBRI header frame past the first is no frame of audio ([`dropped_midway`]),
-/// an ID3v2 tag between frames is passed where the demuxer's sync passes it (no 0xFF byte in it), and
-/// a change of sample rate or channel count midway (two recordings joined) is an error: the decoder
-/// failed every frame past it, and a whole decode ended there without a word. Off, as birdjepa read
-/// them before the option (what a run recorded then read): counted, and not indexed.
+/// `gapless`: a Xing/Info/VBRI header frame past the first is no frame of audio ([`dropped_midway`]), a
+/// tag is a trailer only where it runs to the end ([`trailer`]), and a change of sample rate or channel
+/// count midway is an error ([`changes`]). Off, as birdjepa read them before the option (what a run
+/// recorded then read).
 pub fn scan(data: &[u8], gapless: bool) -> Result<Option<Mp3Frames>, String> {
     let mut at = past_id3(data);
     let (mut offsets, mut main_bytes, mut spf, mut key, mut tag) = (Vec::new(), Vec::new(), 0, None, None);
@@ -223,24 +254,12 @@ pub fn scan(data: &[u8], gapless: bool) -> Result<Option<Mp3Frames>, String> {
     };
     while at < data.len() {
         let rest = &data[at..];
-        let id3 = past_id3(rest);
-        if gapless && key.is_some() && id3 > 0 && rest.get(..id3).is_some_and(|t| !t.contains(&0xFF)) {
-            at += id3;
-            continue;
-        }
         let Some(h) = header(rest) else {
-            // The end: nothing, or a trailing tag.
-            let trailer = rest.starts_with(b"TAG") && rest.len() == 128
-                || rest.starts_with(b"APETAGEX")
-                || rest.starts_with(b"LYRICS");
-            return if trailer { done(offsets, main_bytes, spf, tag) } else { Ok(None) };
+            return if trailer(rest, gapless) { done(offsets, main_bytes, spf, tag) } else { Ok(None) };
         };
-        let mode = |(rate, channels): (u32, u8)| format!("{rate} Hz {}", ["mono", "stereo"][channels as usize - 1]);
         match format {
             Some(was) if gapless && was != (h.rate, h.channels) => {
-                let (was, now) = (mode(was), mode((h.rate, h.channels)));
-                return Err(format!("decode (mp3): the stream changes from {was} to {now} at byte {at} (recordings \
-                                    joined end to end?): each alone is read"));
+                return Err(changes(was, (h.rate, h.channels), &format!("byte {at}")));
             }
             _ => format = Some((h.rate, h.channels)),
         }
