@@ -361,22 +361,31 @@ fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
     })
 }
 
+/// Packets in a row of a new format that make an MP3 two recordings joined ([`count_frames`]): random
+/// bytes give one now and then, of any format, where the demuxer syncs to them.
+const CHANGED_AFTER: usize = 8;
+
 /// The frames of `track` in the stream, summed from its packets' durations (the demuxer parses each
-/// frame's header and skips its data: no decoding); None where a packet cannot be read. `mp3_format`: a
-/// layer III packet of another rate or channel count than the first is the error, as the index's.
+/// frame's header and skips its data: no decoding); None where a packet cannot be read. `mp3_format`:
+/// layer III packets of another rate or channel count than the first, [`CHANGED_AFTER`] in a row, are
+/// another recording's (`mp3_frames::changes`); fewer, a false sync in damaged data (a packet that
+/// fails to decode, counted as before: random bytes after a file's frames were refused as a join).
 fn count_frames(format: &mut dyn FormatReader, track: u32, mp3_format: bool) -> Result<Option<u64>, AudioError> {
-    let (mut frames, mut first) = (0u64, None);
+    let (mut frames, mut k, mut first, mut run) = (0u64, 0usize, None, (None, 0usize, 0usize));
     loop {
         match format.next_packet() {
             Ok(p) if p.track_id() == track => {
                 match (first, mp3_frames::frame_format(p.buf()).filter(|_| mp3_format)) {
-                    (Some(was), Some(now)) if was != now => {
-                        return Err(AudioError::new(mp3_frames::changes(was, now, &format!("sample {frames}"))));
-                    }
                     (None, now) => first = now,
-                    _ => {}
+                    (Some(was), Some(now)) if was != now => {
+                        run = if run.0 == Some(now) { (run.0, run.1 + 1, run.2) } else { (Some(now), 1, k) };
+                        if run.1 == CHANGED_AFTER {
+                            return Err(AudioError::new(mp3_frames::changes(was, now, run.2)));
+                        }
+                    }
+                    _ => run = (None, 0, 0),
                 }
-                frames += p.dur
+                (frames, k) = (frames + p.dur, k + 1);
             }
             Ok(_) => {}
             Err(e) if is_end_of_stream(&e) => return Ok((frames > 0).then_some(frames)),
@@ -402,7 +411,7 @@ impl AudioReader {
             // Without a Xing/Info header (common at a constant bit rate) symphonia estimates the length
             // from the first frame's bit rate: off by frames for a variable rate. Count the frames from
             // their headers instead (`mp3_frames`); where that scan fails, from the demuxer's packets.
-            mp3 = mp3_frames::scan(bytes.as_ref(), gapless).map_err(AudioError::new)?.map(Arc::new);
+            mp3 = mp3_frames::scan(bytes.as_ref(), gapless).map(Arc::new);
             match &mp3 {
                 Some(frames) if gapless => {
                     // The stream starts at its first audio frame, as the windows do, and its header
@@ -1187,7 +1196,7 @@ pub(crate) mod tests {
         // samples (1071 of the fixture missing its last 100 bytes, against libsndfile). Cut at a frame's
         // start (the frames indexed) and inside one (counted by the demuxer).
         let whole = fixture("birds_32k_mono_cbr.mp3");
-        let frames = crate::audio::mp3_frames::scan(&whole, true).unwrap().unwrap();
+        let frames = crate::audio::mp3_frames::scan(&whole, true).unwrap();
         let n = frames.offsets.len() as u64;
         assert_eq!(frames.tag.and_then(|t| t.frames), Some(n));
         for cut in [*frames.offsets.last().unwrap(), whole.len() - 100] {
@@ -1215,7 +1224,7 @@ pub(crate) mod tests {
             check_bytes_windows_equal_full("long delay", data, &[(0, 1000), (1, 3000), (3000, 2000)]);
         }
         // A stream of its header frame alone: no audio (it said "empty input (0 bytes)").
-        let frames = crate::audio::mp3_frames::scan(&fixture("birds_32k_mono_cbr.mp3"), true).unwrap().unwrap();
+        let frames = crate::audio::mp3_frames::scan(&fixture("birds_32k_mono_cbr.mp3"), true).unwrap();
         let header = fixture("birds_32k_mono_cbr.mp3")[..frames.offsets[0]].to_vec();
         let e = decode_mono(header).unwrap_err();
         assert!(e.0.contains("no audio frames"), "{e}");
@@ -1228,7 +1237,7 @@ pub(crate) mod tests {
         // it is counted as before (what a run recorded then read).
         let (a, b) = (fixture("birds_32k_mono_cbr.mp3"), fixture("birds_32k_mono.mp3"));
         let joined = [a.clone(), b.clone()].concat();
-        let frames = |data: &[u8], gapless| crate::audio::mp3_frames::scan(data, gapless).unwrap().unwrap().offsets.len();
+        let frames = |data: &[u8], gapless| crate::audio::mp3_frames::scan(data, gapless).unwrap().offsets.len();
         let (na, nb) = (frames(&a, true), frames(&b, true));
         assert_eq!((frames(&joined, true), frames(&joined, false)), (na + nb, na + nb + 1));
         let (full, _) = decode_mono(joined.clone()).unwrap();
@@ -1252,7 +1261,7 @@ pub(crate) mod tests {
         let (whole_a, _) = decode_mono(a.clone()).unwrap();
         for between in [id3(b"\x03Lavf61.7.100"), id3(b"\x03Lavf\xff1.7.100"), ape.clone()] {
             let tagged = [a.clone(), between, b.clone()].concat();
-            assert_eq!(crate::audio::mp3_frames::scan(&tagged, true), Ok(None));
+            assert_eq!(crate::audio::mp3_frames::scan(&tagged, true), None);
             let (full, _) = decode_mono(tagged.clone()).unwrap();
             assert!(full.len() > whole_a.len() + 100_000, "the second file decoded");
             let mut r = AudioReader::open(tagged.clone()).unwrap();
@@ -1275,20 +1284,30 @@ pub(crate) mod tests {
         // past it, and the whole decode ended there without a word (windows went on). Read as before
         // without gapless.
         let mut stereo = b.clone();
-        for &o in &crate::audio::mp3_frames::scan(&b, true).unwrap().unwrap().offsets {
+        for &o in &crate::audio::mp3_frames::scan(&b, true).unwrap().offsets {
             stereo[o + 3] &= 0x3F; // the channel mode: stereo
         }
         stereo[3] &= 0x3F; // its header frame too
         for (other, now) in [(fixture("birds_48k_mono_vbr.mp3"), "48000 Hz mono"), (stereo, "32000 Hz stereo")] {
-            let changes = |at: &str| format!("decode (mp3): the stream changes from 32000 Hz mono to {now} at {at}");
-            for (mixed, at) in [
-                ([a.clone(), other.clone()].concat(), changes(&format!("byte {}", a.len()))),
-                ([a.clone(), id3(b"\x03Lavf"), other].concat(), changes(&format!("sample {}", na * 1152))),
-            ] {
+            let want = format!("decode (mp3): the stream changes from 32000 Hz mono to {now} at frame {na} (");
+            for mixed in [[a.clone(), other.clone()].concat(), [a.clone(), id3(b"\x03Lavf"), other].concat()] {
                 let e = AudioReader::open(mixed.clone()).err().unwrap();
-                assert!(e.0.starts_with(&at), "{e}");
+                assert!(e.0.starts_with(&want), "{e}");
                 assert!(decode_mono_as(mixed, false).is_ok());
             }
+        }
+        // Random bytes after a file's frames: the demuxer syncs to a false frame of any format now and
+        // then, which was refused as a join. Read, its audio whole.
+        for seed in 1..4u64 {
+            let mut x = seed;
+            let junk = (0..20_000).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            });
+            let (got, _) = decode_mono([a.clone(), junk.collect()].concat()).unwrap();
+            assert!(got.len() >= whole_a.len() && got[..whole_a.len()] == whole_a[..], "seed {seed}");
         }
     }
 
@@ -1299,7 +1318,7 @@ pub(crate) mod tests {
         let whole = fixture("birds_32k_mono_crc.mp3");
         let (want, _) = decode_mono(whole.clone()).unwrap();
         let junk = [whole.clone(), vec![0; 4]].concat();
-        assert!(crate::audio::mp3_frames::scan(&junk, true).unwrap().is_none());
+        assert!(crate::audio::mp3_frames::scan(&junk, true).is_none());
         let (got, _) = decode_mono(junk.clone()).unwrap();
         assert!(got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         let cut = whole[..whole.len() - 1].to_vec();
@@ -1345,7 +1364,7 @@ pub(crate) mod tests {
         // Every frame's bit-rate index 0 (libsndfile and ffmpeg read such a stream; the demuxer does not):
         // it was "unrecognised container: end of stream".
         let mut free = fixture("birds_32k_mono_cbr.mp3");
-        let frames = crate::audio::mp3_frames::scan(&free, true).unwrap().unwrap();
+        let frames = crate::audio::mp3_frames::scan(&free, true).unwrap();
         for o in std::iter::once(0).chain(frames.offsets) {
             free[o + 2] &= 0x0F;
         }

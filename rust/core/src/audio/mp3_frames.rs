@@ -231,41 +231,38 @@ pub fn frame_format(frame: &[u8]) -> Option<(u32, u8)> {
     header(frame).map(|h| (h.rate, h.channels))
 }
 
-/// The error of a stream whose frames change format at `at` (two recordings joined end to end): the
-/// decoder fails every frame past it, and a whole decode ended there without a word.
-pub fn changes(was: (u32, u8), now: (u32, u8), at: &str) -> String {
+/// The error of a stream whose frames change format from frame `at` on (two recordings joined end to
+/// end): the decoder fails every frame past it, and a whole decode ended there without a word.
+pub fn changes(was: (u32, u8), now: (u32, u8), at: usize) -> String {
     let mode = |(rate, channels): (u32, u8)| format!("{rate} Hz {}", ["mono", "stereo"][channels as usize - 1]);
     let (was, now) = (mode(was), mode(now));
-    format!("decode (mp3): the stream changes from {was} to {now} at {at} (recordings joined end to end?): each alone is read")
+    format!("decode (mp3): the stream changes from {was} to {now} at frame {at} (recordings joined end to end?): each alone is read")
 }
 
 /// The frames of `data`, or None where it does not parse cleanly to its end (see the module docs).
 /// `gapless`: a Xing/Info/VBRI header frame past the first is no frame of audio ([`dropped_midway`]), a
-/// tag is a trailer only where it runs to the end ([`trailer`]), and a change of sample rate or channel
-/// count midway is an error ([`changes`]). Off, as birdjepa read them before the option (what a run
-/// recorded then read).
-pub fn scan(data: &[u8], gapless: bool) -> Result<Option<Mp3Frames>, String> {
+/// tag is a trailer only where it runs to the end ([`trailer`]), and a change of channel count midway
+/// is not indexed. Off, as birdjepa read them before the option (what a run recorded then read).
+pub fn scan(data: &[u8], gapless: bool) -> Option<Mp3Frames> {
     let mut at = past_id3(data);
     let (mut offsets, mut main_bytes, mut spf, mut key, mut tag) = (Vec::new(), Vec::new(), 0, None, None);
     let mut format = None;
     let done = |offsets: Vec<usize>, main_bytes, spf, tag| {
         let reservoir = if spf == 1152 { 511 } else { 255 };
-        Ok((!offsets.is_empty()).then_some(Mp3Frames { offsets, tag, samples_per_frame: spf, main_bytes, reservoir }))
+        (!offsets.is_empty()).then_some(Mp3Frames { offsets, tag, samples_per_frame: spf, main_bytes, reservoir })
     };
     while at < data.len() {
         let rest = &data[at..];
         let Some(h) = header(rest) else {
-            return if trailer(rest, gapless) { done(offsets, main_bytes, spf, tag) } else { Ok(None) };
+            return if trailer(rest, gapless) { done(offsets, main_bytes, spf, tag) } else { None };
         };
-        match format {
-            Some(was) if gapless && was != (h.rate, h.channels) => {
-                return Err(changes(was, (h.rate, h.channels), &format!("byte {at}")));
-            }
-            _ => format = Some((h.rate, h.channels)),
+        // Another version, rate or (gapless) channel count midway (two recordings joined: the packet
+        // count refuses it, `decode`), a last frame cut short, or no main data.
+        let other = key.is_some_and(|k| k != h.key) || gapless && format.is_some_and(|f| f != (h.rate, h.channels));
+        if other || h.bytes > rest.len() || h.bytes < h.overhead {
+            return None;
         }
-        if key.is_some_and(|k| k != h.key) || h.bytes > rest.len() || h.bytes < h.overhead {
-            return Ok(None); // another version or rate midway, a last frame cut short, or no main data
-        }
+        format = Some((h.rate, h.channels));
         if offsets.is_empty() && key.is_none() && is_info_frame(&rest[..h.bytes]) {
             tag = info_tag(&rest[..h.bytes], h.overhead);
         } else if gapless && key.is_some() && dropped_midway(&rest[..h.bytes], &h) {
@@ -290,15 +287,15 @@ mod tests {
     fn the_fixtures_index_every_audio_frame_and_skip_the_header_frame() {
         for name in ["birds_32k_mono.mp3", "birds_32k_mono_cbr.mp3"] {
             let data = fixture(name);
-            let frames = scan(&data, true).unwrap().unwrap();
+            let frames = scan(&data, true).unwrap();
             assert_eq!(frames.samples_per_frame, 1152);
             assert!(frames.offsets[0] > 0, "{name}: the Xing/Info frame is not audio");
             assert!(frames.offsets.windows(2).all(|w| w[0] < w[1]));
             // Junk between frames, or a cut in the middle of the stream, is not indexed.
             let mut junk = data.clone();
             junk.insert(frames.offsets[5], 0);
-            assert_eq!(scan(&junk, true), Ok(None), "{name}");
+            assert_eq!(scan(&junk, true), None, "{name}");
         }
-        assert_eq!(scan(b"not an mp3 at all", true), Ok(None));
+        assert_eq!(scan(b"not an mp3 at all", true), None);
     }
 }
