@@ -56,6 +56,7 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 use symphonia::core::sample::Sample;
 
+use super::joined;
 use super::mp3_frames::{self, Mp3Frames};
 use super::AudioError;
 use crate::error::quietly;
@@ -454,6 +455,9 @@ impl AudioReader {
                     }
                 }
             }
+        }
+        if let Some(why) = joined::second_recording(o.codec_name, bytes.as_ref()).filter(|_| gapless) {
+            return Err(AudioError::new(why));
         }
         // WAV and FLAC decode exactly what they hold: only MP3 and Vorbis are trimmed.
         let (lead, end) = match o.codec_name {
@@ -1309,6 +1313,19 @@ pub(crate) mod tests {
             let (got, _) = decode_mono([a.clone(), junk.collect()].concat()).unwrap();
             assert!(got.len() >= whole_a.len() && got[..whole_a.len()] == whole_a[..], "seed {seed}");
         }
+    }
+
+    #[test]
+    fn a_chained_ogg_is_refused_where_its_second_stream_was_dropped() {
+        // `cat a.ogg b.ogg`: the demuxer's "reset required" at the second stream ended the decode, the
+        // length and the windows alike, without a word. Read as before without gapless.
+        let a = fixture("birds_48k_stereo.ogg");
+        let chained = [a.clone(), fixture("birds_44k_stereo_30s.ogg")].concat();
+        let e = AudioReader::open(chained.clone()).err().unwrap();
+        let want = format!("decode (vorbis): a second Ogg stream (a chained Ogg) starts at byte {} (", a.len());
+        assert!(e.0.starts_with(&want), "{e}");
+        let (first, _) = decode_mono_as(a, false).unwrap();
+        assert_eq!(decode_mono_as(chained, false).unwrap().0.len(), first.len());
     }
 
     #[test]

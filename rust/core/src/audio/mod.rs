@@ -34,6 +34,7 @@ use std::fmt;
 pub mod clip;
 pub mod decode;
 pub mod fbank;
+pub mod joined;
 pub mod mp3_frames;
 pub mod resample;
 
