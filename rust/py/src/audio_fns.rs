@@ -39,8 +39,11 @@ fn log_mel<'py>(
     let n_mels = cfg.n_mels;
     let fb = Fbank::new(cfg).map_err(PyValueError::new_err)?;
     let n = samples.len();
-    with_slice(&samples, |x| finite(x, 0)).map_err(|e| PyValueError::new_err(format!("log_mel: {}", e.0)))?;
-    let (out, frames) = with_slice(&samples, |x| py.detach(|| (fb.compute_vec(x), fb.n_frames_for(n))));
+    let (out, frames) = with_slice(&samples, |x| {
+        finite(x, 0)?;
+        Ok(py.detach(|| (fb.compute_vec(x), fb.n_frames_for(n))))
+    })
+    .map_err(|e: AudioError| PyValueError::new_err(format!("log_mel: {}", e.0)))?;
     PyArray1::from_vec(py, out).reshape([frames, n_mels])
 }
 

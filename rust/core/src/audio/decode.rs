@@ -372,19 +372,24 @@ const CHANGED_AFTER: usize = 8;
 /// another recording's (`mp3_frames::changes`); fewer, a false sync in damaged data (a packet that
 /// fails to decode, counted as before: random bytes after a file's frames were refused as a join).
 fn count_frames(format: &mut dyn FormatReader, track: u32, mp3_format: bool) -> Result<Option<u64>, AudioError> {
-    let (mut frames, mut k, mut first, mut run) = (0u64, 0usize, None, (None, 0usize, 0usize));
+    // `run`: the format of the packets in a row that differ from the first's, and where they began.
+    let (mut frames, mut k, mut first, mut run) = (0u64, 0usize, None, None);
     loop {
         match format.next_packet() {
             Ok(p) if p.track_id() == track => {
                 match (first, mp3_frames::frame_format(p.buf()).filter(|_| mp3_format)) {
                     (None, now) => first = now,
                     (Some(was), Some(now)) if was != now => {
-                        run = if run.0 == Some(now) { (run.0, run.1 + 1, run.2) } else { (Some(now), 1, k) };
-                        if run.1 == CHANGED_AFTER {
-                            return Err(AudioError::new(mp3_frames::changes(was, now, run.2)));
+                        let from = match run {
+                            Some((f, from)) if f == now => from,
+                            _ => k,
+                        };
+                        run = Some((now, from));
+                        if k + 1 - from == CHANGED_AFTER {
+                            return Err(AudioError::new(mp3_frames::changes(was, now, from)));
                         }
                     }
-                    _ => run = (None, 0, 0),
+                    _ => run = None,
                 }
                 (frames, k) = (frames + p.dur, k + 1);
             }
