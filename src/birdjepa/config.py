@@ -13,6 +13,7 @@ top level; the rest are grouped (`--data.batch-size`, `--optim.lr`, `--model.pre
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -286,6 +287,13 @@ def type_ok(value: Any, hint: Any) -> bool:
     return False
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s field types, resolved once: `typing.get_type_hints` compiles every annotation string
+    anew at each call (a resume resolves ~150 recorded options: a third of a second)."""
+    return typing.get_type_hints(cls)
+
+
 def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any:
     """``obj`` (a frozen dataclass) with the field at ``path`` set to ``value``, type-checked."""
     fields = {f.name: f for f in dataclasses.fields(obj)}
@@ -293,7 +301,7 @@ def _replace(obj: Any, path: list[str], value: Any, where: str, key: str) -> Any
     if name not in fields:
         options = ", ".join(sorted(fields))
         raise ConfigError(f"{where}: unknown key {key!r} ({name!r} is not one of: {options})")
-    hint = typing.get_type_hints(type(obj))[name]
+    hint = _hints(type(obj))[name]
     current = getattr(obj, name)
     if len(path) > 1:
         if not dataclasses.is_dataclass(current):
