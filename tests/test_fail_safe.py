@@ -6,12 +6,14 @@ error that stops the run (a device's, a loader worker's) goes up after what the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -341,22 +343,52 @@ def test_an_error_that_stops_the_run_leaves_the_checkpoint_being_written_and_the
 
 @pytest.mark.parametrize(
     ("during", "rows", "saved"),
-    # It checks before its first write, after each step, and before a save.
-    [("start", None, None), ("step", [0, 1], 1), ("callbacks", [0], None)],
+    # It checks before its first write, after each step, and before a save; its saves' commits too.
+    [
+        ("start", None, []),
+        ("step", [0, 1], [1]),
+        ("callbacks", [0], []),
+        ("save", [0, 1, 2, 3], [1]),
+        ("last save", [0, 1, 2, 3, 4, 5], [1, 3]),
+    ],
 )
 def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_its_next_write(
-    during: str, rows: list[int] | None, saved: int | None, demo_dir: Path, tmp_path: Path,
+    during: str, rows: list[int] | None, saved: list[int], demo_dir: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
 ) -> None:  # fmt: skip
     """Stopped (a suspended job, a paused node) for longer than a taker waits, as it started (restoring
-    and compiling), during step 2, or during step 1's callbacks, before its save, and taken over
-    meanwhile. Woken, it trained on into the taker's run: its rows logged beside the taker's, its
-    rotation deleting the taker's checkpoints, then a traceback. Now it writes nothing more: one line,
-    exit 2, and the taker's lease stays."""
+    and compiling), during step 2, during step 1's callbacks, before its save, or with step 3's save
+    written but not yet renamed into place, and taken over meanwhile. Woken, it trained on into the
+    taker's run: its rows logged beside the taker's, its rotation deleting the taker's checkpoints, then
+    a traceback; its save in flight was committed into the taker's run by Orbax's thread after the loop
+    stopped. Now it writes nothing more: one line, exit 2, and the taker's lease stays."""
+    from birdjepa.pretrain.trainer import Trainer
     from birdjepa.rundir import lease as lease_lib
 
     held: list[lease_lib.Lease] = []
     taker: dict[str, Any] = {}
+    # The "save" case: the process stops once step 3's save is written, before its rename (its commit asks
+    # whether the lease is still its own then), and wakes taken over.
+    in_flight, taken, commits = threading.Event(), threading.Event(), []
+    real_still_held, real_save = lease_lib.Lease.still_held, Trainer.save
+
+    def still_held(lease: lease_lib.Lease) -> None:
+        if in_flight.is_set():
+            stopped_and_taken_over()
+        real_still_held(lease)
+
+    def save(trainer: Trainer, state: Any, *args: Any, **kwargs: Any) -> Any:
+        commits.append(trainer.ckpt)
+        if int(state.step) != {"save": 4, "last save": 6}.get(during):
+            return real_save(trainer, state, *args, **kwargs)
+        in_flight.set()
+        out = real_save(trainer, state, *args, **kwargs)
+        # The loop goes on once the commit asked (or, where nothing asks, once it renamed the save).
+        deadline, written = time.monotonic() + 120, trainer.ckpt.directory / str(int(state.step) - 1)
+        while not taken.is_set() and not written.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stopped_and_taken_over()
+        return out
 
     def acquire(*args: Any, **kwargs: Any) -> lease_lib.Lease:
         held.append(lease_lib.acquire(*args, **kwargs))
@@ -365,9 +397,12 @@ def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_it
     def stopped_and_taken_over() -> None:
         (lease,) = held
         lease.renewed -= lease_lib.STALE_AFTER_S + 1  # no heartbeat while it was stopped
+        if taken.is_set():
+            return
         taker.update({**lease.holder, "token": "f" * 16, "pid": 4242, "heartbeat": time.time()})
         while not lease_lib._take_over(lease.path, lease.holder, taker):  # the heartbeat holds it
             time.sleep(0.01)
+        taken.set()
 
     real_open, real_advance, real_make_callbacks = (
         train_loop.open_segment,
@@ -408,9 +443,14 @@ def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_it
     monkeypatch.setattr(train_loop, "open_segment", open_segment)
     monkeypatch.setattr(train_loop, "advance", advance)
     monkeypatch.setattr(train_loop, "make_callbacks", make_callbacks)
+    monkeypatch.setattr(lease_lib.Lease, "still_held", still_held)
+    monkeypatch.setattr(Trainer, "save", save)
     cfg = config(demo_dir, tmp_path, "taken")  # saves after steps 1, 3 and 5
     capsys.readouterr()
     assert pretrain(cfg) == exit_codes.USAGE
+    for ckpt in commits[-1:]:  # the background write of the last save, ended (the process goes on)
+        with contextlib.suppress(Exception):
+            ckpt._mngr.wait_until_finished()
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ERROR")]
     assert re.fullmatch(
         r"ERROR: this trainer went \d+ s without renewing its lease \(suspended, or cut off\), "
@@ -421,7 +461,7 @@ def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_it
         assert sorted(p.name for p in cfg.run_dir.iterdir()) == ["checkpoints", "lease.json"]
     else:
         assert [r["step"] for r in read_metrics(cfg.run_dir) if "event" not in r] == rows
-    assert steps_on_disk(cfg.run_dir) == ([] if saved is None else [saved])
+    assert steps_on_disk(cfg.run_dir) == saved
     assert json.loads((cfg.run_dir / "lease.json").read_text()) == taker
 
 

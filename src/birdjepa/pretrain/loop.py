@@ -221,7 +221,10 @@ def _pretrain(requested: PretrainConfig, lease: Lease | None, stop: StopRequest)
     if multihost.is_main():  # a save killed mid-write (kill -9, a node lost) left a checkpoint's size there
         remove_temporaries(layout.checkpoints(requested.run_dir))  # for ever; the lease is held: no writer
     ckpt = checkpoint.Checkpointer(
-        requested.run_dir, keep=requested.ckpt_keep, async_save=requested.ckpt_async
+        requested.run_dir,
+        keep=requested.ckpt_keep,
+        async_save=requested.ckpt_async,
+        before_commit=lease.still_held if lease is not None else None,
     )
     try:
         at = "newest" if requested.resume == "auto" else None

@@ -312,6 +312,14 @@ class Lease:
             raise RunDirGone(self.path.parent, "lost its lease (the folder replaced, or the file removed)")
         raise LeaseLost(self.path.parent, taker, silent)
 
+    def still_held(self) -> None:
+        """Raises `LeaseLost` unless the lease still names this process; a read only, safe from any
+        thread: what a save's background commit asks before it renames its folder into the run
+        (`Checkpointer`'s ``before_commit``). A stopped process woken before any taker came still holds it."""
+        current = _read(self.path)
+        if current is None or current.get("token") != self.holder["token"]:
+            raise LeaseLost(self.path.parent, current, time.time() - self.renewed)
+
     def release(self) -> None:
         self._stop.set()
         current = _read(self.path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -58,6 +59,27 @@ T = TypeVar("T")
 PRUNE_WAIT_S = 2.0
 
 
+def guarded_commits(before_commit: Callable[[], None], refused: list[BaseException]) -> type:
+    """Orbax's temporary folder of a save, renamed into place only where ``before_commit()`` raises
+    nothing (the run's lease is still this process's); what it raised goes into ``refused``, and the
+    folder is removed. A process stopped with a save in flight (a suspended job) and taken over meanwhile
+    committed that save into the taker's run once it woke, in the background, after its own loop had
+    stopped writing. Orbax 0.12.8's ``temporary_path_class`` (deprecated for atomicity modes, which take
+    no check) is the one hook between a save's writes and its rename."""
+
+    class GuardedRename(ocp.path.atomicity.AtomicRenameTemporaryPath):
+        async def finalize(self) -> None:
+            try:
+                before_commit()
+            except BaseException as e:
+                shutil.rmtree(self.get(), ignore_errors=True)
+                refused.append(e)
+                raise
+            await super().finalize()
+
+    return GuardedRename
+
+
 def relisted(list_once: Callable[[], T], tries: int = 20) -> T:
     """``list_once()``, called again where a step folder went between Orbax's listing of the checkpoints
     folder and its look into each (its time, its items): a live trainer's retention removed it, and a
@@ -91,19 +113,24 @@ class Checkpointer(RetentionAndFallback):
         async_save: bool = True,
         subdir: str = CHECKPOINTS,
         create: bool = True,
+        before_commit: Callable[[], None] | None = None,
     ):
         """``create``: make the folder now (a writer's); False for a reader, which leaves a run without
-        checkpoints as it found it."""
+        checkpoints as it found it. ``before_commit``: called as each save is renamed into place, from
+        Orbax's thread; where it raises, the save is left out and the next ``wait`` or ``save`` raises
+        that exception (`guarded_commits`)."""
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")
         self.directory = Path(run_dir) / subdir if subdir else Path(run_dir)
         self.keep = keep
         self.async_save = async_save
+        self._refused: list[BaseException] = []  # what `before_commit` raised, in Orbax's thread
         quiet_orbax_errors()  # before the manager, whose listing reads every checkpoint's metadata
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None,  # retention is `_retain`'s: it keeps the newest checkpoint that verifies
             enable_async_checkpointing=async_save,
             create=create,
+            temporary_path_class=guarded_commits(before_commit, self._refused) if before_commit else None,
         )
         self._mngr = relisted(
             lambda: ocp.CheckpointManager(
@@ -181,6 +208,9 @@ class Checkpointer(RetentionAndFallback):
         try:
             self._mngr.wait_until_finished()
         except Exception as e:  # noqa: BLE001 (the background writer's failure, re-raised by Orbax)
+            if self._refused:  # not a failed write: the save was not to be committed
+                self._in_flight = None
+                raise self._refused.pop() from None
             raise self._failed_write(self._in_flight, e) from e
         self._in_flight = None
         self._retain()
