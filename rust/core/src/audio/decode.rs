@@ -38,6 +38,10 @@
 //! 8 kbps at 24 kHz among them). Streams of unknown length are decoded whole once and the window copied
 //! out of it.
 //!
+//! Gapless too, a FLAC's tags after its last frame (ID3v1, APEv2, Lyrics3: taggers append them) are cut
+//! off before the demuxer reads it, which took them for part of that frame, failed its CRC and dropped
+//! it ([`flac_frames_end`]; an MP3's frame index ends at them, `mp3_frames`).
+//!
 //! Packets that fail to decode (`DecodeError`) are skipped, as players do; they are counted in
 //! [`AudioReader::packet_errors`]. A stream that yields no audio frame at all is an error.
 
@@ -45,19 +49,21 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use symphonia::core::audio::{AudioBuffer, AudioBufferRef, Signal};
+use symphonia::core::checksum::{Crc16Ansi, Crc8Ccitt};
 use symphonia::core::codecs::{
     Decoder, DecoderOptions, CODEC_TYPE_ADPCM_IMA_QT, CODEC_TYPE_ADPCM_IMA_WAV, CODEC_TYPE_ADPCM_MS, CODEC_TYPE_NULL, CODEC_TYPE_OPUS,
 };
 use symphonia::core::conv::IntoSample;
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::{FormatOptions, FormatReader, Packet, SeekMode, SeekTo};
-use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
+use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions, Monitor};
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 use symphonia::core::sample::Sample;
 
 use super::joined;
 use super::mp3_frames::{self, Mp3Frames};
+use super::tags;
 use super::AudioError;
 use crate::error::quietly;
 use crate::options::LoaderOptions;
@@ -83,6 +89,75 @@ struct Tail(SharedBytes, usize);
 impl AsRef<[u8]> for Tail {
     fn as_ref(&self) -> &[u8] {
         &self.0.as_ref()[self.1..]
+    }
+}
+
+/// The encoded bytes up to an offset (a FLAC without the tags after its last frame: [`flac_frames_end`]).
+struct Head(SharedBytes, usize);
+
+impl AsRef<[u8]> for Head {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.as_ref()[..self.1]
+    }
+}
+
+/// Where a FLAC's frames end: before the tags appended after its last frame (`tags::trailing`: ID3v1,
+/// APEv2, Lyrics3), which its demuxer reads as part of that frame, whose CRC then fails: the frame was
+/// dropped, and the crops in it were counted skips. Cut only where the bytes before the tags end a
+/// frame: a frame header (its CRC-8 checked) at most the largest frame back from them, from which the
+/// CRC-16 to them checks and to the file's end does not (a last frame whose own bytes happen to look
+/// like a tag keeps them, its CRC-16 being the one to the end). The file's end otherwise: not a FLAC, or
+/// no tag (a few bytes compared; a cut costs a CRC over a frame or two).
+fn flac_frames_end(data: &[u8]) -> usize {
+    let (whole, tag, at) = (data.len(), tags::trailing(data), mp3_frames::past_id3(data));
+    let Some(info) = data.get(at..at + 42).filter(|h| tag > 0 && h.starts_with(b"fLaC")) else {
+        return whole;
+    };
+    // STREAMINFO (the first metadata block): the largest frame's bytes, or where it says 0 (not known)
+    // the largest block's samples stored verbatim (a side channel one bit wider), plus headers.
+    let s = &info[8..];
+    let max_frame = (s[7] as usize) << 16 | (s[8] as usize) << 8 | s[9] as usize;
+    let (channels, bits) = (((s[12] >> 1) & 7) as usize + 1, ((s[12] & 1) << 4 | s[13] >> 4) as usize + 1);
+    let verbatim = u16::from_be_bytes([s[2], s[3]]) as usize * channels * (bits + 1) / 8 + 32;
+    let cut = whole - tag;
+    let reach = cut.saturating_sub(if max_frame > 0 { max_frame } else { verbatim }).max(at + 42);
+    let crc16 = |b: &[u8]| {
+        let mut crc = Crc16Ansi::new(0);
+        crc.process_buf_bytes(b);
+        crc.crc()
+    };
+    (reach..cut.saturating_sub(1))
+        .rev()
+        .filter(|&f| data[f] == 0xFF && data[f + 1] & 0xFE == 0xF8 && flac_header_checks(&data[f..cut]))
+        .find(|&f| crc16(&data[f..cut]) == 0)
+        .map_or(whole, |f| if crc16(&data[f..]) == 0 { whole } else { cut })
+}
+
+/// Whether `frame` starts with a FLAC frame header (its sync code already matched) whose CRC-8 checks.
+fn flac_header_checks(frame: &[u8]) -> bool {
+    let Some(&[_, _, sizes, _, first]) = frame.get(..5) else { return false };
+    let number = match first.leading_ones() {
+        0 => 1,
+        n @ 2..=7 => n as usize, // a UTF-8-coded frame or sample number
+        _ => return false,
+    };
+    let block = match sizes >> 4 {
+        0 => return false,
+        6 => 1,
+        7 => 2,
+        _ => 0,
+    };
+    let rate = match sizes & 15 {
+        12 => 1,
+        13 | 14 => 2,
+        15 => return false,
+        _ => 0,
+    };
+    let len = 4 + number + block + rate;
+    frame.len() > len && {
+        let mut crc = Crc8Ccitt::new(0);
+        crc.process_buf_bytes(&frame[..len]);
+        crc.crc() == frame[len]
     }
 }
 
@@ -410,7 +485,12 @@ impl AudioReader {
     /// stream's frames are the recording's (see [`trim`]); off, the decoder's whole output, as
     /// birdjepa read them before the option (what a run recorded then trained on).
     pub fn open_as(data: impl AsRef<[u8]> + Send + Sync + 'static, gapless: bool) -> Result<Self, AudioError> {
-        let bytes = SharedBytes(Arc::new(data));
+        let mut bytes = SharedBytes(Arc::new(data));
+        // A FLAC's tags after its frames: every open and seek reads the frames alone (off, as before).
+        let end = if gapless { flac_frames_end(bytes.as_ref()) } else { bytes.as_ref().len() };
+        if end < bytes.as_ref().len() {
+            bytes = SharedBytes(Arc::new(Head(bytes, end)));
+        }
         let mut o = open_stream(&bytes)?;
         let (mut mp3, mut from, mut tag_midway) = (None, 0, false);
         if o.codec_name == "mp3" {
@@ -1013,6 +1093,58 @@ pub(crate) mod tests {
             &[(0, 5000), (4095, 3), (4096, 10_000), (30_001, 20_000), (60_000, 10_000), (1, 66_149)],
         );
         check_windows_equal_full("birds_22k_mono_short.flac", &[(0, 33_075), (10_000, 50_000)]);
+    }
+
+    #[test]
+    fn a_flac_with_a_tag_after_its_frames_decodes_its_last_frame() {
+        // An ID3v1 tag, or an APEv2 tag then an ID3v1, after the last frame: the demuxer read the tags
+        // as part of that frame, whose CRC then failed, and dropped it (65_536 of 66_150 frames decoded,
+        // the crops there counted skips "cut short").
+        let mut id3v1 = b"TAG".to_vec();
+        id3v1.resize(128, b' ');
+        for name in ["birds_44k_stereo.flac", "birds_22k_mono_short.flac"] {
+            let bare = fixture(name);
+            let (want, _) = decode_mono(bare.clone()).unwrap();
+            let n = AudioReader::open(bare.clone()).unwrap().info().2.unwrap();
+            assert_eq!(want.len() as u64, n, "{name}: the untagged file decodes whole");
+            for tag in [id3v1.clone(), [crate::audio::tags::tests::ape_tag(true), id3v1.clone()].concat()] {
+                let tagged = [&bare[..], &tag].concat();
+                let mut r = AudioReader::open(tagged).unwrap();
+                let all = r.read_all_mono().unwrap();
+                assert_eq!(all.len(), want.len(), "{name} + {} tag bytes: the whole decode's frames", tag.len());
+                assert!(all == want, "{name} + {} tag bytes: the whole decode", tag.len());
+                assert_eq!((r.packet_errors(), r.length().unwrap()), (0, n), "{name} + {} tag bytes", tag.len());
+                // A window over the last frame's end and past it, sought: the whole decode's, then zeros.
+                let mut w = vec![1f32; 300];
+                r.read_window_mono(n - 200, &mut w).unwrap();
+                assert_eq!(w[..200], want[n as usize - 200..], "{name} + {} tag bytes: the window", tag.len());
+                assert!(w[200..].iter().all(|&x| x == 0.0));
+                assert_eq!(r.seek_stats(), (0, 0), "{name}: the window was sought");
+            }
+        }
+        // Without gapless it is read as before the option (what a run recorded then read): its last frame
+        // dropped.
+        let tagged = [fixture("birds_44k_stereo.flac"), id3v1].concat();
+        assert_eq!(decode_mono_as(tagged, false).unwrap().0.len(), 65_536);
+    }
+
+    #[test]
+    fn a_flac_whose_last_frame_ends_in_bytes_like_a_tag_keeps_them() {
+        // The last frame's own bytes 128 from its end read "TAG" (its CRC-16 set to match): no tag to cut.
+        let mut bytes = fixture("birds_44k_stereo.flac");
+        let k = bytes.len();
+        let header = |f: usize| bytes[f] == 0xFF && bytes[f + 1] & 0xFE == 0xF8 && flac_header_checks(&bytes[f..]);
+        let last = (0..k - 1).rev().find(|&f| header(f)).unwrap(); // the last frame's first byte
+        bytes[k - 128..k - 125].copy_from_slice(b"TAG");
+        let mut crc = Crc16Ansi::new(0);
+        crc.process_buf_bytes(&bytes[last..k - 2]);
+        bytes[k - 2..].copy_from_slice(&crc.crc().to_be_bytes());
+        assert_eq!(tags::trailing(&bytes), 128);
+        assert_eq!(flac_frames_end(&bytes), k);
+        let mut r = AudioReader::open(bytes).unwrap();
+        let n = r.info().2.unwrap();
+        assert_eq!(r.read_all_mono().unwrap().len() as u64, n);
+        assert_eq!(r.packet_errors(), 0);
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod fbank;
 pub mod joined;
 pub mod mp3_frames;
 pub mod resample;
+pub mod tags;
 
 pub use clip::{ClipConfig, ClipExtractor, CropMode, MaskConfig, SampleKey};
 pub use fbank::FbankConfig;

@@ -19,6 +19,8 @@
 //! a change of version or sample rate) gives None, and the caller falls back to the demuxer's own
 //! frame-by-frame counting and seeking.
 
+use super::tags;
+
 /// The frames of a stream: each audio frame's first byte, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mp3Frames {
@@ -156,7 +158,7 @@ fn info_tag(frame: &[u8], overhead: usize) -> Option<InfoTag> {
 }
 
 /// Where `data`'s first frame starts: past an ID3v2 tag, if it has one.
-fn past_id3(data: &[u8]) -> usize {
+pub fn past_id3(data: &[u8]) -> usize {
     if data.len() >= 10 && &data[..3] == b"ID3" {
         let size = data[6..10].iter().fold(0usize, |s, &b| (s << 7) | (b & 0x7F) as usize);
         return 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
@@ -207,23 +209,15 @@ pub fn tag_past_first_frame(data: &[u8]) -> bool {
     rest.windows(4).any(|w| w == b"Xing" || w == b"Info" || w == b"VBRI")
 }
 
-/// Whether `rest`, past the last frame, is the stream's end: nothing, or a trailing tag. `gapless`: a
-/// tag that runs to the end (an APEv2 or Lyrics3 tag, then at most an ID3v1): one between two files
-/// joined ended the index there, and the second file was lost to the whole decode and the windows.
+/// Whether `rest`, past the last frame, is the stream's end: nothing, or a trailing tag. `gapless`: tags
+/// that run to the end (`tags::trailing`: an APEv2 or Lyrics3 tag, then at most an ID3v1): one between
+/// two files joined ended the index there, and the second file was lost to the whole decode and the
+/// windows. Off, a tag's first bytes, as birdjepa read them before the option.
 fn trailer(rest: &[u8], gapless: bool) -> bool {
-    let id3v1 = |t: &[u8]| t.starts_with(b"TAG") && t.len() == 128;
     if !gapless {
-        return id3v1(rest) || rest.starts_with(b"APETAGEX") || rest.starts_with(b"LYRICS");
+        return rest.starts_with(b"TAG") && rest.len() == 128 || rest.starts_with(b"APETAGEX") || rest.starts_with(b"LYRICS");
     }
-    let body = match rest.len().checked_sub(128) {
-        Some(n) if id3v1(&rest[n..]) => &rest[..n],
-        _ => rest,
-    };
-    // APEv2's header: its size (the items and footer) at bytes 12-15, little-endian.
-    let ape = rest.get(12..16).map(|b| 32 + u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-    id3v1(rest)
-        || rest.starts_with(b"APETAGEX") && ape == Some(body.len())
-        || rest.starts_with(b"LYRICSBEGIN") && (body.ends_with(b"LYRICS200") || body.ends_with(b"LYRICSEND"))
+    !rest.is_empty() && tags::trailing(rest) == rest.len()
 }
 
 /// A frame's `(sample rate, channels)`, where `frame` starts with a layer III header.
