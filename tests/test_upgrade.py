@@ -22,6 +22,7 @@ import pytest
 from conftest import TEST_XLA_FLAG, rewrite_meta
 
 from birdjepa import exit_codes
+from birdjepa._rs import DECODE_REVISIONS
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
 from birdjepa.resume.options import SEGMENT_ONLY, resume_defaults
@@ -102,12 +103,12 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     assert here["cpu_threads"] == os.environ["PJRT_NPROC"]  # the pool deterministic_xla fixed
     lock = hashlib.sha256((Path(__file__).parents[1] / "uv.lock").read_bytes()).hexdigest()[:12]
     assert here["lock"] == lock  # the dependency lock this checkout installs from
-    assert meta["step_revision"] == revisions.REVISION
+    assert meta["step_revision"] == revisions.REVISION and meta["decode_revision"] == len(DECODE_REVISIONS)
     # As if checkpoint 1 had been written by a job on another partition, under an older jaxlib and lock,
-    # by a birdjepa that did not record the CPU thread pool or the step's revision yet.
+    # by a birdjepa that did not record the CPU thread pool, the step's revision or the decoder's yet.
     # (And another optimisation level: it moved every later step's last bits, every check passing.)
     other = {**here, "device": "Other CPU (avx2)", "jaxlib": "0.1", "lock": "0123456789ab", "xla_flags": "-O"}
-    del other["cpu_threads"], meta["step_revision"]
+    del other["cpu_threads"], meta["step_revision"], meta["decode_revision"]
     rewrite_meta(meta_file, {**meta, "machine": other})
 
     code, out = command(capsys, "pretrain", "--run", "m", "--log.runs-dir", tmp_path)
@@ -136,6 +137,17 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     assert event["step"] == 2 and event["revision"] == [1, revisions.REVISION]
     # What `compare` leaves out of the run: revision 4's, not MAE's monitor summaries (revision 6).
     assert event["redefined"] == ["train/grad_norm"]
+    # The decoder's revisions crossed, each said: a file of a changed kind may come at any later step, and
+    # the resume checks see the next batch's alone.
+    (decoded,) = [line for line in out.splitlines() if line.startswith("WARNING resumed by a decoder")]
+    assert decoded == (
+        f"WARNING resumed by a decoder of another revision than checkpoint 1 was written by (1 -> "
+        f"{len(DECODE_REVISIONS)}: {'; '.join(DECODE_REVISIONS[1:])}): where the run's data holds such "
+        "recordings, they decode to other samples from here, and the run can differ from an uninterrupted one"
+    ), decoded
+    assert "MP3s joined end to end" in decoded and "a FLAC with a tag after its last frame" in decoded
+    (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "decode_revised"]
+    assert event["step"] == 2 and event["revision"] == [1, len(DECODE_REVISIONS)]
 
 
 def test_a_run_a_revision_does_not_apply_to_resumes_across_it_exactly(

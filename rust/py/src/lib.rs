@@ -238,6 +238,7 @@ fn _rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vocab_names, m)?)?;
     m.add_function(wrap_pyfunction!(open_shards, m)?)?;
     m.add("VOCAB_FILE", birdjepa_core::dataset::VOCAB_FILE)?;
+    m.add("DECODE_REVISIONS", birdjepa_core::audio::DECODE_REVISIONS.to_vec())?;
     m.add("DataError", m.py().get_type::<DataError>())?;
     m.add("StateError", m.py().get_type::<StateError>())?;
     m.add("WorkerError", m.py().get_type::<WorkerError>())?;

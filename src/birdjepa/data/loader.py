@@ -32,6 +32,18 @@ Batch = dict[str, np.ndarray]
 #: Every loader option and its default, from the Rust core, where the defaults are written (once).
 DEFAULTS: dict[str, Any] = json.loads(_rs.loader_defaults())
 
+DECODE_REVISION = len(_rs.DECODE_REVISIONS)
+"""The revision of this birdjepa's decoder (the Rust core's declared changes); a checkpoint without the
+record was written at 1."""
+
+
+def decode_changes(saved: int) -> list[str]:
+    """The decoder's declared changes between revision ``saved`` (a checkpoint's) and this one's, in either
+    direction (empty when they are the same). One newer than this decoder is unknown to it."""
+    lo, hi = sorted((saved, DECODE_REVISION))
+    return [_rs.DECODE_REVISIONS[i] if i < DECODE_REVISION else "a revision newer than this decoder"
+            for i in range(lo, hi)]  # fmt: skip
+
 
 @dataclasses.dataclass(frozen=True)
 class Features:
