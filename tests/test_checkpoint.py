@@ -642,3 +642,36 @@ def test_retention_keeps_the_newest_checkpoint_that_verifies_and_refuses_a_non_f
         c.save(4, bad, {})
     c.close()
     assert c.all_steps() == [3]
+
+
+def test_a_refused_commit_leaves_the_taker_s_save_of_the_same_step_whole(tmp_path: Path) -> None:
+    """A trainer woken after another took its run over: its save of step 2, written before it stopped,
+    asks to be committed while the taker's save of step 2 is being written (Orbax names both folders by
+    the step). The refusal removed that folder, the taker's by then: its save failed, "No such file"."""
+    import threading
+
+    from birdjepa.rundir.lease import LeaseLost
+
+    entered, go, refused = threading.Event(), threading.Event(), threading.Event()
+
+    def old_holder() -> None:
+        entered.set()
+        go.wait(60)
+        raise LeaseLost(tmp_path, {"pid": 4242, "host": "node17", "token": "f", "heartbeat": 0.0}, 99.0)
+
+    def taker() -> None:  # its first item's rename comes once the old holder's commit was refused
+        if not go.is_set():
+            go.set()
+            refused.wait(60)
+
+    old = ck.Checkpointer(tmp_path, before_commit=old_holder)
+    old.save(2, {"w": np.arange(4.0)}, {"who": "old"})
+    entered.wait(60)
+    new = ck.Checkpointer(tmp_path, before_commit=taker)
+    new.save(2, {"w": np.arange(4.0) * 10}, {"who": "taker"})
+    with pytest.raises(LeaseLost, match="went 99 s without renewing its lease"):
+        old.wait()
+    refused.set()
+    new.wait()
+    state, meta = ck.Checkpointer(tmp_path, async_save=False).restore(2, {"w": np.zeros(4)})
+    assert np.array_equal(state["w"], np.arange(4.0) * 10) and meta["who"] == "taker"

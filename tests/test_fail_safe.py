@@ -350,6 +350,7 @@ def test_an_error_that_stops_the_run_leaves_the_checkpoint_being_written_and_the
         ("callbacks", [0], []),
         ("save", [0, 1, 2, 3], [1]),
         ("last save", [0, 1, 2, 3, 4, 5], [1, 3]),
+        ("sync save", [0, 1, 2, 3], [1]),
     ],
 )
 def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_its_next_write(
@@ -358,7 +359,8 @@ def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_it
 ) -> None:  # fmt: skip
     """Stopped (a suspended job, a paused node) for longer than a taker waits, as it started (restoring
     and compiling), during step 2, during step 1's callbacks, before its save, or with step 3's save
-    written but not yet renamed into place, and taken over meanwhile. Woken, it trained on into the
+    written but not yet renamed into place (in the background, or in a synchronous save), and taken over
+    meanwhile. Woken, it trained on into the
     taker's run: its rows logged beside the taker's, its rotation deleting the taker's checkpoints, then
     a traceback; its save in flight was committed into the taker's run by Orbax's thread after the loop
     stopped. Now it writes nothing more: one line, exit 2, and the taker's lease stays."""
@@ -379,7 +381,7 @@ def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_it
 
     def save(trainer: Trainer, state: Any, *args: Any, **kwargs: Any) -> Any:
         commits.append(trainer.ckpt)
-        if int(state.step) != {"save": 4, "last save": 6}.get(during):
+        if int(state.step) != {"save": 4, "last save": 6, "sync save": 4}.get(during):
             return real_save(trainer, state, *args, **kwargs)
         in_flight.set()
         out = real_save(trainer, state, *args, **kwargs)
@@ -446,6 +448,9 @@ def test_a_trainer_whose_run_was_taken_over_while_it_was_stopped_stops_before_it
     monkeypatch.setattr(lease_lib.Lease, "still_held", still_held)
     monkeypatch.setattr(Trainer, "save", save)
     cfg = config(demo_dir, tmp_path, "taken")  # saves after steps 1, 3 and 5
+    # A synchronous save commits in the loop's thread: its refusal was said as a failed write, exit 74,
+    # and that report removed the run's temporary folders (a taker's save among them).
+    cfg = dataclasses.replace(cfg, ckpt_async=during != "sync save")
     capsys.readouterr()
     assert pretrain(cfg) == exit_codes.USAGE
     for ckpt in commits[-1:]:  # the background write of the last save, ended (the process goes on)

@@ -289,6 +289,27 @@ class Lease:
         heartbeats come on time it reads a clock: renewed less than half `STALE_AFTER_S` ago, no taker
         can have found the lease stale. After a longer silence (the process was stopped: a suspended
         job, a paused machine) it renews the lease now, under the marker, or finds it taken."""
+        self._in_place()
+        silent = time.time() - self.renewed
+        if not self.lost and silent < STALE_AFTER_S / 2:
+            return
+        while not self.lost:
+            if self._renew():
+                return
+            time.sleep(0.05)  # a taker holds the marker: its outcome decides
+        raise self._lost(_read(self.path), silent)
+
+    def still_held(self) -> None:
+        """Raises as `check` does unless the lease still names this process, by reads alone (safe from
+        any thread): what a save's commit asks before it renames its folder into the run (`Checkpointer`'s
+        ``before_commit``). A stopped process woken before any taker came still holds it."""
+        self._in_place()
+        current = _read(self.path)
+        if current is None or current.get("token") != self.holder["token"]:
+            raise self._lost(current, time.time() - self.renewed)
+
+    def _in_place(self) -> None:
+        """Raises `RunDirGone` where the run's folder was moved or removed, or another put at its name."""
         # A stat a step (the save after a move wrote into a new folder at the old name), of the inode: an
         # NFS remount gives the same folder another device.
         try:
@@ -301,24 +322,13 @@ class Lease:
             moved = False  # looked at again after the next step
         if moved:
             raise RunDirGone(self.path.parent, "was moved or removed, and another folder put at its name")
-        silent = time.time() - self.renewed
-        if not self.lost and silent < STALE_AFTER_S / 2:
-            return
-        while not self.lost:
-            if self._renew():
-                return
-            time.sleep(0.05)  # a taker holds the marker: its outcome decides
-        if (taker := _read(self.path)) is None and silent < STALE_AFTER_S / 2:  # no taker removes it
-            raise RunDirGone(self.path.parent, "lost its lease (the folder replaced, or the file removed)")
-        raise LeaseLost(self.path.parent, taker, silent)
 
-    def still_held(self) -> None:
-        """Raises `LeaseLost` unless the lease still names this process; a read only, safe from any
-        thread: what a save's background commit asks before it renames its folder into the run
-        (`Checkpointer`'s ``before_commit``). A stopped process woken before any taker came still holds it."""
-        current = _read(self.path)
-        if current is None or current.get("token") != self.holder["token"]:
-            raise LeaseLost(self.path.parent, current, time.time() - self.renewed)
+    def _lost(self, taker: dict[str, Any] | None, silent: float) -> LeaseLost:
+        """What a lease no longer this process's says: removed with no taker (none removes it) while its
+        heartbeats came on time, or taken over (or removed after a silence a taker may have ended)."""
+        if taker is None and silent < STALE_AFTER_S / 2:
+            return RunDirGone(self.path.parent, "lost its lease (the folder replaced, or the file removed)")
+        return LeaseLost(self.path.parent, taker, silent)
 
     def release(self) -> None:
         self._stop.set()

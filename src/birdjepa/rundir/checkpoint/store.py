@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -61,18 +60,19 @@ PRUNE_WAIT_S = 2.0
 
 def guarded_commits(before_commit: Callable[[], None], refused: list[BaseException]) -> type:
     """Orbax's temporary folder of a save, renamed into place only where ``before_commit()`` raises
-    nothing (the run's lease is still this process's); what it raised goes into ``refused``, and the
-    folder is removed. A process stopped with a save in flight (a suspended job) and taken over meanwhile
-    committed that save into the taker's run once it woke, in the background, after its own loop had
-    stopped writing. Orbax 0.12.8's ``temporary_path_class`` (deprecated for atomicity modes, which take
-    no check) is the one hook between a save's writes and its rename."""
+    nothing (the run's lease is still this process's); what it raised goes into ``refused``. A process
+    stopped with a save in flight (a suspended job) and taken over meanwhile committed that save into the
+    taker's run once it woke, in the background, after its own loop had stopped writing. The refused
+    folder is left where it is: Orbax names it by the step, so it may be the taker's own save of that
+    step by then; the taker's next save of the step or start removes it (`remove_temporaries`). Orbax
+    0.12.8's ``temporary_path_class`` (deprecated for atomicity modes, which take no check) is the one
+    hook between a save's writes and its rename; it is called for each item, then the step."""
 
     class GuardedRename(ocp.path.atomicity.AtomicRenameTemporaryPath):
         async def finalize(self) -> None:
             try:
                 before_commit()
             except BaseException as e:
-                shutil.rmtree(self.get(), ignore_errors=True)
                 refused.append(e)
                 raise
             await super().finalize()
@@ -189,6 +189,7 @@ class Checkpointer(RetentionAndFallback):
                 force=True,
             )
         except Exception as e:  # noqa: BLE001 (everything it checks was checked above: what fails is the write)
+            self._raise_refused()  # a synchronous save commits here, in this thread
             raise self._failed_write(step, e) from e
         if not saved:
             raise CheckpointError(f"orbax declined to save step {step} in {self.directory}")
@@ -208,12 +209,17 @@ class Checkpointer(RetentionAndFallback):
         try:
             self._mngr.wait_until_finished()
         except Exception as e:  # noqa: BLE001 (the background writer's failure, re-raised by Orbax)
-            if self._refused:  # not a failed write: the save was not to be committed
-                self._in_flight = None
-                raise self._refused.pop() from None
+            self._raise_refused()
             raise self._failed_write(self._in_flight, e) from e
         self._in_flight = None
         self._retain()
+
+    def _raise_refused(self) -> None:
+        """What ``before_commit`` raised, where it refused the save that failed: no failed write (its
+        report would remove the run's temporary folders, the taker's among them)."""
+        if self._refused:
+            self._in_flight = None
+            raise self._refused.pop() from None
 
     def _failed_write(self, step: int | None, e: BaseException) -> CheckpointWriteError:
         """After a save of ``step`` failed: its temporary folders removed, the retention stopped, and the
