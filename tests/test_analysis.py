@@ -81,10 +81,12 @@ def test_a_resume_by_another_revision_of_the_step_or_on_another_machine_says_so(
     log = MetricsLog(tmp_path / "j", restart=1)
     log.event("resume", 3, checkpoint=2)
     log.event("step_revised", 3, revision=[5, 6], redefined=[])
+    log.event("decode_revised", 3, revision=[None, 3])  # a checkpoint from before the decoder's record
     log.log(3, {"train/loss": 3.0})
     log.close()
     (r,) = analysis.load_run(tmp_path / "j").resumes
-    assert r.reason.endswith("by another revision of the step (5 -> 6)"), r.reason
+    assert r.reason.endswith("by another revision of the step (5 -> 6); by a decoder of another revision "
+                             "(unrecorded -> 3)"), r.reason  # fmt: skip
 
 
 def test_a_log_cut_mid_line_by_a_kill_loads_and_damage_elsewhere_names_the_line(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from birdjepa import exit_codes
 from birdjepa._rs import DECODE_REVISIONS
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
+from birdjepa.data.loader import decode_changes
 from birdjepa.resume.options import SEGMENT_ONLY, resume_defaults
 from birdjepa.rundir.checkpoint import FORMAT_VERSION
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
@@ -141,13 +142,28 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
     # the resume checks see the next batch's alone.
     (decoded,) = [line for line in out.splitlines() if line.startswith("WARNING resumed by a decoder")]
     assert decoded == (
-        f"WARNING resumed by a decoder of another revision than checkpoint 1 was written by (1 -> "
-        f"{len(DECODE_REVISIONS)}: {'; '.join(DECODE_REVISIONS[1:])}): where the run's data holds such "
-        "recordings, they decode to other samples from here, and the run can differ from an uninterrupted one"
+        f"WARNING resumed by a decoder of another revision than checkpoint 1 was written by (unrecorded -> "
+        f"{len(DECODE_REVISIONS)}: {'; '.join(what for what, _ in DECODE_REVISIONS[1:])}): where the run's "
+        "data holds such recordings, they decode to other samples from here, and the run can differ from an "
+        "uninterrupted one"
     ), decoded
     assert "MP3s joined end to end" in decoded and "a FLAC with a tag after its last frame" in decoded
     (event,) = [r for r in read_metrics(tmp_path / "m") if r.get("event") == "decode_revised"]
-    assert event["step"] == 2 and event["revision"] == [1, len(DECODE_REVISIONS)]
+    assert event["step"] == 2 and event["revision"] == [None, len(DECODE_REVISIONS)]
+
+
+def test_the_decoder_s_revisions_crossed_are_those_of_the_run_s_decoding() -> None:
+    # Both changes so far are of gapless decodes: a run recorded without the option reads as it did.
+    now = len(DECODE_REVISIONS)
+    assert decode_changes(None, gapless=False) == [] and decode_changes(now, gapless=True) == []
+    assert (
+        decode_changes(None, gapless=True)
+        == decode_changes(1, gapless=True)
+        == [what for what, _ in DECODE_REVISIONS[1:]]
+    )
+    assert decode_changes(now - 1, gapless=True) == [DECODE_REVISIONS[-1][0]]
+    # A checkpoint of a newer decoder: unknown here, it may move any run.
+    assert decode_changes(now + 1, gapless=False) == ["a revision newer than this decoder"]
 
 
 def test_a_run_a_revision_does_not_apply_to_resumes_across_it_exactly(

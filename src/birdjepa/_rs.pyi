@@ -36,9 +36,9 @@ def plan_indices(
 VOCAB_FILE: str
 """The vocabulary's file name, beside the shards whose labels it names."""
 
-DECODE_REVISIONS: list[str]
-"""The decoder's declared changes of the samples it gives some files (revision ``i + 1`` is entry ``i``;
-the first is the decoder before revisions were recorded)."""
+DECODE_REVISIONS: list[tuple[str, bool]]
+"""The decoder's declared changes of the samples it gives some files, as ``(what, gapless_only)``
+(revision ``i + 1`` is entry ``i``; the first is the decoder before revisions were recorded)."""
 
 def vocab_names(shard: str | os.PathLike[str]) -> list[str] | None:
     """The label names of the ``vocab.json`` beside ``shard`` (``{"names": [...]}`` or a plain list), or

@@ -169,6 +169,9 @@ AT_A_RESUME: dict[str, Callable[[dict[str, Any]], str]] = {
     "step_revised": _revised,
     "machine_changed": _moved,
     "eval_data_changed": lambda event: "on another eval split (its eval metrics move)",
+    "decode_revised": lambda event: "by a decoder of another revision ({} -> {})".format(
+        *(r or "unrecorded" for r in event["revision"])
+    ),
 }
 
 

@@ -283,12 +283,14 @@ class Trainer:
                            redefined=revisions.redefined(crossed, cfg))  # fmt: skip
             if revisions.moves_training(crossed, cfg):
                 moved = {**moved, "step_revision": (str(saved_revision), str(revisions.REVISION))}
-        saved_decoder = meta.get("decode_revision", 1)
-        if changes := decode_changes(saved_decoder):  # the checks below see the next batch's files alone
+        # A decoder's change: the checks below see the next batch's files alone. None: written before the
+        # record (revision 1 or 2).
+        saved_decoder = meta.get("decode_revision")
+        if changes := decode_changes(saved_decoder, cfg.data.features.gapless):
             print(f"WARNING resumed by a decoder of another revision than checkpoint {step - 1} was written "
-                  f"by ({saved_decoder} -> {DECODE_REVISION}: {'; '.join(changes)}): where the run's data "
-                  "holds such recordings, they decode to other samples from here, and the run can differ "
-                  "from an uninterrupted one", flush=True)  # fmt: skip
+                  f"by ({saved_decoder or 'unrecorded'} -> {DECODE_REVISION}: {'; '.join(changes)}): where "
+                  "the run's data holds such recordings, they decode to other samples from here, and the "
+                  "run can differ from an uninterrupted one", flush=True)  # fmt: skip
             self.log.event("decode_revised", step, revision=[saved_decoder, DECODE_REVISION])
         results = resume_check.check_resume(
             meta,

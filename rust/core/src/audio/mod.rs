@@ -43,15 +43,23 @@ pub use clip::{ClipConfig, ClipExtractor, CropMode, MaskConfig, SampleKey};
 pub use fbank::FbankConfig;
 
 /// The decoder's revisions: each a declared change of the samples it gives some files, with the same
-/// options (revision `i + 1` is entry `i`; the first is the decoder before they were recorded). Every
-/// checkpoint records the revision that wrote it, and a resume by another names those between: the
-/// loader's checks see the next batch only, and a file of a changed kind may come at any later step.
-pub const DECODE_REVISIONS: &[&str] = &[
-    "the decoder as it was before revisions were recorded",
-    "gapless runs (2026-12-07): MP3s joined end to end are read past the join at the whole decode's \
-     positions (their windows were a frame off, or the second file lost), and a chained Ogg is refused",
-    "gapless runs (2026-12-07): a FLAC with a tag after its last frame (ID3v1, APEv2, Lyrics3) decodes \
-     that frame (dropped: its crops were skips), and an MP3's tags after its frames are sized by FLAC's rule",
+/// options, as `(what, gapless_only)` (the change is of gapless decodes alone: a run recorded without
+/// the option reads as it did). Revision `i + 1` is entry `i`; the first is the decoder before they were
+/// recorded. Every checkpoint records the revision that wrote it, and a resume by another names those
+/// between: the loader's checks see the next batch only, and a file of a changed kind may come at any
+/// later step.
+pub const DECODE_REVISIONS: &[(&str, bool)] = &[
+    ("the decoder as it was before revisions were recorded", false),
+    (
+        "MP3s joined end to end are read past the join at the whole decode's positions (2026-12-07: their \
+         windows were a frame off, or the second file lost), and a chained Ogg is refused",
+        true,
+    ),
+    (
+        "a FLAC with a tag after its last frame (ID3v1, APEv2, Lyrics3) decodes that frame (2026-12-07: \
+         dropped, its crops were skips), and an MP3's tags after its frames are sized by FLAC's rule",
+        true,
+    ),
 ];
 
 /// A record could not be turned into features; the message says which step failed and why.
