@@ -217,9 +217,10 @@ class Checkpointer(RetentionAndFallback):
     def _raise_refused(self) -> None:
         """What ``before_commit`` raised, where it refused the save that failed: no failed write (its
         report would remove the run's temporary folders, the taker's among them)."""
-        if self._refused:
-            self._in_flight = None
-            raise self._refused.pop() from None
+        if self._refused:  # one a save: Orbax stops at the first item refused
+            self._in_flight, refused = None, self._refused[0]
+            self._refused.clear()
+            raise refused from None
 
     def _failed_write(self, step: int | None, e: BaseException) -> CheckpointWriteError:
         """After a save of ``step`` failed: its temporary folders removed, the retention stopped, and the
