@@ -25,7 +25,6 @@ from birdjepa import exit_codes
 from birdjepa._rs import DECODE_REVISIONS
 from birdjepa.cli import main
 from birdjepa.config import PretrainConfig
-from birdjepa.data.loader import decode_changes
 from birdjepa.resume.options import SEGMENT_ONLY, resume_defaults
 from birdjepa.rundir.checkpoint import FORMAT_VERSION
 from birdjepa.rundir.metrics_log import metrics_by_step, read_metrics
@@ -155,15 +154,18 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
 def test_the_decoder_s_revisions_crossed_are_those_of_the_run_s_decoding() -> None:
     # Both changes so far are of gapless decodes: a run recorded without the option reads as it did.
     now = len(DECODE_REVISIONS)
-    assert decode_changes(None, gapless=False) == [] and decode_changes(now, gapless=True) == []
     assert (
-        decode_changes(None, gapless=True)
-        == decode_changes(1, gapless=True)
+        revisions.decode_changes(None, gapless=False) == []
+        and revisions.decode_changes(now, gapless=True) == []
+    )
+    assert (
+        revisions.decode_changes(None, gapless=True)
+        == revisions.decode_changes(1, gapless=True)
         == [what for what, _ in DECODE_REVISIONS[1:]]
     )
-    assert decode_changes(now - 1, gapless=True) == [DECODE_REVISIONS[-1][0]]
+    assert revisions.decode_changes(now - 1, gapless=True) == [DECODE_REVISIONS[-1][0]]
     # A checkpoint of a newer decoder: unknown here, it may move any run.
-    assert decode_changes(now + 1, gapless=False) == ["a revision newer than this decoder"]
+    assert revisions.decode_changes(now + 1, gapless=False) == ["a revision newer than this decoder"]
 
 
 def test_a_run_a_revision_does_not_apply_to_resumes_across_it_exactly(

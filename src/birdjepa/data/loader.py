@@ -32,19 +32,6 @@ Batch = dict[str, np.ndarray]
 #: Every loader option and its default, from the Rust core, where the defaults are written (once).
 DEFAULTS: dict[str, Any] = json.loads(_rs.loader_defaults())
 
-DECODE_REVISION = len(_rs.DECODE_REVISIONS)
-"""The revision of this birdjepa's decoder (the Rust core's declared changes)."""
-
-
-def decode_changes(saved: int | None, gapless: bool) -> list[str]:
-    """The decoder's declared changes between revision ``saved`` (a checkpoint's; None: written before the
-    record, revision 1 or 2, read as 1) and this one's, in either direction, that move a run decoding
-    ``gapless`` or not (empty: none). One newer than this decoder is unknown to it: it may move any."""
-    lo, hi = sorted((saved or 1, DECODE_REVISION))
-    unknown = ("a revision newer than this decoder", False)
-    crossed = [_rs.DECODE_REVISIONS[i] if i < DECODE_REVISION else unknown for i in range(lo, hi)]
-    return [what for what, gapless_only in crossed if gapless or not gapless_only]
-
 
 @dataclasses.dataclass(frozen=True)
 class Features:

@@ -19,7 +19,6 @@ import numpy as np
 from birdjepa import exit_codes, multihost
 from birdjepa.config import PretrainConfig, to_dict
 from birdjepa.data import Batch, DataError, Loader
-from birdjepa.data.loader import DECODE_REVISION, decode_changes
 from birdjepa.data.shards import split_labels
 from birdjepa.diagnostics.callbacks import (
     Callback,
@@ -286,12 +285,13 @@ class Trainer:
         # A decoder's change: the checks below see the next batch's files alone. None: written before the
         # record (revision 1 or 2).
         saved_decoder = meta.get("decode_revision")
-        if changes := decode_changes(saved_decoder, cfg.data.features.gapless):
+        if changes := revisions.decode_changes(saved_decoder, cfg.data.features.gapless):
+            now = revisions.DECODE_REVISION
             print(f"WARNING resumed by a decoder of another revision than checkpoint {step - 1} was written "
-                  f"by ({saved_decoder or 'unrecorded'} -> {DECODE_REVISION}: {'; '.join(changes)}): where "
-                  "the run's data holds such recordings, they decode to other samples from here, and the "
-                  "run can differ from an uninterrupted one", flush=True)  # fmt: skip
-            self.log.event("decode_revised", step, revision=[saved_decoder, DECODE_REVISION])
+                  f"by ({saved_decoder or 'unrecorded'} -> {now}: {'; '.join(changes)}): where the run's "
+                  "data holds such recordings, they decode to other samples from here, and the run can "
+                  "differ from an uninterrupted one", flush=True)  # fmt: skip
+            self.log.event("decode_revised", step, revision=[saved_decoder, now])
         results = resume_check.check_resume(
             meta,
             self.next_step(state, batch, legacy=meta["next_step"].get("gradients") is None),
@@ -483,7 +483,7 @@ class Trainer:
             "git": self.git,
             "machine": self.machine,
             "step_revision": revisions.REVISION,
-            "decode_revision": DECODE_REVISION,
+            "decode_revision": revisions.DECODE_REVISION,
             "dataset_fingerprint": loader.fingerprint,
             "dataset_shards": self.shard_digests(loader),
             "eval_fingerprint": self.evaluator.eval_loader.fingerprint if self.evaluator else None,

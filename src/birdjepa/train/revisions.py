@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from birdjepa import _rs
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +99,27 @@ def between(saved: int, now: int = REVISION) -> list[Revision]:
     """The revisions a resume from a checkpoint of revision ``saved`` by code of revision ``now`` crosses,
     in either direction (empty when they are the same). One newer than this code is unknown to it: it
     may have moved anything."""
+    return _crossed(REVISIONS, saved, now, Revision("a revision newer than this code", training=True))
+
+
+DECODE_REVISION = len(_rs.DECODE_REVISIONS)
+"""The revision of this birdjepa's decoder (the Rust core's declared changes of the samples it gives)."""
+
+
+def decode_changes(saved: int | None, gapless: bool) -> list[str]:
+    """The decoder's declared changes between revision ``saved`` (a checkpoint's; None: written before the
+    record, revision 1 or 2, read as 1) and this one's, in either direction, that move a run decoding
+    ``gapless`` or not (empty: none). One newer than this decoder is unknown to it: it may move any."""
+    unknown = ("a revision newer than this decoder", False)
+    crossed = _crossed(_rs.DECODE_REVISIONS, saved or 1, DECODE_REVISION, unknown)
+    return [what for what, gapless_only in crossed if gapless or not gapless_only]
+
+
+def _crossed(table: Sequence[T], saved: int, now: int, unknown: T) -> list[T]:
+    """The entries of ``table`` (revision ``i + 1`` is entry ``i``) between revisions ``saved`` and ``now``,
+    in either direction; one past the table is ``unknown``."""
     lo, hi = sorted((saved, now))
-    unknown = Revision("a revision newer than this code", training=True)
-    return [REVISIONS[i] if i < len(REVISIONS) else unknown for i in range(lo, hi)]
+    return [table[i] if i < len(table) else unknown for i in range(lo, hi)]
 
 
 def _applies(r: Revision, cfg: Any) -> bool:
