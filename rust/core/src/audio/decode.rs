@@ -109,10 +109,14 @@ impl AsRef<[u8]> for Head {
 /// like a tag keeps them, its CRC-16 being the one to the end). The file's end otherwise: not a FLAC, or
 /// no tag (a few bytes compared; a cut costs a CRC over a frame or two).
 fn flac_frames_end(data: &[u8]) -> usize {
-    let (whole, tag, at) = (data.len(), tags::trailing(data), mp3_frames::past_id3(data));
-    let Some(info) = data.get(at..at + 42).filter(|h| tag > 0 && h.starts_with(b"fLaC")) else {
+    let (whole, at) = (data.len(), tags::past_id3(data));
+    let Some(info) = data.get(at..at + 42).filter(|h| h.starts_with(b"fLaC")) else {
         return whole;
     };
+    let tag = tags::trailing(data);
+    if tag == 0 {
+        return whole;
+    }
     // STREAMINFO (the first metadata block): the largest frame's bytes, or where it says 0 (not known)
     // the largest block's samples stored verbatim (a side channel one bit wider), plus headers.
     let s = &info[8..];

@@ -157,19 +157,10 @@ fn info_tag(frame: &[u8], overhead: usize) -> Option<InfoTag> {
     Some(InfoTag { frames, delay_padding })
 }
 
-/// Where `data`'s first frame starts: past an ID3v2 tag, if it has one.
-pub fn past_id3(data: &[u8]) -> usize {
-    if data.len() >= 10 && &data[..3] == b"ID3" {
-        let size = data[6..10].iter().fold(0usize, |s, &b| (s << 7) | (b & 0x7F) as usize);
-        return 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
-    }
-    0
-}
-
 /// Whether `data` starts (past an ID3v2 tag) with a free-format layer III frame: bit-rate index 0,
 /// which the demuxer does not read.
 pub fn is_free_format(data: &[u8]) -> bool {
-    let h = data.get(past_id3(data)..).unwrap_or_default();
+    let h = data.get(tags::past_id3(data)..).unwrap_or_default();
     h.len() >= 4 && h[0] == 0xFF && h[1] & 0xE0 == 0xE0 && (h[1] >> 1) & 3 == 1 && h[2] >> 4 == 0
 }
 
@@ -177,7 +168,7 @@ pub fn is_free_format(data: &[u8]) -> bool {
 /// starts, the samples a frame renders)`, read alone: for a stream [`scan`] does not index (cut
 /// mid-frame, or bytes after its frames), whose tag the demuxer may not see (behind a CRC).
 pub fn leading_tag(data: &[u8]) -> Option<(InfoTag, usize, u64)> {
-    let at = past_id3(data);
+    let at = tags::past_id3(data);
     let frame = data.get(at..)?;
     let h = header(frame)?;
     let frame = frame.get(..h.bytes)?;
@@ -205,7 +196,7 @@ fn dropped_midway(frame: &[u8], h: &Header) -> bool {
 /// frame's is): a stream the index does not take whose demuxer may drop a header frame midway, which
 /// its seeks count (two files joined, the second behind an ID3v2 tag the index cannot pass).
 pub fn tag_past_first_frame(data: &[u8]) -> bool {
-    let rest = data.get(past_id3(data) + 48..).unwrap_or_default();
+    let rest = data.get(tags::past_id3(data) + 48..).unwrap_or_default();
     rest.windows(4).any(|w| w == b"Xing" || w == b"Info" || w == b"VBRI")
 }
 
@@ -238,7 +229,7 @@ pub fn changes(was: (u32, u8), now: (u32, u8), at: usize) -> String {
 /// tag is a trailer only where it runs to the end ([`trailer`]), and a change of channel count midway
 /// is not indexed. Off, as birdjepa read them before the option (what a run recorded then read).
 pub fn scan(data: &[u8], gapless: bool) -> Option<Mp3Frames> {
-    let mut at = past_id3(data);
+    let mut at = tags::past_id3(data);
     let (mut offsets, mut main_bytes, mut spf, mut key, mut tag) = (Vec::new(), Vec::new(), 0, None, None);
     let mut format = None;
     let done = |offsets: Vec<usize>, main_bytes, spf, tag| {

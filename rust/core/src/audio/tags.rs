@@ -1,9 +1,19 @@
-//! Tags appended after a stream's last frame, which its demuxer does not read as tags: an ID3v1 tag (the
-//! last 128 bytes, from "TAG"), and before it at most one APEv2 tag (a 32-byte footer from "APETAGEX"
-//! that gives its size, and its 32-byte header in front where it has one) or Lyrics3 tag (from
-//! "LYRICSBEGIN" to a 6-digit size and "LYRICS200", or to "LYRICSEND"). An MP3's frame index ends there
-//! (`mp3_frames`); a FLAC's last frame was read to the file's end, failed its CRC and was dropped
-//! (`decode`).
+//! Tags around a stream: an ID3v2 tag in front ([`past_id3`]), and those appended after its last frame,
+//! which its demuxer does not read as tags: an ID3v1 tag (the last 128 bytes, from "TAG"), and before it
+//! at most one APEv2 tag (a 32-byte footer from "APETAGEX" that gives its size, and its 32-byte header in
+//! front where it has one) or Lyrics3 tag (from "LYRICSBEGIN" to a 6-digit size and "LYRICS200", or to
+//! "LYRICSEND"). An MP3's frame index ends there (`mp3_frames`); a FLAC's last frame was read to the
+//! file's end, failed its CRC and was dropped (`decode`).
+
+/// Where `data`'s stream starts: past an ID3v2 tag in front, if it has one (MP3's first frame, FLAC's
+/// `fLaC`).
+pub fn past_id3(data: &[u8]) -> usize {
+    if data.len() >= 10 && &data[..3] == b"ID3" {
+        let size = data[6..10].iter().fold(0usize, |s, &b| (s << 7) | (b & 0x7F) as usize);
+        return 10 + size + if data[5] & 0x10 != 0 { 10 } else { 0 }; // a footer, when flagged
+    }
+    0
+}
 
 /// The bytes at the end of `data` that are such tags: 0 where it ends otherwise.
 pub fn trailing(data: &[u8]) -> usize {
