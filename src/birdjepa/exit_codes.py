@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+import time
 from typing import NoReturn
 
 #: The command's answer is no (two runs or traces differ, a sweep's job failed); also what
@@ -55,3 +57,34 @@ def exit_now(code: int) -> NoReturn:
         with contextlib.suppress(Exception):  # a closed or full console: the code is what counts
             stream.flush()
     os._exit(code)
+
+
+#: How long a process that stops waits for its other threads before it exits without them.
+STUCK_THREADS_S = 30.0
+
+
+def exit_past_stuck_threads(
+    code: int, started: set[threading.Thread], wait_s: float = STUCK_THREADS_S
+) -> NoReturn:
+    """Exit ``code`` as the interpreter exits, but within ``wait_s`` even where a thread it waits for
+    never ends: Orbax's save threads, after a save that could not be written (an immutable checkpoints
+    folder), waited for a signal that never came, and the process said "exit 74" and ran on until the
+    job's time limit. What the run saved is on disk by then. Idle pool threads (the parameter norms',
+    Orbax's metadata store's) end at the interpreter's exit, not at a join: joined here, each exit with
+    a code (a preemption's 75, a taken-over trainer's 2) came 30 s late, past a Slurm job's KillWait.
+    The step compiled ahead is waited for: it ends, and keeps its program for the next start
+    (`recording.RecordableStep.compile_ahead`)."""
+    deadline = time.monotonic() + wait_s
+    for t in started:
+        if t.name == "compile-ahead":
+            t.join()
+
+    def watchdog() -> None:
+        main = threading.main_thread()
+        main.join(wait_s)  # ends once the interpreter exits and waits for the others
+        if not main.is_alive():  # not where a caller caught the SystemExit (a test, in its process)
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            exit_now(code)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+    raise SystemExit(code)

@@ -571,30 +571,7 @@ def _cli(cfg: PretrainConfig) -> None:
     if code == exit_codes.GROUP_BROKEN:  # out now: the exit's shutdown barrier waits for the lost process
         exit_codes.exit_now(code)  # 100 s, then aborts with a C++ stack
     if code:
-        param_norms.shutdown()  # an idle thread of the run's own, not one to wait 30 s for
-        exit_past_stuck_threads(code, set(threading.enumerate()) - before)
-        raise SystemExit(code)
-
-
-#: How long a process that stops waits for its other threads before it exits without them.
-STUCK_THREADS_S = 30.0
-
-
-def exit_past_stuck_threads(
-    code: int, started: set[threading.Thread], wait_s: float = STUCK_THREADS_S
-) -> None:
-    """Exit ``code`` now where a thread of ``started`` (those the run started) that the interpreter would
-    wait for at exit is still running after ``wait_s``: Orbax's save threads, after a save that could
-    not be written (an immutable checkpoints folder), waited for a signal that never came, and the
-    process said "exit 74" and ran on until the job's time limit. What the run saved is on disk by
-    then. The step compiled ahead is waited for: it ends, and keeps its program for the next start
-    (`recording.RecordableStep.compile_ahead`)."""
-    deadline = time.monotonic() + wait_s
-    others = [t for t in started if t is not threading.main_thread() and not t.daemon]
-    for t in others:  # Thread's own join: Orbax's threads raise TimeoutError from theirs
-        threading.Thread.join(t, None if t.name == "compile-ahead" else max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in others):
-        exit_codes.exit_now(code)
+        exit_codes.exit_past_stuck_threads(code, set(threading.enumerate()) - before)
 
 
 cli.parse = parse  # type: ignore[attr-defined]  # `birdjepa.cli.main` parses pretrain's flags with it

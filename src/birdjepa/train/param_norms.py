@@ -34,15 +34,6 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(1, thread_name_prefix="param-norms")
 
 
-def shutdown() -> None:
-    """End the thread, once its work is done: idle, it is a thread the interpreter waits for, and a run
-    that stopped with a code (exit 75 at a preemption) waited for it `loop.STUCK_THREADS_S` (30 s): past
-    a Slurm job's KillWait, which then killed the job before it could requeue."""
-    if _pool.cache_info().currsize:
-        _pool().shutdown(wait=True)
-        _pool.cache_clear()
-
-
 @jax.jit
 def _copy(tree: Any) -> Any:
     return jax.tree.map(jnp.copy, tree)  # not donated: XLA must write new buffers
