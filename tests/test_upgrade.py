@@ -337,17 +337,31 @@ def test_a_checkpoint_whose_next_loss_the_old_code_took_by_a_forward_alone_resum
 def test_a_trace_of_steps_an_older_revision_trained_names_the_revisions_between(tmp_path: Path) -> None:
     # It said only "step 0 does not replay as it ran" (train/grad_norm, which revision 4 redefined), as
     # if the run were non-deterministic or damaged, where the checkpoint records the revision it ran.
-    from birdjepa.divergence.replay import ReplayError, revision_at
+    from birdjepa.divergence.replay import ReplayError, written_at
     from birdjepa.divergence.trace import trace_step
 
     shutil.copytree(FORMAT1 / "run", tmp_path / "old")
+    # Decoded gapless, by a decoder before the record: the decoder's changes since are said too (the
+    # batch's samples, not only the step, may differ; a run decoding without gapless crossed none).
+    meta_file, config_file = (
+        tmp_path / "old" / "checkpoints" / "2" / "meta" / "metadata",
+        tmp_path / "old" / "config.json",
+    )
+    meta, config = json.loads(meta_file.read_text()), json.loads(config_file.read_text())
+    meta["config"]["data"]["features"]["gapless"] = config["data"]["features"]["gapless"] = True
+    rewrite_meta(meta_file, meta)
+    config_file.write_text(json.dumps(config))
+    changes = revisions.decode_changes(None, gapless=True)
+    assert changes and revisions.decode_changes(None, gapless=False) == []
     said = (r"step 0 does not replay as it ran: .* It was trained by revision 1 of the step and this "
             rf"birdjepa computes revision {revisions.REVISION} \(the update monitor .*\): trace it with the "
-            "birdjepa that trained it")  # fmt: skip
+            "birdjepa that trained it. Its batch was decoded by revision unrecorded of the decoder and this "
+            rf"birdjepa decodes revision {revisions.DECODE_REVISION} \({re.escape('; '.join(changes))}\): "
+            ".* trace it with the birdjepa that trained it$")  # fmt: skip
     with pytest.raises(ReplayError, match=said):
         trace_step(tmp_path / "old", 2)
-    # Which revision trained a step: that of the first checkpoint its segment wrote.
+    # What trained a step: the first checkpoint its segment wrote says.
     lines = [{"step": 0}, {"event": "resume", "step": 3}]
-    metas = {2: {}, 5: {"step_revision": revisions.REVISION}}
-    assert [revision_at(lines, metas, s) for s in (0, 2, 3, 5, 6)] == [1, 1, *[revisions.REVISION] * 3]
-    assert revision_at(lines, {2: {}}, 4) is None
+    metas = {2: {"a": 2}, 5: {"a": 5}}
+    assert [written_at(lines, metas, s) for s in (0, 2, 3, 5, 6)] == [metas[2]] * 2 + [metas[5]] * 3
+    assert written_at(lines, {2: {}}, 4) is None

@@ -76,7 +76,7 @@ def differs_from_run(manifest: dict) -> bool:
 
 def summary(t: Any, path: Path) -> str:
     """One line: where the step came from, what the file holds, and whether it is the step that trained."""
-    from birdjepa.divergence.replay import revised
+    from birdjepa.divergence.replay import decoded_apart, revised
 
     m = t.manifest
     origin = f"checkpoint {m['restored_from']}" if m["restored_from"] is not None else "the run's start"
@@ -89,7 +89,8 @@ def summary(t: Any, path: Path) -> str:
     missed = [what for k, what in checks.items() if m["matches_run"].get(k) is False]
     trained = (
         f"outputs equal {' and '.join(matched)}" if matched and not missed
-        else f"outputs DIFFER from {' and '.join(missed)}{revised(m.get('trained_revision'))}" if missed
+        else f"outputs DIFFER from {' and '.join(missed)}{revised(m.get('trained_revision'))}"
+             f"{decoded_apart(m.get('trained_decoder'), m.get('decode_changes', []))}" if missed
         else "outputs from the training step (nothing logged or saved for it to compare)"
     )  # fmt: skip
     whole = sum(e.array is not None for e in t.entries)

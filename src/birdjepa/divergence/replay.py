@@ -61,11 +61,27 @@ class OpenRun:
     logged: dict[int, dict[str, float]]
     trained_on: dict[str, str] | None = None
     """`machine_kind` recorded by the checkpoint it started from (None: not recorded)."""
-    revision_at: Callable[[int], int | None] = lambda step: None
-    """The revision of the step (`birdjepa.train.revisions`) that trained a step, where the checkpoints
-    say it (`revision_at`); asked only where a step does not replay or is traced."""
+    written_at: Callable[[int], dict[str, Any] | None] = lambda step: None
+    """The meta of the first checkpoint the segment that trained a step wrote (`written_at`; None: none),
+    which records the revisions of the step and of the decoder it ran with; asked only where a step does
+    not replay or is traced."""
     unlogged: list[int] = dataclasses.field(default_factory=list)
     """Replayed steps the log holds no metrics of (nothing to compare: said, not called equal)."""
+
+    def revision_at(self, step: int) -> int | None:
+        """The revision of the step (`birdjepa.train.revisions`) that trained ``step`` (None: unknown; a
+        checkpoint written before revisions were recorded was written at revision 1)."""
+        meta = self.written_at(step)
+        return meta.get("step_revision", 1) if meta is not None else None
+
+    def decoded_at(self, step: int) -> tuple[int | None, list[str]]:
+        """The revision of the decoder that decoded ``step``'s batch (None: unrecorded) and its declared
+        changes to this birdjepa's decoder that move this run's samples (none: the same, or unknown)."""
+        meta = self.written_at(step)
+        if meta is None:
+            return None, []
+        saved = meta.get("decode_revision")
+        return saved, revisions.decode_changes(saved, self.cfg.data.features.gapless)
 
     def batch(self) -> Batch:
         """The batch of step ``state.step`` (each call takes the next one)."""
@@ -239,7 +255,7 @@ def open_at(
         loader.close()
         raise ReplayError(f"{where}: the train data changed since this checkpoint (another fingerprint)")
     trained_on = (meta or {}).get("machine")
-    by = functools.partial(revision_at, lines, metas)  # each call reads the whole log: asked rarely
+    by = functools.partial(written_at, lines, metas)  # each call reads the whole log: asked rarely
     run = OpenRun(run_dir, cfg, model_cfg, fns, fns.place(state), loader, base, [], logged, trained_on, by)
     try:
         replay_to(run, step, on_step)
@@ -283,11 +299,12 @@ def devices_at(lines: list[dict[str, Any]], metas: dict[int, dict[str, Any]], st
     return meta.get("next_step", {}).get("n_devices") if meta is not None else None
 
 
-def revision_at(lines: list[dict[str, Any]], metas: dict[int, dict[str, Any]], step: int) -> int | None:
-    """The revision of the step that trained ``step`` (None: unknown): that of the first checkpoint its
-    segment wrote (one written before revisions were recorded was written at revision 1)."""
-    meta = _first_written(_starts(lines, step), metas)
-    return meta.get("step_revision", 1) if meta is not None else None
+def written_at(
+    lines: list[dict[str, Any]], metas: dict[int, dict[str, Any]], step: int
+) -> dict[str, Any] | None:
+    """The meta of the first checkpoint the segment that trained ``step`` wrote (None: none), which
+    records what trained it."""
+    return _first_written(_starts(lines, step), metas)
 
 
 def not_here(run: OpenRun, step: int) -> str:
@@ -296,7 +313,7 @@ def not_here(run: OpenRun, step: int) -> str:
     revision of the step."""
     moved = describe_changes(machine_changes(run.trained_on, machine_kind()))
     why = f". It trained on another kind of machine ({moved}): trace it on that kind" if moved else ""
-    return why + revised(run.revision_at(step))
+    return why + revised(run.revision_at(step)) + decoded_apart(*run.decoded_at(step))
 
 
 def revised(trained_by: int | None) -> str:
@@ -307,6 +324,17 @@ def revised(trained_by: int | None) -> str:
         return ""
     return (f". It was trained by revision {trained_by} of the step and this birdjepa computes revision "
             f"{revisions.REVISION} ({'; '.join(r.what for r in crossed)}): trace it with the birdjepa "
+            "that trained it")  # fmt: skip
+
+
+def decoded_apart(trained_by: int | None, changes: list[str]) -> str:
+    """Why a step's batch, decoded by revision ``trained_by`` of the decoder, may decode to other samples
+    here ("" where none of the declared ``changes`` between the two moves the run)."""
+    if not changes:
+        return ""
+    return (f". Its batch was decoded by revision {trained_by or 'unrecorded'} of the decoder and this "
+            f"birdjepa decodes revision {revisions.DECODE_REVISION} ({'; '.join(changes)}): where the run's "
+            "data holds such recordings, they decode to other samples here; trace it with the birdjepa "
             "that trained it")  # fmt: skip
 
 

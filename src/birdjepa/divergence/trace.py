@@ -295,6 +295,7 @@ def trace_step(
         trace, noise = record_step(run, repeat=repeat, keep=keep)
         trace.manifest["matches_run"] = check_against_run(run, trace)
         trace.manifest["trained_revision"] = run.revision_at(step)
+        trace.manifest["trained_decoder"], trace.manifest["decode_changes"] = run.decoded_at(step)
     finally:
         run.close()
     trace.manifest["repeat"] = repeat
