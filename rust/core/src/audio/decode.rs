@@ -312,30 +312,49 @@ impl Drop for PooledDecoder {
     }
 }
 
-/// For a RIFF WAVE whose `data` chunk says its size is unknown (0xFFFFFFFF, as a writer to a pipe leaves
-/// it): `Some` of the frames its data holds to the file's end, where the `fmt ` chunk's block is one
-/// frame (PCM, float, A-law, mu-law, or extensible: the codecs whose crops seek), else `Some(None)`.
-/// `None` for any other file.
-fn streamed_wav_frames(bytes: &[u8]) -> Option<Option<u64>> {
+/// A RIFF WAVE's header, its chunks walked by their own sizes to the `data` chunk.
+struct WavHeader {
+    /// The RIFF chunk's size (bytes 4..8).
+    riff: u32,
+    /// Where the `data` chunk's header starts; its samples start 8 bytes on.
+    data_at: usize,
+    /// The size the `data` chunk says.
+    data: u32,
+    /// Bytes a frame, where the `fmt ` chunk's block is one frame (PCM, float, A-law, mu-law, or
+    /// extensible: the codecs whose crops seek).
+    block: Option<u64>,
+}
+
+/// `bytes`' header where they are a RIFF WAVE with a `data` chunk header; None for any other file.
+fn wav_header(bytes: &[u8]) -> Option<WavHeader> {
     if bytes.len() < 12 || &bytes[0..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
         return None;
     }
+    let le32 = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
     let mut at = 12;
     let mut block = None; // bytes a frame, from `fmt `
     while at + 8 <= bytes.len() {
-        let size = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+        let size = le32(at + 4);
         if &bytes[at..at + 4] == b"fmt " && at + 22 <= bytes.len() {
             let format = u16::from_le_bytes([bytes[at + 8], bytes[at + 9]]);
             let align = u16::from_le_bytes([bytes[at + 20], bytes[at + 21]]);
             block = matches!(format, 1 | 3 | 6 | 7 | 0xFFFE).then_some(align as u64).filter(|&a| a > 0);
         }
         if &bytes[at..at + 4] == b"data" {
-            let data = (bytes.len() - (at + 8)) as u64;
-            return (size == u32::MAX).then(|| block.map(|b| data / b));
+            return Some(WavHeader { riff: le32(4), data_at: at, data: size, block });
         }
         at = at.saturating_add(8 + size as usize + (size as usize & 1)); // chunks are padded to an even size
     }
     None
+}
+
+/// For a RIFF WAVE whose `data` chunk says its size is unknown (0xFFFFFFFF, as a writer to a pipe leaves
+/// it): `Some` of the frames its data holds to the file's end, where the `fmt ` chunk's block is one
+/// frame, else `Some(None)`. `None` for any other file.
+fn streamed_wav_frames(bytes: &[u8]) -> Option<Option<u64>> {
+    let h = wav_header(bytes)?;
+    let data = (bytes.len() - (h.data_at + 8)) as u64;
+    (h.data == u32::MAX).then(|| h.block.map(|b| data / b))
 }
 
 /// A PCM WAV whose `fmt ` block align is not its channels x bytes a sample: symphonia counts its frames
