@@ -40,12 +40,15 @@
 //!
 //! Gapless too, a FLAC's tags after its last frame (ID3v1, APEv2, Lyrics3: taggers append them) are cut
 //! off before the demuxer reads it, which took them for part of that frame, failed its CRC and dropped
-//! it ([`flac_frames_end`]; an MP3's frame index ends at them, `mp3_frames`).
+//! it ([`flac_frames_end`]; an MP3's frame index ends at them, `mp3_frames`). And a WAV whose header's
+//! sizes are not the file's (0, as a recorder that stopped mid-write leaves them, or past its end: a copy
+//! cut short) is read as ffmpeg reads it, to its last whole frame: the demuxer reads the true sizes in
+//! place of those 8 bytes ([`unfinished_wav`], [`Overlaid`]); a finished one is read as it is.
 //!
 //! Packets that fail to decode (`DecodeError`) are skipped, as players do; they are counted in
 //! [`AudioReader::packet_errors`]. A stream that yields no audio frame at all is an error.
 
-use std::io::Cursor;
+use std::io::{Cursor, Read, Seek, SeekFrom};
 use std::sync::Arc;
 
 use symphonia::core::audio::{AudioBuffer, AudioBufferRef, Signal};
@@ -56,7 +59,7 @@ use symphonia::core::codecs::{
 use symphonia::core::conv::IntoSample;
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::{FormatOptions, FormatReader, Packet, SeekMode, SeekTo};
-use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions, Monitor};
+use symphonia::core::io::{MediaSource, MediaSourceStream, MediaSourceStreamOptions, Monitor};
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 use symphonia::core::sample::Sample;
@@ -203,6 +206,8 @@ pub struct AudioReader {
     mp3: Option<Arc<Mp3Frames>>,
     /// The byte the stream's decode starts at: 0, or an MP3's first audio frame (read gapless).
     from: usize,
+    /// An unfinished WAV's sizes, read in place of its header's ([`unfinished_wav`]; gapless).
+    wav: Option<WavSizes>,
     /// The timestamp of the stream's first packet as the current reader numbers it (0 unless the
     /// reader was opened at an MP3 frame).
     ts_base: u64,
@@ -357,6 +362,79 @@ fn streamed_wav_frames(bytes: &[u8]) -> Option<Option<u64>> {
     (h.data == u32::MAX).then(|| h.block.map(|b| data / b))
 }
 
+/// The sizes an unfinished WAV's header would say, were it finished, read in place of those it says
+/// ([`Overlaid`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WavSizes {
+    riff: u32,
+    /// Where the `data` chunk's header starts (its size 4 bytes on).
+    data_at: usize,
+    data: u32,
+}
+
+/// The sizes to read a WAV's header with where it says others than the file holds, as ffmpeg reads
+/// them: a `data` size of 0 (a recorder whose battery died never wrote it: "no audio frames") or past
+/// the file's end (a copy cut short: its length was the header's, every crop past the cut a skip; or
+/// past the RIFF size too: refused) is the bytes there are to the file's end, and a RIFF size short of
+/// that data chunk as symphonia's chunk reader counts it (0: "wav: missing data chunk") is the file's.
+/// The demuxer then reads whole frames (blocks) alone: a byte cut mid-frame is dropped. None where the
+/// header is consistent (read as it is, as before), sizes 0xFFFFFFFF both (a stream to a pipe, which
+/// symphonia reads: [`streamed_wav_frames`]), past 32 bits, or not a WAV: a few header bytes compared.
+fn unfinished_wav(bytes: &[u8]) -> Option<WavSizes> {
+    let h = wav_header(bytes)?;
+    if (h.riff, h.data) == (u32::MAX, u32::MAX) {
+        return None;
+    }
+    let held = bytes.len() - (h.data_at + 8);
+    let data = match h.data {
+        0 => u32::try_from(held).ok()?,
+        n if n as usize > held => u32::try_from(held).ok()?,
+        n => n,
+    };
+    // Symphonia counts the RIFF chunk's bytes from byte 12, past "WAVE".
+    let riff = match h.riff {
+        r if (r as usize) < h.data_at - 4 + data as usize => u32::try_from(bytes.len() - 8).ok()?,
+        r => r,
+    };
+    ((riff, data) != (h.riff, h.data)).then_some(WavSizes { riff, data_at: h.data_at, data })
+}
+
+/// The encoded bytes as the demuxer reads them, with an unfinished WAV's sizes in place of its header's
+/// (the 8 bytes overlaid as they are read): the rest as they are, not copied.
+struct Overlaid(Cursor<SharedBytes>, WavSizes);
+
+impl Read for Overlaid {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let at = self.0.position();
+        let n = self.0.read(buf)?;
+        let WavSizes { riff, data_at, data } = self.1;
+        for (field, value) in [(4u64, riff), (data_at as u64 + 4, data)] {
+            for (byte, b) in (field..).zip(value.to_le_bytes()) {
+                if let Some(slot) = byte.checked_sub(at).and_then(|i| buf[..n].get_mut(i as usize)) {
+                    *slot = b;
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Seek for Overlaid {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        self.0.seek(pos)
+    }
+}
+
+impl MediaSource for Overlaid {
+    fn is_seekable(&self) -> bool {
+        true
+    }
+
+    fn byte_len(&self) -> Option<u64> {
+        Some(self.0.get_ref().as_ref().len() as u64)
+    }
+}
+
 /// A PCM WAV whose `fmt ` block align is not its channels x bytes a sample: symphonia counts its frames
 /// as the data's length over that align, so a damaged one (4 for 16-bit mono) cut the recording to half
 /// or less, silently, where libsndfile reads it whole.
@@ -381,14 +459,19 @@ fn wav_align_mismatch(bytes: &[u8]) -> Option<String> {
     None
 }
 
-fn open_stream(bytes: &SharedBytes) -> Result<Opened, AudioError> {
+/// Open `bytes`' stream, an unfinished WAV's header read with `wav`'s sizes ([`unfinished_wav`]).
+fn open_stream(bytes: &SharedBytes, wav: Option<WavSizes>) -> Result<Opened, AudioError> {
     if bytes.as_ref().is_empty() {
         return Err(AudioError::new("decode: empty input (0 bytes)"));
     }
     if let Some(why) = wav_align_mismatch(bytes.as_ref()) {
         return Err(AudioError::new(why));
     }
-    let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes.clone())), MediaSourceStreamOptions::default());
+    let source: Box<dyn MediaSource> = match wav {
+        None => Box::new(Cursor::new(bytes.clone())),
+        Some(sizes) => Box::new(Overlaid(Cursor::new(bytes.clone()), sizes)),
+    };
+    let mss = MediaSourceStream::new(source, MediaSourceStreamOptions::default());
     let fmt_opts = FormatOptions { enable_gapless: false, ..Default::default() };
     // A header symphonia cannot take panics in it (a WAV of sample rate 0: "TimeBase cannot have 0
     // numerator"), which stopped a training run at that row for good and was a traceback in prepare.
@@ -514,7 +597,9 @@ impl AudioReader {
         if end < bytes.as_ref().len() {
             bytes = SharedBytes(Arc::new(Head(bytes, end)));
         }
-        let mut o = open_stream(&bytes)?;
+        // An unfinished WAV's sizes: every open reads them in place of its header's (off, as before).
+        let wav = if gapless { unfinished_wav(bytes.as_ref()) } else { None };
+        let mut o = open_stream(&bytes, wav)?;
         let (mut mp3, mut from, mut tag_midway) = (None, 0, false);
         if o.codec_name == "mp3" {
             // Without a Xing/Info header (common at a constant bit rate) symphonia estimates the length
@@ -529,7 +614,7 @@ impl AudioReader {
                     // stream cut short of the frames its tag counts keeps its last samples: the
                     // padding is the tag's last frame's.
                     from = frames.offsets[0];
-                    o = open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))))?;
+                    o = open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))), None)?;
                     let n = frames.offsets.len() as u64;
                     (o.delay, o.padding) = frames.tag.map_or((0, 0), |tag| tag.trim(n));
                     o.n_frames = Some(frames.n_samples());
@@ -544,8 +629,8 @@ impl AudioReader {
                         return Err(AudioError::new("decode (mp3): no audio frames (only its Xing/Info header frame)"));
                     }
                     let reopened = || match from {
-                        0 => open_stream(&bytes),
-                        _ => open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from)))),
+                        0 => open_stream(&bytes, wav),
+                        _ => open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))), None),
                     };
                     if from > 0 {
                         o = reopened()?;
@@ -599,6 +684,7 @@ impl AudioReader {
             fresh: true,
             mp3,
             from,
+            wav,
             ts_base: 0,
             lead,
             end,
@@ -635,8 +721,8 @@ impl AudioReader {
             return Ok(());
         }
         let o = match self.from {
-            0 => open_stream(&self.bytes)?,
-            from => open_stream(&SharedBytes(Arc::new(Tail(self.bytes.clone(), from))))?,
+            0 => open_stream(&self.bytes, self.wav)?,
+            from => open_stream(&SharedBytes(Arc::new(Tail(self.bytes.clone(), from))), None)?,
         };
         self.format = o.format;
         self.decoder = o.decoder;
@@ -843,7 +929,7 @@ impl AudioReader {
                 let k = ((from / spf) as usize).min(frames.decode_from((first / spf) as usize));
                 let offset = frames.offsets.get(k).copied().unwrap_or(self.bytes.as_ref().len());
                 let tail = SharedBytes(Arc::new(Tail(self.bytes.clone(), offset)));
-                let o = open_stream(&tail)?;
+                let o = open_stream(&tail, None)?;
                 (self.format, self.decoder, self.track_id) = (o.format, o.decoder, o.track_id);
                 self.ts_base = k as u64 * spf;
             } else {
@@ -1256,12 +1342,129 @@ pub(crate) mod tests {
         assert_eq!(r.fallbacks, 0); // each window sought, none decoded from the start
     }
 
+    /// A sine of `frames` 16-bit frames, each channel at its own pitch, as a finished WAV writes it.
+    fn sine_wav(frames: usize, channels: u16) -> Vec<u8> {
+        let pcm: Vec<i16> = (0..frames * channels as usize)
+            .map(|k| {
+                let (i, c) = (k / channels as usize, k % channels as usize);
+                ((i as f32 * 0.0345 * (c + 1) as f32).sin() * 12_000.0) as i16
+            })
+            .collect();
+        wav_i16(&pcm, channels, 16_000)
+    }
+
+    /// `wav` with its RIFF size and its `data` chunk's (at byte 36: [`wav_i16`]'s header) said as given.
+    fn with_sizes(wav: &[u8], riff: u32, data: u32) -> Vec<u8> {
+        let mut v = wav.to_vec();
+        v[4..8].copy_from_slice(&riff.to_le_bytes());
+        v[40..44].copy_from_slice(&data.to_le_bytes());
+        v
+    }
+
+    /// Every frame of `bytes` read gapless, the whole decode and the windows a crop seeks to alike (each
+    /// checked to be sought, not decoded from the start); and the length.
+    fn read_gapless(bytes: Vec<u8>) -> (Vec<f32>, u64) {
+        let mut r = AudioReader::open(bytes).unwrap();
+        let all = r.read_all_mono().unwrap();
+        let n = r.info().2.unwrap();
+        assert!(r.can_seek() && n == all.len() as u64 && r.length().unwrap() == n);
+        for start in [0, n / 3, n.saturating_sub(500)] {
+            let mut w = vec![1f32; 1000];
+            r.read_window_mono(start, &mut w).unwrap();
+            let there = (n - start).min(1000) as usize;
+            assert!(w[..there] == all[start as usize..start as usize + there], "window at {start}");
+            assert!(w[there..].iter().all(|&x| x == 0.0), "window at {start}: past the end");
+        }
+        assert_eq!(r.seek_stats().1, 0);
+        (all, n)
+    }
+
+    #[test]
+    fn an_unfinished_wav_reads_as_its_finished_header_would_say() {
+        // A recorder whose battery died never wrote its sizes: RIFF 0 (refused "wav: missing data chunk"),
+        // data 0 ("no audio frames"), or both. ffmpeg reads each as the file's 16_000 frames.
+        for channels in [1u16, 2] {
+            let good = sine_wav(16_000, channels);
+            let riff = (good.len() - 8) as u32;
+            let block = 2 * channels as usize;
+            assert!(unfinished_wav(&good).is_none(), "a finished header is read as it is");
+            let (want, _) = decode_mono(good.clone()).unwrap();
+            assert_eq!(want.len(), 16_000);
+            for (r, d) in [(0, 32_000 * channels as u32), (0, 0), (riff, 0), (0, u32::MAX), (riff, u32::MAX)] {
+                let unfinished = with_sizes(&good, r, d);
+                let (got, n) = read_gapless(unfinished.clone());
+                assert_eq!(n, 16_000, "{channels} channel(s), sizes {r:#x} {d:#x}");
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "sizes {r:#x} {d:#x}");
+                // A frame cut short (the battery died mid-write): its bytes dropped, whole frames kept.
+                for cut in 1..block {
+                    let (got, n) = read_gapless([&unfinished[..], &good[44..44 + cut]].concat());
+                    assert!(n == 16_000 && got == want, "sizes {r:#x} {d:#x}, {cut} byte(s) of a frame after");
+                }
+            }
+        }
+        // Sizes 0xFFFFFFFF both (a stream to a pipe) and a RIFF size past the file's end (its data chunk's
+        // whole) were read already: as they are.
+        let good = sine_wav(1_000, 1);
+        let riff_past = with_sizes(&good, 10 * good.len() as u32, 2_000);
+        assert!(unfinished_wav(&with_sizes(&good, u32::MAX, u32::MAX)).is_none() && unfinished_wav(&riff_past).is_none());
+        // A data chunk of no frames is none still.
+        let e = decode_mono(with_sizes(&good[..44], 0, 0)).unwrap_err();
+        assert!(e.0.contains("no audio frames"), "{e}");
+    }
+
+    #[test]
+    fn a_wav_cut_short_of_its_data_size_reads_the_whole_frames_there() {
+        // A copy cut short: the header's length was the stream's (every crop past the cut a skip), and a
+        // data size past the RIFF size's was refused. ffmpeg reads the whole frames there are.
+        let good = sine_wav(16_000, 2);
+        let (want, _) = decode_mono(good.clone()).unwrap();
+        let (riff, data) = ((good.len() - 8) as u32, 64_000);
+        for (r, d, keep, frames) in [
+            (riff, data, 10_001 * 4, 10_001),    // cut at a frame, the header as it was
+            (riff, data, 10_001 * 4 + 3, 10_001), // and inside a frame: 3 of its 4 bytes dropped
+            (riff, 3 * data, 16_000 * 4, 16_000), // whole, its data size past its RIFF size's
+            (0, 3 * data, 7_777 * 4 + 1, 7_777),
+        ] {
+            let cut = with_sizes(&good[..44 + keep], r, d);
+            let (got, n) = read_gapless(cut.clone());
+            assert_eq!(n, frames, "sizes {r} {d}, {keep} bytes");
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "sizes {r} {d}, {keep} bytes");
+            // A crop past its last frame is zeros, not an error ("stream ends at frame ..."): the length
+            // the crops are drawn in is the frames there are.
+            let mut w = vec![1f32; 100];
+            AudioReader::open(cut).unwrap().read_window_mono(frames, &mut w).unwrap();
+            assert!(w.iter().all(|&x| x == 0.0));
+        }
+    }
+
+    #[test]
+    fn without_gapless_an_unfinished_wav_is_read_as_before() {
+        // What a run recorded before revision 4 read: refused, or the header's length.
+        let good = sine_wav(16_000, 1);
+        let riff = (good.len() - 8) as u32;
+        for (r, d, why) in [
+            (0, 32_000, "wav: missing data chunk"),
+            (0, 0, "wav: missing data chunk"),
+            (riff, 0, "no audio frames"),
+            (riff, 3 * 32_000, "chunk length exceeds parent"),
+        ] {
+            let e = decode_mono_as(with_sizes(&good, r, d), false).unwrap_err();
+            assert!(e.0.contains(why), "sizes {r} {d}: {e}");
+        }
+        let cut = good[..44 + 2 * 10_001].to_vec();
+        let mut r = AudioReader::open_as(cut, false).unwrap();
+        assert_eq!(r.info().2, Some(16_000));
+        let e = r.read_window_mono(12_000, &mut [0.0; 100]).unwrap_err();
+        assert!(e.0.contains("stream ends at frame 10001 but the container reports 16000"), "{e}");
+    }
+
     #[test]
     fn truncated_stream_is_an_error_only_past_its_real_end() {
         let pcm = pcm_stereo(50_000);
         let mut bytes = wav_i16(&pcm, 2, 16_000);
         bytes.truncate(44 + 20_000 * 4); // the header still claims 50_000 frames
-        let mut r = AudioReader::open(bytes.clone()).unwrap();
+        // Without gapless: gapless reads a WAV's frames there are (`a_wav_cut_short_of_its_data_size_...`).
+        let mut r = AudioReader::open_as(bytes.clone(), false).unwrap();
         assert_eq!(r.info().2, Some(50_000));
         let mut w = vec![0f32; 1000];
         r.read_window_mono(5000, &mut w).unwrap();

@@ -60,6 +60,12 @@ pub const DECODE_REVISIONS: &[(&str, bool)] = &[
          dropped, its crops were skips), and an MP3's tags after its frames are sized by FLAC's rule",
         true,
     ),
+    (
+        "an unfinished WAV (its RIFF or data size 0, as a recorder whose battery died leaves them) and one \
+         cut short of its data size are read to their last whole frame, as ffmpeg reads them (2026-12-07: \
+         refused, or a cut one's length was its header's, its crops past the cut skips)",
+        true,
+    ),
 ];
 
 /// A record could not be turned into features; the message says which step failed and why.
