@@ -152,7 +152,7 @@ def test_a_segment_on_another_kind_of_machine_or_step_revision_is_said_and_its_c
 
 
 def test_the_decoder_s_revisions_crossed_are_those_of_the_run_s_decoding() -> None:
-    # Both changes so far are of gapless decodes: a run recorded without the option reads as it did.
+    # Every change so far is of gapless decodes: a run recorded without the option reads as it did.
     now = len(DECODE_REVISIONS)
     assert (
         revisions.decode_changes(None, gapless=False) == []
