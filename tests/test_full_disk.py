@@ -301,6 +301,22 @@ def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -
     assert done.returncode == 74 and "not reached" not in done.stdout, done.stderr[-2000:]
 
 
+def test_the_exit_past_stuck_threads_leaves_the_atexit_hooks_their_time(tmp_path: Path) -> None:
+    # They run once every thread ended: a process group's shutdown barrier, which waits for its peers,
+    # is not a stuck thread to cut short.
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, time\n"
+        "from birdjepa.exit_codes import exit_past_stuck_threads\n"
+        "atexit.register(lambda: (time.sleep(1.0), print('hook ran', flush=True)))\n"
+        "exit_past_stuck_threads(75, set(), wait_s=0.2)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (75, "hook ran\n"), done.stderr[-2000:]
+
+
 def test_a_run_that_stops_with_a_code_does_not_wait_for_its_idle_pool_threads(tmp_path: Path) -> None:
     # Idle pool threads end at the interpreter's exit, not at a join: joined, the parameter norms' made
     # every exit 75 (a preemption) come 30 s after "stopping ...", past a Slurm job's KillWait, which

@@ -7,6 +7,7 @@ fail the same way".
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -79,12 +80,17 @@ def exit_past_stuck_threads(
         if t.name == "compile-ahead":
             t.join()
 
+    # The atexit hooks run once every thread ended: past them (a process group's shutdown barrier, which
+    # waits for its peers) the watchdog has nothing to cut short.
+    joined = threading.Event()
+    atexit.register(joined.set)
+
     def watchdog() -> None:
         main = threading.main_thread()
         main.join(wait_s)  # ends once the interpreter exits and waits for the others
         if not main.is_alive():  # not where a caller caught the SystemExit (a test, in its process)
-            time.sleep(max(0.0, deadline - time.monotonic()))
-            exit_now(code)
+            if not joined.wait(max(0.0, deadline - time.monotonic())):
+                exit_now(code)
 
     threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
     raise SystemExit(code)
