@@ -299,6 +299,18 @@ def test_a_process_whose_threads_never_end_exits_with_its_code(tmp_path: Path) -
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 74 and "not reached" not in done.stdout, done.stderr[-2000:]
+    # A pool worker stuck in its task (Orbax's metadata store's or the parameter norms', a write or a
+    # device copy that never returns): the interpreter's exit joins it before the main thread is marked
+    # ended, and the process ran on for ever.
+    code = (
+        "import threading\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from birdjepa.exit_codes import exit_past_stuck_threads\n"
+        "ThreadPoolExecutor(1).submit(threading.Event().wait)\n"
+        "exit_past_stuck_threads(74, set(), wait_s=0.5)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 74, done.stderr[-2000:]
 
 
 def test_the_exit_past_stuck_threads_leaves_the_atexit_hooks_their_time(tmp_path: Path) -> None:

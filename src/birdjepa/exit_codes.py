@@ -80,17 +80,20 @@ def exit_past_stuck_threads(
         if t.name == "compile-ahead":
             t.join()
 
-    # The atexit hooks run once every thread ended: past them (a process group's shutdown barrier, which
+    # The interpreter's exit begins with threading's own exit hooks, concurrent.futures' first among them
+    # once this one is run (the last registered runs first): it joins every pool worker, and a worker
+    # stuck in a task (a save's write that never returns) held the exit there, the main thread not yet
+    # marked ended, for ever (watching the main thread's end, the watchdog gave up at ``wait_s``). The
+    # atexit hooks run once every thread ended: past them (a process group's shutdown barrier, which
     # waits for its peers) the watchdog has nothing to cut short.
-    joined = threading.Event()
+    exiting, joined = threading.Event(), threading.Event()
+    threading._register_atexit(exiting.set)  # type: ignore[attr-defined]  # noqa: SLF001 (3.9+)
     atexit.register(joined.set)
 
     def watchdog() -> None:
-        main = threading.main_thread()
-        main.join(wait_s)  # ends once the interpreter exits and waits for the others
-        if not main.is_alive():  # not where a caller caught the SystemExit (a test, in its process)
-            if not joined.wait(max(0.0, deadline - time.monotonic())):
-                exit_now(code)
+        # Not where a caller caught the SystemExit (a test, in its process): no exit began by then.
+        if exiting.wait(wait_s) and not joined.wait(max(0.0, deadline - time.monotonic())):
+            exit_now(code)
 
     threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
     raise SystemExit(code)
