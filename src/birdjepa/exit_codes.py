@@ -80,14 +80,18 @@ def exit_past_stuck_threads(
         if t.name == "compile-ahead":
             t.join()
 
-    # The interpreter's exit begins with threading's own exit hooks, concurrent.futures' first among them
-    # once this one is run (the last registered runs first): it joins every pool worker, and a worker
-    # stuck in a task (a save's write that never returns) held the exit there, the main thread not yet
-    # marked ended, for ever (watching the main thread's end, the watchdog gave up at ``wait_s``). The
-    # atexit hooks run once every thread ended: past them (a process group's shutdown barrier, which
+    # The interpreter's exit begins with threading's exit hooks, the last registered first: this one, then
+    # concurrent.futures', which joins every pool worker (one stuck in its task, a write that never
+    # returns, held the exit there for ever: the watchdog, waiting for the main thread's end, gave up).
+    # The atexit hooks run once every thread ended: past them (a process group's shutdown barrier, which
     # waits for its peers) the watchdog has nothing to cut short.
     exiting, joined = threading.Event(), threading.Event()
-    threading._register_atexit(exiting.set)  # type: ignore[attr-defined]  # noqa: SLF001 (3.9+)
+    # CPython's own hook (3.9-3.13; concurrent.futures registers with it); without it, the countdown
+    # starts now.
+    if (register := getattr(threading, "_register_atexit", None)) is not None:
+        register(exiting.set)
+    else:
+        exiting.set()
     atexit.register(joined.set)
 
     def watchdog() -> None:
