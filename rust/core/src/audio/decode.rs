@@ -380,13 +380,17 @@ struct WavSizes {
 /// The demuxer then reads whole frames (blocks) alone: a byte cut mid-frame is dropped. None where the
 /// header is consistent (read as it is, as before), sizes 0xFFFFFFFF both (a stream to a pipe, which
 /// symphonia reads: [`streamed_wav_frames`]), past 32 bits, or not a WAV: a few header bytes compared.
+/// A `data` size of 0 under a RIFF size that is the file's own is a finished file's empty chunk, not an
+/// unfinished one: the chunks after it (a `LIST`) were read as sound (refused: "no audio frames").
 fn unfinished_wav(bytes: &[u8]) -> Option<WavSizes> {
     let h = wav_header(bytes)?;
     if (h.riff, h.data) == (u32::MAX, u32::MAX) {
         return None;
     }
     let held = bytes.len() - (h.data_at + 8);
+    let finished = h.riff as usize == bytes.len() - 8;
     let data = match h.data {
+        0 if finished => 0,
         0 => u32::try_from(held).ok()?,
         n if n as usize > held => u32::try_from(held).ok()?,
         n => n,
@@ -1390,7 +1394,7 @@ pub(crate) mod tests {
             assert!(unfinished_wav(&good).is_none(), "a finished header is read as it is");
             let (want, _) = decode_mono(good.clone()).unwrap();
             assert_eq!(want.len(), 16_000);
-            for (r, d) in [(0, 32_000 * channels as u32), (0, 0), (riff, 0), (0, u32::MAX), (riff, u32::MAX)] {
+            for (r, d) in [(0, 32_000 * channels as u32), (0, 0), (0, u32::MAX), (riff, u32::MAX)] {
                 let unfinished = with_sizes(&good, r, d);
                 let (got, n) = read_gapless(unfinished.clone());
                 assert_eq!(n, 16_000, "{channels} channel(s), sizes {r:#x} {d:#x}");
@@ -1407,8 +1411,15 @@ pub(crate) mod tests {
         let good = sine_wav(1_000, 1);
         let riff_past = with_sizes(&good, 10 * good.len() as u32, 2_000);
         assert!(unfinished_wav(&with_sizes(&good, u32::MAX, u32::MAX)).is_none() && unfinished_wav(&riff_past).is_none());
-        // A data chunk of no frames is none still.
+        // A data chunk of no frames is none still; and a finished file's empty one (its RIFF size the
+        // file's), the chunk after it not read as sound (ffmpeg reads that LIST's 34 bytes as 17 frames).
         let e = decode_mono(with_sizes(&good[..44], 0, 0)).unwrap_err();
+        assert!(e.0.contains("no audio frames"), "{e}");
+        let list = [&b"LIST"[..], &26u32.to_le_bytes(), b"INFOISFT", &14u32.to_le_bytes(), b"a recorder\0\0\0\0"].concat();
+        let empty = [&good[..44], &list[..]].concat();
+        let empty = with_sizes(&empty, (empty.len() - 8) as u32, 0);
+        assert!(unfinished_wav(&empty).is_none());
+        let e = AudioReader::open(empty).and_then(|mut r| r.read_all_mono()).unwrap_err();
         assert!(e.0.contains("no audio frames"), "{e}");
     }
 
