@@ -134,6 +134,78 @@ def write_crc_mp3(out: Path) -> None:
                         str(out / "birds_32k_mono_crc.mp3")], check=True)  # fmt: skip
 
 
+def ffmpeg_mono(path: Path) -> np.ndarray:
+    """ffmpeg's decode of ``path`` mixed to mono as the Rust decoder mixes it: float32, the channels summed
+    in order, then divided by their count (16- and 24-bit samples convert to float32 exactly)."""
+    import subprocess
+
+    probe = ["ffprobe", "-v", "error", "-select_streams", "a:0", "-show_entries", "stream=channels",
+             "-of", "csv=p=0", str(path)]  # fmt: skip
+    channels = int(subprocess.run(probe, check=True, capture_output=True, text=True).stdout.split(",")[0])
+    pcm = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-f", "f32le", "-c:a", "pcm_f32le", "-"],
+                         check=True, capture_output=True).stdout  # fmt: skip
+    x = np.frombuffer(pcm, "<f4").reshape(-1, channels)
+    mono = x[:, 0].copy()
+    for c in range(1, channels):
+        mono += x[:, c]
+    return mono / np.float32(channels) if channels > 1 else mono
+
+
+def aifc_none(aiff: bytes) -> bytes:
+    """An AIFF's samples as an AIFF-C of compression ``NONE`` (big-endian PCM, as AIFF), which ffmpeg
+    writes as AIFF: the COMM chunk extended, a FVER chunk, and an ``ANNO`` chunk after the sound data
+    (a chunk after ``SSND`` is allowed, and read by symphonia as 8 bytes of samples)."""
+    import struct
+
+    assert aiff[:4] == b"FORM" and aiff[8:12] == b"AIFF"
+    chunks, at = [], 12
+    while at + 8 <= len(aiff):
+        kind, size = aiff[at : at + 4], struct.unpack(">I", aiff[at + 4 : at + 8])[0]
+        body = aiff[at + 8 : at + 8 + size]
+        if kind == b"COMM":
+            body = body[:18] + b"NONE" + bytes([14]) + b"not compressed" + b"\0"
+        chunks.append(kind + struct.pack(">I", len(body)) + body + b"\0" * (len(body) & 1))
+        at += 8 + size + (size & 1)
+    fver = b"FVER" + struct.pack(">II", 4, 0xA2805140)
+    anno = b"ANNO" + struct.pack(">I", 16) + b"birdjepa fixture"
+    body = b"AIFC" + fver + b"".join(chunks) + anno
+    return b"FORM" + struct.pack(">I", len(body)) + body
+
+
+def write_ffmpeg_fixtures(out: Path) -> None:
+    """AIFF, AIFF-C and M4A files ffmpeg writes from the 44.1 kHz and 22.05 kHz FLAC fixtures, each with
+    ffmpeg's decode of it mixed to mono: ``NAME.ffmpeg.txt`` (its frame count and FNV-1a 64 hash) for the
+    lossless ones, ``NAME.ffmpeg_f32`` (the samples, little-endian float32) for AAC, whose decoders may
+    round differently."""
+    import shutil
+    import subprocess
+
+    if shutil.which("ffmpeg") is None:
+        raise SystemExit("the AIFF and M4A fixtures need ffmpeg on the PATH")
+
+    def ffmpeg(src: str, dst: str, *args: str) -> None:
+        cmd = ["ffmpeg", "-v", "error", "-y", "-i", str(out / src), *args, "-map_metadata", "-1",
+               "-fflags", "+bitexact", "-flags:a", "+bitexact", str(out / dst)]  # fmt: skip
+        subprocess.run(cmd, check=True)
+
+    ffmpeg("birds_44k_stereo.flac", "birds_44k_stereo.aiff", "-t", "0.5", "-c:a", "pcm_s16be")
+    ffmpeg("birds_44k_stereo.flac", "birds_44k_stereo_sowt.aiff", "-t", "0.5", "-c:a", "pcm_s16le")
+    ffmpeg("birds_22k_mono_short.flac", "birds_22k_mono_24bit.aiff", "-c:a", "pcm_s24be")
+    none = out / "birds_22k_mono_24bit_none.aifc"
+    none.write_bytes(aifc_none((out / "birds_22k_mono_24bit.aiff").read_bytes()))
+    (out / "birds_22k_mono_24bit.aiff").unlink()
+    ffmpeg("birds_44k_stereo.flac", "birds_44k_stereo_alac.m4a", "-c:a", "alac")
+    # 0.7 s: 30_870 frames, no whole number of 1024-sample AAC frames (the last one padded).
+    ffmpeg("birds_44k_stereo.flac", "birds_44k_stereo_aac.m4a", "-t", "0.7", "-c:a", "aac", "-b:a", "96k")
+    for name in ["birds_44k_stereo.aiff", "birds_44k_stereo_sowt.aiff", none.name, "birds_44k_stereo_alac.m4a"]:
+        mono = ffmpeg_mono(out / name)
+        (out / f"{name}.ffmpeg.txt").write_text(
+            f"frames={len(mono)} fnv1a64={fnv1a64(mono.astype('<f4').tobytes()):016x}\n"
+        )
+    name = "birds_44k_stereo_aac.m4a"
+    (out / f"{name}.ffmpeg_f32").write_bytes(ffmpeg_mono(out / name).astype("<f4").tobytes())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -188,6 +260,7 @@ def main() -> None:
         write_cbr_mp3(out)
         write_low_rate_mp3s(out)
         write_crc_mp3(out)
+        write_ffmpeg_fixtures(out)
 
     too_big = []
     for p in sorted(out.iterdir()):
