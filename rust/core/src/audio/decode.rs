@@ -1,6 +1,11 @@
 //! Decoding encoded audio bytes to mono f32 PCM with symphonia 0.5.
 //!
-//! * Supported: OGG/Vorbis, FLAC, WAV (integer/float PCM), MP3 (whatever the crate features enable).
+//! * Supported: OGG/Vorbis, FLAC, WAV (integer/float PCM), MP3; and gapless (decoder revision 5, `formats`)
+//!   AIFF / AIFF-C (PCM, 'sowt', float) and M4A of ALAC or AAC-LC. An M4A's edit list
+//!   (`mp4_edits`) says the samples that are the recording: AAC's priming (1024 samples from ffmpeg, 2112
+//!   from Apple) and its last frame's padding are dropped, as Apple and ffmpeg from 7.x drop them (5.1
+//!   keeps the padding). AAC's windows decode from the stream's start (its noise generator runs on from
+//!   there: a seek's decode would differ); ALAC's and AIFF's seek.
 //! * Mono mix: per frame `(c0 + c1 + ... ) / n_channels`, summed in channel order, in f32. Integer
 //!   samples are converted by symphonia's `IntoSample<f32>` (e.g. `i16 / 32768`), so 16-bit PCM and
 //!   FLAC decode to exactly the values `soundfile.read(dtype="float32")` gives.
@@ -63,9 +68,13 @@ use symphonia::core::io::{MediaSource, MediaSourceStream, MediaSourceStreamOptio
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 use symphonia::core::sample::Sample;
+use symphonia::core::units::TimeBase;
 
+use super::aiff;
+use super::formats;
 use super::joined;
 use super::mp3_frames::{self, Mp3Frames};
+use super::mp4_edits;
 use super::tags;
 use super::AudioError;
 use crate::error::quietly;
@@ -206,8 +215,10 @@ pub struct AudioReader {
     mp3: Option<Arc<Mp3Frames>>,
     /// The byte the stream's decode starts at: 0, or an MP3's first audio frame (read gapless).
     from: usize,
-    /// An unfinished WAV's sizes, read in place of its header's ([`unfinished_wav`]; gapless).
-    wav: Option<WavSizes>,
+    /// Sizes read in place of the header's ([`overlay`]: an unfinished WAV's, an AIFF's; gapless).
+    overlay: Option<[aiff::Field; 2]>,
+    /// Opened gapless: the formats of revision 5 on are read (`formats`).
+    gapless: bool,
     /// The timestamp of the stream's first packet as the current reader numbers it (0 unless the
     /// reader was opened at an MP3 frame).
     ts_base: u64,
@@ -243,6 +254,8 @@ struct Opened {
     n_frames: Option<u64>,
     start_ts: u64,
     codec_name: &'static str,
+    /// The timestamps' unit (an M4A's media timescale).
+    time_base: Option<TimeBase>,
     vorbis_long_block: Option<u64>,
     /// Frames the container says to drop at the start and the end of the decode (`CodecParameters`'
     /// `delay` and `padding`): an MP3's LAME/Info tag (symphonia reads it whatever `enable_gapless`).
@@ -403,17 +416,32 @@ fn unfinished_wav(bytes: &[u8]) -> Option<WavSizes> {
     ((riff, data) != (h.riff, h.data)).then_some(WavSizes { riff, data_at: h.data_at, data })
 }
 
-/// The encoded bytes as the demuxer reads them, with an unfinished WAV's sizes in place of its header's
-/// (the 8 bytes overlaid as they are read): the rest as they are, not copied.
-struct Overlaid(Cursor<SharedBytes>, WavSizes);
+impl WavSizes {
+    /// The sizes as the bytes to read at their fields.
+    fn fields(self) -> [aiff::Field; 2] {
+        [(4, self.riff.to_le_bytes()), (self.data_at as u64 + 4, self.data.to_le_bytes())]
+    }
+}
+
+/// The sizes the demuxer reads in place of the file's: an unfinished WAV's ([`unfinished_wav`]; gapless),
+/// an AIFF's sound chunk's ([`aiff::sizes`]).
+fn overlay(bytes: &[u8], gapless: bool) -> Option<[aiff::Field; 2]> {
+    if !gapless {
+        return None;
+    }
+    unfinished_wav(bytes).map(WavSizes::fields).or_else(|| aiff::sizes(bytes))
+}
+
+/// The encoded bytes as the demuxer reads them, with the sizes of [`overlay`] in place of the header's
+/// (their bytes overlaid as they are read): the rest as they are, not copied.
+struct Overlaid(Cursor<SharedBytes>, [aiff::Field; 2]);
 
 impl Read for Overlaid {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let at = self.0.position();
         let n = self.0.read(buf)?;
-        let WavSizes { riff, data_at, data } = self.1;
-        for (field, value) in [(4u64, riff), (data_at as u64 + 4, data)] {
-            for (byte, b) in (field..).zip(value.to_le_bytes()) {
+        for (field, value) in self.1 {
+            for (byte, b) in (field..).zip(value) {
                 if let Some(slot) = byte.checked_sub(at).and_then(|i| buf[..n].get_mut(i as usize)) {
                     *slot = b;
                 }
@@ -463,23 +491,24 @@ fn wav_align_mismatch(bytes: &[u8]) -> Option<String> {
     None
 }
 
-/// Open `bytes`' stream, an unfinished WAV's header read with `wav`'s sizes ([`unfinished_wav`]).
-fn open_stream(bytes: &SharedBytes, wav: Option<WavSizes>) -> Result<Opened, AudioError> {
+/// Open `bytes`' stream, its header read with the sizes of `overlay` ([`overlay`]); the formats of
+/// revision 5 on read where `new` (gapless: `formats`).
+fn open_stream(bytes: &SharedBytes, overlay: Option<[aiff::Field; 2]>, new: bool) -> Result<Opened, AudioError> {
     if bytes.as_ref().is_empty() {
         return Err(AudioError::new("decode: empty input (0 bytes)"));
     }
     if let Some(why) = wav_align_mismatch(bytes.as_ref()) {
         return Err(AudioError::new(why));
     }
-    let source: Box<dyn MediaSource> = match wav {
+    let source: Box<dyn MediaSource> = match overlay {
         None => Box::new(Cursor::new(bytes.clone())),
-        Some(sizes) => Box::new(Overlaid(Cursor::new(bytes.clone()), sizes)),
+        Some(fields) => Box::new(Overlaid(Cursor::new(bytes.clone()), fields)),
     };
     let mss = MediaSourceStream::new(source, MediaSourceStreamOptions::default());
     let fmt_opts = FormatOptions { enable_gapless: false, ..Default::default() };
     // A header symphonia cannot take panics in it (a WAV of sample rate 0: "TimeBase cannot have 0
     // numerator"), which stopped a training run at that row for good and was a traceback in prepare.
-    let probed = quietly(|| symphonia::default::get_probe().format(&Hint::new(), mss, &fmt_opts, &MetadataOptions::default()))
+    let probed = quietly(|| formats::probe(new).format(&Hint::new(), mss, &fmt_opts, &MetadataOptions::default()))
         .map_err(|panic| AudioError::new(format!("decode: the container's header cannot be read ({panic})")))?
         .map_err(|e| match bytes.as_ref().get(..4) {
             // A WAV past 4 GB's form, which symphonia does not read: "unrecognised container: end of stream"
@@ -501,7 +530,7 @@ fn open_stream(bytes: &SharedBytes, wav: Option<WavSizes>) -> Result<Opened, Aud
     if sample_rate == 0 {
         return Err(AudioError::new("decode: sample rate 0"));
     }
-    let codecs = symphonia::default::get_codecs();
+    let codecs = formats::codecs(new);
     // A codec no decoder here reads was "unknown" in the error ("cannot open codec unknown").
     let codec_name = codecs.get_codec(params.codec).map(|d| d.short_name).unwrap_or(match params.codec {
         CODEC_TYPE_OPUS => "Opus (convert it to FLAC or Ogg Vorbis)",
@@ -539,6 +568,7 @@ fn open_stream(bytes: &SharedBytes, wav: Option<WavSizes>) -> Result<Opened, Aud
         },
         start_ts: params.start_ts,
         codec_name,
+        time_base: params.time_base,
         vorbis_long_block,
         delay: params.delay.unwrap_or(0) as u64,
         padding: params.padding.unwrap_or(0) as u64,
@@ -602,8 +632,8 @@ impl AudioReader {
             bytes = SharedBytes(Arc::new(Head(bytes, end)));
         }
         // An unfinished WAV's sizes: every open reads them in place of its header's (off, as before).
-        let wav = if gapless { unfinished_wav(bytes.as_ref()) } else { None };
-        let mut o = open_stream(&bytes, wav)?;
+        let overlay = overlay(bytes.as_ref(), gapless);
+        let mut o = open_stream(&bytes, overlay, gapless)?;
         let (mut mp3, mut from, mut tag_midway) = (None, 0, false);
         if o.codec_name == "mp3" {
             // Without a Xing/Info header (common at a constant bit rate) symphonia estimates the length
@@ -618,7 +648,7 @@ impl AudioReader {
                     // stream cut short of the frames its tag counts keeps its last samples: the
                     // padding is the tag's last frame's.
                     from = frames.offsets[0];
-                    o = open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))), None)?;
+                    o = open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))), None, gapless)?;
                     let n = frames.offsets.len() as u64;
                     (o.delay, o.padding) = frames.tag.map_or((0, 0), |tag| tag.trim(n));
                     o.n_frames = Some(frames.n_samples());
@@ -633,8 +663,8 @@ impl AudioReader {
                         return Err(AudioError::new("decode (mp3): no audio frames (only its Xing/Info header frame)"));
                     }
                     let reopened = || match from {
-                        0 => open_stream(&bytes, wav),
-                        _ => open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))), None),
+                        0 => open_stream(&bytes, overlay, gapless),
+                        _ => open_stream(&SharedBytes(Arc::new(Tail(bytes.clone(), from))), None, gapless),
                     };
                     if from > 0 {
                         o = reopened()?;
@@ -656,16 +686,31 @@ impl AudioReader {
         if let Some(why) = joined::second_recording(o.codec_name, bytes.as_ref()).filter(|_| gapless) {
             return Err(AudioError::new(why));
         }
-        // WAV and FLAC decode exactly what they hold: only MP3 and Vorbis are trimmed.
+        if matches!(o.codec_name, "aac" | "alac") {
+            // An M4A (read gapless alone: `formats`): its edit list's priming and end padding dropped.
+            // Its packets' timestamps are in its media timescale, taken here for frames.
+            if o.time_base != Some(TimeBase::new(1, o.sample_rate)) {
+                return Err(AudioError(format!(
+                    "decode ({}): an M4A whose timescale ({:?}) is not its sample rate ({}) is not read",
+                    o.codec_name, o.time_base, o.sample_rate
+                )));
+            }
+            let edit = mp4_edits::track_edit(bytes.as_ref(), o.track_id as usize).map_err(AudioError)?;
+            let n = o.n_frames.unwrap_or(0);
+            (o.delay, o.padding) = edit.map_or((0, 0), |e| (e.lead, n.saturating_sub(e.lead + e.len)));
+        }
+        // WAV, AIFF and FLAC decode exactly what they hold: only MP3, Vorbis and M4A are trimmed.
         let (lead, end) = match o.codec_name {
-            "mp3" | "vorbis" if gapless => trim(o.delay, o.padding, o.n_frames),
+            "mp3" | "vorbis" | "aac" | "alac" if gapless => trim(o.delay, o.padding, o.n_frames),
             _ => (0, None),
         };
         o.n_frames = end.or(o.n_frames);
-        let seekable_codec = o.codec_name == "flac" || o.codec_name == "vorbis" || o.codec_name == "mp3" || o.codec_name.starts_with("pcm");
+        // Not AAC: its decoder's noise (PNS) draws from a generator that runs on from the stream's start,
+        // so a window decoded from a seek differs from the whole decode's; its windows decode from the start.
+        let seekable_codec = matches!(o.codec_name, "flac" | "vorbis" | "mp3" | "alac") || o.codec_name.starts_with("pcm");
         let can_seek = seekable_codec && o.n_frames.is_some_and(|n| n > 0) && !tag_midway;
         let seek_margin = match o.codec_name {
-            "flac" => 0,
+            "flac" | "alac" => 0, // frames that decode alone
             n if n.starts_with("pcm") => 0,
             "vorbis" => o.vorbis_long_block.unwrap_or(DEFAULT_MARGIN),
             _ => DEFAULT_MARGIN,
@@ -688,7 +733,8 @@ impl AudioReader {
             fresh: true,
             mp3,
             from,
-            wav,
+            overlay,
+            gapless,
             ts_base: 0,
             lead,
             end,
@@ -725,8 +771,8 @@ impl AudioReader {
             return Ok(());
         }
         let o = match self.from {
-            0 => open_stream(&self.bytes, self.wav)?,
-            from => open_stream(&SharedBytes(Arc::new(Tail(self.bytes.clone(), from))), None)?,
+            0 => open_stream(&self.bytes, self.overlay, self.gapless)?,
+            from => open_stream(&SharedBytes(Arc::new(Tail(self.bytes.clone(), from))), None, self.gapless)?,
         };
         self.format = o.format;
         self.decoder = o.decoder;
@@ -933,7 +979,7 @@ impl AudioReader {
                 let k = ((from / spf) as usize).min(frames.decode_from((first / spf) as usize));
                 let offset = frames.offsets.get(k).copied().unwrap_or(self.bytes.as_ref().len());
                 let tail = SharedBytes(Arc::new(Tail(self.bytes.clone(), offset)));
-                let o = open_stream(&tail, None)?;
+                let o = open_stream(&tail, None, self.gapless)?;
                 (self.format, self.decoder, self.track_id) = (o.format, o.decoder, o.track_id);
                 self.ts_base = k as u64 * spf;
             } else {
@@ -1761,6 +1807,90 @@ pub(crate) mod tests {
         }
         let e = decode_mono(free).unwrap_err();
         assert!(e.0.starts_with("decode: a free-format MP3 (bit-rate index 0) is not read"), "{e}");
+    }
+
+    /// `name`'s decode against ffmpeg's (`NAME.ffmpeg.txt`: its frames and the FNV-1a 64 hash of its
+    /// mono mix, written by `scripts/make_codec_fixtures.py`), bit for bit; and its windows alike.
+    fn check_as_ffmpeg_decodes(name: &str) -> Vec<f32> {
+        let want = String::from_utf8(fixture(&format!("{name}.ffmpeg.txt"))).unwrap();
+        let (mono, _) = decode_mono(fixture(name)).unwrap();
+        let hash = fnv1a64(mono.iter().flat_map(|x| x.to_le_bytes()));
+        assert_eq!(format!("frames={} fnv1a64={hash:016x}", mono.len()), want.trim(), "{name}");
+        let n = mono.len() as u64;
+        let windows = [(0, 1000), (1, 999), (4095, 3), (n / 3, 5000), (n / 2 + 7, 4000), (n - 500, 1000), (n + 10, 10)];
+        check_bytes_windows_equal_full(name, fixture(name), &windows.map(|(s, l)| (s, l as usize)));
+        mono
+    }
+
+    #[test]
+    fn aiff_and_aifc_decode_to_ffmpegs_samples_and_seek() {
+        // AIFF 16-bit stereo, AIFF-C 'sowt' (little-endian) and AIFF-C 'NONE' 24-bit mono with a chunk
+        // after its sound data: symphonia read 8 bytes past the samples (the SSND chunk's offset and
+        // block size counted as samples), its length 2 frames over ffmpeg's and the chunk's bytes samples.
+        let aiff = check_as_ffmpeg_decodes("birds_44k_stereo.aiff");
+        let sowt = check_as_ffmpeg_decodes("birds_44k_stereo_sowt.aiff");
+        assert!(aiff == sowt, "the same samples, big- and little-endian");
+        let (flac, _) = decode_mono(fixture("birds_44k_stereo.flac")).unwrap();
+        assert!(aiff[..] == flac[..aiff.len()], "the FLAC's first 0.5 s");
+        let none = check_as_ffmpeg_decodes("birds_22k_mono_24bit_none.aifc");
+        let (flac, _) = decode_mono(fixture("birds_22k_mono_short.flac")).unwrap();
+        assert!(none == flac, "16-bit samples written as 24");
+        let r = AudioReader::open(fixture("birds_44k_stereo_sowt.aiff")).unwrap();
+        assert_eq!((r.info(), r.codec_name()), ((44_100, 2, Some(22_050)), "pcm_s16le"));
+        // Cut short mid-frame (a recorder stopped, a copy cut off): its whole frames, as ffmpeg reads it.
+        let bytes = fixture("birds_44k_stereo.aiff");
+        let cut = bytes[..bytes.len() - 4 * 5_000 - 3].to_vec();
+        let (got, n) = read_gapless(cut);
+        assert!(n == 22_050 - 5_001 && got[..] == aiff[..n as usize], "{n}");
+    }
+
+    #[test]
+    fn alac_m4a_decodes_to_ffmpegs_samples_and_seeks() {
+        let alac = check_as_ffmpeg_decodes("birds_44k_stereo_alac.m4a");
+        let (flac, _) = decode_mono(fixture("birds_44k_stereo.flac")).unwrap();
+        assert!(alac == flac, "lossless: the FLAC's samples");
+        assert_eq!(AudioReader::open(fixture("birds_44k_stereo_alac.m4a")).unwrap().codec_name(), "alac");
+    }
+
+    #[test]
+    fn aac_m4a_is_sample_aligned_with_ffmpeg() {
+        // ffmpeg (5.1) drops the priming its edit list says (1024 samples) and keeps the last frame's
+        // padding: 31_744 samples of 30_870 encoded. The edit list's length is the encoded recording's.
+        let name = "birds_44k_stereo_aac.m4a";
+        let want: Vec<f32> = fixture(&format!("{name}.ffmpeg_f32")).chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let (got, rate) = decode_mono(fixture(name)).unwrap();
+        assert_eq!((rate, got.len(), want.len()), (44_100, 30_870, 31_744));
+        let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let peak = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        eprintln!("{name}: max |ours - ffmpeg| {diff:e} (peak {peak})");
+        assert!(diff <= AAC_TOLERANCE, "{diff}");
+        // One frame late or early is far outside it.
+        let off = got[1..].iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(off > 100.0 * AAC_TOLERANCE, "{off}");
+        // Same bytes, same samples; its windows are the whole decode's (decoded from the start).
+        let mut r = AudioReader::open(fixture(name)).unwrap();
+        assert_eq!((r.info().2, r.can_seek(), r.length().unwrap()), (Some(30_870), false, 30_870));
+        assert!(r.read_all_mono().unwrap().iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()));
+        for start in [0u64, 1, 1023, 1024, 12_345, 30_000] {
+            let mut w = vec![1f32; 2000];
+            r.read_window_mono(start, &mut w).unwrap();
+            let there = (30_870 - start as usize).min(2000);
+            assert!(w[..there] == got[start as usize..start as usize + there], "window at {start}");
+            assert!(w[there..].iter().all(|&x| x == 0.0));
+        }
+    }
+
+    /// The largest difference of our AAC decode from ffmpeg's allowed (on samples in [-1, 1]): two
+    /// decoders of a lossy codec round their transforms differently.
+    const AAC_TOLERANCE: f32 = 1e-5;
+
+    #[test]
+    fn without_gapless_aiff_and_m4a_are_refused_as_before() {
+        // Revision 5 is gapless-only: a run recorded before it read these as it did, "unrecognised".
+        for name in ["birds_44k_stereo.aiff", "birds_22k_mono_24bit_none.aifc", "birds_44k_stereo_alac.m4a", "birds_44k_stereo_aac.m4a"] {
+            let e = decode_mono_as(fixture(name), false).unwrap_err();
+            assert!(e.0.starts_with("decode: unrecognised container"), "{name}: {e}");
+        }
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //!
 //! The pipeline run for every sample by [`ClipExtractor::extract`] (details in each module):
 //!
-//! 1. **Decode** ([`decode`]): symphonia 0.5 (OGG/Vorbis, FLAC, WAV/PCM, MP3). Channels are averaged to
+//! 1. **Decode** ([`decode`]): symphonia 0.5 (OGG/Vorbis, FLAC, WAV/PCM, MP3; gapless, AIFF / AIFF-C
+//!    and M4A of ALAC or AAC-LC: [`formats`]). Channels are averaged to
 //!    mono (`sum / n_channels`, in channel order). Where the container can seek and reports its length
-//!    (FLAC, WAV, OGG Vorbis) only the source window that the crop needs is decoded; MP3 and streams of
+//!    (FLAC, WAV, AIFF, OGG Vorbis, ALAC) only the source window that the crop needs is decoded; MP3 and streams of
 //!    unknown length are decoded completely. A windowed decode is bit-identical to the same samples
 //!    of a full decode (tested per codec).
 //! 2. **Resample** ([`resample`]): rational polyphase windowed-sinc (Kaiser) to `target_rate`, one filter
@@ -35,7 +36,10 @@ pub mod clip;
 pub mod decode;
 pub mod fbank;
 pub mod joined;
+mod aiff;
+mod formats;
 pub mod mp3_frames;
+pub mod mp4_edits;
 pub mod resample;
 pub mod tags;
 
@@ -64,6 +68,11 @@ pub const DECODE_REVISIONS: &[(&str, bool)] = &[
         "an unfinished WAV (its RIFF or data size 0, as a recorder whose battery died leaves them) and one \
          cut short of its data size are read to their last whole frame, as ffmpeg reads them (2026-12-07: \
          refused, or a cut one's length was its header's, its crops past the cut skips)",
+        true,
+    ),
+    (
+        "AIFF / AIFF-C and M4A (ALAC, AAC-LC: its edit list's priming and padding dropped) are read, as \
+         ffmpeg reads them (2026-12-07: refused, \"unrecognised container\")",
         true,
     ),
 ];
