@@ -372,13 +372,13 @@ def test_cli_prepare(
     # Audio of formats the loader does not read: left out, and a class of them gone, without a word.
     (src / "amecro" / "bad.mp3").unlink()
     (src / "badwar" / "x.wav").unlink()
-    (src / "amecro" / "z.aif").write_bytes(b"FORM")
-    for name in ("x.m4a", "y.opus"):
+    (src / "amecro" / "z.wma").write_bytes(b"\0")
+    for name in ("x.aac", "y.opus"):
         (src / "badwar" / name).write_bytes(b"\0")
     (src / "notes.txt").write_text("not audio: no word of it")
     main(["prepare", str(src), str(tmp_path / "out5")])
     out = capsys.readouterr().out
-    assert f"WARNING 3 audio file(s) under {src} left out (1 .aif, 1 .m4a, 1 .opus; e.g. amecro/z.aif)" in out
+    assert f"WARNING 3 audio file(s) under {src} left out (1 .aac, 1 .opus, 1 .wma; e.g. amecro/z.wma)" in out
     assert "WARNING label folder(s) badwar held only those: no class of theirs" in out and ".txt" not in out
     # Parquet beside them: the audio was left out without a word.
     pa.parquet.write_table(pa.table({"audio": [b""], "ebird_code": [0]}), src / "meta.parquet")

@@ -48,12 +48,13 @@ from birdjepa.data.shards import (
 )
 from birdjepa.exit_codes import INTERRUPTED, IOERR, USAGE
 
-AUDIO_EXTENSIONS = (".flac", ".mp3", ".oga", ".ogg", ".wav")
+AUDIO_EXTENSIONS = (".aif", ".aifc", ".aiff", ".flac", ".m4a", ".mp3", ".oga", ".ogg", ".wav")
 #: Audio that the loader's decoder does not read: counted and named when prepare leaves such files out
 #: (three files and a whole class of .aif, .opus and .m4a went without a word).
-OTHER_AUDIO = (".3gp", ".aac", ".aif", ".aifc", ".aiff", ".amr", ".ape", ".au", ".caf", ".m4a", ".mka",
-               ".mp2", ".mp4", ".opus", ".webm", ".wma", ".wv")  # fmt: skip
-"""Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3)."""
+OTHER_AUDIO = (".3gp", ".aac", ".amr", ".ape", ".au", ".caf", ".mka", ".mp2", ".mp4", ".opus", ".webm",
+               ".wma", ".wv")  # fmt: skip
+"""Containers the Rust loader decodes (symphonia: ogg/vorbis, flac, wav/pcm, mp3; with gapless, which new
+runs have, aiff/aifc and m4a of ALAC or AAC-LC: a run recorded without it refuses those, skips)."""
 CHECK_FRAMES = 4096
 READ_CHUNK = 64  # files read (and checked, in parallel) at a time
 READ_BYTES = 1 << 30  # ... and at most this many of their bytes (or one file)
@@ -424,7 +425,7 @@ def cli(
     workers: int = 4,
     vocab: Path | None = None,
 ) -> None:
-    """Pack a folder of audio files (.flac .mp3 .oga .ogg .wav) into Arrow shards + vocab.json, bytes
+    """Pack a folder of audio files (.aif .aifc .aiff .flac .m4a .mp3 .oga .ogg .wav) into Arrow shards + vocab.json, bytes
     unchanged; or convert Parquet files (the hub's, e.g. BirdSet's): each one shard, every column kept.
 
     Labels come from the sub-folder (SRC/<label>/...) or from --labels-csv (columns path,label); a
