@@ -197,7 +197,12 @@ def write_ffmpeg_fixtures(out: Path) -> None:
     ffmpeg("birds_44k_stereo.flac", "birds_44k_stereo_alac.m4a", "-c:a", "alac")
     # 0.7 s: 30_870 frames, no whole number of 1024-sample AAC frames (the last one padded).
     ffmpeg("birds_44k_stereo.flac", "birds_44k_stereo_aac.m4a", "-t", "0.7", "-c:a", "aac", "-b:a", "96k")
-    for name in ["birds_44k_stereo.aiff", "birds_44k_stereo_sowt.aiff", none.name, "birds_44k_stereo_alac.m4a"]:
+    for name in [
+        "birds_44k_stereo.aiff",
+        "birds_44k_stereo_sowt.aiff",
+        none.name,
+        "birds_44k_stereo_alac.m4a",
+    ]:
         mono = ffmpeg_mono(out / name)
         (out / f"{name}.ffmpeg.txt").write_text(
             f"frames={len(mono)} fnv1a64={fnv1a64(mono.astype('<f4').tobytes()):016x}\n"

@@ -425,8 +425,9 @@ def cli(
     workers: int = 4,
     vocab: Path | None = None,
 ) -> None:
-    """Pack a folder of audio files (.aif .aifc .aiff .flac .m4a .mp3 .oga .ogg .wav) into Arrow shards + vocab.json, bytes
-    unchanged; or convert Parquet files (the hub's, e.g. BirdSet's): each one shard, every column kept.
+    """Pack a folder of audio files (.aif .aifc .aiff .flac .m4a .mp3 .oga .ogg .wav) into Arrow shards +
+    vocab.json, bytes unchanged; or convert Parquet files (the hub's, e.g. BirdSet's): each one shard, every
+    column kept.
 
     Labels come from the sub-folder (SRC/<label>/...) or from --labels-csv (columns path,label); a
     Parquet set keeps its own, and its vocab.json comes from the label column's ClassLabel names.
