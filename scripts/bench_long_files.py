@@ -2,7 +2,8 @@
 
     python scripts/bench_long_files.py [--work /tmp/birdjepa-long] [--lengths 10 60 600 3600]
 
-For MP3 (constant bit rate, no Xing/Info header, as such files often come), Ogg Vorbis and FLAC, one
+For MP3 (constant bit rate, no Xing/Info header, as such files often come), Ogg Vorbis and FLAC, and
+AIFF and M4A (AAC-LC at 96 kbps), which ffmpeg writes from the FLAC (skipped where no ffmpeg), one
 recording of each length (synthetic bird-like song over noise, 32 kHz mono, written once into WORK) is
 read by path from a shard of 64 rows that all name it; the Rust loader (train mode, one worker, one
 view, random 5 s crops) draws 64 clips after a warm-up batch, in a fresh process per (codec, length) so
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -25,11 +27,20 @@ import soundfile as sf
 
 RATE = 32_000
 CODECS = {"mp3": ("MP3", "MPEG_LAYER_III"), "ogg": ("OGG", "VORBIS"), "flac": ("FLAC", "PCM_16")}
+#: Written by ffmpeg from the FLAC of the same length.
+CONVERTED = {"aiff": ("-c:a", "pcm_s16be"), "m4a": ("-c:a", "aac", "-b:a", "96k")}
 ROWS = 64
 
 
 def write_recording(path: Path, seconds: int) -> None:
     """Chirps every second over quiet noise, written block by block (an hour never sits in memory)."""
+    if (codec := path.suffix[1:]) in CONVERTED:
+        flac = path.with_suffix(".flac")
+        if not flac.exists():
+            write_recording(flac, seconds)
+        subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(flac), *CONVERTED[codec], str(path)],
+                       check=True)  # fmt: skip
+        return
     rng = np.random.default_rng(seconds)
     fmt, subtype = CODECS[path.suffix[1:]]
     extra = {"bitrate_mode": "CONSTANT"} if fmt == "MP3" else {}
@@ -78,13 +89,17 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/birdjepa-long"))
     parser.add_argument("--lengths", type=int, nargs="+", default=[10, 60, 600, 3600])
+    parser.add_argument("--codecs", nargs="+", default=[*CODECS, *CONVERTED], choices=[*CODECS, *CONVERTED])
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         return measure(args.measure)
     args.work.mkdir(parents=True, exist_ok=True)
     print(f"{'codec':<5} {'length':>7} {'MiB':>7} {'clips/s':>8} {'vs 10 s':>8} {'peak RSS MiB':>13}")
-    for codec in CODECS:
+    for codec in args.codecs:
+        if codec in CONVERTED and shutil.which("ffmpeg") is None:
+            print(f"{codec:<5} skipped: no ffmpeg on this machine to write it", flush=True)
+            continue
         base = None
         for seconds in args.lengths:
             recording = args.work / f"r{seconds}.{codec}"
