@@ -695,6 +695,16 @@ impl AudioReader {
                     o.codec_name, o.time_base, o.sample_rate
                 )));
             }
+            // A fragmented M4A (`-movflags frag_keyframe+empty_moov`, DASH, some recorders) keeps its
+            // samples in movie fragments and says 0 in its movie header, which symphonia takes for the
+            // length: it decoded to nothing, refused as "no audio frames (0 packets failed to decode)".
+            if o.n_frames == Some(0) {
+                return Err(AudioError(format!(
+                    "decode ({}): a fragmented M4A (its samples in movie fragments) is not read: remux it \
+                     (ffmpeg -i IN -c copy OUT.m4a) or convert it to FLAC",
+                    o.codec_name
+                )));
+            }
             let edit = mp4_edits::track_edit(bytes.as_ref(), o.track_id as usize).map_err(AudioError)?;
             let n = o.n_frames.unwrap_or(0);
             (o.delay, o.padding) = edit.map_or((0, 0), |e| (e.lead, n.saturating_sub(e.lead + e.len)));
@@ -1883,6 +1893,20 @@ pub(crate) mod tests {
     /// The largest difference of our AAC decode from ffmpeg's allowed (on samples in [-1, 1]): two
     /// decoders of a lossy codec round their transforms differently.
     const AAC_TOLERANCE: f32 = 1e-5;
+
+    #[test]
+    fn a_fragmented_m4a_is_refused_saying_so() {
+        // ffmpeg's `-movflags frag_keyframe+empty_moov` writes the media header's duration as 0 (the
+        // samples are in `moof` fragments): the fixture with that field zeroed reads as one.
+        for name in ["birds_44k_stereo_aac.m4a", "birds_44k_stereo_alac.m4a"] {
+            let mut bytes = fixture(name);
+            let mdhd = bytes.windows(4).position(|w| w == b"mdhd").unwrap();
+            assert_eq!(bytes[mdhd + 4], 0, "{name}: a version 0 mdhd");
+            bytes[mdhd + 20..mdhd + 24].copy_from_slice(&[0; 4]);
+            let e = decode_mono(bytes).unwrap_err();
+            assert!(e.0.contains("a fragmented M4A (its samples in movie fragments) is not read"), "{name}: {e}");
+        }
+    }
 
     #[test]
     fn without_gapless_aiff_and_m4a_are_refused_as_before() {

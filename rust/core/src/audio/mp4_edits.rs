@@ -87,7 +87,11 @@ pub fn track_edit(bytes: &[u8], track: usize) -> Result<Option<Edit>, String> {
     let wide = elst.first() == Some(&1);
     let n = be(elst, 4, 4).unwrap_or(0);
     let field = if wide { 8 } else { 4 };
-    if n != 1 || movie_scale == 0 {
+    if movie_scale == 0 {
+        // Said as such: it was "an edit list of 1 edits (one is read)".
+        return Err("decode: an M4A whose movie timescale is 0 (its edit list cannot be read)".into());
+    }
+    if n != 1 {
         return Err(format!("decode: an M4A whose edit list has {n} edits (one is read)"));
     }
     let entry = 8;
@@ -145,5 +149,9 @@ mod tests {
         assert_eq!(track_edit(b"RIFF....WAVEfmt ", 0), Ok(None));
         assert!(track_edit(&mp4(67_174, &[(10, -1), (1500, 1024)]), 0).unwrap_err().contains("2 edits"));
         assert!(track_edit(&mp4(67_174, &[(1500, -1)]), 0).unwrap_err().contains("empty"));
+        let mut zero_scale = mp4(67_174, &[(1500, 1024)]);
+        let mvhd = zero_scale.windows(4).position(|w| w == b"mvhd").unwrap();
+        zero_scale[mvhd + 16..mvhd + 20].copy_from_slice(&[0; 4]);
+        assert!(track_edit(&zero_scale, 0).unwrap_err().contains("movie timescale is 0"));
     }
 }
