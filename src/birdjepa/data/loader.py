@@ -81,10 +81,10 @@ class Features:
     gapless: bool = DEFAULTS["gapless"]
     """Read an MP3 without its encoder's delay and padding, and a Vorbis stream without its last block's
     padding, as their headers say and as libsndfile, ffmpeg and librosa read them; and the decoder's fixes
-    since (MP3s joined end to end, a FLAC's tag after its last frame, a WAV a recorder never finished:
-    docs/data-loader.md). Off, an MP3's samples came 1105 late (25 ms at 44.1 kHz), and its windows, event
-    crops and embed times with them: a run or an encoder recorded before this option reads as off, and
-    keeps its data."""
+    since (MP3s joined end to end, a FLAC's tag after its last frame, a WAV a recorder never finished,
+    AIFF and M4A read: docs/data-loader.md). Off, an MP3's samples came 1105 late (25 ms at 44.1 kHz),
+    and its windows, event crops and embed times with them: a run or an encoder recorded before this
+    option reads as off, and keeps its data."""
 
     def options(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
