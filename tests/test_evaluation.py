@@ -1097,7 +1097,7 @@ def test_export_and_embed_errors_are_one_line(
              "no shard files match")  # fmt: skip
     (tmp_path / "empty").mkdir()  # "no shard files match": as if audio files were not read at all
     one_line(["embed", str(tmp_path / "empty"), "--encoder", str(tiny_run), "--out", str(out)], "embed",
-             tmp_path / "empty", "a folder with neither audio files (.flac")  # fmt: skip
+             tmp_path / "empty", "a folder with neither audio files (.aif, .aifc, .aiff, .flac")  # fmt: skip
     one_line(["embed", shards, "--encoder", str(tiny_run), "--out", str(out), "--n-workers", "-1"], "embed",
              "--n-workers -1: must be >= 0")  # fmt: skip
     one_line(["embed", shards, "--encoder", str(tiny_run), "--out", str(out), "--n-workers", "100000"],
