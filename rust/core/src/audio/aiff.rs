@@ -7,8 +7,7 @@
 //! mid-write, a copy cut off) is read by ffmpeg to its last whole frame. [`sizes`] gives the `SSND` and
 //! `FORM` sizes the demuxer is to read in their place (`super::decode`'s overlay, as an unfinished WAV's).
 
-/// `(byte, value)`: a big-endian size to read at a byte of the file in place of the one there.
-pub(super) type Field = (u64, [u8; 4]);
+use super::decode::Field;
 
 /// The sizes the demuxer is to read: the `SSND` chunk's as its samples' bytes (its size less 8, at most
 /// those the file holds; always less than the file's) and the `FORM`'s (past that chunk where it said

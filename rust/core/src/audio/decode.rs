@@ -216,7 +216,7 @@ pub struct AudioReader {
     /// The byte the stream's decode starts at: 0, or an MP3's first audio frame (read gapless).
     from: usize,
     /// Sizes read in place of the header's ([`overlay`]: an unfinished WAV's, an AIFF's; gapless).
-    overlay: Option<[aiff::Field; 2]>,
+    overlay: Option<[Field; 2]>,
     /// Opened gapless: the formats of revision 5 on are read (`formats`).
     gapless: bool,
     /// The timestamp of the stream's first packet as the current reader numbers it (0 unless the
@@ -375,15 +375,8 @@ fn streamed_wav_frames(bytes: &[u8]) -> Option<Option<u64>> {
     (h.data == u32::MAX).then(|| h.block.map(|b| data / b))
 }
 
-/// The sizes an unfinished WAV's header would say, were it finished, read in place of those it says
-/// ([`Overlaid`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct WavSizes {
-    riff: u32,
-    /// Where the `data` chunk's header starts (its size 4 bytes on).
-    data_at: usize,
-    data: u32,
-}
+/// `(byte, value)`: a size to read at a byte of the file in place of the one there ([`Overlaid`]).
+pub(super) type Field = (u64, [u8; 4]);
 
 /// The sizes to read a WAV's header with where it says others than the file holds, as ffmpeg reads
 /// them: a `data` size of 0 (a recorder whose battery died never wrote it: "no audio frames") or past
@@ -395,7 +388,7 @@ struct WavSizes {
 /// symphonia reads: [`streamed_wav_frames`]), past 32 bits, or not a WAV: a few header bytes compared.
 /// A `data` size of 0 under a RIFF size that is the file's own is a finished file's empty chunk, not an
 /// unfinished one: the chunks after it (a `LIST`) were read as sound (refused: "no audio frames").
-fn unfinished_wav(bytes: &[u8]) -> Option<WavSizes> {
+fn unfinished_wav(bytes: &[u8]) -> Option<[Field; 2]> {
     let h = wav_header(bytes)?;
     if (h.riff, h.data) == (u32::MAX, u32::MAX) {
         return None;
@@ -413,28 +406,22 @@ fn unfinished_wav(bytes: &[u8]) -> Option<WavSizes> {
         r if (r as usize) < h.data_at - 4 + data as usize => u32::try_from(bytes.len() - 8).ok()?,
         r => r,
     };
-    ((riff, data) != (h.riff, h.data)).then_some(WavSizes { riff, data_at: h.data_at, data })
-}
-
-impl WavSizes {
-    /// The sizes as the bytes to read at their fields.
-    fn fields(self) -> [aiff::Field; 2] {
-        [(4, self.riff.to_le_bytes()), (self.data_at as u64 + 4, self.data.to_le_bytes())]
-    }
+    let fields = [(4, riff.to_le_bytes()), (h.data_at as u64 + 4, data.to_le_bytes())];
+    ((riff, data) != (h.riff, h.data)).then_some(fields)
 }
 
 /// The sizes the demuxer reads in place of the file's: an unfinished WAV's ([`unfinished_wav`]; gapless),
 /// an AIFF's sound chunk's ([`aiff::sizes`]).
-fn overlay(bytes: &[u8], gapless: bool) -> Option<[aiff::Field; 2]> {
+fn overlay(bytes: &[u8], gapless: bool) -> Option<[Field; 2]> {
     if !gapless {
         return None;
     }
-    unfinished_wav(bytes).map(WavSizes::fields).or_else(|| aiff::sizes(bytes))
+    unfinished_wav(bytes).or_else(|| aiff::sizes(bytes))
 }
 
 /// The encoded bytes as the demuxer reads them, with the sizes of [`overlay`] in place of the header's
 /// (their bytes overlaid as they are read): the rest as they are, not copied.
-struct Overlaid(Cursor<SharedBytes>, [aiff::Field; 2]);
+struct Overlaid(Cursor<SharedBytes>, [Field; 2]);
 
 impl Read for Overlaid {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -493,7 +480,7 @@ fn wav_align_mismatch(bytes: &[u8]) -> Option<String> {
 
 /// Open `bytes`' stream, its header read with the sizes of `overlay` ([`overlay`]); the formats of
 /// revision 5 on read where `new` (gapless: `formats`).
-fn open_stream(bytes: &SharedBytes, overlay: Option<[aiff::Field; 2]>, new: bool) -> Result<Opened, AudioError> {
+fn open_stream(bytes: &SharedBytes, overlay: Option<[Field; 2]>, new: bool) -> Result<Opened, AudioError> {
     if bytes.as_ref().is_empty() {
         return Err(AudioError::new("decode: empty input (0 bytes)"));
     }
